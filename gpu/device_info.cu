@@ -1,0 +1,39 @@
+#include "gpu/device_info.hpp"
+
+#include <cuda_runtime.h>
+
+namespace ferry::gpu {
+
+bool built_with_cuda() { return true; }
+
+std::vector<DeviceInfo> list_devices(std::string* why) {
+  std::vector<DeviceInfo> devices;
+  int count = 0;
+  if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
+    if (why) *why = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(e);
+    return devices;
+  }
+  for (int i = 0; i < count; ++i) {
+    cudaDeviceProp prop{};
+    if (cudaError_t e = cudaGetDeviceProperties(&prop, i); e != cudaSuccess) {
+      if (why) *why = std::string("cudaGetDeviceProperties: ") + cudaGetErrorString(e);
+      continue;
+    }
+    DeviceInfo info;
+    info.index = i;
+    info.name = prop.name;
+    info.compute_major = prop.major;
+    info.compute_minor = prop.minor;
+    info.total_bytes = prop.totalGlobalMem;
+    info.multiprocessors = prop.multiProcessorCount;
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaSetDevice(i) == cudaSuccess && cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+      info.free_bytes = free_bytes;
+    }
+    devices.push_back(info);
+  }
+  if (devices.empty() && why && why->empty()) *why = "no CUDA device is visible";
+  return devices;
+}
+
+}  // namespace ferry::gpu

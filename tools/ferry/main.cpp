@@ -1,0 +1,40 @@
+// `ferry`: one binary, one subcommand per job.
+#include <cstdio>
+#include <utility>
+#include <vector>
+
+#include "tools/ferry/commands.hpp"
+
+namespace ferry::cli {
+
+int not_built_yet(const char* command, const char* what_it_will_do) {
+  std::fprintf(stderr, "ferry %s: not built yet (it will %s)\n", command, what_it_will_do);
+  return 2;
+}
+
+}  // namespace ferry::cli
+
+int main(int argc, char** argv) {
+  using namespace ferry::cli;
+  CLI::App app{"ferry: an inference server for GLM-5.3-Flash (glm5_next) on GPUs that hold less than the model"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "ferry 0.1.0");
+
+  std::vector<std::pair<CLI::App*, CommandRun>> commands;
+  auto add = [&](CommandRun (*adder)(CLI::App&)) {
+    const size_t before = app.get_subcommands({}).size();
+    CommandRun run = adder(app);
+    commands.emplace_back(app.get_subcommands({})[before], std::move(run));
+  };
+  add(add_serve_command);
+  add(add_run_command);
+  add(add_bench_command);
+  add(add_convert_command);
+  add(add_inspect_command);
+
+  CLI11_PARSE(app, argc, argv);
+  for (auto& [sub, run] : commands) {
+    if (sub->parsed()) return run();
+  }
+  return 2;
+}

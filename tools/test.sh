@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The whole test suite: set up and build, then every CPU test (GoogleTest through ctest, the Python
+# tests with real clients and the reference packages). GPU tests (ctest label `cuda`) run on a GPU
+# machine with tools/gpu_bundle.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+tools/setup.sh
+ctest --test-dir build -LE cuda --output-on-failure -j "$(nproc)"
+FERRY_BIN="$PWD/build/ferry" build/venv/bin/python -m pytest tests/python -q
