@@ -32,6 +32,11 @@ int main(int argc, char** argv) {
   add(add_convert_command);
   add(add_inspect_command);
 
+  // CLI11 would only say "a subcommand is required": name the word it did not know.
+  if (argc > 1 && argv[1][0] != '-' && app.get_subcommand_no_throw(argv[1]) == nullptr) {
+    std::fprintf(stderr, "ferry: unknown subcommand '%s' (see ferry --help)\n", argv[1]);
+    return 2;
+  }
   CLI11_PARSE(app, argc, argv);
   for (auto& [sub, run] : commands) {
     if (sub->parsed()) return run();
