@@ -33,7 +33,13 @@ int main(int argc, char** argv) {
   add(add_inspect_command);
 
   // CLI11 would only say "a subcommand is required": name the word it did not know.
-  if (argc > 1 && argv[1][0] != '-' && app.get_subcommand_no_throw(argv[1]) == nullptr) {
+  auto known = [&](const char* word) {
+    for (const CLI::App* sub : app.get_subcommands({})) {
+      if (sub->check_name(word)) return true;
+    }
+    return false;
+  };
+  if (argc > 1 && argv[1][0] != '-' && !known(argv[1])) {
     std::fprintf(stderr, "ferry: unknown subcommand '%s' (see ferry --help)\n", argv[1]);
     return 2;
   }
