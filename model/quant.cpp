@@ -1,0 +1,112 @@
+#include "model/quant.hpp"
+
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "model/half.hpp"
+
+namespace ferry::model {
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "block decoding assumes a little-endian host");
+
+size_t checked_blocks(GgmlType type, size_t n, const char* what) {
+  const auto traits = ggml_type_traits(static_cast<uint32_t>(type));
+  if (!traits) {
+    throw std::invalid_argument(std::string(what) + ": unknown ggml type id " +
+                                std::to_string(static_cast<uint32_t>(type)));
+  }
+  if (n % traits->block_elems != 0) {
+    throw std::invalid_argument(std::string(what) + ": " + std::to_string(n) + " elements is not a whole number of " +
+                                std::string(traits->name) + " blocks of " + std::to_string(traits->block_elems));
+  }
+  return n / traits->block_elems;
+}
+
+[[noreturn]] void unsupported(GgmlType type, const char* what) {
+  const auto traits = ggml_type_traits(static_cast<uint32_t>(type));
+  throw std::invalid_argument(std::string(what) + ": type " +
+                              (traits ? std::string(traits->name) : std::to_string(static_cast<uint32_t>(type))) +
+                              " is not supported");
+}
+
+}  // namespace
+
+bool can_dequantize(GgmlType type) {
+  switch (type) {
+    case GgmlType::F32:
+    case GgmlType::F16:
+    case GgmlType::BF16:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool can_quantize(GgmlType type) {
+  switch (type) {
+    case GgmlType::F32:
+    case GgmlType::F16:
+    case GgmlType::BF16:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void dequantize_row(GgmlType type, const void* src, float* dst, size_t n) {
+  const char* what = "dequantize_row";
+  checked_blocks(type, n, what);
+  const auto* in = static_cast<const uint8_t*>(src);
+  switch (type) {
+    case GgmlType::F32:
+      std::memcpy(dst, in, n * sizeof(float));
+      return;
+    case GgmlType::F16:
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, in + 2 * i, 2);
+        dst[i] = fp16_to_f32(h);
+      }
+      return;
+    case GgmlType::BF16:
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t b;
+        std::memcpy(&b, in + 2 * i, 2);
+        dst[i] = bf16_to_f32(b);
+      }
+      return;
+    default:
+      unsupported(type, what);
+  }
+}
+
+void quantize_row(GgmlType type, const float* src, void* dst, size_t n) {
+  const char* what = "quantize_row";
+  checked_blocks(type, n, what);
+  auto* out = static_cast<uint8_t*>(dst);
+  switch (type) {
+    case GgmlType::F32:
+      std::memcpy(out, src, n * sizeof(float));
+      return;
+    case GgmlType::F16:
+      for (size_t i = 0; i < n; ++i) {
+        const uint16_t h = f32_to_fp16(src[i]);
+        std::memcpy(out + 2 * i, &h, 2);
+      }
+      return;
+    case GgmlType::BF16:
+      for (size_t i = 0; i < n; ++i) {
+        const uint16_t b = f32_to_bf16(src[i]);
+        std::memcpy(out + 2 * i, &b, 2);
+      }
+      return;
+    default:
+      unsupported(type, what);
+  }
+}
+
+}  // namespace ferry::model
