@@ -7,6 +7,7 @@
 #include <string>
 
 #include "model/half.hpp"
+#include "model/quant_kernels.hpp"
 
 namespace ferry::model {
 namespace {
@@ -40,6 +41,14 @@ bool can_dequantize(GgmlType type) {
     case GgmlType::F32:
     case GgmlType::F16:
     case GgmlType::BF16:
+    case GgmlType::Q4_0:
+    case GgmlType::Q8_0:
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
+    case GgmlType::Q6_K:
+    case GgmlType::IQ4_XS:
+    case GgmlType::IQ3_S:
+    case GgmlType::IQ2_XXS:
       return true;
     default:
       return false;
@@ -59,7 +68,7 @@ bool can_quantize(GgmlType type) {
 
 void dequantize_row(GgmlType type, const void* src, float* dst, size_t n) {
   const char* what = "dequantize_row";
-  checked_blocks(type, n, what);
+  const size_t blocks = checked_blocks(type, n, what);
   const auto* in = static_cast<const uint8_t*>(src);
   switch (type) {
     case GgmlType::F32:
@@ -79,6 +88,22 @@ void dequantize_row(GgmlType type, const void* src, float* dst, size_t n) {
         dst[i] = bf16_to_f32(b);
       }
       return;
+    case GgmlType::Q4_0:
+      return quant_detail::dequantize_q4_0(in, dst, blocks);
+    case GgmlType::Q8_0:
+      return quant_detail::dequantize_q8_0(in, dst, blocks);
+    case GgmlType::Q4_K:
+      return quant_detail::dequantize_q4_k(in, dst, blocks);
+    case GgmlType::Q5_K:
+      return quant_detail::dequantize_q5_k(in, dst, blocks);
+    case GgmlType::Q6_K:
+      return quant_detail::dequantize_q6_k(in, dst, blocks);
+    case GgmlType::IQ4_XS:
+      return quant_detail::dequantize_iq4_xs(in, dst, blocks);
+    case GgmlType::IQ3_S:
+      return quant_detail::dequantize_iq3_s(in, dst, blocks);
+    case GgmlType::IQ2_XXS:
+      return quant_detail::dequantize_iq2_xxs(in, dst, blocks);
     default:
       unsupported(type, what);
   }

@@ -1,0 +1,43 @@
+#pragma once
+// Per-type block kernels behind quant.hpp (internal to model/quant*.cpp: use quant.hpp instead).
+// Each takes a count of whole blocks; block layouts are those of ggml-common.h, read byte-wise
+// (little-endian host), so no struct packing or alignment is assumed.
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace ferry::model::quant_detail {
+
+inline uint16_t load_u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store_u16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, sizeof v); }
+
+// The 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes of Q4_K / Q5_K.
+inline void k4_scale_min(const uint8_t* q, int j, uint8_t& scale, uint8_t& min) {
+  if (j < 4) {
+    scale = q[j] & 63;
+    min = q[j + 4] & 63;
+  } else {
+    scale = static_cast<uint8_t>((q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4));
+    min = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
+void dequantize_q4_0(const uint8_t* src, float* dst, size_t blocks);
+void dequantize_q8_0(const uint8_t* src, float* dst, size_t blocks);
+void dequantize_q4_k(const uint8_t* src, float* dst, size_t blocks);
+void dequantize_q5_k(const uint8_t* src, float* dst, size_t blocks);
+void dequantize_q6_k(const uint8_t* src, float* dst, size_t blocks);
+void dequantize_iq4_xs(const uint8_t* src, float* dst, size_t blocks);
+void dequantize_iq3_s(const uint8_t* src, float* dst, size_t blocks);
+void dequantize_iq2_xxs(const uint8_t* src, float* dst, size_t blocks);
+
+}  // namespace ferry::model::quant_detail
