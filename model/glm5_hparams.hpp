@@ -2,7 +2,11 @@
 // The hyper-parameters of a glm5_next text model: everything the math and the memory plan need,
 // read from GGUF metadata or a Hugging Face config.json (see glm5_hparams.cpp for the key table).
 #include <cstdint>
+#include <filesystem>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
 #include <vector>
 
 namespace ferry::model {
@@ -16,6 +20,7 @@ struct Glm5Hparams {
   uint32_t n_layers = 45;        // trunk layers; the MTP block(s) follow at index n_layers
   uint32_t n_nextn_layers = 1;   // MTP blocks present in the file (0 when the file has none)
   float rms_eps = 1e-5f;
+  uint32_t context_length = 1048576;  // max_position_embeddings: the trained context
 
   // FFN
   uint32_t dense_ffn = 12288;    // intermediate_size
@@ -57,9 +62,47 @@ struct Glm5Hparams {
 
   std::vector<LayerKind> layer_kinds;  // n_layers entries
   std::vector<FfnKind> ffn_kinds;      // n_layers entries
+  // indexer_types: per trunk layer, false where a DSA layer is "shared" (it reuses the top-k of the
+  // previous full layer and has no indexer weights). Empty means every layer is full (the release).
+  std::vector<bool> indexer_full;
+
+  bool indexer_is_full(uint32_t layer) const { return layer >= indexer_full.size() || indexer_full[layer]; }
 
   // Empty when consistent; else one line per problem, naming the field and the value.
   std::vector<std::string> validate() const;
 };
+
+// A value, or a message saying what was wrong (errors are values here).
+template <class T>
+class ModelResult {
+ public:
+  ModelResult(T value) : v_(std::move(value)) {}                 // NOLINT: implicit on purpose
+  static ModelResult failure(std::string message) { return ModelResult(Error{std::move(message)}); }
+  bool ok() const { return v_.index() == 0; }
+  explicit operator bool() const { return ok(); }
+  const T& value() const& { return std::get<0>(v_); }
+  T& value() & { return std::get<0>(v_); }
+  T&& value() && { return std::get<0>(std::move(v_)); }
+  const T* operator->() const { return &value(); }
+  const std::string& error() const { return std::get<1>(v_).message; }
+
+ private:
+  struct Error { std::string message; };
+  explicit ModelResult(Error e) : v_(std::in_place_index<1>, std::move(e)) {}
+  std::variant<T, Error> v_;
+};
+
+class GgufFile;
+
+// From a Hugging Face config.json of glm5_next (its text_config, or a flat text-only config),
+// with transformers' defaults for absent fields. The result is validated. n_nextn_layers is the
+// config's num_nextn_predict_layers (0 when absent): the converter lowers it to what the
+// checkpoint holds. Errors name the file's field and value.
+ModelResult<Glm5Hparams> glm5_hparams_from_hf_config(std::string_view json_text);
+ModelResult<Glm5Hparams> glm5_hparams_from_hf_config_file(const std::filesystem::path& path);
+
+// From GGUF metadata (general.architecture "glm5next" or "glm5-next"; see glm5_hparams.cpp for the
+// keys). The result is validated. Errors name the missing or invalid key.
+ModelResult<Glm5Hparams> glm5_hparams_from_gguf(const GgufFile& file);
 
 }  // namespace ferry::model
