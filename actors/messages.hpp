@@ -1,0 +1,261 @@
+#pragma once
+// Every message type of the engine, in one place (STYLE rule 2). The structs are plain data with CAF
+// 0.17 `inspect` overloads (so they may cross a host later); this header includes no CAF so that the
+// policy classes (step planner, lifecycle) can use the same types without the actor runtime. The atoms
+// that tag messages and the typed actor interfaces are in actors/protocol.hpp.
+//
+// The engine speaks token ids only (STYLE rule 8): text, templates, stop strings and the output
+// parser live in the HTTP bridge.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "actors/request_lifecycle.hpp"
+#include "model/backend.hpp"
+
+namespace ferry::model {
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, SamplingParams& x) {
+  return f(x.temperature, x.top_k, x.top_p, x.min_p, x.seed);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, SlotRows& x) {
+  return f(x.slot, x.start, x.tokens, x.logits_all, x.sample, x.sampling);
+}
+
+}  // namespace ferry::model
+
+namespace ferry::actors {
+
+using RequestId = uint64_t;
+
+// ---- bridge -> scheduler ----------------------------------------------------------------------
+
+// A request as the engine sees it: token ids, sampling, and when to stop.
+struct GenerateRequest {
+  RequestId id = 0;
+  std::vector<int32_t> prompt;
+  model::SamplingParams sampling;
+  std::vector<int32_t> stop_token_ids;  // drawing one ends the request (finish_reason "stop")
+  uint32_t max_tokens = 0;              // completion tokens at most (the terminal one included)
+  uint32_t min_tokens = 0;              // stop tokens are ignored before this many
+};
+
+// Idempotent: cancelling an unknown or ended request does nothing (STYLE rule 9).
+struct CancelRequest {
+  RequestId id = 0;
+  EndCause cause = EndCause::client_cancelled;
+};
+
+// ---- admin -> scheduler -----------------------------------------------------------------------
+
+// Frees a slot's state (its cached prefix); a request running in it is cancelled first.
+struct ReleaseSlot {
+  uint32_t slot = 0;
+};
+
+struct ReleaseResult {
+  bool ok = false;
+  RequestId cancelled = 0;  // the request that was running in the slot, 0 when it was idle
+  std::string message;      // why not, when !ok
+};
+
+// Shutdown: refuse new requests, let live ones run for `timeout_ms`, then cancel the rest. The
+// reply comes when every slot is idle and no step is in flight.
+struct DrainRequest {
+  double timeout_ms = 0;
+};
+
+struct DrainDone {
+  uint32_t finished = 0;   // requests that ended normally while draining
+  uint32_t cancelled = 0;  // requests cancelled at the deadline
+};
+
+// ---- scheduler -> bridge (the request's sink) -------------------------------------------------
+
+// The request left the queue and got a slot; `cached_tokens` of its prompt were already computed.
+struct RequestStarted {
+  RequestId id = 0;
+  uint32_t slot = 0;
+  uint32_t cached_tokens = 0;
+};
+
+// Tokens drawn for the request in one step (one per step today; more with MTP drafts).
+struct TokensGenerated {
+  RequestId id = 0;
+  std::vector<int32_t> tokens;
+};
+
+struct RequestUsage {
+  uint32_t prompt_tokens = 0;
+  uint32_t cached_tokens = 0;      // prompt tokens reused from the slot's previous sequence
+  uint32_t completion_tokens = 0;  // tokens drawn, a final stop token included
+};
+
+struct RequestTimings {
+  double queue_ms = 0;      // submitted -> got a slot
+  double prompt_ms = 0;     // got a slot -> first token (prefill of the uncached prompt)
+  double predicted_ms = 0;  // first token -> last token
+  double ttft_ms = 0;       // submitted -> first token
+};
+
+// The terminal event: every request gets exactly one, after its last TokensGenerated.
+struct RequestFinished {
+  RequestId id = 0;
+  RequestStatus status = RequestStatus::rejected;
+  EndCause cause = EndCause::none;
+  std::string message;  // for rejected / failed / cancelled: what happened, for the client
+  RequestUsage usage;
+  RequestTimings timings;
+};
+
+// ---- scheduler <-> stage ------------------------------------------------------------------------
+
+// One step: slots to forget first, then every slot's rows through the model.
+struct StepPlan {
+  uint64_t step = 0;
+  std::vector<uint32_t> reset_slots;
+  std::vector<model::SlotRows> rows;
+};
+
+struct SampledToken {
+  uint32_t slot = 0;
+  int32_t token = -1;
+};
+
+struct StepOutcome {
+  uint64_t step = 0;
+  std::vector<SampledToken> sampled;  // one per row that asked to sample, in row order
+  double compute_ms = 0;
+  std::string error;  // non-empty: the backend failed this step; `sampled` is empty
+};
+
+struct StageStatus {
+  std::string backend;   // Backend::describe()
+  bool failed = false;
+  std::string failure;   // the backend's error, when failed
+  uint64_t steps = 0;
+};
+
+// ---- snapshots for /health, /slots, /metrics --------------------------------------------------
+
+struct SlotSnapshot {
+  uint32_t index = 0;
+  bool busy = false;
+  RequestStatus status = RequestStatus::queued;  // meaningful when busy
+  RequestId request = 0;
+  uint32_t prompt_tokens = 0;
+  uint32_t prefilled_tokens = 0;  // prompt tokens computed so far (cached ones included)
+  uint32_t cached_tokens = 0;
+  uint32_t generated_tokens = 0;
+  uint32_t held_tokens = 0;       // tokens whose state the slot holds (a cached prefix when idle)
+};
+
+// Cumulative Prometheus-style histogram: counts[i] = observations <= bounds[i]; the last count
+// (one more than bounds) is +Inf.
+struct HistogramSnapshot {
+  std::vector<double> bounds;
+  std::vector<uint64_t> counts;
+  double sum = 0;
+  uint64_t count = 0;
+};
+
+struct EngineSnapshot {
+  std::vector<SlotSnapshot> slots;
+  uint32_t queued = 0;
+  uint32_t queue_limit = 0;
+  bool draining = false;
+  bool failed = false;
+  std::string failure;
+  uint64_t steps = 0;
+  uint64_t prompt_tokens = 0;      // computed (uncached) prompt tokens
+  uint64_t cached_tokens = 0;
+  uint64_t generated_tokens = 0;
+  std::vector<uint64_t> finished_by_status;  // indexed by RequestStatus
+  HistogramSnapshot step_seconds;
+  HistogramSnapshot ttft_seconds;
+  HistogramSnapshot itl_seconds;
+  HistogramSnapshot queue_seconds;
+};
+
+// ---- inspect (CAF 0.17 style) --------------------------------------------------------------------
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, GenerateRequest& x) {
+  return f(x.id, x.prompt, x.sampling, x.stop_token_ids, x.max_tokens, x.min_tokens);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, CancelRequest& x) {
+  return f(x.id, x.cause);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ReleaseSlot& x) {
+  return f(x.slot);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ReleaseResult& x) {
+  return f(x.ok, x.cancelled, x.message);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, DrainRequest& x) {
+  return f(x.timeout_ms);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, DrainDone& x) {
+  return f(x.finished, x.cancelled);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, RequestStarted& x) {
+  return f(x.id, x.slot, x.cached_tokens);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, TokensGenerated& x) {
+  return f(x.id, x.tokens);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, RequestUsage& x) {
+  return f(x.prompt_tokens, x.cached_tokens, x.completion_tokens);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, RequestTimings& x) {
+  return f(x.queue_ms, x.prompt_ms, x.predicted_ms, x.ttft_ms);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, RequestFinished& x) {
+  return f(x.id, x.status, x.cause, x.message, x.usage, x.timings);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, StepPlan& x) {
+  return f(x.step, x.reset_slots, x.rows);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, SampledToken& x) {
+  return f(x.slot, x.token);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, StepOutcome& x) {
+  return f(x.step, x.sampled, x.compute_ms, x.error);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, StageStatus& x) {
+  return f(x.backend, x.failed, x.failure, x.steps);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, SlotSnapshot& x) {
+  return f(x.index, x.busy, x.status, x.request, x.prompt_tokens, x.prefilled_tokens, x.cached_tokens,
+           x.generated_tokens, x.held_tokens);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, HistogramSnapshot& x) {
+  return f(x.bounds, x.counts, x.sum, x.count);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, EngineSnapshot& x) {
+  return f(x.slots, x.queued, x.queue_limit, x.draining, x.failed, x.failure, x.steps, x.prompt_tokens,
+           x.cached_tokens, x.generated_tokens, x.finished_by_status, x.step_seconds, x.ttft_seconds,
+           x.itl_seconds, x.queue_seconds);
+}
+
+}  // namespace ferry::actors

@@ -1,0 +1,385 @@
+#include "actors/step_planner.hpp"
+
+#include <algorithm>
+
+namespace ferry::actors {
+namespace {
+
+double ms_between(TimePoint from, TimePoint to) {
+  return std::chrono::duration<double, std::milli>(to - from).count();
+}
+
+bool is_prefix(const std::vector<int32_t>& prefix, const std::vector<int32_t>& of) {
+  return prefix.size() <= of.size() && std::equal(prefix.begin(), prefix.end(), of.begin());
+}
+
+}  // namespace
+
+RequestId event_request(const EngineEvent& e) {
+  return std::visit([](const auto& x) { return x.id; }, e);
+}
+
+StepPlanner::StepPlanner(PlannerLimits limits) : limits_(limits), slots_(limits.slots) {}
+
+EngineEvents StepPlanner::reject(const GenerateRequest& request, EndCause cause, std::string message,
+                                 TimePoint now) {
+  Live live;  // never stored: a rejected request was not live
+  live.request.id = request.id;
+  live.request.prompt.resize(request.prompt.size());  // usage reports the prompt's length only
+  live.submitted = now;
+  return {finish(live, RequestStatus::rejected, cause, std::move(message), now)};
+}
+
+EngineEvents StepPlanner::submit(GenerateRequest request, TimePoint now) {
+  const size_t prompt = request.prompt.size();
+  if (failed_) return reject(request, EndCause::backend_failed, "the backend failed: " + failure_, now);
+  if (draining_) return reject(request, EndCause::draining, "the server is shutting down", now);
+  if (request.id == 0 || live_.count(request.id) != 0) {
+    return reject(request, EndCause::invalid_request, "request id 0 or already in use", now);
+  }
+  if (prompt == 0) return reject(request, EndCause::invalid_request, "the prompt has no tokens", now);
+  if (limits_.vocab_size != 0) {
+    for (size_t i = 0; i < prompt; ++i) {
+      const int32_t t = request.prompt[i];
+      if (t < 0 || static_cast<uint32_t>(t) >= limits_.vocab_size) {
+        return reject(request, EndCause::invalid_request,
+                      "prompt token " + std::to_string(i) + " = " + std::to_string(t) +
+                          " is outside the vocabulary [0, " + std::to_string(limits_.vocab_size) + ")",
+                      now);
+      }
+    }
+  }
+  if (request.max_tokens == 0) request.max_tokens = 1;
+  if (prompt + request.max_tokens > limits_.ctx) {
+    return reject(request, EndCause::too_long,
+                  "prompt of " + std::to_string(prompt) + " tokens + max_tokens " +
+                      std::to_string(request.max_tokens) + " exceeds the context of " +
+                      std::to_string(limits_.ctx) + " tokens",
+                  now);
+  }
+  if (queue_.size() >= limits_.queue_limit) {
+    return reject(request, EndCause::queue_full,
+                  "the queue is full (" + std::to_string(limits_.queue_limit) + " requests waiting)", now);
+  }
+  const RequestId id = request.id;
+  Live& live = live_[id];
+  live.request = std::move(request);
+  live.submitted = now;
+  queue_.push_back(id);
+  return {};
+}
+
+EngineEvents StepPlanner::cancel(const CancelRequest& cancel, TimePoint now) {
+  auto it = live_.find(cancel.id);
+  if (it == live_.end()) return {};  // unknown or already ended: a no-op (STYLE rule 9)
+  Live& live = it->second;
+  if (live.status == RequestStatus::queued) {
+    queue_.erase(std::find(queue_.begin(), queue_.end(), cancel.id));
+  }
+  std::string message;
+  switch (cancel.cause) {
+    case EndCause::client_cancelled: message = "cancelled by the client"; break;
+    case EndCause::admin_cancelled: message = "cancelled by an administrator"; break;
+    case EndCause::drain_deadline: message = "the server shut down before the request finished"; break;
+    default: break;
+  }
+  // A stop string matched by the bridge is a normal stop; the engine only learns it late.
+  const RequestStatus status =
+      cancel.cause == EndCause::stop_string ? RequestStatus::finished_stop : RequestStatus::cancelled;
+  return {end(cancel.id, status, cancel.cause, std::move(message), now)};
+}
+
+std::pair<ReleaseResult, EngineEvents> StepPlanner::release(uint32_t slot, TimePoint now) {
+  ReleaseResult result;
+  EngineEvents events;
+  if (slot >= slots_.size()) {
+    result.message = "slot " + std::to_string(slot) + " does not exist (slots are 0.." +
+                     std::to_string(slots_.size() - 1) + ")";
+    return {result, events};
+  }
+  if (const RequestId running = slots_[slot].request; running != 0) {
+    events = cancel(CancelRequest{running, EndCause::admin_cancelled}, now);
+    result.cancelled = running;
+  }
+  slots_[slot].held.clear();
+  slots_[slot].needs_reset = false;
+  pending_resets_.push_back(slot);
+  result.ok = true;
+  return {result, events};
+}
+
+uint32_t StepPlanner::choose_slot(const std::vector<int32_t>& prompt) const {
+  // Longest held sequence that the prompt extends (at least one prompt token must remain to compute
+  // the first token's logits); else an empty slot; else the least recently used idle one.
+  int best = -1;
+  size_t best_len = 0;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = slots_[i];
+    if (s.request != 0 || s.needs_reset || s.held.empty() || s.held.size() >= prompt.size()) continue;
+    if (s.held.size() > best_len && is_prefix(s.held, prompt)) {
+      best = static_cast<int>(i);
+      best_len = s.held.size();
+    }
+  }
+  if (best >= 0) return static_cast<uint32_t>(best);
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].request == 0 && slots_[i].held.empty()) return static_cast<uint32_t>(i);
+  }
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].request != 0) continue;
+    if (best < 0 || slots_[i].last_used < slots_[static_cast<size_t>(best)].last_used) best = static_cast<int>(i);
+  }
+  return static_cast<uint32_t>(best);
+}
+
+void StepPlanner::admit_queued(TimePoint now, EngineEvents& events) {
+  auto has_idle = [&] {
+    return std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) { return s.request == 0; });
+  };
+  while (!queue_.empty() && has_idle()) {
+    Live& live = live_.at(queue_.front());
+    queue_.pop_front();
+    const uint32_t index = choose_slot(live.request.prompt);
+    Slot& slot = slots_[index];
+    if (slot.needs_reset || !is_prefix(slot.held, live.request.prompt) ||
+        slot.held.size() >= live.request.prompt.size()) {
+      slot.held.clear();
+      slot.needs_reset = false;
+      pending_resets_.push_back(index);
+    }
+    slot.request = live.request.id;
+    slot.last_used = ++use_counter_;
+    live.slot = static_cast<int>(index);
+    live.status = RequestStatus::prefilling;
+    live.prefilled = live.cached = static_cast<uint32_t>(slot.held.size());
+    live.admitted_seq = next_admitted_seq_++;
+    live.started = now;
+    metrics_.queue_seconds.observe(ms_between(live.submitted, now) / 1000.0);
+    metrics_.cached_tokens += live.cached;
+    events.emplace_back(std::in_place_type<RequestStarted>, live.request.id, index, live.cached);
+  }
+}
+
+std::optional<StepPlan> StepPlanner::plan(TimePoint now, EngineEvents& events) {
+  if (step_in_flight()) return std::nullopt;
+  admit_queued(now, events);
+  StepPlan plan;
+  plan.step = next_step_++;
+  std::sort(pending_resets_.begin(), pending_resets_.end());
+  pending_resets_.erase(std::unique(pending_resets_.begin(), pending_resets_.end()), pending_resets_.end());
+  plan.reset_slots = std::move(pending_resets_);
+  pending_resets_.clear();
+
+  Live* prefill = nullptr;
+  for (uint32_t i = 0; i < slots_.size(); ++i) {
+    Slot& slot = slots_[i];
+    if (slot.request == 0) continue;
+    Live& live = live_.at(slot.request);
+    if (live.status == RequestStatus::prefilling) {
+      if (prefill == nullptr || live.admitted_seq < prefill->admitted_seq) prefill = &live;
+      continue;
+    }
+    model::SlotRows row;
+    row.slot = i;
+    row.start = static_cast<uint32_t>(slot.held.size());
+    row.tokens = {live.generated.back()};
+    row.sampling = live.request.sampling;
+    slot.held.push_back(live.generated.back());
+    plan.rows.push_back(std::move(row));
+    in_flight_.push_back(InFlightRow{i, live.request.id, 0, true});
+  }
+  if (prefill != nullptr) {
+    const auto index = static_cast<uint32_t>(prefill->slot);
+    Slot& slot = slots_[index];
+    const auto& prompt = prefill->request.prompt;
+    const uint32_t n = std::min<uint32_t>(limits_.prefill_chunk, static_cast<uint32_t>(prompt.size()) - prefill->prefilled);
+    model::SlotRows row;
+    row.slot = index;
+    row.start = prefill->prefilled;
+    row.tokens.assign(prompt.begin() + prefill->prefilled, prompt.begin() + prefill->prefilled + n);
+    row.sample = prefill->prefilled + n == prompt.size();
+    row.sampling = prefill->request.sampling;
+    slot.held.insert(slot.held.end(), row.tokens.begin(), row.tokens.end());
+    in_flight_.push_back(InFlightRow{index, prefill->request.id, n, row.sample});
+    plan.rows.push_back(std::move(row));
+  }
+  if (plan.rows.empty() && plan.reset_slots.empty()) return std::nullopt;
+  in_flight_resets_only_ = plan.rows.empty();
+  in_flight_step_ = plan.step;
+  return plan;
+}
+
+EngineEvents StepPlanner::apply(const StepOutcome& outcome, TimePoint now) {
+  if (!step_in_flight() || outcome.step != in_flight_step_) return {};  // not ours: ignore
+  in_flight_resets_only_ = false;
+  if (!outcome.error.empty()) return fail_step(outcome.error, now);
+  size_t expected = 0;
+  for (const InFlightRow& row : in_flight_) expected += row.sample ? 1 : 0;
+  if (outcome.sampled.size() != expected) {
+    return fail_step("the backend returned " + std::to_string(outcome.sampled.size()) + " tokens for " +
+                         std::to_string(expected) + " sampling rows",
+                     now);
+  }
+  size_t k = 0;
+  for (const InFlightRow& row : in_flight_) {
+    if (row.sample && outcome.sampled[k++].slot != row.slot) {
+      return fail_step("the backend returned tokens out of row order", now);
+    }
+  }
+  ++metrics_.steps;
+  metrics_.step_seconds.observe(outcome.compute_ms / 1000.0);
+  EngineEvents events;
+  const std::vector<InFlightRow> rows = std::move(in_flight_);
+  in_flight_.clear();
+  k = 0;
+  for (const InFlightRow& row : rows) {
+    const int32_t token = row.sample ? outcome.sampled[k++].token : -1;
+    auto it = live_.find(row.request);
+    if (it == live_.end() || it->second.slot != static_cast<int>(row.slot)) continue;  // cancelled meanwhile
+    Live& live = it->second;
+    if (row.prompt_tokens > 0) {
+      live.prefilled += row.prompt_tokens;
+      metrics_.prompt_tokens += row.prompt_tokens;
+      if (live.prefilled == live.request.prompt.size()) live.status = RequestStatus::decoding;
+    }
+    if (row.sample) take_token(live, token, now, events);
+  }
+  return events;
+}
+
+void StepPlanner::take_token(Live& live, int32_t token, TimePoint now, EngineEvents& events) {
+  if (token < 0 || (limits_.vocab_size != 0 && static_cast<uint32_t>(token) >= limits_.vocab_size)) {
+    events.push_back(end(live.request.id, RequestStatus::failed, EndCause::backend_failed,
+                         "the backend drew token id " + std::to_string(token) + " outside the vocabulary", now));
+    return;
+  }
+  if (live.generated.empty()) {
+    live.first_token = now;
+    metrics_.ttft_seconds.observe(ms_between(live.submitted, now) / 1000.0);
+  } else {
+    metrics_.itl_seconds.observe(ms_between(live.last_token, now) / 1000.0);
+  }
+  live.last_token = now;
+  live.generated.push_back(token);
+  ++metrics_.generated_tokens;
+  events.push_back(TokensGenerated{live.request.id, {token}});
+  const auto& stops = live.request.stop_token_ids;
+  const size_t n = live.generated.size();
+  if (n >= live.request.min_tokens && std::find(stops.begin(), stops.end(), token) != stops.end()) {
+    events.push_back(end(live.request.id, RequestStatus::finished_stop, EndCause::none, {}, now));
+  } else if (n >= live.request.max_tokens || live.request.prompt.size() + n >= limits_.ctx) {
+    events.push_back(end(live.request.id, RequestStatus::finished_length, EndCause::none, {}, now));
+  }
+}
+
+EngineEvents StepPlanner::fail_step(const std::string& error, TimePoint now) {
+  failed_ = true;
+  failure_ = error;
+  EngineEvents events;
+  for (const InFlightRow& row : in_flight_) {
+    slots_[row.slot].needs_reset = true;
+    if (live_.count(row.request) == 0) continue;
+    events.push_back(end(row.request, RequestStatus::failed, EndCause::backend_failed,
+                         "the backend failed: " + error, now));
+  }
+  in_flight_.clear();
+  // Nothing else can run on a failed backend: end the waiting and the running requests too.
+  std::vector<RequestId> rest;
+  for (const auto& [id, live] : live_) rest.push_back(id);
+  std::sort(rest.begin(), rest.end());
+  for (RequestId id : rest) {
+    Live& live = live_.at(id);
+    const RequestStatus status =
+        live.status == RequestStatus::queued ? RequestStatus::rejected : RequestStatus::failed;
+    if (live.status == RequestStatus::queued) queue_.erase(std::find(queue_.begin(), queue_.end(), id));
+    events.push_back(end(id, status, EndCause::backend_failed, "the backend failed: " + error, now));
+  }
+  return events;
+}
+
+EngineEvents StepPlanner::cancel_all(EndCause cause, TimePoint now) {
+  std::vector<RequestId> ids;
+  for (const auto& [id, live] : live_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  EngineEvents events;
+  for (RequestId id : ids) {
+    EngineEvents one = cancel(CancelRequest{id, cause}, now);
+    events.insert(events.end(), one.begin(), one.end());
+  }
+  return events;
+}
+
+RequestFinished StepPlanner::finish(Live& live, RequestStatus status, EndCause cause, std::string message,
+                                    TimePoint now) {
+  RequestFinished done;
+  done.id = live.request.id;
+  done.status = status;
+  done.cause = cause;
+  done.message = std::move(message);
+  done.usage.prompt_tokens = static_cast<uint32_t>(live.request.prompt.size());
+  done.usage.cached_tokens = live.cached;
+  done.usage.completion_tokens = static_cast<uint32_t>(live.generated.size());
+  if (live.slot >= 0) {
+    done.timings.queue_ms = ms_between(live.submitted, live.started);
+    if (!live.generated.empty()) {
+      done.timings.prompt_ms = ms_between(live.started, live.first_token);
+      done.timings.predicted_ms = ms_between(live.first_token, live.last_token);
+      done.timings.ttft_ms = ms_between(live.submitted, live.first_token);
+    } else {
+      done.timings.prompt_ms = ms_between(live.started, now);
+    }
+    Slot& slot = slots_[static_cast<size_t>(live.slot)];
+    slot.request = 0;
+    slot.last_used = ++use_counter_;
+  } else {
+    done.timings.queue_ms = ms_between(live.submitted, now);
+  }
+  ++metrics_.finished_by_status[static_cast<size_t>(status)];
+  return done;
+}
+
+RequestFinished StepPlanner::end(RequestId id, RequestStatus status, EndCause cause, std::string message,
+                                 TimePoint now) {
+  auto it = live_.find(id);
+  RequestFinished done = finish(it->second, status, cause, std::move(message), now);
+  live_.erase(it);
+  return done;
+}
+
+EngineSnapshot StepPlanner::snapshot() const {
+  EngineSnapshot s;
+  for (uint32_t i = 0; i < slots_.size(); ++i) {
+    const Slot& slot = slots_[i];
+    SlotSnapshot out;
+    out.index = i;
+    out.held_tokens = static_cast<uint32_t>(slot.held.size());
+    if (slot.request != 0) {
+      const Live& live = live_.at(slot.request);
+      out.busy = true;
+      out.status = live.status;
+      out.request = slot.request;
+      out.prompt_tokens = static_cast<uint32_t>(live.request.prompt.size());
+      out.prefilled_tokens = live.prefilled;
+      out.cached_tokens = live.cached;
+      out.generated_tokens = static_cast<uint32_t>(live.generated.size());
+    }
+    s.slots.push_back(out);
+  }
+  s.queued = static_cast<uint32_t>(queue_.size());
+  s.queue_limit = limits_.queue_limit;
+  s.draining = draining_;
+  s.failed = failed_;
+  s.failure = failure_;
+  s.steps = metrics_.steps;
+  s.prompt_tokens = metrics_.prompt_tokens;
+  s.cached_tokens = metrics_.cached_tokens;
+  s.generated_tokens = metrics_.generated_tokens;
+  s.finished_by_status = metrics_.finished_by_status;
+  s.step_seconds = metrics_.step_seconds.snapshot();
+  s.ttft_seconds = metrics_.ttft_seconds.snapshot();
+  s.itl_seconds = metrics_.itl_seconds.snapshot();
+  s.queue_seconds = metrics_.queue_seconds.snapshot();
+  return s;
+}
+
+}  // namespace ferry::actors

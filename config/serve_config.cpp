@@ -1,0 +1,49 @@
+#include "config/serve_config.hpp"
+
+#include <cmath>
+#include <sstream>
+
+namespace ferry::config {
+namespace {
+
+template <class T>
+std::string bad(const char* option, const T& value, const char* expected) {
+  std::ostringstream out;
+  out << "--" << option << " = " << value << ": expected " << expected;
+  return out.str();
+}
+
+}  // namespace
+
+std::vector<std::string> validate(const ServeConfig& c) {
+  std::vector<std::string> errors;
+  auto check = [&](bool ok, std::string message) {
+    if (!ok) errors.push_back(std::move(message));
+  };
+  check(c.backend == "cpu", bad("backend", c.backend, "cpu (the only backend built into this ferry)"));
+  check(c.threads <= 4096, bad("threads", c.threads, "0 (every core) or a thread count up to 4096"));
+  check(!c.model_id.empty(), bad("model-id", "''", "a non-empty model name"));
+  check(!c.host.empty(), bad("host", "''", "an IP address or host name to listen on"));
+  check(c.http_threads >= 1 && c.http_threads <= 256, bad("http-threads", c.http_threads, "1 to 256"));
+  check(c.max_body_bytes >= 1024 && c.max_body_bytes <= (1ull << 32),
+        bad("max-body", c.max_body_bytes, "a size between 1KiB and 4GiB"));
+  check(c.sse_queue_limit >= 16, bad("sse-queue-limit", c.sse_queue_limit, "at least 16 events"));
+  check(c.idle_timeout_s > 0 && c.idle_timeout_s <= 86400,
+        bad("idle-timeout", c.idle_timeout_s, "seconds in (0, 86400]"));
+  check(c.slots >= 1 && c.slots <= 256, bad("slots", c.slots, "1 to 256"));
+  check(c.ctx >= 16, bad("ctx", c.ctx, "at least 16 tokens per slot"));
+  check(c.prefill_chunk >= 1, bad("prefill-chunk", c.prefill_chunk, "at least 1 token"));
+  check(c.queue_limit <= 1000000, bad("queue-limit", c.queue_limit, "0 to 1000000 waiting requests"));
+  check(c.retry_after_s >= 1 && c.retry_after_s <= 3600, bad("retry-after", c.retry_after_s, "1 to 3600 seconds"));
+  check(c.drain_timeout_s >= 0 && c.drain_timeout_s <= 86400,
+        bad("drain-timeout", c.drain_timeout_s, "seconds in [0, 86400]"));
+  const SamplingDefaults& s = c.sampling;
+  check(std::isfinite(s.temperature) && s.temperature >= 0 && s.temperature <= 2,
+        bad("temperature", s.temperature, "a number in [0, 2]"));
+  check(std::isfinite(s.top_p) && s.top_p > 0 && s.top_p <= 1, bad("top-p", s.top_p, "a number in (0, 1]"));
+  check(std::isfinite(s.min_p) && s.min_p >= 0 && s.min_p <= 1, bad("min-p", s.min_p, "a number in [0, 1]"));
+  check(s.max_tokens >= 1, bad("max-tokens", s.max_tokens, "at least 1 token"));
+  return errors;
+}
+
+}  // namespace ferry::config

@@ -1,0 +1,29 @@
+#include "config/serve_config.hpp"
+
+#include <gtest/gtest.h>
+
+using ferry::config::ServeConfig;
+using ferry::config::validate;
+
+TEST(ServeConfig, DefaultsAreValid) {
+  const ServeConfig c;
+  EXPECT_TRUE(validate(c).empty());
+  EXPECT_EQ(c.host, "127.0.0.1");
+  EXPECT_EQ(c.port, 9527);
+  EXPECT_EQ(c.slots, 3u);
+  EXPECT_EQ(c.ctx, 524288u);
+  EXPECT_EQ(c.prefill_chunk, 4096u);
+  EXPECT_EQ(c.model_id, "glm-5.3-flash");
+}
+
+TEST(ServeConfig, EachProblemNamesTheOptionAndTheValue) {
+  ServeConfig c;
+  c.slots = 0;
+  c.backend = "tpu";
+  c.sampling.top_p = 0;
+  const auto errors = validate(c);
+  ASSERT_EQ(errors.size(), 3u);
+  EXPECT_EQ(errors[0], "--backend = tpu: expected cpu (the only backend built into this ferry)");
+  EXPECT_NE(errors[1].find("--slots = 0"), std::string::npos);
+  EXPECT_NE(errors[2].find("--top-p = 0"), std::string::npos);
+}
