@@ -60,6 +60,10 @@ bool can_quantize(GgmlType type) {
     case GgmlType::F32:
     case GgmlType::F16:
     case GgmlType::BF16:
+    case GgmlType::Q8_0:
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
+    case GgmlType::Q6_K:
       return true;
     default:
       return false;
@@ -111,7 +115,7 @@ void dequantize_row(GgmlType type, const void* src, float* dst, size_t n) {
 
 void quantize_row(GgmlType type, const float* src, void* dst, size_t n) {
   const char* what = "quantize_row";
-  checked_blocks(type, n, what);
+  const size_t blocks = checked_blocks(type, n, what);
   auto* out = static_cast<uint8_t*>(dst);
   switch (type) {
     case GgmlType::F32:
@@ -129,6 +133,14 @@ void quantize_row(GgmlType type, const float* src, void* dst, size_t n) {
         std::memcpy(out + 2 * i, &b, 2);
       }
       return;
+    case GgmlType::Q8_0:
+      return quant_detail::quantize_q8_0(src, out, blocks);
+    case GgmlType::Q4_K:
+      return quant_detail::quantize_q4_k(src, out, blocks);
+    case GgmlType::Q5_K:
+      return quant_detail::quantize_q5_k(src, out, blocks);
+    case GgmlType::Q6_K:
+      return quant_detail::quantize_q6_k(src, out, blocks);
     default:
       unsupported(type, what);
   }

@@ -19,7 +19,8 @@ bool can_quantize(GgmlType type);
 void dequantize_row(GgmlType type, const void* src, float* dst, size_t n);
 
 // Encodes `n` f32 values as `type` into `dst`. Throws std::invalid_argument when !can_quantize(type)
-// or `n` is not a whole number of blocks.
+// or `n` is not a whole number of blocks. Block types expect finite input: a NaN or infinity gives
+// a well-defined but meaningless block (Q8_0: a NaN scale); F16/BF16 keep non-finite values.
 void quantize_row(GgmlType type, const float* src, void* dst, size_t n);
 
 }  // namespace ferry::model

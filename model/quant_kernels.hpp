@@ -40,4 +40,9 @@ void dequantize_iq4_xs(const uint8_t* src, float* dst, size_t blocks);
 void dequantize_iq3_s(const uint8_t* src, float* dst, size_t blocks);
 void dequantize_iq2_xxs(const uint8_t* src, float* dst, size_t blocks);
 
+void quantize_q8_0(const float* src, uint8_t* dst, size_t blocks);
+void quantize_q4_k(const float* src, uint8_t* dst, size_t blocks);
+void quantize_q5_k(const float* src, uint8_t* dst, size_t blocks);
+void quantize_q6_k(const float* src, uint8_t* dst, size_t blocks);
+
 }  // namespace ferry::model::quant_detail

@@ -45,6 +45,10 @@ TEST(Quant, SupportedTypes) {
   EXPECT_FALSE(can_dequantize(GgmlType::Q2_K));
   EXPECT_FALSE(can_dequantize(GgmlType::IQ1_S));
   EXPECT_FALSE(can_quantize(GgmlType::IQ3_S));
+  EXPECT_FALSE(can_quantize(GgmlType::Q4_0));
+  for (auto t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::BF16, GgmlType::F16}) {
+    EXPECT_TRUE(can_quantize(t)) << ggml_type_traits(t).name;
+  }
 }
 
 TEST(Quant, PreconditionsThrow) {
@@ -215,4 +219,63 @@ TEST(Quant, PlainTypesRoundTrip) {
   dequantize_row(GgmlType::F16, buf.data(), back.data(), x.size());
   EXPECT_EQ(back[2], 65504.0f);
   EXPECT_EQ(back[3], 0x1p-24f);
+}
+
+TEST(Quant, QuantizeQ8_0RoundsHalfAwayFromZero) {
+  std::array<float, 32> x{};
+  x[0] = 127.0f;  // amax 127: d = 1, so every x.5 below is an exact tie
+  for (int j = 1; j < 32; ++j) x[j] = static_cast<float>(j - 16) + 0.5f;
+  auto b = zero_block(GgmlType::Q8_0);
+  quantize_row(GgmlType::Q8_0, x.data(), b.data(), 32);
+  EXPECT_EQ(b[0] | (b[1] << 8), 0x3c00);  // fp16 1.0
+  EXPECT_EQ(static_cast<int8_t>(b[2]), 127);
+  for (int j = 1; j < 32; ++j) {
+    const int want = j - 16 >= 0 ? j - 15 : j - 16;  // -15.5 -> -16, 0.5 -> 1
+    EXPECT_EQ(static_cast<int8_t>(b[2 + j]), want) << j;
+  }
+}
+
+TEST(Quant, QuantizeQ8_0NaNPoisonsOnlyItsBlock) {
+  std::vector<float> x(64, 127.0f);  // d = 1 exactly
+  x[5] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<uint8_t> b(68);
+  quantize_row(GgmlType::Q8_0, x.data(), b.data(), 64);
+  std::vector<float> y(64);
+  dequantize_row(GgmlType::Q8_0, b.data(), y.data(), 64);
+  for (int j = 0; j < 32; ++j) EXPECT_TRUE(std::isnan(y[j])) << j;
+  for (int j = 32; j < 64; ++j) EXPECT_EQ(y[j], 127.0f) << j;
+}
+
+TEST(Quant, QuantizeZerosGivesZeroBlocks) {
+  const std::vector<float> x(256, 0.0f);
+  for (auto t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+    std::vector<uint8_t> b(*ggml_bytes(t, 256), 0xaa);
+    quantize_row(t, x.data(), b.data(), 256);
+    std::vector<float> y(256, 1.0f);
+    dequantize_row(t, b.data(), y.data(), 256);
+    for (float v : y) ASSERT_EQ(v, 0.0f) << ggml_type_traits(t).name;
+  }
+}
+
+TEST(Quant, QuantizeRoundTripOnASmoothSignal) {
+  // A deterministic signal with varied magnitude; bounds are loose versions of the Python tests'.
+  std::vector<float> x(4096);
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = std::sin(0.37f * static_cast<float>(i)) * (1.0f + static_cast<float>(i % 97) / 10.0f);
+  }
+  const std::array<std::pair<GgmlType, double>, 4> bounds = {
+      std::pair{GgmlType::Q8_0, 0.01}, std::pair{GgmlType::Q6_K, 0.03}, std::pair{GgmlType::Q5_K, 0.06},
+      std::pair{GgmlType::Q4_K, 0.12}};
+  for (const auto& [t, bound] : bounds) {
+    std::vector<uint8_t> b(*ggml_bytes(t, x.size()));
+    quantize_row(t, x.data(), b.data(), x.size());
+    std::vector<float> y(x.size());
+    dequantize_row(t, b.data(), y.data(), y.size());
+    double err = 0, ref = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      err += (static_cast<double>(y[i]) - x[i]) * (static_cast<double>(y[i]) - x[i]);
+      ref += static_cast<double>(x[i]) * x[i];
+    }
+    EXPECT_LT(std::sqrt(err / ref), bound) << ggml_type_traits(t).name;
+  }
 }

@@ -125,3 +125,108 @@ def test_probe_rejects_partial_blocks(probe, tmp_path):
     proc = subprocess.run([probe, "dequant", "q4_K", str(src), str(dst)], capture_output=True, text=True)
     assert proc.returncode == 2
     assert "143 bytes is not a whole number of q4_K blocks of 144 bytes" in proc.stderr
+
+
+# --- quantizers ---------------------------------------------------------------------------------
+
+def random_f32_patterns(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Random bit patterns (NaNs, infinities, subnormals included) plus the special values."""
+    bits = rng.integers(0, 1 << 32, size=n, dtype=np.uint32)
+    special = np.array([0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0x7F800001, 0xFFFFFFFF,
+                        0x00000001, 0x007FFFFF, 0x3F808000, 0x3F818000, 0x477FF000, 0x477FEFFF, 0x33000000,
+                        0x33000001, 0x7F7FFFFF, 0x38800000, 0x387FC000], dtype=np.uint32)
+    return np.concatenate([special, bits]).view(np.float32)
+
+
+def test_bf16_quantize_matches_gguf(probe, tmp_path):
+    x = random_f32_patterns(np.random.default_rng(4000), 1 << 16)
+    assert cpp_quant(probe, tmp_path, T.BF16, x).tobytes() == quantize(x, T.BF16).tobytes()
+
+
+def test_f16_quantize_matches_numpy(probe, tmp_path):
+    x = random_f32_patterns(np.random.default_rng(4001), 1 << 16)
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16)
+    assert cpp_quant(probe, tmp_path, T.F16, x).tobytes() == want.tobytes()
+
+
+def q8_0_inputs(rng: np.random.Generator) -> np.ndarray:
+    blocks = [
+        rng.standard_normal(32 * 512),
+        rng.uniform(-1000, 1000, 32 * 64),
+        np.zeros(32),
+        np.full(32, -3.0),
+        # amax 127 gives d = 1: every x.5 is an exact tie, which rounds away from zero
+        np.concatenate([[127.0], np.arange(-15.5, 15.5, 1.0)]),
+        # a tiny block: d is an fp16 subnormal
+        rng.standard_normal(32) * 1e-6,
+    ]
+    return np.concatenate(blocks).astype(np.float32)
+
+
+def test_q8_0_quantize_matches_gguf(probe, tmp_path):
+    x = q8_0_inputs(np.random.default_rng(4002))
+    got = cpp_quant(probe, tmp_path, T.Q8_0, x)
+    assert got.tobytes() == quantize(x, T.Q8_0).tobytes()
+
+
+# rmse(dequant(quant(x)) - x) / rms(x) measured on 2^18 values (seed 5000): standard normal gives
+# Q8_0 0.0054, Q6_K 0.0178, Q5_K 0.0361, Q4_K 0.0713; Student-t with 3 degrees of freedom (heavy
+# tails) gives 0.0086, 0.0257, 0.0468, 0.0921. Bounds leave about 10-20% margin.
+ROUND_TRIP_BOUNDS = {
+    T.Q8_0: {"normal": 0.0065, "t3": 0.010},
+    T.Q6_K: {"normal": 0.020, "t3": 0.029},
+    T.Q5_K: {"normal": 0.040, "t3": 0.053},
+    T.Q4_K: {"normal": 0.080, "t3": 0.103},
+}
+QUANTIZED_TYPES = list(ROUND_TRIP_BOUNDS)
+
+
+def relative_rmse(y: np.ndarray, x: np.ndarray) -> float:
+    return float(np.sqrt(np.mean((y.astype(np.float64) - x) ** 2)) / np.sqrt(np.mean(x.astype(np.float64) ** 2)))
+
+
+@pytest.mark.parametrize("qtype", QUANTIZED_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("dist", ["normal", "t3"])
+def test_round_trip_error(probe, tmp_path, qtype, dist):
+    rng = np.random.default_rng(5000)
+    x = (rng.standard_normal(1 << 18) if dist == "normal" else rng.standard_t(3, size=1 << 18)).astype(np.float32)
+    blocks = cpp_quant(probe, tmp_path, qtype, x)
+    y = dequantize(blocks, qtype)
+    # Our dequantizer reads our blocks exactly as gguf-py does.
+    assert_bits_equal(cpp_dequant(probe, tmp_path, qtype, blocks), y, qtype.name)
+    err = relative_rmse(y, x)
+    assert err < ROUND_TRIP_BOUNDS[qtype][dist], f"{qtype.name} {dist}: relative rmse {err:.5f}"
+
+
+@pytest.mark.parametrize("qtype", QUANTIZED_TYPES, ids=lambda t: t.name)
+def test_round_trip_per_block_magnitudes(probe, tmp_path, qtype):
+    """Each block at its own magnitude (1e-2 .. 1e3): the scales must follow every block."""
+    rng = np.random.default_rng(5001)
+    block, _ = GGML_QUANT_SIZES[qtype]
+    n_blocks = 256
+    mags = 10.0 ** rng.uniform(-2, 3, size=(n_blocks, 1))
+    x = (rng.standard_normal((n_blocks, block)) * mags).astype(np.float32)
+    y = dequantize(cpp_quant(probe, tmp_path, qtype, x.ravel()), qtype).reshape(n_blocks, block)
+    worst = max(relative_rmse(y[i], x[i]) for i in range(n_blocks))
+    # Per block (32 or 256 values) the error varies more than over 2^18 values (measured worst:
+    # 1.34x the bound for Q8_0, about 1.05x for the K types): allow 1.5x.
+    assert worst < 1.5 * ROUND_TRIP_BOUNDS[qtype]["normal"], f"{qtype.name}: worst block {worst:.5f}"
+
+
+@pytest.mark.parametrize("qtype", QUANTIZED_TYPES, ids=lambda t: t.name)
+def test_round_trip_degenerate_blocks(probe, tmp_path, qtype):
+    block, _ = GGML_QUANT_SIZES[qtype]
+    zeros = np.zeros(block, dtype=np.float32)
+    y = dequantize(cpp_quant(probe, tmp_path, qtype, zeros), qtype)
+    assert np.array_equal(y, zeros)
+    for value in (0.75, -0.75, 1000.0):
+        x = np.full(block, value, dtype=np.float32)
+        y = dequantize(cpp_quant(probe, tmp_path, qtype, x), qtype)
+        # A constant comes back within fp16 precision of the scales (measured at most 3.7e-4).
+        np.testing.assert_allclose(y, x, rtol=1e-3, err_msg=f"{qtype.name} constant {value}")
+    spike = zeros.copy()
+    spike[block // 3] = -50.0
+    y = dequantize(cpp_quant(probe, tmp_path, qtype, spike), qtype)
+    # One value among zeros: measured error at most 0.02 (Q4_K's min offset), zeros stay near zero.
+    np.testing.assert_allclose(y, spike, rtol=1e-3, atol=0.05, err_msg=f"{qtype.name} spike")
