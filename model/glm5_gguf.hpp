@@ -12,6 +12,8 @@
 // | embedding_length                        | u32       | hidden_size            | [u]                       |
 // | feed_forward_length                     | u32       | dense_ffn              | [u]                       |
 // | leading_dense_block_count               | u32       | ffn_kinds (prefix)     | [u]                       |
+// | feed_forward_types                      | u32[n]    | ffn_kinds: 1 dense     | ferry's own: read when    |
+// |                                         |           |                        | present, written only when the dense blocks are not a leading run (test models; llama.cpp-family loaders cannot load those) |
 // | vocab_size                              | u32       | vocab_size             | [u] else tokenizer tokens |
 // | attention.head_count                    | u32       | n_heads (and KDA heads)| [u]                       |
 // | attention.head_count_kv                 | i32[blk]  | layer_kinds: 0 KDA     | [u] per-layer array       |
@@ -72,6 +74,7 @@ inline constexpr std::string_view context_length = "context_length";
 inline constexpr std::string_view embedding_length = "embedding_length";
 inline constexpr std::string_view feed_forward_length = "feed_forward_length";
 inline constexpr std::string_view leading_dense_block_count = "leading_dense_block_count";
+inline constexpr std::string_view feed_forward_types = "feed_forward_types";
 inline constexpr std::string_view vocab_size = "vocab_size";
 inline constexpr std::string_view head_count = "attention.head_count";
 inline constexpr std::string_view head_count_kv = "attention.head_count_kv";
@@ -118,8 +121,7 @@ inline constexpr uint32_t kGlm5GatingSigmoid = 2;  // llama.cpp LLAMA_EXPERT_GAT
 GgufResult<std::string> glm5_gguf_arch(const GgufFile& file);
 
 class GgufWriter;
-// Sets general.architecture and every key above (except the ones marked read-only) from `hp`.
-// Fails when the file format cannot express `hp` (dense FFN layers that are not a leading run).
+// Sets general.architecture and every key above from `hp`.
 GgufStatus write_glm5_hparams(GgufWriter& writer, const Glm5Hparams& hp);
 
 }  // namespace ferry::model

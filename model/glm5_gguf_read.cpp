@@ -2,6 +2,7 @@
 #include <optional>
 
 #include "model/glm5_gguf.hpp"
+#include "model/glm5_tensors.hpp"
 
 namespace ferry::model {
 namespace {
@@ -152,7 +153,22 @@ ModelResult<Glm5Hparams> glm5_hparams_from_gguf(const GgufFile& file) {
     return R::failure(k.key(key::leading_dense_block_count) + " is " + s(leading_dense) + ", more than the " +
                       s(hp.n_layers) + " trunk blocks");
   }
-  for (uint32_t i = 0; i < hp.n_layers; ++i) hp.ffn_kinds.push_back(i < leading_dense ? FfnKind::dense : FfnKind::moe);
+  if (k.has(key::feed_forward_types)) {
+    const std::vector<uint32_t> types = k.u32_array(key::feed_forward_types);
+    if (!k.error().empty()) return R::failure(k.error());
+    if (types.size() != hp.n_layers) {
+      return R::failure(k.key(key::feed_forward_types) + " has " + s(types.size()) + " entries, expected " +
+                        s(hp.n_layers) + " (one per trunk block)");
+    }
+    for (uint32_t t : types) hp.ffn_kinds.push_back(t != 0 ? FfnKind::dense : FfnKind::moe);
+    if (glm5_leading_dense_blocks(hp) != leading_dense) {
+      return R::failure(k.key(key::leading_dense_block_count) + " is " + s(leading_dense) + " but " +
+                        k.key(key::feed_forward_types) + " starts with " + s(glm5_leading_dense_blocks(hp)) +
+                        " dense blocks");
+    }
+  } else {
+    for (uint32_t i = 0; i < hp.n_layers; ++i) hp.ffn_kinds.push_back(i < leading_dense ? FfnKind::dense : FfnKind::moe);
+  }
 
   if (k.has(key::indexer_types)) {
     const std::vector<uint32_t> types = k.u32_array(key::indexer_types);

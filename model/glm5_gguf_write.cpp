@@ -9,12 +9,8 @@ namespace ferry::model {
 
 GgufStatus write_glm5_hparams(GgufWriter& w, const Glm5Hparams& hp) {
   const uint32_t lead = glm5_leading_dense_blocks(hp);
-  for (uint32_t i = lead; i < hp.n_layers; ++i) {
-    if (hp.ffn_kinds[i] == FfnKind::dense) {
-      return GgufError{"layer " + std::to_string(i) + " has a dense FFN after MoE layers: GGUF " +
-                       std::string(glm5_key::leading_dense_block_count) + " can only describe a leading run"};
-    }
-  }
+  bool leading_run = true;
+  for (uint32_t i = lead; i < hp.n_layers; ++i) leading_run = leading_run && hp.ffn_kinds[i] == FfnKind::moe;
   const uint32_t blocks = glm5_block_count(hp);
   const std::string arch(kGlm5Arch);
   GgufStatus status;
@@ -30,6 +26,11 @@ GgufStatus write_glm5_hparams(GgufWriter& w, const Glm5Hparams& hp) {
   set(key::embedding_length, hp.hidden_size);
   set(key::feed_forward_length, hp.dense_ffn);
   set(key::leading_dense_block_count, lead);
+  if (!leading_run) {
+    std::vector<uint32_t> dense(hp.n_layers);
+    for (uint32_t i = 0; i < hp.n_layers; ++i) dense[i] = hp.ffn_kinds[i] == FfnKind::dense ? 1 : 0;
+    set(key::feed_forward_types, GgufArray{std::move(dense)});
+  }
   set(key::vocab_size, hp.vocab_size);
   set(key::head_count, hp.n_heads);
   // n_head_kv 0 marks a KDA (recurrent) block; every MTP block is DSA.

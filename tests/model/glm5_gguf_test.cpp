@@ -211,14 +211,21 @@ TEST_F(Glm5Gguf, ErrorsNameTheKey) {
             "GGUF metadata (glm5next) is inconsistent: n_experts_used is 9, expected 1..6");
 }
 
-TEST_F(Glm5Gguf, RefusesADenseLayerAfterMoe) {
+TEST_F(Glm5Gguf, DenseLayersAfterMoeUseFerrysFeedForwardTypes) {
   Glm5Hparams hp = tiny();
-  hp.ffn_kinds = {FfnKind::dense, FfnKind::moe, FfnKind::dense, FfnKind::moe};
   GgufWriter w;
-  const auto err = write_glm5_hparams(w, hp);
-  ASSERT_TRUE(err);
-  EXPECT_EQ(err->message,
-            "layer 2 has a dense FFN after MoE layers: GGUF leading_dense_block_count can only describe a leading run");
+  ASSERT_FALSE(write_glm5_hparams(w, hp));
+  EXPECT_EQ(w.find("glm5next.feed_forward_types"), nullptr);  // a leading run: the published key suffices
+  hp.ffn_kinds = {FfnKind::moe, FfnKind::dense, FfnKind::moe, FfnKind::dense};
+  const auto r = round_trip(hp);
+  ASSERT_TRUE(r) << r.error();
+  EXPECT_EQ(r->ffn_kinds, hp.ffn_kinds);
+  const auto bad = round_trip(hp, [](GgufKv& kv) {
+    if (kv.key == "glm5next.leading_dense_block_count") kv.value = uint32_t{1};
+    return true;
+  });
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error(), "glm5next.leading_dense_block_count is 1 but glm5next.feed_forward_types starts with 0 dense blocks");
 }
 
 TEST_F(Glm5Gguf, KdaHeadCountIsWrittenOnlyWhenItDiffers) {
@@ -231,6 +238,25 @@ TEST_F(Glm5Gguf, KdaHeadCountIsWrittenOnlyWhenItDiffers) {
   ASSERT_TRUE(r) << r.error();
   EXPECT_EQ(r->kda_heads, 2u);
   EXPECT_EQ(r->n_heads, 4u);
+}
+
+}  // namespace
+}  // namespace ferry::model
+
+namespace ferry::model {
+namespace {
+
+// The transformers-made fixtures: every config parses, and survives GGUF metadata unchanged.
+TEST_F(Glm5Gguf, ReferenceFixtureConfigsRoundTrip) {
+  for (const char* name : {"serve_tiny", "dsa_adjacent", "kda_moe_long", "short_decode"}) {
+    SCOPED_TRACE(name);
+    const auto hp = glm5_hparams_from_hf_config_file(std::filesystem::path(FERRY_SOURCE_DIR) / "tests/fixtures/glm5" /
+                                                     name / "config.json");
+    ASSERT_TRUE(hp) << hp.error();
+    const auto back = round_trip(hp.value());
+    ASSERT_TRUE(back) << back.error();
+    expect_same(hp.value(), back.value());
+  }
 }
 
 }  // namespace
