@@ -79,18 +79,9 @@ void dequantize_row(GgmlType type, const void* src, float* dst, size_t n) {
       std::memcpy(dst, in, n * sizeof(float));
       return;
     case GgmlType::F16:
-      for (size_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, in + 2 * i, 2);
-        dst[i] = fp16_to_f32(h);
-      }
-      return;
+      return quant_detail::dequantize_f16(in, dst, n);
     case GgmlType::BF16:
-      for (size_t i = 0; i < n; ++i) {
-        uint16_t b;
-        std::memcpy(&b, in + 2 * i, 2);
-        dst[i] = bf16_to_f32(b);
-      }
+      for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(quant_detail::load_u16(in + 2 * i));
       return;
     case GgmlType::Q4_0:
       return quant_detail::dequantize_q4_0(in, dst, blocks);

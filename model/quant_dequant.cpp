@@ -4,6 +4,7 @@
 // below is rounded to f32 on its own, e.g. Q4_K is (d*sc)*q - (dmin*m), never a fused multiply-add.
 // The build uses -std=c++20 (CMAKE_CXX_EXTENSIONS OFF), under which GCC does not contract a*b+c into
 // an FMA (-ffp-contract=off is the ISO default), so the plain expressions below are exact as written.
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 
@@ -12,6 +13,30 @@
 #include "model/quant_kernels.hpp"
 
 namespace ferry::model::quant_detail {
+namespace {
+
+// Negates v when `negative` is 1 by flipping the sign bit: the same result as -v (or v * -1.0f for
+// any non-NaN v), without a data-dependent branch on random sign bits.
+inline float with_sign(float v, uint32_t negative) {
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(v) ^ (negative << 31));
+}
+
+}  // namespace
+
+void dequantize_f16(const uint8_t* src, float* dst, size_t n) {
+  // fp16_to_f32 with bit masks instead of branches, so that the loop vectorizes; same bits for
+  // every code (the Python tests check all 65536).
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t h = load_u16(src + 2 * i);
+    const uint32_t exp = h & 0x7c00u;
+    const float subnormal = static_cast<float>(static_cast<int32_t>(h & 0x3ffu)) * 0x1p-24f;  // exact
+    const uint32_t is_special = 0u - static_cast<uint32_t>(exp == 0x7c00u);                  // inf/NaN
+    const uint32_t is_subnormal = 0u - static_cast<uint32_t>(exp == 0);
+    const uint32_t normal = ((h & 0x7fffu) << 13) + (112u << 23) + (is_special & (112u << 23));
+    const uint32_t magnitude = (std::bit_cast<uint32_t>(subnormal) & is_subnormal) | (normal & ~is_subnormal);
+    dst[i] = std::bit_cast<float>(magnitude | ((h & 0x8000u) << 16));
+  }
+}
 
 void dequantize_q4_0(const uint8_t* src, float* dst, size_t blocks) {
   // f16 d; u8 qs[16]: element j is the low nibble of qs[j], element j+16 the high one; value (q-8)*d.
@@ -157,12 +182,10 @@ void dequantize_iq3_s(const uint8_t* src, float* dst, size_t blocks) {
       for (int g = 0; g < 8; ++g) {
         const int k = 8 * ib + g;
         const uint32_t entry = kIq3sGrid[qs[k] | (((qh[ib] >> g) & 1) << 8)];
-        const uint8_t sign_bits = signs[k / 2];
-        const int shift = 4 * (k % 2);
+        const uint32_t sign_bits = signs[k / 2] >> (4 * (k % 2));
         float* y = dst + 4 * k;
         for (int j = 0; j < 4; ++j) {
-          const float v = db * static_cast<float>((entry >> (8 * j)) & 0xff);
-          y[j] = ((sign_bits >> (shift + j)) & 1) ? -v : v;
+          y[j] = with_sign(db * static_cast<float>((entry >> (8 * j)) & 0xff), (sign_bits >> j) & 1);
         }
       }
     }
@@ -181,11 +204,10 @@ void dequantize_iq2_xxs(const uint8_t* src, float* dst, size_t blocks) {
       const float db = d * (0.5f + static_cast<float>(aux >> 28)) * 0.25f;
       for (int l = 0; l < 4; ++l) {
         const uint64_t entry = kIq2xxsGrid[(grid_ids >> (8 * l)) & 0xff];
-        const uint8_t sign_bits = kIq2xsSigns[(aux >> (7 * l)) & 127];
+        const uint32_t sign_bits = kIq2xsSigns[(aux >> (7 * l)) & 127];
         float* y = dst + 32 * ib + 8 * l;
         for (int j = 0; j < 8; ++j) {
-          const float v = db * static_cast<float>((entry >> (8 * j)) & 0xff);
-          y[j] = ((sign_bits >> j) & 1) ? -v : v;
+          y[j] = with_sign(db * static_cast<float>((entry >> (8 * j)) & 0xff), (sign_bits >> j) & 1);
         }
       }
     }

@@ -31,6 +31,7 @@ inline void k4_scale_min(const uint8_t* q, int j, uint8_t& scale, uint8_t& min) 
   }
 }
 
+void dequantize_f16(const uint8_t* src, float* dst, size_t n);  // n elements, not blocks
 void dequantize_q4_0(const uint8_t* src, float* dst, size_t blocks);
 void dequantize_q8_0(const uint8_t* src, float* dst, size_t blocks);
 void dequantize_q4_k(const uint8_t* src, float* dst, size_t blocks);
