@@ -21,6 +21,7 @@
 
 #include "model/ggml_type.hpp"
 #include "model/mapped_file.hpp"
+#include "model/result.hpp"
 
 namespace ferry::model {
 
@@ -34,25 +35,7 @@ struct GgufError {
 
 // A value or the error that prevented it. Errors are values: nothing in the GGUF code throws.
 template <class T>
-class GgufResult {
- public:
-  GgufResult(T value) : v_(std::move(value)) {}            // NOLINT: implicit on purpose
-  GgufResult(GgufError error) : v_(std::move(error)) {}    // NOLINT
-  bool ok() const { return v_.index() == 0; }
-  explicit operator bool() const { return ok(); }
-  // Precondition for value()/*/->: ok(). error(): !ok().
-  const T& value() const& { return std::get<0>(v_); }
-  T& value() & { return std::get<0>(v_); }
-  T&& value() && { return std::get<0>(std::move(v_)); }
-  const T& operator*() const& { return value(); }
-  T& operator*() & { return value(); }
-  const T* operator->() const { return &value(); }
-  T* operator->() { return &value(); }
-  const GgufError& error() const { return std::get<1>(v_); }
-
- private:
-  std::variant<T, GgufError> v_;
-};
+using GgufResult = Result<T, GgufError>;
 
 // For operations that return nothing: nullopt on success. `if (auto err = f()) return *err;`
 using GgufStatus = std::optional<GgufError>;
