@@ -453,6 +453,17 @@ def full_selections(sel_calls, kpool):
     return [pools_of(rows[t].tolist(), t, kpool) for t in range(rows.shape[0])]
 
 
+def finite_json(o):
+    """JSON has no infinity: a margin that was never measured (no group filter, say) becomes null."""
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    if isinstance(o, dict):
+        return {k: finite_json(v) for k, v in o.items()}
+    if isinstance(o, list):
+        return [finite_json(v) for v in o]
+    return o
+
+
 def write_f32(path, t):
     arr = t.detach().to(torch.float64).cpu().numpy().astype("<f4")
     arr.tofile(path)
@@ -615,7 +626,7 @@ def build_case(spec, out_dir, ref_dtype=torch.float64):
                                input="row t: trunk final hidden state (after stream mean and norm) at position t, "
                                      "token at position t+1 of input_ids + decode_tokens")
     with open(os.path.join(case_dir, "reference.json"), "w") as f:
-        json.dump(ref_json, f, separators=(",", ":"))
+        json.dump(finite_json(ref_json), f, separators=(",", ":"), allow_nan=False)
     sizes = {fn: os.path.getsize(os.path.join(case_dir, fn)) for fn in sorted(os.listdir(case_dir))}
     print(f"  {name}: wrote {sum(sizes.values()) / 1e6:.2f} MB in {time.time() - t0:.1f}s: {sizes}")
     print(f"  {name}: clamp {best['clamp']} router margin {best['router']:.2e} group {best['group']:.2e} "

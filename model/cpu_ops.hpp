@@ -1,0 +1,56 @@
+#pragma once
+// The CPU forward pass's building blocks: weight matrices read in place from a GGUF mapping, the
+// row-parallel matrix product, and the element-wise ops of glm5_next (norms, activations, softmax).
+// All compute is f32; sums of squares and softmax denominators accumulate in double.
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "model/ggml_type.hpp"
+#include "model/thread_pool.hpp"
+
+namespace ferry::model {
+
+// A row-major matrix [rows][cols] stored in any ggml type, rows whole blocks (GGUF dims {cols, rows}).
+// It points into the model file's mapping: F32 rows are used in place, other types are dequantized
+// one row at a time when a product needs them, so a quantized model costs no more memory than its file.
+struct WeightMatrix {
+  GgmlType type = GgmlType::F32;
+  const uint8_t* data = nullptr;
+  size_t rows = 0;
+  size_t cols = 0;
+  size_t row_bytes = 0;
+
+  bool empty() const { return data == nullptr; }
+  // Rows [first, first + count) as a matrix of their own (one expert of a stacked tensor, one head).
+  WeightMatrix slice_rows(size_t first, size_t count) const;
+  // Row r as f32 into out[0, cols).
+  void row(size_t r, float* out) const;
+};
+
+// Y[t][o] = sum_i W[o][i] * X[t][i] for t < tokens; X is tokens x W.cols, Y is tokens x W.rows.
+// Parallel over output rows.
+void matmul(const WeightMatrix& w, const float* x, size_t tokens, float* y, ThreadPool& pool);
+// The same on the calling thread only (inside an op that is itself parallel).
+void matmul_serial(const WeightMatrix& w, const float* x, size_t tokens, float* y);
+
+float dot(const float* a, const float* b, size_t n);
+
+// x * rsqrt(mean(x^2) + eps) * w (w may be null: the unweighted norm of the mHC input).
+void rms_norm(const float* x, const float* w, size_t n, float eps, float* out);
+// (x - mean) * rsqrt(var + eps) * w + b, the population variance (torch's LayerNorm).
+void layer_norm(const float* x, const float* w, const float* b, size_t n, float eps, float* out);
+// x / sqrt(sum x^2 + eps) (the KDA q/k norm, FLA's variant: eps inside the root, no max).
+void l2_norm(float* x, size_t n, float eps);
+
+inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
+// In place over x[0, n): exp(x - max) / sum.
+void softmax(float* x, size_t n);
+
+// Clamped SwiGLU: silu(min(gate, limit)) * clamp(up, -limit, limit), into gate.
+void swiglu_clamped(float* gate, const float* up, size_t n, float limit);
+
+}  // namespace ferry::model

@@ -1,0 +1,165 @@
+// `ferry eval-ref --model M.gguf --reference CASE_DIR [--chunk N] [--tolerance T]`: runs a reference
+// case (tools/reference/make_fixtures.py) through the CPU forward pass, prefilling in chunks of N, then
+// feeding the reference's decode tokens one by one, and compares logits (max |delta|, top-1) and the
+// DSA pool selections with transformers'. Exit 1 above tolerance.
+//
+// `--compare-to-f32 F32.gguf`: for a quantized conversion, compares M with the f32 conversion of the
+// same checkpoint instead (top-1 agreement and mean KL(f32 || M) over every prompt and decode row;
+// exit 1 below --min-top1 or above --max-kl).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "model/cpu_backend.hpp"
+#include "model/sampler.hpp"
+#include "tools/ferry/commands.hpp"
+#include "tools/ferry/reference_case.hpp"
+
+namespace ferry::cli {
+namespace {
+
+struct Options {
+  std::string model, reference, f32_model;
+  size_t chunk = 0;
+  double tolerance = 1e-3;
+  double min_top1 = 0.99;
+  double max_kl = 0.01;
+  unsigned threads = 0;
+};
+
+struct Diff {
+  double max_abs = 0;
+  size_t top1 = 0, rows = 0;
+  double kl_sum = 0;
+};
+
+// Over rows of two logit tables: max |a - b|, argmax agreement, KL(softmax a || softmax b).
+Diff compare(const std::vector<float>& a, const std::vector<float>& b, size_t vocab) {
+  Diff d;
+  d.rows = vocab == 0 ? 0 : a.size() / vocab;
+  for (size_t r = 0; r < d.rows; ++r) {
+    const std::span<const float> ra(a.data() + r * vocab, vocab), rb(b.data() + r * vocab, vocab);
+    double ma = ra[0], mb = rb[0];
+    for (size_t i = 0; i < vocab; ++i) {
+      d.max_abs = std::max(d.max_abs, std::abs(double(ra[i]) - double(rb[i])));
+      ma = std::max(ma, double(ra[i]));
+      mb = std::max(mb, double(rb[i]));
+    }
+    if (model::argmax_token(ra) == model::argmax_token(rb)) ++d.top1;
+    double za = 0, zb = 0;
+    for (size_t i = 0; i < vocab; ++i) {
+      za += std::exp(ra[i] - ma);
+      zb += std::exp(rb[i] - mb);
+    }
+    double kl = 0;
+    for (size_t i = 0; i < vocab; ++i) {
+      const double la = ra[i] - ma - std::log(za), lb = rb[i] - mb - std::log(zb);
+      kl += std::exp(la) * (la - lb);
+    }
+    d.kl_sum += kl;
+  }
+  return d;
+}
+
+std::unique_ptr<model::CpuBackend> open_model(const std::string& path, unsigned threads) {
+  model::CpuBackendOptions bo;
+  bo.threads = threads;
+  bo.max_slots = 1;
+  auto b = model::CpuBackend::open(path, bo);
+  if (!b) {
+    std::fprintf(stderr, "ferry eval-ref: %s\n", b.error().c_str());
+    return nullptr;
+  }
+  return std::move(b.value());
+}
+
+int eval_ref(const Options& o) {
+  auto loaded = ReferenceCase::load(o.reference);
+  if (auto* e = std::get_if<std::string>(&loaded)) {
+    std::fprintf(stderr, "ferry eval-ref: %s\n", e->c_str());
+    return 2;
+  }
+  const ReferenceCase& ref = std::get<0>(loaded);
+  auto backend = open_model(o.model, o.threads);
+  if (!backend) return 2;
+  const model::Glm5Hparams& hp = backend->hparams();
+  if (hp.vocab_size != ref.vocab) {
+    std::fprintf(stderr, "ferry eval-ref: the model's vocabulary has %u tokens, the reference's %u\n", hp.vocab_size,
+                 ref.vocab);
+    return 2;
+  }
+  const size_t P = ref.input_ids.size(), S = ref.decode_tokens.size();
+  const size_t chunk = o.chunk == 0 ? P : o.chunk;
+  std::printf("case %s: prompt %zu, decode %zu, chunk %zu, %s (%s)\n", ref.name.c_str(), P, S, chunk,
+              o.model.c_str(), backend->describe().c_str());
+  const CaseRun run = run_case(backend->model(), ref, chunk, true);
+  std::printf("speed    prefill %.1f tokens/s, decode %.1f tokens/s\n", double(P) / std::max(run.prefill_seconds, 1e-9),
+              double(S) / std::max(run.decode_seconds, 1e-9));
+
+  if (!o.f32_model.empty()) {
+    auto base = open_model(o.f32_model, o.threads);
+    if (!base) return 2;
+    const CaseRun ref32 = run_case(base->model(), ref, chunk, false);
+    std::vector<float> a(ref32.prefill), b(run.prefill);
+    a.insert(a.end(), ref32.decode.begin(), ref32.decode.end());
+    b.insert(b.end(), run.decode.begin(), run.decode.end());
+    const Diff d = compare(a, b, ref.vocab);
+    const Diff vs_ref = compare(ref.prefill, run.prefill, ref.vocab);
+    const double top1 = d.rows ? double(d.top1) / double(d.rows) : 1.0;
+    const double kl = d.rows ? d.kl_sum / double(d.rows) : 0.0;
+    std::printf("vs f32   %s: top-1 %zu/%zu (%.2f%%), mean KL %.3e, max|delta| %.3e (prefill vs reference %.3e)\n",
+                o.f32_model.c_str(), d.top1, d.rows, 100.0 * top1, kl, d.max_abs, vs_ref.max_abs);
+    const bool ok = top1 >= o.min_top1 && kl <= o.max_kl;
+    std::printf("%s (top-1 >= %.2f%%, mean KL <= %.3g)\n", ok ? "PASS" : "FAIL", 100.0 * o.min_top1, o.max_kl);
+    return ok ? 0 : 1;
+  }
+
+  const Diff pre = compare(ref.prefill, run.prefill, ref.vocab);
+  const Diff dec = compare(ref.decode, run.decode, ref.vocab);
+  std::printf("prefill  max|delta| %.3e  top-1 %zu/%zu\n", pre.max_abs, pre.top1, pre.rows);
+  std::printf("decode   max|delta| %.3e  top-1 %zu/%zu\n", dec.max_abs, dec.top1, dec.rows);
+  double worst = std::max(pre.max_abs, dec.max_abs);
+  if (!ref.mtp.empty()) {
+    if (run.mtp.empty()) {
+      std::printf("mtp      not compared: the model file has no MTP block\n");
+    } else {
+      const Diff m = compare(ref.mtp, run.mtp, ref.vocab);
+      std::printf("mtp      max|delta| %.3e  top-1 %zu/%zu\n", m.max_abs, m.top1, m.rows);
+      worst = std::max(worst, m.max_abs);
+    }
+  }
+  for (const auto& [layer, want] : ref.selections) {
+    auto it = run.selections.find(layer);
+    size_t same = 0, total = want.size();
+    if (it != run.selections.end()) {
+      for (size_t pos = 0; pos < want.size() && pos < it->second.size(); ++pos) same += it->second[pos] == want[pos];
+    }
+    if (layer == "mtp" && run.mtp.empty()) continue;
+    std::printf("dsa      layer %s: %zu/%zu queries select the reference's pools\n", layer.c_str(), same, total);
+  }
+  const bool ok = worst <= o.tolerance;
+  std::printf("%s (tolerance %.1e)\n", ok ? "PASS" : "FAIL", o.tolerance);
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+CommandRun add_eval_ref_command(CLI::App& app) {
+  auto o = std::make_shared<Options>();
+  CLI::App* sub = app.add_subcommand("eval-ref", "Compare the CPU forward pass with a transformers reference case");
+  sub->add_option("--model", o->model, "GGUF model file")->required()->check(CLI::ExistingFile);
+  sub->add_option("--reference", o->reference, "case directory (reference.json, *_logits.f32)")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  sub->add_option("--chunk", o->chunk, "prefill chunk size in tokens (0: the whole prompt at once)");
+  sub->add_option("--tolerance", o->tolerance, "largest accepted |logit difference| (f32 weights)");
+  sub->add_option("--compare-to-f32", o->f32_model, "compare with this f32 conversion instead (quantized models)")
+      ->check(CLI::ExistingFile);
+  sub->add_option("--min-top1", o->min_top1, "with --compare-to-f32: smallest accepted top-1 agreement (0..1)");
+  sub->add_option("--max-kl", o->max_kl, "with --compare-to-f32: largest accepted mean KL divergence");
+  sub->add_option("--threads", o->threads, "worker threads (0: every hardware thread)");
+  return [o] { return eval_ref(*o); };
+}
+
+}  // namespace ferry::cli

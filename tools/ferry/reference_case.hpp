@@ -1,0 +1,39 @@
+#pragma once
+// A reference case written by tools/reference/make_fixtures.py (reference.json, prefill_logits.f32,
+// decode_logits.f32, optional mtp_logits.f32), and running ferry's CPU forward pass over it.
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "model/glm5_forward.hpp"
+
+namespace ferry::cli {
+
+struct ReferenceCase {
+  std::string name;
+  std::vector<int32_t> input_ids, decode_tokens;
+  uint32_t vocab = 0;
+  std::vector<float> prefill, decode, mtp;  // rows x vocab
+  uint32_t kpool = 0;
+  // layer ("3", "mtp") -> per query position, the selected pools
+  std::map<std::string, std::vector<std::vector<uint32_t>>> selections;
+
+  // The error names the file and what was wrong.
+  static std::variant<ReferenceCase, std::string> load(const std::filesystem::path& dir);
+};
+
+// What ferry computed for a case: logits of every prompt row (prefilled in chunks of `chunk`, 0 =
+// whole prompt), of every decode step (the reference's tokens fed one at a time), and of the MTP
+// block over all positions when the model has one and the case asks for it.
+struct CaseRun {
+  std::vector<float> prefill, decode, mtp;
+  std::map<std::string, std::vector<std::vector<uint32_t>>> selections;  // as ReferenceCase's
+  double prefill_seconds = 0, decode_seconds = 0;
+};
+
+CaseRun run_case(model::Glm5Forward& model, const ReferenceCase& ref, size_t chunk, bool with_mtp);
+
+}  // namespace ferry::cli
