@@ -14,6 +14,7 @@ CommandRun add_run_command(CLI::App& app);
 CommandRun add_bench_command(CLI::App& app);
 CommandRun add_convert_command(CLI::App& app);
 CommandRun add_inspect_command(CLI::App& app);
+CommandRun add_eval_ref_command(CLI::App& app);
 CommandRun add_gguf_dump_command(CLI::App& app);
 
 // For a subcommand whose issue has not landed yet: says so and fails, never pretends.

@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   add(add_bench_command);
   add(add_convert_command);
   add(add_inspect_command);
+  add(add_eval_ref_command);
   add(add_gguf_dump_command);
 
   // CLI11 would only say "a subcommand is required": name the word it did not know.
