@@ -1,7 +1,8 @@
 """Test-only: a glm5_next safetensors checkpoint -> f32 GGUF with the PyPI gguf package.
 
 An independent spelling of the conversion (`ferry convert` is the product): names and dims follow
-model/glm5_tensors.hpp, metadata keys model/glm5_gguf.hpp. Usage: glm5_hf_to_gguf.py CKPT_DIR OUT.gguf
+model/glm5_tensors.hpp, metadata keys model/glm5_gguf.hpp. Usage: glm5_hf_to_gguf.py CKPT_DIR OUT.gguf [f32|q8_0]  (q8_0: 2-D matrices whose rows are whole
+blocks, except the tensors ferry keeps F32: norms, mixers, router, indexer.proj)
 """
 import json
 import struct
@@ -36,7 +37,10 @@ def load_safetensors(path):
     return out
 
 
-def main(ckpt, out_path):
+KEEP_F32 = ("norm", "hc_", "ffn_gate_inp", "exp_probs_b", "ssm_", "indexer.proj", "indexer_compressor_ape")
+
+
+def main(ckpt, out_path, qtype="f32"):
     cfg = json.load(open(f"{ckpt}/config.json"))
     tc = cfg.get("text_config", cfg)
     w = load_safetensors(f"{ckpt}/model.safetensors")
@@ -94,7 +98,13 @@ def main(ckpt, out_path):
     wr.add_array(k("swiglu_clamp_exp"), [float(tc["swiglu_limit"])] * blocks)
 
     pre = "model.language_model."
-    add = lambda name, a: wr.add_tensor(name, np.ascontiguousarray(a, dtype=np.float32))
+    def add(name, a):
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        if qtype == "q8_0" and a.ndim >= 2 and a.shape[-1] % 32 == 0 and not any(k in name for k in KEEP_F32):
+            q = gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0)
+            wr.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            wr.add_tensor(name, a)
     add("token_embd.weight", w[pre + "embed_tokens.weight"])
     add("output_norm.weight", w[pre + "norm.weight"])
     add("output.weight", w["lm_head.weight"])
@@ -159,4 +169,4 @@ def main(ckpt, out_path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:4])

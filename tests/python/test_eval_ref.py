@@ -1,0 +1,97 @@
+"""The CPU forward pass against transformers: every committed reference case (tests/fixtures/glm5)
+converted to an f32 GGUF must pass `ferry eval-ref` (max |logit delta| <= 1e-3, prompt prefilled in
+chunks of 1, 7, 64 tokens and whole), and quantized conversions are compared with the f32 one.
+
+Conversion goes through `ferry convert`; while that subcommand is not built, f32 and q8_0 files come
+from the test-only glm5_hf_to_gguf.py (an independent spelling of the same weight table).
+
+The random fixture models are chaotic under quantization: their MoE routing and DSA pool choices sit
+~1e-4 apart (far above f32 rounding, far below q8_0 noise), and every flipped choice moves the
+logits by O(1). The quantized check therefore guards against gross breakage (a wrong block layout
+gives ~1/vocab top-1); the figures it prints are the ones to read.
+"""
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "glm5"
+CASES = sorted(p.name for p in FIXTURES.iterdir() if (p / "reference.json").exists())
+CONVERTER = pathlib.Path(__file__).resolve().parent / "glm5_hf_to_gguf.py"
+
+
+def convert_built(ferry_bin):
+    r = subprocess.run([ferry_bin, "convert", "--help"], capture_output=True, text=True)
+    return "not built yet" not in r.stdout + r.stderr
+
+
+def convert(ferry_bin, case, qtype, out):
+    if convert_built(ferry_bin):
+        r = subprocess.run([ferry_bin, "convert", str(FIXTURES / case), str(out), "--type", qtype, "--quiet"],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.fail(f"ferry convert {case} --type {qtype} failed:\n{r.stderr}")
+        return out
+    if qtype not in ("f32", "q8_0"):
+        pytest.skip(f"{qtype} needs ferry convert, which is not built yet")
+    subprocess.run([sys.executable, str(CONVERTER), str(FIXTURES / case), str(out), qtype], check=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def gguf_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("glm5_gguf")
+
+
+def model(ferry_bin, gguf_dir, case, qtype):
+    out = gguf_dir / f"{case}.{qtype}.gguf"
+    return out if out.exists() else convert(ferry_bin, case, qtype, out)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 0])
+@pytest.mark.parametrize("case", CASES)
+def test_f32_matches_transformers(ferry_bin, gguf_dir, case, chunk):
+    m = model(ferry_bin, gguf_dir, case, "f32")
+    r = subprocess.run([ferry_bin, "eval-ref", "--model", str(m), "--reference", str(FIXTURES / case),
+                        "--chunk", str(chunk), "--threads", "2"], capture_output=True, text=True)
+    print(r.stdout)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "PASS" in r.stdout
+    # every DSA query picks the reference's pools
+    for line in r.stdout.splitlines():
+        if line.startswith("dsa"):
+            same, total = line.split(":")[1].split()[0].split("/")
+            assert same == total, line
+
+
+@pytest.mark.parametrize("qtype", ["q8_0", "q4_k"])
+@pytest.mark.parametrize("case", CASES)
+def test_quantized_close_to_f32(ferry_bin, gguf_dir, case, qtype):
+    f32 = model(ferry_bin, gguf_dir, case, "f32")
+    q = model(ferry_bin, gguf_dir, case, qtype)
+    r = subprocess.run([ferry_bin, "eval-ref", "--model", str(q), "--reference", str(FIXTURES / case),
+                        "--compare-to-f32", str(f32), "--min-top1", "0.5", "--max-kl", "1.0", "--threads", "2"],
+                       capture_output=True, text=True)
+    print(r.stdout)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_eval_ref_fails_on_a_wrong_reference(ferry_bin, gguf_dir, tmp_path):
+    """A reference whose logits are off by more than the tolerance must fail."""
+    case = CASES[0]
+    m = model(ferry_bin, gguf_dir, case, "f32")
+    bad = tmp_path / case
+    bad.mkdir()
+    for f in (FIXTURES / case).iterdir():
+        data = f.read_bytes()
+        if f.name == "prefill_logits.f32":
+            import numpy as np
+            a = np.frombuffer(data, dtype="<f4").copy()
+            a[5] += 0.01
+            data = a.tobytes()
+        (bad / f.name).write_bytes(data)
+    r = subprocess.run([ferry_bin, "eval-ref", "--model", str(m), "--reference", str(bad), "--threads", "2"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "FAIL" in r.stdout
