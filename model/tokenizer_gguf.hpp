@@ -19,6 +19,8 @@ class GgufWriter;
 // Reads `tokenizer.ggml.*` (model must be "gpt2"). The error names the key and what was wrong.
 TextResult<TokenizerSpec> read_tokenizer_spec(const GgufFile& file);
 TextResult<Tokenizer> load_tokenizer(const GgufFile& file);
+// A GGUF file, or a Hugging Face tokenizer directory (for debugging a tokenizer before conversion).
+TextResult<Tokenizer> load_tokenizer(const std::filesystem::path& path);
 
 // Reads a Hugging Face tokenizer directory: a byte-level BPE tokenizer.json (vocab, merges in either
 // serialisation, added_tokens with their `special` flag, the pre-tokenizer regex, which must be one

@@ -14,6 +14,8 @@ CommandRun add_run_command(CLI::App& app);
 CommandRun add_bench_command(CLI::App& app);
 CommandRun add_convert_command(CLI::App& app);
 CommandRun add_inspect_command(CLI::App& app);
+CommandRun add_tokenize_command(CLI::App& app);
+CommandRun add_detokenize_command(CLI::App& app);
 CommandRun add_eval_ref_command(CLI::App& app);
 CommandRun add_gguf_dump_command(CLI::App& app);
 

@@ -31,6 +31,8 @@ int main(int argc, char** argv) {
   add(add_bench_command);
   add(add_convert_command);
   add(add_inspect_command);
+  add(add_tokenize_command);
+  add(add_detokenize_command);
   add(add_eval_ref_command);
   add(add_gguf_dump_command);
 
