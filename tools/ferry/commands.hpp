@@ -18,6 +18,7 @@ CommandRun add_tokenize_command(CLI::App& app);
 CommandRun add_detokenize_command(CLI::App& app);
 CommandRun add_eval_ref_command(CLI::App& app);
 CommandRun add_gguf_dump_command(CLI::App& app);
+CommandRun add_safetensors_dump_command(CLI::App& app);
 
 // For a subcommand whose issue has not landed yet: says so and fails, never pretends.
 int not_built_yet(const char* command, const char* what_it_will_do);

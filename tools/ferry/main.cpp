@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   add(add_detokenize_command);
   add(add_eval_ref_command);
   add(add_gguf_dump_command);
+  add(add_safetensors_dump_command);
 
   // CLI11 would only say "a subcommand is required": name the word it did not know.
   auto known = [&](const char* word) {
