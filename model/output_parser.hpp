@@ -113,7 +113,7 @@ class OutputParser {
   OutputParserOptions options_;
   State state_;
   std::string buffer_;        // text received and not yet consumed
-  bool seen_output_ = false;  // content or a call was emitted (a leading <think> then no longer opens reasoning)
+  bool seen_output_ = false;  // non-space content or a call was emitted: <think> no longer opens reasoning
   size_t call_count_ = 0;     // calls committed so far; the open one is call_count_ - 1
   std::string call_name_;
   std::string call_raw_;      // raw text of a call whose name is not complete yet
