@@ -216,8 +216,8 @@ struct Tokenizer::Impl {
   PreTokenizerKind pre = PreTokenizerKind::glm4;
   std::string chat_template;
 
-  void encode_fragment(std::string_view text, PreTokenizer& pre_tokenizer, std::vector<ByteRange>& pieces,
-                       std::vector<TokenId>& out) const;
+  template <class OnAdded, class OnPiece>
+  void split(std::string_view text, bool parse_special, OnAdded on_added, OnPiece on_piece) const;
   void encode_piece(std::string_view piece, std::vector<TokenId>& out) const;
 };
 
@@ -351,29 +351,42 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text, bool parse_special
 }
 
 void Tokenizer::encode(std::string_view text, bool parse_special, std::vector<TokenId>& out) const {
-  PreTokenizer pre_tokenizer(impl_->pre);
+  impl_->split(
+      text, parse_special, [&](TokenId id, std::string_view) { out.push_back(id); },
+      [&](std::string_view piece) { impl_->encode_piece(piece, out); });
+}
+
+std::vector<std::string_view> Tokenizer::pre_tokenize(std::string_view text, bool parse_special) const {
+  std::vector<std::string_view> pieces;
+  const auto add = [&](std::string_view piece) { pieces.push_back(piece); };
+  impl_->split(text, parse_special, [&](TokenId, std::string_view piece) { add(piece); }, add);
+  return pieces;
+}
+
+// Added tokens first (leftmost-longest), then the pre-tokenizer on the text between them.
+template <class OnAdded, class OnPiece>
+void Tokenizer::Impl::split(std::string_view text, bool parse_special, OnAdded on_added, OnPiece on_piece) const {
+  PreTokenizer pre_tokenizer(pre);
   std::vector<ByteRange> pieces;
-  size_t fragment = 0;
+  const auto fragment = [&](std::string_view f) {
+    if (f.empty()) return;
+    pieces.clear();
+    pre_tokenizer.split(f, pieces);
+    for (const ByteRange& p : pieces) on_piece(f.substr(p.begin, p.end - p.begin));
+  };
+  size_t start = 0;
   for (size_t pos = 0; pos < text.size();) {
-    const auto match = impl_->added.longest_at(text, pos, parse_special);
+    const auto match = added.longest_at(text, pos, parse_special);
     if (match.len == 0) {
       ++pos;
       continue;
     }
-    impl_->encode_fragment(text.substr(fragment, pos - fragment), pre_tokenizer, pieces, out);
-    out.push_back(match.id);
+    fragment(text.substr(start, pos - start));
+    on_added(match.id, text.substr(pos, match.len));
     pos += match.len;
-    fragment = pos;
+    start = pos;
   }
-  impl_->encode_fragment(text.substr(fragment), pre_tokenizer, pieces, out);
-}
-
-void Tokenizer::Impl::encode_fragment(std::string_view text, PreTokenizer& pre_tokenizer,
-                                      std::vector<ByteRange>& pieces, std::vector<TokenId>& out) const {
-  if (text.empty()) return;
-  pieces.clear();
-  pre_tokenizer.split(text, pieces);
-  for (const ByteRange& p : pieces) encode_piece(text.substr(p.begin, p.end - p.begin), out);
+  fragment(text.substr(start));
 }
 
 // BPE within one piece, as Hugging Face's `Word::merge_all`: repeatedly merge the adjacent pair of

@@ -82,6 +82,9 @@ class Tokenizer {
   // losslessly. bos is never added here (GLM's template writes its own prefix).
   std::vector<TokenId> encode(std::string_view text, bool parse_special) const;
   void encode(std::string_view text, bool parse_special, std::vector<TokenId>& out) const;
+  // The pieces BPE works within: added tokens whole, the rest as the pre-tokenizer splits it (views
+  // into `text`). For debugging a split (`ferry tokenize --split`).
+  std::vector<std::string_view> pre_tokenize(std::string_view text, bool parse_special) const;
 
   // The bytes the ids stand for, concatenated (not necessarily valid UTF-8: a multi-byte character
   // may be split across tokens). Control tokens give their text when `render_special`, else nothing.

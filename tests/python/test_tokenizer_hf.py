@@ -194,3 +194,36 @@ def test_tokenize_and_detokenize_errors(ferry_bin, tmp_path):
     assert r.returncode != 0 and "99999" in r.stderr
     r = subprocess.run([ferry_bin, "tokenize", "--model", str(FIXTURE)], capture_output=True, text=True)
     assert r.returncode != 0 and "exactly one" in r.stderr
+
+
+def _unescape(line: str) -> bytes:
+    """Reverses the escapes of `ferry tokenize` pieces (\\n \\t \\r \\\\ \\xNN)."""
+    out, i, raw = bytearray(), 0, line.encode()
+    while i < len(raw):
+        if raw[i:i + 1] == b"\\":
+            c = raw[i + 1:i + 2]
+            if c == b"x":
+                out.append(int(raw[i + 2:i + 4], 16))
+                i += 4
+                continue
+            out += {b"n": b"\n", b"t": b"\t", b"r": b"\r", b"\\": b"\\"}[c]
+            i += 2
+        else:
+            out.append(raw[i])
+            i += 1
+    return bytes(out)
+
+
+def test_pre_tokenizer_splits_exactly_like_hugging_face(ferry_bin, hf, tmp_path):
+    """The pieces themselves (a different split could still give the same ids with a small vocab)."""
+    added = hf.get_added_tokens_decoder()
+    for text in CASES:
+        if any(t.content in text for t in added.values()):
+            continue  # added tokens are cut out before the pre-tokenizer runs
+        expected = [text[a:b].encode() for _, (a, b) in hf.pre_tokenizer.pre_tokenize_str(text)]
+        f = tmp_path / "input.txt"
+        f.write_bytes(text.encode())
+        out = subprocess.run([ferry_bin, "tokenize", "--model", str(FIXTURE), "--split", "--file", str(f)],
+                             capture_output=True, check=True).stdout.decode()
+        got = [_unescape(line) for line in out.split("\n")[:-1]]
+        assert got == expected, f"{text!r}"

@@ -24,6 +24,7 @@ struct TokenizeArgs {
   bool ids_only = false;
   bool no_special = false;
   bool show_prompt = false;
+  bool split = false;
 };
 
 std::optional<std::string> read_file(const std::string& path) {
@@ -143,8 +144,13 @@ int run_tokenize(const TokenizeArgs& args) {
     std::fprintf(stderr, "ferry tokenize: %s\n", tokenizer.error().message.c_str());
     return 2;
   }
-  const auto ids = tokenizer->encode(text, parse_special);
   std::string out;
+  if (args.split) {
+    for (std::string_view piece : tokenizer->pre_tokenize(text, parse_special)) out += display(piece) + '\n';
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    return 0;
+  }
+  const auto ids = tokenizer->encode(text, parse_special);
   for (size_t i = 0; i < ids.size(); ++i) {
     if (args.ids_only) {
       if (i > 0) out += ' ';
@@ -177,6 +183,9 @@ CommandRun add_tokenize_command(CLI::App& app) {
                   "chat_template_kwargs {enable_thinking, clear_thinking}) and tokenize the prompt");
   cmd->add_flag("--show-prompt", args->show_prompt, "With --chat: print the rendered prompt text instead (no --model needed)");
   cmd->add_flag("--ids-only", args->ids_only, "Print only the ids, space-separated, on one line");
+  cmd->add_flag("--split", args->split,
+                "Print the pieces BPE works within instead (added tokens, then the pre-tokenizer's split), one a "
+                "line, escaped like the pieces");
   cmd->add_flag("--no-special", args->no_special,
                 "Treat special (control) tokens in TEXT or --file as plain text instead of matching them");
   cmd->add_option("text", args->text, "The text to tokenize");
