@@ -3,8 +3,8 @@
 // occur (Python truthiness, str() of scalars, str.strip(), split()).
 #include "model/chat_template.hpp"
 
-#include <algorithm>
 #include <array>
+#include <unordered_map>
 
 #include "model/unicode.hpp"
 
@@ -313,18 +313,20 @@ Error Renderer::tool_block(size_t start) {
       result_ids.push_back(id_of(&messages_[k]));
     }
   }
+  // Counted with maps: the template's nested loops are quadratic in the calls of one turn.
   bool can_sort = calls != nullptr;
   std::vector<std::string> call_ids;
   if (can_sort) {
+    std::unordered_map<std::string_view, size_t> calls_seen;
+    std::unordered_map<std::string_view, size_t> results_seen;
     for (const JsonValue& tc : calls->as_array()) call_ids.push_back(id_of(&tc));
-    const auto count = [](const std::vector<std::string>& v, const std::string& x) {
-      return std::count(v.begin(), v.end(), x);
-    };
+    for (const std::string& id : call_ids) ++calls_seen[id];
+    for (const std::string& id : result_ids) ++results_seen[id];
     for (const std::string& id : result_ids) {
-      if (id.empty() || count(result_ids, id) > 1 || count(call_ids, id) == 0) can_sort = false;
+      if (id.empty() || results_seen[id] > 1 || !calls_seen.count(id)) can_sort = false;
     }
     for (const std::string& id : call_ids) {
-      if (id.empty() || count(call_ids, id) > 1) can_sort = false;
+      if (id.empty() || calls_seen[id] > 1) can_sort = false;
     }
   }
   if (!can_sort) {
@@ -333,29 +335,37 @@ Error Renderer::tool_block(size_t start) {
     }
     return std::nullopt;
   }
+  // Sortable: every result id is unique and names a call, so each call has at most one result.
+  struct Result {
+    size_t message;
+    std::optional<size_t> entry;  // set for an entry of a list-of-outputs message
+  };
+  std::unordered_map<std::string, Result> by_id;
+  for (size_t k = start; k <= end; ++k) {
+    if (!is_list_of_outputs(messages_[k])) {
+      by_id.emplace(id_of(&messages_[k]), Result{k, std::nullopt});
+      continue;
+    }
+    const JsonArray& entries = messages_[k].find("content")->as_array();
+    for (size_t i = 0; i < entries.size(); ++i) by_id.emplace(id_of(&entries[i]), Result{k, i});
+  }
   for (const std::string& call_id : call_ids) {
-    for (size_t k = start; k <= end; ++k) {
-      const JsonValue& m = messages_[k];
-      const std::string where = "messages[" + std::to_string(k) + "]";
-      if (!is_list_of_outputs(m)) {
-        if (id_of(&m) == call_id) {
-          if (auto e = tool_response(m, where)) return e;
-        }
-        continue;
-      }
-      const JsonArray& entries = m.find("content")->as_array();
-      for (size_t i = 0; i < entries.size(); ++i) {
-        if (id_of(&entries[i]) != call_id) continue;
-        const JsonValue* output = entries[i].find("output");
-        const std::string at = where + ".content[" + std::to_string(i) + "].output";
-        if (is_tool_reference_list(output)) {
-          if (auto e = tool_references(*output, at)) return e;
-        } else {
-          std::string text;
-          if (auto e = visible_text(output, text, at)) return e;
-          out_ += "<tool_response>" + text + "</tool_response>";
-        }
-      }
+    const auto found = by_id.find(call_id);
+    if (found == by_id.end()) continue;
+    const Result& r = found->second;
+    const std::string where = "messages[" + std::to_string(r.message) + "]";
+    if (!r.entry) {
+      if (auto e = tool_response(messages_[r.message], where)) return e;
+      continue;
+    }
+    const JsonValue* output = messages_[r.message].find("content")->as_array()[*r.entry].find("output");
+    const std::string at = where + ".content[" + std::to_string(*r.entry) + "].output";
+    if (is_tool_reference_list(output)) {
+      if (auto e = tool_references(*output, at)) return e;
+    } else {
+      std::string text;
+      if (auto e = visible_text(output, text, at)) return e;
+      out_ += "<tool_response>" + text + "</tool_response>";
     }
   }
   return std::nullopt;

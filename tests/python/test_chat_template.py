@@ -176,6 +176,11 @@ CONVERSATIONS = {
         {"role": "assistant", "content": "x"}, {"role": "system", "content": "B"}, {"role": "user", "content": "Q2"}]},
     "tool-first-and-empty": {"messages": [{"role": "tool", "tool_call_id": "z", "content": "orphan"},
                                           {"role": "user", "content": ""}], "tools": []},
+    "many-parallel-calls-reversed": {"tools": [WEATHER], "messages": [
+        {"role": "user", "content": "many"},
+        {"role": "assistant", "content": "", "tool_calls": [call(f"id{i}", "get_weather", {"city": f"C{i}"})
+                                                            for i in range(40)]},
+        *[{"role": "tool", "tool_call_id": f"id{i}", "content": f"R{i}"} for i in reversed(range(40))]]},
     "odd-tool-call-fields": {"messages": [
         {"role": "user", "content": "x"},
         {"role": "assistant", "content": "y", "tool_calls": [
