@@ -17,6 +17,7 @@ def _cases():
     cases = [
         "", " ", "  ", "\n", "\t", "\r\n", "\n\n\n", " \n ", "Hello world", " Hello world", "Hello, world!",
         "I'm I'M we'd WE'VE it'll They're can't DON'T 'ſ 'S 'RE 'VE 'LL 'ſtop", "rock'n'roll o'clock ''' '",
+        "'ſtop 'Stop it'ſ", "'K 'I\u0307 'D x'LL'Re", "'",
         "1234567890 1234 12 1 0.5 3.14e-10 v1.2.3-rc4 0x1F 2024-06-01",
         "x²+y² ½ ¾ ⅓ Ⅻ ①②③ ١٢٣٤٥ ०१२३ ３．１４",
         "你好世界，今天天气很好。", "日本語のテキスト「こんにちは」！", "한국어 텍스트입니다.",
