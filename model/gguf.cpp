@@ -452,7 +452,8 @@ class GgufParser {
                                        std::to_string(size) + " bytes)");
       }
       t.file_offset = f.data_offset_ + t.offset;
-      t.data = bytes_.subspan(static_cast<size_t>(t.file_offset), static_cast<size_t>(t.n_bytes));
+      // An empty tensor may sit at the data section's start even when the file ends before it.
+      if (t.n_bytes > 0) t.data = bytes_.subspan(static_cast<size_t>(t.file_offset), static_cast<size_t>(t.n_bytes));
     }
     // No two tensors may share bytes (ggml packs them in order; gguf-py allows any order).
     std::vector<size_t> order(f.tensors_.size());
@@ -577,6 +578,7 @@ constexpr const char* int_name() {
   if constexpr (std::is_same_v<T, int16_t>) return "i16";
   if constexpr (std::is_same_v<T, int32_t>) return "i32";
   if constexpr (std::is_same_v<T, int64_t>) return "i64";
+  return "a number";  // floating-point targets never reach an integer message
 }
 
 template <class T>

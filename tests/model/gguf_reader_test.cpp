@@ -187,6 +187,14 @@ TEST(GgufReader, ZeroDimsAndEmptyTensorsAreAccepted) {
   EXPECT_EQ(r->find_tensor("scalar")->n_elements, 1u);
   EXPECT_EQ(r->find_tensor("scalar")->n_bytes, 4u);
   EXPECT_EQ(r->find_tensor("empty")->n_bytes, 0u);  // no bytes, so sharing offset 32 overlaps nothing
+
+  // Nothing but an empty tensor: the file may end before the (aligned) data section begins.
+  GgufBytes bare;
+  bare.header(1, 0).tensor("e", {0}, 0, 0);
+  auto b = parse(bare);
+  ASSERT_TRUE(b.ok()) << b.error().message;
+  EXPECT_GT(b->data_offset(), b->file_size());
+  EXPECT_TRUE(b->tensors()[0].data.empty());
 }
 
 TEST(GgufReader, EveryTruncationIsAnErrorWithAnOffset) {
