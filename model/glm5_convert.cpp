@@ -268,6 +268,10 @@ struct Producer {
       }
     }
     w.finish();
+    for (size_t i = 0; i < src.size(); ++i) {
+      hf_release(*src[i]);
+      if (scales[i].scale_inv != nullptr) hf_release(*scales[i].scale_inv);
+    }
   }
 };
 

@@ -1,5 +1,8 @@
 #include "model/hf_checkpoint.hpp"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -56,6 +59,15 @@ ModelResult<HfCheckpoint> HfCheckpoint::open(const std::filesystem::path& dir) {
 const SafetensorsTensor* HfCheckpoint::find(std::string_view name) const {
   const auto it = by_name_.find(name);
   return it == by_name_.end() ? nullptr : it->second;
+}
+
+void hf_release(const SafetensorsTensor& t) {
+  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  // Only whole pages inside the tensor: its neighbours may still be in use.
+  const auto begin = reinterpret_cast<uintptr_t>(t.data.data());
+  const uintptr_t first = (begin + page - 1) / page * page;
+  const uintptr_t last = (begin + t.data.size()) / page * page;
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 bool hf_readable(SafetensorsDtype dtype) {

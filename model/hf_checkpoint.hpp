@@ -45,6 +45,10 @@ class HfCheckpoint {
   std::map<std::string, const SafetensorsTensor*, std::less<>> by_name_;
 };
 
+// Drops the pages of `t` from this process's memory (they stay in the page cache and come back when
+// read again), so that converting a checkpoint larger than RAM keeps a small resident set.
+void hf_release(const SafetensorsTensor& t);
+
 // True for the dtypes hf_read_f32 decodes.
 bool hf_readable(SafetensorsDtype dtype);
 
