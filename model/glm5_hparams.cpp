@@ -261,13 +261,9 @@ std::vector<bool> default_indexer_full(Fields& f, uint32_t n_layers) {
   return full;
 }
 
-ModelResult<Glm5Hparams> fail(std::string message) {
-  return ModelResult<Glm5Hparams>::failure("config.json: " + std::move(message));
-}
-
-}  // namespace
-
-ModelResult<Glm5Hparams> glm5_hparams_from_hf_config(std::string_view json_text) {
+// Parses config.json text; errors start with `label` (the file's name or path).
+ModelResult<Glm5Hparams> from_config_json(std::string_view json_text, const std::string& label) {
+  auto fail = [&](std::string message) { return ModelResult<Glm5Hparams>::failure(label + ": " + std::move(message)); };
   simdjson::dom::parser parser;
   const simdjson::padded_string padded(json_text);
   element root_el;
@@ -419,15 +415,19 @@ ModelResult<Glm5Hparams> glm5_hparams_from_hf_config(std::string_view json_text)
   return hp;
 }
 
+}  // namespace
+
+ModelResult<Glm5Hparams> glm5_hparams_from_hf_config(std::string_view json_text) {
+  return from_config_json(json_text, "config.json");
+}
+
 ModelResult<Glm5Hparams> glm5_hparams_from_hf_config_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return ModelResult<Glm5Hparams>::failure(path.string() + ": cannot open");
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad()) return ModelResult<Glm5Hparams>::failure(path.string() + ": read error");
-  ModelResult<Glm5Hparams> r = glm5_hparams_from_hf_config(text.str());
-  if (!r) return ModelResult<Glm5Hparams>::failure(path.string() + ": " + r.error().substr(13));  // drop "config.json: "
-  return r;
+  return from_config_json(text.str(), path.string());
 }
 
 }  // namespace ferry::model

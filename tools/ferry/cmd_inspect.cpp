@@ -54,9 +54,9 @@ void print_text(const std::string& path, const Glm5FileReport& r) {
                 hp.n_layers, hp.n_nextn_layers, hp.rms_eps, hp.context_length);
     std::printf("  KDA blocks %u: %u heads x %u, conv kernel %u, gate lower bound %g\n", kda, hp.kda_heads,
                 hp.kda_head_dim, hp.conv_kernel, hp.kda_lower_bound);
-    std::printf("  DSA blocks %u (+ MTP): MLA %u heads, q_lora %u, kv_lora %u, k %u, v %u; indexer %u x %u, top-k %u, "
+    std::printf("  DSA blocks %u%s: MLA %u heads, q_lora %u, kv_lora %u, k %u, v %u; indexer %u x %u, top-k %u, "
                 "kpool %u, tail %s\n",
-                dsa, hp.n_heads, hp.q_lora_rank, hp.kv_lora_rank, hp.qk_nope_head_dim, hp.v_head_dim,
+                dsa, hp.n_nextn_layers ? " + MTP" : "", hp.n_heads, hp.q_lora_rank, hp.kv_lora_rank, hp.qk_nope_head_dim, hp.v_head_dim,
                 hp.index_n_heads, hp.index_head_dim, hp.index_topk, hp.index_kpool, hp.index_select_tail ? "on" : "off");
     std::printf("  FFN: %u dense (%u), %u MoE: %u experts x %u, %u used, %u shared, %u groups (keep %u), scale %g, "
                 "norm %s, SwiGLU limit %g\n",
