@@ -8,3 +8,4 @@ cd "$(dirname "$0")/.."
 tools/setup.sh
 ctest --test-dir build -LE cuda --output-on-failure -j "$(nproc)"
 FERRY_BIN="$PWD/build/ferry" build/venv/bin/python -m pytest tests/python -q
+tools/fuzz.sh 60
