@@ -41,6 +41,7 @@ struct GenerateRequest {
   std::vector<int32_t> stop_token_ids;  // drawing one ends the request (finish_reason "stop")
   uint32_t max_tokens = 0;              // completion tokens at most (the terminal one included)
   uint32_t min_tokens = 0;              // stop tokens are ignored before this many
+  bool reuse_prefix = true;             // may continue a slot's cached prefix
 };
 
 // Idempotent: cancelling an unknown or ended request does nothing (STYLE rule 9).
@@ -184,7 +185,7 @@ struct EngineSnapshot {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, GenerateRequest& x) {
-  return f(x.id, x.prompt, x.sampling, x.stop_token_ids, x.max_tokens, x.min_tokens);
+  return f(x.id, x.prompt, x.sampling, x.stop_token_ids, x.max_tokens, x.min_tokens, x.reuse_prefix);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, CancelRequest& x) {

@@ -108,13 +108,14 @@ std::pair<ReleaseResult, EngineEvents> StepPlanner::release(uint32_t slot, TimeP
   return {result, events};
 }
 
-uint32_t StepPlanner::choose_slot(const std::vector<int32_t>& prompt) const {
+uint32_t StepPlanner::choose_slot(const std::vector<int32_t>& prompt, bool reuse_prefix) const {
   // Longest held sequence that the prompt extends (at least one prompt token must remain to compute
   // the first token's logits); else an empty slot; else the least recently used idle one.
   int best = -1;
   size_t best_len = 0;
   for (size_t i = 0; i < slots_.size(); ++i) {
     const Slot& s = slots_[i];
+    if (!reuse_prefix) break;
     if (s.request != 0 || s.needs_reset || s.held.empty() || s.held.size() >= prompt.size()) continue;
     if (s.held.size() > best_len && is_prefix(s.held, prompt)) {
       best = static_cast<int>(i);
@@ -139,9 +140,9 @@ void StepPlanner::admit_queued(TimePoint now, EngineEvents& events) {
   while (!queue_.empty() && has_idle()) {
     Live& live = live_.at(queue_.front());
     queue_.pop_front();
-    const uint32_t index = choose_slot(live.request.prompt);
+    const uint32_t index = choose_slot(live.request.prompt, live.request.reuse_prefix);
     Slot& slot = slots_[index];
-    if (slot.needs_reset || !is_prefix(slot.held, live.request.prompt) ||
+    if (slot.needs_reset || !live.request.reuse_prefix || !is_prefix(slot.held, live.request.prompt) ||
         slot.held.size() >= live.request.prompt.size()) {
       slot.held.clear();
       slot.needs_reset = false;

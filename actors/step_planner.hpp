@@ -97,7 +97,7 @@ class StepPlanner {
   RequestFinished end(RequestId id, RequestStatus status, EndCause cause, std::string message, TimePoint now);
   EngineEvents reject(const GenerateRequest& request, EndCause cause, std::string message, TimePoint now);
   void admit_queued(TimePoint now, EngineEvents& events);
-  uint32_t choose_slot(const std::vector<int32_t>& prompt) const;
+  uint32_t choose_slot(const std::vector<int32_t>& prompt, bool reuse_prefix) const;
   void take_token(Live& live, int32_t token, TimePoint now, EngineEvents& events);
   EngineEvents fail_step(const std::string& error, TimePoint now);
 

@@ -1,6 +1,7 @@
 #include "config/serve_config.hpp"
 
 #include <cmath>
+#include <filesystem>
 #include <sstream>
 
 namespace ferry::config {
@@ -20,6 +21,9 @@ std::vector<std::string> validate(const ServeConfig& c) {
   auto check = [&](bool ok, std::string message) {
     if (!ok) errors.push_back(std::move(message));
   };
+  std::error_code ec;
+  check(c.model_path.empty() || std::filesystem::is_regular_file(c.model_path, ec),
+        bad("model", c.model_path, "an existing GGUF file"));
   check(c.backend == "cpu", bad("backend", c.backend, "cpu (the only backend built into this ferry)"));
   check(c.threads <= 4096, bad("threads", c.threads, "0 (every core) or a thread count up to 4096"));
   check(!c.model_id.empty(), bad("model-id", "''", "a non-empty model name"));

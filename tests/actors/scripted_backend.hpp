@@ -11,8 +11,9 @@ namespace ferry::testing {
 
 class ScriptedBackend : public model::Backend {
  public:
-  explicit ScriptedBackend(uint32_t slots = 3, uint32_t context = 1024) : slots_(slots), context_(context) {
-    hparams_.vocab_size = 1000;
+  explicit ScriptedBackend(uint32_t slots = 3, uint32_t context = 1024, uint32_t vocab = 1000)
+      : slots_(slots), context_(context) {
+    hparams_.vocab_size = vocab;
   }
   const model::Glm5Hparams& hparams() const override { return hparams_; }
   uint32_t max_slots() const override { return slots_; }
@@ -25,7 +26,7 @@ class ScriptedBackend : public model::Backend {
     for (const auto& row : rows) {
       model::SlotResult r;
       r.slot = row.slot;
-      if (row.sample) r.sampled = (row.tokens.back() + 1) % 1000;
+      if (row.sample) r.sampled = (row.tokens.back() + 1) % static_cast<int32_t>(hparams_.vocab_size);
       out.push_back(r);
     }
     return out;
