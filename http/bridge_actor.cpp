@@ -1,0 +1,340 @@
+#include "http/bridge_actor.hpp"
+
+#include <algorithm>
+#include <random>
+
+#include "http/responses.hpp"
+
+namespace ferry::http {
+namespace {
+
+using actors::RequestFinished;
+using actors::RequestStatus;
+
+uint64_t random_seed() {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return rng();
+}
+
+ApiError too_long(const std::string& param, std::string message) {
+  ApiError e = invalid_field(param, std::move(message), "context_length_exceeded");
+  return e;
+}
+
+std::string tool_call_id(actors::RequestId id, size_t index) {
+  return "call_" + std::to_string(id) + "_" + std::to_string(index);
+}
+
+void respond_error(bridge_pointer self, const ApiError& error) {
+  HeaderList headers;
+  if (error.retry_after_s > 0) headers.emplace_back("Retry-After", std::to_string(error.retry_after_s));
+  self->state.job.channel->send_json(error.status, to_json(error), std::move(headers));
+}
+
+// Sends one SSE event; a client that is gone or not reading ends the generation for it.
+void send_event(bridge_pointer self, std::string payload) {
+  BridgeState& st = self->state;
+  if (st.client_gone) return;
+  if (!st.job.channel->send_event(std::move(payload))) {
+    st.client_gone = true;
+    if (!st.cancel_sent) {
+      st.cancel_sent = true;
+      self->send(st.job.context->engine.scheduler, actors::CancelRequest{st.job.id, actors::EndCause::client_cancelled});
+    }
+  }
+}
+
+void start_events(bridge_pointer self) {
+  BridgeState& st = self->state;
+  if (st.events_started || st.client_gone) return;
+  st.events_started = true;
+  st.job.channel->start_events();
+  if (st.chat) {
+    ChatChunk first;
+    first.id = st.response_id;
+    first.created = st.job.created;
+    first.model = st.options.model;
+    first.role = true;
+    send_event(self, to_json(first));
+  }
+}
+
+std::vector<ToolCallDeltaOut> tool_deltas(const BridgeState& st, const std::vector<model::ToolCallDelta>& deltas) {
+  std::vector<ToolCallDeltaOut> out;
+  for (const auto& d : deltas) {
+    ToolCallDeltaOut o;
+    o.index = d.index;
+    if (!d.name.empty()) {
+      o.id = tool_call_id(st.job.id, d.index);
+      o.name = d.name;
+    }
+    o.arguments = d.arguments;
+    out.push_back(std::move(o));
+  }
+  return out;
+}
+
+// One streamed chunk for `delta`; skipped when it carries nothing the client asked for.
+void send_delta(bridge_pointer self, const StreamDelta& delta, std::optional<std::string> finish_reason) {
+  BridgeState& st = self->state;
+  const bool ids = st.options.return_token_ids && !delta.token_ids.empty();
+  if (delta.empty() && !ids && !finish_reason) return;
+  if (st.chat) {
+    ChatChunk c;
+    c.id = st.response_id;
+    c.created = st.job.created;
+    c.model = st.options.model;
+    c.content = delta.content;
+    c.reasoning_content = delta.reasoning_content;
+    c.tool_calls = tool_deltas(st, delta.tool_calls);
+    c.finish_reason = std::move(finish_reason);
+    if (st.options.return_token_ids) c.token_ids = delta.token_ids;
+    send_event(self, to_json(c));
+  } else {
+    CompletionChunk c;
+    c.id = st.response_id;
+    c.created = st.job.created;
+    c.model = st.options.model;
+    c.text = delta.content;
+    c.finish_reason = std::move(finish_reason);
+    if (st.options.return_token_ids) c.token_ids = delta.token_ids;
+    send_event(self, to_json(c));
+  }
+}
+
+std::string finish_reason(const BridgeState& st, const RequestFinished& done) {
+  if (st.chat && !st.stream->message().tool_calls.empty()) return "tool_calls";
+  if (st.stream->stopped_by_string() || done.status == RequestStatus::finished_stop) return "stop";
+  return "length";
+}
+
+void send_usage_chunk(bridge_pointer self, const Usage& usage) {
+  BridgeState& st = self->state;
+  if (st.chat) {
+    ChatChunk c;
+    c.id = st.response_id;
+    c.created = st.job.created;
+    c.model = st.options.model;
+    c.has_choice = false;
+    c.usage = usage;
+    send_event(self, to_json(c));
+  } else {
+    CompletionChunk c;
+    c.id = st.response_id;
+    c.created = st.job.created;
+    c.model = st.options.model;
+    c.has_choice = false;
+    c.usage = usage;
+    send_event(self, to_json(c));
+  }
+}
+
+void send_whole_response(bridge_pointer self, const std::string& reason, const Usage& usage) {
+  BridgeState& st = self->state;
+  const model::ParsedMessage& m = st.stream->message();
+  std::optional<std::vector<int32_t>> ids, prompt_ids;
+  if (st.options.return_token_ids) {
+    ids = st.stream->token_ids();
+    prompt_ids = st.prompt;
+  }
+  if (st.chat) {
+    ChatCompletion c;
+    c.id = st.response_id;
+    c.created = st.job.created;
+    c.model = st.options.model;
+    c.content = m.content;
+    c.reasoning_content = m.reasoning_content;
+    for (size_t i = 0; i < m.tool_calls.size(); ++i) {
+      c.tool_calls.push_back(ToolCallOut{tool_call_id(st.job.id, i), m.tool_calls[i].name, m.tool_calls[i].arguments});
+    }
+    c.finish_reason = reason;
+    c.token_ids = std::move(ids);
+    c.prompt_token_ids = std::move(prompt_ids);
+    c.usage = usage;
+    st.job.channel->send_json(200, to_json(c));
+  } else {
+    Completion c;
+    c.id = st.response_id;
+    c.created = st.job.created;
+    c.model = st.options.model;
+    c.text = m.content;
+    c.finish_reason = reason;
+    c.token_ids = std::move(ids);
+    c.prompt_token_ids = std::move(prompt_ids);
+    c.usage = usage;
+    st.job.channel->send_json(200, to_json(c));
+  }
+}
+
+void on_finished(bridge_pointer self, const RequestFinished& done) {
+  BridgeState& st = self->state;
+  const ServerContext& ctx = *st.job.context;
+  const bool stopped = st.stream->stopped_by_string();
+  const bool ok = stopped || done.status == RequestStatus::finished_stop || done.status == RequestStatus::finished_length;
+  const StreamDelta tail = st.stream->finish();
+  Usage usage{done.usage, done.timings};
+  usage.usage.completion_tokens = st.stream->tokens();  // what the client saw, up to a stop string
+  if (st.client_gone) return;
+  if (!ok && !st.events_started) {
+    respond_error(self, error_for(done.cause, done.message, ctx.config.retry_after_s));
+    return;
+  }
+  if (!st.options.stream) {
+    send_whole_response(self, finish_reason(st, done), usage);
+    return;
+  }
+  start_events(self);
+  if (ok) {
+    send_delta(self, tail, finish_reason(st, done));
+    if (st.options.include_usage) send_usage_chunk(self, usage);
+  } else {
+    send_delta(self, tail, std::nullopt);
+    // The stream already said 200: the error travels as an event, as OpenAI's API does mid-stream.
+    send_event(self, to_json(error_for(done.cause, done.message, 0)));
+  }
+  send_event(self, "[DONE]");
+  if (!st.client_gone) st.job.channel->end_events();
+}
+
+}  // namespace
+
+std::variant<actors::GenerateRequest, ApiError> prepare_request(BridgeState& st) {
+  const ServerContext& ctx = *st.job.context;
+  const model::Tokenizer& tokenizer = *ctx.tokenizer;
+  const uint32_t context = ctx.engine.limits.ctx;
+  StreamOptions stream;
+  std::string prompt_field = "messages";
+  if (const auto* chat = std::get_if<ChatRequest>(&st.job.request)) {
+    model::ChatOptions options;
+    options.reasoning_effort = chat->reasoning_effort;
+    options.enable_thinking = chat->enable_thinking;
+    options.clear_thinking = chat->clear_thinking;
+    const model::JsonValue* tools = chat->tools.is_null() ? nullptr : &chat->tools;
+    auto rendered = ctx.chat_template.render(chat->messages, tools, options);
+    if (!rendered) return invalid_field("messages", rendered.error().message);
+    st.prompt = tokenizer.encode(rendered->prompt, /*parse_special=*/true);
+    stream.parser.starts_in_reasoning = rendered->generation_starts_in_reasoning;
+    if (tools != nullptr) {
+      auto schemas = model::ToolSchemas::from_tools(*tools);
+      if (!schemas) return invalid_field("tools", schemas.error().message);
+      stream.parser.tools = std::move(schemas.value());
+    }
+  } else {
+    const auto& completion = std::get<CompletionRequest>(st.job.request);
+    prompt_field = "prompt";
+    stream.chat = false;
+    if (const auto* text = std::get_if<std::string>(&completion.prompt)) {
+      st.prompt = tokenizer.encode(*text, /*parse_special=*/true);
+    } else {
+      st.prompt = std::get<std::vector<int32_t>>(completion.prompt);
+      for (size_t i = 0; i < st.prompt.size(); ++i) {
+        if (!tokenizer.valid_id(st.prompt[i])) {
+          const std::string at = "prompt[" + std::to_string(i) + "]";
+          return invalid_field(at, at + " = " + std::to_string(st.prompt[i]) + " is not in the vocabulary of " +
+                                       std::to_string(tokenizer.vocab_size()) + " tokens");
+        }
+      }
+    }
+  }
+  const auto n = static_cast<uint32_t>(std::min<size_t>(st.prompt.size(), UINT32_MAX));
+  if (n == 0) return invalid_field(prompt_field, prompt_field + " encodes to no tokens");
+  if (n >= context) {
+    return too_long(prompt_field, "the prompt has " + std::to_string(n) + " tokens; a slot holds " +
+                                      std::to_string(context) + " tokens (prompt + completion)");
+  }
+  const GenerationOptions& o = st.options;
+  uint32_t max_tokens = std::min(ctx.config.sampling.max_tokens, context - n);
+  if (o.max_tokens) {
+    if (static_cast<uint64_t>(n) + *o.max_tokens > context) {
+      return too_long("max_tokens", "the prompt has " + std::to_string(n) + " tokens and max_tokens is " +
+                                        std::to_string(*o.max_tokens) + ": more than the " + std::to_string(context) +
+                                        " tokens a slot holds");
+    }
+    max_tokens = *o.max_tokens;
+  }
+  actors::GenerateRequest r;
+  r.id = st.job.id;
+  r.prompt = st.prompt;
+  const auto& defaults = ctx.config.sampling;
+  r.sampling.temperature = o.temperature.value_or(defaults.temperature);
+  r.sampling.top_p = o.top_p.value_or(defaults.top_p);
+  r.sampling.top_k = o.top_k.value_or(defaults.top_k);
+  r.sampling.min_p = o.min_p.value_or(defaults.min_p);
+  r.sampling.seed = o.seed ? *o.seed : random_seed();
+  if (!o.ignore_eos) r.stop_token_ids = ctx.end_token_ids;
+  r.max_tokens = max_tokens;
+  r.min_tokens = std::min(o.min_tokens, max_tokens);
+  r.reuse_prefix = o.cache_prompt;
+  stream.stop = o.stop;
+  stream.end_token_ids = ctx.end_token_ids;
+  st.stream.emplace(tokenizer, std::move(stream));
+  return r;
+}
+
+actors::bridge_actor::behavior_type bridge(bridge_pointer self, BridgeJob job) {
+  BridgeState& st = self->state;
+  st.job = std::move(job);
+  st.chat = std::holds_alternative<ChatRequest>(st.job.request);
+  st.options = st.chat ? std::get<ChatRequest>(st.job.request).options
+                       : std::get<CompletionRequest>(st.job.request).options;
+  st.response_id = (st.chat ? "chatcmpl-" : "cmpl-") + std::to_string(st.job.id);
+  if (st.options.model.empty()) st.options.model = st.job.context->config.model_id;
+
+  auto prepared = prepare_request(st);
+  if (auto* error = std::get_if<ApiError>(&prepared)) {
+    respond_error(self, *error);
+    self->quit();  // never submitted: there is no terminal event to wait for
+  } else {
+    const actors::scheduler_actor scheduler = st.job.context->engine.scheduler;
+    self->monitor(scheduler);
+    self->set_down_handler([self](const caf::down_msg&) {
+      // The engine is gone (shutdown): nothing will finish this request any more.
+      ApiError e;
+      e.status = 503;
+      e.type = "server_error";
+      e.code = "shutting_down";
+      e.message = "the engine stopped";
+      if (!self->state.events_started) {
+        respond_error(self, e);
+      } else if (!self->state.client_gone) {
+        send_event(self, to_json(e));
+        send_event(self, "[DONE]");
+        self->state.job.channel->end_events();
+      }
+      self->quit();
+    });
+    self->send(scheduler, actors::submit_atom_v, std::move(std::get<actors::GenerateRequest>(prepared)),
+               caf::actor_cast<actors::request_sink_actor>(self));
+  }
+  return {
+      [self](const actors::RequestStarted&) {
+        if (self->state.options.stream) start_events(self);
+      },
+      [self](const actors::TokensGenerated& generated) {
+        BridgeState& st = self->state;
+        for (int32_t token : generated.tokens) {
+          const bool was_stopped = st.stream->stopped_by_string();
+          StreamDelta delta = st.stream->push(token);
+          if (st.options.stream && !was_stopped) send_delta(self, delta, std::nullopt);
+          if (st.stream->stopped_by_string() && !st.cancel_sent) {
+            st.cancel_sent = true;
+            self->send(st.job.context->engine.scheduler, actors::CancelRequest{st.job.id, actors::EndCause::stop_string});
+          }
+        }
+      },
+      [self](const RequestFinished& done) {
+        on_finished(self, done);
+        self->quit();
+      },
+      [self](actors::client_gone_atom) {
+        BridgeState& st = self->state;
+        st.client_gone = true;
+        if (!st.cancel_sent) {
+          st.cancel_sent = true;
+          self->send(st.job.context->engine.scheduler, actors::CancelRequest{st.job.id, actors::EndCause::client_cancelled});
+        }
+      },
+  };
+}
+
+}  // namespace ferry::http

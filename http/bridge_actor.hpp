@@ -1,0 +1,45 @@
+#pragma once
+// One bridge actor per generation request (ARCHITECTURE: http bridge). It renders and tokenizes the
+// request, submits token ids to the scheduler, turns the tokens it gets back into OpenAI responses
+// (SSE chunks or one JSON body) through a GenerationStream, asks the scheduler to stop when a stop
+// string matched or the client went away, and quits after the request's terminal event.
+#include <memory>
+#include <optional>
+#include <variant>
+
+#include "actors/protocol.hpp"
+#include "http/generation_stream.hpp"
+#include "http/openai_request.hpp"
+#include "http/response_channel.hpp"
+#include "http/server_context.hpp"
+
+namespace ferry::http {
+
+struct BridgeJob {
+  std::variant<ChatRequest, CompletionRequest> request;
+  actors::RequestId id = 0;
+  int64_t created = 0;  // unix seconds, for the response's `created`
+  std::shared_ptr<ResponseChannel> channel;
+  std::shared_ptr<const ServerContext> context;
+};
+
+struct BridgeState {
+  BridgeJob job;
+  bool chat = true;
+  GenerationOptions options;
+  std::string response_id;
+  std::vector<int32_t> prompt;
+  std::optional<GenerationStream> stream;
+  bool events_started = false;  // SSE headers sent
+  bool client_gone = false;
+  bool cancel_sent = false;
+};
+
+using bridge_pointer = actors::bridge_actor::stateful_pointer<BridgeState>;
+
+actors::bridge_actor::behavior_type bridge(bridge_pointer self, BridgeJob job);
+
+// The prompt, rendered and tokenized, and the engine request; or the client's error.
+std::variant<actors::GenerateRequest, ApiError> prepare_request(BridgeState& state);
+
+}  // namespace ferry::http

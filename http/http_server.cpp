@@ -1,0 +1,438 @@
+#include "http/http_server.hpp"
+
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <optional>
+#include <sstream>
+
+#include "http/responses.hpp"
+#include "http/router.hpp"
+
+namespace ferry::http {
+namespace {
+
+namespace beast = boost::beast;
+namespace bhttp = beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+
+class Session;
+
+// The ResponseChannel of one request on one connection. Its methods run on any thread and post to
+// the session's strand; the only state shared across threads is two atomics.
+class Exchange final : public ResponseChannel, public std::enable_shared_from_this<Exchange> {
+ public:
+  Exchange(std::shared_ptr<Session> session, uint32_t event_limit) : session_(std::move(session)), limit_(event_limit) {}
+
+  void send_json(unsigned status, std::string body, HeaderList headers) override;
+  void start_events() override;
+  bool send_event(std::string payload) override;
+  void end_events() override;
+  void on_client_gone(std::function<void()> callback) override;
+
+  // On the strand: the client left (or stalled) before the exchange ended.
+  void client_gone() {
+    gone.store(true);
+    if (on_gone_ && !notified_) {
+      notified_ = true;
+      on_gone_();
+    }
+  }
+  void set_callback(std::function<void()> callback) {
+    on_gone_ = std::move(callback);
+    if (on_gone_ && gone.load()) client_gone();
+  }
+
+  std::atomic<bool> gone{false};
+  std::atomic<uint32_t> queued_events{0};
+
+ private:
+  std::shared_ptr<Session> session_;  // keeps the session until the bridge is done with it
+  uint32_t limit_;
+  std::function<void()> on_gone_;  // strand only
+  bool notified_ = false;          // strand only
+};
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket&& socket, std::shared_ptr<ServerContext> context)
+      : stream_(std::move(socket)), ctx_(std::move(context)) {
+    ctx_->metrics.connections_open.fetch_add(1);
+    ctx_->metrics.connections_total.fetch_add(1);
+  }
+  ~Session() { ctx_->metrics.connections_open.fetch_sub(1); }
+
+  void run() { net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->do_read(); }); }
+  net::any_io_executor executor() { return stream_.get_executor(); }
+
+  // The exchange's calls, on the strand. A call from an exchange that is no longer current is dropped.
+  void respond(Exchange* ex, unsigned status, std::string body, HeaderList headers) {
+    if (!current(ex) || started_) return;
+    bhttp::response<bhttp::string_body> res{static_cast<bhttp::status>(status), version_};
+    res.set(bhttp::field::server, "ferry");
+    bool has_type = false;
+    for (auto& [name, value] : headers) {
+      has_type = has_type || beast::iequals(name, "Content-Type");
+      res.set(name, value);
+    }
+    if (!has_type) res.set(bhttp::field::content_type, "application/json");
+    res.body() = std::move(body);
+    keep_alive_ = keep_alive_ && ctx_->current_phase() != ServerPhase::draining;
+    res.keep_alive(keep_alive_);
+    res.prepare_payload();
+    std::ostringstream out;
+    out << res;
+    started_ = done_ = true;
+    ctx_->metrics.count(endpoint_, status);
+    enqueue(out.str(), false);
+  }
+
+  void begin_events(Exchange* ex) {
+    if (!current(ex) || started_) return;
+    bhttp::response<bhttp::empty_body> res{bhttp::status::ok, version_};
+    res.set(bhttp::field::server, "ferry");
+    res.set(bhttp::field::content_type, "text/event-stream");
+    res.set(bhttp::field::cache_control, "no-cache");
+    keep_alive_ = keep_alive_ && ctx_->current_phase() != ServerPhase::draining;
+    res.keep_alive(keep_alive_);
+    res.chunked(true);
+    std::ostringstream out;
+    out << res.base();
+    started_ = true;
+    ctx_->metrics.count(endpoint_, 200);
+    enqueue(out.str(), false);
+  }
+
+  void push_event(Exchange* ex, const std::string& payload) {
+    if (!current(ex) || !started_ || done_) {
+      ex->queued_events.fetch_sub(1);
+      return;
+    }
+    const std::string data = "data: " + payload + "\n\n";
+    std::ostringstream size;
+    size << std::hex << data.size();
+    ctx_->metrics.events_sent.fetch_add(1);
+    enqueue(size.str() + "\r\n" + data + "\r\n", true);
+  }
+
+  void finish_events(Exchange* ex) {
+    if (!current(ex) || !started_ || done_) return;
+    done_ = true;
+    enqueue("0\r\n\r\n", false);
+  }
+
+  void set_gone_callback(Exchange* ex, std::function<void()> callback) {
+    if (current(ex)) ex->set_callback(std::move(callback));
+  }
+
+  // The exchange's event queue overflowed: the client is not reading.
+  void client_stalled(Exchange* ex) {
+    if (!current(ex)) return;
+    ctx_->metrics.slow_clients.fetch_add(1);
+    client_left();
+  }
+
+ private:
+  bool current(Exchange* ex) const {
+    auto live = exchange_.lock();
+    return !closed_ && live && live.get() == ex;
+  }
+
+  void do_read() {
+    parser_.emplace();
+    parser_->body_limit(ctx_->config.max_body_bytes);
+    parser_->header_limit(64 * 1024);
+    stream_.expires_after(std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::duration<double>(ctx_->config.idle_timeout_s)));
+    bhttp::async_read(stream_, buffer_, *parser_,
+                      [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
+  }
+
+  void on_read(beast::error_code ec) {
+    if (closed_) return;
+    if (ec == bhttp::error::end_of_stream || ec == net::error::eof || ec == beast::error::timeout ||
+        ec == net::error::connection_reset || ec == net::error::operation_aborted) {
+      return close();
+    }
+    if (ec) {
+      // The request cannot be framed any further: answer once and close the connection.
+      keep_alive_ = false;
+      ApiError e;
+      if (ec == bhttp::error::body_limit) {
+        e = invalid_field("", "the request body is larger than the limit of " +
+                                  std::to_string(ctx_->config.max_body_bytes) + " bytes (--max-body)",
+                          "body_too_large");
+        e.status = 413;
+      } else if (ec == bhttp::error::header_limit) {
+        e = invalid_field("", "the request headers are larger than 64 KiB", "headers_too_large");
+        e.status = 431;
+      } else {
+        e = invalid_field("", "malformed HTTP request: " + ec.message(), "bad_http");
+      }
+      const std::shared_ptr<Exchange> ex = start_exchange(HttpMetrics::other);
+      respond(ex.get(), e.status, to_json(e), {});
+      return;
+    }
+    bhttp::request<bhttp::string_body> req = parser_->release();
+    keep_alive_ = req.keep_alive();
+    version_ = req.version();
+    HttpRequest request;
+    request.method = std::string(req.method_string());
+    request.target = std::string(req.target());
+    request.authorization = std::string(req[bhttp::field::authorization]);
+    request.body = std::move(req.body());
+    std::shared_ptr<Exchange> ex = start_exchange(HttpMetrics::other);
+    endpoint_ = route(ctx_, std::move(request), ex);
+    watch();
+  }
+
+  std::shared_ptr<Exchange> start_exchange(HttpMetrics::Endpoint endpoint) {
+    stream_.expires_never();  // a request may take long; writes re-arm the timer
+    auto ex = std::make_shared<Exchange>(shared_from_this(), ctx_->config.sse_queue_limit);
+    exchange_ = ex;  // weak: whoever answers (the router's post, a bridge) holds it
+    endpoint_ = endpoint;
+    started_ = done_ = false;
+    in_exchange_ = true;
+    ctx_->metrics.exchanges_open.fetch_add(1);
+    return ex;
+  }
+
+  // While an answer is in progress, a zero-byte read (peek) tells when the client leaves.
+  void watch() {
+    if (watching_ || closed_) return;
+    watching_ = true;
+    stream_.socket().async_receive(net::buffer(peek_, 1), tcp::socket::message_peek,
+                                   [self = shared_from_this()](beast::error_code ec, size_t n) {
+                                     self->watching_ = false;
+                                     if (self->closed_ || self->exchange_.expired()) return;
+                                     if (ec || n == 0) self->client_left();
+                                     // n > 0: the client sent more (a pipelined request); it is read
+                                     // once this answer is out.
+                                   });
+  }
+
+  void client_left() {
+    if (auto ex = exchange_.lock()) {
+      ctx_->metrics.client_disconnects.fetch_add(1);
+      ex->client_gone();
+    }
+    close();
+  }
+
+  void enqueue(std::string bytes, bool event) {
+    queue_.push_back(Pending{std::move(bytes), event});
+    if (writing_.empty()) do_write();
+  }
+
+  void do_write() {
+    if (closed_) return;
+    // Everything queued goes out in one write: a burst of events costs one system call.
+    while (!queue_.empty()) {
+      writing_.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+    }
+    std::vector<net::const_buffer> buffers;
+    for (const auto& p : writing_) buffers.emplace_back(net::buffer(p.bytes));
+    stream_.expires_after(std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::duration<double>(ctx_->config.idle_timeout_s)));
+    net::async_write(stream_, buffers, [self = shared_from_this()](beast::error_code ec, size_t) { self->on_write(ec); });
+  }
+
+  void on_write(beast::error_code ec) {
+    uint32_t events = 0;
+    for (const auto& p : writing_) events += p.event ? 1 : 0;
+    writing_.clear();
+    if (auto ex = exchange_.lock()) ex->queued_events.fetch_sub(events);
+    if (closed_) return;
+    if (ec) return client_left();
+    stream_.expires_never();
+    if (!queue_.empty()) return do_write();
+    if (done_) {
+      end_exchange();
+      // The watch's peek must not stay queued beside the next read: with edge-triggered epoll the
+      // first read op to complete can leave the other waiting for a readiness event that never comes.
+      if (watching_) {
+        beast::error_code ignored;
+        stream_.socket().cancel(ignored);
+      }
+      if (!keep_alive_) return linger();
+      do_read();
+    }
+  }
+
+  // Closing with unread request bytes in the socket makes the kernel reset the connection, and the
+  // client may lose the answer (a 413 to a body still being sent): half-close, then read and drop
+  // what still comes, for a few seconds at most.
+  void linger() {
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    if (ec) return close();
+    drain_.resize(64 * 1024);
+    stream_.expires_after(std::chrono::seconds(5));
+    drain_more();
+  }
+
+  void drain_more() {
+    stream_.async_read_some(net::buffer(drain_), [self = shared_from_this()](beast::error_code ec, size_t) {
+      if (ec) return self->close();
+      self->drain_more();
+    });
+  }
+
+  void end_exchange() {
+    if (auto ex = exchange_.lock()) ex->set_callback({});  // answered: nobody to tell any more
+    exchange_.reset();
+    if (in_exchange_) ctx_->metrics.exchanges_open.fetch_sub(1);
+    in_exchange_ = false;
+  }
+
+  void close() {
+    if (closed_) return;
+    closed_ = true;
+    end_exchange();
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
+    stream_.socket().close(ec);
+  }
+
+  struct Pending {
+    std::string bytes;
+    bool event;
+  };
+
+  beast::tcp_stream stream_;
+  beast::flat_buffer buffer_;
+  std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
+  std::shared_ptr<ServerContext> ctx_;
+  std::weak_ptr<Exchange> exchange_;  // the request being answered
+  HttpMetrics::Endpoint endpoint_ = HttpMetrics::other;
+  bool keep_alive_ = true;
+  unsigned version_ = 11;
+  bool started_ = false;  // the status line of the current answer is queued
+  bool done_ = false;     // its last bytes are queued
+  bool closed_ = false;
+  bool watching_ = false;
+  bool in_exchange_ = false;
+  std::deque<Pending> queue_;
+  std::vector<Pending> writing_;
+  std::vector<char> drain_;
+  char peek_[1] = {};
+};
+
+void Exchange::send_json(unsigned status, std::string body, HeaderList headers) {
+  net::post(session_->executor(), [self = shared_from_this(), status, body = std::move(body),
+                                   headers = std::move(headers)]() mutable {
+    self->session_->respond(self.get(), status, std::move(body), std::move(headers));
+  });
+}
+
+void Exchange::start_events() {
+  net::post(session_->executor(), [self = shared_from_this()] { self->session_->begin_events(self.get()); });
+}
+
+bool Exchange::send_event(std::string payload) {
+  if (gone.load()) return false;
+  // Back-pressure (STYLE rule 10): a client that lets `limit_` events pile up is not reading.
+  if (queued_events.fetch_add(1) >= limit_) {
+    queued_events.fetch_sub(1);
+    gone.store(true);
+    net::post(session_->executor(), [self = shared_from_this()] { self->session_->client_stalled(self.get()); });
+    return false;
+  }
+  net::post(session_->executor(), [self = shared_from_this(), payload = std::move(payload)] {
+    self->session_->push_event(self.get(), payload);
+  });
+  return true;
+}
+
+void Exchange::end_events() {
+  net::post(session_->executor(), [self = shared_from_this()] { self->session_->finish_events(self.get()); });
+}
+
+void Exchange::on_client_gone(std::function<void()> callback) {
+  net::post(session_->executor(), [self = shared_from_this(), callback = std::move(callback)]() mutable {
+    self->session_->set_gone_callback(self.get(), std::move(callback));
+  });
+}
+
+}  // namespace
+
+class HttpServer::Listener : public std::enable_shared_from_this<HttpServer::Listener> {
+ public:
+  Listener(net::io_context& ioc, std::shared_ptr<ServerContext> ctx)
+      : ioc_(ioc), acceptor_(net::make_strand(ioc)), ctx_(std::move(ctx)) {}
+
+  std::string open(const std::string& host, uint16_t port) {
+    beast::error_code ec;
+    const auto address = net::ip::make_address(host, ec);
+    if (ec) return "--host '" + host + "' is not an IP address: " + ec.message();
+    const tcp::endpoint endpoint{address, port};
+    const std::string where = host + ":" + std::to_string(port);
+    acceptor_.open(endpoint.protocol(), ec);
+    if (ec) return "cannot open a socket for " + where + ": " + ec.message();
+    acceptor_.set_option(net::socket_base::reuse_address(true), ec);
+    acceptor_.bind(endpoint, ec);
+    if (ec) return "cannot listen on " + where + ": " + ec.message();
+    acceptor_.listen(net::socket_base::max_listen_connections, ec);
+    if (ec) return "cannot listen on " + where + ": " + ec.message();
+    port_ = acceptor_.local_endpoint(ec).port();
+    return {};
+  }
+
+  void start() { net::dispatch(acceptor_.get_executor(), [self = shared_from_this()] { self->accept(); }); }
+  uint16_t port() const { return port_; }
+  void stop() {
+    net::post(acceptor_.get_executor(), [self = shared_from_this()] {
+      beast::error_code ec;
+      self->acceptor_.close(ec);
+    });
+  }
+
+ private:
+  void accept() {
+    acceptor_.async_accept(net::make_strand(ioc_), [self = shared_from_this()](beast::error_code ec, tcp::socket socket) {
+      if (ec == net::error::operation_aborted || !self->acceptor_.is_open()) return;
+      if (!ec) {
+        socket.set_option(tcp::no_delay(true), ec);
+        std::make_shared<Session>(std::move(socket), self->ctx_)->run();
+      }
+      self->accept();
+    });
+  }
+
+  net::io_context& ioc_;
+  tcp::acceptor acceptor_;
+  std::shared_ptr<ServerContext> ctx_;
+  uint16_t port_ = 0;
+};
+
+HttpServer::HttpServer(net::io_context& ioc, std::shared_ptr<ServerContext> context)
+    : ioc_(ioc), context_(std::move(context)) {}
+
+HttpServer::~HttpServer() = default;
+
+std::string HttpServer::listen(const std::string& host, uint16_t port) {
+  listener_ = std::make_shared<Listener>(ioc_, context_);
+  std::string error = listener_->open(host, port);
+  if (!error.empty()) {
+    listener_.reset();
+    return error;
+  }
+  listener_->start();
+  return {};
+}
+
+uint16_t HttpServer::port() const { return listener_ ? listener_->port() : 0; }
+
+void HttpServer::close() {
+  if (listener_) listener_->stop();
+}
+
+}  // namespace ferry::http

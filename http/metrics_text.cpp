@@ -1,0 +1,132 @@
+#include "http/metrics_text.hpp"
+
+#include <charconv>
+
+namespace ferry::http {
+
+const char* HttpMetrics::endpoint_name(size_t e) {
+  static constexpr const char* names[] = {"chat_completions", "completions", "models", "health",
+                                          "metrics",          "slots",       "admin",  "other"};
+  return e < endpoint_count ? names[e] : "other";
+}
+
+void HttpMetrics::count(Endpoint e, unsigned status) {
+  size_t code = codes.size() - 1;  // the last entry (0) collects every other status
+  for (size_t i = 0; i + 1 < codes.size(); ++i) {
+    if (codes[i] == status) code = i;
+  }
+  requests_[e < endpoint_count ? e : other][code].fetch_add(1, std::memory_order_relaxed);
+}
+
+namespace {
+
+// The shortest text that reads back as `v` ("0.1", not "0.10000000000000001").
+std::string number(double v) {
+  char buf[64];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  return ec == std::errc() ? std::string(buf, end) : "NaN";
+}
+
+class Writer {
+ public:
+  void header(const char* name, const char* type, const char* help) {
+    out_ += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+  }
+  void sample(const std::string& name, double value, const std::string& labels = {}) {
+    out_ += name;
+    if (!labels.empty()) out_ += "{" + labels + "}";
+    out_ += " " + number(value) + "\n";
+  }
+  void metric(const char* name, const char* type, const char* help, double value) {
+    header(name, type, help);
+    sample(name, value);
+  }
+  void histogram(const char* name, const char* help, const actors::HistogramSnapshot& h) {
+    header(name, "histogram", help);
+    for (size_t i = 0; i < h.counts.size(); ++i) {
+      const std::string le = i < h.bounds.size() ? number(h.bounds[i]) : "+Inf";
+      sample(std::string(name) + "_bucket", static_cast<double>(h.counts[i]), "le=\"" + le + "\"");
+    }
+    sample(std::string(name) + "_sum", h.sum);
+    sample(std::string(name) + "_count", static_cast<double>(h.count));
+  }
+  std::string take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+}  // namespace
+
+std::string render_metrics(const ServerContext& ctx, const std::optional<actors::EngineSnapshot>& engine,
+                           const std::optional<actors::StageStatus>& stage) {
+  Writer w;
+  const ServerPhase phase = ctx.current_phase();
+  w.header("ferry_up", "gauge", "1 while serving requests, 0 while loading, draining or failed");
+  w.sample("ferry_up", phase == ServerPhase::ready && !(engine && engine->failed) ? 1 : 0);
+  w.metric("ferry_model_load_bytes_done", "gauge", "model bytes read at start-up",
+           static_cast<double>(ctx.progress.bytes_done.load()));
+  w.metric("ferry_model_load_bytes_total", "gauge", "model bytes to read at start-up",
+           static_cast<double>(ctx.progress.bytes_total.load()));
+
+  const HttpMetrics& m = ctx.metrics;
+  w.header("ferry_http_requests_total", "counter", "HTTP requests answered, by endpoint and status code");
+  for (size_t e = 0; e < HttpMetrics::endpoint_count; ++e) {
+    for (size_t c = 0; c < HttpMetrics::codes.size(); ++c) {
+      const uint64_t n = m.requests(e, c);
+      if (n == 0) continue;
+      const std::string code = HttpMetrics::codes[c] == 0 ? "other" : std::to_string(HttpMetrics::codes[c]);
+      w.sample("ferry_http_requests_total", static_cast<double>(n),
+               std::string("endpoint=\"") + HttpMetrics::endpoint_name(e) + "\",code=\"" + code + "\"");
+    }
+  }
+  w.metric("ferry_http_connections_open", "gauge", "open HTTP connections", static_cast<double>(m.connections_open.load()));
+  w.metric("ferry_http_connections_total", "counter", "HTTP connections accepted",
+           static_cast<double>(m.connections_total.load()));
+  w.metric("ferry_http_client_disconnects_total", "counter", "clients that left before their answer was complete",
+           static_cast<double>(m.client_disconnects.load()));
+  w.metric("ferry_http_slow_clients_total", "counter", "streams dropped because the client stopped reading",
+           static_cast<double>(m.slow_clients.load()));
+  w.metric("ferry_http_sse_events_total", "counter", "server-sent events queued", static_cast<double>(m.events_sent.load()));
+
+  if (engine) {
+    const auto& e = *engine;
+    w.metric("ferry_queue_length", "gauge", "requests waiting for a slot", e.queued);
+    w.metric("ferry_queue_limit", "gauge", "requests that may wait before 429", e.queue_limit);
+    w.header("ferry_slots", "gauge", "slots by state");
+    uint32_t idle = 0, prefilling = 0, decoding = 0;
+    for (const auto& s : e.slots) {
+      if (!s.busy) ++idle;
+      else if (s.status == actors::RequestStatus::prefilling) ++prefilling;
+      else ++decoding;
+    }
+    w.sample("ferry_slots", idle, "state=\"idle\"");
+    w.sample("ferry_slots", prefilling, "state=\"prefilling\"");
+    w.sample("ferry_slots", decoding, "state=\"decoding\"");
+    w.metric("ferry_steps_total", "counter", "engine steps run", static_cast<double>(e.steps));
+    w.metric("ferry_prompt_tokens_total", "counter", "prompt tokens computed (cache hits excluded)",
+             static_cast<double>(e.prompt_tokens));
+    w.metric("ferry_prompt_tokens_cached_total", "counter", "prompt tokens reused from a slot's cached prefix",
+             static_cast<double>(e.cached_tokens));
+    w.metric("ferry_generation_tokens_total", "counter", "tokens generated", static_cast<double>(e.generated_tokens));
+    w.header("ferry_requests_finished_total", "counter", "requests ended, by how they ended");
+    for (size_t i = 0; i < e.finished_by_status.size(); ++i) {
+      const auto status = static_cast<actors::RequestStatus>(i);
+      if (!actors::is_terminal(status)) continue;
+      w.sample("ferry_requests_finished_total", static_cast<double>(e.finished_by_status[i]),
+               std::string("status=\"") + std::string(actors::status_name(status)) + "\"");
+    }
+    w.metric("ferry_draining", "gauge", "1 while shutting down", e.draining ? 1 : 0);
+    w.metric("ferry_backend_failed", "gauge", "1 after the backend failed", e.failed ? 1 : 0);
+    w.histogram("ferry_step_seconds", "time of one engine step at the stage", e.step_seconds);
+    w.histogram("ferry_time_to_first_token_seconds", "request submitted to its first token", e.ttft_seconds);
+    w.histogram("ferry_inter_token_latency_seconds", "time between consecutive tokens of a request", e.itl_seconds);
+    w.histogram("ferry_queue_wait_seconds", "time a request waited for a slot", e.queue_seconds);
+  }
+  if (stage) {
+    w.metric("ferry_stage_steps_total", "counter", "steps the stage ran", static_cast<double>(stage->steps));
+  }
+  return w.take();
+}
+
+}  // namespace ferry::http

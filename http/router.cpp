@@ -1,0 +1,330 @@
+#include "http/router.hpp"
+
+#include <charconv>
+#include <chrono>
+#include <ctime>
+
+#include "http/bridge_actor.hpp"
+#include "http/metrics_text.hpp"
+#include "http/openai_request.hpp"
+#include "http/responses.hpp"
+
+namespace ferry::http {
+namespace {
+
+using Endpoint = HttpMetrics::Endpoint;
+using Channel = std::shared_ptr<ResponseChannel>;
+using Context = std::shared_ptr<ServerContext>;
+
+constexpr auto kAskTimeout = std::chrono::seconds(10);
+
+void answer_error(const Channel& channel, const ApiError& error) {
+  HeaderList headers;
+  if (error.retry_after_s > 0) headers.emplace_back("Retry-After", std::to_string(error.retry_after_s));
+  channel->send_json(error.status, to_json(error), std::move(headers));
+}
+
+ApiError error(unsigned status, std::string type, std::string code, std::string message) {
+  ApiError e;
+  e.status = status;
+  e.type = std::move(type);
+  e.code = std::move(code);
+  e.message = std::move(message);
+  return e;
+}
+
+ApiError engine_unavailable(const std::string& why) {
+  return error(503, "server_error", "engine_unavailable", "the engine did not answer: " + why);
+}
+
+// 503 while the server cannot take generation work; nullopt when it can.
+std::optional<ApiError> not_serving(const ServerContext& ctx) {
+  switch (ctx.current_phase()) {
+    case ServerPhase::ready: return std::nullopt;
+    case ServerPhase::loading: {
+      ApiError e = error(503, "server_error", "model_loading", "the model is still loading (GET /health shows progress)");
+      e.retry_after_s = ctx.config.retry_after_s;
+      return e;
+    }
+    case ServerPhase::draining: {
+      ApiError e = error(503, "server_error", "shutting_down", "the server is shutting down");
+      e.retry_after_s = ctx.config.retry_after_s;
+      return e;
+    }
+    case ServerPhase::load_failed:
+      return error(503, "server_error", "model_load_failed", "the model failed to load: " + ctx.load_failure);
+  }
+  return std::nullopt;
+}
+
+bool has_engine(const ServerContext& ctx) {
+  const ServerPhase p = ctx.current_phase();
+  return p == ServerPhase::ready || p == ServerPhase::draining;
+}
+
+bool authorized(const ServerContext& ctx, const std::string& header) {
+  const std::string& key = ctx.config.api_key;
+  if (key.empty()) return true;
+  const std::string prefix = "Bearer ";
+  if (header.size() != prefix.size() + key.size() || header.compare(0, prefix.size(), prefix) != 0) return false;
+  // Compare every byte whatever the first difference, so the answer time says nothing about the key.
+  unsigned char diff = 0;
+  for (size_t i = 0; i < key.size(); ++i) diff |= static_cast<unsigned char>(header[prefix.size() + i] ^ key[i]);
+  return diff == 0;
+}
+
+std::optional<uint64_t> parse_number(std::string_view s) {
+  uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end != s.data() + s.size() || s.empty()) return std::nullopt;
+  return v;
+}
+
+std::string query_value(std::string_view query, std::string_view name) {
+  while (!query.empty()) {
+    const size_t amp = query.find('&');
+    const std::string_view pair = query.substr(0, amp);
+    const size_t eq = pair.find('=');
+    if (pair.substr(0, eq) == name) return eq == std::string_view::npos ? "" : std::string(pair.substr(eq + 1));
+    if (amp == std::string_view::npos) break;
+    query.remove_prefix(amp + 1);
+  }
+  return {};
+}
+
+int64_t unix_now() { return static_cast<int64_t>(std::time(nullptr)); }
+
+void generate(const Context& ctx, const HttpRequest& req, const Channel& channel, bool chat) {
+  if (auto e = not_serving(*ctx)) return answer_error(channel, *e);
+  std::variant<ChatRequest, CompletionRequest> request;
+  if (chat) {
+    auto parsed = parse_chat_request(req.body);
+    if (auto* e = std::get_if<ApiError>(&parsed)) return answer_error(channel, *e);
+    request = std::move(std::get<ChatRequest>(parsed));
+  } else {
+    auto parsed = parse_completion_request(req.body);
+    if (auto* e = std::get_if<ApiError>(&parsed)) return answer_error(channel, *e);
+    request = std::move(std::get<CompletionRequest>(parsed));
+  }
+  const std::string& model = std::visit([](const auto& r) -> const std::string& { return r.options.model; }, request);
+  if (!model.empty() && model != ctx->config.model_id) {
+    ApiError e = error(404, "invalid_request_error", "model_not_found",
+                       "model '" + model + "' is not served here; this server serves '" + ctx->config.model_id + "'");
+    e.param = "model";
+    return answer_error(channel, e);
+  }
+  BridgeJob job;
+  job.request = std::move(request);
+  job.id = ctx->next_request_id.fetch_add(1);
+  job.created = unix_now();
+  job.channel = channel;
+  job.context = ctx;
+  const auto bridge_handle = ctx->system->spawn(bridge, std::move(job));
+  // A weak address: the bridge holds the channel, so a strong handle here would make a cycle.
+  channel->on_client_gone([address = bridge_handle.address()] {
+    if (auto strong = caf::actor_cast<caf::strong_actor_ptr>(address)) {
+      caf::anon_send(caf::actor_cast<actors::bridge_actor>(strong), actors::client_gone_atom_v);
+    }
+  });
+}
+
+void health(const Context& ctx, const Channel& channel) {
+  HealthReport report;
+  switch (ctx->current_phase()) {
+    case ServerPhase::loading:
+      return channel->send_json(503, to_json(loading_report(*ctx)));
+    case ServerPhase::load_failed:
+      report.status = "failed";
+      report.reason = "the model failed to load: " + ctx->load_failure;
+      return channel->send_json(503, to_json(report));
+    case ServerPhase::draining:
+      report.status = "draining";
+      report.reason = "the server is shutting down";
+      return channel->send_json(503, to_json(report));
+    case ServerPhase::ready:
+      break;
+  }
+  ctx->system->spawn([ctx, channel](caf::event_based_actor* self) {
+    self->request(ctx->engine.scheduler, kAskTimeout, actors::snapshot_atom_v)
+        .then(
+            [ctx, channel](actors::EngineSnapshot& snap) {
+              HealthReport r;
+              r.backend = ctx->backend_name;
+              r.slots_total = static_cast<uint32_t>(snap.slots.size());
+              for (const auto& s : snap.slots) r.slots_idle += s.busy ? 0 : 1;
+              r.queued = snap.queued;
+              if (snap.failed) {
+                r.status = "failed";
+                r.reason = "the backend failed: " + snap.failure;
+                return channel->send_json(503, to_json(r));
+              }
+              r.status = snap.draining ? "draining" : "ok";
+              if (snap.draining) r.reason = "the server is shutting down";
+              channel->send_json(snap.draining ? 503 : 200, to_json(r));
+            },
+            [ctx, channel](caf::error& err) { answer_error(channel, engine_unavailable(ctx->system->render(err))); });
+  });
+}
+
+void metrics(const Context& ctx, const Channel& channel) {
+  const HeaderList text{{"Content-Type", "text/plain; version=0.0.4; charset=utf-8"}};
+  if (!has_engine(*ctx)) return channel->send_json(200, render_metrics(*ctx, std::nullopt, std::nullopt), text);
+  ctx->system->spawn([ctx, channel, text](caf::event_based_actor* self) {
+    self->request(ctx->engine.scheduler, kAskTimeout, actors::snapshot_atom_v)
+        .then(
+            [self, ctx, channel, text](actors::EngineSnapshot& snap) {
+              self->request(ctx->engine.stage, kAskTimeout, actors::status_atom_v)
+                  .then(
+                      [ctx, channel, text, snap](actors::StageStatus& stage) {
+                        channel->send_json(200, render_metrics(*ctx, snap, stage), text);
+                      },
+                      // A stage busy in a long step still lets the engine's numbers out.
+                      [ctx, channel, text, snap](caf::error&) {
+                        channel->send_json(200, render_metrics(*ctx, snap, std::nullopt), text);
+                      });
+            },
+            [ctx, channel](caf::error& err) { answer_error(channel, engine_unavailable(ctx->system->render(err))); });
+  });
+}
+
+void slots(const Context& ctx, const Channel& channel) {
+  if (!has_engine(*ctx)) return answer_error(channel, *not_serving(*ctx));
+  ctx->system->spawn([ctx, channel](caf::event_based_actor* self) {
+    self->request(ctx->engine.scheduler, kAskTimeout, actors::snapshot_atom_v)
+        .then([channel](actors::EngineSnapshot& snap) { channel->send_json(200, to_json(SlotsReport{snap})); },
+              [ctx, channel](caf::error& err) { answer_error(channel, engine_unavailable(ctx->system->render(err))); });
+  });
+}
+
+void release(const Context& ctx, std::string_view id_text, std::string_view query, const Channel& channel) {
+  if (!has_engine(*ctx)) return answer_error(channel, *not_serving(*ctx));
+  const auto id = parse_number(id_text);
+  if (!id || *id > UINT32_MAX) {
+    return answer_error(channel, invalid_field("id", "slot id '" + std::string(id_text) + "' is not a number"));
+  }
+  const std::string action = query_value(query, "action");
+  if (action != "release") {
+    return answer_error(channel, invalid_field("action", "action = '" + action + "': the slot action is 'release'"));
+  }
+  const auto slot = static_cast<uint32_t>(*id);
+  ctx->system->spawn([ctx, channel, slot](caf::event_based_actor* self) {
+    self->request(ctx->engine.scheduler, kAskTimeout, actors::ReleaseSlot{slot})
+        .then(
+            [channel, slot](actors::ReleaseResult& result) {
+              channel->send_json(result.ok ? 200 : 404, to_json(ReleaseReport{slot, result}));
+            },
+            [ctx, channel](caf::error& err) { answer_error(channel, engine_unavailable(ctx->system->render(err))); });
+  });
+}
+
+void cancel(const Context& ctx, std::string_view id_text, const Channel& channel) {
+  if (!has_engine(*ctx)) return answer_error(channel, *not_serving(*ctx));
+  std::string_view digits = id_text;
+  for (std::string_view prefix : {"chatcmpl-", "cmpl-"}) {
+    if (digits.substr(0, prefix.size()) == prefix) digits.remove_prefix(prefix.size());
+  }
+  const auto id = parse_number(digits);
+  if (!id) {
+    return answer_error(channel, invalid_field("id", "request id '" + std::string(id_text) +
+                                                         "': expected a response id such as chatcmpl-42"));
+  }
+  // Fire and forget: cancel is idempotent, an unknown or finished request is left alone.
+  caf::anon_send(ctx->engine.scheduler, actors::CancelRequest{*id, actors::EndCause::admin_cancelled});
+  channel->send_json(202, to_json(CancelReport{std::string(id_text), true}));
+}
+
+}  // namespace
+
+HealthReport loading_report(const ServerContext& ctx) {
+  HealthReport r;
+  r.status = "loading";
+  r.bytes_done = ctx.progress.bytes_done.load();
+  r.bytes_total = ctx.progress.bytes_total.load();
+  const int64_t started = ctx.progress.started_ns.load();
+  const double elapsed =
+      started == 0 ? 0
+                   : static_cast<double>(std::chrono::steady_clock::now().time_since_epoch().count() - started) / 1e9;
+  r.rate_bytes_per_s = elapsed > 0 ? static_cast<double>(r.bytes_done) / elapsed : 0;
+  r.eta_s = r.rate_bytes_per_s > 0 && r.bytes_total > r.bytes_done
+                ? static_cast<double>(r.bytes_total - r.bytes_done) / r.rate_bytes_per_s
+                : 0;
+  const double percent = r.bytes_total ? 100.0 * static_cast<double>(r.bytes_done) / static_cast<double>(r.bytes_total) : 0;
+  r.reason = "loading the model: " + std::to_string(static_cast<int>(percent)) + "%";
+  return r;
+}
+
+Endpoint route(const Context& ctx, HttpRequest req, const Channel& channel) {
+  const size_t q = req.target.find('?');
+  const std::string path = req.target.substr(0, q);
+  const std::string query = q == std::string::npos ? "" : req.target.substr(q + 1);
+  const bool get = req.method == "GET" || req.method == "HEAD";
+  const bool post = req.method == "POST";
+  auto method_not_allowed = [&](const char* allowed) {
+    answer_error(channel, error(405, "invalid_request_error", "method_not_allowed",
+                                req.method + " " + path + ": use " + allowed));
+  };
+
+  if (path == "/health") {
+    if (!get) method_not_allowed("GET");
+    else health(ctx, channel);
+    return Endpoint::health;
+  }
+  Endpoint endpoint = Endpoint::other;
+  if (path == "/v1/chat/completions") endpoint = Endpoint::chat;
+  else if (path == "/v1/completions") endpoint = Endpoint::completions;
+  else if (path == "/v1/models") endpoint = Endpoint::models;
+  else if (path == "/metrics") endpoint = Endpoint::metrics;
+  else if (path == "/slots" || path.rfind("/slots/", 0) == 0) endpoint = Endpoint::slots;
+  else if (path.rfind("/v1/requests/", 0) == 0) endpoint = Endpoint::admin;
+
+  if (!authorized(*ctx, req.authorization)) {
+    answer_error(channel, error(401, "authentication_error", "invalid_api_key",
+                                "a valid API key is required: send 'Authorization: Bearer <key>'"));
+    return endpoint;
+  }
+  switch (endpoint) {
+    case Endpoint::chat:
+    case Endpoint::completions:
+      if (!post) method_not_allowed("POST");
+      else generate(ctx, req, channel, endpoint == Endpoint::chat);
+      return endpoint;
+    case Endpoint::models: {
+      if (!get) {
+        method_not_allowed("GET");
+        return endpoint;
+      }
+      ModelList list{ctx->config.model_id, ctx->started_unix,
+                     has_engine(*ctx) ? ctx->engine.limits.ctx : ctx->config.ctx};
+      channel->send_json(200, to_json(list));
+      return endpoint;
+    }
+    case Endpoint::metrics:
+      if (!get) method_not_allowed("GET");
+      else metrics(ctx, channel);
+      return endpoint;
+    case Endpoint::slots:
+      if (path == "/slots") {
+        if (!get) method_not_allowed("GET");
+        else slots(ctx, channel);
+      } else if (!post) {
+        method_not_allowed("POST");
+      } else {
+        release(ctx, std::string_view(path).substr(7), query, channel);
+      }
+      return endpoint;
+    case Endpoint::admin: {
+      const std::string_view rest = std::string_view(path).substr(13);
+      const size_t slash = rest.find('/');
+      if (slash == std::string_view::npos || rest.substr(slash) != "/cancel") break;
+      if (!post) method_not_allowed("POST");
+      else cancel(ctx, rest.substr(0, slash), channel);
+      return endpoint;
+    }
+    default:
+      break;
+  }
+  answer_error(channel, error(404, "invalid_request_error", "not_found", "no endpoint " + req.method + " " + path));
+  return Endpoint::other;
+}
+
+}  // namespace ferry::http
