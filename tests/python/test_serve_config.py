@@ -1,0 +1,56 @@
+"""`ferry serve` options: every option settable in a TOML file; an unknown or invalid option fails
+start-up with a message naming it."""
+import json
+import subprocess
+
+from ferry_server import FerryServer
+
+
+def start_fails(ferry_bin, *args):
+    r = subprocess.run([ferry_bin, "serve", *args], capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0
+    return r.stderr + r.stdout
+
+
+def test_toml_file_sets_options(ferry_bin, tmp_path):
+    config = tmp_path / "ferry.toml"
+    config.write_text('slots = 2\nmodel-id = "from-toml"\nprefill-chunk = 64\nqueue-limit = 5\n'
+                      'max-body = "1MiB"\ntemperature = 0.0\n')
+    s = FerryServer(ferry_bin, "--config", str(config))
+    try:
+        assert s.client().models.list().data[0].id == "from-toml"
+        assert len(json.loads(s.get("/slots")[1])["slots"]) == 2
+        assert json.loads(s.get("/slots")[1])["queue_limit"] == 5
+    finally:
+        assert s.stop() == 0
+
+
+def test_command_line_wins_over_the_file(ferry_bin, tmp_path):
+    config = tmp_path / "ferry.toml"
+    config.write_text('model-id = "from-toml"\n')
+    s = FerryServer(ferry_bin, "--config", str(config), "--model-id", "from-cli")
+    try:
+        assert s.client().models.list().data[0].id == "from-cli"
+    finally:
+        assert s.stop() == 0
+
+
+def test_unknown_and_invalid_options_fail_with_their_name(ferry_bin, tmp_path):
+    config = tmp_path / "bad.toml"
+    config.write_text("slotz = 3\n")
+    assert "slotz" in start_fails(ferry_bin, "--config", str(config))
+    assert "--frobnicate" in start_fails(ferry_bin, "--frobnicate", "1")
+    assert "--slots = 0" in start_fails(ferry_bin, "--slots", "0")
+    assert "--max-body" in start_fails(ferry_bin, "--max-body", "lots")
+    assert "--top-p" in start_fails(ferry_bin, "--top-p", "1.5")
+    assert "--backend = tpu" in start_fails(ferry_bin, "--backend", "tpu")
+    assert "no-such.gguf" in start_fails(ferry_bin, "--model", str(tmp_path / "no-such.gguf"))
+
+
+def test_port_in_use_is_named(ferry_bin):
+    s = FerryServer(ferry_bin)
+    try:
+        port = s.base.rsplit(":", 1)[1]
+        assert f"127.0.0.1:{port}" in start_fails(ferry_bin, "--port", port)
+    finally:
+        assert s.stop() == 0

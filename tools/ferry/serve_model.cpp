@@ -1,0 +1,167 @@
+#include "tools/ferry/serve_model.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <vector>
+
+#include "config/byte_size.hpp"
+#include "model/cpu_backend.hpp"
+#include "model/gguf.hpp"
+#include "model/tokenizer_gguf.hpp"
+#include "tools/ferry/default_model.hpp"
+
+namespace ferry::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Bytes the kernel says it can give without swapping (MemAvailable); 0 when unknown.
+uint64_t available_memory() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
+}
+
+std::string format_duration(double seconds) {
+  char buf[32];
+  if (seconds >= 3600) std::snprintf(buf, sizeof buf, "%dh%02dm", static_cast<int>(seconds / 3600), static_cast<int>(seconds / 60) % 60);
+  else if (seconds >= 60) std::snprintf(buf, sizeof buf, "%dm%02ds", static_cast<int>(seconds / 60), static_cast<int>(seconds) % 60);
+  else std::snprintf(buf, sizeof buf, "%.1fs", seconds);
+  return buf;
+}
+
+// Progress on a terminal (one line redrawn twice a second) and in the log (every 10% or 10 s).
+class ProgressPrinter {
+ public:
+  ProgressPrinter(const http::LoadProgress& progress) : progress_(progress), tty_(isatty(STDERR_FILENO) == 1) {}
+
+  void update(bool final) {
+    const auto now = Clock::now();
+    const uint64_t done = progress_.bytes_done.load(), total = progress_.bytes_total.load();
+    const double elapsed = std::chrono::duration<double>(now - start_).count();
+    const double rate = elapsed > 0 ? static_cast<double>(done) / elapsed : 0;
+    const double percent = total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100;
+    const double eta = rate > 0 && total > done ? static_cast<double>(total - done) / rate : 0;
+    char line[256];
+    std::snprintf(line, sizeof line, "loading %s: %s / %s (%.1f%%), %s/s, ETA %s", progress_.stage_name.c_str(),
+                  config::format_byte_size(done).c_str(), config::format_byte_size(total).c_str(), percent,
+                  config::format_byte_size(static_cast<uint64_t>(rate)).c_str(), format_duration(eta).c_str());
+    if (tty_ && (final || now - last_tty_ >= std::chrono::milliseconds(500))) {
+      std::fprintf(stderr, "\r%s\033[K%s", line, final ? "\n" : "");
+      std::fflush(stderr);
+      last_tty_ = now;
+    }
+    const int decile = static_cast<int>(percent / 10);
+    const bool due = final || decile > last_decile_ || now - last_log_ >= std::chrono::seconds(10);
+    if (due && done != last_logged_ && (!tty_ || final)) {
+      spdlog::info("{}", line);
+      last_logged_ = done;
+    }
+    if (due) {
+      last_decile_ = decile;
+      last_log_ = now;
+    }
+  }
+
+ private:
+  const http::LoadProgress& progress_;
+  bool tty_;
+  Clock::time_point start_ = Clock::now(), last_tty_{}, last_log_ = Clock::now();
+  int last_decile_ = 0;
+  uint64_t last_logged_ = UINT64_MAX;
+};
+
+// Reads the whole file once so that its pages are in memory before the backend touches them.
+std::optional<LoadError> preload(const std::string& path, http::LoadProgress& progress,
+                                 const std::atomic<bool>& stop) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return LoadError{"cannot open the model file " + path};
+  const off_t size = ::lseek(fd, 0, SEEK_END);
+  progress.bytes_total.store(size > 0 ? static_cast<uint64_t>(size) : 0);
+  const uint64_t free_bytes = available_memory();
+  if (free_bytes != 0 && static_cast<uint64_t>(size) > free_bytes / 2) {
+    spdlog::info("not preloading {} ({}): more than half of the available memory ({}); pages load on first use",
+                 path, config::format_byte_size(static_cast<uint64_t>(size)), config::format_byte_size(free_bytes));
+    ::close(fd);
+    return std::nullopt;
+  }
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  ProgressPrinter printer(progress);
+  std::vector<char> buffer(16u << 20);
+  uint64_t offset = 0;
+  while (offset < static_cast<uint64_t>(size)) {
+    if (stop.load()) break;
+    const ssize_t n = ::pread(fd, buffer.data(), buffer.size(), static_cast<off_t>(offset));
+    if (n <= 0) {
+      ::close(fd);
+      return LoadError{"cannot read the model file " + path + " at byte " + std::to_string(offset)};
+    }
+    offset += static_cast<uint64_t>(n);
+    progress.bytes_done.store(offset);
+    printer.update(false);
+  }
+  printer.update(true);
+  ::close(fd);
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::variant<std::string, LoadError> resolve_model_path(const config::ServeConfig& config) {
+  if (!config.model_path.empty()) return config.model_path;
+  const auto bytes = default_model_bytes();
+  if (bytes.empty()) {
+    return LoadError{
+        "no --model given and this ferry was built without the default model "
+        "(model/default_model/ferry-default.gguf was missing at build time): pass --model FILE.gguf"};
+  }
+  // An in-memory file: the backend maps it by path like any model file, nothing touches the disk.
+  const int fd = ::memfd_create("ferry-default.gguf", MFD_CLOEXEC);
+  if (fd < 0) return LoadError{"cannot create an in-memory file for the default model"};
+  size_t written = 0;
+  while (written < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
+    if (n <= 0) return LoadError{"cannot write the default model to its in-memory file"};
+    written += static_cast<size_t>(n);
+  }
+  spdlog::info("serving the embedded default model ({}); pass --model FILE.gguf to serve another",
+               config::format_byte_size(bytes.size()));
+  return "/proc/self/fd/" + std::to_string(fd);  // the descriptor stays open for the process's life
+}
+
+std::variant<LoadedModel, LoadError> load_model(const std::string& path, const config::ServeConfig& config,
+                                                http::LoadProgress& progress, const std::atomic<bool>& stop) {
+  progress.started_ns.store(Clock::now().time_since_epoch().count());
+  if (auto err = preload(path, progress, stop)) return *err;
+  if (stop.load()) return LoadError{"interrupted"};
+
+  auto file = model::GgufFile::open(path);
+  if (!file) return LoadError{"cannot read " + path + ": " + file.error().message};
+  auto tokenizer = model::load_tokenizer(*file);
+  if (!tokenizer) return LoadError{path + ": the tokenizer: " + tokenizer.error().message};
+
+  model::CpuBackendOptions options;
+  options.threads = config.threads;
+  options.max_slots = config.slots;
+  auto backend = model::CpuBackend::open(path, options);
+  if (!backend) return LoadError{backend.error()};
+
+  LoadedModel loaded;
+  loaded.tokenizer = std::make_shared<const model::Tokenizer>(std::move(tokenizer.value()));
+  loaded.backend = std::shared_ptr<model::Backend>(std::move(backend.value()));
+  return loaded;
+}
+
+}  // namespace ferry::cli

@@ -1,0 +1,35 @@
+#pragma once
+// What `ferry serve` loads before it can answer: the backend and the tokenizer of one GGUF file,
+// with progress (bytes, percent, rate, ETA) on the terminal, in the log and in /health. With no
+// --model, the default model embedded in the binary is served.
+#include <atomic>
+#include <memory>
+#include <string>
+#include <variant>
+
+#include "config/serve_config.hpp"
+#include "http/server_context.hpp"
+#include "model/backend.hpp"
+#include "model/tokenizer.hpp"
+
+namespace ferry::cli {
+
+struct LoadedModel {
+  std::shared_ptr<model::Backend> backend;
+  std::shared_ptr<const model::Tokenizer> tokenizer;
+};
+
+struct LoadError {
+  std::string message;
+};
+
+// The file to serve: `config.model_path`, or the embedded default model written to an in-memory
+// file; an error when neither exists.
+std::variant<std::string, LoadError> resolve_model_path(const config::ServeConfig& config);
+
+// Reads the file once through the page cache (so the first requests do not wait on the disk) while
+// reporting progress, then opens the backend and the tokenizer. `stop` cancels between chunks.
+std::variant<LoadedModel, LoadError> load_model(const std::string& path, const config::ServeConfig& config,
+                                                http::LoadProgress& progress, const std::atomic<bool>& stop);
+
+}  // namespace ferry::cli
