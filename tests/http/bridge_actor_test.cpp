@@ -44,6 +44,24 @@ class RecordingChannel : public ResponseChannel {
   std::function<void()> gone;
 };
 
+// Draws a fixed script of tokens whatever the input: a model that "says" exactly this.
+class ReplayBackend : public ferry::testing::ScriptedBackend {
+ public:
+  ReplayBackend(std::vector<int32_t> script, uint32_t vocab) : ScriptedBackend(1, 1024, vocab), script_(std::move(script)) {}
+  std::vector<model::SlotResult> step(const std::vector<model::SlotRows>& rows) override {
+    std::vector<model::SlotResult> out = ScriptedBackend::step(rows);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      if (rows[i].start == 0) next_ = 0;
+      if (rows[i].sample) out[i].sampled = script_.at(next_++);
+    }
+    return out;
+  }
+
+ private:
+  std::vector<int32_t> script_;
+  size_t next_ = 0;
+};
+
 std::shared_ptr<const model::Tokenizer> test_tokenizer() {
   auto spec = model::read_hf_tokenizer_dir(FERRY_SOURCE_DIR "/tests/fixtures/tokenizer");
   EXPECT_TRUE(spec.ok()) << (spec.ok() ? "" : spec.error().message);
@@ -281,4 +299,78 @@ TEST_F(BridgeTest, ChatRendersTheTemplateAndParsesReasoning) {
   EXPECT_FALSE(message.contains("reasoning_content")) << channel->body;
   EXPECT_EQ(message.at("content"), "<tool_call></tool_call>") << channel->body;
   EXPECT_GT(o.at("usage").as_object().at("prompt_tokens").to_number<int>(), 3);
+}
+
+// A model that calls a tool: the streamed deltas name it once, carry its arguments in pieces that
+// join to the JSON object, and the answer ends with finish_reason "tool_calls".
+TEST_F(BridgeTest, ToolCallsStreamAsOpenAiDeltas) {
+  const auto& tok = *ctx->tokenizer;
+  std::vector<int32_t> script =
+      tok.encode("</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>"
+                 "<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>",
+                 true);
+  script.push_back(*tok.special_ids().eom);  // <|observation|>: the turn ends, waiting for the result
+  auto replay = std::make_shared<ReplayBackend>(script, static_cast<uint32_t>(tok.vocab_size()));
+  caf::anon_send_exit(ctx->engine.scheduler, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(ctx->engine.stage, caf::exit_reason::user_shutdown);
+  sched.run();
+  ctx->engine = actors::spawn_engine(sys, ctx->config, replay);
+
+  const auto tools = model::parse_json(R"([{"type": "function", "function": {"name": "get_weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}])");
+  ASSERT_TRUE(tools.ok());
+  for (bool stream : {true, false}) {
+    ChatRequest chat;
+    chat.messages = model::JsonValue(model::JsonArray{model::JsonValue(
+        model::JsonObject{{"role", model::JsonValue("user")}, {"content", model::JsonValue("weather?")}})});
+    chat.tools = tools.value();
+    chat.options.max_tokens = 40;
+    chat.options.stream = stream;
+    chat.options.include_usage = true;
+    auto channel = start(chat);
+    std::string name, arguments, finish;
+    std::vector<std::string> ids;
+    int completion_tokens = 0;
+    if (stream) {
+      for (const auto& e : channel->events) {
+        if (e == "[DONE]") continue;
+        const auto o = bj::parse(e).as_object();
+        if (o.at("choices").as_array().empty()) {
+          completion_tokens = o.at("usage").as_object().at("completion_tokens").to_number<int>();
+          continue;
+        }
+        const auto& choice = o.at("choices").as_array()[0].as_object();
+        if (!choice.at("finish_reason").is_null()) finish = choice.at("finish_reason").as_string();
+        const auto& delta = choice.at("delta").as_object();
+        EXPECT_FALSE(delta.contains("content") && !delta.at("content").as_string().empty()) << e;
+        if (!delta.contains("tool_calls")) continue;
+        for (const auto& call : delta.at("tool_calls").as_array()) {
+          const auto& c = call.as_object();
+          EXPECT_EQ(c.at("index").to_number<int>(), 0);
+          if (c.contains("id")) {
+            ids.push_back(std::string(c.at("id").as_string()));
+            name += c.at("function").as_object().at("name").as_string();
+          }
+          arguments += c.at("function").as_object().at("arguments").as_string();
+        }
+      }
+    } else {
+      ASSERT_EQ(channel->status, 200u) << channel->body;
+      const auto o = bj::parse(channel->body).as_object();
+      const auto& choice = o.at("choices").as_array()[0].as_object();
+      finish = choice.at("finish_reason").as_string();
+      const auto& message = choice.at("message").as_object();
+      EXPECT_TRUE(message.at("content").is_null());
+      const auto& call = message.at("tool_calls").as_array()[0].as_object();
+      ids.push_back(std::string(call.at("id").as_string()));
+      name = call.at("function").as_object().at("name").as_string();
+      arguments = call.at("function").as_object().at("arguments").as_string();
+      completion_tokens = o.at("usage").as_object().at("completion_tokens").to_number<int>();
+    }
+    EXPECT_EQ(ids.size(), 1u) << "stream " << stream << " " << channel->body;
+    EXPECT_EQ(name, "get_weather");
+    EXPECT_EQ(bj::parse(arguments), bj::parse(R"({"city": "Paris", "days": 3})")) << arguments;
+    EXPECT_EQ(finish, "tool_calls");
+    EXPECT_EQ(completion_tokens, static_cast<int>(script.size()));
+  }
 }
