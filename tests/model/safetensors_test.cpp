@@ -16,11 +16,12 @@ using namespace ferry::model;
 namespace {
 
 std::vector<uint8_t> make_file(std::string_view header, const std::vector<uint8_t>& data) {
-  std::vector<uint8_t> out(8);
+  // Sized once and filled with memcpy: GCC 12 -O3 reports a false -Warray-bounds on inserts here.
+  std::vector<uint8_t> out(8 + header.size() + data.size());
   const uint64_t n = header.size();
   std::memcpy(out.data(), &n, 8);
-  out.insert(out.end(), header.begin(), header.end());
-  out.insert(out.end(), data.begin(), data.end());
+  if (!header.empty()) std::memcpy(out.data() + 8, header.data(), header.size());
+  if (!data.empty()) std::memcpy(out.data() + 8 + header.size(), data.data(), data.size());
   return out;
 }
 
