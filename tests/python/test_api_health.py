@@ -1,5 +1,9 @@
 """GET /health: ok with the backend and slot counts when serving; never behind the API key."""
 import json
+import pathlib
+import time
+
+import pytest
 
 from ferry_server import FerryServer, server  # noqa: F401 (fixture)
 
@@ -27,3 +31,34 @@ def test_health_needs_no_key_but_the_api_does(ferry_bin):
         assert s.client().models.list().data[0].id == "glm-5.3-flash"
     finally:
         assert s.stop() == 0
+
+
+def test_loading_reports_progress_while_the_server_already_listens(ferry_bin, tmp_path):
+    """A 512 MiB sparse file reads in a fraction of a second: long enough to see /health say "loading"
+    with its progress, before the load fails (it is no model) and ferry exits 1."""
+    available = next(int(line.split()[1]) for line in pathlib.Path("/proc/meminfo").read_text().splitlines()
+                     if line.startswith("MemAvailable:"))
+    if available < 2 << 20:
+        pytest.skip("needs 2 GiB of available memory (ferry only preloads files under half of it)")
+    big = tmp_path / "big.gguf"
+    with open(big, "wb") as f:
+        f.write(b"GGUF")
+        f.truncate(512 << 20)
+    s = FerryServer(ferry_bin, "--model", str(big), ready=False)
+    seen = None
+    while s.proc.poll() is None:
+        try:
+            status, body = s.get("/health", timeout=5)
+        except OSError:
+            break  # the server went away between the poll and the request
+        if status == 503 and json.loads(body)["status"] == "loading":
+            seen = json.loads(body)
+            break
+        time.sleep(0.005)
+    assert seen is not None, s.output()
+    assert seen["loading"]["bytes_total"] == 512 << 20
+    assert 0 <= seen["loading"]["percent"] <= 100
+    assert seen["reason"].startswith("loading the model")
+    assert s.proc.wait(timeout=60) == 1
+    assert "cannot serve" in s.output()
+    s.stop()

@@ -49,6 +49,8 @@ def stream_request(base, body, read_events=None, status_out=None):
 
 
 def check_one_request(base, i):
+    """Returns (completion tokens, seconds from sending to [DONE])."""
+    start = time.monotonic()
     max_tokens = 4 + i % 9
     body = {"prompt": [1 + i % 50, 2, 3, 4 + i % 7], "max_tokens": max_tokens, "stream": True,
             "stream_options": {"include_usage": True}, "return_token_ids": True, "ignore_eos": True,
@@ -64,7 +66,7 @@ def check_one_request(base, i):
     usage = chunks[-1]["usage"]
     assert len(ids) == usage["completion_tokens"] == max_tokens
     assert usage["prompt_tokens"] == 4
-    return usage["completion_tokens"]
+    return usage["completion_tokens"], time.monotonic() - start
 
 
 def slots_idle(server):
@@ -82,10 +84,12 @@ def loaded_server(ferry_bin):
 def test_200_requests_at_concurrency_12(loaded_server):
     start = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(12) as pool:
-        tokens = list(pool.map(lambda i: check_one_request(loaded_server.base, i), range(200)))
+        results = list(pool.map(lambda i: check_one_request(loaded_server.base, i), range(200)))
     elapsed = time.monotonic() - start
+    latencies = sorted(r[1] for r in results)
     print(f"\n200 requests, concurrency 12, 3 slots: {elapsed:.2f} s, {200 / elapsed:.1f} requests/s, "
-          f"{sum(tokens) / elapsed:.0f} generated tokens/s")
+          f"{sum(r[0] for r in results) / elapsed:.0f} generated tokens/s, latency p50 "
+          f"{latencies[100] * 1000:.0f} ms, p95 {latencies[190] * 1000:.0f} ms, max {latencies[-1] * 1000:.0f} ms")
     assert slots_idle(loaded_server)
     status, text = loaded_server.get("/metrics")
     finished = [line for line in text.splitlines() if line.startswith('ferry_requests_finished_total{status="finished_length"}')]

@@ -54,3 +54,11 @@ def test_port_in_use_is_named(ferry_bin):
         assert f"127.0.0.1:{port}" in start_fails(ferry_bin, "--port", port)
     finally:
         assert s.stop() == 0
+
+
+def test_a_file_that_is_not_a_model_fails_after_listening(ferry_bin, tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 1000)
+    out = start_fails(ferry_bin, "--port", "0", "--model", str(bad))
+    assert "listening on" in out  # /health answered "loading" meanwhile
+    assert "cannot serve" in out and str(bad) in out
