@@ -38,6 +38,7 @@ class CpuBackend final : public Backend {
 
   // Beyond the Backend interface: the model itself and a slot's state (evaluation, MTP drafts).
   Glm5Forward& model() { return *forward_; }
+  const Glm5Weights& weights() const { return *weights_; }
   SequenceState& slot_state(uint32_t slot) { return *slots_.at(slot); }
   ThreadPool& pool() { return *pool_; }
 
