@@ -101,8 +101,11 @@ class Session : public std::enable_shared_from_this<Session> {
     res.set(bhttp::field::content_type, "text/event-stream");
     res.set(bhttp::field::cache_control, "no-cache");
     keep_alive_ = keep_alive_ && ctx_->current_phase() != ServerPhase::draining;
+    // HTTP/1.0 has no chunked encoding: the stream is the rest of the connection.
+    chunked_ = version_ >= 11;
+    if (!chunked_) keep_alive_ = false;
     res.keep_alive(keep_alive_);
-    res.chunked(true);
+    res.chunked(chunked_);
     std::ostringstream out;
     out << res.base();
     started_ = true;
@@ -115,17 +118,18 @@ class Session : public std::enable_shared_from_this<Session> {
       ex->queued_events.fetch_sub(1);
       return;
     }
-    const std::string data = "data: " + payload + "\n\n";
+    std::string data = "data: " + payload + "\n\n";
+    ctx_->metrics.events_sent.fetch_add(1);
+    if (!chunked_) return enqueue(std::move(data), true);
     std::ostringstream size;
     size << std::hex << data.size();
-    ctx_->metrics.events_sent.fetch_add(1);
     enqueue(size.str() + "\r\n" + data + "\r\n", true);
   }
 
   void finish_events(Exchange* ex) {
     if (!current(ex) || !started_ || done_) return;
     done_ = true;
-    enqueue("0\r\n\r\n", false);
+    enqueue(chunked_ ? "0\r\n\r\n" : "", false);
   }
 
   void set_gone_callback(Exchange* ex, std::function<void()> callback) {
@@ -320,6 +324,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool closed_ = false;
   bool watching_ = false;
   bool in_exchange_ = false;
+  bool chunked_ = true;  // the SSE stream's framing (HTTP/1.1)
   std::deque<Pending> queue_;
   std::vector<Pending> writing_;
   std::vector<char> drain_;

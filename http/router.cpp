@@ -257,7 +257,7 @@ Endpoint route(const Context& ctx, HttpRequest req, const Channel& channel) {
   const size_t q = req.target.find('?');
   const std::string path = req.target.substr(0, q);
   const std::string query = q == std::string::npos ? "" : req.target.substr(q + 1);
-  const bool get = req.method == "GET" || req.method == "HEAD";
+  const bool get = req.method == "GET";
   const bool post = req.method == "POST";
   auto method_not_allowed = [&](const char* allowed) {
     answer_error(channel, error(405, "invalid_request_error", "method_not_allowed",
