@@ -1,0 +1,325 @@
+// DeepSeek sparse attention on the device: the lightning indexer's pool keys, pool scores and top-k
+// selection, and MLA in absorbed form over the selected latents.
+//
+// Selection rule (the same as the CPU backend's): the top min(index_topk / kpool, visible pools)
+// complete pools by score; among equal scores the lower pool index wins (the ReLU makes exact ties of
+// 0.0 common). Selected pools are listed in increasing index, each expanded to its kpool tokens, then
+// the visible tail of the incomplete pool when index_kpool_always_select_tail is set.
+#include <cub/block/block_scan.cuh>
+
+#include <algorithm>
+#include <string>
+
+#include "gpu/block_reduce.cuh"
+#include "gpu/cuda_check.hpp"
+#include "gpu/kernels.hpp"
+
+namespace ferry::gpu {
+namespace {
+
+constexpr int kPoolChunk = 256;
+
+__global__ void pool_key_kernel(IndexerArgs a) {
+  const uint32_t s = blockIdx.y;
+  const int start = a.seg.start[s], end = start + a.seg.len[s];
+  const int kp = static_cast<int>(a.kpool);
+  const int p = start / kp + static_cast<int>(blockIdx.x);
+  if (p >= end / kp) return;
+  const size_t slot = static_cast<size_t>(a.seg.slot[s]);
+  const uint32_t hd = a.head_dim;
+  for (uint32_t c = threadIdx.x; c < hd; c += blockDim.x) {
+    float mx = -INFINITY;
+    for (int i = 0; i < kp; ++i) {
+      const size_t at = (slot * a.ctx + static_cast<size_t>(p * kp + i)) * hd + c;
+      mx = fmaxf(mx, a.gate_cache[at] + a.ape[i * hd + c]);
+    }
+    float sum = 0.0f;
+    for (int i = 0; i < kp; ++i) {
+      const size_t at = (slot * a.ctx + static_cast<size_t>(p * kp + i)) * hd + c;
+      sum += expf(a.gate_cache[at] + a.ape[i * hd + c] - mx);
+    }
+    float key = 0.0f;
+    for (int i = 0; i < kp; ++i) {
+      const size_t at = (slot * a.ctx + static_cast<size_t>(p * kp + i)) * hd + c;
+      key += (expf(a.gate_cache[at] + a.ape[i * hd + c] - mx) / sum) * a.kk_cache[at];
+    }
+    a.pool_cache[(slot * (a.ctx / a.kpool) + p) * hd + c] = key;
+  }
+}
+
+// Block: 256 pools of one query row; one warp per pool at a time, one lane per indexer head.
+__global__ void pool_score_kernel(IndexerArgs a) {
+  extern __shared__ float smem[];
+  const uint32_t r = blockIdx.y;
+  const int pos = a.row.pos[r];
+  const int nv = (pos + 1) / static_cast<int>(a.kpool);
+  const int p0 = static_cast<int>(blockIdx.x) * kPoolChunk;
+  if (p0 >= nv) return;
+  const uint32_t H = a.heads, hd = a.head_dim, ld = hd + 1;
+  float* kq = smem;           // [H][hd + 1]
+  float* w = smem + H * ld;   // [H]
+  const float* q = a.q + static_cast<size_t>(r) * H * hd;
+  for (uint32_t i = threadIdx.x; i < H * hd; i += blockDim.x) kq[(i / hd) * ld + i % hd] = q[i];
+  const float wscale = rsqrtf(static_cast<float>(H));
+  for (uint32_t h = threadIdx.x; h < H; h += blockDim.x) w[h] = a.w[static_cast<size_t>(r) * H + h] * wscale;
+  __syncthreads();
+  const float scale = rsqrtf(static_cast<float>(hd));
+  const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const size_t slot = static_cast<size_t>(a.row.slot[r]);
+  const float* pools = a.pool_cache + slot * (a.ctx / a.kpool) * hd;
+  const int p_end = min(p0 + kPoolChunk, nv);
+  for (int p = p0 + static_cast<int>(warp); p < p_end; p += static_cast<int>(warps)) {
+    const float* pk = pools + static_cast<size_t>(p) * hd;
+    float part = 0.0f;
+    for (uint32_t h = lane; h < H; h += 32) {
+      const float* kh = kq + h * ld;
+      float dot = 0.0f;
+      for (uint32_t c = 0; c < hd; ++c) dot += kh[c] * __ldg(pk + c);
+      part += w[h] * fmaxf(dot * scale, 0.0f);
+    }
+    part = warp_sum(part);
+    if (lane == 0) a.scores[static_cast<size_t>(r) * (a.ctx / a.kpool) + p] = part;
+  }
+}
+
+__device__ __forceinline__ uint32_t order_key(float f) {
+  const uint32_t u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+constexpr int kSelectThreads = 256;
+
+__global__ void __launch_bounds__(kSelectThreads) select_kernel(IndexerArgs a) {
+  using Scan = cub::BlockScan<int, kSelectThreads>;
+  __shared__ typename Scan::TempStorage scan_tmp;
+  __shared__ uint32_t hist[256];
+  __shared__ uint32_t s_prefix, s_mask, s_remaining;
+  __shared__ int s_taken, s_eq_seen;
+  const uint32_t r = blockIdx.x;
+  const int pos = a.row.pos[r];
+  const int kp = static_cast<int>(a.kpool);
+  const int nv = (pos + 1) / kp;
+  const int K = min(static_cast<int>(a.topk) / kp, nv);
+  const float* sc = a.scores + static_cast<size_t>(r) * (a.ctx / a.kpool);
+  int32_t* toks = a.tokens + static_cast<size_t>(r) * a.max_tokens;
+
+  if (threadIdx.x == 0) {
+    s_prefix = 0;
+    s_mask = 0;
+    s_remaining = static_cast<uint32_t>(K);
+    s_taken = 0;
+    s_eq_seen = 0;
+  }
+  __syncthreads();
+  const bool all = K >= nv;
+  if (!all) {
+    for (int shift = 24; shift >= 0; shift -= 8) {
+      for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+      __syncthreads();
+      const uint32_t prefix = s_prefix, mask = s_mask;
+      for (int p = threadIdx.x; p < nv; p += blockDim.x) {
+        const uint32_t key = order_key(sc[p]);
+        if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        uint32_t above = 0;
+        for (int b = 255; b >= 0; --b) {
+          if (above + hist[b] >= s_remaining) {
+            s_remaining -= above;
+            s_prefix |= static_cast<uint32_t>(b) << shift;
+            s_mask |= 255u << shift;
+            break;
+          }
+          above += hist[b];
+        }
+      }
+      __syncthreads();
+    }
+  }
+  const uint32_t thr = s_prefix;
+  const int eq_wanted = static_cast<int>(s_remaining);
+  for (int base = 0; base < nv; base += kSelectThreads) {
+    const int p = base + static_cast<int>(threadIdx.x);
+    bool gt = false, eq = false;
+    if (p < nv) {
+      if (all) {
+        gt = true;
+      } else {
+        const uint32_t key = order_key(sc[p]);
+        gt = key > thr;
+        eq = key == thr;
+      }
+    }
+    int eq_rank, eq_total;
+    Scan(scan_tmp).ExclusiveSum(eq ? 1 : 0, eq_rank, eq_total);
+    __syncthreads();
+    const bool take = gt || (eq && s_eq_seen + eq_rank < eq_wanted);
+    int at, taken_here;
+    Scan(scan_tmp).ExclusiveSum(take ? 1 : 0, at, taken_here);
+    if (take) {
+      const int j = s_taken + at;
+      for (int i = 0; i < kp; ++i) toks[j * kp + i] = p * kp + i;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      s_taken += taken_here;
+      s_eq_seen += eq_total;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    int count = s_taken * kp;
+    if (a.select_tail) {
+      const int tail = (pos + 1) % kp;
+      for (int i = 0; i < tail; ++i) toks[count++] = pos + 1 - tail + i;
+    }
+    a.counts[r] = count;
+  }
+}
+
+__global__ void sparse_mla_kernel(SparseMlaArgs a, uint32_t hg) {
+  extern __shared__ float smem[];
+  const uint32_t r = blockIdx.y, h0 = blockIdx.x * hg;
+  const uint32_t R = a.rank;
+  float* sq = smem;               // [hg][R]
+  float* ss = smem + hg * R;      // [hg][max_tokens]
+  int32_t* toks = reinterpret_cast<int32_t*>(ss + hg * a.max_tokens);  // [max_tokens]
+  const int cnt = a.counts[r];
+  const int32_t* gtoks = a.tokens + static_cast<size_t>(r) * a.max_tokens;
+  for (int i = threadIdx.x; i < cnt; i += blockDim.x) toks[i] = gtoks[i];
+  const float* lat = a.latents + static_cast<size_t>(a.row.slot[r]) * a.ctx * R;
+  const float* q = a.q_lat + (static_cast<size_t>(r) * a.heads + h0) * R;
+  for (uint32_t i = threadIdx.x; i < hg * R; i += blockDim.x) sq[i] = q[i];
+  __syncthreads();
+  const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  // Scores: one warp per token; the latent row is loaded once (float4, up to 16 floats per lane in
+  // flight), then dotted with each head's query.
+  constexpr int kMaxVec = 4;  // rank <= 512 in registers; a larger rank loops over global memory
+  const uint32_t R4 = R / 4;
+  const bool vec = R % 4 == 0 && R4 <= 32 * kMaxVec;
+  for (int i = static_cast<int>(warp); i < cnt; i += static_cast<int>(warps)) {
+    const float* lv = lat + static_cast<size_t>(toks[i]) * R;
+    if (vec) {
+      float4 l[kMaxVec];
+#pragma unroll
+      for (int k = 0; k < kMaxVec; ++k) {
+        const uint32_t c4 = lane + 32 * k;
+        l[k] = c4 < R4 ? __ldg(reinterpret_cast<const float4*>(lv) + c4) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+      for (uint32_t hh = 0; hh < hg; ++hh) {
+        float part = 0.0f;
+#pragma unroll
+        for (int k = 0; k < kMaxVec; ++k) {
+          const uint32_t c4 = lane + 32 * k;
+          if (c4 < R4) {
+            const float4 qv = reinterpret_cast<const float4*>(sq + hh * R)[c4];
+            part += qv.x * l[k].x + qv.y * l[k].y + qv.z * l[k].z + qv.w * l[k].w;
+          }
+        }
+        part = warp_sum(part);
+        if (lane == 0) ss[hh * a.max_tokens + i] = part * a.scale;
+      }
+    } else {
+      for (uint32_t hh = 0; hh < hg; ++hh) {
+        float part = 0.0f;
+        for (uint32_t c = lane; c < R; c += 32) part += sq[hh * R + c] * lv[c];
+        part = warp_sum(part);
+        if (lane == 0) ss[hh * a.max_tokens + i] = part * a.scale;
+      }
+    }
+  }
+  __syncthreads();
+  for (uint32_t hh = warp; hh < hg; hh += warps) {
+    float* s = ss + hh * a.max_tokens;
+    float mx = -INFINITY;
+    for (int i = static_cast<int>(lane); i < cnt; i += 32) mx = fmaxf(mx, s[i]);
+    mx = warp_max(mx);
+    float sum = 0.0f;
+    for (int i = static_cast<int>(lane); i < cnt; i += 32) sum += expf(s[i] - mx);
+    sum = warp_sum(sum);
+    __syncwarp();
+    for (int i = static_cast<int>(lane); i < cnt; i += 32) s[i] = expf(s[i] - mx) / sum;
+  }
+  __syncthreads();
+  constexpr int kMaxHg = 8;
+  for (uint32_t c = threadIdx.x; c < R; c += blockDim.x) {
+    float acc[kMaxHg];
+#pragma unroll
+    for (int hh = 0; hh < kMaxHg; ++hh) acc[hh] = 0.0f;
+    // Eight independent latent loads in flight per step: the loop is bound by memory latency.
+    int i = 0;
+    for (; i + 8 <= cnt; i += 8) {
+      float v[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) v[u] = lat[static_cast<size_t>(toks[i + u]) * R + c];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+#pragma unroll
+        for (int hh = 0; hh < kMaxHg; ++hh) {
+          if (hh < static_cast<int>(hg)) acc[hh] += ss[hh * a.max_tokens + i + u] * v[u];
+        }
+      }
+    }
+    for (; i < cnt; ++i) {
+      const float v = lat[static_cast<size_t>(toks[i]) * R + c];
+#pragma unroll
+      for (int hh = 0; hh < kMaxHg; ++hh) {
+        if (hh < static_cast<int>(hg)) acc[hh] += ss[hh * a.max_tokens + i] * v;
+      }
+    }
+    float* o = a.out + (static_cast<size_t>(r) * a.heads + h0) * R + c;
+#pragma unroll
+    for (int hh = 0; hh < kMaxHg; ++hh) {
+      if (hh < static_cast<int>(hg)) o[hh * R] = acc[hh];
+    }
+  }
+}
+
+}  // namespace
+
+void indexer_pool_keys(const IndexerArgs& a, cudaStream_t stream) {
+  if (a.segments == 0) return;
+  const dim3 grid(a.max_rows_per_segment / a.kpool + 1, a.segments);
+  pool_key_kernel<<<grid, std::min<uint32_t>(a.head_dim, 256), 0, stream>>>(a);
+  FERRY_CUDA_LAUNCHED();
+}
+
+void indexer_select(const IndexerArgs& a, cudaStream_t stream) {
+  if (a.rows == 0) return;
+  const uint32_t max_pools = a.ctx / a.kpool;
+  const size_t smem = (static_cast<size_t>(a.heads) * (a.head_dim + 1) + a.heads) * sizeof(float);
+  if (smem > 48 * 1024) {
+    FERRY_CUDA(cudaFuncSetAttribute(pool_score_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  }
+  const dim3 grid((max_pools + kPoolChunk - 1) / kPoolChunk, a.rows);
+  pool_score_kernel<<<grid, 256, smem, stream>>>(a);
+  FERRY_CUDA_LAUNCHED();
+  select_kernel<<<a.rows, kSelectThreads, 0, stream>>>(a);
+  FERRY_CUDA_LAUNCHED();
+}
+
+void sparse_mla(const SparseMlaArgs& a, cudaStream_t stream) {
+  if (a.rows == 0) return;
+  // Heads per block: as many as fit (at most 8) with their queries and scores in shared memory.
+  int device = 0;
+  FERRY_CUDA(cudaGetDevice(&device));
+  int limit = 0;
+  FERRY_CUDA(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  // Fewer heads per block when the rows are few: more blocks share the latency-bound token loop.
+  uint32_t hg = a.rows >= 16 ? 8 : 2;
+  auto need = [&](uint32_t g) {
+    return static_cast<size_t>(g) * (a.rank + a.max_tokens) * sizeof(float) + a.max_tokens * sizeof(int32_t);
+  };
+  while (hg > 1 && (a.heads % hg != 0 || need(hg) > static_cast<size_t>(limit))) hg /= 2;
+  if (need(hg) > static_cast<size_t>(limit)) throw CudaError("sparse MLA: selection too large for shared memory");
+  const size_t smem = need(hg);
+  if (smem > 48 * 1024) {
+    FERRY_CUDA(cudaFuncSetAttribute(sparse_mla_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  }
+  const dim3 grid(a.heads / hg, a.rows);
+  sparse_mla_kernel<<<grid, 256, smem, stream>>>(a, hg);
+  FERRY_CUDA_LAUNCHED();
+}
+
+}  // namespace ferry::gpu

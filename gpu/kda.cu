@@ -1,0 +1,178 @@
+// KDA (Kimi delta attention) on the device: the short causal convolution with its per-slot state,
+// the q/k L2 norms, the gated delta-rule recurrence and the gated RMSNorm of its output.
+//
+// The recurrence runs token by token for decode and prefill alike (one block per head and slot
+// segment, one thread per value column holding that column of the 128x128 state in registers): it is
+// the exact recurrent form, so prefill and decode agree to the bit, and a 2048-token chunk costs
+// ~1M multiply-adds per thread, a few milliseconds per layer.
+#include <algorithm>
+
+#include "gpu/block_reduce.cuh"
+#include "gpu/cuda_check.hpp"
+#include "gpu/kernels.hpp"
+
+namespace ferry::gpu {
+namespace {
+
+constexpr int kMaxConv = 8;
+
+__global__ void conv_kernel(KdaArgs a) {
+  const uint32_t C3 = 3 * a.heads * a.head_dim;
+  const uint32_t K = a.kernel;
+  const size_t total = static_cast<size_t>(a.rows) * C3;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const uint32_t r = static_cast<uint32_t>(i / C3), c = static_cast<uint32_t>(i % C3);
+    const int pos = a.row.pos[r];
+    const int start = a.row.pos[a.row.seg_first_row[r]];
+    const size_t slot = static_cast<size_t>(a.row.slot[r]);
+    const float* w = a.conv_w + static_cast<size_t>(c) * K;
+    const float* st = a.conv_state + (slot * C3 + c) * (K - 1);
+    float acc = 0.0f;
+    for (uint32_t j = 0; j < K; ++j) {
+      const int p = pos - static_cast<int>(K - 1) + static_cast<int>(j);
+      const float in = p >= start ? a.qkv_raw[(static_cast<size_t>(r) - (pos - p)) * C3 + c]
+                                  : st[static_cast<int>(K - 1) - (start - p)];
+      acc += w[j] * in;
+    }
+    a.qkv[i] = acc / (1.0f + expf(-acc));
+  }
+}
+
+__global__ void conv_state_kernel(KdaArgs a) {
+  const uint32_t C3 = 3 * a.heads * a.head_dim;
+  const uint32_t K = a.kernel;
+  const size_t total = static_cast<size_t>(a.segments) * C3;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const uint32_t s = static_cast<uint32_t>(i / C3), c = static_cast<uint32_t>(i % C3);
+    const int start = a.seg.start[s], end = start + a.seg.len[s];
+    const size_t first = static_cast<size_t>(a.seg.first_row[s]);
+    float* st = a.conv_state + (static_cast<size_t>(a.seg.slot[s]) * C3 + c) * (K - 1);
+    float next[kMaxConv];
+    for (uint32_t j = 0; j + 1 < K; ++j) {
+      const int p = end - static_cast<int>(K - 1) + static_cast<int>(j);
+      next[j] = p >= start ? a.qkv_raw[(first + (p - start)) * C3 + c] : st[static_cast<int>(K - 1) - (start - p)];
+    }
+    for (uint32_t j = 0; j + 1 < K; ++j) st[j] = next[j];
+  }
+}
+
+// One warp per (row, head) of q and of k: x / sqrt(sum x^2 + 1e-6), and q times head_dim^-0.5.
+__global__ void qk_norm_kernel(KdaArgs a) {
+  const uint32_t lane = threadIdx.x & 31;
+  const size_t item = (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x) >> 5;
+  const uint32_t C = a.heads * a.head_dim;
+  if (item >= static_cast<size_t>(a.rows) * 2 * a.heads) return;
+  const size_t r = item / (2 * a.heads);
+  const uint32_t hk = static_cast<uint32_t>(item % (2 * a.heads));  // q heads, then k heads
+  float* x = a.qkv + r * 3 * C + static_cast<size_t>(hk) * a.head_dim;
+  float ss = 0.0f;
+  for (uint32_t i = lane; i < a.head_dim; i += 32) ss += x[i] * x[i];
+  ss = warp_sum(ss);
+  float scale = 1.0f / sqrtf(ss + 1e-6f);
+  const bool is_q = hk < a.heads;
+  const float qs = rsqrtf(static_cast<float>(a.head_dim));
+  for (uint32_t i = lane; i < a.head_dim; i += 32) x[i] = is_q ? (x[i] * scale) * qs : x[i] * scale;
+}
+
+template <int DK>
+__global__ void __launch_bounds__(DK) recurrent_kernel(KdaArgs a) {
+  __shared__ float sk[DK], sq[DK], sdec[DK];
+  __shared__ float sbeta;
+  const uint32_t h = blockIdx.x, s = blockIdx.y, j = threadIdx.x;
+  const uint32_t C = a.heads * DK;
+  const size_t slot = static_cast<size_t>(a.seg.slot[s]);
+  const uint32_t len = static_cast<uint32_t>(a.seg.len[s]);
+  const size_t first = static_cast<size_t>(a.seg.first_row[s]);
+  float* state = a.state + (slot * a.heads + h) * DK * DK;
+  float st[DK];
+#pragma unroll
+  for (int i = 0; i < DK; ++i) st[i] = state[i * DK + j];
+  const float rate = -a.a[h];  // exp(A_log)
+  for (uint32_t t = 0; t < len; ++t) {
+    const size_t row = first + t;
+    const float* qkv = a.qkv + row * 3 * C;
+    sk[j] = qkv[C + h * DK + j];
+    sq[j] = qkv[h * DK + j];
+    const float gpre = a.f[row * C + h * DK + j] + a.dt_bias[h * DK + j];
+    sdec[j] = expf(a.lower_bound / (1.0f + expf(-rate * gpre)));
+    if (j == 0) sbeta = 1.0f / (1.0f + expf(-a.beta[row * a.heads + h]));
+    __syncthreads();
+    const float v = qkv[2 * C + h * DK + j];
+    float kv = 0.0f;
+#pragma unroll
+    for (int i = 0; i < DK; ++i) {
+      st[i] *= sdec[i];
+      kv += st[i] * sk[i];
+    }
+    const float delta = sbeta * (v - kv);
+    float o = 0.0f;
+#pragma unroll
+    for (int i = 0; i < DK; ++i) {
+      st[i] += sk[i] * delta;
+      o += st[i] * sq[i];
+    }
+    a.out[row * C + h * DK + j] = o;
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < DK; ++i) state[i * DK + j] = st[i];
+}
+
+__global__ void gated_norm_kernel(const float* o, const float* gate, const float* w, uint32_t rows, uint32_t heads,
+                                  uint32_t head_dim, float eps, float* out) {
+  const uint32_t lane = threadIdx.x & 31;
+  const size_t item = (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x) >> 5;
+  if (item >= static_cast<size_t>(rows) * heads) return;
+  const size_t base = item * head_dim;
+  float ss = 0.0f;
+  for (uint32_t i = lane; i < head_dim; i += 32) ss += o[base + i] * o[base + i];
+  const float inv = rsqrtf(warp_sum(ss) / static_cast<float>(head_dim) + eps);
+  for (uint32_t i = lane; i < head_dim; i += 32) {
+    const float g = gate[base + i];
+    out[base + i] = o[base + i] * inv * w[i] * (1.0f / (1.0f + expf(-g)));
+  }
+}
+
+unsigned grid_for(size_t n) { return static_cast<unsigned>(std::min<size_t>((n + 255) / 256, 65535 * 4)); }
+
+}  // namespace
+
+void kda_conv(const KdaArgs& a, cudaStream_t stream) {
+  if (a.rows == 0) return;
+  if (a.kernel < 1 || a.kernel > kMaxConv) throw CudaError("KDA: conv kernel size not in 1..8");
+  const size_t n = static_cast<size_t>(a.rows) * 3 * a.heads * a.head_dim;
+  conv_kernel<<<grid_for(n), 256, 0, stream>>>(a);
+  FERRY_CUDA_LAUNCHED();
+  conv_state_kernel<<<grid_for(static_cast<size_t>(a.segments) * 3 * a.heads * a.head_dim), 256, 0, stream>>>(a);
+  FERRY_CUDA_LAUNCHED();
+  const size_t warps = static_cast<size_t>(a.rows) * 2 * a.heads;
+  qk_norm_kernel<<<static_cast<unsigned>((warps * 32 + 255) / 256), 256, 0, stream>>>(a);
+  FERRY_CUDA_LAUNCHED();
+}
+
+void kda_recurrent(const KdaArgs& a, cudaStream_t stream) {
+  if (a.segments == 0) return;
+  const dim3 grid(a.heads, a.segments);
+  switch (a.head_dim) {
+    case 8: recurrent_kernel<8><<<grid, 8, 0, stream>>>(a); break;
+    case 16: recurrent_kernel<16><<<grid, 16, 0, stream>>>(a); break;
+    case 32: recurrent_kernel<32><<<grid, 32, 0, stream>>>(a); break;
+    case 64: recurrent_kernel<64><<<grid, 64, 0, stream>>>(a); break;
+    case 128: recurrent_kernel<128><<<grid, 128, 0, stream>>>(a); break;
+    default: throw CudaError("KDA: head dim " + std::to_string(a.head_dim) + " is not 8, 16, 32, 64 or 128");
+  }
+  FERRY_CUDA_LAUNCHED();
+}
+
+void gated_rms_norm(const float* o, const float* gate, const float* w, uint32_t rows, uint32_t heads,
+                    uint32_t head_dim, float eps, float* out, cudaStream_t stream) {
+  if (rows == 0) return;
+  const size_t warps = static_cast<size_t>(rows) * heads;
+  gated_norm_kernel<<<static_cast<unsigned>((warps * 32 + 255) / 256), 256, 0, stream>>>(o, gate, w, rows, heads,
+                                                                                       head_dim, eps, out);
+  FERRY_CUDA_LAUNCHED();
+}
+
+}  // namespace ferry::gpu

@@ -1,0 +1,209 @@
+#pragma once
+// Host-side entry points of the CUDA kernels (gpu/*.cu). Every function enqueues work on `stream`
+// and returns without synchronising; a bad launch throws CudaError. Activations are f32, row-major,
+// one row per token. Weights stay in their GGUF block layout on the device (DevMatrix).
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "model/ggml_type.hpp"
+
+namespace ferry::gpu {
+
+// A weight matrix on the device: `rows` rows of `cols` elements, each row `row_bytes` of GGUF blocks.
+struct DevMatrix {
+  model::GgmlType type = model::GgmlType::F32;
+  const uint8_t* data = nullptr;
+  uint32_t rows = 0;
+  uint32_t cols = 0;
+  size_t row_bytes = 0;
+
+  bool empty() const { return data == nullptr; }
+  size_t bytes() const { return row_bytes * rows; }
+  DevMatrix slice_rows(size_t first, size_t count) const {
+    DevMatrix m = *this;
+    m.data = data + first * row_bytes;
+    m.rows = static_cast<uint32_t>(count);
+    return m;
+  }
+};
+
+// Types the device kernels read (the rest are refused when weights are uploaded).
+bool device_supports(model::GgmlType type);
+
+// Copies the IQ lookup grids to the current device; once per device before IQ kernels run.
+void upload_quant_tables();
+
+// y[t][r] = W[r] . x[t] for one matrix or a batch of groups (heads, experts).
+struct MatvecArgs {
+  DevMatrix w;
+  size_t w_group_bytes = 0;             // offset between groups' matrices
+  const int32_t* w_group_index = nullptr;  // when set, group g reads matrix w_group_index[g]
+  const float* x = nullptr;
+  size_t x_tok_stride = 0;              // elements between tokens' x
+  size_t x_group_stride = 0;            // elements between groups' x (group g uses g / x_group_div)
+  uint32_t x_group_div = 1;
+  float* y = nullptr;
+  size_t y_tok_stride = 0;
+  size_t y_group_stride = 0;
+  uint32_t tokens = 1;                  // 1..kMaxMatvecTokens
+  uint32_t groups = 1;
+};
+inline constexpr uint32_t kMaxMatvecTokens = 8;
+void matvec(const MatvecArgs& a, cudaStream_t stream);
+
+// Dequantises rows [row0, row0 + rows) of `w` into dst (row-major fp16, `cols` per row). With dst_lo,
+// also the rounding remainder times 2^12 (hi + lo/4096 holds ~22 significant bits): the prefill
+// GEMM adds a second and third product with it so that it matches f32 arithmetic.
+void dequantize_to_half(const DevMatrix& w, size_t row0, size_t rows, void* dst_half, cudaStream_t stream,
+                        void* dst_lo = nullptr);
+inline constexpr float kHalfLoScale = 4096.0f;
+// Dequantises to f32 (tests and the embedding lookup).
+void dequantize_to_float(const DevMatrix& w, size_t row0, size_t rows, float* dst, cudaStream_t stream);
+// dst[i][c] = src[i][c] as fp16 for i < rows, c < cols (src rows `src_stride` apart); dst_lo as above.
+void float_to_half(const float* src, size_t src_stride, size_t rows, size_t cols, void* dst_half, cudaStream_t stream,
+                   void* dst_lo = nullptr);
+
+}  // namespace ferry::gpu
+
+namespace ferry::gpu {
+
+// Per-row bookkeeping of a step, on the device: rows of one slot form a segment of consecutive
+// positions [seg_start, seg_start + seg_len).
+struct RowInfo {
+  const int32_t* slot = nullptr;       // [rows]
+  const int32_t* pos = nullptr;        // [rows] position of the row in its slot's sequence
+  const int32_t* seg_first_row = nullptr;  // [rows] the first row of the row's segment
+};
+struct SegInfo {
+  const int32_t* slot = nullptr;       // [segments]
+  const int32_t* start = nullptr;      // [segments] first position
+  const int32_t* len = nullptr;        // [segments] rows
+  const int32_t* first_row = nullptr;  // [segments]
+};
+
+// ---- element-wise and per-row ops (gpu/ops.cu) ----
+// dst[i][c*D + d] = token_embd[tokens[i]][d] for c < copies (the mHC streams start equal).
+void embed_rows(const DevMatrix& embd, const int32_t* tokens, uint32_t rows, float* dst, uint32_t copies,
+                cudaStream_t stream);
+// out[i] = x[i] * rsqrt(mean(x[i]^2) + eps) * w   (w may be null); rows `stride` apart, in == out allowed.
+void rms_norm(const float* x, size_t x_stride, const float* w, uint32_t rows, uint32_t n, float eps, float* out,
+              size_t out_stride, cudaStream_t stream);
+// (x - mean) * rsqrt(var + eps) * w + b over n, per row.
+void layer_norm(const float* x, size_t x_stride, const float* w, const float* b, uint32_t rows, uint32_t n, float eps,
+                float* out, size_t out_stride, cudaStream_t stream);
+
+struct MhcArgs {
+  const float* streams = nullptr;  // [rows][H*D]
+  const float* mix = nullptr;      // [rows][(2+H)*H]: fn @ streams (before the 1/rms of the input norm)
+  const float* base = nullptr;     // [(2+H)*H]
+  const float* scale = nullptr;    // [3]
+  const float* norm_w = nullptr;   // [D]: the sublayer's input RMSNorm weight
+  uint32_t rows = 0, H = 0, D = 0, iters = 0;
+  float rms_eps = 1e-5f, hc_eps = 1e-6f;
+  float* x = nullptr;              // [rows][D]: rmsnorm(sum_h pre[h] * streams[h]) * norm_w
+  float* post = nullptr;           // [rows][H]
+  float* comb = nullptr;           // [rows][H*H]
+};
+void mhc_pre(const MhcArgs& a, cudaStream_t stream);
+// streams[h'] = post[h'] * y + sum_h comb[h][h'] * streams[h], in place.
+void mhc_post(float* streams, const float* y, const float* post, const float* comb, uint32_t rows, uint32_t H,
+              uint32_t D, cudaStream_t stream);
+// out[j] = rmsnorm(mean_h streams[rows_idx[j]][h]) * w  for j < n.
+void hc_head(const float* streams, const int32_t* rows_idx, uint32_t n, uint32_t H, uint32_t D, const float* w,
+             float eps, float* out, cudaStream_t stream);
+
+// gate[i] = silu(min(gate[i], L)) * clamp(up[i], -L, L) over rows x n (rows `stride` apart).
+void swiglu(float* gate, const float* up, size_t stride, uint32_t rows, uint32_t n, float limit, cudaStream_t stream);
+
+struct RouterArgs {
+  const float* logits = nullptr;  // [rows][E]
+  const float* bias = nullptr;    // [E] e_score_correction_bias
+  uint32_t rows = 0, E = 0, k = 0, n_group = 1, topk_group = 1;
+  bool norm_topk_prob = true;
+  float scaling = 1.0f;
+  int32_t* ids = nullptr;         // [rows][k]
+  float* weights = nullptr;       // [rows][k]
+};
+void moe_route(const RouterArgs& a, cudaStream_t stream);
+// y[r] = shared[r] + sum_j weights[r][j] * expert_out[slot(r, j)], slot = where ? where[r*k+j] : r*k+j.
+void moe_combine(const float* expert_out, const int32_t* where, const float* weights, const float* shared,
+                 uint32_t rows, uint32_t k, uint32_t D, float* y, cudaStream_t stream);
+// dst[i] = src[index[i]] (rows of n floats).
+void gather_rows(const float* src, const int32_t* index, uint32_t rows, uint32_t n, float* dst, cudaStream_t stream);
+
+// Writes rows' vectors into a per-slot cache: cache[(slot*ctx + pos)*width + c] = src[i*src_stride + c].
+void scatter_to_cache(const float* src, size_t src_stride, RowInfo rows, uint32_t n_rows, uint32_t width,
+                      uint32_t ctx, float* cache, cudaStream_t stream);
+
+// ---- KDA (gpu/kda.cu) ----
+struct KdaArgs {
+  RowInfo row;
+  SegInfo seg;
+  uint32_t rows = 0, segments = 0;
+  uint32_t heads = 0, head_dim = 0, kernel = 4;
+  float* qkv = nullptr;             // [rows][3C] projections in, convolved + activated + normalised out
+  float* qkv_raw = nullptr;         // [rows][3C] scratch: the projections as they came
+  const float* conv_w = nullptr;    // [3C][kernel]
+  float* conv_state = nullptr;      // [slots][3C][kernel-1]
+  const float* f = nullptr;         // [rows][C] f_b(f_a(x))
+  const float* dt_bias = nullptr;   // [C]
+  const float* a = nullptr;         // [heads] ssm_a = -exp(A_log)
+  float lower_bound = -5.0f;
+  const float* beta = nullptr;      // [rows][heads] b_proj(x), before the sigmoid
+  float* state = nullptr;           // [slots][heads][head_dim][head_dim]
+  float* out = nullptr;             // [rows][C]
+};
+void kda_conv(const KdaArgs& a, cudaStream_t stream);
+void kda_recurrent(const KdaArgs& a, cudaStream_t stream);
+// out[i][h] = rmsnorm(o[i][h]) * w * sigmoid(gate[i][h]) per head of `head_dim`.
+void gated_rms_norm(const float* o, const float* gate, const float* w, uint32_t rows, uint32_t heads,
+                    uint32_t head_dim, float eps, float* out, cudaStream_t stream);
+
+// ---- DSA (gpu/dsa.cu) ----
+struct IndexerArgs {
+  RowInfo row;
+  SegInfo seg;
+  uint32_t rows = 0, segments = 0, max_rows_per_segment = 0;
+  uint32_t heads = 0, head_dim = 0, kpool = 1, topk = 0, ctx = 0;
+  bool select_tail = true;
+  const float* kk_cache = nullptr;    // [slots][ctx][head_dim]
+  const float* gate_cache = nullptr;  // [slots][ctx][head_dim]
+  const float* ape = nullptr;         // [kpool][head_dim]
+  float* pool_cache = nullptr;        // [slots][ctx/kpool][head_dim]
+  const float* q = nullptr;           // [rows][heads*head_dim]
+  const float* w = nullptr;           // [rows][heads] weights_proj(x) (scaled here)
+  float* scores = nullptr;            // [rows][ctx/kpool] scratch
+  int32_t* tokens = nullptr;          // [rows][max_tokens] selected positions out
+  int32_t* counts = nullptr;          // [rows]
+  uint32_t max_tokens = 0;            // topk + kpool - 1 (or more)
+};
+void indexer_pool_keys(const IndexerArgs& a, cudaStream_t stream);
+void indexer_select(const IndexerArgs& a, cudaStream_t stream);
+
+struct SparseMlaArgs {
+  RowInfo row;
+  uint32_t rows = 0, heads = 0, rank = 0, ctx = 0, max_tokens = 0;
+  float scale = 1.0f;
+  const float* q_lat = nullptr;      // [rows][heads][rank]
+  const float* latents = nullptr;    // [slots][ctx][rank]
+  const int32_t* tokens = nullptr;   // [rows][max_tokens]
+  const int32_t* counts = nullptr;   // [rows]
+  float* out = nullptr;              // [rows][heads][rank]
+};
+void sparse_mla(const SparseMlaArgs& a, cudaStream_t stream);
+
+// ---- sampling (gpu/sampling.cu) ----
+// out[j] = argmax of logits row j (ties: the lowest id).
+void argmax_rows(const float* logits, uint32_t rows, uint32_t vocab, int32_t* out, cudaStream_t stream);
+
+}  // namespace ferry::gpu
+
+namespace ferry::gpu {
+// ---- synthetic weights (gpu/synthetic.cu) ----
+// Fills `rows` rows of a matrix of `type` with deterministic pseudo-random blocks whose values spread
+// about +-amplitude (centred), from (seed, tensor_id). F32/F16/BF16 rows hold uniform values.
+void synth_fill(model::GgmlType type, uint8_t* data, size_t rows, uint32_t cols, size_t row_bytes, uint64_t seed,
+                uint64_t tensor_id, float amplitude, cudaStream_t stream);
+}  // namespace ferry::gpu

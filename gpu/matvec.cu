@@ -1,0 +1,332 @@
+// Matrix-vector products over GGUF blocks (decode) and block dequantisation to fp16 (prefill GEMM).
+// One warp per output row: its lanes walk the row's units (16-byte loads of quants, coalesced across
+// the warp), decode them to f32 and multiply by up to 8 tokens' activations read as float4.
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <string>
+
+#include "gpu/cuda_check.hpp"
+#include "gpu/kernels.hpp"
+#include "gpu/quant_device.cuh"
+#include "model/iq_grids.hpp"
+
+namespace ferry::gpu {
+namespace qd {
+__device__ uint32_t g_iq3s_grid[512];
+__device__ int8_t g_iq4nl_values[16];
+}  // namespace qd
+
+namespace {
+
+constexpr int kWarps = 8;
+
+template <int T>
+constexpr bool kUsesIq = T == qd::kIQ3_S || T == qd::kIQ4_XS;
+
+template <int T>
+__device__ __forceinline__ void load_tables(uint32_t* grid, int8_t* kvalues) {
+  if constexpr (T == qd::kIQ3_S) {
+    for (int i = threadIdx.x; i < 512; i += blockDim.x) grid[i] = qd::g_iq3s_grid[i];
+  }
+  if constexpr (T == qd::kIQ4_XS) {
+    if (threadIdx.x < 16) kvalues[threadIdx.x] = qd::g_iq4nl_values[threadIdx.x];
+  }
+  if constexpr (kUsesIq<T>) __syncthreads();
+}
+
+// WPR warps share a row (split over its units) when a matrix has too few rows to fill the device.
+template <int T, int NT, int WPR>
+__global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecArgs a) {
+  using Tr = qd::Traits<T>;
+  __shared__ uint32_t grid[kUsesIq<T> ? 512 : 1];
+  __shared__ int8_t kvalues[16];
+  __shared__ float partial[WPR > 1 ? kWarps : 1][NT];
+  load_tables<T>(grid, kvalues);
+
+  const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const uint32_t part = warp % WPR;
+  const uint32_t row = blockIdx.x * (kWarps / WPR) + warp / WPR;
+  const uint32_t g = blockIdx.y;
+  const bool live = row < a.w.rows;
+  if (WPR == 1 && !live) return;
+  const size_t mat = a.w_group_index ? static_cast<size_t>(a.w_group_index[g]) : g;
+  const uint8_t* wrow = a.w.data + mat * a.w_group_bytes + static_cast<size_t>(live ? row : 0) * a.w.row_bytes;
+  const float* x = a.x + static_cast<size_t>(g / a.x_group_div) * a.x_group_stride;
+  const uint32_t ntok = a.tokens;
+
+  float acc[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+
+  const uint32_t units = live ? a.w.cols / Tr::UE : 0;
+#pragma unroll 2
+  for (uint32_t u = part * 32 + lane; u < units; u += 32 * WPR) {
+    float v[Tr::UE];
+    qd::decode_unit<T>(wrow, u, v, grid, kvalues);
+#pragma unroll
+    for (int r = 0; r < Tr::RUNS; ++r) {
+      const uint32_t c0 = qd::run_col<T>(u, r);
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        if (t < static_cast<int>(ntok)) {
+          const float* xt = x + t * a.x_tok_stride + c0;
+          if constexpr (Tr::RL == 1) {
+            acc[t] += v[r] * __ldg(xt);
+          } else {
+#pragma unroll
+            for (int i = 0; i < Tr::RL / 4; ++i) {
+              const float4 xv = __ldg(reinterpret_cast<const float4*>(xt) + i);
+              const float* vv = v + r * Tr::RL + 4 * i;
+              acc[t] += vv[0] * xv.x + vv[1] * xv.y + vv[2] * xv.z + vv[3] * xv.w;
+            }
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    float s = acc[t];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    acc[t] = s;
+  }
+  if constexpr (WPR > 1) {
+    if (lane == 0) {
+#pragma unroll
+      for (int t = 0; t < NT; ++t) partial[warp][t] = acc[t];
+    }
+    __syncthreads();
+    if (part != 0 || !live) return;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      float s = 0.0f;
+      for (int p = 0; p < WPR; ++p) s += partial[warp + p][t];
+      acc[t] = s;
+    }
+  }
+  if (lane == 0) {
+    float* y = a.y + static_cast<size_t>(g) * a.y_group_stride + row;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      if (t < static_cast<int>(ntok)) y[t * a.y_tok_stride] = acc[t];
+    }
+  }
+}
+
+// fp16 pair of v: hi = fp16(v), lo = fp16((v - hi) * 2^12); hi + lo / 2^12 carries ~22 bits.
+constexpr float kLoScale = 4096.0f;
+__device__ __forceinline__ void split_half(float v, __half& hi, __half& lo) {
+  hi = __float2half_rn(v);
+  lo = __float2half_rn((v - __half2float(hi)) * kLoScale);
+}
+
+template <int T, class OutT>
+__global__ void dequant_kernel(const uint8_t* data, size_t row_bytes, uint32_t cols, size_t row0, size_t rows,
+                               OutT* dst, __half* dst_lo) {
+  using Tr = qd::Traits<T>;
+  __shared__ uint32_t grid[kUsesIq<T> ? 512 : 1];
+  __shared__ int8_t kvalues[16];
+  load_tables<T>(grid, kvalues);
+  const uint32_t units = cols / Tr::UE;
+  const size_t total = rows * units;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const size_t r = i / units;
+    const uint32_t u = static_cast<uint32_t>(i % units);
+    float v[Tr::UE];
+    qd::decode_unit<T>(data + (row0 + r) * row_bytes, u, v, grid, kvalues);
+    OutT* out = dst + r * cols;
+#pragma unroll
+    for (int run = 0; run < Tr::RUNS; ++run) {
+      const uint32_t c0 = qd::run_col<T>(u, run);
+#pragma unroll
+      for (int k = 0; k < Tr::RL; ++k) {
+        if constexpr (sizeof(OutT) == 2) {
+          __half hi, lo;
+          split_half(v[run * Tr::RL + k], hi, lo);
+          out[c0 + k] = hi;
+          if (dst_lo) dst_lo[r * cols + c0 + k] = lo;
+        } else {
+          out[c0 + k] = v[run * Tr::RL + k];
+        }
+      }
+    }
+  }
+}
+
+template <int T>
+__global__ void embed_kernel(const uint8_t* data, size_t row_bytes, uint32_t cols, const int32_t* tokens,
+                             uint32_t rows, float* dst, uint32_t copies) {
+  using Tr = qd::Traits<T>;
+  __shared__ uint32_t grid[kUsesIq<T> ? 512 : 1];
+  __shared__ int8_t kvalues[16];
+  load_tables<T>(grid, kvalues);
+  const uint32_t units = cols / Tr::UE;
+  const size_t total = static_cast<size_t>(rows) * units;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const size_t r = i / units;
+    const uint32_t u = static_cast<uint32_t>(i % units);
+    float v[Tr::UE];
+    qd::decode_unit<T>(data + static_cast<size_t>(tokens[r]) * row_bytes, u, v, grid, kvalues);
+    for (uint32_t c = 0; c < copies; ++c) {
+      float* out = dst + (r * copies + c) * cols;
+#pragma unroll
+      for (int run = 0; run < Tr::RUNS; ++run) {
+        const uint32_t c0 = qd::run_col<T>(u, run);
+#pragma unroll
+        for (int k = 0; k < Tr::RL; ++k) out[c0 + k] = v[run * Tr::RL + k];
+      }
+    }
+  }
+}
+
+__global__ void float_to_half_kernel(const float* src, size_t src_stride, size_t rows, size_t cols, __half* dst,
+                                     __half* dst_lo) {
+  const size_t total = rows * cols;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const size_t r = i / cols, c = i % cols;
+    __half hi, lo;
+    split_half(src[r * src_stride + c], hi, lo);
+    dst[i] = hi;
+    if (dst_lo) dst_lo[i] = lo;
+  }
+}
+
+// Which kernel family reads `w`: the f32 vector path needs rows of whole float4 pairs.
+int kernel_type(const DevMatrix& w) {
+  const int t = static_cast<int>(w.type);
+  if (t == qd::kF32 && w.cols % 8 != 0) return qd::kF32Scalar;
+  if ((t == qd::kF16 || t == qd::kBF16) && w.cols % 8 != 0) {
+    throw CudaError("f16/bf16 matrix rows of " + std::to_string(w.cols) + " elements are not a multiple of 8");
+  }
+  return t;
+}
+
+template <int T, int WPR>
+void launch_matvec_split(const MatvecArgs& a, cudaStream_t s) {
+  constexpr uint32_t rows_per_block = kWarps / WPR;
+  const dim3 grid((a.w.rows + rows_per_block - 1) / rows_per_block, a.groups);
+  const dim3 block(kWarps * 32);
+  if (a.tokens <= 1) {
+    matvec_kernel<T, 1, WPR><<<grid, block, 0, s>>>(a);
+  } else if (a.tokens <= 2) {
+    matvec_kernel<T, 2, WPR><<<grid, block, 0, s>>>(a);
+  } else if (a.tokens <= 4) {
+    matvec_kernel<T, 4, WPR><<<grid, block, 0, s>>>(a);
+  } else {
+    matvec_kernel<T, 8, WPR><<<grid, block, 0, s>>>(a);
+  }
+}
+
+// Fewer than ~1000 warps of rows cannot keep the memory system busy: then 8 warps share each row.
+template <int T>
+void launch_matvec(const MatvecArgs& a, cudaStream_t s) {
+  const uint64_t row_warps = static_cast<uint64_t>(a.w.rows) * a.groups;
+  const uint64_t units = a.w.cols / qd::Traits<T>::UE;
+  if (row_warps < 1024 && units >= 256) {
+    launch_matvec_split<T, 8>(a, s);
+  } else {
+    launch_matvec_split<T, 1>(a, s);
+  }
+}
+
+template <int T, class OutT>
+void launch_dequant(const DevMatrix& w, size_t row0, size_t rows, OutT* dst, __half* lo, cudaStream_t s) {
+  const size_t units = rows * (w.cols / qd::Traits<T>::UE);
+  const unsigned blocks = static_cast<unsigned>(std::min<size_t>((units + 255) / 256, 65535));
+  dequant_kernel<T, OutT><<<blocks, 256, 0, s>>>(w.data, w.row_bytes, w.cols, row0, rows, dst, lo);
+}
+
+// Expands CALL(T) for the kernel family `t` (a switch, so that each family is instantiated once).
+#define FERRY_DISPATCH_TYPE(t, CALL)                                                             \
+  switch (t) {                                                                                   \
+    case qd::kF32: CALL(qd::kF32); break;                                                        \
+    case qd::kF32Scalar: CALL(qd::kF32Scalar); break;                                            \
+    case qd::kF16: CALL(qd::kF16); break;                                                        \
+    case qd::kBF16: CALL(qd::kBF16); break;                                                      \
+    case qd::kQ8_0: CALL(qd::kQ8_0); break;                                                      \
+    case qd::kQ4_K: CALL(qd::kQ4_K); break;                                                      \
+    case qd::kQ5_K: CALL(qd::kQ5_K); break;                                                      \
+    case qd::kQ6_K: CALL(qd::kQ6_K); break;                                                      \
+    case qd::kIQ4_XS: CALL(qd::kIQ4_XS); break;                                                  \
+    case qd::kIQ3_S: CALL(qd::kIQ3_S); break;                                                    \
+    default: throw CudaError("the CUDA backend cannot read weights of ggml type " + std::to_string(t)); \
+  }
+
+}  // namespace
+
+bool device_supports(model::GgmlType type) {
+  switch (static_cast<int>(type)) {
+    case qd::kF32: case qd::kF16: case qd::kBF16: case qd::kQ8_0: case qd::kQ4_K: case qd::kQ5_K:
+    case qd::kQ6_K: case qd::kIQ4_XS: case qd::kIQ3_S:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void upload_quant_tables() {
+  FERRY_CUDA(cudaMemcpyToSymbol(qd::g_iq3s_grid, model::kIq3sGrid, sizeof(model::kIq3sGrid)));
+  FERRY_CUDA(cudaMemcpyToSymbol(qd::g_iq4nl_values, model::kIq4nlValues, sizeof(model::kIq4nlValues)));
+}
+
+void matvec(const MatvecArgs& a, cudaStream_t stream) {
+  if (a.tokens == 0 || a.groups == 0 || a.w.rows == 0) return;
+  if (a.tokens > kMaxMatvecTokens) throw CudaError("matvec: more than 8 tokens");
+  const int t = kernel_type(a.w);
+  if (t != qd::kF32Scalar) {
+    const bool aligned = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && a.x_tok_stride % 4 == 0 &&
+                         a.x_group_stride % 4 == 0;
+    if (!aligned) throw CudaError("matvec: activations not 16-byte aligned");
+  }
+  #define CALL(T) launch_matvec<T>(a, stream)
+  FERRY_DISPATCH_TYPE(t, CALL)
+#undef CALL
+  FERRY_CUDA_LAUNCHED();
+}
+
+void dequantize_to_half(const DevMatrix& w, size_t row0, size_t rows, void* dst_half, cudaStream_t stream,
+                        void* dst_lo) {
+  if (rows == 0) return;
+  const int t = kernel_type(w);
+#define CALL(T) launch_dequant<T>(w, row0, rows, static_cast<__half*>(dst_half), static_cast<__half*>(dst_lo), stream)
+  FERRY_DISPATCH_TYPE(t, CALL)
+#undef CALL
+  FERRY_CUDA_LAUNCHED();
+}
+
+void dequantize_to_float(const DevMatrix& w, size_t row0, size_t rows, float* dst, cudaStream_t stream) {
+  if (rows == 0) return;
+  const int t = kernel_type(w);
+#define CALL(T) launch_dequant<T>(w, row0, rows, dst, nullptr, stream)
+  FERRY_DISPATCH_TYPE(t, CALL)
+#undef CALL
+  FERRY_CUDA_LAUNCHED();
+}
+
+void embed_rows(const DevMatrix& embd, const int32_t* tokens, uint32_t rows, float* dst, uint32_t copies,
+                cudaStream_t stream) {
+  if (rows == 0) return;
+  const int t = kernel_type(embd);
+  const size_t units = static_cast<size_t>(rows) * (embd.cols / 8 + 1);
+  const unsigned blocks = static_cast<unsigned>(std::min<size_t>((units + 255) / 256, 65535));
+#define CALL(T) embed_kernel<T><<<blocks, 256, 0, stream>>>(embd.data, embd.row_bytes, embd.cols, tokens, rows, dst, copies)
+  FERRY_DISPATCH_TYPE(t, CALL)
+#undef CALL
+  FERRY_CUDA_LAUNCHED();
+}
+
+void float_to_half(const float* src, size_t src_stride, size_t rows, size_t cols, void* dst_half, cudaStream_t stream,
+                   void* dst_lo) {
+  if (rows * cols == 0) return;
+  const unsigned blocks = static_cast<unsigned>(std::min<size_t>((rows * cols + 255) / 256, 65535));
+  float_to_half_kernel<<<blocks, 256, 0, stream>>>(src, src_stride, rows, cols, static_cast<__half*>(dst_half),
+                                                   static_cast<__half*>(dst_lo));
+  FERRY_CUDA_LAUNCHED();
+}
+
+}  // namespace ferry::gpu

@@ -1,0 +1,190 @@
+// The block-reading kernels against the CPU reference dequantizer (model/quant.hpp): for every type
+// the device reads, fresh random blocks, every token count the matvec kernels take, grouped launches
+// (per head / per expert), and the fp16/f32 dequantisers. Outputs are poisoned (NaN) before each run.
+#if FERRY_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gpu/cuda_memory.hpp"
+#include "gpu/kernels.hpp"
+#include "model/half.hpp"
+#include "model/quant.hpp"
+
+namespace ferry::gpu {
+namespace {
+
+using model::GgmlType;
+
+bool have_device() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+// Random blocks of `type`: quantized from random values where ferry has a quantizer, else random
+// bytes with the f16 scale(s) replaced by small finite values.
+std::vector<uint8_t> random_rows(GgmlType type, size_t rows, size_t cols, std::mt19937& rng) {
+  const auto tr = model::ggml_type_traits(type);
+  std::vector<uint8_t> out(*model::ggml_bytes(type, rows * cols));
+  if (model::can_quantize(type)) {
+    std::normal_distribution<float> n(0.0f, 1.0f);
+    std::vector<float> v(rows * cols);
+    for (float& x : v) x = n(rng);
+    model::quantize_row(type, v.data(), out.data(), v.size());
+    return out;
+  }
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (uint8_t& b : out) b = static_cast<uint8_t>(byte(rng));
+  std::uniform_real_distribution<float> scale(0.01f, 0.1f);
+  for (size_t b = 0; b < out.size() / tr.block_bytes; ++b) {
+    const uint16_t d = model::f32_to_fp16(scale(rng));
+    std::memcpy(out.data() + b * tr.block_bytes, &d, 2);  // IQ4_XS and IQ3_S keep d first
+  }
+  return out;
+}
+
+std::vector<float> dequant(GgmlType type, const std::vector<uint8_t>& data, size_t n) {
+  std::vector<float> v(n);
+  model::dequantize_row(type, data.data(), v.data(), n);
+  return v;
+}
+
+struct Uploaded {
+  DeviceBuffer buf;
+  DevMatrix m;
+};
+Uploaded upload(GgmlType type, const std::vector<uint8_t>& data, size_t rows, size_t cols) {
+  Uploaded u{DeviceBuffer(data.size()), {}};
+  EXPECT_EQ(cudaMemcpy(u.buf.get(), data.data(), data.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  u.m.type = type;
+  u.m.data = u.buf.as<uint8_t>();
+  u.m.rows = static_cast<uint32_t>(rows);
+  u.m.cols = static_cast<uint32_t>(cols);
+  u.m.row_bytes = *model::ggml_bytes(type, cols);
+  return u;
+}
+
+class MatvecTest : public ::testing::TestWithParam<GgmlType> {
+ protected:
+  void SetUp() override {
+    if (!have_device()) GTEST_SKIP() << "no CUDA device";
+    upload_quant_tables();
+  }
+};
+
+TEST_P(MatvecTest, MatchesTheCpuDotProductForEveryTokenCount) {
+  const GgmlType type = GetParam();
+  std::mt19937 rng(1234 + static_cast<int>(type));
+  const size_t cols = model::ggml_type_traits(type).block_elems == 1 ? 520 : 768, rows = 75;
+  const auto data = random_rows(type, rows, cols, rng);
+  const auto w = dequant(type, data, rows * cols);
+  Uploaded u = upload(type, data, rows, cols);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  for (uint32_t tokens = 1; tokens <= kMaxMatvecTokens; ++tokens) {
+    std::vector<float> x(tokens * cols);
+    for (float& v : x) v = n(rng);
+    DeviceBuffer dx(x.size() * 4), dy(tokens * rows * 4);
+    ASSERT_EQ(cudaMemcpy(dx.get(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemset(dy.get(), 0xff, tokens * rows * 4), cudaSuccess);  // NaN
+    MatvecArgs a;
+    a.w = u.m;
+    a.x = dx.as<float>();
+    a.x_tok_stride = cols;
+    a.y = dy.as<float>();
+    a.y_tok_stride = rows;
+    a.tokens = tokens;
+    matvec(a, nullptr);
+    std::vector<float> y(tokens * rows);
+    ASSERT_EQ(cudaMemcpy(y.data(), dy.get(), y.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (uint32_t t = 0; t < tokens; ++t) {
+      for (size_t r = 0; r < rows; ++r) {
+        double ref = 0, mag = 0;
+        for (size_t c = 0; c < cols; ++c) {
+          ref += double(w[r * cols + c]) * x[t * cols + c];
+          mag += std::abs(double(w[r * cols + c]) * x[t * cols + c]);
+        }
+        ASSERT_NEAR(y[t * rows + r], ref, 1e-5 * mag + 1e-6) << "token " << t << " row " << r << " of " << tokens;
+      }
+    }
+  }
+}
+
+TEST_P(MatvecTest, GroupedLaunchReadsEachGroupsMatrixAndInput) {
+  const GgmlType type = GetParam();
+  std::mt19937 rng(99 + static_cast<int>(type));
+  const size_t cols = 256 * (model::ggml_type_traits(type).block_elems == 1 ? 1 : 2), rows_per = 24, mats = 5;
+  const auto data = random_rows(type, rows_per * mats, cols, rng);
+  const auto w = dequant(type, data, rows_per * mats * cols);
+  Uploaded u = upload(type, data, rows_per * mats, cols);
+  // MoE-style: 3 tokens x 2 chosen experts each; expert ids from a device array.
+  const std::vector<int32_t> ids = {4, 1, 0, 4, 2, 3};
+  const uint32_t k = 2, tokens = 3, groups = tokens * k;
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::vector<float> x(tokens * cols);
+  for (float& v : x) v = n(rng);
+  DeviceBuffer dx(x.size() * 4), dy(groups * rows_per * 4), dids(ids.size() * 4);
+  ASSERT_EQ(cudaMemcpy(dx.get(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dids.get(), ids.data(), ids.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemset(dy.get(), 0xff, groups * rows_per * 4), cudaSuccess);
+  MatvecArgs a;
+  a.w = u.m.slice_rows(0, rows_per);
+  a.w_group_bytes = u.m.row_bytes * rows_per;
+  a.w_group_index = dids.as<int32_t>();
+  a.x = dx.as<float>();
+  a.x_group_stride = cols;
+  a.x_group_div = k;
+  a.y = dy.as<float>();
+  a.y_group_stride = rows_per;
+  a.groups = groups;
+  matvec(a, nullptr);
+  std::vector<float> y(groups * rows_per);
+  ASSERT_EQ(cudaMemcpy(y.data(), dy.get(), y.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (uint32_t g = 0; g < groups; ++g) {
+    for (size_t r = 0; r < rows_per; ++r) {
+      double ref = 0, mag = 0;
+      for (size_t c = 0; c < cols; ++c) {
+        const double p = double(w[(ids[g] * rows_per + r) * cols + c]) * x[(g / k) * cols + c];
+        ref += p;
+        mag += std::abs(p);
+      }
+      ASSERT_NEAR(y[g * rows_per + r], ref, 1e-5 * mag + 1e-6) << "group " << g << " row " << r;
+    }
+  }
+}
+
+TEST_P(MatvecTest, DequantisersMatchTheCpuReference) {
+  const GgmlType type = GetParam();
+  std::mt19937 rng(7 + static_cast<int>(type));
+  const size_t cols = 512, rows = 9;
+  const auto data = random_rows(type, rows, cols, rng);
+  const auto w = dequant(type, data, rows * cols);
+  Uploaded u = upload(type, data, rows, cols);
+  DeviceBuffer df((rows - 2) * cols * 4), dh((rows - 2) * cols * 2);
+  ASSERT_EQ(cudaMemset(df.get(), 0xff, df.bytes()), cudaSuccess);
+  ASSERT_EQ(cudaMemset(dh.get(), 0xff, dh.bytes()), cudaSuccess);
+  dequantize_to_float(u.m, 2, rows - 2, df.as<float>(), nullptr);
+  dequantize_to_half(u.m, 2, rows - 2, dh.get(), nullptr);
+  std::vector<float> f((rows - 2) * cols);
+  std::vector<uint16_t> h((rows - 2) * cols);
+  ASSERT_EQ(cudaMemcpy(f.data(), df.get(), df.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(h.data(), dh.get(), dh.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+  for (size_t i = 0; i < f.size(); ++i) {
+    const float ref = w[2 * cols + i];
+    ASSERT_NEAR(f[i], ref, 1e-6f * std::abs(ref) + 1e-7f) << i;
+    ASSERT_NEAR(model::fp16_to_f32(h[i]), ref, 1e-3f * std::abs(ref) + 1e-6f) << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, MatvecTest,
+                         ::testing::Values(GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0,
+                                           GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS,
+                                           GgmlType::IQ3_S),
+                         [](const auto& info) { return std::string(model::ggml_type_traits(info.param).name); });
+
+}  // namespace
+}  // namespace ferry::gpu
+#endif

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Builds a self-contained bundle of a CUDA build for a GPU machine that has only the NVIDIA driver:
+#   tools/gpu_bundle.sh BUILD_DIR NAME      e.g. tools/gpu_bundle.sh build-cuda hopper
+# writes dist/NAME/ with ferry, ferry_gpu_tests, every shared library they load that is not part of
+# the C runtime or the driver (libstdc++ included: the target's may be older), a copy of the reference
+# fixtures and run-gpu-tests.sh, which runs the cuda-labelled tests and the eval-ref checks in one
+# command. The binaries find their libraries through RPATH $ORIGIN/lib.
+#
+# FERRY_BUNDLE_CUBLAS=0 leaves cuBLAS out (it is ~600 MB): run-gpu-tests.sh then takes the target's
+# own (CUDA toolkit or the nvidia-cublas wheel next to PyTorch), which must be the same major version.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+build=${1:?usage: tools/gpu_bundle.sh BUILD_DIR NAME}
+name=${2:?usage: tools/gpu_bundle.sh BUILD_DIR NAME}
+out=dist/$name
+command -v patchelf >/dev/null || { echo "gpu_bundle: needs patchelf (apt-get install patchelf)" >&2; exit 2; }
+[ -x "$build/ferry" ] && [ -x "$build/tests/ferry_gpu_tests" ] || {
+  echo "gpu_bundle: build ferry and ferry_gpu_tests in $build first" >&2; exit 2; }
+
+rm -rf "$out"
+mkdir -p "$out/lib" "$out/fixtures"
+cp "$build/ferry" "$build/tests/ferry_gpu_tests" "$out/"
+
+# glibc and the loader come from the target (the binaries need at most this machine's glibc, and GPU
+# hosts run newer ones); the driver (libcuda, libnvidia-*) must be the target's own.
+skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|librt\.so|libpthread\.so|libcuda\.so|libnvidia-)'
+if [ "${FERRY_BUNDLE_CUBLAS:-1}" = 0 ]; then skip="$skip|^libcublas"; fi
+for bin in "$out/ferry" "$out/ferry_gpu_tests"; do
+  ldd "$bin" | awk '/=>/ { print $1, $3 }' | while read -r soname path; do
+    [[ "$soname" =~ $skip ]] && continue
+    [ -f "$path" ] || { echo "gpu_bundle: $bin needs $soname, which is not found" >&2; exit 2; }
+    [ -f "$out/lib/$soname" ] || cp -L "$path" "$out/lib/$soname"
+  done
+done
+for f in "$out/ferry" "$out/ferry_gpu_tests"; do patchelf --set-rpath '$ORIGIN/lib' "$f"; done
+for f in "$out"/lib/*; do patchelf --set-rpath '$ORIGIN' "$f" 2>/dev/null || true; done
+cp -r tests/fixtures/glm5/. "$out/fixtures/"
+# The model shapes for synthetic benchmarks, when the shared folder sits beside the checkout.
+if [ -d ../shared/configs ]; then mkdir -p "$out/configs" && cp ../shared/configs/*.json "$out/configs/"; fi
+
+cat > "$out/run-gpu-tests.sh" <<'RUN'
+#!/usr/bin/env bash
+# Runs on the GPU machine: the cuda-labelled tests, then every reference fixture through
+# `ferry eval-ref --backend cuda` (f32: max |delta| <= 5e-3 vs transformers; q4_k and q8_0: top-1
+# agreement with the CPU backend >= 99.5%). Extra arguments go to the GoogleTest binary.
+# Exit status: the number of failed checks (0 = all passed).
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# cuBLAS, when the bundle does not carry it: the CUDA toolkit's or PyPI's (next to PyTorch).
+extra=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/lib $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in os.listdir(p)))' 2>/dev/null); do
+  [ -d "$d" ] && extra="$extra:$d"
+done
+export LD_LIBRARY_PATH="$here/lib${extra}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+work=${TMPDIR:-/tmp}/ferry-gpu-tests.$$
+mkdir -p "$work"
+failed=0
+"$here/ferry" --version || failed=$((failed + 1))
+"$here/ferry_gpu_tests" --gtest_brief=1 "$@" || failed=$((failed + 1))
+for case_dir in "$here"/fixtures/*/; do
+  case=$(basename "$case_dir")
+  [ -f "$case_dir/reference.json" ] || continue
+  for t in f32 q8_0 q4_k; do
+    if ! "$here/ferry" convert "$case_dir" "$work/$case-$t.gguf" --type "$t" --quiet >"$work/convert.log" 2>&1; then
+      echo "FAIL convert $case $t"; cat "$work/convert.log"; failed=$((failed + 1)); continue
+    fi
+    if [ "$t" = f32 ]; then
+      args=(--tolerance 5e-3)
+    else
+      args=(--compare-cpu --min-top1 0.995 --threads 8)
+    fi
+    for chunk in 0 7; do
+      if "$here/ferry" eval-ref --backend cuda --model "$work/$case-$t.gguf" --reference "$case_dir" --chunk $chunk \
+           "${args[@]}" >"$work/eval.log" 2>&1; then
+        echo "PASS eval-ref $case $t chunk $chunk: $(grep -E 'max\|delta\||vs cpu' "$work/eval.log" | tr '\n' ' ')"
+      else
+        echo "FAIL eval-ref $case $t chunk $chunk"; cat "$work/eval.log"; failed=$((failed + 1))
+      fi
+    done
+  done
+done
+rm -rf "$work"
+echo "run-gpu-tests: $failed failed check(s)"
+exit $failed
+RUN
+chmod +x "$out/run-gpu-tests.sh"
+du -sh "$out"
