@@ -6,11 +6,16 @@
 // `--compare-to-f32 F32.gguf`: for a quantized conversion, compares M with the f32 conversion of the
 // same checkpoint instead (top-1 agreement and mean KL(f32 || M) over every prompt and decode row;
 // exit 1 below --min-top1 or above --max-kl).
+//
+// `--backend cuda`: runs the case on the CUDA backend through the Backend interface instead (logits
+// only: no DSA selections, no MTP); with `--compare-cpu` it also runs the CPU backend on the same file
+// and requires top-1 agreement >= --min-top1 with it (the check for quantized files).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
 
+#include "gpu/backend_factory.hpp"
 #include "model/cpu_backend.hpp"
 #include "model/sampler.hpp"
 #include "tools/ferry/commands.hpp"
@@ -26,6 +31,8 @@ struct Options {
   double min_top1 = 0.99;
   double max_kl = 0.01;
   unsigned threads = 0;
+  std::string backend = "cpu";
+  bool compare_cpu = false;
 };
 
 struct Diff {
@@ -74,6 +81,55 @@ std::unique_ptr<model::CpuBackend> open_model(const std::string& path, unsigned 
   return std::move(b.value());
 }
 
+int eval_ref_backend(const Options& o, const ReferenceCase& ref) {
+  gpu::BackendOptions bo;
+  bo.kind = o.backend;
+  bo.max_slots = 1;
+  bo.threads = o.threads;
+  bo.max_context = static_cast<uint32_t>(ref.input_ids.size() + ref.decode_tokens.size() + 16);
+  auto opened = gpu::open_backend(o.model, bo);
+  if (!opened) {
+    std::fprintf(stderr, "ferry eval-ref: %s\n", opened.error().c_str());
+    return 2;
+  }
+  model::Backend& b = *opened.value();
+  if (b.hparams().vocab_size != ref.vocab) {
+    std::fprintf(stderr, "ferry eval-ref: the model's vocabulary has %u tokens, the reference's %u\n",
+                 b.hparams().vocab_size, ref.vocab);
+    return 2;
+  }
+  const size_t P = ref.input_ids.size(), S = ref.decode_tokens.size();
+  const size_t chunk = o.chunk == 0 ? P : o.chunk;
+  std::printf("case %s: prompt %zu, decode %zu, chunk %zu, %s (%s)\n", ref.name.c_str(), P, S, chunk, o.model.c_str(),
+              b.describe().c_str());
+  const CaseRun run = run_case_backend(b, ref, chunk);
+  std::printf("speed    prefill %.1f tokens/s, decode %.1f tokens/s\n", double(P) / std::max(run.prefill_seconds, 1e-9),
+              double(S) / std::max(run.decode_seconds, 1e-9));
+  const Diff pre = compare(ref.prefill, run.prefill, ref.vocab);
+  const Diff dec = compare(ref.decode, run.decode, ref.vocab);
+  std::printf("prefill  max|delta| %.3e  top-1 %zu/%zu\n", pre.max_abs, pre.top1, pre.rows);
+  std::printf("decode   max|delta| %.3e  top-1 %zu/%zu\n", dec.max_abs, dec.top1, dec.rows);
+  if (o.compare_cpu) {
+    auto cpu = open_model(o.model, o.threads);
+    if (!cpu) return 2;
+    const CaseRun base = run_case(cpu->model(), ref, chunk, false);
+    std::vector<float> a(base.prefill), c(run.prefill);
+    a.insert(a.end(), base.decode.begin(), base.decode.end());
+    c.insert(c.end(), run.decode.begin(), run.decode.end());
+    const Diff d = compare(a, c, ref.vocab);
+    const double top1 = d.rows ? double(d.top1) / double(d.rows) : 1.0;
+    std::printf("vs cpu   top-1 %zu/%zu (%.2f%%), mean KL %.3e, max|delta| %.3e\n", d.top1, d.rows, 100.0 * top1,
+                d.rows ? d.kl_sum / double(d.rows) : 0.0, d.max_abs);
+    const bool ok = top1 >= o.min_top1;
+    std::printf("%s (top-1 agreement with the CPU backend >= %.2f%%)\n", ok ? "PASS" : "FAIL", 100.0 * o.min_top1);
+    return ok ? 0 : 1;
+  }
+  const double worst = std::max(pre.max_abs, dec.max_abs);
+  const bool ok = worst <= o.tolerance;
+  std::printf("%s (tolerance %.1e)\n", ok ? "PASS" : "FAIL", o.tolerance);
+  return ok ? 0 : 1;
+}
+
 int eval_ref(const Options& o) {
   auto loaded = ReferenceCase::load(o.reference);
   if (auto* e = std::get_if<std::string>(&loaded)) {
@@ -81,6 +137,7 @@ int eval_ref(const Options& o) {
     return 2;
   }
   const ReferenceCase& ref = std::get<0>(loaded);
+  if (o.backend != "cpu") return eval_ref_backend(o, ref);
   auto backend = open_model(o.model, o.threads);
   if (!backend) return 2;
   const model::Glm5Hparams& hp = backend->hparams();
@@ -159,6 +216,9 @@ CommandRun add_eval_ref_command(CLI::App& app) {
   sub->add_option("--min-top1", o->min_top1, "with --compare-to-f32: smallest accepted top-1 agreement (0..1)");
   sub->add_option("--max-kl", o->max_kl, "with --compare-to-f32: largest accepted mean KL divergence");
   sub->add_option("--threads", o->threads, "worker threads (0: every hardware thread)");
+  sub->add_option("--backend", o->backend, "cpu (the forward pass with DSA selections and MTP), cuda or auto")
+      ->capture_default_str();
+  sub->add_flag("--compare-cpu", o->compare_cpu, "with --backend cuda: also run the CPU backend, require top-1 agreement");
   return [o] { return eval_ref(*o); };
 }
 

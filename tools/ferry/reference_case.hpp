@@ -8,6 +8,7 @@
 #include <variant>
 #include <vector>
 
+#include "model/backend.hpp"
 #include "model/glm5_forward.hpp"
 
 namespace ferry::cli {
@@ -35,5 +36,10 @@ struct CaseRun {
 };
 
 CaseRun run_case(model::Glm5Forward& model, const ReferenceCase& ref, size_t chunk, bool with_mtp);
+
+// The same run through the model::Backend interface (any backend, e.g. CUDA): prompt logits in chunks,
+// then the decode tokens one step at a time, on slot 0. No selections and no MTP (the interface has
+// neither).
+CaseRun run_case_backend(model::Backend& backend, const ReferenceCase& ref, size_t chunk);
 
 }  // namespace ferry::cli
