@@ -799,6 +799,7 @@ std::vector<model::SlotResult> CudaBackend::Impl::step(const std::vector<model::
   // Split into chunks: whole slots while they fit, a long slot in pieces (only its last piece samples).
   std::vector<model::SlotRows> chunk;
   std::vector<size_t> chunk_src;
+  std::vector<bool> chunk_last;  // the piece holds its row's last token
   uint32_t used = 0;
   auto flush = [&] {
     if (chunk.empty()) return;
@@ -806,11 +807,12 @@ std::vector<model::SlotResult> CudaBackend::Impl::step(const std::vector<model::
     run_chunk(chunk, res);
     for (size_t i = 0; i < chunk.size(); ++i) {
       model::SlotResult& dst = out[chunk_src[i]];
-      if (res[i].sampled >= 0) dst.sampled = res[i].sampled;
+      if (chunk_last[i] && rows[chunk_src[i]].sample) dst.sampled = res[i].sampled;
       if (!res[i].logits.empty()) dst.logits.insert(dst.logits.end(), res[i].logits.begin(), res[i].logits.end());
     }
     chunk.clear();
     chunk_src.clear();
+    chunk_last.clear();
     used = 0;
   };
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -832,6 +834,7 @@ std::vector<model::SlotResult> CudaBackend::Impl::step(const std::vector<model::
       if (!last && !r.logits_all) piece.sample = true, piece.sampling = model::SamplingParams{};
       chunk.push_back(std::move(piece));
       chunk_src.push_back(i);
+      chunk_last.push_back(last);
       used += static_cast<uint32_t>(take);
       done += take;
     }
