@@ -74,8 +74,10 @@ std::vector<ToolCallDeltaOut> tool_deltas(const BridgeState& st, const std::vect
   return out;
 }
 
-// One streamed chunk for `delta`; skipped when it carries nothing the client asked for.
-void send_delta(bridge_pointer self, const StreamDelta& delta, std::optional<std::string> finish_reason) {
+// One streamed chunk for `delta`; skipped when it carries nothing the client asked for. The
+// finishing chunk (with `timings`) is always sent.
+void send_delta(bridge_pointer self, const StreamDelta& delta, std::optional<std::string> finish_reason,
+                const std::optional<Usage>& timings = std::nullopt) {
   BridgeState& st = self->state;
   const bool ids = st.options.return_token_ids && !delta.token_ids.empty();
   if (delta.empty() && !ids && !finish_reason) return;
@@ -88,6 +90,7 @@ void send_delta(bridge_pointer self, const StreamDelta& delta, std::optional<std
     c.reasoning_content = delta.reasoning_content;
     c.tool_calls = tool_deltas(st, delta.tool_calls);
     c.finish_reason = std::move(finish_reason);
+    c.timings = timings;
     if (st.options.return_token_ids) c.token_ids = delta.token_ids;
     send_event(self, to_json(c));
   } else {
@@ -97,6 +100,7 @@ void send_delta(bridge_pointer self, const StreamDelta& delta, std::optional<std
     c.model = st.options.model;
     c.text = delta.content;
     c.finish_reason = std::move(finish_reason);
+    c.timings = timings;
     if (st.options.return_token_ids) c.token_ids = delta.token_ids;
     send_event(self, to_json(c));
   }
@@ -185,7 +189,7 @@ void on_finished(bridge_pointer self, const RequestFinished& done) {
   }
   start_events(self);
   if (ok) {
-    send_delta(self, tail, finish_reason(st, done));
+    send_delta(self, tail, finish_reason(st, done), usage);
     if (st.options.include_usage) send_usage_chunk(self, usage);
   } else {
     send_delta(self, tail, std::nullopt);

@@ -121,6 +121,8 @@ std::string to_json(const ChatChunk& x) {
   if (x.usage) {
     out["usage"] = usage_json(*x.usage);
     out["timings"] = timings_json(*x.usage);
+  } else if (x.timings) {
+    out["timings"] = timings_json(*x.timings);
   }
   return dump(out);
 }
@@ -149,6 +151,8 @@ std::string to_json(const CompletionChunk& x) {
   if (x.usage) {
     out["usage"] = usage_json(*x.usage);
     out["timings"] = timings_json(*x.usage);
+  } else if (x.timings) {
+    out["timings"] = timings_json(*x.timings);
   }
   return dump(out);
 }

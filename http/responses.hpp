@@ -54,7 +54,8 @@ struct ChatChunk {
   std::vector<ToolCallDeltaOut> tool_calls;
   std::optional<std::string> finish_reason;
   std::optional<std::vector<int32_t>> token_ids;
-  std::optional<Usage> usage;  // the usage chunk (stream_options.include_usage)
+  std::optional<Usage> usage;    // the usage chunk (stream_options.include_usage): usage + timings
+  std::optional<Usage> timings;  // the finishing chunk: timings only (as llama.cpp sends them)
 };
 
 struct Completion {
@@ -76,6 +77,7 @@ struct CompletionChunk {
   std::optional<std::string> finish_reason;
   std::optional<std::vector<int32_t>> token_ids;
   std::optional<Usage> usage;
+  std::optional<Usage> timings;
 };
 
 struct ModelList {

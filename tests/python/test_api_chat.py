@@ -35,6 +35,8 @@ def test_stream_gives_the_same_answer_as_whole(server):
     assert reasoning == ((whole.choices[0].message.model_extra or {}).get("reasoning_content") or "")
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finishes == [whole.choices[0].finish_reason]
+    finishing = next(c for c in chunks if c.choices and c.choices[0].finish_reason)
+    assert finishing.model_extra["timings"]["predicted_n"] == whole.usage.completion_tokens
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
     assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
 
