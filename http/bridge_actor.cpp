@@ -284,6 +284,31 @@ actors::bridge_actor::behavior_type bridge(bridge_pointer self, BridgeJob job) {
   st.response_id = (st.chat ? "chatcmpl-" : "cmpl-") + std::to_string(st.job.id);
   if (st.options.model.empty()) st.options.model = st.job.context->config.model_id;
 
+  // A bug or an allocation failure while handling this request must still answer its client; the
+  // scheduler sees the bridge go down and cancels the request.
+  self->set_exception_handler([self](std::exception_ptr& eptr) -> caf::error {
+    std::string what = "unknown exception";
+    try {
+      std::rethrow_exception(eptr);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    ApiError e;
+    e.status = 500;
+    e.type = "server_error";
+    e.code = "internal_error";
+    e.message = "internal error while serving this request: " + what;
+    BridgeState& st = self->state;
+    if (!st.events_started) {
+      respond_error(self, e);
+    } else if (!st.client_gone) {
+      send_event(self, to_json(e));
+      send_event(self, "[DONE]");
+      st.job.channel->end_events();
+    }
+    return caf::exit_reason::unhandled_exception;
+  });
   auto prepared = prepare_request(st);
   if (auto* error = std::get_if<ApiError>(&prepared)) {
     respond_error(self, *error);
