@@ -212,14 +212,20 @@ class Session : public std::enable_shared_from_this<Session> {
   void watch() {
     if (watching_ || closed_) return;
     watching_ = true;
-    stream_.socket().async_receive(net::buffer(peek_, 1), tcp::socket::message_peek,
-                                   [self = shared_from_this()](beast::error_code ec, size_t n) {
-                                     self->watching_ = false;
-                                     if (self->closed_ || self->exchange_.expired()) return;
-                                     if (ec || n == 0) self->client_left();
-                                     // n > 0: the client sent more (a pipelined request); it is read
-                                     // once this answer is out.
-                                   });
+    stream_.socket().async_receive(
+        net::buffer(peek_, 1), tcp::socket::message_peek,
+        [self = shared_from_this(), watched = exchange_](beast::error_code ec, size_t n) {
+          self->watching_ = false;
+          if (self->closed_) return;
+          const auto current = self->exchange_.lock();
+          if (!current) return;
+          // A peek cancelled at the end of an earlier answer may complete after the next request
+          // was read: it says nothing about this one, which gets its own watch.
+          if (current != watched.lock()) return self->watch();
+          if (ec == net::error::operation_aborted) return;
+          if (ec || n == 0) self->client_left();
+          // n > 0: the client sent more (a pipelined request); it is read once this answer is out.
+        });
   }
 
   void client_left() {

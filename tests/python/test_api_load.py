@@ -2,6 +2,7 @@
 one terminal event and the right token count; then 50 clients that leave mid-stream, after which every
 slot is idle and the memory is back to its baseline."""
 import concurrent.futures
+import http.client
 import json
 import socket
 import threading
@@ -132,3 +133,21 @@ def test_clients_leaving_mid_stream_free_their_slots(loaded_server):
     after = loaded_server.rss_kib()
     assert after <= baseline + 8 * 1024, (baseline, after)  # within 8 MiB
     assert loaded_server.get("/health")[0] == 200
+
+
+def test_one_keep_alive_connection_serves_request_after_request(loaded_server):
+    """The next request on a connection arrives right after the previous answer: the disconnect watch
+    of the previous one must not take it for a client that left."""
+    host, port = loaded_server.base.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    for i in range(100):
+        body = {"prompt": [i + 1, 2], "max_tokens": 2, "ignore_eos": True, "stream": i % 2 == 1}
+        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        text = r.read().decode()
+        assert r.status == 200, text
+        if i % 2:
+            assert text.rstrip().endswith("data: [DONE]")
+        else:
+            assert json.loads(text)["usage"]["completion_tokens"] == 2
+    conn.close()
