@@ -29,7 +29,7 @@ namespace {
 
 struct ServeOptions {
   config::ServeConfig config;
-  std::string max_body = "16MiB";
+  std::string max_body = config::format_byte_size(config::ServeConfig{}.max_body_bytes);  // the default, as text
   std::string config_file;
 };
 
