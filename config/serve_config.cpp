@@ -24,7 +24,7 @@ std::vector<std::string> validate(const ServeConfig& c) {
   std::error_code ec;
   check(c.model_path.empty() || std::filesystem::is_regular_file(c.model_path, ec),
         bad("model", c.model_path, "an existing GGUF file"));
-  check(c.backend == "cpu", bad("backend", c.backend, "cpu (the only backend built into this ferry)"));
+  check(c.backend == "cpu" || c.backend == "cuda" || c.backend == "auto", bad("backend", c.backend, "cpu, cuda or auto"));
   check(c.threads <= 4096, bad("threads", c.threads, "0 (every core) or a thread count up to 4096"));
   check(!c.model_id.empty(), bad("model-id", "''", "a non-empty model name"));
   check(!c.host.empty(), bad("host", "''", "an IP address or host name to listen on"));

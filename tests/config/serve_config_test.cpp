@@ -23,7 +23,7 @@ TEST(ServeConfig, EachProblemNamesTheOptionAndTheValue) {
   c.sampling.top_p = 0;
   const auto errors = validate(c);
   ASSERT_EQ(errors.size(), 3u);
-  EXPECT_EQ(errors[0], "--backend = tpu: expected cpu (the only backend built into this ferry)");
+  EXPECT_EQ(errors[0], "--backend = tpu: expected cpu, cuda or auto");
   EXPECT_NE(errors[1].find("--slots = 0"), std::string::npos);
   EXPECT_NE(errors[2].find("--top-p = 0"), std::string::npos);
 }

@@ -19,6 +19,8 @@
 #include "actors/bootstrap.hpp"
 #include "config/byte_size.hpp"
 #include "config/serve_config.hpp"
+#include "gpu/backend_factory.hpp"
+#include "gpu/device_info.hpp"
 #include "http/http_server.hpp"
 #include "http/server_context.hpp"
 #include "tools/ferry/commands.hpp"
@@ -40,7 +42,8 @@ void add_options(CLI::App& cmd, ServeOptions& o) {
                  "the command line wins over it")
       ->check(CLI::ExistingFile);
   cmd.add_option("--model", c.model_path, "GGUF model file (default: the small model embedded in ferry)");
-  cmd.add_option("--backend", c.backend, "compute backend")->capture_default_str();
+  cmd.add_option("--backend", c.backend, "compute backend: cpu, cuda, or auto (cuda when there is a GPU)")
+      ->capture_default_str();
   cmd.add_option("--threads", c.threads, "CPU backend threads (0: every core)")->capture_default_str();
   cmd.add_option("--model-id", c.model_id, "model name in the API")->capture_default_str();
   cmd.add_option("--host", c.host, "address to listen on")->capture_default_str();
@@ -145,6 +148,17 @@ int serve(CLI::App& cmd, ServeOptions& options) {
   for (auto& e : config::validate(config)) errors.push_back(std::move(e));
   if (!errors.empty()) {
     for (const auto& e : errors) std::fprintf(stderr, "ferry serve: %s\n", e.c_str());
+    return 2;
+  }
+  // Known before listening: a ferry built without CUDA, or a machine without a GPU, cannot serve
+  // --backend cuda.
+  if (config.backend == "cuda" && !gpu::built_with_cuda()) {
+    std::fprintf(stderr, "ferry serve: --backend cuda: this ferry was built without the CUDA backend "
+                         "(build with -DFERRY_CUDA=ON where nvcc is installed)\n");
+    return 2;
+  }
+  if (auto kind = gpu::resolve_backend_kind(config.backend); !kind) {
+    std::fprintf(stderr, "ferry serve: --backend: %s\n", kind.error().c_str());
     return 2;
   }
   auto model_path = resolve_model_path(config);

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "config/byte_size.hpp"
-#include "model/cpu_backend.hpp"
+#include "gpu/backend_factory.hpp"
 #include "model/gguf.hpp"
 #include "model/tokenizer_gguf.hpp"
 #include "tools/ferry/default_model.hpp"
@@ -152,15 +152,17 @@ std::variant<LoadedModel, LoadError> load_model(const std::string& path, const c
   auto tokenizer = model::load_tokenizer(*file);
   if (!tokenizer) return LoadError{path + ": the tokenizer: " + tokenizer.error().message};
 
-  model::CpuBackendOptions options;
+  gpu::BackendOptions options;
+  options.kind = config.backend;
   options.threads = config.threads;
   options.max_slots = config.slots;
-  auto backend = model::CpuBackend::open(path, options);
+  options.max_step_rows = config.prefill_chunk + config.slots;  // one chunk + a decode row per slot
+  auto backend = gpu::open_backend(path, options);
   if (!backend) return LoadError{backend.error()};
 
   LoadedModel loaded;
   loaded.tokenizer = std::make_shared<const model::Tokenizer>(std::move(tokenizer.value()));
-  loaded.backend = std::shared_ptr<model::Backend>(std::move(backend.value()));
+  loaded.backend = backend.value();
   return loaded;
 }
 
