@@ -13,13 +13,19 @@ For every case it writes one directory:
   mtp_logits.f32                      (serve case) the MTP block's logits, one row per position t < n-1 of
                                       prompt + decode tokens, fed the trunk's hidden state at t and token t+1
 
+A case with a `train` entry is trained before the reference is taken: AdamW on next-token loss over the
+token ids that tokenize_corpus.py wrote (--corpus, default <repo>/.trainer), on the accelerator when there
+is one, keeping the weights of the best held-out loss; its prompt is a window of the held-out text, not
+random ids. Random models have near-flat logits, so quantization noise flips their top-1 often; a trained
+one is confident like a real model, which is what the quantized-vs-f32 figures are meant to measure.
+
 Every parameter is re-randomised after construction (the default init leaves norms at 1, biases and the
 mHC base at 0, which hides bugs). The script checks that cached decode equals transformers' own full
 recompute (logits and DSA selections) and fails loudly otherwise; near-ties in the DSA pool ranking and in
 the MoE router are measured, and a case whose tightest margin is below MIN_MARGIN is redrawn with other
 input ids, so that a float32 engine can be held to the reference's selections.
 
-Usage: python3 make_fixtures.py --out DIR [--only NAME ...]
+Usage: python3 make_fixtures.py --out DIR [--only NAME ...] [--corpus DIR]
 """
 import argparse
 import copy
@@ -39,6 +45,7 @@ import transformers
 from transformers import Glm5NextConfig, Glm5NextForConditionalGeneration
 from safetensors.torch import load_file, save_file
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MIN_MARGIN = 2e-5       # smallest accepted gap at a top-k boundary (pool scores, router choice scores)
 CACHE_TOLERANCE = 2e-4  # cached decode vs full recompute, max |logit difference|
 ATTEMPTS = 8            # input redraws per case before giving up on the margin
@@ -87,6 +94,18 @@ CASES = [
                    mlp_layer_types=["dense", "dense", "sparse", "sparse", "sparse", "sparse"],
                    n_group=2, topk_group=1, num_experts_per_tok=2, index_topk=8, index_kpool=2,
                    swiglu_limit=10.0)),
+    # Trained on English text so that quantized figures mean what they mean for a real model. Every
+    # quantized matrix has rows that are whole Q4_K blocks (256): hidden, q/kv lora ranks, nope dim,
+    # heads * v dim, KDA head dim and width, dense and expert widths. DSA picks 8 of up to 40 pools.
+    dict(name="trained_small", seed=71, prompt_len=150, decode_steps=4, saved_dtype="bfloat16",
+         train=dict(steps=500, batch=16, seq_len=256, lr=1.5e-3, warmup=25, weight_decay=0.1, eval_every=50,
+                    max_seconds=120),
+         text=dict(vocab_size=4096, hidden_size=256, intermediate_size=256, moe_intermediate_size=256,
+                   layer_types=[K, D, D], mlp_layer_types=["dense", "sparse", "dense"],
+                   num_attention_heads=2, num_key_value_heads=2, q_lora_rank=256, kv_lora_rank=256,
+                   qk_nope_head_dim=256, v_head_dim=128, linear_num_heads=1, linear_head_dim=256,
+                   n_routed_experts=4, num_experts_per_tok=2, index_topk=32, index_kpool=4,
+                   index_n_heads=16, index_head_dim=32, swiglu_limit=10.0)),
 ]
 
 
@@ -182,6 +201,82 @@ def round_to_bf16(module):
         for _, t in persistent_tensors(module):
             if t.is_floating_point():
                 t.copy_(t.to(torch.bfloat16).to(t.dtype))
+
+
+# ----------------------------------------------------------------------------------------------
+# training (cases with a `train` entry)
+
+def load_corpus(corpus_dir):
+    out = {}
+    for part in ("train", "heldout"):
+        path = os.path.join(corpus_dir, part + ".npy")
+        if not os.path.exists(path):
+            raise RuntimeError(f"{path} missing: run tools/reference/tokenize_corpus.py --out {corpus_dir}")
+        out[part] = torch.from_numpy(np.load(path).astype(np.int64))
+    return out
+
+
+def next_token_loss(model, batch):
+    logits = model(input_ids=batch[:, :-1], use_cache=False).logits
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), batch[:, 1:].reshape(-1))
+
+
+def heldout_loss(model, tokens, seq_len, device):
+    """Mean next-token loss over consecutive held-out windows."""
+    n = (len(tokens) - 1) // seq_len
+    windows = torch.stack([tokens[i * seq_len:i * seq_len + seq_len + 1] for i in range(n)]).to(device)
+    model.eval()
+    with torch.no_grad():
+        loss = float(next_token_loss(model, windows))
+    model.train()
+    return loss
+
+
+def train(model, spec, corpus):
+    """AdamW with warmup and cosine decay on random windows of the training tokens; the model ends with
+    the weights of its best held-out loss. Returns what reference.json records about the run."""
+    tr = spec["train"]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator().manual_seed(spec["seed"] + 1)
+    data, held = corpus["train"], corpus["heldout"]
+    L, B = tr["seq_len"], tr["batch"]
+    model.to(device).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=tr["lr"], betas=(0.9, 0.95), weight_decay=tr["weight_decay"])
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / tr["warmup"]) * (
+        0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, s / tr["steps"])))))
+    first = dict(train=None, heldout=heldout_loss(model, held, L, device))
+    best = dict(heldout=first["heldout"], step=0, state=copy.deepcopy(model.state_dict()))
+    t0, step, recent = time.time(), 0, []
+    while step < tr["steps"] and time.time() - t0 < tr["max_seconds"]:
+        starts = torch.randint(0, len(data) - L - 1, (B,), generator=gen)
+        batch = torch.stack([data[s:s + L + 1] for s in starts.tolist()]).to(device)
+        loss = next_token_loss(model, batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        step += 1
+        recent.append(float(loss))
+        if first["train"] is None:
+            first["train"] = recent[0]
+        if step % tr["eval_every"] == 0 or step == tr["steps"]:
+            h = heldout_loss(model, held, L, device)
+            print(f"  step {step} {time.time() - t0:.0f}s train {np.mean(recent):.3f} held-out {h:.3f}")
+            if h < best["heldout"]:
+                best = dict(heldout=h, step=step, state=copy.deepcopy(model.state_dict()), train=float(np.mean(recent)))
+            recent = []
+    model.load_state_dict(best["state"])
+    model.to("cpu").eval()
+    info = dict(corpus="Debian /usr/share/common-licenses via tools/reference/tokenize_corpus.py: "
+                       f"{len(data)} training tokens, {len(held)} held-out (Apache-2.0)",
+                steps_run=step, kept_step=best["step"], seconds=round(time.time() - t0, 1), device=device,
+                train_loss_first_step=first["train"], train_loss_kept=best.get("train"),
+                heldout_loss_before=first["heldout"], heldout_loss_kept=best["heldout"],
+                **{k: v for k, v in tr.items() if k != "max_seconds"})
+    print(f"  trained {step} steps in {info['seconds']}s on {device}: train loss {first['train']:.3f} -> "
+          f"{best.get('train')}, held-out {first['heldout']:.3f} -> {best['heldout']:.3f} (step {best['step']})")
+    return info
 
 
 # ----------------------------------------------------------------------------------------------
@@ -469,7 +564,7 @@ def write_f32(path, t):
     arr.tofile(path)
 
 
-def build_case(spec, out_dir, ref_dtype=torch.float64):
+def build_case(spec, out_dir, corpus_dir, ref_dtype=torch.float64):
     name = spec["name"]
     t0 = time.time()
     text = dict(spec["text"])
@@ -485,6 +580,11 @@ def build_case(spec, out_dir, ref_dtype=torch.float64):
     big = Glm5NextForConditionalGeneration(make_config(full_text)).eval()
     tcfg = big.config.text_config
     randomise(big, gen, tcfg.hidden_size, tcfg.hc_mult)
+    training, corpus = None, None
+    if spec.get("train"):
+        corpus = load_corpus(corpus_dir)
+        force_reference_kernels(big)  # eager experts: grouped_mm may lack a float32 path
+        training = train(big, spec, corpus)
     nextn = {}
     if with_mtp:
         Dh = tcfg.hidden_size
@@ -534,7 +634,11 @@ def build_case(spec, out_dir, ref_dtype=torch.float64):
     rng = np.random.default_rng(spec["seed"] * 1000 + 7)
     best = None
     for attempt in range(ATTEMPTS):
-        prompt = [int(x) for x in rng.integers(0, cfg.vocab_size, spec["prompt_len"])]
+        if corpus is not None:  # a window of the held-out text
+            start = int(rng.integers(0, len(corpus["heldout"]) - spec["prompt_len"]))
+            prompt = corpus["heldout"][start:start + spec["prompt_len"]].tolist()
+        else:
+            prompt = [int(x) for x in rng.integers(0, cfg.vocab_size, spec["prompt_len"])]
         probes.router_margin = probes.group_margin = math.inf
         probes.clamp = {"gate_over": 0, "up_over": 0, "values": 0}
         try:
@@ -544,7 +648,7 @@ def build_case(spec, out_dir, ref_dtype=torch.float64):
                 traceback.print_exc()
                 print(f"  {name}: float64 reference failed, falling back to float32")
                 probes.remove()
-                return build_case(spec, out_dir, torch.float32)
+                return build_case(spec, out_dir, corpus_dir, torch.float32)
             raise
         steps = spec["decode_steps"]
         total = spec["prompt_len"] + steps
@@ -621,6 +725,8 @@ def build_case(spec, out_dir, ref_dtype=torch.float64):
                     chunked_prefill_vs_single=res["diff_chunked"], selections_cached_equal_full=best["sel_ok"],
                     float64_rescoring_agrees=best["recompute_ok"]),
     )
+    if training is not None:
+        ref_json["training"] = training
     if res["mtp"] is not None:
         ref_json["mtp"] = dict(layer=n_layers, rows=int(res["mtp"].shape[0]), logits_file="mtp_logits.f32",
                                input="row t: trunk final hidden state (after stream mean and norm) at position t, "
@@ -679,18 +785,22 @@ def load_shards(d):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="output directory (one sub-directory per case)")
-    ap.add_argument("--only", nargs="*", default=None, help="case names to build (default: all)")
+    ap.add_argument("--only", nargs="*", default=None,
+                    help="case names to build (default: every case without a `train` entry)")
+    ap.add_argument("--corpus", default=os.path.join(REPO, ".trainer"),
+                    help="train.npy and heldout.npy from tokenize_corpus.py (cases with a `train` entry)")
     args = ap.parse_args()
     print(f"transformers {transformers.__version__}, torch {torch.__version__}")
     torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
     os.makedirs(args.out, exist_ok=True)
     failed = []
     for spec in CASES:
-        if args.only and spec["name"] not in args.only:
+        wanted = spec["name"] in args.only if args.only else "train" not in spec
+        if not wanted:
             continue
         print(f"case {spec['name']}")
         try:
-            build_case(spec, args.out)
+            build_case(spec, args.out, args.corpus)
         except Exception:
             traceback.print_exc()
             failed.append(spec["name"])
