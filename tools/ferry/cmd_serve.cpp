@@ -20,7 +20,6 @@
 #include "config/byte_size.hpp"
 #include "config/serve_config.hpp"
 #include "gpu/backend_factory.hpp"
-#include "gpu/device_info.hpp"
 #include "http/http_server.hpp"
 #include "http/server_context.hpp"
 #include "tools/ferry/commands.hpp"
@@ -152,11 +151,6 @@ int serve(CLI::App& cmd, ServeOptions& options) {
   }
   // Known before listening: a ferry built without CUDA, or a machine without a GPU, cannot serve
   // --backend cuda.
-  if (config.backend == "cuda" && !gpu::built_with_cuda()) {
-    std::fprintf(stderr, "ferry serve: --backend cuda: this ferry was built without the CUDA backend "
-                         "(build with -DFERRY_CUDA=ON where nvcc is installed)\n");
-    return 2;
-  }
   if (auto kind = gpu::resolve_backend_kind(config.backend); !kind) {
     std::fprintf(stderr, "ferry serve: --backend: %s\n", kind.error().c_str());
     return 2;
