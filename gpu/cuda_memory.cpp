@@ -14,32 +14,23 @@ void throw_cublas_error(cublasStatus_t code, const char* call, const char* file,
                   ") in " + call + " at " + file + ":" + std::to_string(line));
 }
 
-DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
-  if (bytes > 0) {
-    const cudaError_t e = cudaMalloc(&ptr_, bytes);
-    if (e != cudaSuccess) {
-      ptr_ = nullptr;
-      bytes_ = 0;
-      throw CudaError("cannot allocate " + std::to_string(bytes) + " bytes of device memory: " + cudaGetErrorString(e));
-    }
+namespace {
+
+void* allocate_or_throw(cudaError_t (*alloc)(void**, size_t), size_t bytes, const char* what) {
+  void* p = nullptr;
+  if (const cudaError_t e = alloc(&p, bytes); e != cudaSuccess) {
+    throw CudaError("cannot allocate " + std::to_string(bytes) + " bytes of " + what + ": " + cudaGetErrorString(e));
   }
+  return p;
 }
 
-void DeviceBuffer::reset() {
-  if (ptr_ != nullptr) cudaFree(ptr_);
-  ptr_ = nullptr;
-  bytes_ = 0;
-}
+cudaError_t malloc_device(void** p, size_t bytes) { return cudaMalloc(p, bytes); }
+cudaError_t malloc_pinned(void** p, size_t bytes) { return cudaMallocHost(p, bytes); }
 
-PinnedBuffer::PinnedBuffer(size_t bytes) : bytes_(bytes) {
-  if (bytes > 0) FERRY_CUDA(cudaMallocHost(&ptr_, bytes));
-}
+}  // namespace
 
-void PinnedBuffer::reset() {
-  if (ptr_ != nullptr) cudaFreeHost(ptr_);
-  ptr_ = nullptr;
-  bytes_ = 0;
-}
+void* DeviceMemory::allocate(size_t bytes) { return allocate_or_throw(malloc_device, bytes, "device memory"); }
+void* PinnedMemory::allocate(size_t bytes) { return allocate_or_throw(malloc_pinned, bytes, "pinned host memory"); }
 
 Stream::Stream() { FERRY_CUDA(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
 Stream::~Stream() {

@@ -12,13 +12,15 @@
 
 namespace ferry::gpu {
 
-class DeviceBuffer {
+// One allocation of `Memory` (device or pinned host), freed when the owner goes; move-only.
+template <class Memory>
+class OwnedBuffer {
  public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t bytes);
-  ~DeviceBuffer() { reset(); }
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+  OwnedBuffer() = default;
+  explicit OwnedBuffer(size_t bytes) : ptr_(bytes > 0 ? Memory::allocate(bytes) : nullptr), bytes_(bytes) {}
+  ~OwnedBuffer() { reset(); }
+  OwnedBuffer(OwnedBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  OwnedBuffer& operator=(OwnedBuffer&& o) noexcept {
     if (this != &o) {
       reset();
       ptr_ = std::exchange(o.ptr_, nullptr);
@@ -26,10 +28,14 @@ class DeviceBuffer {
     }
     return *this;
   }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  OwnedBuffer(const OwnedBuffer&) = delete;
+  OwnedBuffer& operator=(const OwnedBuffer&) = delete;
 
-  void reset();
+  void reset() {
+    if (ptr_ != nullptr) Memory::release(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
   void* get() const { return ptr_; }
   template <class T>
   T* as() const { return static_cast<T*>(ptr_); }
@@ -40,32 +46,20 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  explicit PinnedBuffer(size_t bytes);
-  ~PinnedBuffer() { reset(); }
-  PinnedBuffer(PinnedBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
-  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
-    if (this != &o) {
-      reset();
-      ptr_ = std::exchange(o.ptr_, nullptr);
-      bytes_ = std::exchange(o.bytes_, 0);
-    }
-    return *this;
-  }
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-
-  void reset();
-  template <class T>
-  T* as() const { return static_cast<T*>(ptr_); }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
+// cudaMalloc / cudaFree; allocate throws CudaError naming the size.
+struct DeviceMemory {
+  static void* allocate(size_t bytes);
+  static void release(void* p) noexcept { cudaFree(p); }
 };
+
+// cudaMallocHost / cudaFreeHost (page-locked, for asynchronous copies).
+struct PinnedMemory {
+  static void* allocate(size_t bytes);
+  static void release(void* p) noexcept { cudaFreeHost(p); }
+};
+
+using DeviceBuffer = OwnedBuffer<DeviceMemory>;
+using PinnedBuffer = OwnedBuffer<PinnedMemory>;
 
 class Stream {
  public:
