@@ -77,7 +77,7 @@ class SignalWaiter {
     sigemptyset(&set_);
     sigaddset(&set_, SIGINT);
     sigaddset(&set_, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &set_, nullptr);  // before any other thread starts: they inherit it
+    pthread_sigmask(SIG_BLOCK, &set_, nullptr);  // threads started after this inherit the mask
     std::signal(SIGPIPE, SIG_IGN);
     thread_ = std::thread([this] {
       int sig = 0;
@@ -149,6 +149,9 @@ int serve(CLI::App& cmd, ServeOptions& options) {
     for (const auto& e : errors) std::fprintf(stderr, "ferry serve: %s\n", e.c_str());
     return 2;
   }
+  // Signals are blocked before the first CUDA call below: the driver's threads would otherwise
+  // take SIGTERM with its default action and kill the process instead of draining it.
+  SignalWaiter signals;
   // Known before listening: a ferry built without CUDA, or a machine without a GPU, cannot serve
   // --backend cuda.
   if (auto kind = gpu::resolve_backend_kind(config.backend); !kind) {
@@ -161,7 +164,6 @@ int serve(CLI::App& cmd, ServeOptions& options) {
     return 2;
   }
 
-  SignalWaiter signals;
   caf::actor_system_config caf_config;
   actors::configure_actor_system(caf_config);
   caf::actor_system system{caf_config};
