@@ -204,7 +204,8 @@ int eval_ref(const Options& o) {
 
 CommandRun add_eval_ref_command(CLI::App& app) {
   auto o = std::make_shared<Options>();
-  CLI::App* sub = app.add_subcommand("eval-ref", "Compare the CPU forward pass with a transformers reference case");
+  CLI::App* sub = app.add_subcommand(
+      "eval-ref", "Compare the forward pass (CPU, or CUDA with --backend cuda) with a transformers reference case");
   sub->add_option("--model", o->model, "GGUF model file")->required()->check(CLI::ExistingFile);
   sub->add_option("--reference", o->reference, "case directory (reference.json, *_logits.f32)")
       ->required()
