@@ -7,11 +7,15 @@
 #include <limits>
 #include <type_traits>
 
+#include "model/quoted.hpp"
+
 namespace ferry::model {
 
 static_assert(std::endian::native == std::endian::little, "GGUF is read by reinterpreting little-endian bytes");
 
 namespace {
+
+std::string quoted_name(std::string_view s) { return quoted(s, 80); }
 
 // Bytes of a value of this type when it is not an array or string (0 for those).
 uint64_t fixed_size(uint32_t type) {
@@ -32,25 +36,6 @@ uint64_t min_encoded_size(uint32_t type) {
   if (type == static_cast<uint32_t>(GgufValueType::String)) return 8;   // u64 length
   if (type == static_cast<uint32_t>(GgufValueType::Array)) return 12;   // u32 type + u64 count
   return fixed_size(type);
-}
-
-std::string printable(std::string_view s) {
-  // Error messages show names as they are, but keep hostile bytes printable and short.
-  std::string out = "'";
-  const size_t shown = std::min<size_t>(s.size(), 80);
-  for (size_t i = 0; i < shown; ++i) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x20 && c < 0x7f) {
-      out += static_cast<char>(c);
-    } else {
-      static constexpr char kHex[] = "0123456789abcdef";
-      out += "\\x";
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    }
-  }
-  if (shown < s.size()) out += "...";
-  return out + "'";
 }
 
 }  // namespace
@@ -175,7 +160,7 @@ class GgufParser {
   bool parse_preamble(GgufFile& f) {
     if (bytes_.size() < 4) return fail(0, "file is " + std::to_string(bytes_.size()) + " bytes, too short for a GGUF header");
     if (std::memcmp(bytes_.data(), "GGUF", 4) != 0) {
-      return fail(0, "magic is " + printable({reinterpret_cast<const char*>(bytes_.data()), 4}) +
+      return fail(0, "magic is " + quoted_name({reinterpret_cast<const char*>(bytes_.data()), 4}) +
                          ", expected 'GGUF': not a GGUF file");
     }
     pos_ = 4;
@@ -211,13 +196,13 @@ class GgufParser {
       GgufKv kv;
       if (!read_string(kv.key, what, GgufFile::kMaxKeyBytes)) return false;
       if (kv.key.empty()) return fail(at, what + " is empty");
-      if (!is_valid_utf8(kv.key)) return fail(at, what + " " + printable(kv.key) + " is not valid UTF-8");
-      if (f.kv_index_.count(kv.key) != 0) return fail(at, "duplicate metadata key " + printable(kv.key));
+      if (!is_valid_utf8(kv.key)) return fail(at, what + " " + quoted_name(kv.key) + " is not valid UTF-8");
+      if (f.kv_index_.count(kv.key) != 0) return fail(at, "duplicate metadata key " + quoted_name(kv.key));
       const uint64_t type_at = pos_;
       uint32_t type = 0;
-      if (!read(type, "the value type of " + printable(kv.key))) return false;
+      if (!read(type, "the value type of " + quoted_name(kv.key))) return false;
       if (!known_value_type(type)) {
-        return fail(type_at, "metadata " + printable(kv.key) + " has value type " + std::to_string(type) +
+        return fail(type_at, "metadata " + quoted_name(kv.key) + " has value type " + std::to_string(type) +
                                  ", expected 0..12");
       }
       if (!read_value(type, kv.value, kv.key, 0)) return false;
@@ -231,7 +216,7 @@ class GgufParser {
   template <class T>
   bool read_scalar(GgufValue& out, const std::string& key) {
     T v{};
-    if (!read(v, "the value of " + printable(key))) return false;
+    if (!read(v, "the value of " + quoted_name(key))) return false;
     out = v;
     return true;
   }
@@ -256,7 +241,7 @@ class GgufParser {
       }
       case GgufValueType::String: {
         std::string s;
-        if (!read_string(s, "the string value of " + printable(key), std::numeric_limits<uint64_t>::max())) return false;
+        if (!read_string(s, "the string value of " + quoted_name(key), std::numeric_limits<uint64_t>::max())) return false;
         out = std::move(s);
         return true;
       }
@@ -273,8 +258,8 @@ class GgufParser {
   bool read_bool(bool& out, const std::string& key) {
     const uint64_t at = pos_;
     uint8_t b = 0;
-    if (!read(b, "the value of " + printable(key))) return false;
-    if (b > 1) return fail(at, "bool in " + printable(key) + " is " + std::to_string(b) + ", expected 0 or 1");
+    if (!read(b, "the value of " + quoted_name(key))) return false;
+    if (b > 1) return fail(at, "bool in " + quoted_name(key) + " is " + std::to_string(b) + ", expected 0 or 1");
     out = b != 0;
     return true;
   }
@@ -293,18 +278,18 @@ class GgufParser {
   bool read_array(GgufArray& a, const std::string& key, uint32_t depth) {
     const uint64_t at = pos_;
     if (depth > GgufFile::kMaxArrayDepth) {
-      return fail(at, "arrays in " + printable(key) + " nest deeper than " + std::to_string(GgufFile::kMaxArrayDepth) +
+      return fail(at, "arrays in " + quoted_name(key) + " nest deeper than " + std::to_string(GgufFile::kMaxArrayDepth) +
                           " levels");
     }
     uint32_t type = 0;
     uint64_t count = 0;
-    if (!read(type, "the element type of array " + printable(key))) return false;
+    if (!read(type, "the element type of array " + quoted_name(key))) return false;
     if (!known_value_type(type)) {
-      return fail(at, "array " + printable(key) + " has element type " + std::to_string(type) + ", expected 0..12");
+      return fail(at, "array " + quoted_name(key) + " has element type " + std::to_string(type) + ", expected 0..12");
     }
-    if (!read(count, "the length of array " + printable(key))) return false;
+    if (!read(count, "the length of array " + quoted_name(key))) return false;
     if (count > remaining() / min_encoded_size(type)) {
-      return fail(at + 4, "array " + printable(key) + " claims " + std::to_string(count) + " elements of type " +
+      return fail(at + 4, "array " + quoted_name(key) + " claims " + std::to_string(count) + " elements of type " +
                               gguf_value_type_name(static_cast<GgufValueType>(type)) + " but only " +
                               std::to_string(remaining()) + " bytes follow");
     }
@@ -334,7 +319,7 @@ class GgufParser {
         v.reserve(static_cast<size_t>(count));
         for (uint64_t i = 0; i < count; ++i) {
           std::string s;
-          if (!read_string(s, "string " + std::to_string(i) + " of array " + printable(key),
+          if (!read_string(s, "string " + std::to_string(i) + " of array " + quoted_name(key),
                            std::numeric_limits<uint64_t>::max())) {
             return false;
           }
@@ -378,9 +363,9 @@ class GgufParser {
       GgufTensorInfo t;
       if (!read_string(t.name, "the name of " + what, GgufFile::kMaxNameBytes)) return false;
       if (t.name.empty()) return fail(at, "the name of " + what + " is empty");
-      if (!is_valid_utf8(t.name)) return fail(at, "the name of " + what + " " + printable(t.name) + " is not valid UTF-8");
-      if (f.tensor_index_.count(t.name) != 0) return fail(at, "duplicate tensor name " + printable(t.name));
-      const std::string tname = "tensor " + printable(t.name);
+      if (!is_valid_utf8(t.name)) return fail(at, "the name of " + what + " " + quoted_name(t.name) + " is not valid UTF-8");
+      if (f.tensor_index_.count(t.name) != 0) return fail(at, "duplicate tensor name " + quoted_name(t.name));
+      const std::string tname = "tensor " + quoted_name(t.name);
 
       const uint64_t dims_at = pos_;
       uint32_t n_dims = 0;
@@ -440,7 +425,7 @@ class GgufParser {
     const uint64_t data_bytes = f.data_offset_ <= size ? size - f.data_offset_ : 0;
     for (size_t i = 0; i < f.tensors_.size(); ++i) {
       GgufTensorInfo& t = f.tensors_[i];
-      const std::string tname = "tensor " + printable(t.name);
+      const std::string tname = "tensor " + quoted_name(t.name);
       if (t.offset % align != 0) {
         return fail(offset_at_[i], tname + " has data offset " + std::to_string(t.offset) +
                                        ", not a multiple of the alignment " + std::to_string(align));
@@ -465,8 +450,8 @@ class GgufParser {
       const GgufTensorInfo& prev = f.tensors_[order[k - 1]];
       const GgufTensorInfo& cur = f.tensors_[order[k]];
       if (prev.n_bytes > 0 && cur.n_bytes > 0 && prev.offset + prev.n_bytes > cur.offset) {
-        return fail(offset_at_[order[k]], "tensor " + printable(cur.name) + " at data offset " +
-                                              std::to_string(cur.offset) + " overlaps tensor " + printable(prev.name) +
+        return fail(offset_at_[order[k]], "tensor " + quoted_name(cur.name) + " at data offset " +
+                                              std::to_string(cur.offset) + " overlaps tensor " + quoted_name(prev.name) +
                                               " at [" + std::to_string(prev.offset) + ", +" +
                                               std::to_string(prev.n_bytes) + ")");
       }
@@ -519,10 +504,10 @@ const GgufTensorInfo* GgufFile::find_tensor(std::string_view name) const {
 
 namespace {
 
-GgufError missing(std::string_view key) { return {"metadata key " + printable(key) + " is missing"}; }
+GgufError missing(std::string_view key) { return {"metadata key " + quoted_name(key) + " is missing"}; }
 
 GgufError wrong_type(std::string_view key, const GgufValue& v, std::string_view expected) {
-  return {"metadata " + printable(key) + " has type " + gguf_value_type_name(gguf_value_type(v)) + ", expected " +
+  return {"metadata " + quoted_name(key) + " has type " + gguf_value_type_name(gguf_value_type(v)) + ", expected " +
           std::string(expected)};
 }
 
@@ -589,7 +574,7 @@ GgufResult<T> get_int(const GgufFile& f, std::string_view key) {
   if (!i) return wrong_type(key, *v, std::string("an integer that fits ") + int_name<T>());
   const auto r = fit<T>(*i);
   if (!r) {
-    return GgufError{"metadata " + printable(key) + " is " + int_text(*i) + " (" +
+    return GgufError{"metadata " + quoted_name(key) + " is " + int_text(*i) + " (" +
                      gguf_value_type_name(gguf_value_type(*v)) + "), which does not fit " + int_name<T>()};
   }
   return *r;
@@ -614,13 +599,13 @@ GgufResult<std::vector<T>> get_converted_array(const GgufFile& f, std::string_vi
           } else if constexpr (std::is_integral_v<T> && std::is_integral_v<E> && !std::is_same_v<E, bool>) {
             const auto r = fit<T>(*integer_of(std::variant<E>(items[i])));
             if (!r) {
-              error = GgufError{"metadata " + printable(key) + " element " + std::to_string(i) + " is " +
+              error = GgufError{"metadata " + quoted_name(key) + " element " + std::to_string(i) + " is " +
                                 std::to_string(items[i]) + ", which does not fit " + int_name<T>()};
             } else {
               out.push_back(*r);
             }
           } else {
-            error = GgufError{"metadata " + printable(key) + " is an array of " +
+            error = GgufError{"metadata " + quoted_name(key) + " is an array of " +
                               gguf_value_type_name(a->element_type()) + ", expected an array of " +
                               (std::is_floating_point_v<T> ? "f32 or f64" : "integers")};
           }
@@ -693,7 +678,7 @@ GgufResult<const std::vector<std::string>*> GgufFile::get_string_array(std::stri
   auto a = get_array(key);
   if (!a) return a.error();
   if (const auto* s = (*a)->as<std::string>()) return s;
-  return GgufError{"metadata " + printable(key) + " is an array of " + gguf_value_type_name((*a)->element_type()) +
+  return GgufError{"metadata " + quoted_name(key) + " is an array of " + gguf_value_type_name((*a)->element_type()) +
                    ", expected an array of string"};
 }
 

@@ -9,9 +9,13 @@
 #include <set>
 #include <utility>
 
+#include "model/quoted.hpp"
+
 namespace ferry::model {
 
 namespace {
+
+std::string quoted_name(std::string_view s) { return quoted(s, 120); }
 
 struct DtypeInfo {
   SafetensorsDtype dtype;
@@ -38,24 +42,6 @@ std::string json_error(simdjson::error_code e) { return simdjson::error_message(
 bool has_trailing_content(simdjson::ondemand::document& doc) {
   const char* at = nullptr;
   return doc.current_location().get(at) == simdjson::SUCCESS;
-}
-
-// Names from hostile files are printed escaped and bounded.
-std::string shown(std::string_view s) {
-  std::string out = "'";
-  for (size_t i = 0; i < s.size() && i < 120; ++i) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x20 && c < 0x7f) {
-      out += static_cast<char>(c);
-    } else {
-      static constexpr char kHex[] = "0123456789abcdef";
-      out += "\\x";
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    }
-  }
-  if (s.size() > 120) out += "...";
-  return out + "'";
 }
 
 }  // namespace
@@ -108,7 +94,7 @@ class SafetensorsParser {
       std::string_view key_view;
       if (auto e = field.unescaped_key().get(key_view)) return fail("header JSON: " + json_error(e));
       std::string key(key_view);
-      if (!seen.insert(key).second) return fail("the header names " + shown(key) + " twice");
+      if (!seen.insert(key).second) return fail("the header names " + quoted_name(key) + " twice");
       if (key == "__metadata__") {
         if (auto e = parse_metadata(field.value(), out)) return e;
         continue;
@@ -137,7 +123,7 @@ class SafetensorsParser {
       if (auto e = field.unescaped_key().get(key)) return fail("__metadata__: " + json_error(e));
       std::string k(key);  // the key's buffer is reused by the next string read
       if (auto e = field.value().get_string().get(text)) {
-        return fail("__metadata__ " + shown(k) + " is not a string: " + json_error(e));
+        return fail("__metadata__ " + quoted_name(k) + " is not a string: " + json_error(e));
       }
       out.metadata_.emplace(std::move(k), std::string(text));
     }
@@ -145,7 +131,7 @@ class SafetensorsParser {
   }
 
   std::optional<SafetensorsError> parse_tensor(simdjson::ondemand::value value, SafetensorsTensor& t) {
-    const std::string tname = "tensor " + shown(t.name);
+    const std::string tname = "tensor " + quoted_name(t.name);
     simdjson::ondemand::object obj;
     if (auto e = value.get_object().get(obj)) return fail(tname + " is not an object: " + json_error(e));
     bool have_dtype = false, have_shape = false, have_offsets = false;
@@ -160,7 +146,7 @@ class SafetensorsParser {
         if (auto e = field.value().get_string().get(d)) return fail(tname + " dtype is not a string: " + json_error(e));
         const auto dtype = safetensors_dtype_from_name(d);
         if (!dtype) {
-          return fail(tname + " has dtype " + shown(d) +
+          return fail(tname + " has dtype " + quoted_name(d) +
                       ", expected one of BOOL U8 I8 F8_E5M2 F8_E4M3 I16 U16 F16 BF16 I32 U32 F32 F64 I64 U64");
         }
         t.dtype = *dtype;
@@ -230,8 +216,8 @@ class SafetensorsParser {
       if (it == begin) continue;
       const SafetensorsTensor& prev = *(it - 1);
       if (prev.n_bytes > 0 && it->n_bytes > 0 && prev.file_offset + prev.n_bytes > it->file_offset) {
-        return fail("tensor " + shown(it->name) + " at data offset " + std::to_string(it->file_offset - data_start_) +
-                    " overlaps tensor " + shown(prev.name) + " at [" + std::to_string(prev.file_offset - data_start_) +
+        return fail("tensor " + quoted_name(it->name) + " at data offset " + std::to_string(it->file_offset - data_start_) +
+                    " overlaps tensor " + quoted_name(prev.name) + " at [" + std::to_string(prev.file_offset - data_start_) +
                     ", " + std::to_string(prev.file_offset - data_start_ + prev.n_bytes) + ")");
       }
     }
@@ -278,15 +264,15 @@ SafetensorsResult<std::map<std::string, std::string, std::less<>>> read_index(co
       if (auto e = entry.unescaped_key().get(name)) return fail("weight_map: " + json_error(e));
       std::string tensor(name);
       if (auto e = entry.value().get_string().get(shard)) {
-        return fail("weight_map " + shown(tensor) + " is not a file name: " + json_error(e));
+        return fail("weight_map " + quoted_name(tensor) + " is not a file name: " + json_error(e));
       }
       // Shards live beside the index: refuse anything that could point elsewhere.
       if (shard.empty() || shard == "." || shard == ".." || shard.find('/') != std::string_view::npos ||
           shard.find('\\') != std::string_view::npos || shard.find('\0') != std::string_view::npos) {
-        return fail("weight_map " + shown(tensor) + " names shard " + shown(shard) + ", not a plain file name");
+        return fail("weight_map " + quoted_name(tensor) + " names shard " + quoted_name(shard) + ", not a plain file name");
       }
       if (!map.emplace(std::move(tensor), std::string(shard)).second) {
-        return fail("weight_map names " + shown(name) + " twice");
+        return fail("weight_map names " + quoted_name(name) + " twice");
       }
     }
   }
@@ -348,7 +334,7 @@ SafetensorsResult<Safetensors> Safetensors::open(const std::filesystem::path& pa
     const SafetensorsTensor& t = s.tensors_[i];
     if (!s.index_.emplace(t.name, i).second) {
       const SafetensorsTensor& other = s.tensors_[s.index_.find(t.name)->second];
-      return SafetensorsError{"tensor " + shown(t.name) + " is in both " + s.shard_paths_[other.shard].string() +
+      return SafetensorsError{"tensor " + quoted_name(t.name) + " is in both " + s.shard_paths_[other.shard].string() +
                               " and " + s.shard_paths_[t.shard].string()};
     }
   }
@@ -357,7 +343,7 @@ SafetensorsResult<Safetensors> Safetensors::open(const std::filesystem::path& pa
   for (const auto& [tensor, shard] : weight_map) {
     const SafetensorsTensor* t = s.find(tensor);
     if (t == nullptr || s.shard_paths_[t->shard].filename() != shard) {
-      return SafetensorsError{index_path.string() + ": weight_map puts " + shown(tensor) + " in " + shard +
+      return SafetensorsError{index_path.string() + ": weight_map puts " + quoted_name(tensor) + " in " + shard +
                               (t == nullptr ? ", but no shard holds it"
                                             : ", but it is in " + s.shard_paths_[t->shard].filename().string())};
     }
