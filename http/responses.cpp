@@ -51,6 +51,16 @@ bj::object timings_json(const Usage& u) {
   return out;
 }
 
+// A stream's usage chunk carries usage and timings; its finishing chunk, timings alone.
+void add_chunk_usage(bj::object& out, const std::optional<Usage>& usage, const std::optional<Usage>& timings) {
+  if (usage) {
+    out["usage"] = usage_json(*usage);
+    out["timings"] = timings_json(*usage);
+  } else if (timings) {
+    out["timings"] = timings_json(*timings);
+  }
+}
+
 bj::value finish_json(const std::optional<std::string>& reason) {
   if (!reason) return nullptr;
   return bj::value(*reason);
@@ -118,12 +128,7 @@ std::string to_json(const ChatChunk& x) {
     choices.push_back(std::move(choice));
   }
   out["choices"] = std::move(choices);
-  if (x.usage) {
-    out["usage"] = usage_json(*x.usage);
-    out["timings"] = timings_json(*x.usage);
-  } else if (x.timings) {
-    out["timings"] = timings_json(*x.timings);
-  }
+  add_chunk_usage(out, x.usage, x.timings);
   return dump(out);
 }
 
@@ -148,12 +153,7 @@ std::string to_json(const CompletionChunk& x) {
     choices.push_back(std::move(choice));
   }
   out["choices"] = std::move(choices);
-  if (x.usage) {
-    out["usage"] = usage_json(*x.usage);
-    out["timings"] = timings_json(*x.usage);
-  } else if (x.timings) {
-    out["timings"] = timings_json(*x.timings);
-  }
+  add_chunk_usage(out, x.usage, x.timings);
   return dump(out);
 }
 
