@@ -10,6 +10,15 @@ ApiError invalid_field(std::string param, std::string message, std::string code)
   return e;
 }
 
+ApiError make_error(unsigned status, std::string type, std::string code, std::string message) {
+  ApiError e;
+  e.status = status;
+  e.type = std::move(type);
+  e.code = std::move(code);
+  e.message = std::move(message);
+  return e;
+}
+
 ApiError error_for(actors::EndCause cause, const std::string& message, uint32_t retry_after_s) {
   using actors::EndCause;
   ApiError e;

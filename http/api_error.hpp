@@ -18,6 +18,7 @@ struct ApiError {
 };
 
 ApiError invalid_field(std::string param, std::string message, std::string code = "invalid_value");
+ApiError make_error(unsigned status, std::string type, std::string code, std::string message);
 
 // How an engine-side end (rejection, failure, cancel) reaches the client.
 ApiError error_for(actors::EndCause cause, const std::string& message, uint32_t retry_after_s);

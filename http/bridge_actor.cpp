@@ -25,10 +25,12 @@ std::string tool_call_id(actors::RequestId id, size_t index) {
   return "call_" + std::to_string(id) + "_" + std::to_string(index);
 }
 
-void respond_error(bridge_pointer self, const ApiError& error) {
-  HeaderList headers;
-  if (error.retry_after_s > 0) headers.emplace_back("Retry-After", std::to_string(error.retry_after_s));
-  self->state.job.channel->send_json(error.status, to_json(error), std::move(headers));
+// Asks the scheduler to end this request, at most once (later causes change nothing).
+void cancel_once(bridge_pointer self, actors::EndCause cause) {
+  BridgeState& st = self->state;
+  if (st.cancel_sent) return;
+  st.cancel_sent = true;
+  self->send(st.job.context->engine.scheduler, actors::CancelRequest{st.job.id, cause});
 }
 
 // Sends one SSE event; a client that is gone or not reading ends the generation for it.
@@ -37,11 +39,19 @@ void send_event(bridge_pointer self, std::string payload) {
   if (st.client_gone) return;
   if (!st.job.channel->send_event(std::move(payload))) {
     st.client_gone = true;
-    if (!st.cancel_sent) {
-      st.cancel_sent = true;
-      self->send(st.job.context->engine.scheduler, actors::CancelRequest{st.job.id, actors::EndCause::client_cancelled});
-    }
+    cancel_once(self, actors::EndCause::client_cancelled);
   }
+}
+
+// Ends the exchange with an error: an error response before the stream started, else an error
+// event and [DONE] (unless the client is already gone).
+void end_with_error(bridge_pointer self, const ApiError& e) {
+  BridgeState& st = self->state;
+  if (!st.events_started) return send_error(*st.job.channel, e);
+  if (st.client_gone) return;
+  send_event(self, to_json(e));
+  send_event(self, "[DONE]");
+  st.job.channel->end_events();
 }
 
 void start_events(bridge_pointer self) {
@@ -180,7 +190,7 @@ void on_finished(bridge_pointer self, const RequestFinished& done) {
   usage.usage.completion_tokens = st.stream->tokens();  // what the client saw, up to a stop string
   if (st.client_gone) return;
   if (!ok && !st.events_started) {
-    respond_error(self, error_for(done.cause, done.message, ctx.config.retry_after_s));
+    send_error(*self->state.job.channel, error_for(done.cause, done.message, ctx.config.retry_after_s));
     return;
   }
   if (!st.options.stream) {
@@ -294,42 +304,20 @@ actors::bridge_actor::behavior_type bridge(bridge_pointer self, BridgeJob job) {
       what = e.what();
     } catch (...) {
     }
-    ApiError e;
-    e.status = 500;
-    e.type = "server_error";
-    e.code = "internal_error";
-    e.message = "internal error while serving this request: " + what;
-    BridgeState& st = self->state;
-    if (!st.events_started) {
-      respond_error(self, e);
-    } else if (!st.client_gone) {
-      send_event(self, to_json(e));
-      send_event(self, "[DONE]");
-      st.job.channel->end_events();
-    }
+    end_with_error(self, make_error(500, "server_error", "internal_error",
+                                    "internal error while serving this request: " + what));
     return caf::exit_reason::unhandled_exception;
   });
   auto prepared = prepare_request(st);
   if (auto* error = std::get_if<ApiError>(&prepared)) {
-    respond_error(self, *error);
+    send_error(*self->state.job.channel, *error);
     self->quit();  // never submitted: there is no terminal event to wait for
   } else {
     const actors::scheduler_actor scheduler = st.job.context->engine.scheduler;
     self->monitor(scheduler);
     self->set_down_handler([self](const caf::down_msg&) {
       // The engine is gone (shutdown): nothing will finish this request any more.
-      ApiError e;
-      e.status = 503;
-      e.type = "server_error";
-      e.code = "shutting_down";
-      e.message = "the engine stopped";
-      if (!self->state.events_started) {
-        respond_error(self, e);
-      } else if (!self->state.client_gone) {
-        send_event(self, to_json(e));
-        send_event(self, "[DONE]");
-        self->state.job.channel->end_events();
-      }
+      end_with_error(self, make_error(503, "server_error", "shutting_down", "the engine stopped"));
       self->quit();
     });
     self->send(scheduler, actors::submit_atom_v, std::move(std::get<actors::GenerateRequest>(prepared)),
@@ -345,10 +333,7 @@ actors::bridge_actor::behavior_type bridge(bridge_pointer self, BridgeJob job) {
           const bool was_stopped = st.stream->stopped_by_string();
           StreamDelta delta = st.stream->push(token);
           if (st.options.stream && !was_stopped) send_delta(self, delta, std::nullopt);
-          if (st.stream->stopped_by_string() && !st.cancel_sent) {
-            st.cancel_sent = true;
-            self->send(st.job.context->engine.scheduler, actors::CancelRequest{st.job.id, actors::EndCause::stop_string});
-          }
+          if (st.stream->stopped_by_string()) cancel_once(self, actors::EndCause::stop_string);
         }
       },
       [self](const RequestFinished& done) {
@@ -356,12 +341,8 @@ actors::bridge_actor::behavior_type bridge(bridge_pointer self, BridgeJob job) {
         self->quit();
       },
       [self](actors::client_gone_atom) {
-        BridgeState& st = self->state;
-        st.client_gone = true;
-        if (!st.cancel_sent) {
-          st.cancel_sent = true;
-          self->send(st.job.context->engine.scheduler, actors::CancelRequest{st.job.id, actors::EndCause::client_cancelled});
-        }
+        self->state.client_gone = true;
+        cancel_once(self, actors::EndCause::client_cancelled);
       },
   };
 }

@@ -7,6 +7,7 @@
 #include <boost/beast/http.hpp>
 
 #include <atomic>
+#include <charconv>
 #include <deque>
 #include <functional>
 #include <optional>
@@ -118,12 +119,19 @@ class Session : public std::enable_shared_from_this<Session> {
       ex->queued_events.fetch_sub(1);
       return;
     }
-    std::string data = "data: " + payload + "\n\n";
+    // Once per token per stream: one string, no stream object.
     ctx_->metrics.events_sent.fetch_add(1);
-    if (!chunked_) return enqueue(std::move(data), true);
-    std::ostringstream size;
-    size << std::hex << data.size();
-    enqueue(size.str() + "\r\n" + data + "\r\n", true);
+    const size_t event_bytes = payload.size() + 8;  // "data: " + payload + "\n\n"
+    std::string out;
+    out.reserve(event_bytes + 20);
+    if (chunked_) {
+      char hex[16];
+      const char* end = std::to_chars(hex, hex + sizeof hex, event_bytes, 16).ptr;
+      out.append(hex, static_cast<size_t>(end - hex)).append("\r\n");
+    }
+    out.append("data: ").append(payload).append("\n\n");
+    if (chunked_) out.append("\r\n");
+    enqueue(std::move(out), true);
   }
 
   void finish_events(Exchange* ex) {

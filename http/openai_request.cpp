@@ -256,27 +256,16 @@ bool read_common(const std::string& key, od::value& v, GenerationOptions& o, May
     err = read_bool(v, key, o.ignore_eos);
   } else if (key == "cache_prompt") {
     err = read_bool(v, key, o.cache_prompt);
-  } else if (key == "frequency_penalty" || key == "presence_penalty" || key == "repetition_penalty") {
-    if (key == "repetition_penalty") {
-      JsonValue value;
-      if ((err = to_json(v, key, 1, value))) return true;
-      if (!value.is_null() && number_value(value) != 1) {
-        err = invalid_field(key, key + " is not supported by ferry (only 1)", "unsupported_parameter");
-      }
-    } else {
-      err = only_default(v, key, "only 0");
+  } else if (key == "repetition_penalty" || key == "best_of") {
+    JsonValue value;
+    if ((err = to_json(v, key, 1, value))) return true;
+    if (!value.is_null() && number_value(value) != 1) {
+      err = invalid_field(key, key + " is not supported by ferry (only 1)", "unsupported_parameter");
     }
-  } else if (key == "logprobs" || key == "top_logprobs" || key == "logit_bias" || key == "echo" ||
-             key == "best_of" || key == "suffix") {
-    if (key == "best_of") {
-      JsonValue value;
-      if ((err = to_json(v, key, 1, value))) return true;
-      if (!value.is_null() && number_value(value) != 1) {
-        err = invalid_field(key, "best_of is not supported by ferry (only 1)", "unsupported_parameter");
-      }
-    } else {
-      err = only_default(v, key, "not implemented");
-    }
+  } else if (key == "frequency_penalty" || key == "presence_penalty") {
+    err = only_default(v, key, "only 0");
+  } else if (key == "logprobs" || key == "top_logprobs" || key == "logit_bias" || key == "echo" || key == "suffix") {
+    err = only_default(v, key, "not implemented");
   } else {
     return false;
   }

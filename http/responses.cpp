@@ -225,4 +225,10 @@ std::string to_json(const ApiError& x) {
   return dump(bj::object{{"error", std::move(error)}});
 }
 
+void send_error(ResponseChannel& channel, const ApiError& error) {
+  HeaderList headers;
+  if (error.retry_after_s > 0) headers.emplace_back("Retry-After", std::to_string(error.retry_after_s));
+  channel.send_json(error.status, to_json(error), std::move(headers));
+}
+
 }  // namespace ferry::http

@@ -8,6 +8,7 @@
 
 #include "actors/messages.hpp"
 #include "http/api_error.hpp"
+#include "http/response_channel.hpp"
 
 namespace ferry::http {
 
@@ -124,5 +125,8 @@ std::string to_json(const SlotsReport& x);
 std::string to_json(const CancelReport& x);
 std::string to_json(const ReleaseReport& x);
 std::string to_json(const ApiError& x);
+
+// Answers with the error object (and Retry-After when the error carries one).
+void send_error(ResponseChannel& channel, const ApiError& error);
 
 }  // namespace ferry::http

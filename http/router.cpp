@@ -18,23 +18,9 @@ using Context = std::shared_ptr<ServerContext>;
 
 constexpr auto kAskTimeout = std::chrono::seconds(10);
 
-void answer_error(const Channel& channel, const ApiError& error) {
-  HeaderList headers;
-  if (error.retry_after_s > 0) headers.emplace_back("Retry-After", std::to_string(error.retry_after_s));
-  channel->send_json(error.status, to_json(error), std::move(headers));
-}
-
-ApiError error(unsigned status, std::string type, std::string code, std::string message) {
-  ApiError e;
-  e.status = status;
-  e.type = std::move(type);
-  e.code = std::move(code);
-  e.message = std::move(message);
-  return e;
-}
 
 ApiError engine_unavailable(const std::string& why) {
-  return error(503, "server_error", "engine_unavailable", "the engine did not answer: " + why);
+  return make_error(503, "server_error", "engine_unavailable", "the engine did not answer: " + why);
 }
 
 // 503 while the server cannot take generation work; nullopt when it can.
@@ -42,17 +28,17 @@ std::optional<ApiError> not_serving(const ServerContext& ctx) {
   switch (ctx.current_phase()) {
     case ServerPhase::ready: return std::nullopt;
     case ServerPhase::loading: {
-      ApiError e = error(503, "server_error", "model_loading", "the model is still loading (GET /health shows progress)");
+      ApiError e = make_error(503, "server_error", "model_loading", "the model is still loading (GET /health shows progress)");
       e.retry_after_s = ctx.config.retry_after_s;
       return e;
     }
     case ServerPhase::draining: {
-      ApiError e = error(503, "server_error", "shutting_down", "the server is shutting down");
+      ApiError e = make_error(503, "server_error", "shutting_down", "the server is shutting down");
       e.retry_after_s = ctx.config.retry_after_s;
       return e;
     }
     case ServerPhase::load_failed:
-      return error(503, "server_error", "model_load_failed", "the model failed to load: " + ctx.load_failure);
+      return make_error(503, "server_error", "model_load_failed", "the model failed to load: " + ctx.load_failure);
   }
   return std::nullopt;
 }
@@ -95,23 +81,23 @@ std::string query_value(std::string_view query, std::string_view name) {
 int64_t unix_now() { return static_cast<int64_t>(std::time(nullptr)); }
 
 void generate(const Context& ctx, const HttpRequest& req, const Channel& channel, bool chat) {
-  if (auto e = not_serving(*ctx)) return answer_error(channel, *e);
+  if (auto e = not_serving(*ctx)) return send_error(*channel, *e);
   std::variant<ChatRequest, CompletionRequest> request;
   if (chat) {
     auto parsed = parse_chat_request(req.body);
-    if (auto* e = std::get_if<ApiError>(&parsed)) return answer_error(channel, *e);
+    if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(*channel, *e);
     request = std::move(std::get<ChatRequest>(parsed));
   } else {
     auto parsed = parse_completion_request(req.body);
-    if (auto* e = std::get_if<ApiError>(&parsed)) return answer_error(channel, *e);
+    if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(*channel, *e);
     request = std::move(std::get<CompletionRequest>(parsed));
   }
   const std::string& model = std::visit([](const auto& r) -> const std::string& { return r.options.model; }, request);
   if (!model.empty() && model != ctx->config.model_id) {
-    ApiError e = error(404, "invalid_request_error", "model_not_found",
+    ApiError e = make_error(404, "invalid_request_error", "model_not_found",
                        "model '" + model + "' is not served here; this server serves '" + ctx->config.model_id + "'");
     e.param = "model";
-    return answer_error(channel, e);
+    return send_error(*channel, e);
   }
   BridgeJob job;
   job.request = std::move(request);
@@ -162,7 +148,7 @@ void health(const Context& ctx, const Channel& channel) {
               if (snap.draining) r.reason = "the server is shutting down";
               channel->send_json(snap.draining ? 503 : 200, to_json(r));
             },
-            [ctx, channel](caf::error& err) { answer_error(channel, engine_unavailable(ctx->system->render(err))); });
+            [ctx, channel](caf::error& err) { send_error(*channel, engine_unavailable(ctx->system->render(err))); });
   });
 }
 
@@ -183,28 +169,28 @@ void metrics(const Context& ctx, const Channel& channel) {
                         channel->send_json(200, render_metrics(*ctx, snap, std::nullopt), text);
                       });
             },
-            [ctx, channel](caf::error& err) { answer_error(channel, engine_unavailable(ctx->system->render(err))); });
+            [ctx, channel](caf::error& err) { send_error(*channel, engine_unavailable(ctx->system->render(err))); });
   });
 }
 
 void slots(const Context& ctx, const Channel& channel) {
-  if (!has_engine(*ctx)) return answer_error(channel, *not_serving(*ctx));
+  if (!has_engine(*ctx)) return send_error(*channel, *not_serving(*ctx));
   ctx->system->spawn([ctx, channel](caf::event_based_actor* self) {
     self->request(ctx->engine.scheduler, kAskTimeout, actors::snapshot_atom_v)
         .then([channel](actors::EngineSnapshot& snap) { channel->send_json(200, to_json(SlotsReport{snap})); },
-              [ctx, channel](caf::error& err) { answer_error(channel, engine_unavailable(ctx->system->render(err))); });
+              [ctx, channel](caf::error& err) { send_error(*channel, engine_unavailable(ctx->system->render(err))); });
   });
 }
 
 void release(const Context& ctx, std::string_view id_text, std::string_view query, const Channel& channel) {
-  if (!has_engine(*ctx)) return answer_error(channel, *not_serving(*ctx));
+  if (!has_engine(*ctx)) return send_error(*channel, *not_serving(*ctx));
   const auto id = parse_number(id_text);
   if (!id || *id > UINT32_MAX) {
-    return answer_error(channel, invalid_field("id", "slot id '" + std::string(id_text) + "' is not a number"));
+    return send_error(*channel, invalid_field("id", "slot id '" + std::string(id_text) + "' is not a number"));
   }
   const std::string action = query_value(query, "action");
   if (action != "release") {
-    return answer_error(channel, invalid_field("action", "action = '" + action + "': the slot action is 'release'"));
+    return send_error(*channel, invalid_field("action", "action = '" + action + "': the slot action is 'release'"));
   }
   const auto slot = static_cast<uint32_t>(*id);
   ctx->system->spawn([ctx, channel, slot](caf::event_based_actor* self) {
@@ -213,19 +199,19 @@ void release(const Context& ctx, std::string_view id_text, std::string_view quer
             [channel, slot](actors::ReleaseResult& result) {
               channel->send_json(result.ok ? 200 : 404, to_json(ReleaseReport{slot, result}));
             },
-            [ctx, channel](caf::error& err) { answer_error(channel, engine_unavailable(ctx->system->render(err))); });
+            [ctx, channel](caf::error& err) { send_error(*channel, engine_unavailable(ctx->system->render(err))); });
   });
 }
 
 void cancel(const Context& ctx, std::string_view id_text, const Channel& channel) {
-  if (!has_engine(*ctx)) return answer_error(channel, *not_serving(*ctx));
+  if (!has_engine(*ctx)) return send_error(*channel, *not_serving(*ctx));
   std::string_view digits = id_text;
   for (std::string_view prefix : {"chatcmpl-", "cmpl-"}) {
     if (digits.substr(0, prefix.size()) == prefix) digits.remove_prefix(prefix.size());
   }
   const auto id = parse_number(digits);
   if (!id) {
-    return answer_error(channel, invalid_field("id", "request id '" + std::string(id_text) +
+    return send_error(*channel, invalid_field("id", "request id '" + std::string(id_text) +
                                                          "': expected a response id such as chatcmpl-42"));
   }
   // Fire and forget: cancel is idempotent, an unknown or finished request is left alone.
@@ -260,7 +246,7 @@ Endpoint route(const Context& ctx, HttpRequest req, const Channel& channel) {
   const bool get = req.method == "GET";
   const bool post = req.method == "POST";
   auto method_not_allowed = [&](const char* allowed) {
-    answer_error(channel, error(405, "invalid_request_error", "method_not_allowed",
+    send_error(*channel, make_error(405, "invalid_request_error", "method_not_allowed",
                                 req.method + " " + path + ": use " + allowed));
   };
 
@@ -278,7 +264,7 @@ Endpoint route(const Context& ctx, HttpRequest req, const Channel& channel) {
   else if (path.rfind("/v1/requests/", 0) == 0) endpoint = Endpoint::admin;
 
   if (!authorized(*ctx, req.authorization)) {
-    answer_error(channel, error(401, "authentication_error", "invalid_api_key",
+    send_error(*channel, make_error(401, "authentication_error", "invalid_api_key",
                                 "a valid API key is required: send 'Authorization: Bearer <key>'"));
     return endpoint;
   }
@@ -323,7 +309,7 @@ Endpoint route(const Context& ctx, HttpRequest req, const Channel& channel) {
     default:
       break;
   }
-  answer_error(channel, error(404, "invalid_request_error", "not_found", "no endpoint " + req.method + " " + path));
+  send_error(*channel, make_error(404, "invalid_request_error", "not_found", "no endpoint " + req.method + " " + path));
   return Endpoint::other;
 }
 
