@@ -172,9 +172,7 @@ int serve(CLI::App& cmd, ServeOptions& options) {
   context->config = config;
   context->system = &system;
   context->started_unix = static_cast<int64_t>(std::time(nullptr));
-  context->progress.stage_name = std::get<std::string>(model_path).rfind("/proc/self/fd/", 0) == 0
-                                     ? "the default model"
-                                     : std::get<std::string>(model_path);
+  context->progress.stage_name = config.model_path.empty() ? "the default model" : config.model_path;
 
   boost::asio::io_context ioc;
   auto work = boost::asio::make_work_guard(ioc);
