@@ -55,7 +55,23 @@ std::vector<SlotResult> CpuBackend::step(const std::vector<SlotRows>& rows) {
   std::vector<float> hidden;
   forward_->forward(batch, hidden);
 
+  // The output head (the largest matrix) is read once per step for every slot's logit rows.
   const size_t D = hparams().hidden_size, V = hparams().vocab_size;
+  std::vector<size_t> logit_row0(rows.size(), 0);
+  std::vector<float> head_in;
+  size_t logit_rows = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const size_t n = rows[i].tokens.size();
+    if (n == 0) continue;
+    const size_t from = rows[i].logits_all ? 0 : n - 1;
+    logit_row0[i] = logit_rows;
+    logit_rows += n - from;
+    const float* h = hidden.data() + (first_row[i] + from) * D;
+    head_in.insert(head_in.end(), h, h + (n - from) * D);
+  }
+  std::vector<float> all_logits(logit_rows * V);
+  forward_->logits(head_in.data(), logit_rows, all_logits.data());
+
   std::vector<SlotResult> out(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) {
     const SlotRows& r = rows[i];
@@ -64,8 +80,8 @@ std::vector<SlotResult> CpuBackend::step(const std::vector<SlotRows>& rows) {
     if (r.tokens.empty()) continue;
     const size_t n = r.tokens.size();
     const size_t from = r.logits_all ? 0 : n - 1;
-    std::vector<float> logits((n - from) * V);
-    forward_->logits(hidden.data() + (first_row[i] + from) * D, n - from, logits.data());
+    const float* mine = all_logits.data() + logit_row0[i] * V;
+    std::vector<float> logits(mine, mine + (n - from) * V);
     if (r.sample) {
       const std::span<const float> last(logits.data() + (n - from - 1) * V, V);
       res.sampled = sample_token(last, r.sampling, uint64_t{r.start} + n);

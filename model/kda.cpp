@@ -158,11 +158,12 @@ void kda_layer(const KdaConfig& c, const Glm5LayerWeights& w, const float* x, si
           }
           qkv[(seg.row0 + t) * width + ch] = silu(acc);
         }
-        // new state: the last kc-1 inputs of (old state, segment rows)
-        std::vector<float> hist(kc - 1 + seg.rows);
-        for (size_t i = 0; i < kc - 1; ++i) hist[i] = state[i * width + ch];
-        for (size_t t = 0; t < seg.rows; ++t) hist[kc - 1 + t] = pre[(seg.row0 + t) * width + ch];
-        for (size_t i = 0; i < kc - 1; ++i) state[i * width + ch] = hist[seg.rows + i];
+        // New state: the last kc-1 inputs of (old state ++ segment rows), shifted in place; entry i
+        // reads index seg.rows + i >= i, which is not overwritten yet.
+        for (size_t i = 0; i < kc - 1; ++i) {
+          const size_t src = seg.rows + i;
+          state[i * width + ch] = src < kc - 1 ? state[src * width + ch] : pre[(seg.row0 + src - (kc - 1)) * width + ch];
+        }
       }
     });
   }
