@@ -53,4 +53,13 @@ void softmax(float* x, size_t n);
 // Clamped SwiGLU: silu(min(gate, limit)) * clamp(up, -limit, limit), into gate.
 void swiglu_clamped(float* gate, const float* up, size_t n, float limit);
 
+// The tie rule of every top-k in ferry (DSA pools, MoE experts and groups, sampling): the higher value
+// first, then the lower index. A strict total order, so every selection is deterministic.
+struct HigherValueFirst {
+  const float* values;
+  bool operator()(uint32_t a, uint32_t b) const {
+    return values[a] > values[b] || (values[a] == values[b] && a < b);
+  }
+};
+
 }  // namespace ferry::model

@@ -32,9 +32,8 @@ void select_pools(std::span<const float> scores, size_t budget, std::vector<uint
   out.resize(scores.size());
   std::iota(out.begin(), out.end(), 0u);
   if (scores.size() > budget) {
-    std::nth_element(out.begin(), out.begin() + static_cast<ptrdiff_t>(budget), out.end(), [&](uint32_t a, uint32_t b) {
-      return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
-    });
+    std::nth_element(out.begin(), out.begin() + static_cast<ptrdiff_t>(budget), out.end(),
+                     HigherValueFirst{scores.data()});
     out.resize(budget);
     std::sort(out.begin(), out.end());
   }

@@ -63,6 +63,18 @@ void Glm5Forward::forward(std::span<const ForwardRows> requests, std::vector<flo
     }
   }
 
+  // Each request's rows and start position are the same in every layer; only the state changes.
+  std::vector<KdaSegment> kda_segs;
+  std::vector<DsaSegment> dsa_segs;
+  {
+    size_t row = 0;
+    for (const ForwardRows& r : requests) {
+      kda_segs.push_back({row, r.tokens.size(), nullptr});
+      dsa_segs.push_back({row, r.tokens.size(), r.state->tokens(), nullptr});
+      row += r.tokens.size();
+    }
+  }
+
   DsaSelections selections;
   for (uint32_t il = 0; il < hp_.n_layers; ++il) {
     const Glm5LayerWeights& l = w_.layers[il];
@@ -71,21 +83,11 @@ void Glm5Forward::forward(std::span<const ForwardRows> requests, std::vector<flo
             post.data(), comb.data(), pool_);
     for (size_t t = 0; t < rows; ++t) rms_norm(u.data() + t * D, l.attn_norm.data(), D, hp_.rms_eps, x.data() + t * D);
     if (l.kind == LayerKind::kda) {
-      std::vector<KdaSegment> segs;
-      size_t row = 0;
-      for (const ForwardRows& r : requests) {
-        segs.push_back({row, r.tokens.size(), &r.state->kda(il)});
-        row += r.tokens.size();
-      }
-      kda_layer(kda_, l, x.data(), rows, segs, y.data(), pool_);
+      for (size_t i = 0; i < requests.size(); ++i) kda_segs[i].state = &requests[i].state->kda(il);
+      kda_layer(kda_, l, x.data(), rows, kda_segs, y.data(), pool_);
     } else {
-      std::vector<DsaSegment> segs;
-      size_t row = 0;
-      for (const ForwardRows& r : requests) {
-        segs.push_back({row, r.tokens.size(), r.state->tokens(), &r.state->dsa(il)});
-        row += r.tokens.size();
-      }
-      dsa_layer(dsa_, l, x.data(), rows, segs, y.data(), selections, pool_, opt.selections);
+      for (size_t i = 0; i < requests.size(); ++i) dsa_segs[i].cache = &requests[i].state->dsa(il);
+      dsa_layer(dsa_, l, x.data(), rows, dsa_segs, y.data(), selections, pool_, opt.selections);
     }
     mhc_post(mhc_, y.data(), post.data(), comb.data(), rows, D, streams.data(), pool_);
 

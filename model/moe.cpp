@@ -11,9 +11,7 @@ namespace {
 void top_k_indices(const std::vector<float>& v, uint32_t k, std::vector<uint32_t>& out) {
   out.resize(v.size());
   std::iota(out.begin(), out.end(), 0u);
-  std::partial_sort(out.begin(), out.begin() + k, out.end(), [&](uint32_t a, uint32_t b) {
-    return v[a] > v[b] || (v[a] == v[b] && a < b);
-  });
+  std::partial_sort(out.begin(), out.begin() + k, out.end(), HigherValueFirst{v.data()});
   out.resize(k);
 }
 

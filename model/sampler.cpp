@@ -5,6 +5,8 @@
 #include <numeric>
 #include <vector>
 
+#include "model/cpu_ops.hpp"
+
 namespace ferry::model {
 namespace {
 
@@ -38,7 +40,7 @@ int32_t sample_token(std::span<const float> logits, const SamplingParams& p, uin
   const size_t n = logits.size();
   std::vector<uint32_t> order(n);
   std::iota(order.begin(), order.end(), 0u);
-  auto better = [&](uint32_t a, uint32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  const HigherValueFirst better{logits.data()};
   size_t keep = n;
   if (p.top_k > 0 && p.top_k < n) {
     keep = p.top_k;
