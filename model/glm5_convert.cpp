@@ -280,13 +280,22 @@ struct Producer {
 GgmlType glm5_tensor_type(const Glm5TensorSpec& spec, GgmlType type, bool keep_f32, std::string* why) {
   if (why != nullptr) why->clear();
   if (spec.keep_f32 || keep_f32) return GgmlType::F32;
+  // The output head's error lands on every logit unaveraged, so files of 4- and 5-bit k-quants keep it at
+  // 6 bits, as llama.cpp's k-quant files do (its Q4_K_S/M and Q5_K_S/M mixes store output.weight as Q6_K).
+  const bool head = spec.role == Glm5Tensor::output && (type == GgmlType::Q4_K || type == GgmlType::Q5_K);
+  const GgmlType want = head ? GgmlType::Q6_K : type;
   const uint64_t ne0 = spec.dims.empty() ? 1 : spec.dims[0];
   auto fits = [&](GgmlType t) { return ne0 % ggml_type_traits(t).block_elems == 0; };
-  if (fits(type)) return type;
-  const GgmlType fallback = type != GgmlType::Q8_0 && fits(GgmlType::Q8_0) ? GgmlType::Q8_0 : GgmlType::F16;
+  if (fits(want)) {
+    if (head && why != nullptr) {
+      *why = spec.name + ": the output head is stored as " + type_name(want) + " in a " + type_name(type) + " file";
+    }
+    return want;
+  }
+  const GgmlType fallback = want != GgmlType::Q8_0 && fits(GgmlType::Q8_0) ? GgmlType::Q8_0 : GgmlType::F16;
   if (why != nullptr) {
-    *why = spec.name + ": rows of " + std::to_string(ne0) + " are not a whole number of " + type_name(type) +
-           " blocks (" + std::to_string(ggml_type_traits(type).block_elems) + "): stored as " + type_name(fallback);
+    *why = spec.name + ": rows of " + std::to_string(ne0) + " are not a whole number of " + type_name(want) +
+           " blocks (" + std::to_string(ggml_type_traits(want).block_elems) + "): stored as " + type_name(fallback);
   }
   return fallback;
 }
@@ -296,7 +305,7 @@ uint32_t glm5_file_type(GgmlType type) {
     case GgmlType::F32: return 0;
     case GgmlType::F16: return 1;
     case GgmlType::Q8_0: return 7;
-    case GgmlType::Q4_K: return 14;  // LLAMA_FTYPE_MOSTLY_Q4_K_S
+    case GgmlType::Q4_K: return 14;  // LLAMA_FTYPE_MOSTLY_Q4_K_S (its output head is Q6_K there too)
     case GgmlType::Q5_K: return 16;  // LLAMA_FTYPE_MOSTLY_Q5_K_S
     case GgmlType::Q6_K: return 18;
     case GgmlType::BF16: return 32;

@@ -47,12 +47,13 @@ struct Glm5ConvertPlan {
 class HfCheckpoint;
 
 // The GGUF type a tensor gets for the requested `type`: F32 for small state and keep_f32 matches,
-// else `type` when the row length (dims[0]) is a whole number of its blocks, else Q8_0 when that
-// fits, else F16. `why` says why it is not `type` (empty when it is).
+// else `type` (Q6_K for the output head when `type` is Q4_K or Q5_K) when the row length (dims[0]) is
+// a whole number of its blocks, else Q8_0 when that fits, else F16. `why` says why it is not `type`
+// (empty when it is).
 GgmlType glm5_tensor_type(const Glm5TensorSpec& spec, GgmlType type, bool keep_f32, std::string* why = nullptr);
 
 // llama.cpp's general.file_type for a file made with --type `type` (LLAMA_FTYPE_*; the K types map
-// to their _S variants, which are the uniform ones).
+// to their _S variants, the mixes nearest to one type throughout).
 uint32_t glm5_file_type(GgmlType type);
 
 // Reads config.json and the safetensors headers of `hf_dir` and decides every output tensor. The

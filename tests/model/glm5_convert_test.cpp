@@ -33,6 +33,31 @@ TEST(Glm5Convert, TypeFallsBackWhenRowsAreNotWholeBlocks) {
   EXPECT_EQ(glm5_tensor_type(spec("x", {16, 4}), GgmlType::BF16, false, &why), GgmlType::BF16);
 }
 
+TEST(Glm5Convert, OutputHeadIsQ6KInFilesOfFourAndFiveBitKQuants) {
+  Glm5TensorSpec head = spec("output.weight", {4096, 154880});
+  head.role = Glm5Tensor::output;
+  std::string why;
+  EXPECT_EQ(glm5_tensor_type(head, GgmlType::Q4_K, false, &why), GgmlType::Q6_K);
+  EXPECT_EQ(why, "output.weight: the output head is stored as q6_K in a q4_K file");
+  EXPECT_EQ(glm5_tensor_type(head, GgmlType::Q5_K, false, &why), GgmlType::Q6_K);
+  EXPECT_EQ(glm5_tensor_type(head, GgmlType::Q6_K, false, &why), GgmlType::Q6_K);
+  EXPECT_EQ(why, "");
+  for (GgmlType t : {GgmlType::Q8_0, GgmlType::BF16, GgmlType::F16, GgmlType::F32}) {
+    EXPECT_EQ(glm5_tensor_type(head, t, false, &why), t);
+    EXPECT_EQ(why, "");
+  }
+  EXPECT_EQ(glm5_tensor_type(head, GgmlType::Q4_K, true), GgmlType::F32);  // --keep-f32 wins
+  // the token embedding, even when it is the same matrix (tied), keeps the requested type
+  Glm5TensorSpec embd = spec("token_embd.weight", {4096, 154880});
+  embd.role = Glm5Tensor::token_embd;
+  EXPECT_EQ(glm5_tensor_type(embd, GgmlType::Q4_K, false), GgmlType::Q4_K);
+  // rows that are not whole Q6_K blocks fall back as any tensor's do
+  Glm5TensorSpec narrow = spec("output.weight", {64, 256});
+  narrow.role = Glm5Tensor::output;
+  EXPECT_EQ(glm5_tensor_type(narrow, GgmlType::Q4_K, false, &why), GgmlType::Q8_0);
+  EXPECT_EQ(why, "output.weight: rows of 64 are not a whole number of q6_K blocks (256): stored as q8_0");
+}
+
 TEST(Glm5Convert, FileTypes) {
   EXPECT_EQ(glm5_file_type(GgmlType::F32), 0u);
   EXPECT_EQ(glm5_file_type(GgmlType::F16), 1u);

@@ -58,6 +58,8 @@ def make_checkpoint(path: pathlib.Path, text: dict, dtype="BF16", spelling="chec
 def expected_type(name: str, shape_ne: list[int], qtype: str) -> str:
     if ck.is_small_state(name):
         return "f32"
+    if name == "output.weight" and qtype in ("q4_k", "q5_k"):
+        qtype = "q6_k"  # the output head of 4- and 5-bit k-quant files, as llama.cpp's
     if qtype in BLOCK and shape_ne[0] % BLOCK[qtype] != 0:
         return "q8_0" if qtype != "q8_0" and shape_ne[0] % 32 == 0 else "f16"
     return qtype
@@ -124,6 +126,25 @@ def test_convert_types(ferry_bin, tiny, tmp_path, qtype):
     assert list(field(reader, "glm5next.swiglu_clamp_exp")) == [10.0] * 5
     if qtype in ("q4_k", "q5_k", "q6_k"):
         assert "rows of 32 are not a whole number" in p.stderr  # ssm_f_b / ssm_g_b fall back to q8_0
+    head_note = f"output.weight: the output head is stored as q6_K in a {qtype[:-1]}K file"
+    assert (head_note in p.stderr) == (qtype in ("q4_k", "q5_k")), p.stderr
+
+
+def test_tied_embeddings_head_is_q6_k_and_embedding_keeps_q4_k(ferry_bin, tmp_path):
+    """A tied checkpoint (no lm_head.weight): output.weight is the embedding, stored as q6_K in a q4_k
+    file while token_embd.weight stays q4_K (llama.cpp stores a tied head as Q6_K too)."""
+    text = ck.tiny_text_config(tie_word_embeddings=True)
+    d = tmp_path / "tied"
+    values = make_checkpoint(d, text, dtype="BF16", tie_word_embeddings=True)
+    del values["lm_head.weight"]
+    ck.write_safetensors(d / "model.safetensors", {n: ck.stored(v, "BF16") for n, v in values.items()})
+    expected = ck.expected_gguf(text, dict(values, **{"lm_head.weight": values[ck.PREFIX + "embed_tokens.weight"]}))
+    out = tmp_path / "out.gguf"
+    p = run(ferry_bin, "convert", d, out, "--type", "q4_k")
+    assert "output.weight is the embedding" in p.stderr
+    types = {t.name: t.tensor_type for t in check_file(out, expected, "q4_k").tensors}
+    assert types["output.weight"] == GGMLQuantizationType.Q6_K
+    assert types["token_embd.weight"] == GGMLQuantizationType.Q4_K
 
 
 def test_ssm_a_is_minus_exp_a_log_in_f32(ferry_bin, tiny, tmp_path):

@@ -26,8 +26,9 @@ CommandRun add_convert_command(CLI::App& app) {
   sub->add_option("hf_dir", opt->hf_dir, "Checkpoint directory (config.json + *.safetensors)")->required();
   sub->add_option("out", opt->out, "GGUF file to write (written to OUT.partial, renamed when complete)")->required();
   sub->add_option("--type", opt->type,
-                  "Type of the weight matrices: f32, f16, bf16, q8_0, q4_k, q5_k, q6_k (default bf16). Rows that are "
-                  "not a whole number of the type's blocks fall back to q8_0, else f16 (each one is noted)")
+                  "Type of the weight matrices: f32, f16, bf16, q8_0, q4_k, q5_k, q6_k (default bf16). With q4_k and "
+                  "q5_k the output head is q6_k, as in llama.cpp's k-quant files. Rows that are not a whole number of "
+                  "the type's blocks fall back to q8_0, else f16 (each one is noted)")
       ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0", "q4_k", "q5_k", "q6_k"}, CLI::ignore_case));
   sub->add_option("--keep-f32", opt->keep_f32,
                   "Also keep F32 every GGUF tensor whose name matches this regular expression (ECMAScript, "
