@@ -10,6 +10,7 @@ The random fixture models are chaotic under quantization: their MoE routing and 
 logits by O(1). The quantized check therefore guards against gross breakage (a wrong block layout
 gives ~1/vocab top-1); the figures it prints are the ones to read.
 """
+import json
 import pathlib
 import subprocess
 
@@ -62,6 +63,27 @@ def test_quantized_close_to_f32(ferry_bin, gguf_dir, case, qtype):
                        capture_output=True, text=True)
     print(r.stdout)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_token_ids_without_logits_compare_two_conversions(ferry_bin, gguf_dir, tmp_path):
+    """A case JSON with ids and no logits_files (a trained case's evaluation window) gives the same
+    quantized-vs-f32 figures as its full case directory, and serves nothing else."""
+    case = CASES[0]
+    ref = json.loads((FIXTURES / case / "reference.json").read_text())
+    window = tmp_path / "window.json"
+    window.write_text(json.dumps({k: ref[k] for k in ("name", "input_ids", "decode_tokens", "vocab_size")}))
+    f32, q = model(ferry_bin, gguf_dir, case, "f32"), model(ferry_bin, gguf_dir, case, "q8_0")
+    figures = []
+    for reference in (FIXTURES / case, window):
+        r = subprocess.run([ferry_bin, "eval-ref", "--model", str(q), "--reference", str(reference), "--compare-to-f32",
+                            str(f32), "--min-top1", "0", "--max-kl", "100", "--threads", "2"], capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
+        figures.append(next(line for line in r.stdout.splitlines() if line.startswith("vs f32")).split(" (prefill")[0])
+    assert figures[0] == figures[1]
+    r = subprocess.run([ferry_bin, "eval-ref", "--model", str(f32), "--reference", str(window)], capture_output=True,
+                       text=True)
+    assert r.returncode == 2
+    assert "has token ids but no reference logits (no logits_files): use it with --compare-to-f32" in r.stderr
 
 
 def test_eval_ref_fails_on_a_wrong_reference(ferry_bin, gguf_dir, tmp_path):

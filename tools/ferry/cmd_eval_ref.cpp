@@ -5,7 +5,8 @@
 //
 // `--compare-to-f32 F32.gguf`: for a quantized conversion, compares M with the f32 conversion of the
 // same checkpoint instead (top-1 agreement and mean KL(f32 || M) over every prompt and decode row;
-// exit 1 below --min-top1 or above --max-kl).
+// exit 1 below --min-top1 or above --max-kl). This needs only the case's token ids, so --reference
+// may also be a JSON file of ids without logits (an evaluation window of a trained case).
 //
 // `--backend cuda`: runs the case on the CUDA backend through the Backend interface instead (logits
 // only: no DSA selections, no MTP); with `--compare-cpu` it also runs the CPU backend on the same file
@@ -107,8 +108,10 @@ int eval_ref_backend(const Options& o, const ReferenceCase& ref) {
               double(S) / std::max(run.decode_seconds, 1e-9));
   const Diff pre = compare(ref.prefill, run.prefill, ref.vocab);
   const Diff dec = compare(ref.decode, run.decode, ref.vocab);
-  std::printf("prefill  max|delta| %.3e  top-1 %zu/%zu\n", pre.max_abs, pre.top1, pre.rows);
-  std::printf("decode   max|delta| %.3e  top-1 %zu/%zu\n", dec.max_abs, dec.top1, dec.rows);
+  if (ref.has_logits) {
+    std::printf("prefill  max|delta| %.3e  top-1 %zu/%zu\n", pre.max_abs, pre.top1, pre.rows);
+    std::printf("decode   max|delta| %.3e  top-1 %zu/%zu\n", dec.max_abs, dec.top1, dec.rows);
+  }
   if (o.compare_cpu) {
     auto cpu = open_model(o.model, o.threads);
     if (!cpu) return 2;
@@ -137,6 +140,12 @@ int eval_ref(const Options& o) {
     return 2;
   }
   const ReferenceCase& ref = std::get<0>(loaded);
+  const bool compares_models = o.backend == "cpu" ? !o.f32_model.empty() : o.compare_cpu;
+  if (!ref.has_logits && !compares_models) {
+    std::fprintf(stderr, "ferry eval-ref: %s has token ids but no reference logits (no logits_files): use it with %s\n",
+                 o.reference.c_str(), o.backend == "cpu" ? "--compare-to-f32" : "--compare-cpu");
+    return 2;
+  }
   if (o.backend != "cpu") return eval_ref_backend(o, ref);
   auto backend = open_model(o.model, o.threads);
   if (!backend) return 2;
@@ -162,11 +171,16 @@ int eval_ref(const Options& o) {
     a.insert(a.end(), ref32.decode.begin(), ref32.decode.end());
     b.insert(b.end(), run.decode.begin(), run.decode.end());
     const Diff d = compare(a, b, ref.vocab);
-    const Diff vs_ref = compare(ref.prefill, run.prefill, ref.vocab);
     const double top1 = d.rows ? double(d.top1) / double(d.rows) : 1.0;
     const double kl = d.rows ? d.kl_sum / double(d.rows) : 0.0;
-    std::printf("vs f32   %s: top-1 %zu/%zu (%.2f%%), mean KL %.3e, max|delta| %.3e (prefill vs reference %.3e)\n",
-                o.f32_model.c_str(), d.top1, d.rows, 100.0 * top1, kl, d.max_abs, vs_ref.max_abs);
+    std::string vs_ref;
+    if (ref.has_logits) {
+      char text[64];
+      std::snprintf(text, sizeof text, " (prefill vs reference %.3e)", compare(ref.prefill, run.prefill, ref.vocab).max_abs);
+      vs_ref = text;
+    }
+    std::printf("vs f32   %s: top-1 %zu/%zu (%.2f%%), mean KL %.3e, max|delta| %.3e%s\n", o.f32_model.c_str(), d.top1,
+                d.rows, 100.0 * top1, kl, d.max_abs, vs_ref.c_str());
     const bool ok = top1 >= o.min_top1 && kl <= o.max_kl;
     std::printf("%s (top-1 >= %.2f%%, mean KL <= %.3g)\n", ok ? "PASS" : "FAIL", 100.0 * o.min_top1, o.max_kl);
     return ok ? 0 : 1;
@@ -207,9 +221,11 @@ CommandRun add_eval_ref_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "eval-ref", "Compare the forward pass (CPU, or CUDA with --backend cuda) with a transformers reference case");
   sub->add_option("--model", o->model, "GGUF model file")->required()->check(CLI::ExistingFile);
-  sub->add_option("--reference", o->reference, "case directory (reference.json, *_logits.f32)")
+  sub->add_option("--reference", o->reference,
+                  "case directory (reference.json, *_logits.f32), or a case JSON file (token ids without logits "
+                  "serve --compare-to-f32 and --compare-cpu)")
       ->required()
-      ->check(CLI::ExistingDirectory);
+      ->check(CLI::ExistingPath);
   sub->add_option("--chunk", o->chunk, "prefill chunk size in tokens (0: the whole prompt at once)");
   sub->add_option("--tolerance", o->tolerance, "largest accepted |logit difference| (f32 weights)");
   sub->add_option("--compare-to-f32", o->f32_model, "compare with this f32 conversion instead (quantized models)")

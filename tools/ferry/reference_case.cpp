@@ -39,8 +39,10 @@ std::vector<std::vector<uint32_t>> rows_of(const json::value& v) {
 
 }  // namespace
 
-std::variant<ReferenceCase, std::string> ReferenceCase::load(const std::filesystem::path& dir) {
-  const std::filesystem::path rj = dir / "reference.json";
+std::variant<ReferenceCase, std::string> ReferenceCase::load(const std::filesystem::path& path) {
+  const bool is_dir = std::filesystem::is_directory(path);
+  const std::filesystem::path rj = is_dir ? path / "reference.json" : path;
+  const std::filesystem::path dir = rj.parent_path();
   std::ifstream f(rj);
   if (!f) return rj.string() + ": cannot open";
   std::stringstream ss;
@@ -49,7 +51,8 @@ std::variant<ReferenceCase, std::string> ReferenceCase::load(const std::filesyst
   try {
     const json::value doc = json::parse(ss.str());
     const json::object& o = doc.as_object();
-    c.name = o.contains("name") ? std::string(o.at("name").as_string()) : dir.filename().string();
+    c.name = o.contains("name") ? std::string(o.at("name").as_string())
+                                  : (is_dir ? path.filename() : rj.stem()).string();
     c.input_ids = ints(o.at("input_ids"));
     c.decode_tokens = ints(o.at("decode_tokens"));
     c.vocab = static_cast<uint32_t>(o.at("vocab_size").to_number<int64_t>());
@@ -70,12 +73,16 @@ std::variant<ReferenceCase, std::string> ReferenceCase::load(const std::filesyst
       }
     }
     const size_t V = c.vocab;
-    auto pre = read_f32(dir / "prefill_logits.f32", c.input_ids.size(), V);
-    if (auto* e = std::get_if<std::string>(&pre)) return *e;
-    c.prefill = std::move(std::get<0>(pre));
-    auto dec = read_f32(dir / "decode_logits.f32", c.decode_tokens.size(), V);
-    if (auto* e = std::get_if<std::string>(&dec)) return *e;
-    c.decode = std::move(std::get<0>(dec));
+    c.has_logits = o.contains("logits_files");
+    if (c.has_logits) {
+      const json::object& files = o.at("logits_files").as_object();
+      auto pre = read_f32(dir / std::string(files.at("prefill").as_string()), c.input_ids.size(), V);
+      if (auto* e = std::get_if<std::string>(&pre)) return *e;
+      c.prefill = std::move(std::get<0>(pre));
+      auto dec = read_f32(dir / std::string(files.at("decode").as_string()), c.decode_tokens.size(), V);
+      if (auto* e = std::get_if<std::string>(&dec)) return *e;
+      c.decode = std::move(std::get<0>(dec));
+    }
     if (o.contains("mtp")) {
       const size_t rows = static_cast<size_t>(o.at("mtp").as_object().at("rows").to_number<int64_t>());
       auto m = read_f32(dir / "mtp_logits.f32", rows, V);

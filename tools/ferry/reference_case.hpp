@@ -1,6 +1,8 @@
 #pragma once
 // A reference case written by tools/reference/make_fixtures.py (reference.json, prefill_logits.f32,
-// decode_logits.f32, optional mtp_logits.f32), and running ferry's CPU forward pass over it.
+// decode_logits.f32, optional mtp_logits.f32), and running ferry's CPU forward pass over it. A case
+// whose JSON names no logits_files is token ids only (an evaluation window of a trained case): it can
+// only be used to compare two conversions of one model.
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -17,13 +19,15 @@ struct ReferenceCase {
   std::string name;
   std::vector<int32_t> input_ids, decode_tokens;
   uint32_t vocab = 0;
+  bool has_logits = false;                  // false: prefill and decode are empty
   std::vector<float> prefill, decode, mtp;  // rows x vocab
   uint32_t kpool = 0;
   // layer ("3", "mtp") -> per query position, the selected pools
   std::map<std::string, std::vector<std::vector<uint32_t>>> selections;
 
-  // The error names the file and what was wrong.
-  static std::variant<ReferenceCase, std::string> load(const std::filesystem::path& dir);
+  // `path`: a case directory (its reference.json) or a case JSON file; logits files are found beside
+  // the JSON. The error names the file and what was wrong.
+  static std::variant<ReferenceCase, std::string> load(const std::filesystem::path& path);
 };
 
 // What ferry computed for a case: logits of every prompt row (prefilled in chunks of `chunk`, 0 =
