@@ -277,13 +277,15 @@ struct Producer {
 
 }  // namespace
 
-GgmlType glm5_tensor_type(const Glm5TensorSpec& spec, GgmlType type, bool keep_f32, std::string* why) {
+GgmlType glm5_tensor_type(const Glm5TensorSpec& spec, GgmlType type, bool keep_f32, std::string* why,
+                          std::optional<GgmlType> output_type) {
   if (why != nullptr) why->clear();
   if (spec.keep_f32 || keep_f32) return GgmlType::F32;
   // The output head's error lands on every logit unaveraged, so files of 4- and 5-bit k-quants keep it at
   // 6 bits, as llama.cpp's k-quant files do (its Q4_K_S/M and Q5_K_S/M mixes store output.weight as Q6_K).
-  const bool head = spec.role == Glm5Tensor::output && (type == GgmlType::Q4_K || type == GgmlType::Q5_K);
-  const GgmlType want = head ? GgmlType::Q6_K : type;
+  const bool is_head = spec.role == Glm5Tensor::output;
+  const bool head = is_head && !output_type && (type == GgmlType::Q4_K || type == GgmlType::Q5_K);
+  const GgmlType want = head ? GgmlType::Q6_K : is_head && output_type ? *output_type : type;
   const uint64_t ne0 = spec.dims.empty() ? 1 : spec.dims[0];
   auto fits = [&](GgmlType t) { return ne0 % ggml_type_traits(t).block_elems == 0; };
   if (fits(want)) {
@@ -315,11 +317,13 @@ uint32_t glm5_file_type(GgmlType type) {
 
 ModelResult<Glm5ConvertPlan> plan_glm5_conversion(const std::filesystem::path& hf_dir, const HfCheckpoint& ck,
                                                   const Glm5ConvertOptions& options) {
-  switch (options.type) {
-    case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: case GgmlType::Q8_0:
-    case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K: break;
-    default: return PlanResult::failure("cannot write type " + type_name(options.type) +
-                                        " (expected f32, f16, bf16, q8_0, q4_k, q5_k or q6_k)");
+  for (GgmlType t : {options.type, options.output_type.value_or(options.type)}) {
+    switch (t) {
+      case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: case GgmlType::Q8_0:
+      case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K: break;
+      default: return PlanResult::failure("cannot write type " + type_name(t) +
+                                          " (expected f32, f16, bf16, q8_0, q4_k, q5_k or q6_k)");
+    }
   }
   std::optional<std::regex> keep;
   if (!options.keep_f32_regex.empty()) {
@@ -388,7 +392,7 @@ ModelResult<Glm5ConvertPlan> plan_glm5_conversion(const std::filesystem::path& h
     }
     std::string why;
     const bool keep_match = keep && std::regex_search(spec.name, *keep);
-    const GgmlType type = glm5_tensor_type(spec, options.type, keep_match, &why);
+    const GgmlType type = glm5_tensor_type(spec, options.type, keep_match, &why, options.output_type);
     if (!why.empty()) plan.notes.push_back(why);
     plan.gguf_bytes += *ggml_bytes(type, spec.n_elements());
     plan.items.push_back({std::move(spec), *chosen, type});

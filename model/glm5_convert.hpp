@@ -20,6 +20,7 @@ namespace ferry::model {
 
 struct Glm5ConvertOptions {
   GgmlType type = GgmlType::BF16;       // F32, F16, BF16, Q8_0, Q4_K, Q5_K or Q6_K
+  std::optional<GgmlType> output_type;   // output.weight's (one of those); unset: see glm5_tensor_type
   std::string keep_f32_regex;            // GGUF names matching it (ECMAScript, search) stay F32
   std::filesystem::path tokenizer_dir;   // empty: write no tokenizer
   std::string name;                      // general.name; empty: the checkpoint directory's name
@@ -47,10 +48,11 @@ struct Glm5ConvertPlan {
 class HfCheckpoint;
 
 // The GGUF type a tensor gets for the requested `type`: F32 for small state and keep_f32 matches,
-// else `type` (Q6_K for the output head when `type` is Q4_K or Q5_K) when the row length (dims[0]) is
-// a whole number of its blocks, else Q8_0 when that fits, else F16. `why` says why it is not `type`
-// (empty when it is).
-GgmlType glm5_tensor_type(const Glm5TensorSpec& spec, GgmlType type, bool keep_f32, std::string* why = nullptr);
+// else `type` (for the output head: `output_type` when given, else Q6_K when `type` is Q4_K or Q5_K)
+// when the row length (dims[0]) is a whole number of its blocks, else Q8_0 when that fits, else F16.
+// `why` says why it is not what was asked for (empty when it is).
+GgmlType glm5_tensor_type(const Glm5TensorSpec& spec, GgmlType type, bool keep_f32, std::string* why = nullptr,
+                          std::optional<GgmlType> output_type = std::nullopt);
 
 // llama.cpp's general.file_type for a file made with --type `type` (LLAMA_FTYPE_*; the K types map
 // to their _S variants, the mixes nearest to one type throughout).

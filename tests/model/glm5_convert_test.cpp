@@ -51,6 +51,11 @@ TEST(Glm5Convert, OutputHeadIsQ6KInFilesOfFourAndFiveBitKQuants) {
   Glm5TensorSpec embd = spec("token_embd.weight", {4096, 154880});
   embd.role = Glm5Tensor::token_embd;
   EXPECT_EQ(glm5_tensor_type(embd, GgmlType::Q4_K, false), GgmlType::Q4_K);
+  // an explicit head type (--output-type) is taken as asked, for the head only
+  EXPECT_EQ(glm5_tensor_type(head, GgmlType::Q4_K, false, &why, GgmlType::Q4_K), GgmlType::Q4_K);
+  EXPECT_EQ(why, "");
+  EXPECT_EQ(glm5_tensor_type(head, GgmlType::Q8_0, false, &why, GgmlType::Q6_K), GgmlType::Q6_K);
+  EXPECT_EQ(glm5_tensor_type(embd, GgmlType::Q4_K, false, &why, GgmlType::F32), GgmlType::Q4_K);
   // rows that are not whole Q6_K blocks fall back as any tensor's do
   Glm5TensorSpec narrow = spec("output.weight", {64, 256});
   narrow.role = Glm5Tensor::output;

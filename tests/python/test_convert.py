@@ -147,6 +147,17 @@ def test_tied_embeddings_head_is_q6_k_and_embedding_keeps_q4_k(ferry_bin, tmp_pa
     assert types["token_embd.weight"] == GGMLQuantizationType.Q4_K
 
 
+@pytest.mark.parametrize("qtype,head", [("q4_k", "q4_k"), ("q8_0", "q6_k"), ("q4_k", "f32")])
+def test_output_type_sets_the_head_alone(ferry_bin, tiny, tmp_path, qtype, head):
+    d, text, expected = tiny
+    out = tmp_path / "out.gguf"
+    p = run(ferry_bin, "convert", d, out, "--type", qtype, "--output-type", head)
+    assert "the output head is stored as" not in p.stderr
+    types = {t.name: t.tensor_type for t in GGUFReader(str(out)).tensors}
+    assert types["output.weight"] == QTYPE[head]
+    assert types["token_embd.weight"] == QTYPE[qtype]
+
+
 def test_ssm_a_is_minus_exp_a_log_in_f32(ferry_bin, tiny, tmp_path):
     d, text, expected = tiny
     out = tmp_path / "out.gguf"

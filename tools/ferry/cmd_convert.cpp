@@ -12,7 +12,7 @@ namespace ferry::cli {
 
 CommandRun add_convert_command(CLI::App& app) {
   struct Options {
-    std::string hf_dir, out, type = "bf16", keep_f32, tokenizer, name;
+    std::string hf_dir, out, type = "bf16", output_type, keep_f32, tokenizer, name;
     unsigned threads = 0;
     bool quiet = false;
   };
@@ -30,6 +30,9 @@ CommandRun add_convert_command(CLI::App& app) {
                   "q5_k the output head is q6_k, as in llama.cpp's k-quant files. Rows that are not a whole number of "
                   "the type's blocks fall back to q8_0, else f16 (each one is noted)")
       ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0", "q4_k", "q5_k", "q6_k"}, CLI::ignore_case));
+  sub->add_option("--output-type", opt->output_type,
+                  "Type of the output head (output.weight) instead, as llama-quantize's --output-tensor-type")
+      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0", "q4_k", "q5_k", "q6_k"}, CLI::ignore_case));
   sub->add_option("--keep-f32", opt->keep_f32,
                   "Also keep F32 every GGUF tensor whose name matches this regular expression (ECMAScript, "
                   "searched), e.g. 'attn_k_b|attn_v_b'");
@@ -42,6 +45,7 @@ CommandRun add_convert_command(CLI::App& app) {
   return [opt]() -> int {
     model::Glm5ConvertOptions o;
     o.type = *model::ggml_type_from_name(opt->type);
+    if (!opt->output_type.empty()) o.output_type = *model::ggml_type_from_name(opt->output_type);
     o.keep_f32_regex = opt->keep_f32;
     o.tokenizer_dir = opt->tokenizer;
     o.name = opt->name;
