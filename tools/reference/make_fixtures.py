@@ -14,10 +14,12 @@ For every case it writes one directory:
                                       prompt + decode tokens, fed the trunk's hidden state at t and token t+1
 
 A case with a `train` entry is trained before the reference is taken: AdamW on next-token loss over the
-token ids that tokenize_corpus.py wrote (--corpus, default <repo>/.trainer), on the accelerator when there
-is one, keeping the weights of the best held-out loss; its prompt is a window of the held-out text, not
+token ids that tokenize_corpus.py wrote (--corpus, default <repo>/.trainer/corpus), on the accelerator when
+there is one, for a fixed time, keeping the final weights; its prompt is a window of the held-out text, not
 random ids. Random models have near-flat logits, so quantization noise flips their top-1 often; a trained
-one is confident like a real model, which is what the quantized-vs-f32 figures are meant to measure.
+one is confident like a real model, which is what the quantized-vs-f32 figures are meant to measure. Such
+a case also gets window_train.json and window_heldout.json: longer runs of training and held-out text as
+token ids without logits, for `ferry eval-ref --compare-to-f32` (ferry f32 against ferry quantized).
 
 Every parameter is re-randomised after construction (the default init leaves norms at 1, biases and the
 mHC base at 0, which hides bugs). The script checks that cached decode equals transformers' own full
@@ -25,7 +27,7 @@ recompute (logits and DSA selections) and fails loudly otherwise; near-ties in t
 the MoE router are measured, and a case whose tightest margin is below MIN_MARGIN is redrawn with other
 input ids, so that a float32 engine can be held to the reference's selections.
 
-Usage: python3 make_fixtures.py --out DIR [--only NAME ...] [--corpus DIR]
+Usage: python3 make_fixtures.py --out DIR [--only NAME ...] [--corpus DIR] [--train-seconds S]
 """
 import argparse
 import copy
@@ -95,17 +97,20 @@ CASES = [
                    n_group=2, topk_group=1, num_experts_per_tok=2, index_topk=8, index_kpool=2,
                    swiglu_limit=10.0)),
     # Trained on English text so that quantized figures mean what they mean for a real model. Every
-    # quantized matrix has rows that are whole Q4_K blocks (256): hidden, q/kv lora ranks, nope dim,
-    # heads * v dim, KDA head dim and width, dense and expert widths. DSA picks 8 of up to 40 pools.
-    dict(name="trained_small", seed=71, prompt_len=150, decode_steps=4, saved_dtype="bfloat16",
-         train=dict(steps=500, batch=16, seq_len=256, lr=1.5e-3, warmup=25, weight_decay=0.1, eval_every=50,
-                    max_seconds=120),
+    # quantized matrix has rows that are whole Q4_K blocks (256) but the KDA f_b / g_b (rows of the KDA
+    # head dim, 128 as in GLM-5, which fall back to q8_0 there too). Tied embeddings keep the file small
+    # (the 4096 x 256 matrix is 2 MB in bf16). DSA keeps 64 pools of 4 tokens: like GLM-5 (2048 tokens)
+    # it is dense over the first 256 positions and sparse after; the 32-token prompt is dense.
+    dict(name="trained_small", seed=71, prompt_len=32, decode_steps=4, saved_dtype="bfloat16",
+         train=dict(batch=16, seq_len=512, lr=2e-3, warmup_steps=50, weight_decay=0.1, max_seconds=180,
+                    evals=12, balance_rate=1e-3),
+         windows=dict(tokens=512, decode=4),
          text=dict(vocab_size=4096, hidden_size=256, intermediate_size=256, moe_intermediate_size=256,
-                   layer_types=[K, D, D], mlp_layer_types=["dense", "sparse", "dense"],
-                   num_attention_heads=2, num_key_value_heads=2, q_lora_rank=256, kv_lora_rank=256,
-                   qk_nope_head_dim=256, v_head_dim=128, linear_num_heads=1, linear_head_dim=256,
-                   n_routed_experts=4, num_experts_per_tok=2, index_topk=32, index_kpool=4,
-                   index_n_heads=16, index_head_dim=32, swiglu_limit=10.0)),
+                   tie_word_embeddings=True, layer_types=[K, D], mlp_layer_types=["dense", "sparse"],
+                   num_attention_heads=1, num_key_value_heads=1, q_lora_rank=256, kv_lora_rank=256,
+                   qk_nope_head_dim=256, v_head_dim=256, linear_num_heads=2, linear_head_dim=128,
+                   n_routed_experts=2, num_experts_per_tok=1, norm_topk_prob=False, index_topk=256,
+                   index_kpool=4, index_n_heads=8, index_head_dim=32, swiglu_limit=10.0)),
 ]
 
 
@@ -116,7 +121,9 @@ def make_config(text):
     cfg = dict(BASE)
     cfg.update(text)
     cfg["num_hidden_layers"] = len(cfg["layer_types"])
-    return Glm5NextConfig(text_config=cfg, vision_config=dict(VISION))
+    # transformers ties lm_head to the embedding by the top-level flag only
+    tied = dict(tie_word_embeddings=True) if cfg["tie_word_embeddings"] else {}
+    return Glm5NextConfig(text_config=cfg, vision_config=dict(VISION), **tied)
 
 
 def force_reference_kernels(model):
@@ -152,12 +159,13 @@ def randomise(module, gen, hidden, hc_mult, log=None):
     def uniform(shape, lo, hi):
         return torch.rand(shape, generator=gen, dtype=torch.float64) * (hi - lo) + lo
 
+    tied = module.lm_head.weight is text_model(module).embed_tokens.weight
     for name, t in persistent_tensors(module):
         shape = tuple(t.shape)
         leaf = name.split(".")[-1]
-        if name.endswith("embed_tokens.weight"):
+        if name.endswith("embed_tokens.weight") and not tied:
             v = normal(shape, 1.0)
-        elif name.endswith("lm_head.weight"):
+        elif name.endswith("lm_head.weight") or name.endswith("embed_tokens.weight"):  # the head, or tied to it
             v = normal(shape, 2.0 / math.sqrt(shape[-1]))
         elif leaf == "fn":                                   # mHC mixing projection
             v = normal(shape, 1.0 / math.sqrt(shape[-1]))
@@ -213,6 +221,8 @@ def load_corpus(corpus_dir):
         if not os.path.exists(path):
             raise RuntimeError(f"{path} missing: run tools/reference/tokenize_corpus.py --out {corpus_dir}")
         out[part] = torch.from_numpy(np.load(path).astype(np.int64))
+    manifest = os.path.join(corpus_dir, "corpus.json")
+    out["manifest"] = json.load(open(manifest)) if os.path.exists(manifest) else None
     return out
 
 
@@ -233,50 +243,114 @@ def heldout_loss(model, tokens, seq_len, device):
 
 
 def train(model, spec, corpus):
-    """AdamW with warmup and cosine decay on random windows of the training tokens; the model ends with
-    the weights of its best held-out loss. Returns what reference.json records about the run."""
+    """AdamW (no decay on vectors) on random windows of the training tokens. The learning rate warms up
+    over warmup_steps and then follows a cosine to zero over the time budget (max_seconds), so the run
+    converges whatever the accelerator's speed; the model keeps its final weights. MoE routers are
+    balanced as DeepSeek-V3 and GLM-5 do it, without a loss term: after each step every expert's
+    selection bias (e_score_correction_bias) moves by balance_rate towards the mean load. Returns what
+    reference.json records about the run."""
     tr = spec["train"]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator().manual_seed(spec["seed"] + 1)
-    data, held = corpus["train"], corpus["heldout"]
+    data, held = corpus["train"].to(device), corpus["heldout"]
     L, B = tr["seq_len"], tr["batch"]
+    span = torch.arange(L + 1, device=device)
     model.to(device).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=tr["lr"], betas=(0.9, 0.95), weight_decay=tr["weight_decay"])
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / tr["warmup"]) * (
-        0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, s / tr["steps"])))))
-    first = dict(train=None, heldout=heldout_loss(model, held, L, device))
-    best = dict(heldout=first["heldout"], step=0, state=copy.deepcopy(model.state_dict()))
-    t0, step, recent = time.time(), 0, []
-    while step < tr["steps"] and time.time() - t0 < tr["max_seconds"]:
-        starts = torch.randint(0, len(data) - L - 1, (B,), generator=gen)
-        batch = torch.stack([data[s:s + L + 1] for s in starts.tolist()]).to(device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW([dict(params=[p for p in params if p.dim() >= 2], weight_decay=tr["weight_decay"]),
+                             dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0)],
+                            lr=tr["lr"], betas=(0.9, 0.95))
+    loads = {}
+    def count(router, args, output):
+        loads[router] = loads.get(router, 0) + torch.bincount(output[2].flatten(), minlength=router.num_experts)
+    routers = [m for m in model.modules() if type(m).__name__.endswith("TopkRouter")]
+    hooks = [r.register_forward_hook(count) for r in routers]
+    curve = [dict(step=0, seconds=0.0, heldout=heldout_loss(model, held, L, device))]
+    budget = tr["max_seconds"]
+    t0, step, recent, load_share = time.time(), 0, [], []
+    while (elapsed := time.time() - t0) < budget:
+        progress = elapsed / budget
+        for g in opt.param_groups:
+            g["lr"] = tr["lr"] * min(1.0, (step + 1) / tr["warmup_steps"]) * 0.5 * (1 + math.cos(math.pi * progress))
+        starts = torch.randint(0, len(data) - L - 1, (B,), generator=gen).to(device)
+        batch = data[starts[:, None] + span]
+        loads.clear()
         loss = next_token_loss(model, batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        sched.step()
+        with torch.no_grad():
+            for router, n in loads.items():
+                n = n.float()
+                router.e_score_correction_bias += tr["balance_rate"] * torch.sign(n.mean() - n)
+                load_share.append(n.max() / n.sum())
         step += 1
-        recent.append(float(loss))
-        if first["train"] is None:
-            first["train"] = recent[0]
-        if step % tr["eval_every"] == 0 or step == tr["steps"]:
-            h = heldout_loss(model, held, L, device)
-            print(f"  step {step} {time.time() - t0:.0f}s train {np.mean(recent):.3f} held-out {h:.3f}")
-            if h < best["heldout"]:
-                best = dict(heldout=h, step=step, state=copy.deepcopy(model.state_dict()), train=float(np.mean(recent)))
+        recent.append(loss.detach())  # kept on the device: no synchronisation per step
+        if (time.time() - t0) >= budget * len(curve) / tr["evals"]:
+            curve.append(dict(step=step, seconds=round(time.time() - t0, 1), train=float(torch.stack(recent).mean()),
+                              heldout=heldout_loss(model, held, L, device)))
+            print(f"  step {step} {curve[-1]['seconds']:.0f}s lr {opt.param_groups[0]['lr']:.2e} "
+                  f"train {curve[-1]['train']:.3f} held-out {curve[-1]['heldout']:.3f}")
             recent = []
-    model.load_state_dict(best["state"])
+    for h in hooks:
+        h.remove()
+    final = dict(step=step, seconds=round(time.time() - t0, 1), heldout=heldout_loss(model, held, L, device))
+    if recent:
+        final["train"] = float(torch.stack(recent).mean())
+    if curve[-1]["step"] != step:
+        curve.append(final)
     model.to("cpu").eval()
-    info = dict(corpus="Debian /usr/share/common-licenses via tools/reference/tokenize_corpus.py: "
-                       f"{len(data)} training tokens, {len(held)} held-out (Apache-2.0)",
-                steps_run=step, kept_step=best["step"], seconds=round(time.time() - t0, 1), device=device,
-                train_loss_first_step=first["train"], train_loss_kept=best.get("train"),
-                heldout_loss_before=first["heldout"], heldout_loss_kept=best["heldout"],
-                **{k: v for k, v in tr.items() if k != "max_seconds"})
-    print(f"  trained {step} steps in {info['seconds']}s on {device}: train loss {first['train']:.3f} -> "
-          f"{best.get('train')}, held-out {first['heldout']:.3f} -> {best['heldout']:.3f} (step {best['step']})")
+    m = corpus["manifest"]
+    info = dict(corpus=m if m is not None else f"{len(data)} training tokens, {len(held)} held-out",
+                device=torch.cuda.get_device_name() if device == "cuda" else "cpu", steps=step,
+                tokens_seen=step * B * L, epochs=round(step * B * L / len(data), 2), kept="final weights",
+                curve=curve, busiest_expert_share_last_100_steps=round(float(torch.stack(load_share[-100:]).mean()), 3)
+                if load_share else None, **tr)
+    print(f"  trained {step} steps ({info['epochs']} epochs) in {final['seconds']}s on {info['device']}: "
+          f"held-out loss {curve[0]['heldout']:.3f} -> {final['heldout']:.3f}, lowest "
+          f"{min(c['heldout'] for c in curve):.3f}")
     return info
+
+
+def window_stats(model, ids):
+    """How sure the model is on a run of text: next-token loss and accuracy, mean top-1 probability,
+    median gap between the two largest logits (float32, the saved weights)."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, :-1].float()
+    target = torch.tensor(ids[1:])
+    p = torch.softmax(logits, -1)
+    top2 = logits.topk(2, -1).values
+    return dict(loss=round(float(F.cross_entropy(logits, target)), 4),
+                accuracy=round(float((logits.argmax(-1) == target).float().mean()), 4),
+                mean_top1_prob=round(float(p.max(-1).values.mean()), 4),
+                median_top1_logit_gap=round(float((top2[:, 0] - top2[:, 1]).median()), 3))
+
+
+def write_windows(model, spec, corpus, case_dir):
+    """Evaluation windows of the trained case: token ids only (no reference logits, which would be
+    16 KB a row), for `ferry eval-ref --compare-to-f32`. One of the training text, one of the held-out
+    text; each prompt is `tokens` long and its decode tokens are the text's next ones."""
+    w = spec["windows"]
+    n = w["tokens"] + w["decode"]
+    rng = np.random.default_rng(spec["seed"] * 1000 + 13)
+    out = {}
+    for part in ("train", "heldout"):
+        tokens = corpus[part]
+        if len(tokens) < n:
+            raise RuntimeError(f"{part} text has {len(tokens)} tokens, a window needs {n}")
+        start = int(rng.integers(0, len(tokens) - n + 1))
+        ids = tokens[start:start + n].tolist()
+        stats = window_stats(model, ids)
+        doc = dict(name=f"{spec['name']}/window_{part}", input_ids=ids[:w["tokens"]], decode_tokens=ids[w["tokens"]:],
+                   vocab_size=model.config.text_config.vocab_size,
+                   source=f"{part}.npy tokens [{start}, {start + n}) of the corpus in reference.json's training",
+                   decode="the text's next tokens (not greedy)", model_on_this_text=stats)
+        with open(os.path.join(case_dir, f"window_{part}.json"), "w") as f:
+            json.dump(doc, f, separators=(",", ":"))
+        out[part] = dict(file=f"window_{part}.json", start=start, **stats)
+        print(f"  window_{part}: {stats}")
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -727,6 +801,8 @@ def build_case(spec, out_dir, corpus_dir, ref_dtype=torch.float64):
     )
     if training is not None:
         ref_json["training"] = training
+    if spec.get("windows"):
+        ref_json["windows"] = write_windows(trunk, spec, corpus, case_dir)
     if res["mtp"] is not None:
         ref_json["mtp"] = dict(layer=n_layers, rows=int(res["mtp"].shape[0]), logits_file="mtp_logits.f32",
                                input="row t: trunk final hidden state (after stream mean and norm) at position t, "
@@ -787,8 +863,10 @@ def main():
     ap.add_argument("--out", required=True, help="output directory (one sub-directory per case)")
     ap.add_argument("--only", nargs="*", default=None,
                     help="case names to build (default: every case without a `train` entry)")
-    ap.add_argument("--corpus", default=os.path.join(REPO, ".trainer"),
+    ap.add_argument("--corpus", default=os.path.join(REPO, ".trainer", "corpus"),
                     help="train.npy and heldout.npy from tokenize_corpus.py (cases with a `train` entry)")
+    ap.add_argument("--train-seconds", type=float, default=None,
+                    help="training time of cases with a `train` entry (default: the case's max_seconds)")
     args = ap.parse_args()
     print(f"transformers {transformers.__version__}, torch {torch.__version__}")
     torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
@@ -799,6 +877,8 @@ def main():
         if not wanted:
             continue
         print(f"case {spec['name']}")
+        if "train" in spec and args.train_seconds is not None:
+            spec = dict(spec, train=dict(spec["train"], max_seconds=args.train_seconds))
         try:
             build_case(spec, args.out, args.corpus)
         except Exception:
