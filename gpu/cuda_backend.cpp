@@ -20,7 +20,6 @@
 #include "gpu/kernels.hpp"
 #include "model/glm5_tensors.hpp"
 #include "model/glm5_weights.hpp"
-#include "model/sampler.hpp"
 
 namespace ferry::gpu {
 namespace {
@@ -92,7 +91,7 @@ struct CudaBackend::Impl {
     size_t wh_elems;
     float *xo, *logits;
     uint32_t logit_rows;
-    int32_t *meta;  // tokens, slot, pos, seg_first | seg slot, start, len, first | logit rows | sampled
+    int32_t *meta;  // tokens, slot, pos, seg_first | seg slot, start, len, first | logit rows | SampleRows | sampled
     void* cublas_ws;
   } w{};
   uint32_t max_tokens = 0;  // per-row selection capacity
@@ -106,6 +105,10 @@ struct CudaBackend::Impl {
   }
 
   cudaStream_t s() const { return stream->get(); }
+  // Where the step's SampleRows (8-byte aligned) and the chosen tokens sit in w.meta, in ints.
+  static_assert(sizeof(SampleRow) == 8 * sizeof(int32_t));
+  size_t sample_rows_at() const { return (9 * size_t{opt.max_step_rows} + 1) / 2 * 2; }
+  size_t sampled_at() const { return sample_rows_at() + 8 * size_t{opt.max_step_rows}; }
 
   template <class T>
   T* alloc(size_t count, uint64_t* counter) {
@@ -429,7 +432,7 @@ struct CudaBackend::Impl {
     w.logit_rows = static_cast<uint32_t>(std::clamp<size_t>((size_t{128} << 20) / z.V, 8, M));
     w.xo = alloc<float>(static_cast<size_t>(w.logit_rows) * z.D, wb);
     w.logits = alloc<float>(static_cast<size_t>(w.logit_rows) * z.V, wb);
-    const size_t meta_ints = 4 * M + 4 * M + M + M;
+    const size_t meta_ints = sampled_at() + M;
     w.meta = alloc<int32_t>(meta_ints, wb);
     meta_host = PinnedBuffer(meta_ints * sizeof(int32_t));
     sampled_host = PinnedBuffer(M * sizeof(int32_t));
@@ -859,14 +862,17 @@ void CudaBackend::Impl::run_chunk(const std::vector<model::SlotRows>& rows, std:
   int32_t* h_sfirst = mh + 7 * M;
   int32_t* h_lrows = mh + 8 * M;
   StepGeometry g;
-  // Rows whose logits are needed (sampling or returned), in order, and who wants what.
+  SampleRow* h_sample = reinterpret_cast<SampleRow*>(mh + sample_rows_at());
+  // Rows whose logits are needed (a token chosen from them, or returned), in order; wants[j] has its
+  // logits in row j % w.logit_rows of w.logits and its choice in h_sample[j].
   struct Want {
     size_t chunk_row;
     uint32_t row;
-    bool keep;
+    bool keep;  // the logits go back to the caller
+    bool draw;  // the caller takes the chosen token
   };
   std::vector<Want> wants;
-  bool all_decode = true, any_restart = false, greedy_only = true;
+  bool all_decode = true, any_restart = false;
   for (size_t i = 0; i < rows.size(); ++i) {
     const model::SlotRows& r = rows[i];
     const uint32_t n = static_cast<uint32_t>(r.tokens.size());
@@ -884,28 +890,41 @@ void CudaBackend::Impl::run_chunk(const std::vector<model::SlotRows>& rows, std:
       h_pos[g.rows + t] = static_cast<int32_t>(r.start + t);
       h_first[g.rows + t] = static_cast<int32_t>(g.rows);
     }
-    const uint32_t from = r.logits_all ? 0 : n - 1;
-    for (uint32_t t = from; t < n; ++t) {
-      if (r.logits_all || r.sample || !r.sample) wants.push_back({i, g.rows + t, r.logits_all || !r.sample});
+    for (uint32_t t = r.logits_all ? 0 : n - 1; t < n; ++t) {
+      const bool draw = t + 1 == n && r.sample;
+      SampleRow& sr = h_sample[wants.size()];
+      sr = SampleRow{};
+      sr.logit_row = static_cast<int32_t>(wants.size() % w.logit_rows);
+      if (draw) {
+        sr.temperature = r.sampling.temperature;
+        sr.top_p = r.sampling.top_p;
+        sr.min_p = r.sampling.min_p;
+        sr.top_k = r.sampling.top_k;
+        sr.seed = r.sampling.seed;
+        sr.position = r.start + n;
+      }
+      wants.push_back({i, g.rows + t, r.logits_all || !r.sample, draw});
     }
     if (n != 1 || r.logits_all || !r.sample) all_decode = false;
-    if (r.sampling.temperature > 0.0f) greedy_only = false;
     g.max_seg_rows = std::max(g.max_seg_rows, n);
     g.rows += n;
     ++g.segments;
   }
   for (size_t j = 0; j < wants.size(); ++j) h_lrows[j] = static_cast<int32_t>(wants[j].row);
-  const size_t meta_ints = 4 * M + 4 * M + M;
+  // One copy: everything above, the sampling parameters included.
+  const size_t meta_ints = sample_rows_at() + 8 * wants.size();
   FERRY_CUDA(cudaMemcpyAsync(w.meta, mh, meta_ints * sizeof(int32_t), cudaMemcpyHostToDevice, s()));
   g.row = {w.meta + M, w.meta + 2 * M, w.meta + 3 * M};
   g.seg = {w.meta + 4 * M, w.meta + 5 * M, w.meta + 6 * M, w.meta + 7 * M};
   const int32_t* d_lrows = w.meta + 8 * M;
-  int32_t* d_sampled = w.meta + 9 * M;
+  const SampleRow* d_sample = reinterpret_cast<const SampleRow*>(w.meta + sample_rows_at());
+  int32_t* d_sampled = w.meta + sampled_at();
   int32_t* sampled = sampled_host.as<int32_t>();
 
-  // Decode of up to 8 greedy rows: one graph per row count, captured on the second sighting (the
-  // first runs eagerly and settles lazy initialisation).
-  const bool graphable = opt.graphs && all_decode && greedy_only && !any_restart && g.rows <= kMaxMatvecTokens &&
+  // Decode of up to 8 rows, greedy or sampled: one graph per row count, captured on the second
+  // sighting (the first runs eagerly and settles lazy initialisation). The graph reads the rows'
+  // tokens, positions and sampling parameters from w.meta, and only the chosen tokens come back.
+  const bool graphable = opt.graphs && all_decode && !any_restart && g.rows <= kMaxMatvecTokens &&
                          wants.size() == g.rows && g.rows <= w.logit_rows;
   if (graphable) {
     GraphExec& ge = graphs[g.rows];
@@ -914,7 +933,7 @@ void CudaBackend::Impl::run_chunk(const std::vector<model::SlotRows>& rows, std:
       try {
         forward(g, w.meta);
         logits(d_lrows, g.rows);
-        argmax_rows(w.logits, g.rows, d.V, d_sampled, s());
+        sample_rows(w.logits, d.V, d_sample, g.rows, d_sampled, s());
       } catch (...) {
         cudaGraph_t broken = nullptr;
         cudaStreamEndCapture(s(), &broken);
@@ -928,7 +947,7 @@ void CudaBackend::Impl::run_chunk(const std::vector<model::SlotRows>& rows, std:
     } else {
       forward(g, w.meta);
       logits(d_lrows, g.rows);
-      argmax_rows(w.logits, g.rows, d.V, d_sampled, s());
+      sample_rows(w.logits, d.V, d_sample, g.rows, d_sampled, s());
     }
     FERRY_CUDA(cudaMemcpyAsync(sampled, d_sampled, g.rows * sizeof(int32_t), cudaMemcpyDeviceToHost, s()));
     FERRY_CUDA(cudaStreamSynchronize(s()));
@@ -938,38 +957,26 @@ void CudaBackend::Impl::run_chunk(const std::vector<model::SlotRows>& rows, std:
   }
 
   forward(g, w.meta);
-  // Logits in chunks of w.logit_rows rows; greedy rows are sampled on the device, the others on the
-  // host with model::sample_token (the same function the CPU backend uses).
+  // Logits in chunks of w.logit_rows rows, tokens chosen on the device; logits travel to the host
+  // only for the rows that return them.
   std::vector<float> host_logits;
   for (size_t j0 = 0; j0 < wants.size(); j0 += w.logit_rows) {
     const uint32_t cnt = static_cast<uint32_t>(std::min<size_t>(w.logit_rows, wants.size() - j0));
     logits(d_lrows + j0, cnt);
-    argmax_rows(w.logits, cnt, d.V, d_sampled, s());
+    sample_rows(w.logits, d.V, d_sample + j0, cnt, d_sampled, s());
     FERRY_CUDA(cudaMemcpyAsync(sampled, d_sampled, cnt * sizeof(int32_t), cudaMemcpyDeviceToHost, s()));
-    bool need_host = false;
-    for (uint32_t j = 0; j < cnt; ++j) {
-      const Want& wt = wants[j0 + j];
-      const model::SlotRows& r = rows[wt.chunk_row];
-      const bool last = wt.row + 1 == static_cast<uint32_t>(h_sfirst[wt.chunk_row]) + r.tokens.size();
-      if (wt.keep || (last && r.sample && r.sampling.temperature > 0.0f)) need_host = true;
-    }
-    if (need_host) {
+    const bool any_keep = std::any_of(wants.begin() + j0, wants.begin() + j0 + cnt, [](const Want& x) { return x.keep; });
+    if (any_keep) {
       host_logits.resize(static_cast<size_t>(cnt) * d.V);
       FERRY_CUDA(cudaMemcpyAsync(host_logits.data(), w.logits, host_logits.size() * sizeof(float), cudaMemcpyDeviceToHost, s()));
     }
     FERRY_CUDA(cudaStreamSynchronize(s()));
     for (uint32_t j = 0; j < cnt; ++j) {
       const Want& wt = wants[j0 + j];
-      const model::SlotRows& r = rows[wt.chunk_row];
+      model::SlotResult& res = out[wt.chunk_row];
       const float* lg = host_logits.data() + static_cast<size_t>(j) * d.V;
-      if (wt.keep) out[wt.chunk_row].logits.insert(out[wt.chunk_row].logits.end(), lg, lg + d.V);
-      const bool last = wt.row + 1 == static_cast<uint32_t>(h_sfirst[wt.chunk_row]) + r.tokens.size();
-      if (last && r.sample) {
-        out[wt.chunk_row].sampled =
-            r.sampling.temperature > 0.0f
-                ? model::sample_token(std::span<const float>(lg, d.V), r.sampling, uint64_t{r.start} + r.tokens.size())
-                : sampled[j];
-      }
+      if (wt.keep) res.logits.insert(res.logits.end(), lg, lg + d.V);
+      if (wt.draw) res.sampled = sampled[j];
     }
   }
   note_peak();

@@ -195,8 +195,21 @@ struct SparseMlaArgs {
 void sparse_mla(const SparseMlaArgs& a, cudaStream_t stream);
 
 // ---- sampling (gpu/sampling.cu) ----
-// out[j] = argmax of logits row j (ties: the lowest id).
-void argmax_rows(const float* logits, uint32_t rows, uint32_t vocab, int32_t* out, cudaStream_t stream);
+// One row to choose a token for, in device memory: the host writes these with a step's other inputs,
+// so a captured graph reads each step's parameters.
+struct SampleRow {
+  int32_t logit_row = 0;       // row of `logits`
+  float temperature = 0.0f;    // <= 0: argmax (ties: the lowest id)
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  uint32_t top_k = 0;
+  uint32_t position = 0;       // of the token drawn
+  uint64_t seed = 0;
+};
+// out[j] = the token model::sample_token chooses from logits row rows[j].logit_row with rows[j]'s
+// parameters, bit for bit the same (one thread block per row; vocab <= 2^31).
+void sample_rows(const float* logits, uint32_t vocab, const SampleRow* rows, uint32_t n, int32_t* out,
+                 cudaStream_t stream);
 
 }  // namespace ferry::gpu
 

@@ -1,86 +1,122 @@
 #include "model/sampler.hpp"
 
 #include <algorithm>
-#include <cmath>
-#include <numeric>
+#include <array>
 #include <vector>
 
-#include "model/cpu_ops.hpp"
+#include "model/sampling_rule.hpp"
 
 namespace ferry::model {
 namespace {
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+using sampling::u128;
+
+// The executor of sampling::draw_token on the CPU: one loop over the keys still in play per pass;
+// a token's weight is computed the first time a pass needs it.
+class HostRow {
+ public:
+  HostRow(std::span<const float> logits, const sampling::KeySpace& ks, const sampling::WeightRule& weight)
+      : ks_(ks), weight_(weight) {
+    keys_.reserve(logits.size());
+    for (size_t i = 0; i < logits.size(); ++i) keys_.push_back({ks.key(logits[i], static_cast<uint32_t>(i)), kUnknown});
+  }
+
+  void histogram(uint64_t lb, uint64_t prefix, uint32_t left, uint32_t shift, bool by_mass) {
+    count_.fill(0);
+    mass_.fill(0);
+    by_mass_ = by_mass;
+    const uint64_t digit = (uint64_t{1} << (left - shift)) - 1;
+    for (Key& k : keys_) {
+      if (k.key < lb || (k.key >> left) != prefix) continue;
+      const size_t b = (k.key >> shift) & digit;
+      ++count_[b];
+      if (by_mass) mass_[b] += weight(k);
+    }
+  }
+
+  sampling::Choice choose(const sampling::Goal& goal) const {
+    u128 total = 0;
+    for (size_t b = 0; b < 256; ++b) total += measure(b);
+    const u128 want = goal.of(total);
+    sampling::Choice c;
+    u128 before = 0;
+    for (size_t b = 256; b-- > 0;) {
+      const u128 m = measure(b);
+      if (want <= before + m) {
+        c.bucket = static_cast<uint32_t>(b);
+        c.count = count_[b];
+        c.need = want - before;
+        return c;
+      }
+      before += m;
+      c.count_before += count_[b];
+    }
+    return c;  // not reached: 1 <= want <= total
+  }
+
+  uint64_t only_key(uint64_t lb, uint64_t prefix, uint32_t left) const {
+    for (const Key& k : keys_) {
+      if (k.key >= lb && (k.key >> left) == prefix) return k.key;
+    }
+    return 0;
+  }
+
+  uint64_t first_past_lighter(uint64_t lb, uint64_t threshold) {
+    uint64_t best = 0;
+    for (Key& k : keys_) {
+      if (k.key >= lb && k.key + 1 > best && weight(k) < threshold) best = k.key + 1;
+    }
+    return best;
+  }
+
+  // Every pass skips the keys below its lb already; a shorter copy would not pay for itself here.
+  void narrow(uint64_t, uint64_t) {}
+
+ private:
+  static constexpr uint64_t kUnknown = ~uint64_t{0};  // weights are at most 2^63
+  struct Key {
+    uint64_t key;
+    uint64_t weight;
+  };
+  uint64_t weight(Key& k) const {
+    if (k.weight == kUnknown) k.weight = weight_(ks_.value(k.key));
+    return k.weight;
+  }
+  u128 measure(size_t b) const { return by_mass_ ? mass_[b] : u128{count_[b]}; }
+
+  sampling::KeySpace ks_;
+  sampling::WeightRule weight_;
+  std::vector<Key> keys_;
+  std::array<uint32_t, 256> count_{};
+  std::array<u128, 256> mass_{};
+  bool by_mass_ = false;
+};
 
 }  // namespace
-
-double sampling_uniform(uint64_t seed, uint64_t position) {
-  const uint64_t h = splitmix64(splitmix64(seed) ^ splitmix64(position + 0x632be59bd9b4e019ull));
-  return static_cast<double>(h >> 11) * 0x1p-53;
-}
 
 int32_t argmax_token(std::span<const float> logits) {
   if (logits.empty()) return -1;
   size_t best = 0;
+  uint32_t best_bits = sampling::order_bits(logits[0]);
   for (size_t i = 1; i < logits.size(); ++i) {
-    if (logits[i] > logits[best]) best = i;  // strict: ties keep the lower id
+    const uint32_t b = sampling::order_bits(logits[i]);
+    if (b > best_bits) {  // strict: ties keep the lower id
+      best = i;
+      best_bits = b;
+    }
   }
   return static_cast<int32_t>(best);
 }
 
 int32_t sample_token(std::span<const float> logits, const SamplingParams& p, uint64_t position) {
-  if (logits.empty()) return -1;
-  if (!(p.temperature > 0.0f)) return argmax_token(logits);
-
-  const size_t n = logits.size();
-  std::vector<uint32_t> order(n);
-  std::iota(order.begin(), order.end(), 0u);
-  const HigherValueFirst better{logits.data()};
-  size_t keep = n;
-  if (p.top_k > 0 && p.top_k < n) {
-    keep = p.top_k;
-    std::partial_sort(order.begin(), order.begin() + static_cast<ptrdiff_t>(keep), order.end(), better);
-  } else {
-    std::sort(order.begin(), order.end(), better);
-  }
-
-  std::vector<double> prob(keep);
-  const double top = logits[order[0]];
-  double total = 0.0;
-  for (size_t i = 0; i < keep; ++i) {
-    prob[i] = std::exp((double(logits[order[i]]) - top) / double(p.temperature));
-    total += prob[i];
-  }
-  if (p.top_p < 1.0f) {
-    double cum = 0.0;
-    size_t k = 0;
-    while (k < keep) {
-      cum += prob[k] / total;
-      ++k;
-      if (cum >= double(p.top_p)) break;
-    }
-    keep = std::max<size_t>(k, 1);
-  }
-  if (p.min_p > 0.0f) {
-    const double floor = double(p.min_p) * prob[0];  // prob[0] is the largest
-    size_t k = 1;
-    while (k < keep && prob[k] >= floor) ++k;
-    keep = k;
-  }
-  total = 0.0;
-  for (size_t i = 0; i < keep; ++i) total += prob[i];
-  const double target = sampling_uniform(p.seed, position) * total;
-  double cum = 0.0;
-  for (size_t i = 0; i < keep; ++i) {
-    cum += prob[i];
-    if (target < cum) return static_cast<int32_t>(order[i]);
-  }
-  return static_cast<int32_t>(order[keep - 1]);
+  const int32_t top = argmax_token(logits);
+  if (top < 0 || !(p.temperature > 0.0f)) return top;
+  const auto vocab = static_cast<uint32_t>(logits.size());
+  const sampling::KeySpace ks(vocab);
+  const float top_value = ks.value(ks.key(logits[top], static_cast<uint32_t>(top)));
+  HostRow row(logits, ks, sampling::WeightRule(top_value, p.temperature));
+  return static_cast<int32_t>(sampling::draw_token(row, ks, vocab, p.top_k, p.top_p, p.min_p,
+                                                   sampling::draw_bits(p.seed, position)));
 }
 
 }  // namespace ferry::model

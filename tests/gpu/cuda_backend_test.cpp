@@ -1,7 +1,7 @@
 // The CUDA backend against the CPU reference backend on random models written with GgufWriter: the
 // same logits (f32 weights: max |delta| <= 5e-3; quantized weights: top-1 agreement) for a whole
 // prefill (the cuBLAS path), chunked prefill and one-token decode (the matvec path), several slots in
-// one step, decode replayed from CUDA graphs, and the step contract.
+// one step, decode replayed from CUDA graphs (greedy and sampled rows), and the step contract.
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <random>
+#include <set>
 
 #include "gpu/cuda_backend.hpp"
 #include "model/cpu_backend.hpp"
@@ -258,6 +259,54 @@ TEST_F(CudaBackendTest, SeededSamplingDrawsTheCpuTokens) {
   const int32_t c = cpu_->step({SlotRows{0, 0, p, false, true, sp}})[0].sampled;
   const int32_t g = gpu_->step({SlotRows{0, 0, p, false, true, sp}})[0].sampled;
   EXPECT_EQ(c, g);
+}
+
+TEST_F(CudaBackendTest, GraphReplayedDecodeWithSampledRowsDrawsTheEagerTokens) {
+  open(GgmlType::F32, 32, /*graphs=*/true);
+  if (!gpu_) return;
+  auto w = model::Glm5Weights::load(path_);
+  ASSERT_TRUE(w) << w.error();
+  CudaBackendOptions go;
+  go.max_slots = 3;
+  go.max_context = 512;
+  go.max_step_rows = 96;
+  go.graphs = false;
+  const std::unique_ptr<CudaBackend> eager = CudaBackend::from_weights(*w.value(), go);
+  // Three slots decoding together: greedy, top-k + top-p, and the whole vocabulary with min-p.
+  std::vector<model::SamplingParams> sp(3);
+  sp[1].temperature = 0.9f;
+  sp[1].top_k = 20;
+  sp[1].top_p = 0.9f;
+  sp[1].seed = 7;
+  sp[2].temperature = 1.3f;
+  sp[2].min_p = 0.02f;
+  sp[2].seed = 11;
+  std::vector<std::vector<int32_t>> tokens[2];
+  CudaBackend* backends[2] = {gpu_.get(), eager.get()};
+  for (int b = 0; b < 2; ++b) {
+    std::vector<SlotRows> prefill;
+    for (uint32_t s = 0; s < 3; ++s) {
+      prefill.push_back(SlotRows{s, 0, {prompt_.begin() + 10 * s, prompt_.begin() + 10 * s + 9}, false, true, sp[s]});
+    }
+    std::vector<int32_t> next(3);
+    auto res = backends[b]->step(prefill);
+    for (uint32_t s = 0; s < 3; ++s) next[s] = res[s].sampled;
+    tokens[b].assign(3, {});
+    for (uint32_t pos = 9; pos < 25; ++pos) {  // eager, captured, then replayed with new parameters each step
+      std::vector<SlotRows> step;
+      for (uint32_t s = 0; s < 3; ++s) {
+        tokens[b][s].push_back(next[s]);
+        model::SamplingParams p = sp[s];
+        p.top_p = pos % 2 == 0 ? sp[s].top_p : 1.0f;  // parameters change between replays of one graph
+        step.push_back(SlotRows{s, pos, {next[s]}, false, true, p});
+      }
+      res = backends[b]->step(step);
+      for (uint32_t s = 0; s < 3; ++s) next[s] = res[s].sampled;
+    }
+  }
+  EXPECT_EQ(tokens[0], tokens[1]);
+  std::set<int32_t> distinct(tokens[0][2].begin(), tokens[0][2].end());
+  EXPECT_GT(distinct.size(), 3u);  // the T 1.3 slot really samples
 }
 
 TEST_F(CudaBackendTest, RejectsRowsThatBreakTheStepContract) {
