@@ -25,6 +25,17 @@ std::vector<std::string> validate(const ServeConfig& c) {
   check(c.model_path.empty() || std::filesystem::is_regular_file(c.model_path, ec),
         bad("model", c.model_path, "an existing GGUF file"));
   check(c.backend == "cpu" || c.backend == "cuda" || c.backend == "auto", bad("backend", c.backend, "cpu, cuda or auto"));
+  const bool synthetic = !c.synthetic_config.empty();
+  check(!synthetic || std::filesystem::is_regular_file(c.synthetic_config, ec),
+        bad("synthetic", c.synthetic_config, "an existing config.json of a glm5_next shape"));
+  check(!synthetic || c.model_path.empty(),
+        bad("model", c.model_path, "no --model with --synthetic (the weights are made, not read)"));
+  check(!synthetic || c.backend != "cpu",
+        bad("backend", c.backend, "cuda or auto with --synthetic, which makes its weights on the GPU"));
+  check(c.tokenizer_path.empty() || synthetic,
+        bad("tokenizer", c.tokenizer_path, "only with --synthetic (a model file brings its own tokenizer)"));
+  check(c.tokenizer_path.empty() || std::filesystem::exists(c.tokenizer_path, ec),
+        bad("tokenizer", c.tokenizer_path, "an existing GGUF file or Hugging Face tokenizer directory"));
   check(c.threads <= 4096, bad("threads", c.threads, "0 (every core) or a thread count up to 4096"));
   check(!c.model_id.empty(), bad("model-id", "''", "a non-empty model name"));
   check(!c.host.empty(), bad("host", "''", "an IP address or host name to listen on"));

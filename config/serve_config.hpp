@@ -23,6 +23,14 @@ struct ServeConfig {
   std::string backend = "cpu";          // cpu, cuda, or auto (cuda when built with it and a GPU is visible)
   uint32_t threads = 0;                 // CPU backend threads; 0 = every core
   std::string model_id = "glm-5.3-flash";  // the name /v1/models reports and requests may use
+  // Synthetic weights instead of a file: deterministic pseudo-random values of the glm5_next shape in
+  // this config.json, made on the GPU (benchmarks of shapes the disk cannot hold; the answers mean
+  // nothing). No tokenizer comes with them: `tokenizer_path` (a GGUF file or a Hugging Face tokenizer
+  // directory) gives one, else a placeholder (ids 0-255 are bytes, the rest "<|tN|>").
+  std::string synthetic_config;
+  std::string synthetic_type = "q4_k";  // ggml type of the large matrices
+  uint64_t synthetic_seed = 1;
+  std::string tokenizer_path;
 
   // Server
   std::string host = "127.0.0.1";

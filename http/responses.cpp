@@ -158,8 +158,13 @@ std::string to_json(const CompletionChunk& x) {
 }
 
 std::string to_json(const ModelList& x) {
-  bj::object model{{"id", x.id}, {"object", "model"}, {"created", x.created}, {"owned_by", "ferry"},
-                   {"max_model_len", x.max_model_len}};
+  bj::object model{{"id", x.id},         {"object", "model"},
+                   {"created", x.created}, {"owned_by", "ferry"},
+                   {"max_model_len", x.max_model_len}, {"synthetic", !x.synthetic_config.empty()}};
+  if (!x.synthetic_config.empty()) {
+    model["synthetic_config"] = x.synthetic_config;
+    model["synthetic_type"] = x.synthetic_type;
+  }
   return dump(bj::object{{"object", "list"}, {"data", bj::array{std::move(model)}}});
 }
 
@@ -174,6 +179,7 @@ std::string to_json(const HealthReport& x) {
                                 {"rate_bytes_per_s", std::round(x.rate_bytes_per_s)},
                                 {"eta_s", std::round(x.eta_s * 10) / 10}};
   }
+  if (x.synthetic) out["synthetic"] = true;
   if (!x.backend.empty()) {
     out["backend"] = x.backend;
     out["slots_idle"] = x.slots_idle;

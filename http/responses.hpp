@@ -85,6 +85,8 @@ struct ModelList {
   std::string id;
   int64_t created = 0;
   uint32_t max_model_len = 0;  // tokens per slot
+  std::string synthetic_config;  // non-empty: synthetic weights of this config's shape, of this type
+  std::string synthetic_type;
 };
 
 // GET /health: 200 when serving; 503 with the reason while loading, draining or failed.
@@ -97,6 +99,7 @@ struct HealthReport {
   // When serving:
   std::string backend;
   uint32_t slots_idle = 0, slots_total = 0, queued = 0;
+  bool synthetic = false;  // the weights are pseudo-random (ferry serve --synthetic)
 };
 
 // GET /slots: one entry per slot. A busy slot names its request by the number in the response id

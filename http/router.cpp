@@ -136,6 +136,7 @@ void health(const Context& ctx, const Channel& channel) {
             [ctx, channel](actors::EngineSnapshot& snap) {
               HealthReport r;
               r.backend = ctx->backend_name;
+              r.synthetic = !ctx->config.synthetic_config.empty();
               r.slots_total = static_cast<uint32_t>(snap.slots.size());
               for (const auto& s : snap.slots) r.slots_idle += s.busy ? 0 : 1;
               r.queued = snap.queued;
@@ -224,6 +225,7 @@ void cancel(const Context& ctx, std::string_view id_text, const Channel& channel
 HealthReport loading_report(const ServerContext& ctx) {
   HealthReport r;
   r.status = "loading";
+  r.synthetic = !ctx.config.synthetic_config.empty();
   r.bytes_done = ctx.progress.bytes_done.load();
   r.bytes_total = ctx.progress.bytes_total.load();
   const int64_t started = ctx.progress.started_ns.load();
@@ -280,7 +282,8 @@ Endpoint route(const Context& ctx, HttpRequest req, const Channel& channel) {
         return endpoint;
       }
       ModelList list{ctx->config.model_id, ctx->started_unix,
-                     has_engine(*ctx) ? ctx->engine.limits.ctx : ctx->config.ctx};
+                     has_engine(*ctx) ? ctx->engine.limits.ctx : ctx->config.ctx, ctx->config.synthetic_config,
+                     ctx->config.synthetic_type};
       channel->send_json(200, to_json(list));
       return endpoint;
     }

@@ -495,4 +495,20 @@ PreTokenizerKind Tokenizer::pre_tokenizer() const { return impl_->pre; }
 bool Tokenizer::ignore_merges() const { return impl_->ignore_merges; }
 const std::string& Tokenizer::chat_template() const { return impl_->chat_template; }
 
+TextResult<Tokenizer> placeholder_tokenizer(size_t vocab_size) {
+  TokenizerSpec spec;
+  const ByteAlphabet& alphabet = byte_alphabet();
+  for (size_t i = 0; i < vocab_size; ++i) {
+    std::string text;
+    if (i < 256) {
+      unicode::append_utf8(text, alphabet.byte_to_cp[i]);
+    } else {
+      text = "<|t" + std::to_string(i) + "|>";
+    }
+    spec.tokens.push_back(std::move(text));
+    spec.token_types.push_back(static_cast<int32_t>(i < 256 ? TokenType::normal : TokenType::user_defined));
+  }
+  return Tokenizer::create(std::move(spec));
+}
+
 }  // namespace ferry::model

@@ -116,4 +116,9 @@ class Tokenizer {
   std::unique_ptr<Impl> impl_;
 };
 
+// A stand-in for weights that come without a tokenizer (synthetic ones): ids 0-255 are the bytes,
+// every other id a user-defined token "<|tN|>", matched in text and decoded as that text. No merges,
+// no special ids, so nothing ends a generation but its length.
+TextResult<Tokenizer> placeholder_tokenizer(size_t vocab_size);
+
 }  // namespace ferry::model

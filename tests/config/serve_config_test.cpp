@@ -27,3 +27,31 @@ TEST(ServeConfig, EachProblemNamesTheOptionAndTheValue) {
   EXPECT_NE(errors[1].find("--slots = 0"), std::string::npos);
   EXPECT_NE(errors[2].find("--top-p = 0"), std::string::npos);
 }
+
+TEST(ServeConfig, SyntheticWeightsNeedAConfigTheGpuAndNoModelFile) {
+  ServeConfig c;
+  c.synthetic_config = FERRY_SOURCE_DIR "/tests/fixtures/glm5/serve_tiny/config.json";
+  c.backend = "cuda";
+  EXPECT_TRUE(validate(c).empty());
+  c.backend = "cpu";
+  c.model_path = FERRY_SOURCE_DIR "/tests/fixtures/glm5/serve_tiny/config.json";
+  auto errors = validate(c);
+  ASSERT_EQ(errors.size(), 2u);
+  EXPECT_EQ(errors[0], "--model = " FERRY_SOURCE_DIR
+                       "/tests/fixtures/glm5/serve_tiny/config.json: expected no --model with --synthetic (the "
+                       "weights are made, not read)");
+  EXPECT_EQ(errors[1], "--backend = cpu: expected cuda or auto with --synthetic, which makes its weights on the GPU");
+  c = ServeConfig{};
+  c.synthetic_config = "/nonexistent/config.json";
+  c.tokenizer_path = "/nonexistent/tokenizer";
+  c.backend = "auto";
+  errors = validate(c);
+  ASSERT_EQ(errors.size(), 2u);
+  EXPECT_NE(errors[0].find("--synthetic = /nonexistent/config.json: expected an existing config.json"), std::string::npos);
+  EXPECT_NE(errors[1].find("--tokenizer = /nonexistent/tokenizer"), std::string::npos);
+  c = ServeConfig{};
+  c.tokenizer_path = FERRY_SOURCE_DIR "/tests/fixtures/glm5/serve_tiny/config.json";
+  errors = validate(c);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_NE(errors[0].find("only with --synthetic"), std::string::npos);
+}

@@ -96,8 +96,15 @@ TEST(Responses, CompletionModelsErrorAndHealth) {
   EXPECT_EQ(o.at("object"), "text_completion");
   EXPECT_EQ(o.at("choices").as_array()[0].as_object().at("text"), "abc");
 
-  o = parse(to_json(ModelList{"glm-5.3-flash", 5, 4096}));
+  o = parse(to_json(ModelList{"glm-5.3-flash", 5, 4096, "", ""}));
   EXPECT_EQ(o.at("data").as_array()[0].as_object().at("id"), "glm-5.3-flash");
+  EXPECT_EQ(o.at("data").as_array()[0].as_object().at("synthetic"), false);
+  EXPECT_FALSE(o.at("data").as_array()[0].as_object().contains("synthetic_config"));
+  o = parse(to_json(ModelList{"glm-5.3-flash", 5, 4096, "configs/glm-5.3-flash.json", "q4_k"}));
+  const auto& synthetic = o.at("data").as_array()[0].as_object();
+  EXPECT_EQ(synthetic.at("synthetic"), true);
+  EXPECT_EQ(synthetic.at("synthetic_config"), "configs/glm-5.3-flash.json");
+  EXPECT_EQ(synthetic.at("synthetic_type"), "q4_k");
 
   o = parse(to_json(invalid_field("messages[1].role", "bad role")));
   const auto& error = o.at("error").as_object();
@@ -111,6 +118,12 @@ TEST(Responses, CompletionModelsErrorAndHealth) {
   loading.bytes_total = 200;
   o = parse(to_json(loading));
   EXPECT_DOUBLE_EQ(o.at("loading").as_object().at("percent").to_number<double>(), 25.0);
+  EXPECT_FALSE(o.contains("synthetic"));
+  HealthReport serving;
+  serving.status = "ok";
+  serving.backend = "cuda:0 NVIDIA H200 (SYNTHETIC weights)";
+  serving.synthetic = true;
+  EXPECT_EQ(parse(to_json(serving)).at("synthetic"), true);
 }
 
 TEST(Responses, EngineCausesMapToStatusCodes) {

@@ -192,5 +192,17 @@ TEST(Tokenizer, GgufMetadataRoundTrip) {
   std::filesystem::remove(path);
 }
 
+TEST(Tokenizer, PlaceholderMapsBytesAndNamesTheOtherIds) {
+  auto t = placeholder_tokenizer(300);
+  ASSERT_TRUE(t.ok()) << t.error().message;
+  EXPECT_EQ(t->vocab_size(), 300u);
+  EXPECT_EQ(t->encode("hi <|t257|>\xff", false), (std::vector<TokenId>{'h', 'i', ' ', 257, 0xff}));
+  EXPECT_EQ(t->decode(std::vector<TokenId>{'o', 'k', 299}), "ok<|t299|>");
+  EXPECT_TRUE(t->end_of_generation_ids().empty());
+  auto glm = placeholder_tokenizer(154880);
+  ASSERT_TRUE(glm.ok()) << glm.error().message;
+  EXPECT_EQ(glm->decode(std::vector<TokenId>{154879}), "<|t154879|>");
+}
+
 }  // namespace
 }  // namespace ferry::model

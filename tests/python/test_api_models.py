@@ -6,6 +6,7 @@ def test_lists_the_served_model(server):
     models = server.client().models.list().data
     assert [m.id for m in models] == ["glm-5.3-flash"]
     assert models[0].model_extra["max_model_len"] == 4096  # the tiny model's context, below --ctx
+    assert models[0].model_extra["synthetic"] is False  # weights from a file (--synthetic: true + its config)
 
 
 def test_model_id_is_configurable_and_checked(ferry_bin):

@@ -1,9 +1,14 @@
 """`ferry serve` options: every option settable in a TOML file; an unknown or invalid option fails
 start-up with a message naming it."""
 import json
+import pathlib
+import shutil
 import subprocess
 
+import pytest
 from ferry_server import FerryServer
+
+SHAPE = str(pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "glm5" / "serve_tiny" / "config.json")
 
 
 def start_fails(ferry_bin, *args):
@@ -62,3 +67,16 @@ def test_a_file_that_is_not_a_model_fails_after_listening(ferry_bin, tmp_path):
     out = start_fails(ferry_bin, "--port", "0", "--model", str(bad))
     assert "listening on" in out  # /health answered "loading" meanwhile
     assert "cannot serve" in out and str(bad) in out
+
+
+def test_synthetic_weights_need_a_gpu_and_say_so_before_listening(ferry_bin, tmp_path):
+    if shutil.which("nvidia-smi"):
+        pytest.skip("on a GPU machine --synthetic serves (the GPU bundle's smoke check)")
+    for backend in ("cuda", "auto"):
+        out = start_fails(ferry_bin, "--synthetic", SHAPE, "--backend", backend, "--port", "0")
+        assert "--synthetic needs a GPU: backend cuda: " in out, out
+        assert "listening" not in out
+    assert "--backend = cpu: expected cuda or auto with --synthetic" in start_fails(ferry_bin, "--synthetic", SHAPE)
+    assert f"--synthetic = {tmp_path / 'none.json'}" in start_fails(
+        ferry_bin, "--synthetic", str(tmp_path / "none.json"), "--backend", "cuda")
+    assert "--tokenizer = " in start_fails(ferry_bin, "--tokenizer", SHAPE)

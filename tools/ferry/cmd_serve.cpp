@@ -41,6 +41,14 @@ void add_options(CLI::App& cmd, ServeOptions& o) {
                  "the command line wins over it")
       ->check(CLI::ExistingFile);
   cmd.add_option("--model", c.model_path, "GGUF model file (default: the small model embedded in ferry)");
+  cmd.add_option("--synthetic", c.synthetic_config,
+                 "config.json of a glm5_next shape: serve deterministic pseudo-random weights of it, made on the GPU "
+                 "(speed and memory only; the answers mean nothing)");
+  cmd.add_option("--type", c.synthetic_type, "ggml type of the synthetic weights' large matrices")->capture_default_str();
+  cmd.add_option("--synthetic-seed", c.synthetic_seed, "seed of the synthetic weights")->capture_default_str();
+  cmd.add_option("--tokenizer", c.tokenizer_path,
+                 "with --synthetic: a GGUF file or Hugging Face tokenizer directory to read text with (default: a "
+                 "placeholder where ids 0-255 are bytes and id N >= 256 is the text <|tN|>)");
   cmd.add_option("--backend", c.backend, "compute backend: cpu, cuda, or auto (cuda when there is a GPU)")
       ->capture_default_str();
   cmd.add_option("--threads", c.threads, "CPU backend threads (0: every core)")->capture_default_str();
@@ -153,15 +161,31 @@ int serve(CLI::App& cmd, ServeOptions& options) {
   // take SIGTERM with its default action and kill the process instead of draining it.
   SignalWaiter signals;
   // Known before listening: a ferry built without CUDA, or a machine without a GPU, cannot serve
-  // --backend cuda.
-  if (auto kind = gpu::resolve_backend_kind(config.backend); !kind) {
-    std::fprintf(stderr, "ferry serve: --backend: %s\n", kind.error().c_str());
+  // --backend cuda, nor synthetic weights, which are made on the GPU.
+  const bool synthetic = !config.synthetic_config.empty();
+  if (auto kind = gpu::resolve_backend_kind(synthetic ? "cuda" : config.backend); !kind) {
+    std::fprintf(stderr, "ferry serve: %s: %s\n", synthetic ? "--synthetic needs a GPU" : "--backend",
+                 kind.error().c_str());
     return 2;
   }
-  auto model_path = resolve_model_path(config);
-  if (auto* e = std::get_if<LoadError>(&model_path)) {
-    std::fprintf(stderr, "ferry serve: %s\n", e->message.c_str());
+  std::variant<std::string, LoadError> model_path;
+  std::variant<SyntheticSource, LoadError> synthetic_source = LoadError{};
+  const LoadError* source_error = nullptr;
+  if (synthetic) {
+    synthetic_source = read_synthetic_source(config);
+    source_error = std::get_if<LoadError>(&synthetic_source);
+  } else {
+    model_path = resolve_model_path(config);
+    source_error = std::get_if<LoadError>(&model_path);
+  }
+  if (source_error != nullptr) {
+    std::fprintf(stderr, "ferry serve: %s\n", source_error->message.c_str());
     return 2;
+  }
+  if (synthetic) {
+    spdlog::warn("SYNTHETIC WEIGHTS: pseudo-random {} values of the shape in {} (seed {}), no trained model: the "
+                 "answers mean nothing; for speed and memory measurements only",
+                 config.synthetic_type, config.synthetic_config, config.synthetic_seed);
   }
 
   caf::actor_system_config caf_config;
@@ -172,7 +196,9 @@ int serve(CLI::App& cmd, ServeOptions& options) {
   context->config = config;
   context->system = &system;
   context->started_unix = static_cast<int64_t>(std::time(nullptr));
-  context->progress.stage_name = config.model_path.empty() ? "the default model" : config.model_path;
+  context->progress.stage_name = synthetic ? "synthetic weights of " + config.synthetic_config
+                                 : config.model_path.empty() ? "the default model"
+                                                             : config.model_path;
 
   boost::asio::io_context ioc;
   auto work = boost::asio::make_work_guard(ioc);
@@ -192,7 +218,8 @@ int serve(CLI::App& cmd, ServeOptions& options) {
     for (auto& t : io_threads) t.join();
   };
 
-  auto loaded = load_model(std::get<std::string>(model_path), config, context->progress, signals.stop);
+  auto loaded = synthetic ? load_synthetic(std::get<SyntheticSource>(synthetic_source), config)
+                          : load_model(std::get<std::string>(model_path), config, context->progress, signals.stop);
   if (auto* e = std::get_if<LoadError>(&loaded)) {
     if (signals.stop.load()) {
       spdlog::info("{} while loading: exiting", strsignal(signals.signal()));

@@ -1,7 +1,8 @@
 #pragma once
 // What `ferry serve` loads before it can answer: the backend and the tokenizer of one GGUF file,
 // with progress (bytes, percent, rate, ETA) on the terminal, in the log and in /health. With no
-// --model, the default model embedded in the binary is served.
+// --model, the default model embedded in the binary is served; with --synthetic, weights made on
+// the GPU and a tokenizer from --tokenizer or a placeholder.
 #include <atomic>
 #include <memory>
 #include <string>
@@ -10,6 +11,8 @@
 #include "config/serve_config.hpp"
 #include "http/server_context.hpp"
 #include "model/backend.hpp"
+#include "model/ggml_type.hpp"
+#include "model/glm5_hparams.hpp"
 #include "model/tokenizer.hpp"
 
 namespace ferry::cli {
@@ -31,5 +34,16 @@ std::variant<std::string, LoadError> resolve_model_path(const config::ServeConfi
 // reporting progress, then opens the backend and the tokenizer. `stop` cancels between chunks.
 std::variant<LoadedModel, LoadError> load_model(const std::string& path, const config::ServeConfig& config,
                                                 http::LoadProgress& progress, const std::atomic<bool>& stop);
+
+// --synthetic: the shape and the weight type, read and checked before the server listens.
+struct SyntheticSource {
+  model::Glm5Hparams hparams;
+  model::GgmlType type = model::GgmlType::Q4_K;
+};
+std::variant<SyntheticSource, LoadError> read_synthetic_source(const config::ServeConfig& config);
+
+// Makes the weights on the GPU (open_synthetic_backend) and the tokenizer: --tokenizer's, whose ids
+// must fit the shape's vocabulary, or model::placeholder_tokenizer.
+std::variant<LoadedModel, LoadError> load_synthetic(const SyntheticSource& source, const config::ServeConfig& config);
 
 }  // namespace ferry::cli
