@@ -11,8 +11,8 @@ namespace {
 
 using sampling::u128;
 
-// The executor of sampling::draw_token on the CPU: one loop over the keys still in play per pass;
-// a token's weight is computed the first time a pass needs it.
+// The executor of sampling::draw_token on the CPU: one loop over all keys per pass (each skips the
+// keys below its lb); a token's weight is computed the first time a pass needs it.
 class HostRow {
  public:
   HostRow(std::span<const float> logits, const sampling::KeySpace& ks, const sampling::WeightRule& weight)
