@@ -76,11 +76,14 @@ __global__ void qk_norm_kernel(KdaArgs a) {
   for (uint32_t i = lane; i < a.head_dim; i += 32) x[i] = is_q ? (x[i] * scale) * qs : x[i] * scale;
 }
 
+// Column j of a head's state evolves on its own (decay by row, then the delta rule through k, v_j):
+// each thread keeps one column in registers, and a block of up to 32 threads owns a slice of the
+// columns, so that a decode step spreads over heads x DK/32 blocks instead of one block per head.
 template <int DK>
-__global__ void __launch_bounds__(DK) recurrent_kernel(KdaArgs a) {
+__global__ void __launch_bounds__(DK < 32 ? DK : 32) recurrent_kernel(KdaArgs a) {
   __shared__ float sk[DK], sq[DK], sdec[DK];
   __shared__ float sbeta;
-  const uint32_t h = blockIdx.x, s = blockIdx.y, j = threadIdx.x;
+  const uint32_t h = blockIdx.x, s = blockIdx.y, j = blockIdx.z * blockDim.x + threadIdx.x;
   const uint32_t C = a.heads * DK;
   const size_t slot = static_cast<size_t>(a.seg.slot[s]);
   const uint32_t len = static_cast<uint32_t>(a.seg.len[s]);
@@ -93,11 +96,13 @@ __global__ void __launch_bounds__(DK) recurrent_kernel(KdaArgs a) {
   for (uint32_t t = 0; t < len; ++t) {
     const size_t row = first + t;
     const float* qkv = a.qkv + row * 3 * C;
-    sk[j] = qkv[C + h * DK + j];
-    sq[j] = qkv[h * DK + j];
-    const float gpre = a.f[row * C + h * DK + j] + a.dt_bias[h * DK + j];
-    sdec[j] = expf(a.lower_bound / (1.0f + expf(-rate * gpre)));
-    if (j == 0) sbeta = 1.0f / (1.0f + expf(-a.beta[row * a.heads + h]));
+    for (uint32_t i = threadIdx.x; i < DK; i += blockDim.x) {
+      sk[i] = qkv[C + h * DK + i];
+      sq[i] = qkv[h * DK + i];
+      const float gpre = a.f[row * C + h * DK + i] + a.dt_bias[h * DK + i];
+      sdec[i] = expf(a.lower_bound / (1.0f + expf(-rate * gpre)));
+    }
+    if (threadIdx.x == 0) sbeta = 1.0f / (1.0f + expf(-a.beta[row * a.heads + h]));
     __syncthreads();
     const float v = qkv[2 * C + h * DK + j];
     float kv = 0.0f;
@@ -154,13 +159,14 @@ void kda_conv(const KdaArgs& a, cudaStream_t stream) {
 
 void kda_recurrent(const KdaArgs& a, cudaStream_t stream) {
   if (a.segments == 0) return;
-  const dim3 grid(a.heads, a.segments);
+  const uint32_t threads = std::min<uint32_t>(a.head_dim, 32);
+  const dim3 grid(a.heads, a.segments, a.head_dim / threads);
   switch (a.head_dim) {
-    case 8: recurrent_kernel<8><<<grid, 8, 0, stream>>>(a); break;
-    case 16: recurrent_kernel<16><<<grid, 16, 0, stream>>>(a); break;
-    case 32: recurrent_kernel<32><<<grid, 32, 0, stream>>>(a); break;
-    case 64: recurrent_kernel<64><<<grid, 64, 0, stream>>>(a); break;
-    case 128: recurrent_kernel<128><<<grid, 128, 0, stream>>>(a); break;
+    case 8: recurrent_kernel<8><<<grid, threads, 0, stream>>>(a); break;
+    case 16: recurrent_kernel<16><<<grid, threads, 0, stream>>>(a); break;
+    case 32: recurrent_kernel<32><<<grid, threads, 0, stream>>>(a); break;
+    case 64: recurrent_kernel<64><<<grid, threads, 0, stream>>>(a); break;
+    case 128: recurrent_kernel<128><<<grid, threads, 0, stream>>>(a); break;
     default: throw CudaError("KDA: head dim " + std::to_string(a.head_dim) + " is not 8, 16, 32, 64 or 128");
   }
   FERRY_CUDA_LAUNCHED();

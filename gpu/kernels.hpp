@@ -49,9 +49,13 @@ struct MatvecArgs {
   size_t y_group_stride = 0;
   uint32_t tokens = 1;                  // 1..kMaxMatvecTokens
   uint32_t groups = 1;
+  bool f32_activations = false;         // keep x in f32 even where the int16 path applies
 };
 inline constexpr uint32_t kMaxMatvecTokens = 8;
 void matvec(const MatvecArgs& a, cudaStream_t stream);
+// Whether matvec() quantizes this call's activations to int16 (Q4_K weights whose inputs fit in
+// shared memory): each x is then rounded to a multiple of amax/32767 of its 32-value block.
+bool matvec_quantizes_activations(const MatvecArgs& a);
 
 // Dequantises rows [row0, row0 + rows) of `w` into dst (row-major fp16, `cols` per row). With dst_lo,
 // also the rounding remainder times 2^12 (hi + lo/4096 holds ~22 significant bits): the prefill

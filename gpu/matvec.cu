@@ -8,6 +8,7 @@
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernels.hpp"
+#include "gpu/matvec_int16.hpp"
 #include "gpu/quant_device.cuh"
 #include "model/iq_grids.hpp"
 
@@ -35,7 +36,15 @@ __device__ __forceinline__ void load_tables(uint32_t* grid, int8_t* kvalues) {
   if constexpr (kUsesIq<T>) __syncthreads();
 }
 
-// WPR warps share a row (split over its units) when a matrix has too few rows to fill the device.
+// Lanes that share a row: a whole warp, or for rows of fewer than 32 units the next power of two.
+__host__ __device__ inline uint32_t lanes_per_row(uint32_t units) {
+  uint32_t l = 1;
+  while (l < units && l < 32) l <<= 1;
+  return l;
+}
+
+// WPR warps share a row (split over its units) when a matrix has too few rows to fill the device;
+// with WPR 1, narrow rows put 32 / lanes_per_row rows in each warp.
 template <int T, int NT, int WPR>
 __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecArgs a) {
   using Tr = qd::Traits<T>;
@@ -44,12 +53,16 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecArgs a) {
   __shared__ float partial[WPR > 1 ? kWarps : 1][NT];
   load_tables<T>(grid, kvalues);
 
-  const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const uint32_t units_all = a.w.cols / Tr::UE;
+  const uint32_t lpr = WPR > 1 ? 32 : lanes_per_row(units_all);
+  const uint32_t lane_all = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const uint32_t lane = lane_all % lpr;
   const uint32_t part = warp % WPR;
-  const uint32_t row = blockIdx.x * (kWarps / WPR) + warp / WPR;
+  const uint32_t row = WPR > 1 ? blockIdx.x * (kWarps / WPR) + warp / WPR
+                               : (blockIdx.x * kWarps + warp) * (32 / lpr) + lane_all / lpr;
   const uint32_t g = blockIdx.y;
   const bool live = row < a.w.rows;
-  if (WPR == 1 && !live) return;
+  if (WPR == 1 && (blockIdx.x * kWarps + warp) * (32 / lpr) >= a.w.rows) return;
   const size_t mat = a.w_group_index ? static_cast<size_t>(a.w_group_index[g]) : g;
   const uint8_t* wrow = a.w.data + mat * a.w_group_bytes + static_cast<size_t>(live ? row : 0) * a.w.row_bytes;
   const float* x = a.x + static_cast<size_t>(g / a.x_group_div) * a.x_group_stride;
@@ -59,9 +72,9 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecArgs a) {
 #pragma unroll
   for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
 
-  const uint32_t units = live ? a.w.cols / Tr::UE : 0;
+  const uint32_t units = live ? units_all : 0;
 #pragma unroll 2
-  for (uint32_t u = part * 32 + lane; u < units; u += 32 * WPR) {
+  for (uint32_t u = part * lpr + lane; u < units; u += lpr * WPR) {
     float v[Tr::UE];
     qd::decode_unit<T>(wrow, u, v, grid, kvalues);
 #pragma unroll
@@ -88,8 +101,7 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecArgs a) {
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
     float s = acc[t];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    for (uint32_t o = lpr / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     acc[t] = s;
   }
   if constexpr (WPR > 1) {
@@ -106,7 +118,7 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecArgs a) {
       acc[t] = s;
     }
   }
-  if (lane == 0) {
+  if (lane == 0 && live) {
     float* y = a.y + static_cast<size_t>(g) * a.y_group_stride + row;
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
@@ -208,7 +220,8 @@ int kernel_type(const DevMatrix& w) {
 
 template <int T, int WPR>
 void launch_matvec_split(const MatvecArgs& a, cudaStream_t s) {
-  constexpr uint32_t rows_per_block = kWarps / WPR;
+  const uint32_t rows_per_block =
+      WPR > 1 ? kWarps / WPR : kWarps * (32 / lanes_per_row(a.w.cols / qd::Traits<T>::UE));
   const dim3 grid((a.w.rows + rows_per_block - 1) / rows_per_block, a.groups);
   const dim3 block(kWarps * 32);
   if (a.tokens <= 1) {
@@ -277,6 +290,10 @@ void upload_quant_tables() {
 void matvec(const MatvecArgs& a, cudaStream_t stream) {
   if (a.tokens == 0 || a.groups == 0 || a.w.rows == 0) return;
   if (a.tokens > kMaxMatvecTokens) throw CudaError("matvec: more than 8 tokens");
+  if (matvec_quantizes_activations(a)) {
+    launch_matvec_int16(a, stream);
+    return;
+  }
   const int t = kernel_type(a.w);
   if (t != qd::kF32Scalar) {
     const bool aligned = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && a.x_tok_stride % 4 == 0 &&

@@ -1,6 +1,7 @@
 // Per-row and element-wise kernels of the forward pass: norms, the mHC mixers, SwiGLU, the MoE
 // router and combine, cache writes. Sums run in f32 in a fixed order (deterministic results).
 #include <algorithm>
+#include <string>
 
 #include "gpu/block_reduce.cuh"
 #include "gpu/cuda_check.hpp"
@@ -40,64 +41,90 @@ __global__ void layer_norm_kernel(const float* x, size_t x_stride, const float* 
 
 constexpr int kMaxHc = 8;
 
-// One block per row: the mixer coefficients (tiny, thread 0), the collapsed stream and its RMSNorm.
-__global__ void mhc_pre_kernel(MhcArgs a) {
-  extern __shared__ float u[];  // [D]
-  __shared__ float scratch[32];
-  __shared__ float pre[kMaxHc];
-  const uint32_t H = a.H, D = a.D, HD = H * D;
-  const float* R = a.streams + static_cast<size_t>(blockIdx.x) * HD;
-  float ss = 0.0f;
-  for (uint32_t i = threadIdx.x; i < HD; i += blockDim.x) ss += R[i] * R[i];
-  const float inv = rsqrtf(block_sum(ss, scratch) / static_cast<float>(HD) + a.rms_eps);
-  // The coefficients: one thread per stream (row i / column j of comb) in warp 0, so that the
-  // Sinkhorn rounds are H-long chains rather than one thread's H*H.
-  __shared__ float c[kMaxHc * kMaxHc];
-  const float* m = a.mix + static_cast<size_t>(blockIdx.x) * (2 + H) * H;
-  const uint32_t t = threadIdx.x;
-  if (t < H) {
-    pre[t] = 1.0f / (1.0f + expf(-(m[t] * inv * a.scale[0] + a.base[t]))) + a.hc_eps;
-    a.post[blockIdx.x * H + t] = 2.0f / (1.0f + expf(-(m[H + t] * inv * a.scale[1] + a.base[H + t])));
+// The mixer coefficients of one row, by one warp: pre (sigmoid + eps), post (2 sigmoid) and comb (a
+// row softmax, then Sinkhorn rounds: columns first, then rows and columns). Each lane owns entries
+// lane and lane + 32 of comb (H*H <= 64) and recomputes the sums it needs from shared memory in the
+// CPU reference's order and precision (model/mhc.cpp, model/cpu_ops.cpp softmax); the entries of a
+// round are all updated in parallel instead of one thread walking a row.
+__device__ void mhc_coefficients(const MhcArgs& a, const float* m, float inv, float* pre, float* c) {
+  const uint32_t H = a.H, HH = H * H, lane = threadIdx.x & 31;
+  if (lane < H) {
+    pre[lane] = 1.0f / (1.0f + expf(-(m[lane] * inv * a.scale[0] + a.base[lane]))) + a.hc_eps;
+    a.post[blockIdx.x * H + lane] = 2.0f / (1.0f + expf(-(m[H + lane] * inv * a.scale[1] + a.base[H + lane])));
+  }
+  for (uint32_t e = lane; e < HH; e += 32) c[e] = m[2 * H + e] * inv * a.scale[2] + a.base[2 * H + e];
+  __syncwarp();
+  float v[2];
+  for (uint32_t k = 0, e = lane; k < 2; ++k, e += 32) {
+    if (e >= HH) continue;
+    const float* row = c + (e / H) * H;
     float mx = -INFINITY;
-    for (uint32_t j = 0; j < H; ++j) {
-      c[t * H + j] = m[2 * H + t * H + j] * inv * a.scale[2] + a.base[2 * H + t * H + j];
-      mx = fmaxf(mx, c[t * H + j]);
-    }
-    float sum = 0.0f;
-    for (uint32_t j = 0; j < H; ++j) {
-      c[t * H + j] = expf(c[t * H + j] - mx);
-      sum += c[t * H + j];
-    }
-    for (uint32_t j = 0; j < H; ++j) c[t * H + j] = c[t * H + j] / sum + a.hc_eps;
+    for (uint32_t j = 0; j < H; ++j) mx = fmaxf(mx, row[j]);
+    double sum = 0.0;
+    for (uint32_t j = 0; j < H; ++j) sum += expf(row[j] - mx);
+    v[k] = expf(c[e] - mx) * static_cast<float>(1.0 / sum) + a.hc_eps;
+  }
+  __syncwarp();
+  for (uint32_t k = 0, e = lane; k < 2; ++k, e += 32) {
+    if (e < HH) c[e] = v[k];
   }
   __syncwarp();
   for (uint32_t it = 0; it < max(a.iters, 1u); ++it) {
-    if (it > 0 && t < H) {  // rows, then columns (the first round normalises columns only)
-      float sum = 0.0f;
-      for (uint32_t j = 0; j < H; ++j) sum += c[t * H + j];
-      for (uint32_t j = 0; j < H; ++j) c[t * H + j] /= (sum + a.hc_eps);
+    for (int by_row = it > 0 ? 1 : 0; by_row >= 0; --by_row) {
+      for (uint32_t k = 0, e = lane; k < 2; ++k, e += 32) {
+        if (e >= HH) continue;
+        float sum = 0.0f;
+        if (by_row) {
+          for (uint32_t j = 0; j < H; ++j) sum += c[(e / H) * H + j];
+        } else {
+          for (uint32_t i = 0; i < H; ++i) sum += c[i * H + e % H];
+        }
+        v[k] = c[e] / (sum + a.hc_eps);
+      }
+      __syncwarp();
+      for (uint32_t k = 0, e = lane; k < 2; ++k, e += 32) {
+        if (e < HH) c[e] = v[k];
+      }
+      __syncwarp();
     }
-    __syncwarp();
-    if (t < H) {
-      float sum = 0.0f;
-      for (uint32_t i = 0; i < H; ++i) sum += c[i * H + t];
-      for (uint32_t i = 0; i < H; ++i) c[i * H + t] /= (sum + a.hc_eps);
-    }
-    __syncwarp();
   }
-  __syncthreads();
-  if (t < H * H) a.comb[blockIdx.x * H * H + t] = c[t];
+  for (uint32_t e = lane; e < HH; e += 32) a.comb[blockIdx.x * HH + e] = c[e];
+}
+
+// One block per row: the RMS of the H streams (float4 loads, all in flight), the coefficients (warp
+// 0), the collapsed stream and its RMSNorm. D is a multiple of 4 (checked by mhc_pre).
+__global__ void __launch_bounds__(1024) mhc_pre_kernel(MhcArgs a) {
+  extern __shared__ float4 u[];  // [D/4]
+  __shared__ float scratch[32];
+  __shared__ float pre[kMaxHc];
+  __shared__ float c[kMaxHc * kMaxHc];
+  const uint32_t H = a.H, D4 = a.D / 4;
+  const float4* R = reinterpret_cast<const float4*>(a.streams + static_cast<size_t>(blockIdx.x) * H * a.D);
+  float ss = 0.0f;
+  for (uint32_t i = threadIdx.x; i < H * D4; i += blockDim.x) {
+    const float4 r = R[i];
+    ss += r.x * r.x + r.y * r.y + r.z * r.z + r.w * r.w;
+  }
+  const float inv = rsqrtf(block_sum(ss, scratch) / static_cast<float>(H * a.D) + a.rms_eps);
+  if (threadIdx.x < 32) mhc_coefficients(a, a.mix + static_cast<size_t>(blockIdx.x) * (2 + H) * H, inv, pre, c);
   __syncthreads();
   float su = 0.0f;
-  for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) {
-    float v = 0.0f;
-    for (uint32_t h = 0; h < H; ++h) v += pre[h] * R[h * D + d];
+  for (uint32_t d = threadIdx.x; d < D4; d += blockDim.x) {
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (uint32_t h = 0; h < H; ++h) {
+      const float4 r = R[h * D4 + d];
+      v.x += pre[h] * r.x, v.y += pre[h] * r.y, v.z += pre[h] * r.z, v.w += pre[h] * r.w;
+    }
     u[d] = v;
-    su += v * v;
+    su += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
   }
-  const float inv_u = rsqrtf(block_sum(su, scratch) / static_cast<float>(D) + a.rms_eps);
-  float* x = a.x + static_cast<size_t>(blockIdx.x) * D;
-  for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) x[d] = u[d] * inv_u * a.norm_w[d];
+  const float inv_u = rsqrtf(block_sum(su, scratch) / static_cast<float>(a.D) + a.rms_eps);
+  float4* x = reinterpret_cast<float4*>(a.x + static_cast<size_t>(blockIdx.x) * a.D);
+  const float4* w = reinterpret_cast<const float4*>(a.norm_w);
+  for (uint32_t d = threadIdx.x; d < D4; d += blockDim.x) {
+    const float4 v = u[d], g = w[d];
+    x[d] = make_float4(v.x * inv_u * g.x, v.y * inv_u * g.y, v.z * inv_u * g.z, v.w * inv_u * g.w);
+  }
 }
 
 __global__ void mhc_post_kernel(float* streams, const float* y, const float* post, const float* comb, uint32_t rows,
@@ -284,9 +311,10 @@ void layer_norm(const float* x, size_t x_stride, const float* w, const float* b,
 void mhc_pre(const MhcArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
   if (a.H > kMaxHc) throw CudaError("mHC with more than 8 streams");
+  if (a.D % 4 != 0) throw CudaError("mHC: hidden size " + std::to_string(a.D) + " is not a multiple of 4");
   const size_t smem = a.D * sizeof(float);
   if (smem > 48 * 1024) FERRY_CUDA(cudaFuncSetAttribute(mhc_pre_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  mhc_pre_kernel<<<a.rows, 512, smem, stream>>>(a);
+  mhc_pre_kernel<<<a.rows, 1024, smem, stream>>>(a);
   FERRY_CUDA_LAUNCHED();
 }
 

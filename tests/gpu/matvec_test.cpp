@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -76,10 +77,23 @@ class MatvecTest : public ::testing::TestWithParam<GgmlType> {
   }
 };
 
-TEST_P(MatvecTest, MatchesTheCpuDotProductForEveryTokenCount) {
-  const GgmlType type = GetParam();
-  std::mt19937 rng(1234 + static_cast<int>(type));
-  const size_t cols = model::ggml_type_traits(type).block_elems == 1 ? 520 : 768, rows = 75;
+// Largest error the int16 activation path may add to W[r] . x: every x rounded by at most half a
+// step of its 32-value block (amax / 32767), times |w|.
+double int16_rounding_bound(const float* w, const float* x, size_t cols) {
+  double bound = 0;
+  for (size_t b = 0; b < cols; b += 32) {
+    float amax = 0;
+    for (size_t c = b; c < b + 32; ++c) amax = std::max(amax, std::abs(x[c]));
+    for (size_t c = b; c < b + 32; ++c) bound += std::abs(double(w[c])) * amax / 32767.0 * 0.5;
+  }
+  return bound;
+}
+
+// Runs W x for every token count 1..8 and checks each output against a double-precision dot product:
+// to f32 rounding, plus the int16 rounding bound where matvec() quantizes x (expected for token
+// counts up to int16_max_tokens).
+void check_every_token_count(GgmlType type, size_t rows, size_t cols, bool f32_activations, uint32_t int16_max_tokens,
+                             std::mt19937& rng) {
   const auto data = random_rows(type, rows, cols, rng);
   const auto w = dequant(type, data, rows * cols);
   Uploaded u = upload(type, data, rows, cols);
@@ -97,6 +111,9 @@ TEST_P(MatvecTest, MatchesTheCpuDotProductForEveryTokenCount) {
     a.y = dy.as<float>();
     a.y_tok_stride = rows;
     a.tokens = tokens;
+    a.f32_activations = f32_activations;
+    const bool expect_int16 = tokens <= int16_max_tokens;
+    ASSERT_EQ(matvec_quantizes_activations(a), expect_int16) << tokens << " tokens";
     matvec(a, nullptr);
     std::vector<float> y(tokens * rows);
     ASSERT_EQ(cudaMemcpy(y.data(), dy.get(), y.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -107,9 +124,33 @@ TEST_P(MatvecTest, MatchesTheCpuDotProductForEveryTokenCount) {
           ref += double(w[r * cols + c]) * x[t * cols + c];
           mag += std::abs(double(w[r * cols + c]) * x[t * cols + c]);
         }
-        ASSERT_NEAR(y[t * rows + r], ref, 1e-5 * mag + 1e-6) << "token " << t << " row " << r << " of " << tokens;
+        const double rounding = expect_int16 ? int16_rounding_bound(&w[r * cols], &x[t * cols], cols) : 0.0;
+        ASSERT_NEAR(y[t * rows + r], ref, 1e-5 * mag + 1e-6 + rounding) << "token " << t << " row " << r << " of " << tokens;
       }
     }
+  }
+}
+
+TEST_P(MatvecTest, MatchesTheCpuDotProductForEveryTokenCount) {
+  const GgmlType type = GetParam();
+  std::mt19937 rng(1234 + static_cast<int>(type));
+  const size_t cols = model::ggml_type_traits(type).block_elems == 1 ? 520 : 768;
+  const bool q4k = type == GgmlType::Q4_K;
+  check_every_token_count(type, 75, cols, false, q4k ? kMaxMatvecTokens : 0, rng);
+  if (q4k) {
+    check_every_token_count(type, 75, cols, true, 0, rng);
+    // Rows of 152 units (several rounds of loads per lane); 8 tokens no longer fit in shared memory.
+    check_every_token_count(type, 75, 4864, false, 4, rng);
+  }
+}
+
+// Rows of fewer than 32 units share a warp (and rows of exactly one Q4_K block use 8 lanes).
+TEST_P(MatvecTest, NarrowRowsShareAWarp) {
+  const GgmlType type = GetParam();
+  std::mt19937 rng(4321 + static_cast<int>(type));
+  const size_t block = model::ggml_type_traits(type).block_elems;
+  for (size_t cols : {block == 1 ? size_t{8} : block, block == 1 ? size_t{96} : 3 * block}) {
+    check_every_token_count(type, 37, cols, false, type == GgmlType::Q4_K ? kMaxMatvecTokens : 0, rng);
   }
 }
 
@@ -140,6 +181,8 @@ TEST_P(MatvecTest, GroupedLaunchReadsEachGroupsMatrixAndInput) {
   a.y = dy.as<float>();
   a.y_group_stride = rows_per;
   a.groups = groups;
+  const bool int16 = matvec_quantizes_activations(a);
+  EXPECT_EQ(int16, type == GgmlType::Q4_K);
   matvec(a, nullptr);
   std::vector<float> y(groups * rows_per);
   ASSERT_EQ(cudaMemcpy(y.data(), dy.get(), y.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -151,7 +194,9 @@ TEST_P(MatvecTest, GroupedLaunchReadsEachGroupsMatrixAndInput) {
         ref += p;
         mag += std::abs(p);
       }
-      ASSERT_NEAR(y[g * rows_per + r], ref, 1e-5 * mag + 1e-6) << "group " << g << " row " << r;
+      const double rounding =
+          int16 ? int16_rounding_bound(&w[(ids[g] * rows_per + r) * cols], &x[(g / k) * cols], cols) : 0.0;
+      ASSERT_NEAR(y[g * rows_per + r], ref, 1e-5 * mag + 1e-6 + rounding) << "group " << g << " row " << r;
     }
   }
 }

@@ -1,0 +1,238 @@
+// Decode matrix-vector products of Q4_K weights with the activations quantized to int16.
+//
+// Decoding every 4-bit weight to f32 costs ~4 instructions a weight and reading f32 activations 4
+// bytes a weight from L1: both keep the f32 kernel (matvec.cu) far from the memory bandwidth. Here
+// each block first quantizes its activations into shared memory (one scale per 32 values, plus the
+// exact f32 sum of every 16 values for the Q4_K minimum term), then its warps stream weight rows
+// and multiply 2 weights a dp2a instruction with int32 sums. int8 activations (llama.cpp's q8_1)
+// would halve that work, but their rounding (up to amax/254 a value) flips the top token of small
+// models against the f32 CPU reference a quarter of the time; int16 rounding (amax/65534) stays at
+// the level of f32 summation order. MatvecArgs::f32_activations keeps the f32 kernel.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+
+#include "gpu/cuda_check.hpp"
+#include "gpu/matvec_int16.hpp"
+#include "gpu/quant_device.cuh"
+
+namespace ferry::gpu {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kBlocksPerSm = 4;
+constexpr size_t kMaxSmem = 48 * 1024;  // without the opt-in, on every architecture
+constexpr uint32_t kQ4KBlockBytes = 144;
+
+// Shared memory of one block: int16 values [NT][K], scales [NT][K/32], sums of 16 [NT][K/16].
+constexpr size_t smem_bytes(uint32_t nt, uint32_t cols) {
+  return static_cast<size_t>(nt) * cols * sizeof(int16_t) + static_cast<size_t>(nt) * (cols / 32 + cols / 16) * sizeof(float);
+}
+
+uint32_t padded_tokens(uint32_t tokens) { return tokens <= 1 ? 1 : tokens <= 2 ? 2 : tokens <= 4 ? 4 : 8; }
+
+int sm_count() {
+  static std::atomic<int> cached[64];
+  int dev = 0;
+  FERRY_CUDA(cudaGetDevice(&dev));
+  std::atomic<int>& slot = cached[dev & 63];
+  int n = slot.load(std::memory_order_relaxed);
+  if (n == 0) {
+    FERRY_CUDA(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    slot.store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+// Lanes that share a row: 32, or 16 / 8 for rows of fewer than 32 / 16 units (a power of two, for
+// the butterfly sum).
+__host__ __device__ constexpr uint32_t lanes_per_row(uint32_t units) { return units >= 32 ? 32 : units >= 16 ? 16 : 8; }
+
+constexpr int kChunk = 4;  // units in flight per lane
+
+template <int NT>
+__global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm) q4k_int16_kernel(MatvecArgs a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const uint32_t K = a.w.cols, nb = K / 32, ntok = a.tokens;
+  int16_t* xq = reinterpret_cast<int16_t*>(smem);
+  float* xd = reinterpret_cast<float*>(smem + static_cast<size_t>(NT) * K * sizeof(int16_t));
+  float* xs = xd + NT * nb;
+  const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const uint32_t g = blockIdx.y;
+
+  // A row's 16-byte units (32 weights each) are spread over `lpr` lanes; narrow rows share a warp.
+  const uint32_t units = K / 32;
+  const uint32_t lpr = lanes_per_row(units);
+  const uint32_t sub = lane / lpr, sl = lane % lpr, rows_per_warp = 32 / lpr;
+  const size_t mat = a.w_group_index ? static_cast<size_t>(a.w_group_index[g]) : g;
+  const uint8_t* wbase = a.w.data + mat * a.w_group_bytes;
+  const uint32_t stride = gridDim.x * kWarps * rows_per_warp;
+  auto unit_ptr = [&](const uint8_t* wrow, uint32_t u) {
+    return reinterpret_cast<const uint4*>(wrow + kQ4KBlockBytes * (u >> 3) + 16 + 32 * ((u & 7) >> 1) + 16 * (u & 1));
+  };
+  auto row_ptr = [&](uint32_t row) { return wbase + static_cast<size_t>(row) * a.w.row_bytes; };
+
+  // The first weights are requested before the activations are quantized, so that the memory
+  // system is busy from the start.
+  uint32_t row0 = (blockIdx.x * kWarps + warp) * rows_per_warp;
+  uint4 q[kChunk];
+  if (row0 + sub < a.w.rows) {
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) {
+      const uint32_t u = sl + i * lpr;
+      if (u < units) q[i] = *unit_ptr(row_ptr(row0 + sub), u);
+    }
+  }
+
+  // Each thread quantizes 16 values; its neighbour holds the other half of the 32-value block.
+  const float* x = a.x + static_cast<size_t>(g / a.x_group_div) * a.x_group_stride;
+  const uint32_t pieces = ntok * (K / 16);
+  for (uint32_t base = 0; base < pieces; base += blockDim.x) {
+    const uint32_t i = base + threadIdx.x;
+    const bool valid = i < pieces;
+    const uint32_t t = valid ? i / (K / 16) : 0, p = valid ? i % (K / 16) : 0;
+    float v[16];
+    float amax = 0.0f, sum = 0.0f;
+    if (valid) {
+      const float4* src = reinterpret_cast<const float4*>(x + t * a.x_tok_stride + 16 * p);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float4 f = src[k];
+        v[4 * k] = f.x, v[4 * k + 1] = f.y, v[4 * k + 2] = f.z, v[4 * k + 3] = f.w;
+      }
+#pragma unroll
+      for (int k = 0; k < 16; ++k) {
+        amax = fmaxf(amax, fabsf(v[k]));
+        sum += v[k];
+      }
+    }
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    if (valid) {
+      const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
+      uint32_t packed[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        packed[k] = (static_cast<uint32_t>(__float2int_rn(v[2 * k] * inv)) & 0xffffu) |
+                    (static_cast<uint32_t>(__float2int_rn(v[2 * k + 1] * inv)) << 16);
+      }
+      uint4* dst = reinterpret_cast<uint4*>(xq + t * K + 16 * p);
+      dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+      dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+      xs[t * 2 * nb + p] = sum;
+      if ((p & 1) == 0) xd[t * nb + p / 2] = amax / 32767.0f;
+    }
+  }
+  __syncthreads();
+
+  bool prefetched = true;
+  for (; row0 < a.w.rows; row0 += stride) {
+    const uint32_t row = row0 + sub;
+    const bool live = row < a.w.rows;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+    const uint8_t* wrow = row_ptr(live ? row : 0);
+    for (uint32_t u0 = sl; live && u0 < units; u0 += kChunk * lpr) {
+      if (!prefetched) {
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) {
+          const uint32_t u = u0 + i * lpr;
+          if (u < units) q[i] = *unit_ptr(wrow, u);
+        }
+      }
+      prefetched = false;
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) {
+        const uint32_t u = u0 + i * lpr;
+        if (u >= units) break;
+        const uint8_t* blk = wrow + kQ4KBlockBytes * (u >> 3);
+        const uint32_t j = u & 7, c = j >> 1, half = j & 1;
+        const uint32_t dd = qd::ld_u32(blk);
+        int sc1, m1, sc2, m2;
+        qd::k4_scale_min(blk + 4, 2 * c, sc1, m1);
+        qd::k4_scale_min(blk + 4, 2 * c + 1, sc2, m2);
+        const float d = qd::h2f(dd & 0xffff), dmin = qd::h2f(dd >> 16);
+        const float d1 = d * static_cast<float>(sc1), mm1 = dmin * static_cast<float>(m1);
+        const float d2 = d * static_cast<float>(sc2), mm2 = dmin * static_cast<float>(m2);
+        const uint4 w = q[i];
+        const int lo[4] = {static_cast<int>(w.x & 0x0f0f0f0fu), static_cast<int>(w.y & 0x0f0f0f0fu),
+                           static_cast<int>(w.z & 0x0f0f0f0fu), static_cast<int>(w.w & 0x0f0f0f0fu)};
+        const int hi[4] = {static_cast<int>((w.x >> 4) & 0x0f0f0f0fu), static_cast<int>((w.y >> 4) & 0x0f0f0f0fu),
+                           static_cast<int>((w.z >> 4) & 0x0f0f0f0fu), static_cast<int>((w.w >> 4) & 0x0f0f0f0fu)};
+        // Low nibbles are columns c0..c0+15 of sub-block 2c, high nibbles the same 16 of sub-block 2c+1.
+        const uint32_t c0 = 256 * (u >> 3) + 64 * c + 16 * half;
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          if (t < static_cast<int>(ntok)) {
+            // Words of two int16 values: x columns c0 + 2k, c0 + 2k + 1 (low) and 32 further on (high).
+            const int4* xa = reinterpret_cast<const int4*>(xq + t * K + c0);
+            const int4* xb = reinterpret_cast<const int4*>(xq + t * K + c0 + 32);
+            const int4 a0 = xa[0], a1 = xa[1], b0 = xb[0], b1 = xb[1];
+            int s1 = __dp2a_lo(a0.x, lo[0], 0);
+            s1 = __dp2a_hi(a0.y, lo[0], s1);
+            s1 = __dp2a_lo(a0.z, lo[1], s1);
+            s1 = __dp2a_hi(a0.w, lo[1], s1);
+            s1 = __dp2a_lo(a1.x, lo[2], s1);
+            s1 = __dp2a_hi(a1.y, lo[2], s1);
+            s1 = __dp2a_lo(a1.z, lo[3], s1);
+            s1 = __dp2a_hi(a1.w, lo[3], s1);
+            int s2 = __dp2a_lo(b0.x, hi[0], 0);
+            s2 = __dp2a_hi(b0.y, hi[0], s2);
+            s2 = __dp2a_lo(b0.z, hi[1], s2);
+            s2 = __dp2a_hi(b0.w, hi[1], s2);
+            s2 = __dp2a_lo(b1.x, hi[2], s2);
+            s2 = __dp2a_hi(b1.y, hi[2], s2);
+            s2 = __dp2a_lo(b1.z, hi[3], s2);
+            s2 = __dp2a_hi(b1.w, hi[3], s2);
+            const float* dt = xd + t * nb;
+            const float* st = xs + t * 2 * nb;
+            acc[t] += d1 * dt[c0 / 32] * static_cast<float>(s1) + d2 * dt[c0 / 32 + 1] * static_cast<float>(s2) -
+                      mm1 * st[c0 / 16] - mm2 * st[c0 / 16 + 2];
+          }
+        }
+      }
+    }
+    prefetched = false;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      float s = acc[t];
+      for (uint32_t o = lpr / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      acc[t] = s;
+    }
+    if (live && sl == 0) {
+      float* y = a.y + static_cast<size_t>(g) * a.y_group_stride + row;
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        if (t < static_cast<int>(ntok)) y[t * a.y_tok_stride] = acc[t];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+bool matvec_quantizes_activations(const MatvecArgs& a) {
+  const bool aligned = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && a.x_tok_stride % 4 == 0 && a.x_group_stride % 4 == 0;
+  return !a.f32_activations && a.w.type == model::GgmlType::Q4_K && a.w.cols % 256 == 0 && a.tokens >= 1 &&
+         aligned && smem_bytes(padded_tokens(a.tokens), a.w.cols) <= kMaxSmem;
+}
+
+void launch_matvec_int16(const MatvecArgs& a, cudaStream_t stream) {
+  const uint32_t nt = padded_tokens(a.tokens);
+  const size_t smem = smem_bytes(nt, a.w.cols);
+  const uint32_t rows_per_block = kWarps * (32 / lanes_per_row(a.w.cols / 32));
+  // Enough blocks to fill the device once; each block quantizes its input once and loops over rows.
+  const uint32_t wanted = (a.w.rows + rows_per_block - 1) / rows_per_block;
+  const uint32_t fill = std::max<uint32_t>(1, static_cast<uint32_t>(sm_count() * kBlocksPerSm) / a.groups);
+  const dim3 grid(std::min(wanted, fill), a.groups);
+  switch (nt) {
+    case 1: q4k_int16_kernel<1><<<grid, kWarps * 32, smem, stream>>>(a); break;
+    case 2: q4k_int16_kernel<2><<<grid, kWarps * 32, smem, stream>>>(a); break;
+    case 4: q4k_int16_kernel<4><<<grid, kWarps * 32, smem, stream>>>(a); break;
+    default: q4k_int16_kernel<8><<<grid, kWarps * 32, smem, stream>>>(a); break;
+  }
+  FERRY_CUDA_LAUNCHED();
+}
+
+}  // namespace ferry::gpu
