@@ -248,7 +248,7 @@ namespace {
 
 // The transformers-made fixtures: every config parses, and survives GGUF metadata unchanged.
 TEST_F(Glm5Gguf, ReferenceFixtureConfigsRoundTrip) {
-  for (const char* name : {"serve_tiny", "dsa_adjacent", "kda_moe_long", "short_decode"}) {
+  for (const char* name : {"serve_tiny", "dsa_adjacent", "kda_moe_long", "short_decode", "trained_small"}) {
     SCOPED_TRACE(name);
     const auto hp = glm5_hparams_from_hf_config_file(std::filesystem::path(FERRY_SOURCE_DIR) / "tests/fixtures/glm5" /
                                                      name / "config.json");

@@ -297,9 +297,10 @@ def test_fp8_block_scaled_checkpoint(ferry_bin, tmp_path):
     assert not (tmp_path / "bad.gguf").exists()
 
 
-@pytest.mark.parametrize("case", ["serve_tiny", "dsa_adjacent", "kda_moe_long", "short_decode"])
+@pytest.mark.parametrize("case", ["serve_tiny", "dsa_adjacent", "kda_moe_long", "short_decode", "trained_small"])
 def test_reference_fixtures(ferry_bin, tmp_path, case):
-    """The checkpoints transformers' save_pretrained wrote: every tensor found, values exact at f32."""
+    """The checkpoints transformers' save_pretrained wrote: every tensor found, values exact at f32
+    (trained_small ties its head to the embedding, so it has no lm_head.weight)."""
     src = FIXTURES / case
     cfg = json.loads((src / "config.json").read_text())
     text = cfg["text_config"]
@@ -314,6 +315,8 @@ def test_reference_fixtures(ferry_bin, tmp_path, case):
         blob = np.frombuffer(raw[8 + n + a:8 + n + b], dtype={"F32": np.float32, "BF16": np.uint16}[info["dtype"]])
         v = blob.astype(np.float32) if info["dtype"] == "F32" else (blob.astype(np.uint32) << 16).view(np.float32)
         values[name] = v.reshape(info["shape"])
+    if text["tie_word_embeddings"]:
+        values["lm_head.weight"] = values[ck.PREFIX + "embed_tokens.weight"]
     nextn = 1 if f"{ck.PREFIX}layers.{text['num_hidden_layers']}.eh_proj.weight" in values else 0
     text = dict(text, indexer_types=text.get("indexer_types") or ["full"] * text["num_hidden_layers"])
     expected = ck.expected_gguf(text, values, nextn=nextn)

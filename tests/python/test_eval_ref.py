@@ -2,13 +2,13 @@
 converted to an f32 GGUF must pass `ferry eval-ref` (max |logit delta| <= 1e-3, prompt prefilled in
 chunks of 1, 7, 64 tokens and whole), and quantized conversions are compared with the f32 one.
 
-Conversion goes through `ferry convert`. The fixtures' rows (64 wide and less) are not whole Q4_K
-blocks (256), so `--type q4_k` falls back to q8_0 for them and both give the same figures here.
-
-The random fixture models are chaotic under quantization: their MoE routing and DSA pool choices sit
-~1e-4 apart (far above f32 rounding, far below q8_0 noise), and every flipped choice moves the
-logits by O(1). The quantized check therefore guards against gross breakage (a wrong block layout
-gives ~1/vocab top-1); the figures it prints are the ones to read.
+Conversion goes through `ferry convert`. The random fixtures' rows (64 wide and less) are not whole
+Q4_K blocks (256), so `--type q4_k` falls back to q8_0 for them and both give the same figures there.
+The random models are also chaotic under quantization: their MoE routing and DSA pool choices sit
+~1e-4 apart (far above f32 rounding, far below q8_0 noise), and every flipped choice moves the logits
+by O(1). For them the quantized check guards against gross breakage (a wrong block layout gives
+~1/vocab top-1). The trained case (`trained_small`: hidden 256, real Q4_K rows) holds q8_0 and q4_k
+to bounds set from its measured figures, on its two 516-token evaluation windows.
 """
 import json
 import pathlib
@@ -63,6 +63,40 @@ def test_quantized_close_to_f32(ferry_bin, gguf_dir, case, qtype):
                        capture_output=True, text=True)
     print(r.stdout)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def compare_to_f32(ferry_bin, gguf_dir, qtype, reference, min_top1, max_kl):
+    f32, q = model(ferry_bin, gguf_dir, "trained_small", "f32"), model(ferry_bin, gguf_dir, "trained_small", qtype)
+    return subprocess.run([ferry_bin, "eval-ref", "--model", str(q), "--reference", str(reference), "--compare-to-f32",
+                           str(f32), "--min-top1", str(min_top1), "--max-kl", str(max_kl), "--threads", "2"],
+                          capture_output=True, text=True)
+
+
+# (smallest top-1 agreement, largest mean KL) against the f32 conversion, from the figures measured
+# when the fixture was committed (tests/fixtures/glm5/README.md): room for a few more flipped
+# near-ties and twice the KL, not for a broken quantizer or kernel.
+WINDOW_BOUNDS = {
+    ("q8_0", "window_train"): (0.98, 1e-3),  # measured 99.03%, 4.60e-4
+    ("q8_0", "window_heldout"): (0.96, 2e-3),  # 97.29%, 1.02e-3
+    ("q4_k", "window_train"): (0.86, 0.13),  # 88.95%, 6.45e-2
+    ("q4_k", "window_heldout"): (0.70, 0.35),  # 72.67%, 1.77e-1
+}
+
+
+@pytest.mark.parametrize("qtype,window", sorted(WINDOW_BOUNDS))
+def test_trained_case_quantized_within_measured_bounds(ferry_bin, gguf_dir, qtype, window):
+    min_top1, max_kl = WINDOW_BOUNDS[(qtype, window)]
+    r = compare_to_f32(ferry_bin, gguf_dir, qtype, FIXTURES / "trained_small" / f"{window}.json", min_top1, max_kl)
+    print(r.stdout)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_trained_case_bounds_tell_q4_k_from_q8_0(ferry_bin, gguf_dir):
+    """q4_k held to q8_0's bounds fails: they would catch q8_0 degrading to 4-bit quality."""
+    r = compare_to_f32(ferry_bin, gguf_dir, "q4_k", FIXTURES / "trained_small" / "window_train.json",
+                       *WINDOW_BOUNDS[("q8_0", "window_train")])
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "FAIL (top-1 >= 98.00%, mean KL <= 0.001)" in r.stdout
 
 
 def test_token_ids_without_logits_compare_two_conversions(ferry_bin, gguf_dir, tmp_path):
