@@ -5,6 +5,7 @@ import json
 import os
 import pathlib
 import re
+import shlex
 import signal
 import subprocess
 import tempfile
@@ -24,7 +25,8 @@ class FerryServer:
         self.log = tempfile.NamedTemporaryFile("w+", prefix="ferry-serve-", suffix=".log", delete=False)
         env = dict(os.environ)
         env.pop("FERRY_API_KEY", None)
-        cmd = [ferry_bin, "serve", "--port", "0", "--threads", "1", *args]
+        # FERRY_SERVE_ARGS adds options to every test server, e.g. "--backend cuda" on a GPU machine.
+        cmd = [ferry_bin, "serve", "--port", "0", "--threads", "1", *shlex.split(os.environ.get("FERRY_SERVE_ARGS", "")), *args]
         if api_key:
             cmd += ["--api-key", api_key]
         self.api_key = api_key
