@@ -4,7 +4,6 @@
 // weights, state, workspace and the layer sequence read best in one place.
 #include "gpu/cuda_backend.hpp"
 
-#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -15,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "gpu/cuda_blas.hpp"
 #include "gpu/cuda_check.hpp"
 #include "gpu/cuda_memory.hpp"
 #include "gpu/kernels.hpp"
@@ -69,8 +69,9 @@ struct CudaBackend::Impl {
   CudaBackendOptions opt;
   bool synthetic = false;
   std::string name;
+  std::string kernels;  // kernel_image(): the device code the driver loaded
   std::unique_ptr<Stream> stream;
-  cublasHandle_t cublas = nullptr;
+  blas::Handle cublas = nullptr;
   std::vector<DeviceBuffer> buffers;  // every allocation, freed with the backend
   uint64_t weight_bytes = 0, state_bytes = 0, work_bytes = 0, peak_used = 0;
 
@@ -101,7 +102,7 @@ struct CudaBackend::Impl {
 
   explicit Impl(const model::Glm5Hparams& h, const CudaBackendOptions& o) : hp(h), d(h), opt(o) {}
   ~Impl() {
-    if (cublas != nullptr) cublasDestroy(cublas);
+    if (cublas != nullptr) blas::api().destroy(cublas);
   }
 
   cudaStream_t s() const { return stream->get(); }
@@ -134,9 +135,10 @@ struct CudaBackend::Impl {
     cudaDeviceProp prop{};
     FERRY_CUDA(cudaGetDeviceProperties(&prop, opt.device));
     name = prop.name;
+    kernels = kernel_image();
     stream = std::make_unique<Stream>();
-    FERRY_CUBLAS(cublasCreate(&cublas));
-    FERRY_CUBLAS(cublasSetStream(cublas, s()));
+    FERRY_CUBLAS(blas::api().create(&cublas));
+    FERRY_CUBLAS(blas::api().set_stream(cublas, s()));
     upload_quant_tables();
     slot_tokens.assign(opt.max_slots, 0);
   }
@@ -437,7 +439,7 @@ struct CudaBackend::Impl {
     meta_host = PinnedBuffer(meta_ints * sizeof(int32_t));
     sampled_host = PinnedBuffer(M * sizeof(int32_t));
     w.cublas_ws = alloc<uint8_t>(size_t{32} << 20, wb);
-    FERRY_CUBLAS(cublasSetWorkspace(cublas, w.cublas_ws, size_t{32} << 20));
+    FERRY_CUBLAS(blas::api().set_workspace(cublas, w.cublas_ws, size_t{32} << 20));
     FERRY_CUDA(cudaDeviceSynchronize());
     note_peak();
   }
@@ -476,10 +478,10 @@ struct CudaBackend::Impl {
     }
     const float one = 1.0f, zero = 0.0f;
     if (m.type == GgmlType::F32) {
-      FERRY_CUBLAS(cublasSgemm(cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(m.rows), static_cast<int>(n),
-                               static_cast<int>(m.cols), &one, reinterpret_cast<const float*>(m.data),
-                               static_cast<int>(m.row_bytes / 4), x, static_cast<int>(ldx), &zero, y,
-                               static_cast<int>(ldy)));
+      FERRY_CUBLAS(blas::api().sgemm(cublas, blas::op_t, blas::op_n, static_cast<int>(m.rows), static_cast<int>(n),
+                                     static_cast<int>(m.cols), &one, reinterpret_cast<const float*>(m.data),
+                                     static_cast<int>(m.row_bytes / 4), x, static_cast<int>(ldx), &zero, y,
+                                     static_cast<int>(ldy)));
       return;
     }
     float_to_half(x, ldx, n, m.cols, w.xh, s(), w.xl);
@@ -489,10 +491,10 @@ struct CudaBackend::Impl {
       const size_t rows = std::min<size_t>(chunk, m.rows - r0);
       dequantize_to_half(m, r0, rows, w.wh, s(), w.wl);
       auto gemm = [&](const void* a, const void* b, const float* alpha, const float* beta) {
-        FERRY_CUBLAS(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(n),
-                                  static_cast<int>(m.cols), alpha, a, CUDA_R_16F, static_cast<int>(m.cols), b, CUDA_R_16F,
-                                  static_cast<int>(m.cols), beta, y + r0, CUDA_R_32F, static_cast<int>(ldy),
-                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        FERRY_CUBLAS(blas::api().gemm_ex(cublas, blas::op_t, blas::op_n, static_cast<int>(rows), static_cast<int>(n),
+                                         static_cast<int>(m.cols), alpha, a, CUDA_R_16F, static_cast<int>(m.cols), b,
+                                         CUDA_R_16F, static_cast<int>(m.cols), beta, y + r0, CUDA_R_32F,
+                                         static_cast<int>(ldy), blas::compute_32f, blas::gemm_default));
       };
       gemm(w.wh, w.xh, &one, &zero);
       gemm(w.wh, w.xl, &lo, &one);
@@ -1017,7 +1019,8 @@ void CudaBackend::reset_slot(uint32_t slot) {
 std::vector<model::SlotResult> CudaBackend::step(const std::vector<model::SlotRows>& rows) { return impl_->step(rows); }
 
 std::string CudaBackend::describe() const {
-  return "cuda:" + std::to_string(impl_->opt.device) + " " + impl_->name + (impl_->synthetic ? " (SYNTHETIC weights)" : "");
+  return "cuda:" + std::to_string(impl_->opt.device) + " " + impl_->name + " (kernels " + impl_->kernels + ", cuBLAS " +
+         blas::api().library + ")" + (impl_->synthetic ? " (SYNTHETIC weights)" : "");
 }
 
 bool CudaBackend::synthetic_weights() const { return impl_->synthetic; }

@@ -9,11 +9,6 @@ void throw_cuda_error(cudaError_t code, const char* call, const char* file, int 
                   call + " at " + file + ":" + std::to_string(line));
 }
 
-void throw_cublas_error(cublasStatus_t code, const char* call, const char* file, int line) {
-  throw CudaError(std::string("cuBLAS error ") + cublasGetStatusName(code) + " (" + cublasGetStatusString(code) +
-                  ") in " + call + " at " + file + ":" + std::to_string(line));
-}
-
 namespace {
 
 void* allocate_or_throw(cudaError_t (*alloc)(void**, size_t), size_t bytes, const char* what) {

@@ -2,7 +2,25 @@
 
 #include <cuda_runtime.h>
 
+#include "gpu/cuda_check.hpp"
+#include "gpu/kernels.hpp"
+
 namespace ferry::gpu {
+namespace {
+
+// Compiled like every kernel of the build, so the driver loads it the same way: it exists to be asked
+// how (cudaFuncGetAttributes).
+__global__ void probe_kernel() {}
+
+}  // namespace
+
+std::string kernel_image() {
+  cudaFuncAttributes a{};
+  FERRY_CUDA(cudaFuncGetAttributes(&a, probe_kernel));
+  std::string image = "sm_" + std::to_string(a.binaryVersion);
+  if (a.ptxVersion != a.binaryVersion) image += " from compute_" + std::to_string(a.ptxVersion) + " PTX";
+  return image;
+}
 
 bool built_with_cuda() { return true; }
 

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "model/ggml_type.hpp"
 
@@ -34,6 +35,11 @@ bool device_supports(model::GgmlType type);
 
 // Copies the IQ lookup grids to the current device; once per device before IQ kernels run.
 void upload_quant_tables();
+
+// The code of this build that the current device runs, as the driver loaded it: "sm_90", or "sm_90 from
+// compute_70 PTX" when the driver compiled it from an older architecture's PTX (the Volta build on a
+// newer GPU). Throws CudaError when the build has nothing the device can run.
+std::string kernel_image();
 
 // y[t][r] = W[r] . x[t] for one matrix or a batch of groups (heads, experts).
 struct MatvecArgs {

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Builds a self-contained bundle of a CUDA build for a GPU machine that has only the NVIDIA driver:
 #   tools/gpu_bundle.sh BUILD_DIR NAME      e.g. tools/gpu_bundle.sh build-cuda hopper
+#                                           (tools/build_volta.sh makes dist/volta this way)
 # writes dist/NAME/ with ferry, ferry_gpu_tests, every shared library they load that is not part of
-# the C runtime or the driver (libstdc++ included: the target's may be older), a copy of the reference
-# fixtures and run-gpu-tests.sh, which runs the cuda-labelled tests and the eval-ref checks in one
-# command. The binaries find their libraries through RPATH $ORIGIN/lib.
+# the C runtime or the driver (libstdc++ and the CUDA runtime included: the target's may be older or
+# missing), a copy of the reference fixtures and run-gpu-tests.sh, which runs the cuda-labelled tests
+# and the eval-ref checks in one command. The binaries find their libraries through RPATH $ORIGIN/lib.
 #
-# FERRY_BUNDLE_CUBLAS=0 leaves cuBLAS out (it is ~600 MB): run-gpu-tests.sh then takes the target's
-# own (CUDA toolkit or the nvidia-cublas wheel next to PyTorch), which must be the same major version.
+# cuBLAS (~600 MB) is loaded at run time, not linked (gpu/cuda_blas.hpp), so it is not bundled:
+# run-gpu-tests.sh takes the target's (CUDA toolkit, or the nvidia-cublas wheels next to PyTorch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +18,9 @@ out=dist/$name
 command -v patchelf >/dev/null || { echo "gpu_bundle: needs patchelf (apt-get install patchelf)" >&2; exit 2; }
 [ -x "$build/ferry" ] && [ -x "$build/tests/ferry_gpu_tests" ] || {
   echo "gpu_bundle: build ferry and ferry_gpu_tests in $build first" >&2; exit 2; }
+# The architectures the build has device code for, as its compile commands name them.
+archs=$(grep -o 'sm_[0-9]*' "$build/compile_commands.json" | sort -u | paste -sd ' ')
+[ -n "$archs" ] || { echo "gpu_bundle: $build/compile_commands.json names no sm_NN architecture" >&2; exit 2; }
 
 rm -rf "$out"
 mkdir -p "$out/lib" "$out/fixtures"
@@ -25,7 +29,6 @@ cp "$build/ferry" "$build/tests/ferry_gpu_tests" "$out/"
 # glibc and the loader come from the target (the binaries need at most this machine's glibc, and GPU
 # hosts run newer ones); the driver (libcuda, libnvidia-*) must be the target's own.
 skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|librt\.so|libpthread\.so|libcuda\.so|libnvidia-)'
-if [ "${FERRY_BUNDLE_CUBLAS:-1}" = 0 ]; then skip="$skip|^libcublas"; fi
 for bin in "$out/ferry" "$out/ferry_gpu_tests"; do
   ldd "$bin" | awk '/=>/ { print $1, $3 }' | while read -r soname path; do
     [[ "$soname" =~ $skip ]] && continue
@@ -39,15 +42,17 @@ cp -r tests/fixtures/glm5/. "$out/fixtures/"
 # The model shapes for synthetic benchmarks, when the shared folder sits beside the checkout.
 if [ -d ../shared/configs ]; then mkdir -p "$out/configs" && cp ../shared/configs/*.json "$out/configs/"; fi
 
-cat > "$out/run-gpu-tests.sh" <<'RUN'
-#!/usr/bin/env bash
+printf '#!/usr/bin/env bash\nbuilt_for="%s"  # the architectures the build has code for\n' "$archs" > "$out/run-gpu-tests.sh"
+cat >> "$out/run-gpu-tests.sh" <<'RUN'
 # Runs on the GPU machine: the cuda-labelled tests, then every reference fixture through
 # `ferry eval-ref --backend cuda` (f32: max |delta| <= 5e-3 vs transformers; q4_k and q8_0: top-1
-# agreement with the CPU backend >= 99.5%). Extra arguments go to the GoogleTest binary.
+# agreement with the CPU backend >= 99.5%), then which device code ran: on a GPU whose architecture
+# the build has no code for (the Volta build on a newer GPU), it must be code the driver compiled
+# from the embedded PTX. Extra arguments go to the GoogleTest binary.
 # Exit status: the number of failed checks (0 = all passed).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-# cuBLAS, when the bundle does not carry it: the CUDA toolkit's or PyPI's (next to PyTorch).
+# cuBLAS, loaded at run time: the CUDA toolkit's or PyPI's (next to PyTorch), or FERRY_CUBLAS_PATH's.
 extra=""
 for d in /usr/local/cuda/lib64 /usr/local/cuda/lib $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in os.listdir(p)))' 2>/dev/null); do
   [ -d "$d" ] && extra="$extra:$d"
@@ -56,6 +61,7 @@ export LD_LIBRARY_PATH="$here/lib${extra}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 work=${TMPDIR:-/tmp}/ferry-gpu-tests.$$
 mkdir -p "$work"
 failed=0
+kernels=""  # as the backend names them: "sm_90 (cuBLAS ...)", "sm_90 from compute_70 PTX (cuBLAS ...)"
 "$here/ferry" --version || failed=$((failed + 1))
 "$here/ferry_gpu_tests" --gtest_brief=1 "$@" || failed=$((failed + 1))
 for case_dir in "$here"/fixtures/*/; do
@@ -71,8 +77,11 @@ for case_dir in "$here"/fixtures/*/; do
       args=(--compare-cpu --min-top1 0.995 --threads 8)
     fi
     for chunk in 0 7; do
-      if "$here/ferry" eval-ref --backend cuda --model "$work/$case-$t.gguf" --reference "$case_dir" --chunk $chunk \
-           "${args[@]}" >"$work/eval.log" 2>&1; then
+      "$here/ferry" eval-ref --backend cuda --model "$work/$case-$t.gguf" --reference "$case_dir" --chunk $chunk \
+        "${args[@]}" >"$work/eval.log" 2>&1
+      status=$?
+      [ -n "$kernels" ] || kernels=$(sed -n 's/.*(kernels \([^,]*\), cuBLAS \([^)]*\)).*/\1 (cuBLAS \2)/p' "$work/eval.log" | head -n 1)
+      if [ $status -eq 0 ]; then
         echo "PASS eval-ref $case $t chunk $chunk: $(grep -E 'max\|delta\||vs cpu' "$work/eval.log" | tr '\n' ' ')"
       else
         echo "FAIL eval-ref $case $t chunk $chunk"; cat "$work/eval.log"; failed=$((failed + 1))
@@ -80,6 +89,14 @@ for case_dir in "$here"/fixtures/*/; do
     done
   done
 done
+sm=${kernels%% *}
+if [ -z "$kernels" ]; then
+  echo "FAIL device code: no eval-ref run named it"; failed=$((failed + 1))
+elif [[ " $built_for " != *" $sm "* && "$kernels" != *" PTX "* ]]; then
+  echo "FAIL device code: $kernels, but the build has code for $built_for only"; failed=$((failed + 1))
+else
+  echo "PASS device code: $kernels; the build has code for $built_for"
+fi
 rm -rf "$work"
 echo "run-gpu-tests: $failed failed check(s)"
 exit $failed

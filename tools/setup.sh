@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 apt_packages=(
-  cmake ninja-build g++ clang libclang-rt-14-dev python3 python3-venv python3-pip
+  cmake ninja-build g++ clang libclang-rt-14-dev clang-19 python3 python3-venv python3-pip
   libcaf-dev libboost1.81-dev libboost-json1.81-dev libsimdjson-dev libcli11-dev libspdlog-dev
   libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev patchelf
 )
