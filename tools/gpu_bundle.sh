@@ -58,6 +58,9 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/lib $(python3 -c 'import nvidia, 
   [ -d "$d" ] && extra="$extra:$d"
 done
 export LD_LIBRARY_PATH="$here/lib${extra}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# The driver's cache of code it compiled from PTX, so that a build run from PTX (the Volta build on a
+# newer GPU) is compiled once for all the runs below even where $HOME is not writable.
+export CUDA_CACHE_PATH=${CUDA_CACHE_PATH:-${TMPDIR:-/tmp}/ferry-cuda-cache}
 work=${TMPDIR:-/tmp}/ferry-gpu-tests.$$
 mkdir -p "$work"
 failed=0
