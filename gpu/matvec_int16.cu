@@ -4,7 +4,10 @@
 // bytes a weight from L1: both keep the f32 kernel (matvec.cu) far from the memory bandwidth. Here
 // each block first quantizes its activations into shared memory (one scale per 32 values, plus the
 // exact f32 sum of every 16 values for the Q4_K minimum term), then its warps stream weight rows
-// and multiply 2 weights a dp2a instruction with int32 sums. int8 activations (llama.cpp's q8_1)
+// and multiply 2 weights a dp2a instruction with int32 sums. Shared memory holds x in the order
+// the weight units read it, 80 bytes a unit (64 of values, 16 of scales and sums), so that eight
+// lanes reading eight consecutive units touch every bank once; and each warp requests the next
+// row's weights before it multiplies the current ones, so that its loads are always in flight. int8 activations (llama.cpp's q8_1)
 // would halve that work, but their rounding (up to amax/254 a value) flips the top token of small
 // models against the f32 CPU reference a quarter of the time; int16 rounding (amax/65534) stays at
 // the level of f32 summation order. MatvecArgs::f32_activations keeps the f32 kernel.
@@ -21,14 +24,14 @@ namespace ferry::gpu {
 namespace {
 
 constexpr int kWarps = 8;
-constexpr int kBlocksPerSm = 4;
+// Resident blocks per SM the kernels are built for: one token fits 64 registers, more need room.
+__host__ __device__ constexpr int blocks_per_sm(uint32_t nt) { return nt == 1 ? 4 : 2; }
 constexpr size_t kMaxSmem = 48 * 1024;  // without the opt-in, on every architecture
 constexpr uint32_t kQ4KBlockBytes = 144;
 
-// Shared memory of one block: int16 values [NT][K], scales [NT][K/32], sums of 16 [NT][K/16].
-constexpr size_t smem_bytes(uint32_t nt, uint32_t cols) {
-  return static_cast<size_t>(nt) * cols * sizeof(int16_t) + static_cast<size_t>(nt) * (cols / 32 + cols / 16) * sizeof(float);
-}
+// Shared memory of one block: per token, K/32 units of 80 bytes (XUnit values, then XScales).
+constexpr uint32_t kUnitBytes = 80;
+constexpr size_t smem_bytes(uint32_t nt, uint32_t cols) { return static_cast<size_t>(nt) * (cols / 32) * kUnitBytes; }
 
 uint32_t padded_tokens(uint32_t tokens) { return tokens <= 1 ? 1 : tokens <= 2 ? 2 : tokens <= 4 ? 4 : 8; }
 
@@ -51,41 +54,98 @@ __host__ __device__ constexpr uint32_t lanes_per_row(uint32_t units) { return un
 
 constexpr int kChunk = 4;  // units in flight per lane
 
+// The activations one unit multiplies: int16 values of columns c0.. c0+15 (a) and c0+32.. c0+47 (b).
+struct XUnit {
+  int4 a0, a1, b0, b1;
+};
+// Their two block scales and the f32 sums of those two runs of 16 columns.
+struct XScales {
+  float d_lo, d_hi, s_lo, s_hi;
+};
+
+__device__ __forceinline__ XUnit load_x_unit(const unsigned char* slot) {
+  const int4* p = reinterpret_cast<const int4*>(slot);
+  return {p[0], p[1], p[2], p[3]};
+}
+__device__ __forceinline__ XScales load_x_scales(const unsigned char* slot) {
+  const float4 f = *reinterpret_cast<const float4*>(slot + 64);
+  return {f.x, f.y, f.z, f.w};
+}
+
+// Unit u of a Q4_K row: 16 bytes `w` of quants (low nibbles: columns c0.. of sub-block 2c, high
+// nibbles: the same 16 of sub-block 2c+1) times x, with the block's scales and minimums.
+__device__ __forceinline__ float unit_dot(const uint8_t* blk, uint32_t u, const uint4& w, const XUnit& x,
+                                          const XScales& xs) {
+  const uint32_t c = (u & 7) >> 1;
+  const uint32_t dd = qd::ld_u32(blk);
+  int sc1, m1, sc2, m2;
+  qd::k4_scale_min(blk + 4, 2 * c, sc1, m1);
+  qd::k4_scale_min(blk + 4, 2 * c + 1, sc2, m2);
+  const float d = qd::h2f(dd & 0xffff), dmin = qd::h2f(dd >> 16);
+  const int lo[4] = {static_cast<int>(w.x & 0x0f0f0f0fu), static_cast<int>(w.y & 0x0f0f0f0fu),
+                     static_cast<int>(w.z & 0x0f0f0f0fu), static_cast<int>(w.w & 0x0f0f0f0fu)};
+  const int hi[4] = {static_cast<int>((w.x >> 4) & 0x0f0f0f0fu), static_cast<int>((w.y >> 4) & 0x0f0f0f0fu),
+                     static_cast<int>((w.z >> 4) & 0x0f0f0f0fu), static_cast<int>((w.w >> 4) & 0x0f0f0f0fu)};
+  int s1 = __dp2a_lo(x.a0.x, lo[0], 0);
+  s1 = __dp2a_hi(x.a0.y, lo[0], s1);
+  s1 = __dp2a_lo(x.a0.z, lo[1], s1);
+  s1 = __dp2a_hi(x.a0.w, lo[1], s1);
+  s1 = __dp2a_lo(x.a1.x, lo[2], s1);
+  s1 = __dp2a_hi(x.a1.y, lo[2], s1);
+  s1 = __dp2a_lo(x.a1.z, lo[3], s1);
+  s1 = __dp2a_hi(x.a1.w, lo[3], s1);
+  int s2 = __dp2a_lo(x.b0.x, hi[0], 0);
+  s2 = __dp2a_hi(x.b0.y, hi[0], s2);
+  s2 = __dp2a_lo(x.b0.z, hi[1], s2);
+  s2 = __dp2a_hi(x.b0.w, hi[1], s2);
+  s2 = __dp2a_lo(x.b1.x, hi[2], s2);
+  s2 = __dp2a_hi(x.b1.y, hi[2], s2);
+  s2 = __dp2a_lo(x.b1.z, hi[3], s2);
+  s2 = __dp2a_hi(x.b1.w, hi[3], s2);
+  return d * static_cast<float>(sc1) * xs.d_lo * static_cast<float>(s1) +
+         d * static_cast<float>(sc2) * xs.d_hi * static_cast<float>(s2) - dmin * static_cast<float>(m1) * xs.s_lo -
+         dmin * static_cast<float>(m2) * xs.s_hi;
+}
+
+
 template <int NT>
-__global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm) q4k_int16_kernel(MatvecArgs a) {
+__global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) q4k_int16_kernel(MatvecArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
-  const uint32_t K = a.w.cols, nb = K / 32, ntok = a.tokens;
-  int16_t* xq = reinterpret_cast<int16_t*>(smem);
-  float* xd = reinterpret_cast<float*>(smem + static_cast<size_t>(NT) * K * sizeof(int16_t));
-  float* xs = xd + NT * nb;
+  const uint32_t K = a.w.cols, units = K / 32, ntok = a.tokens;
   const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const uint32_t g = blockIdx.y;
 
   // A row's 16-byte units (32 weights each) are spread over `lpr` lanes; narrow rows share a warp.
-  const uint32_t units = K / 32;
+  // A warp's work is a list of items: chunks of up to kChunk units per lane, row after row.
   const uint32_t lpr = lanes_per_row(units);
   const uint32_t sub = lane / lpr, sl = lane % lpr, rows_per_warp = 32 / lpr;
+  const uint32_t chunks = (units + kChunk * lpr - 1) / (kChunk * lpr);
+  const uint32_t first_row = (blockIdx.x * kWarps + warp) * rows_per_warp;
+  const uint32_t stride = gridDim.x * kWarps * rows_per_warp;
   const size_t mat = a.w_group_index ? static_cast<size_t>(a.w_group_index[g]) : g;
   const uint8_t* wbase = a.w.data + mat * a.w_group_bytes;
-  const uint32_t stride = gridDim.x * kWarps * rows_per_warp;
-  auto unit_ptr = [&](const uint8_t* wrow, uint32_t u) {
-    return reinterpret_cast<const uint4*>(wrow + kQ4KBlockBytes * (u >> 3) + 16 + 32 * ((u & 7) >> 1) + 16 * (u & 1));
-  };
-  auto row_ptr = [&](uint32_t row) { return wbase + static_cast<size_t>(row) * a.w.row_bytes; };
-
-  // The first weights are requested before the activations are quantized, so that the memory
-  // system is busy from the start.
-  uint32_t row0 = (blockIdx.x * kWarps + warp) * rows_per_warp;
-  uint4 q[kChunk];
-  if (row0 + sub < a.w.rows) {
+  auto item_row0 = [&](uint32_t it) { return first_row + (it / chunks) * stride; };
+  auto load_item = [&](uint32_t it, uint4 (&q)[kChunk]) {
+    const uint32_t row = item_row0(it) + sub;
+    if (row >= a.w.rows) return;
+    const uint8_t* wrow = wbase + static_cast<size_t>(row) * a.w.row_bytes;
+    const uint32_t u0 = sl + (it % chunks) * kChunk * lpr;
 #pragma unroll
     for (int i = 0; i < kChunk; ++i) {
-      const uint32_t u = sl + i * lpr;
-      if (u < units) q[i] = *unit_ptr(row_ptr(row0 + sub), u);
+      const uint32_t u = u0 + i * lpr;
+      if (u < units) {
+        q[i] = *reinterpret_cast<const uint4*>(wrow + kQ4KBlockBytes * (u >> 3) + 16 + 32 * ((u & 7) >> 1) + 16 * (u & 1));
+      }
     }
-  }
+  };
 
-  // Each thread quantizes 16 values; its neighbour holds the other half of the 32-value block.
+  // The first weights are requested before the activations are quantized.
+  uint4 q[kChunk];
+  load_item(0, q);
+
+  // Each thread quantizes 16 values (half of a 32-value block; its neighbour holds the other half)
+  // into one half of one unit's slot: columns 64c + 16h + [0, 16) of a superblock are the low half
+  // of unit 2c + h, columns 64c + 32 + 16h + [0, 16) its high half.
   const float* x = a.x + static_cast<size_t>(g / a.x_group_div) * a.x_group_stride;
   const uint32_t pieces = ntok * (K / 16);
   for (uint32_t base = 0; base < pieces; base += blockDim.x) {
@@ -116,95 +176,53 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm) q4k_int16_kernel(Ma
         packed[k] = (static_cast<uint32_t>(__float2int_rn(v[2 * k] * inv)) & 0xffffu) |
                     (static_cast<uint32_t>(__float2int_rn(v[2 * k + 1] * inv)) << 16);
       }
-      uint4* dst = reinterpret_cast<uint4*>(xq + t * K + 16 * p);
+      const uint32_t in_sb = p % 16, c = in_sb / 4, high = (in_sb / 2) & 1, h = in_sb & 1;
+      const uint32_t unit = 8 * (p / 16) + 2 * c + h;
+      unsigned char* slot = smem + (static_cast<size_t>(t) * units + unit) * kUnitBytes;
+      uint4* dst = reinterpret_cast<uint4*>(slot + 32 * high);
       dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
       dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
-      xs[t * 2 * nb + p] = sum;
-      if ((p & 1) == 0) xd[t * nb + p / 2] = amax / 32767.0f;
+      float* scales = reinterpret_cast<float*>(slot + 64);
+      scales[high] = amax / 32767.0f;
+      scales[2 + high] = sum;
     }
   }
   __syncthreads();
 
-  bool prefetched = true;
-  for (; row0 < a.w.rows; row0 += stride) {
-    const uint32_t row = row0 + sub;
-    const bool live = row < a.w.rows;
-    float acc[NT];
+  float acc[NT];
 #pragma unroll
-    for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
-    const uint8_t* wrow = row_ptr(live ? row : 0);
-    for (uint32_t u0 = sl; live && u0 < units; u0 += kChunk * lpr) {
-      if (!prefetched) {
-#pragma unroll
-        for (int i = 0; i < kChunk; ++i) {
-          const uint32_t u = u0 + i * lpr;
-          if (u < units) q[i] = *unit_ptr(wrow, u);
-        }
-      }
-      prefetched = false;
+  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+  for (uint32_t it = 0; item_row0(it) < a.w.rows; ++it) {
+    uint4 next[kChunk];
+    load_item(it + 1, next);
+    const uint32_t row = item_row0(it) + sub;
+    if (row < a.w.rows) {
+      const uint8_t* wrow = wbase + static_cast<size_t>(row) * a.w.row_bytes;
+      const uint32_t u0 = sl + (it % chunks) * kChunk * lpr;
 #pragma unroll
       for (int i = 0; i < kChunk; ++i) {
         const uint32_t u = u0 + i * lpr;
         if (u >= units) break;
         const uint8_t* blk = wrow + kQ4KBlockBytes * (u >> 3);
-        const uint32_t j = u & 7, c = j >> 1, half = j & 1;
-        const uint32_t dd = qd::ld_u32(blk);
-        int sc1, m1, sc2, m2;
-        qd::k4_scale_min(blk + 4, 2 * c, sc1, m1);
-        qd::k4_scale_min(blk + 4, 2 * c + 1, sc2, m2);
-        const float d = qd::h2f(dd & 0xffff), dmin = qd::h2f(dd >> 16);
-        const float d1 = d * static_cast<float>(sc1), mm1 = dmin * static_cast<float>(m1);
-        const float d2 = d * static_cast<float>(sc2), mm2 = dmin * static_cast<float>(m2);
-        const uint4 w = q[i];
-        const int lo[4] = {static_cast<int>(w.x & 0x0f0f0f0fu), static_cast<int>(w.y & 0x0f0f0f0fu),
-                           static_cast<int>(w.z & 0x0f0f0f0fu), static_cast<int>(w.w & 0x0f0f0f0fu)};
-        const int hi[4] = {static_cast<int>((w.x >> 4) & 0x0f0f0f0fu), static_cast<int>((w.y >> 4) & 0x0f0f0f0fu),
-                           static_cast<int>((w.z >> 4) & 0x0f0f0f0fu), static_cast<int>((w.w >> 4) & 0x0f0f0f0fu)};
-        // Low nibbles are columns c0..c0+15 of sub-block 2c, high nibbles the same 16 of sub-block 2c+1.
-        const uint32_t c0 = 256 * (u >> 3) + 64 * c + 16 * half;
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
           if (t < static_cast<int>(ntok)) {
-            // Words of two int16 values: x columns c0 + 2k, c0 + 2k + 1 (low) and 32 further on (high).
-            const int4* xa = reinterpret_cast<const int4*>(xq + t * K + c0);
-            const int4* xb = reinterpret_cast<const int4*>(xq + t * K + c0 + 32);
-            const int4 a0 = xa[0], a1 = xa[1], b0 = xb[0], b1 = xb[1];
-            int s1 = __dp2a_lo(a0.x, lo[0], 0);
-            s1 = __dp2a_hi(a0.y, lo[0], s1);
-            s1 = __dp2a_lo(a0.z, lo[1], s1);
-            s1 = __dp2a_hi(a0.w, lo[1], s1);
-            s1 = __dp2a_lo(a1.x, lo[2], s1);
-            s1 = __dp2a_hi(a1.y, lo[2], s1);
-            s1 = __dp2a_lo(a1.z, lo[3], s1);
-            s1 = __dp2a_hi(a1.w, lo[3], s1);
-            int s2 = __dp2a_lo(b0.x, hi[0], 0);
-            s2 = __dp2a_hi(b0.y, hi[0], s2);
-            s2 = __dp2a_lo(b0.z, hi[1], s2);
-            s2 = __dp2a_hi(b0.w, hi[1], s2);
-            s2 = __dp2a_lo(b1.x, hi[2], s2);
-            s2 = __dp2a_hi(b1.y, hi[2], s2);
-            s2 = __dp2a_lo(b1.z, hi[3], s2);
-            s2 = __dp2a_hi(b1.w, hi[3], s2);
-            const float* dt = xd + t * nb;
-            const float* st = xs + t * 2 * nb;
-            acc[t] += d1 * dt[c0 / 32] * static_cast<float>(s1) + d2 * dt[c0 / 32 + 1] * static_cast<float>(s2) -
-                      mm1 * st[c0 / 16] - mm2 * st[c0 / 16 + 2];
+            const unsigned char* slot = smem + (static_cast<size_t>(t) * units + u) * kUnitBytes;
+            acc[t] += unit_dot(blk, u, q[i], load_x_unit(slot), load_x_scales(slot));
           }
         }
       }
     }
-    prefetched = false;
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) q[i] = next[i];
+    if (it % chunks != chunks - 1) continue;
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       float s = acc[t];
       for (uint32_t o = lpr / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-      acc[t] = s;
-    }
-    if (live && sl == 0) {
-      float* y = a.y + static_cast<size_t>(g) * a.y_group_stride + row;
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        if (t < static_cast<int>(ntok)) y[t * a.y_tok_stride] = acc[t];
+      acc[t] = 0.0f;
+      if (row < a.w.rows && sl == 0 && t < static_cast<int>(ntok)) {
+        a.y[static_cast<size_t>(g) * a.y_group_stride + row + t * a.y_tok_stride] = s;
       }
     }
   }
@@ -224,7 +242,7 @@ void launch_matvec_int16(const MatvecArgs& a, cudaStream_t stream) {
   const uint32_t rows_per_block = kWarps * (32 / lanes_per_row(a.w.cols / 32));
   // Enough blocks to fill the device once; each block quantizes its input once and loops over rows.
   const uint32_t wanted = (a.w.rows + rows_per_block - 1) / rows_per_block;
-  const uint32_t fill = std::max<uint32_t>(1, static_cast<uint32_t>(sm_count() * kBlocksPerSm) / a.groups);
+  const uint32_t fill = std::max<uint32_t>(1, static_cast<uint32_t>(sm_count() * blocks_per_sm(nt)) / a.groups);
   const dim3 grid(std::min(wanted, fill), a.groups);
   switch (nt) {
     case 1: q4k_int16_kernel<1><<<grid, kWarps * 32, smem, stream>>>(a); break;

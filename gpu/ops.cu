@@ -52,43 +52,55 @@ __device__ void mhc_coefficients(const MhcArgs& a, const float* m, float inv, fl
     pre[lane] = 1.0f / (1.0f + expf(-(m[lane] * inv * a.scale[0] + a.base[lane]))) + a.hc_eps;
     a.post[blockIdx.x * H + lane] = 2.0f / (1.0f + expf(-(m[H + lane] * inv * a.scale[1] + a.base[H + lane])));
   }
-  for (uint32_t e = lane; e < HH; e += 32) c[e] = m[2 * H + e] * inv * a.scale[2] + a.base[2 * H + e];
+  // Entry e0 = lane and e1 = lane + 32 (when H*H > 32): the first entry of its row, and its column.
+  const uint32_t e0 = lane, e1 = lane + 32;
+  const bool has0 = e0 < HH, has1 = e1 < HH;
+  const uint32_t row0 = has0 ? e0 / H * H : 0, col0 = has0 ? e0 % H : 0;
+  const uint32_t row1 = has1 ? e1 / H * H : 0, col1 = has1 ? e1 % H : 0;
+  if (has0) c[e0] = m[2 * H + e0] * inv * a.scale[2] + a.base[2 * H + e0];
+  if (has1) c[e1] = m[2 * H + e1] * inv * a.scale[2] + a.base[2 * H + e1];
   __syncwarp();
-  float v[2];
-  for (uint32_t k = 0, e = lane; k < 2; ++k, e += 32) {
-    if (e >= HH) continue;
-    const float* row = c + (e / H) * H;
+  auto softmax_entry = [&](uint32_t e, uint32_t row) {
     float mx = -INFINITY;
-    for (uint32_t j = 0; j < H; ++j) mx = fmaxf(mx, row[j]);
+    for (uint32_t j = 0; j < H; ++j) mx = fmaxf(mx, c[row + j]);
     double sum = 0.0;
-    for (uint32_t j = 0; j < H; ++j) sum += expf(row[j] - mx);
-    v[k] = expf(c[e] - mx) * static_cast<float>(1.0 / sum) + a.hc_eps;
-  }
+    for (uint32_t j = 0; j < H; ++j) sum += expf(c[row + j] - mx);
+    return expf(c[e] - mx) * static_cast<float>(1.0 / sum) + a.hc_eps;
+  };
+  float v0 = has0 ? softmax_entry(e0, row0) : 0.0f;
+  float v1 = has1 ? softmax_entry(e1, row1) : 0.0f;
   __syncwarp();
-  for (uint32_t k = 0, e = lane; k < 2; ++k, e += 32) {
-    if (e < HH) c[e] = v[k];
-  }
+  if (has0) c[e0] = v0;
+  if (has1) c[e1] = v1;
   __syncwarp();
+  auto row_sum = [&](uint32_t row) {
+    float s = 0.0f;
+    for (uint32_t j = 0; j < H; ++j) s += c[row + j];
+    return s;
+  };
+  auto col_sum = [&](uint32_t col) {
+    float s = 0.0f;
+    for (uint32_t i = 0; i < H; ++i) s += c[i * H + col];
+    return s;
+  };
   for (uint32_t it = 0; it < max(a.iters, 1u); ++it) {
-    for (int by_row = it > 0 ? 1 : 0; by_row >= 0; --by_row) {
-      for (uint32_t k = 0, e = lane; k < 2; ++k, e += 32) {
-        if (e >= HH) continue;
-        float sum = 0.0f;
-        if (by_row) {
-          for (uint32_t j = 0; j < H; ++j) sum += c[(e / H) * H + j];
-        } else {
-          for (uint32_t i = 0; i < H; ++i) sum += c[i * H + e % H];
-        }
-        v[k] = c[e] / (sum + a.hc_eps);
-      }
+    if (it > 0) {
+      if (has0) v0 = c[e0] / (row_sum(row0) + a.hc_eps);
+      if (has1) v1 = c[e1] / (row_sum(row1) + a.hc_eps);
       __syncwarp();
-      for (uint32_t k = 0, e = lane; k < 2; ++k, e += 32) {
-        if (e < HH) c[e] = v[k];
-      }
+      if (has0) c[e0] = v0;
+      if (has1) c[e1] = v1;
       __syncwarp();
     }
+    if (has0) v0 = c[e0] / (col_sum(col0) + a.hc_eps);
+    if (has1) v1 = c[e1] / (col_sum(col1) + a.hc_eps);
+    __syncwarp();
+    if (has0) c[e0] = v0;
+    if (has1) c[e1] = v1;
+    __syncwarp();
   }
-  for (uint32_t e = lane; e < HH; e += 32) a.comb[blockIdx.x * HH + e] = c[e];
+  if (has0) a.comb[blockIdx.x * HH + e0] = c[e0];
+  if (has1) a.comb[blockIdx.x * HH + e1] = c[e1];
 }
 
 // One block per row: the RMS of the H streams (float4 loads, all in flight), the coefficients (warp
