@@ -28,6 +28,9 @@ using model::FfnKind;
 using model::GgmlType;
 using model::LayerKind;
 
+// (row, split) slots of the sparse attention's scratch: up to 8 decode rows split 16 ways.
+constexpr uint32_t kMlaPartialRows = kMaxMatvecTokens * 16;
+
 struct DevLayer {
   LayerKind kind = LayerKind::kda;
   FfnKind ffn = FfnKind::dense;
@@ -84,7 +87,7 @@ struct CudaBackend::Impl {
   struct Work {
     float *R, *x, *y, *mix, *post, *comb;
     float *qkv_raw, *qkv, *fa, *f, *beta, *ga, *gate, *o, *z;
-    float *qa, *qr, *q, *lat, *q_lat, *o_lat, *v, *kq, *kk, *gs, *iw, *scores;
+    float *qa, *qr, *q, *lat, *q_lat, *o_lat, *v, *kq, *kk, *gs, *iw, *scores, *mla_part;
     int32_t *sel_tokens, *sel_counts;
     float *rlogits, *rweights, *eg, *eu, *eo, *sh, *xg;
     int32_t *rids, *gather_idx, *where;
@@ -400,6 +403,7 @@ struct CudaBackend::Impl {
       w.lat = alloc<float>(M * z.kvlr, wb);
       w.q_lat = alloc<float>(M * z.nh * z.kvlr, wb);
       w.o_lat = alloc<float>(M * z.nh * z.kvlr, wb);
+      w.mla_part = alloc<float>(size_t{kMlaPartialRows} * z.nh * (z.kvlr + 2), wb);
       w.v = alloc<float>(M * z.nh * z.vd, wb);
       w.kq = alloc<float>(M * z.ih * z.id, wb);
       w.kk = alloc<float>(M * z.id, wb);
@@ -645,6 +649,8 @@ struct CudaBackend::Impl {
     ma.tokens = w.sel_tokens;
     ma.counts = w.sel_counts;
     ma.out = w.o_lat;
+    ma.partial = w.mla_part;
+    ma.partial_rows = kMlaPartialRows;
     sparse_mla(ma, s());
     mm_grouped(l.v_b, z.nh, w.o_lat, static_cast<size_t>(z.nh) * z.kvlr, z.kvlr, n, w.v,
                static_cast<size_t>(z.nh) * z.vd, z.vd);

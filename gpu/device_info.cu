@@ -2,6 +2,8 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernels.hpp"
 
@@ -20,6 +22,19 @@ std::string kernel_image() {
   std::string image = "sm_" + std::to_string(a.binaryVersion);
   if (a.ptxVersion != a.binaryVersion) image += " from compute_" + std::to_string(a.ptxVersion) + " PTX";
   return image;
+}
+
+int current_sm_count() {
+  static std::atomic<int> cached[64];
+  int dev = 0;
+  FERRY_CUDA(cudaGetDevice(&dev));
+  std::atomic<int>& slot = cached[dev & 63];
+  int n = slot.load(std::memory_order_relaxed);
+  if (n == 0) {
+    FERRY_CUDA(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    slot.store(n, std::memory_order_relaxed);
+  }
+  return n;
 }
 
 bool built_with_cuda() { return true; }

@@ -178,15 +178,27 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(IndexerArgs a) {
   }
 }
 
-__global__ void sparse_mla_kernel(SparseMlaArgs a, uint32_t hg) {
+constexpr int kMaxHg = 8;       // heads per block
+constexpr uint32_t kMaxSplits = 16;  // blocks one row's selection is split over
+
+// Attention of `hg` heads of row r over split z of the row's selected tokens (flash-decoding): the
+// scores, their maximum m and sum l of exp(score - m), and sum_i exp(s_i - m) latent_i. With one split
+// the block writes the normalised output; otherwise (m, l, unnormalised sum) go to a.partial and
+// mla_merge_kernel combines the splits.
+__global__ void sparse_mla_kernel(SparseMlaArgs a, uint32_t hg, uint32_t splits) {
   extern __shared__ float smem[];
-  const uint32_t r = blockIdx.y, h0 = blockIdx.x * hg;
+  __shared__ float s_max[kMaxHg], s_sum[kMaxHg];
+  const uint32_t r = blockIdx.y, h0 = blockIdx.x * hg, z = blockIdx.z;
   const uint32_t R = a.rank;
+  const uint32_t per = (a.max_tokens + splits - 1) / splits;  // shared-memory capacity of a split
   float* sq = smem;               // [hg][R]
-  float* ss = smem + hg * R;      // [hg][max_tokens]
-  int32_t* toks = reinterpret_cast<int32_t*>(ss + hg * a.max_tokens);  // [max_tokens]
-  const int cnt = a.counts[r];
-  const int32_t* gtoks = a.tokens + static_cast<size_t>(r) * a.max_tokens;
+  float* ss = smem + hg * R;      // [hg][per]
+  int32_t* toks = reinterpret_cast<int32_t*>(ss + hg * per);  // [per]
+  const int all = a.counts[r];
+  const int share = (all + static_cast<int>(splits) - 1) / static_cast<int>(splits);
+  const int beg = min(all, static_cast<int>(z) * share);
+  const int cnt = min(all, beg + share) - beg;
+  const int32_t* gtoks = a.tokens + static_cast<size_t>(r) * a.max_tokens + beg;
   for (int i = threadIdx.x; i < cnt; i += blockDim.x) toks[i] = gtoks[i];
   const float* lat = a.latents + static_cast<size_t>(a.row.slot[r]) * a.ctx * R;
   const float* q = a.q_lat + (static_cast<size_t>(r) * a.heads + h0) * R;
@@ -218,31 +230,32 @@ __global__ void sparse_mla_kernel(SparseMlaArgs a, uint32_t hg) {
           }
         }
         part = warp_sum(part);
-        if (lane == 0) ss[hh * a.max_tokens + i] = part * a.scale;
+        if (lane == 0) ss[hh * per + i] = part * a.scale;
       }
     } else {
       for (uint32_t hh = 0; hh < hg; ++hh) {
         float part = 0.0f;
         for (uint32_t c = lane; c < R; c += 32) part += sq[hh * R + c] * lv[c];
         part = warp_sum(part);
-        if (lane == 0) ss[hh * a.max_tokens + i] = part * a.scale;
+        if (lane == 0) ss[hh * per + i] = part * a.scale;
       }
     }
   }
   __syncthreads();
   for (uint32_t hh = warp; hh < hg; hh += warps) {
-    float* s = ss + hh * a.max_tokens;
+    float* s = ss + hh * per;
     float mx = -INFINITY;
     for (int i = static_cast<int>(lane); i < cnt; i += 32) mx = fmaxf(mx, s[i]);
     mx = warp_max(mx);
     float sum = 0.0f;
-    for (int i = static_cast<int>(lane); i < cnt; i += 32) sum += expf(s[i] - mx);
+    for (int i = static_cast<int>(lane); i < cnt; i += 32) {
+      s[i] = expf(s[i] - mx);
+      sum += s[i];
+    }
     sum = warp_sum(sum);
-    __syncwarp();
-    for (int i = static_cast<int>(lane); i < cnt; i += 32) s[i] = expf(s[i] - mx) / sum;
+    if (lane == 0) s_max[hh] = mx, s_sum[hh] = sum;
   }
   __syncthreads();
-  constexpr int kMaxHg = 8;
   for (uint32_t c = threadIdx.x; c < R; c += blockDim.x) {
     float acc[kMaxHg];
 #pragma unroll
@@ -257,7 +270,7 @@ __global__ void sparse_mla_kernel(SparseMlaArgs a, uint32_t hg) {
       for (int u = 0; u < 8; ++u) {
 #pragma unroll
         for (int hh = 0; hh < kMaxHg; ++hh) {
-          if (hh < static_cast<int>(hg)) acc[hh] += ss[hh * a.max_tokens + i + u] * v[u];
+          if (hh < static_cast<int>(hg)) acc[hh] += ss[hh * per + i + u] * v[u];
         }
       }
     }
@@ -265,14 +278,45 @@ __global__ void sparse_mla_kernel(SparseMlaArgs a, uint32_t hg) {
       const float v = lat[static_cast<size_t>(toks[i]) * R + c];
 #pragma unroll
       for (int hh = 0; hh < kMaxHg; ++hh) {
-        if (hh < static_cast<int>(hg)) acc[hh] += ss[hh * a.max_tokens + i] * v;
+        if (hh < static_cast<int>(hg)) acc[hh] += ss[hh * per + i] * v;
       }
     }
-    float* o = a.out + (static_cast<size_t>(r) * a.heads + h0) * R + c;
 #pragma unroll
     for (int hh = 0; hh < kMaxHg; ++hh) {
-      if (hh < static_cast<int>(hg)) o[hh * R] = acc[hh];
+      if (hh >= static_cast<int>(hg)) continue;
+      const size_t head = static_cast<size_t>(r) * a.heads + h0 + hh;
+      if (splits == 1) {
+        a.out[head * R + c] = s_sum[hh] > 0.0f ? acc[hh] / s_sum[hh] : 0.0f;
+      } else {
+        float* part = a.partial + (head * splits + z) * (R + 2);
+        part[2 + c] = acc[hh];
+        if (c == 0) part[0] = s_max[hh], part[1] = s_sum[hh];
+      }
     }
+  }
+}
+
+// out = sum_z e^(m_z - M) acc_z / sum_z e^(m_z - M) l_z over the splits of one (row, head); an empty
+// split has l = 0 and adds nothing, a row without tokens gives 0.
+__global__ void mla_merge_kernel(SparseMlaArgs a, uint32_t splits) {
+  const size_t head = static_cast<size_t>(blockIdx.y) * a.heads + blockIdx.x;
+  const uint32_t R = a.rank;
+  const float* part = a.partial + head * splits * (R + 2);
+  float m = -INFINITY;
+  for (uint32_t z = 0; z < splits; ++z) {
+    if (part[z * (R + 2) + 1] > 0.0f) m = fmaxf(m, part[z * (R + 2)]);
+  }
+  float w[kMaxSplits];
+  float total = 0.0f;
+  for (uint32_t z = 0; z < splits; ++z) {
+    const float l = part[z * (R + 2) + 1];
+    w[z] = l > 0.0f ? expf(part[z * (R + 2)] - m) : 0.0f;
+    total += w[z] * l;
+  }
+  for (uint32_t c = threadIdx.x; c < R; c += blockDim.x) {
+    float o = 0.0f;
+    for (uint32_t z = 0; z < splits; ++z) o += w[z] * part[z * (R + 2) + 2 + c];
+    a.out[head * R + c] = total > 0.0f ? o / total : 0.0f;
   }
 }
 
@@ -301,25 +345,34 @@ void indexer_select(const IndexerArgs& a, cudaStream_t stream) {
 
 void sparse_mla(const SparseMlaArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
-  // Heads per block: as many as fit (at most 8) with their queries and scores in shared memory.
   int device = 0;
   FERRY_CUDA(cudaGetDevice(&device));
   int limit = 0;
   FERRY_CUDA(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  // Fewer heads per block when the rows are few: more blocks share the latency-bound token loop.
-  uint32_t hg = a.rows >= 16 ? 8 : 2;
+  // Few rows (decode): each row's selection is split over enough blocks to fill the device twice,
+  // as far as the scratch holds; many rows (prefill) fill it already.
+  uint32_t hg = kMaxHg;
+  while (hg > 1 && a.heads % hg != 0) hg /= 2;
+  const uint32_t base_blocks = a.heads / hg * a.rows;
+  uint32_t splits = (2 * static_cast<uint32_t>(current_sm_count()) + base_blocks - 1) / base_blocks;
+  splits = std::min({splits, kMaxSplits, a.partial ? a.partial_rows / a.rows : 1u, std::max(a.max_tokens, 1u)});
+  splits = std::max(splits, 1u);
   auto need = [&](uint32_t g) {
-    return static_cast<size_t>(g) * (a.rank + a.max_tokens) * sizeof(float) + a.max_tokens * sizeof(int32_t);
+    const size_t per = (a.max_tokens + splits - 1) / splits;
+    return static_cast<size_t>(g) * (a.rank + per) * sizeof(float) + per * sizeof(int32_t);
   };
-  while (hg > 1 && (a.heads % hg != 0 || need(hg) > static_cast<size_t>(limit))) hg /= 2;
+  while (hg > 1 && need(hg) > static_cast<size_t>(limit)) hg /= 2;
   if (need(hg) > static_cast<size_t>(limit)) throw CudaError("sparse MLA: selection too large for shared memory");
   const size_t smem = need(hg);
   if (smem > 48 * 1024) {
     FERRY_CUDA(cudaFuncSetAttribute(sparse_mla_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
-  const dim3 grid(a.heads / hg, a.rows);
-  sparse_mla_kernel<<<grid, 256, smem, stream>>>(a, hg);
+  sparse_mla_kernel<<<dim3(a.heads / hg, a.rows, splits), 256, smem, stream>>>(a, hg, splits);
   FERRY_CUDA_LAUNCHED();
+  if (splits > 1) {
+    mla_merge_kernel<<<dim3(a.heads, a.rows), 128, 0, stream>>>(a, splits);
+    FERRY_CUDA_LAUNCHED();
+  }
 }
 
 }  // namespace ferry::gpu

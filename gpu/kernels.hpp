@@ -41,6 +41,9 @@ void upload_quant_tables();
 // newer GPU). Throws CudaError when the build has nothing the device can run.
 std::string kernel_image();
 
+// Multiprocessors of the current device (asked once per device): launchers size their grids by it.
+int current_sm_count();
+
 // y[t][r] = W[r] . x[t] for one matrix or a batch of groups (heads, experts).
 struct MatvecArgs {
   DevMatrix w;
@@ -201,6 +204,10 @@ struct SparseMlaArgs {
   const int32_t* tokens = nullptr;   // [rows][max_tokens]
   const int32_t* counts = nullptr;   // [rows]
   float* out = nullptr;              // [rows][heads][rank]
+  // Scratch for splitting a row's selection over several blocks (decode): partial_rows (row, split)
+  // slots of heads x (rank + 2) floats; without it every block walks its whole selection.
+  float* partial = nullptr;
+  uint32_t partial_rows = 0;
 };
 void sparse_mla(const SparseMlaArgs& a, cudaStream_t stream);
 

@@ -14,7 +14,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/matvec_int16.hpp"
@@ -35,18 +34,6 @@ constexpr size_t smem_bytes(uint32_t nt, uint32_t cols) { return static_cast<siz
 
 uint32_t padded_tokens(uint32_t tokens) { return tokens <= 1 ? 1 : tokens <= 2 ? 2 : tokens <= 4 ? 4 : 8; }
 
-int sm_count() {
-  static std::atomic<int> cached[64];
-  int dev = 0;
-  FERRY_CUDA(cudaGetDevice(&dev));
-  std::atomic<int>& slot = cached[dev & 63];
-  int n = slot.load(std::memory_order_relaxed);
-  if (n == 0) {
-    FERRY_CUDA(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    slot.store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
 
 // Lanes that share a row: 32, or 16 / 8 for rows of fewer than 32 / 16 units (a power of two, for
 // the butterfly sum).
@@ -242,7 +229,7 @@ void launch_matvec_int16(const MatvecArgs& a, cudaStream_t stream) {
   const uint32_t rows_per_block = kWarps * (32 / lanes_per_row(a.w.cols / 32));
   // Enough blocks to fill the device once; each block quantizes its input once and loops over rows.
   const uint32_t wanted = (a.w.rows + rows_per_block - 1) / rows_per_block;
-  const uint32_t fill = std::max<uint32_t>(1, static_cast<uint32_t>(sm_count() * blocks_per_sm(nt)) / a.groups);
+  const uint32_t fill = std::max<uint32_t>(1, static_cast<uint32_t>(current_sm_count() * blocks_per_sm(nt)) / a.groups);
   const dim3 grid(std::min(wanted, fill), a.groups);
   switch (nt) {
     case 1: q4k_int16_kernel<1><<<grid, kWarps * 32, smem, stream>>>(a); break;
