@@ -20,7 +20,7 @@ struct SamplingDefaults {
 struct ServeConfig {
   // Model and backend
   std::string model_path;               // GGUF file; empty = the default model embedded in ferry
-  std::string backend = "cpu";          // cpu, cuda, or auto (cuda when built with it and a GPU is visible)
+  std::string backend = "auto";         // cpu, cuda, or auto (cuda when built with it and a GPU is visible)
   uint32_t threads = 0;                 // CPU backend threads; 0 = every core
   std::string model_id = "glm-5.3-flash";  // the name /v1/models reports and requests may use
   // Synthetic weights instead of a file: deterministic pseudo-random values of the glm5_next shape in

@@ -76,7 +76,9 @@ def test_synthetic_weights_need_a_gpu_and_say_so_before_listening(ferry_bin, tmp
         out = start_fails(ferry_bin, "--synthetic", SHAPE, "--backend", backend, "--port", "0")
         assert "--synthetic needs a GPU: backend cuda: " in out, out
         assert "listening" not in out
-    assert "--backend = cpu: expected cuda or auto with --synthetic" in start_fails(ferry_bin, "--synthetic", SHAPE)
+    assert "--synthetic needs a GPU: backend cuda: " in start_fails(ferry_bin, "--synthetic", SHAPE)  # default: auto
+    assert "--backend = cpu: expected cuda or auto with --synthetic" in start_fails(
+        ferry_bin, "--synthetic", SHAPE, "--backend", "cpu")
     assert f"--synthetic = {tmp_path / 'none.json'}" in start_fails(
         ferry_bin, "--synthetic", str(tmp_path / "none.json"), "--backend", "cuda")
     assert "--tokenizer = " in start_fails(ferry_bin, "--tokenizer", SHAPE)
