@@ -59,6 +59,18 @@ __device__ __forceinline__ XScales load_x_scales(const unsigned char* slot) {
   return {f.x, f.y, f.z, f.w};
 }
 
+// 16 columns: int16 pairs of x (two int4) times the 4 weight bytes of each of 4 words.
+__device__ __forceinline__ int dot16(const int4& x0, const int4& x1, const int (&w)[4]) {
+  int s = __dp2a_lo(x0.x, w[0], 0);
+  s = __dp2a_hi(x0.y, w[0], s);
+  s = __dp2a_lo(x0.z, w[1], s);
+  s = __dp2a_hi(x0.w, w[1], s);
+  s = __dp2a_lo(x1.x, w[2], s);
+  s = __dp2a_hi(x1.y, w[2], s);
+  s = __dp2a_lo(x1.z, w[3], s);
+  return __dp2a_hi(x1.w, w[3], s);
+}
+
 // Unit u of a Q4_K row: 16 bytes `w` of quants (low nibbles: columns c0.. of sub-block 2c, high
 // nibbles: the same 16 of sub-block 2c+1) times x, with the block's scales and minimums.
 __device__ __forceinline__ float unit_dot(const uint8_t* blk, uint32_t u, const uint4& w, const XUnit& x,
@@ -73,27 +85,11 @@ __device__ __forceinline__ float unit_dot(const uint8_t* blk, uint32_t u, const 
                      static_cast<int>(w.z & 0x0f0f0f0fu), static_cast<int>(w.w & 0x0f0f0f0fu)};
   const int hi[4] = {static_cast<int>((w.x >> 4) & 0x0f0f0f0fu), static_cast<int>((w.y >> 4) & 0x0f0f0f0fu),
                      static_cast<int>((w.z >> 4) & 0x0f0f0f0fu), static_cast<int>((w.w >> 4) & 0x0f0f0f0fu)};
-  int s1 = __dp2a_lo(x.a0.x, lo[0], 0);
-  s1 = __dp2a_hi(x.a0.y, lo[0], s1);
-  s1 = __dp2a_lo(x.a0.z, lo[1], s1);
-  s1 = __dp2a_hi(x.a0.w, lo[1], s1);
-  s1 = __dp2a_lo(x.a1.x, lo[2], s1);
-  s1 = __dp2a_hi(x.a1.y, lo[2], s1);
-  s1 = __dp2a_lo(x.a1.z, lo[3], s1);
-  s1 = __dp2a_hi(x.a1.w, lo[3], s1);
-  int s2 = __dp2a_lo(x.b0.x, hi[0], 0);
-  s2 = __dp2a_hi(x.b0.y, hi[0], s2);
-  s2 = __dp2a_lo(x.b0.z, hi[1], s2);
-  s2 = __dp2a_hi(x.b0.w, hi[1], s2);
-  s2 = __dp2a_lo(x.b1.x, hi[2], s2);
-  s2 = __dp2a_hi(x.b1.y, hi[2], s2);
-  s2 = __dp2a_lo(x.b1.z, hi[3], s2);
-  s2 = __dp2a_hi(x.b1.w, hi[3], s2);
+  const int s1 = dot16(x.a0, x.a1, lo), s2 = dot16(x.b0, x.b1, hi);
   return d * static_cast<float>(sc1) * xs.d_lo * static_cast<float>(s1) +
          d * static_cast<float>(sc2) * xs.d_hi * static_cast<float>(s2) - dmin * static_cast<float>(m1) * xs.s_lo -
          dmin * static_cast<float>(m2) * xs.s_hi;
 }
-
 
 template <int NT>
 __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) q4k_int16_kernel(MatvecArgs a) {

@@ -83,21 +83,18 @@ __device__ void mhc_coefficients(const MhcArgs& a, const float* m, float inv, fl
     for (uint32_t i = 0; i < H; ++i) s += c[i * H + col];
     return s;
   };
-  for (uint32_t it = 0; it < max(a.iters, 1u); ++it) {
-    if (it > 0) {
-      if (has0) v0 = c[e0] / (row_sum(row0) + a.hc_eps);
-      if (has1) v1 = c[e1] / (row_sum(row1) + a.hc_eps);
-      __syncwarp();
-      if (has0) c[e0] = v0;
-      if (has1) c[e1] = v1;
-      __syncwarp();
-    }
-    if (has0) v0 = c[e0] / (col_sum(col0) + a.hc_eps);
-    if (has1) v1 = c[e1] / (col_sum(col1) + a.hc_eps);
+  // Every entry divided by (its row's or column's sum + eps), all read before any is written.
+  auto normalise = [&](bool rows) {
+    if (has0) v0 = c[e0] / ((rows ? row_sum(row0) : col_sum(col0)) + a.hc_eps);
+    if (has1) v1 = c[e1] / ((rows ? row_sum(row1) : col_sum(col1)) + a.hc_eps);
     __syncwarp();
     if (has0) c[e0] = v0;
     if (has1) c[e1] = v1;
     __syncwarp();
+  };
+  for (uint32_t it = 0; it < max(a.iters, 1u); ++it) {
+    if (it > 0) normalise(true);
+    normalise(false);
   }
   if (has0) a.comb[blockIdx.x * HH + e0] = c[e0];
   if (has1) a.comb[blockIdx.x * HH + e1] = c[e1];
