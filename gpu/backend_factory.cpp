@@ -4,10 +4,10 @@
 #include <exception>
 
 #include "gpu/device_info.hpp"
-#include "model/cpu_backend.hpp"
+#include "model/cpu/cpu_backend.hpp"
 #if FERRY_HAVE_CUDA
 #include "gpu/cuda_backend.hpp"
-#include "model/glm5_weights.hpp"
+#include "model/glm5/glm5_weights.hpp"
 #endif
 
 namespace ferry::gpu {

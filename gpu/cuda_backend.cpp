@@ -18,8 +18,8 @@
 #include "gpu/cuda_check.hpp"
 #include "gpu/cuda_memory.hpp"
 #include "gpu/kernels.hpp"
-#include "model/glm5_tensors.hpp"
-#include "model/glm5_weights.hpp"
+#include "model/glm5/glm5_tensors.hpp"
+#include "model/glm5/glm5_weights.hpp"
 
 namespace ferry::gpu {
 namespace {

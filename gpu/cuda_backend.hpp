@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "model/backend.hpp"
-#include "model/ggml_type.hpp"
-#include "model/glm5_hparams.hpp"
+#include "model/formats/ggml_type.hpp"
+#include "model/glm5/glm5_hparams.hpp"
 
 namespace ferry::model {
 class Glm5Weights;

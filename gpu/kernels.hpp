@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "model/ggml_type.hpp"
+#include "model/formats/ggml_type.hpp"
 
 namespace ferry::gpu {
 

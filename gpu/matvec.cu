@@ -10,7 +10,7 @@
 #include "gpu/kernels.hpp"
 #include "gpu/matvec_int16.hpp"
 #include "gpu/quant_device.cuh"
-#include "model/iq_grids.hpp"
+#include "model/formats/iq_grids.hpp"
 
 namespace ferry::gpu {
 namespace qd {

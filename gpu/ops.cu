@@ -44,7 +44,7 @@ constexpr int kMaxHc = 8;
 // The mixer coefficients of one row, by one warp: pre (sigmoid + eps), post (2 sigmoid) and comb (a
 // row softmax, then Sinkhorn rounds: columns first, then rows and columns). Each lane owns entries
 // lane and lane + 32 of comb (H*H <= 64) and recomputes the sums it needs from shared memory in the
-// CPU reference's order and precision (model/mhc.cpp, model/cpu_ops.cpp softmax); the entries of a
+// CPU reference's order and precision (model/cpu/mhc.cpp, model/cpu/cpu_ops.cpp softmax); the entries of a
 // round are all updated in parallel instead of one thread walking a row.
 __device__ void mhc_coefficients(const MhcArgs& a, const float* m, float inv, float* pre, float* c) {
   const uint32_t H = a.H, HH = H * H, lane = threadIdx.x & 31;

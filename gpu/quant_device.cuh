@@ -2,7 +2,7 @@
 // Device-side decoding of GGUF weight blocks, shared by the matrix-vector kernels and the
 // dequantisers. A row is cut into units (one or two 16-byte loads of quants plus their scales);
 // decode_unit<T> turns unit u of a row into f32 values, in runs of RL contiguous columns starting
-// at run_col<T>(u, r). The arithmetic follows model/quant_dequant.cpp (d*scale first, then times
+// at run_col<T>(u, r). The arithmetic follows model/formats/quant_dequant.cpp (d*scale first, then times
 // the quant, minus dmin*min), so the values match the CPU reference up to FMA rounding.
 #include <cuda_fp16.h>
 
@@ -10,7 +10,7 @@
 
 namespace ferry::gpu::qd {
 
-// ggml type ids (model/ggml_type.hpp), plus an f32 path for rows not a multiple of 8.
+// ggml type ids (model/formats/ggml_type.hpp), plus an f32 path for rows not a multiple of 8.
 enum : int { kF32 = 0, kF16 = 1, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14, kIQ3_S = 21, kIQ4_XS = 23,
              kBF16 = 30, kF32Scalar = 1000 };
 

@@ -1,5 +1,5 @@
 // Token choice on the device: one thread block per row takes the argmax, and for a row with
-// temperature > 0 draws the token of model::sample_token by the same rule (model/sampling_rule.hpp):
+// temperature > 0 draws the token of model::sample_token by the same rule (model/cpu/sampling_rule.hpp):
 // the radix selects run here as block-wide passes over the row in global memory, and over a list of
 // keys in shared memory once a cut (top-k, top-p, a vocabulary this small) leaves at most kCompactCap.
 #include <climits>
@@ -7,7 +7,7 @@
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernels.hpp"
-#include "model/sampling_rule.hpp"
+#include "model/cpu/sampling_rule.hpp"
 
 namespace ferry::gpu {
 namespace {

@@ -8,9 +8,9 @@
 #include <string_view>
 #include <vector>
 
-#include "model/output_parser.hpp"
-#include "model/streaming_detokenizer.hpp"
-#include "model/tokenizer.hpp"
+#include "model/text/output_parser.hpp"
+#include "model/text/streaming_detokenizer.hpp"
+#include "model/text/tokenizer.hpp"
 
 namespace ferry::http {
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "http/api_error.hpp"
-#include "model/json.hpp"
+#include "model/text/json.hpp"
 
 namespace ferry::http {
 

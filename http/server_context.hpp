@@ -15,8 +15,8 @@
 
 #include "actors/bootstrap.hpp"
 #include "config/serve_config.hpp"
-#include "model/chat_template.hpp"
-#include "model/tokenizer.hpp"
+#include "model/text/chat_template.hpp"
+#include "model/text/tokenizer.hpp"
 
 namespace ferry::http {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "model/glm5_hparams.hpp"
+#include "model/glm5/glm5_hparams.hpp"
 
 namespace ferry::model {
 

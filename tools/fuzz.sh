@@ -13,7 +13,7 @@ mkdir -p "$out"
 # The reader depends on the standard library only, so the fuzzer compiles its sources directly.
 # _GLIBCXX_ASSERTIONS turns out-of-range span/vector indexing into a failure too.
 clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -D_GLIBCXX_ASSERTIONS -I. \
-  tests/fuzz/gguf_reader_fuzz.cpp model/gguf.cpp model/ggml_type.cpp model/mapped_file.cpp \
+  tests/fuzz/gguf_reader_fuzz.cpp model/formats/gguf.cpp model/formats/ggml_type.cpp model/formats/mapped_file.cpp \
   -o "$out/gguf_reader_fuzz"
 
 corpus="$out/corpus_gguf"

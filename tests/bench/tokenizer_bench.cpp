@@ -14,11 +14,11 @@
 #include <string>
 #include <vector>
 
-#include "model/chat_template.hpp"
-#include "model/gguf.hpp"
-#include "model/output_parser.hpp"
-#include "model/streaming_detokenizer.hpp"
-#include "model/tokenizer_gguf.hpp"
+#include "model/formats/gguf.hpp"
+#include "model/text/chat_template.hpp"
+#include "model/text/output_parser.hpp"
+#include "model/text/streaming_detokenizer.hpp"
+#include "model/text/tokenizer_gguf.hpp"
 
 namespace ferry::model {
 namespace {

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <span>
 
-#include "model/gguf.hpp"
+#include "model/formats/gguf.hpp"
 
 using namespace ferry::model;
 

@@ -14,13 +14,13 @@
 #include <set>
 
 #include "gpu/cuda_backend.hpp"
-#include "model/cpu_backend.hpp"
-#include "model/glm5_gguf.hpp"
-#include "model/glm5_tensors.hpp"
-#include "model/glm5_weights.hpp"
-#include "model/gguf_writer.hpp"
-#include "model/quant.hpp"
-#include "model/sampler.hpp"
+#include "model/cpu/cpu_backend.hpp"
+#include "model/cpu/sampler.hpp"
+#include "model/formats/gguf_writer.hpp"
+#include "model/formats/quant.hpp"
+#include "model/glm5/glm5_gguf.hpp"
+#include "model/glm5/glm5_tensors.hpp"
+#include "model/glm5/glm5_weights.hpp"
 
 namespace ferry::gpu {
 namespace {

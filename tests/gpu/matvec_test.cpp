@@ -1,4 +1,4 @@
-// The block-reading kernels against the CPU reference dequantizer (model/quant.hpp): for every type
+// The block-reading kernels against the CPU reference dequantizer (model/formats/quant.hpp): for every type
 // the device reads, fresh random blocks, every token count the matvec kernels take, grouped launches
 // (per head / per expert), and the fp16/f32 dequantisers. Outputs are poisoned (NaN) before each run.
 #if FERRY_HAVE_CUDA
@@ -13,8 +13,8 @@
 
 #include "gpu/cuda_memory.hpp"
 #include "gpu/kernels.hpp"
-#include "model/half.hpp"
-#include "model/quant.hpp"
+#include "model/formats/half.hpp"
+#include "model/formats/quant.hpp"
 
 namespace ferry::gpu {
 namespace {

@@ -13,7 +13,7 @@
 
 #include "gpu/cuda_memory.hpp"
 #include "gpu/kernels.hpp"
-#include "model/sampler.hpp"
+#include "model/cpu/sampler.hpp"
 #include "tests/model/sampling_cases.hpp"
 
 namespace ferry::gpu {

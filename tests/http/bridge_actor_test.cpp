@@ -8,7 +8,7 @@
 
 #include "actors/bootstrap.hpp"
 #include "http/bridge_actor.hpp"
-#include "model/tokenizer_gguf.hpp"
+#include "model/text/tokenizer_gguf.hpp"
 #include "tests/actors/scripted_backend.hpp"
 
 using namespace ferry;

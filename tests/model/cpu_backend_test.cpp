@@ -2,7 +2,7 @@
 // one token at a time give the logits of one pass over the whole sequence; several slots in one step
 // give what each gives alone; the step contract is enforced. (Agreement with transformers itself is
 // the reference fixtures' job: tests/python/test_eval_ref.py.)
-#include "model/cpu_backend.hpp"
+#include "model/cpu/cpu_backend.hpp"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -11,11 +11,11 @@
 #include <filesystem>
 #include <random>
 
-#include "model/glm5_gguf.hpp"
-#include "model/glm5_tensors.hpp"
-#include "model/gguf_writer.hpp"
-#include "model/half.hpp"
-#include "model/quant.hpp"
+#include "model/formats/gguf_writer.hpp"
+#include "model/formats/half.hpp"
+#include "model/formats/quant.hpp"
+#include "model/glm5/glm5_gguf.hpp"
+#include "model/glm5/glm5_tensors.hpp"
 
 namespace ferry::model {
 namespace {

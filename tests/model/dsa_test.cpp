@@ -1,4 +1,4 @@
-#include "model/dsa.hpp"
+#include "model/cpu/dsa.hpp"
 
 #include <gtest/gtest.h>
 

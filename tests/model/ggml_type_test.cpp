@@ -1,4 +1,4 @@
-#include "model/ggml_type.hpp"
+#include "model/formats/ggml_type.hpp"
 
 #include <gtest/gtest.h>
 

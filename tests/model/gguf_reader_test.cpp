@@ -10,7 +10,7 @@
 
 #include <unistd.h>
 
-#include "model/gguf.hpp"
+#include "model/formats/gguf.hpp"
 #include "tests/model/gguf_test_util.hpp"
 
 using namespace ferry::model;

@@ -10,8 +10,8 @@
 
 #include <unistd.h>
 
-#include "model/gguf.hpp"
-#include "model/gguf_writer.hpp"
+#include "model/formats/gguf.hpp"
+#include "model/formats/gguf_writer.hpp"
 
 using namespace ferry::model;
 

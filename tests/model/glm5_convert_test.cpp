@@ -1,4 +1,4 @@
-#include "model/glm5_convert.hpp"
+#include "model/glm5/glm5_convert.hpp"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -6,8 +6,8 @@
 #include <cstring>
 #include <fstream>
 
-#include "model/half.hpp"
-#include "model/hf_checkpoint.hpp"
+#include "model/formats/half.hpp"
+#include "model/glm5/hf_checkpoint.hpp"
 
 namespace ferry::model {
 namespace {

@@ -1,4 +1,4 @@
-#include "model/glm5_gguf.hpp"
+#include "model/glm5/glm5_gguf.hpp"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <functional>
 
-#include "model/gguf_writer.hpp"
+#include "model/formats/gguf_writer.hpp"
 
 namespace ferry::model {
 namespace {

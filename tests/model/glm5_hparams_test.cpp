@@ -1,4 +1,4 @@
-#include "model/glm5_hparams.hpp"
+#include "model/glm5/glm5_hparams.hpp"
 
 #include <gtest/gtest.h>
 

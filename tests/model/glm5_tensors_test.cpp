@@ -1,4 +1,4 @@
-#include "model/glm5_tensors.hpp"
+#include "model/glm5/glm5_tensors.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "model/half.hpp"
+#include "model/formats/half.hpp"
 
 #include <gtest/gtest.h>
 

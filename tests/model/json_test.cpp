@@ -1,4 +1,4 @@
-#include "model/json.hpp"
+#include "model/text/json.hpp"
 
 #include <gtest/gtest.h>
 

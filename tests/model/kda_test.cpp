@@ -1,4 +1,4 @@
-#include "model/kda.hpp"
+#include "model/cpu/kda.hpp"
 
 #include <gtest/gtest.h>
 

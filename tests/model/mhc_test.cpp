@@ -1,4 +1,4 @@
-#include "model/mhc.hpp"
+#include "model/cpu/mhc.hpp"
 
 #include <gtest/gtest.h>
 

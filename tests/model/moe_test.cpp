@@ -1,4 +1,4 @@
-#include "model/moe.hpp"
+#include "model/cpu/moe.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "model/output_parser.hpp"
+#include "model/text/output_parser.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // Hand-built blocks with known values for every dequantizer, plus the API's preconditions. The
 // bit-exact comparison with gguf-py on random blocks is in tests/python/test_quants.py.
-#include "model/quant.hpp"
+#include "model/formats/quant.hpp"
 
 #include <gtest/gtest.h>
 
@@ -12,9 +12,9 @@
 #include <stdexcept>
 #include <vector>
 
-#include "model/ggml_type.hpp"
-#include "model/half.hpp"
-#include "model/iq_grids.hpp"
+#include "model/formats/ggml_type.hpp"
+#include "model/formats/half.hpp"
+#include "model/formats/iq_grids.hpp"
 
 using namespace ferry::model;
 

@@ -9,7 +9,7 @@
 
 #include <unistd.h>
 
-#include "model/safetensors.hpp"
+#include "model/formats/safetensors.hpp"
 
 using namespace ferry::model;
 

@@ -1,4 +1,4 @@
-#include "model/sampler.hpp"
+#include "model/cpu/sampler.hpp"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 #include <span>
 #include <vector>
 
-#include "model/sampling_rule.hpp"
+#include "model/cpu/sampling_rule.hpp"
 #include "tests/model/sampling_cases.hpp"
 
 using namespace ferry::model;
@@ -90,7 +90,7 @@ std::vector<uint32_t> sorted_ids(std::span<const float> logits) {
   return order;
 }
 
-// The definition in model/sampler.hpp written out directly: sorted ids, prefix sums, a linear search.
+// The definition in model/cpu/sampler.hpp written out directly: sorted ids, prefix sums, a linear search.
 int32_t reference_token(std::span<const float> logits, const std::vector<uint32_t>& order, const SamplingParams& p,
                         uint64_t position) {
   const size_t n = logits.size();

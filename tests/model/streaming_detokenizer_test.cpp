@@ -1,4 +1,4 @@
-#include "model/streaming_detokenizer.hpp"
+#include "model/text/streaming_detokenizer.hpp"
 
 #include <gtest/gtest.h>
 
@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "model/gguf.hpp"
-#include "model/tokenizer_gguf.hpp"
+#include "model/formats/gguf.hpp"
+#include "model/text/tokenizer_gguf.hpp"
 
 namespace ferry::model {
 namespace {

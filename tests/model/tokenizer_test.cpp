@@ -1,7 +1,7 @@
 // The tokenizer on the small GLM-style test vocabulary (tests/fixtures/tokenizer), its pre-tokenizers
 // on their own, its GGUF and Hugging Face storage forms, and its errors. The comparison with Hugging
 // Face `tokenizers` itself is tests/python/test_tokenizer_hf.py.
-#include "model/tokenizer.hpp"
+#include "model/text/tokenizer.hpp"
 
 #include <gtest/gtest.h>
 
@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "model/gguf.hpp"
-#include "model/gguf_writer.hpp"
-#include "model/pre_tokenizer.hpp"
-#include "model/tokenizer_gguf.hpp"
+#include "model/formats/gguf.hpp"
+#include "model/formats/gguf_writer.hpp"
+#include "model/text/pre_tokenizer.hpp"
+#include "model/text/tokenizer_gguf.hpp"
 
 namespace ferry::model {
 namespace {

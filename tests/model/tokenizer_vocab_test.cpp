@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "model/gguf.hpp"
-#include "model/tokenizer_gguf.hpp"
+#include "model/formats/gguf.hpp"
+#include "model/text/tokenizer_gguf.hpp"
 
 namespace ferry::model {
 namespace {

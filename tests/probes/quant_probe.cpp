@@ -1,4 +1,4 @@
-// ferry_quant_probe: lets the Python tests drive model/quant.hpp on raw files.
+// ferry_quant_probe: lets the Python tests drive model/formats/quant.hpp on raw files.
 //   ferry_quant_probe dequant TYPE IN OUT   IN: whole blocks of TYPE; OUT: little-endian f32
 //   ferry_quant_probe quant TYPE IN OUT     IN: little-endian f32 (whole blocks); OUT: blocks of TYPE
 // TYPE is a ggml type name (q4_K, iq3_s, bf16, ...). Exit status 2 with a message on bad input.
@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "model/ggml_type.hpp"
-#include "model/quant.hpp"
+#include "model/formats/ggml_type.hpp"
+#include "model/formats/quant.hpp"
 
 using namespace ferry::model;
 

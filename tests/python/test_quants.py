@@ -1,4 +1,4 @@
-"""ferry's quant kernels (model/quant.hpp) against the PyPI gguf package's numpy reference.
+"""ferry's quant kernels (model/formats/quant.hpp) against the PyPI gguf package's numpy reference.
 
 Dequantization must be bit-exact with gguf.quants.dequantize on random blocks (every byte random,
 fp16 scales random but finite) and on edge blocks; quantizers must match gguf-py byte for byte where

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "gpu/backend_factory.hpp"
-#include "model/gguf.hpp"
+#include "model/formats/gguf.hpp"
 #include "tools/ferry/commands.hpp"
 #if FERRY_HAVE_CUDA
 #include "gpu/cuda_backend.hpp"

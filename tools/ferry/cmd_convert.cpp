@@ -1,11 +1,11 @@
 // `ferry convert HF_DIR OUT.gguf`: a glm5_next Hugging Face checkpoint to a glm5next GGUF file
-// (the conversion itself is model/glm5_convert.cpp). Progress and notes go to stderr.
+// (the conversion itself is model/glm5/glm5_convert.cpp). Progress and notes go to stderr.
 #include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
 
-#include "model/glm5_convert.hpp"
+#include "model/glm5/glm5_convert.hpp"
 #include "tools/ferry/commands.hpp"
 
 namespace ferry::cli {

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "model/tokenizer_gguf.hpp"
+#include "model/text/tokenizer_gguf.hpp"
 #include "tools/ferry/commands.hpp"
 
 namespace ferry::cli {

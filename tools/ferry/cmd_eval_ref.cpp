@@ -17,8 +17,8 @@
 #include <string>
 
 #include "gpu/backend_factory.hpp"
-#include "model/cpu_backend.hpp"
-#include "model/sampler.hpp"
+#include "model/cpu/cpu_backend.hpp"
+#include "model/cpu/sampler.hpp"
 #include "tools/ferry/commands.hpp"
 #include "tools/ferry/reference_case.hpp"
 

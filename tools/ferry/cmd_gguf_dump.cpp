@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <string>
 
-#include "model/gguf.hpp"
+#include "model/formats/gguf.hpp"
 #include "tools/ferry/commands.hpp"
 
 namespace ferry::cli {

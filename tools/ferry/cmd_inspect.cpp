@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <string>
 
-#include "model/glm5_inspect.hpp"
+#include "model/glm5/glm5_inspect.hpp"
 #include "tools/ferry/commands.hpp"
 
 namespace ferry::cli {

@@ -7,8 +7,8 @@
 #include <sstream>
 #include <string>
 
-#include "model/cpu_backend.hpp"
-#include "model/tokenizer_gguf.hpp"
+#include "model/cpu/cpu_backend.hpp"
+#include "model/text/tokenizer_gguf.hpp"
 #include "tools/ferry/commands.hpp"
 
 namespace ferry::cli {

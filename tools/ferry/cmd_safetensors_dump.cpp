@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <string>
 
-#include "model/safetensors.hpp"
+#include "model/formats/safetensors.hpp"
 #include "tools/ferry/commands.hpp"
 
 namespace ferry::cli {

@@ -7,10 +7,10 @@
 #include <sstream>
 #include <string>
 
-#include "model/chat_template.hpp"
-#include "model/json.hpp"
-#include "model/tokenizer_gguf.hpp"
-#include "model/unicode.hpp"
+#include "model/text/chat_template.hpp"
+#include "model/text/json.hpp"
+#include "model/text/tokenizer_gguf.hpp"
+#include "model/text/unicode.hpp"
 #include "tools/ferry/commands.hpp"
 
 namespace ferry::cli {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "model/backend.hpp"
-#include "model/glm5_forward.hpp"
+#include "model/cpu/glm5_forward.hpp"
 
 namespace ferry::cli {
 

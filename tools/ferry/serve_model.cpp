@@ -13,8 +13,8 @@
 
 #include "config/byte_size.hpp"
 #include "gpu/backend_factory.hpp"
-#include "model/gguf.hpp"
-#include "model/tokenizer_gguf.hpp"
+#include "model/formats/gguf.hpp"
+#include "model/text/tokenizer_gguf.hpp"
 #include "tools/ferry/default_model.hpp"
 
 namespace ferry::cli {

@@ -11,9 +11,9 @@
 #include "config/serve_config.hpp"
 #include "http/server_context.hpp"
 #include "model/backend.hpp"
-#include "model/ggml_type.hpp"
-#include "model/glm5_hparams.hpp"
-#include "model/tokenizer.hpp"
+#include "model/formats/ggml_type.hpp"
+#include "model/glm5/glm5_hparams.hpp"
+#include "model/text/tokenizer.hpp"
 
 namespace ferry::cli {
 

@@ -1,0 +1,65 @@
+#include "model/cpu/sequence_state.hpp"
+
+namespace ferry::model {
+
+KdaConfig kda_config(const Glm5Hparams& hp) {
+  KdaConfig c;
+  c.heads = hp.kda_heads;
+  c.head_dim = hp.kda_head_dim;
+  c.conv_kernel = hp.conv_kernel;
+  c.lower_bound = hp.kda_lower_bound;
+  c.norm_eps = hp.rms_eps;
+  return c;
+}
+
+DsaConfig dsa_config(const Glm5Hparams& hp) {
+  DsaConfig c;
+  c.heads = hp.n_heads;
+  c.q_lora_rank = hp.q_lora_rank;
+  c.kv_lora_rank = hp.kv_lora_rank;
+  c.nope_dim = hp.qk_nope_head_dim;
+  c.v_dim = hp.v_head_dim;
+  c.index_heads = hp.index_n_heads;
+  c.index_dim = hp.index_head_dim;
+  c.index_topk = hp.index_topk;
+  c.kpool = hp.index_kpool;
+  c.select_tail = hp.index_select_tail;
+  c.rms_eps = hp.rms_eps;
+  c.index_norm_eps = hp.index_norm_eps;
+  return c;
+}
+
+SequenceState::SequenceState(const Glm5Hparams& hp) : kda_cfg_(kda_config(hp)) {
+  slot_.resize(hp.n_layers);
+  for (uint32_t il = 0; il < hp.n_layers; ++il) {
+    if (hp.layer_kinds[il] == LayerKind::kda) {
+      slot_[il] = static_cast<uint32_t>(kda_.size());
+      kda_.emplace_back();
+    } else {
+      slot_[il] = static_cast<uint32_t>(dsa_.size());
+      dsa_.emplace_back();
+    }
+  }
+  mtp_.resize(hp.n_nextn_layers);
+  reset();
+}
+
+void SequenceState::reset() {
+  tokens_ = 0;
+  for (KdaState& k : kda_) k.reset(kda_cfg_);
+  for (DsaCache& d : dsa_) d.reset();
+  for (DsaCache& d : mtp_) d.reset();
+}
+
+size_t SequenceState::bytes() const {
+  size_t n = 0;
+  for (const KdaState& k : kda_) n += (k.conv.size() + k.s.size()) * sizeof(float);
+  auto cache = [](const DsaCache& d) {
+    return (d.latent.size() + d.index_k.size() + d.index_gate.size() + d.pool_keys.size()) * sizeof(float);
+  };
+  for (const DsaCache& d : dsa_) n += cache(d);
+  for (const DsaCache& d : mtp_) n += cache(d);
+  return n;
+}
+
+}  // namespace ferry::model
