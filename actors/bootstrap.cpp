@@ -10,10 +10,10 @@ namespace ferry::actors {
 
 PlannerLimits planner_limits(const config::ServeConfig& config, const model::Backend& backend) {
   PlannerLimits limits;
-  limits.slots = config.slots;
-  limits.ctx = std::min(config.ctx, backend.max_context());
-  limits.prefill_chunk = config.prefill_chunk;
-  limits.queue_limit = config.queue_limit;
+  limits.slots = config.slots.count;
+  limits.ctx = std::min(config.slots.ctx, backend.max_context());
+  limits.prefill_chunk = config.slots.prefill_chunk;
+  limits.queue_limit = config.slots.queue_limit;
   limits.vocab_size = backend.hparams().vocab_size;
   return limits;
 }

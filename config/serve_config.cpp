@@ -22,36 +22,38 @@ std::vector<std::string> validate(const ServeConfig& c) {
     if (!ok) errors.push_back(std::move(message));
   };
   std::error_code ec;
-  check(c.model_path.empty() || std::filesystem::is_regular_file(c.model_path, ec),
-        bad("model", c.model_path, "an existing GGUF file"));
-  check(c.backend == "cpu" || c.backend == "cuda" || c.backend == "auto", bad("backend", c.backend, "cpu, cuda or auto"));
-  const bool synthetic = !c.synthetic_config.empty();
-  check(!synthetic || std::filesystem::is_regular_file(c.synthetic_config, ec),
-        bad("synthetic", c.synthetic_config, "an existing config.json of a glm5_next shape"));
-  check(!synthetic || c.model_path.empty(),
-        bad("model", c.model_path, "no --model with --synthetic (the weights are made, not read)"));
-  check(!synthetic || c.backend != "cpu",
-        bad("backend", c.backend, "cuda or auto with --synthetic, which makes its weights on the GPU"));
-  check(c.tokenizer_path.empty() || synthetic,
-        bad("tokenizer", c.tokenizer_path, "only with --synthetic (a model file brings its own tokenizer)"));
-  check(c.tokenizer_path.empty() || std::filesystem::exists(c.tokenizer_path, ec),
-        bad("tokenizer", c.tokenizer_path, "an existing GGUF file or Hugging Face tokenizer directory"));
-  check(c.threads <= 4096, bad("threads", c.threads, "0 (every core) or a thread count up to 4096"));
-  check(!c.model_id.empty(), bad("model-id", "''", "a non-empty model name"));
-  check(!c.host.empty(), bad("host", "''", "an IP address or host name to listen on"));
-  check(c.http_threads >= 1 && c.http_threads <= 256, bad("http-threads", c.http_threads, "1 to 256"));
-  check(c.max_body_bytes >= 1024 && c.max_body_bytes <= (1ull << 32),
-        bad("max-body", c.max_body_bytes, "a size between 1KiB and 4GiB"));
-  check(c.sse_queue_limit >= 16, bad("sse-queue-limit", c.sse_queue_limit, "at least 16 events"));
-  check(c.idle_timeout_s > 0 && c.idle_timeout_s <= 86400,
-        bad("idle-timeout", c.idle_timeout_s, "seconds in (0, 86400]"));
-  check(c.slots >= 1 && c.slots <= 256, bad("slots", c.slots, "1 to 256"));
-  check(c.ctx >= 16, bad("ctx", c.ctx, "at least 16 tokens per slot"));
-  check(c.prefill_chunk >= 1, bad("prefill-chunk", c.prefill_chunk, "at least 1 token"));
-  check(c.queue_limit <= 1000000, bad("queue-limit", c.queue_limit, "0 to 1000000 waiting requests"));
-  check(c.retry_after_s >= 1 && c.retry_after_s <= 3600, bad("retry-after", c.retry_after_s, "1 to 3600 seconds"));
-  check(c.drain_timeout_s >= 0 && c.drain_timeout_s <= 86400,
-        bad("drain-timeout", c.drain_timeout_s, "seconds in [0, 86400]"));
+  check(c.model.path.empty() || std::filesystem::is_regular_file(c.model.path, ec),
+        bad("model", c.model.path, "an existing GGUF file"));
+  check(c.devices.backend == "cpu" || c.devices.backend == "cuda" || c.devices.backend == "auto", bad("backend", c.devices.backend, "cpu, cuda or auto"));
+  const bool synthetic = !c.model.synthetic_config.empty();
+  check(!synthetic || std::filesystem::is_regular_file(c.model.synthetic_config, ec),
+        bad("synthetic", c.model.synthetic_config, "an existing config.json of a glm5_next shape"));
+  check(!synthetic || c.model.path.empty(),
+        bad("model", c.model.path, "no --model with --synthetic (the weights are made, not read)"));
+  check(!synthetic || c.devices.backend != "cpu",
+        bad("backend", c.devices.backend, "cuda or auto with --synthetic, which makes its weights on the GPU"));
+  check(c.model.tokenizer_path.empty() || synthetic,
+        bad("tokenizer", c.model.tokenizer_path, "only with --synthetic (a model file brings its own tokenizer)"));
+  check(c.model.tokenizer_path.empty() || std::filesystem::exists(c.model.tokenizer_path, ec),
+        bad("tokenizer", c.model.tokenizer_path, "an existing GGUF file or Hugging Face tokenizer directory"));
+  check(c.devices.threads <= 4096, bad("threads", c.devices.threads, "0 (every core) or a thread count up to 4096"));
+  check(!c.model.id.empty(), bad("model-id", "''", "a non-empty model name"));
+  check(!c.server.host.empty(), bad("host", "''", "an IP address or host name to listen on"));
+  check(c.server.http_threads >= 1 && c.server.http_threads <= 256, bad("http-threads", c.server.http_threads, "1 to 256"));
+  check(c.server.max_body_bytes >= 1024 && c.server.max_body_bytes <= (1ull << 32),
+        bad("max-body", c.server.max_body_bytes, "a size between 1KiB and 4GiB"));
+  check(c.server.sse_queue_limit >= 16, bad("sse-queue-limit", c.server.sse_queue_limit, "at least 16 events"));
+  check(c.server.idle_timeout_s > 0 && c.server.idle_timeout_s <= 86400,
+        bad("idle-timeout", c.server.idle_timeout_s, "seconds in (0, 86400]"));
+  check(c.slots.count >= 1 && c.slots.count <= 256, bad("slots", c.slots.count, "1 to 256"));
+  check(c.slots.ctx >= 16, bad("ctx", c.slots.ctx, "at least 16 tokens per slot"));
+  check(c.slots.prefill_chunk >= 1, bad("prefill-chunk", c.slots.prefill_chunk, "at least 1 token"));
+  check(c.slots.queue_limit <= 1000000, bad("queue-limit", c.slots.queue_limit, "0 to 1000000 waiting requests"));
+  check(c.slots.retry_after_s >= 1 && c.slots.retry_after_s <= 3600, bad("retry-after", c.slots.retry_after_s, "1 to 3600 seconds"));
+  check(c.server.drain_timeout_s >= 0 && c.server.drain_timeout_s <= 86400,
+        bad("drain-timeout", c.server.drain_timeout_s, "seconds in [0, 86400]"));
+  check(c.devices.split.micro_batches <= 64,
+        bad("micro-batches", c.devices.split.micro_batches, "0 (one per device) to 64"));
   const SamplingDefaults& s = c.sampling;
   check(std::isfinite(s.temperature) && s.temperature >= 0 && s.temperature <= 2,
         bad("temperature", s.temperature, "a number in [0, 2]"));

@@ -190,7 +190,7 @@ void on_finished(bridge_pointer self, const RequestFinished& done) {
   usage.usage.completion_tokens = st.stream->tokens();  // what the client saw, up to a stop string
   if (st.client_gone) return;
   if (!ok && !st.events_started) {
-    send_error(*self->state.job.channel, error_for(done.cause, done.message, ctx.config.retry_after_s));
+    send_error(*self->state.job.channel, error_for(done.cause, done.message, ctx.config.slots.retry_after_s));
     return;
   }
   if (!st.options.stream) {
@@ -292,7 +292,7 @@ actors::bridge_actor::behavior_type bridge(bridge_pointer self, BridgeJob job) {
   st.options = st.chat ? std::get<ChatRequest>(st.job.request).options
                        : std::get<CompletionRequest>(st.job.request).options;
   st.response_id = (st.chat ? "chatcmpl-" : "cmpl-") + std::to_string(st.job.id);
-  if (st.options.model.empty()) st.options.model = st.job.context->config.model_id;
+  if (st.options.model.empty()) st.options.model = st.job.context->config.model.id;
 
   // A bug or an allocation failure while handling this request must still answer its client; the
   // scheduler sees the bridge go down and cancels the request.

@@ -159,10 +159,10 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void do_read() {
     parser_.emplace();
-    parser_->body_limit(ctx_->config.max_body_bytes);
+    parser_->body_limit(ctx_->config.server.max_body_bytes);
     parser_->header_limit(64 * 1024);
     stream_.expires_after(std::chrono::duration_cast<std::chrono::milliseconds>(
-        std::chrono::duration<double>(ctx_->config.idle_timeout_s)));
+        std::chrono::duration<double>(ctx_->config.server.idle_timeout_s)));
     bhttp::async_read(stream_, buffer_, *parser_,
                       [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
   }
@@ -179,7 +179,7 @@ class Session : public std::enable_shared_from_this<Session> {
       ApiError e;
       if (ec == bhttp::error::body_limit) {
         e = invalid_field("", "the request body is larger than the limit of " +
-                                  std::to_string(ctx_->config.max_body_bytes) + " bytes (--max-body)",
+                                  std::to_string(ctx_->config.server.max_body_bytes) + " bytes (--max-body)",
                           "body_too_large");
         e.status = 413;
       } else if (ec == bhttp::error::header_limit) {
@@ -207,7 +207,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   std::shared_ptr<Exchange> start_exchange(HttpMetrics::Endpoint endpoint) {
     stream_.expires_never();  // a request may take long; writes re-arm the timer
-    auto ex = std::make_shared<Exchange>(shared_from_this(), ctx_->config.sse_queue_limit);
+    auto ex = std::make_shared<Exchange>(shared_from_this(), ctx_->config.server.sse_queue_limit);
     exchange_ = ex;  // weak: whoever answers (the router's post, a bridge) holds it
     endpoint_ = endpoint;
     started_ = done_ = false;
@@ -259,7 +259,7 @@ class Session : public std::enable_shared_from_this<Session> {
     std::vector<net::const_buffer> buffers;
     for (const auto& p : writing_) buffers.emplace_back(net::buffer(p.bytes));
     stream_.expires_after(std::chrono::duration_cast<std::chrono::milliseconds>(
-        std::chrono::duration<double>(ctx_->config.idle_timeout_s)));
+        std::chrono::duration<double>(ctx_->config.server.idle_timeout_s)));
     net::async_write(stream_, buffers, [self = shared_from_this()](beast::error_code ec, size_t) { self->on_write(ec); });
   }
 

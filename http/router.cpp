@@ -29,12 +29,12 @@ std::optional<ApiError> not_serving(const ServerContext& ctx) {
     case ServerPhase::ready: return std::nullopt;
     case ServerPhase::loading: {
       ApiError e = make_error(503, "server_error", "model_loading", "the model is still loading (GET /health shows progress)");
-      e.retry_after_s = ctx.config.retry_after_s;
+      e.retry_after_s = ctx.config.slots.retry_after_s;
       return e;
     }
     case ServerPhase::draining: {
       ApiError e = make_error(503, "server_error", "shutting_down", "the server is shutting down");
-      e.retry_after_s = ctx.config.retry_after_s;
+      e.retry_after_s = ctx.config.slots.retry_after_s;
       return e;
     }
     case ServerPhase::load_failed:
@@ -49,7 +49,7 @@ bool has_engine(const ServerContext& ctx) {
 }
 
 bool authorized(const ServerContext& ctx, const std::string& header) {
-  const std::string& key = ctx.config.api_key;
+  const std::string& key = ctx.config.server.api_key;
   if (key.empty()) return true;
   const std::string prefix = "Bearer ";
   if (header.size() != prefix.size() + key.size() || header.compare(0, prefix.size(), prefix) != 0) return false;
@@ -93,9 +93,9 @@ void generate(const Context& ctx, const HttpRequest& req, const Channel& channel
     request = std::move(std::get<CompletionRequest>(parsed));
   }
   const std::string& model = std::visit([](const auto& r) -> const std::string& { return r.options.model; }, request);
-  if (!model.empty() && model != ctx->config.model_id) {
+  if (!model.empty() && model != ctx->config.model.id) {
     ApiError e = make_error(404, "invalid_request_error", "model_not_found",
-                       "model '" + model + "' is not served here; this server serves '" + ctx->config.model_id + "'");
+                       "model '" + model + "' is not served here; this server serves '" + ctx->config.model.id + "'");
     e.param = "model";
     return send_error(*channel, e);
   }
@@ -136,7 +136,7 @@ void health(const Context& ctx, const Channel& channel) {
             [ctx, channel](actors::EngineSnapshot& snap) {
               HealthReport r;
               r.backend = ctx->backend_name;
-              r.synthetic = !ctx->config.synthetic_config.empty();
+              r.synthetic = !ctx->config.model.synthetic_config.empty();
               r.slots_total = static_cast<uint32_t>(snap.slots.size());
               for (const auto& s : snap.slots) r.slots_idle += s.busy ? 0 : 1;
               r.queued = snap.queued;
@@ -225,7 +225,7 @@ void cancel(const Context& ctx, std::string_view id_text, const Channel& channel
 HealthReport loading_report(const ServerContext& ctx) {
   HealthReport r;
   r.status = "loading";
-  r.synthetic = !ctx.config.synthetic_config.empty();
+  r.synthetic = !ctx.config.model.synthetic_config.empty();
   r.bytes_done = ctx.progress.bytes_done.load();
   r.bytes_total = ctx.progress.bytes_total.load();
   const int64_t started = ctx.progress.started_ns.load();
@@ -281,9 +281,9 @@ Endpoint route(const Context& ctx, HttpRequest req, const Channel& channel) {
         method_not_allowed("GET");
         return endpoint;
       }
-      ModelList list{ctx->config.model_id, ctx->started_unix,
-                     has_engine(*ctx) ? ctx->engine.limits.ctx : ctx->config.ctx, ctx->config.synthetic_config,
-                     ctx->config.synthetic_type};
+      ModelList list{ctx->config.model.id, ctx->started_unix,
+                     has_engine(*ctx) ? ctx->engine.limits.ctx : ctx->config.slots.ctx, ctx->config.model.synthetic_config,
+                     ctx->config.model.synthetic_type};
       channel->send_json(200, to_json(list));
       return endpoint;
     }

@@ -42,9 +42,9 @@ class SchedulerActorTest : public ::testing::Test {
   void start(uint32_t slots = 2, uint32_t queue = 4, uint32_t chunk = 4) {
     backend = std::make_shared<ScriptedBackend>(slots, 128);
     ferry::config::ServeConfig config;
-    config.slots = slots;
-    config.queue_limit = queue;
-    config.prefill_chunk = chunk;
+    config.slots.count = slots;
+    config.slots.queue_limit = queue;
+    config.slots.prefill_chunk = chunk;
     engine = spawn_engine(sys, config, backend);
   }
 

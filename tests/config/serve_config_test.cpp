@@ -8,18 +8,18 @@ using ferry::config::validate;
 TEST(ServeConfig, DefaultsAreValid) {
   const ServeConfig c;
   EXPECT_TRUE(validate(c).empty());
-  EXPECT_EQ(c.host, "127.0.0.1");
-  EXPECT_EQ(c.port, 9527);
-  EXPECT_EQ(c.slots, 3u);
-  EXPECT_EQ(c.ctx, 524288u);
-  EXPECT_EQ(c.prefill_chunk, 4096u);
-  EXPECT_EQ(c.model_id, "glm-5.3-flash");
+  EXPECT_EQ(c.server.host, "127.0.0.1");
+  EXPECT_EQ(c.server.port, 9527);
+  EXPECT_EQ(c.slots.count, 3u);
+  EXPECT_EQ(c.slots.ctx, 524288u);
+  EXPECT_EQ(c.slots.prefill_chunk, 4096u);
+  EXPECT_EQ(c.model.id, "glm-5.3-flash");
 }
 
 TEST(ServeConfig, EachProblemNamesTheOptionAndTheValue) {
   ServeConfig c;
-  c.slots = 0;
-  c.backend = "tpu";
+  c.slots.count = 0;
+  c.devices.backend = "tpu";
   c.sampling.top_p = 0;
   const auto errors = validate(c);
   ASSERT_EQ(errors.size(), 3u);
@@ -30,11 +30,11 @@ TEST(ServeConfig, EachProblemNamesTheOptionAndTheValue) {
 
 TEST(ServeConfig, SyntheticWeightsNeedAConfigTheGpuAndNoModelFile) {
   ServeConfig c;
-  c.synthetic_config = FERRY_SOURCE_DIR "/tests/fixtures/glm5/serve_tiny/config.json";
-  c.backend = "cuda";
+  c.model.synthetic_config = FERRY_SOURCE_DIR "/tests/fixtures/glm5/serve_tiny/config.json";
+  c.devices.backend = "cuda";
   EXPECT_TRUE(validate(c).empty());
-  c.backend = "cpu";
-  c.model_path = FERRY_SOURCE_DIR "/tests/fixtures/glm5/serve_tiny/config.json";
+  c.devices.backend = "cpu";
+  c.model.path = FERRY_SOURCE_DIR "/tests/fixtures/glm5/serve_tiny/config.json";
   auto errors = validate(c);
   ASSERT_EQ(errors.size(), 2u);
   EXPECT_EQ(errors[0], "--model = " FERRY_SOURCE_DIR
@@ -42,15 +42,15 @@ TEST(ServeConfig, SyntheticWeightsNeedAConfigTheGpuAndNoModelFile) {
                        "weights are made, not read)");
   EXPECT_EQ(errors[1], "--backend = cpu: expected cuda or auto with --synthetic, which makes its weights on the GPU");
   c = ServeConfig{};
-  c.synthetic_config = "/nonexistent/config.json";
-  c.tokenizer_path = "/nonexistent/tokenizer";
-  c.backend = "auto";
+  c.model.synthetic_config = "/nonexistent/config.json";
+  c.model.tokenizer_path = "/nonexistent/tokenizer";
+  c.devices.backend = "auto";
   errors = validate(c);
   ASSERT_EQ(errors.size(), 2u);
   EXPECT_NE(errors[0].find("--synthetic = /nonexistent/config.json: expected an existing config.json"), std::string::npos);
   EXPECT_NE(errors[1].find("--tokenizer = /nonexistent/tokenizer"), std::string::npos);
   c = ServeConfig{};
-  c.tokenizer_path = FERRY_SOURCE_DIR "/tests/fixtures/glm5/serve_tiny/config.json";
+  c.model.tokenizer_path = FERRY_SOURCE_DIR "/tests/fixtures/glm5/serve_tiny/config.json";
   errors = validate(c);
   ASSERT_EQ(errors.size(), 1u);
   EXPECT_NE(errors[0].find("only with --synthetic"), std::string::npos);

@@ -74,9 +74,9 @@ class BridgeTest : public ::testing::Test {
  protected:
   BridgeTest() : sys(configure(cfg)), sched(dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler())) {
     auto context = std::make_shared<ServerContext>();
-    context->config.slots = 1;
-    context->config.queue_limit = 1;
-    context->config.retry_after_s = 7;
+    context->config.slots.count = 1;
+    context->config.slots.queue_limit = 1;
+    context->config.slots.retry_after_s = 7;
     context->config.sampling.max_tokens = 6;
     context->system = &sys;
     context->tokenizer = test_tokenizer();

@@ -82,3 +82,16 @@ def test_synthetic_weights_need_a_gpu_and_say_so_before_listening(ferry_bin, tmp
     assert f"--synthetic = {tmp_path / 'none.json'}" in start_fails(
         ferry_bin, "--synthetic", str(tmp_path / "none.json"), "--backend", "cuda")
     assert "--tokenizer = " in start_fails(ferry_bin, "--tokenizer", SHAPE)
+
+
+def test_toml_sections_name_where_an_option_belongs(ferry_bin, tmp_path):
+    config = tmp_path / "ferry.toml"
+    config.write_text('[model]\nmodel-id = "sectioned"\n[slots]\nslots = 2\n[server]\nport = 0\n')
+    s = FerryServer(ferry_bin, "--config", str(config))
+    try:
+        assert s.client().models.list().data[0].id == "sectioned"
+        assert len(json.loads(s.get("/slots")[1])["slots"]) == 2
+    finally:
+        assert s.stop() == 0
+    config.write_text('[model]\nslots = 2\n')
+    assert "'model.slots' belongs in [slots] or at the top level" in start_fails(ferry_bin, "--config", str(config))

@@ -119,17 +119,17 @@ std::optional<LoadError> preload(const std::string& path, http::LoadProgress& pr
 
 gpu::BackendOptions backend_options(const config::ServeConfig& config) {
   gpu::BackendOptions options;
-  options.kind = config.backend;
-  options.threads = config.threads;
-  options.max_slots = config.slots;
-  options.max_step_rows = config.prefill_chunk + config.slots;  // one chunk + a decode row per slot
+  options.kind = config.devices.backend;
+  options.threads = config.devices.threads;
+  options.max_slots = config.slots.count;
+  options.max_step_rows = config.slots.prefill_chunk + config.slots.count;  // one chunk + a decode row per slot
   return options;
 }
 
 }  // namespace
 
 std::variant<std::string, LoadError> resolve_model_path(const config::ServeConfig& config) {
-  if (!config.model_path.empty()) return config.model_path;
+  if (!config.model.path.empty()) return config.model.path;
   const auto bytes = default_model_bytes();
   if (bytes.empty()) {
     return LoadError{
@@ -171,23 +171,23 @@ std::variant<LoadedModel, LoadError> load_model(const std::string& path, const c
 }
 
 std::variant<SyntheticSource, LoadError> read_synthetic_source(const config::ServeConfig& config) {
-  auto hparams = model::glm5_hparams_from_hf_config_file(config.synthetic_config);
-  if (!hparams) return LoadError{"--synthetic " + config.synthetic_config + ": " + hparams.error()};
-  const auto type = model::ggml_type_from_name(config.synthetic_type);
-  if (!type) return LoadError{"--type '" + config.synthetic_type + "' is not a ggml type name (q4_k, q8_0, f16, ...)"};
+  auto hparams = model::glm5_hparams_from_hf_config_file(config.model.synthetic_config);
+  if (!hparams) return LoadError{"--synthetic " + config.model.synthetic_config + ": " + hparams.error()};
+  const auto type = model::ggml_type_from_name(config.model.synthetic_type);
+  if (!type) return LoadError{"--type '" + config.model.synthetic_type + "' is not a ggml type name (q4_k, q8_0, f16, ...)"};
   return SyntheticSource{hparams.value(), *type};
 }
 
 std::variant<LoadedModel, LoadError> load_synthetic(const SyntheticSource& source, const config::ServeConfig& config) {
   const uint32_t vocab = source.hparams.vocab_size;
-  auto tokenizer = config.tokenizer_path.empty() ? model::placeholder_tokenizer(vocab)
-                                                 : model::load_tokenizer(std::filesystem::path(config.tokenizer_path));
-  if (!tokenizer) return LoadError{"--tokenizer " + config.tokenizer_path + ": " + tokenizer.error().message};
+  auto tokenizer = config.model.tokenizer_path.empty() ? model::placeholder_tokenizer(vocab)
+                                                 : model::load_tokenizer(std::filesystem::path(config.model.tokenizer_path));
+  if (!tokenizer) return LoadError{"--tokenizer " + config.model.tokenizer_path + ": " + tokenizer.error().message};
   if (tokenizer->vocab_size() > vocab) {
-    return LoadError{"--tokenizer " + config.tokenizer_path + " has " + std::to_string(tokenizer->vocab_size()) +
-                     " tokens, more than the " + std::to_string(vocab) + " of --synthetic " + config.synthetic_config};
+    return LoadError{"--tokenizer " + config.model.tokenizer_path + " has " + std::to_string(tokenizer->vocab_size()) +
+                     " tokens, more than the " + std::to_string(vocab) + " of --synthetic " + config.model.synthetic_config};
   }
-  auto backend = gpu::open_synthetic_backend(source.hparams, source.type, config.synthetic_seed, backend_options(config));
+  auto backend = gpu::open_synthetic_backend(source.hparams, source.type, config.model.synthetic_seed, backend_options(config));
   if (!backend) return LoadError{backend.error()};
   LoadedModel loaded;
   loaded.tokenizer = std::make_shared<const model::Tokenizer>(std::move(tokenizer.value()));

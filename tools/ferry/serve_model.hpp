@@ -26,7 +26,7 @@ struct LoadError {
   std::string message;
 };
 
-// The file to serve: `config.model_path`, or the embedded default model written to an in-memory
+// The file to serve: `config.model.path`, or the embedded default model written to an in-memory
 // file; an error when neither exists.
 std::variant<std::string, LoadError> resolve_model_path(const config::ServeConfig& config);
 

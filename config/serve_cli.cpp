@@ -1,0 +1,136 @@
+#include "config/serve_cli.hpp"
+
+#include <algorithm>
+#include <cctype>
+
+#include "config/byte_size.hpp"
+
+namespace ferry::config {
+
+template <class T>
+CLI::Option* ServeCli::add(const char* section, const std::string& name, T& value, const std::string& help) {
+  sections_[name] = section;
+  std::string group = section;
+  group[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(group[0])));
+  return cmd_.add_option("--" + name, value, help)->group(group);
+}
+
+ServeCli::ServeCli(CLI::App& cmd) : cmd_(cmd) {
+  ServeConfig& c = config_;
+  max_body_ = format_byte_size(c.server.max_body_bytes);
+  cmd.add_option("--config", config_file_,
+                 "TOML file setting any of these options by name, at the top level or in its section "
+                 "([server] port = 9527); the command line wins over it")
+      ->check(CLI::ExistingFile);
+
+  add("model", "model", c.model.path, "GGUF model file (default: the small model embedded in ferry)");
+  add("model", "model-id", c.model.id, "model name in the API")->capture_default_str();
+  add("model", "synthetic", c.model.synthetic_config,
+      "config.json of a glm5_next shape: serve deterministic pseudo-random weights of it, made on the GPU "
+      "(speed and memory only; the answers mean nothing)");
+  add("model", "type", c.model.synthetic_type, "ggml type of the synthetic weights' large matrices")
+      ->capture_default_str();
+  add("model", "synthetic-seed", c.model.synthetic_seed, "seed of the synthetic weights")->capture_default_str();
+  add("model", "tokenizer", c.model.tokenizer_path,
+      "with --synthetic: a GGUF file or Hugging Face tokenizer directory to read text with (default: a "
+      "placeholder where ids 0-255 are bytes and id N >= 256 is the text <|tN|>)");
+
+  add("devices", "backend", c.devices.backend, "compute backend: cpu, cuda, or auto (cuda when there is a GPU)")
+      ->capture_default_str();
+  add("devices", "threads", c.devices.threads, "CPU backend threads (0: every core)")->capture_default_str();
+  add("devices", "devices", devices_, "CUDA devices the stages run on, e.g. 0,1,2,3 (default: 0)");
+  add("devices", "split", split_,
+      "pipeline stages: the first layer of each stage after the first (11,23,34 = four stages), auto (one "
+      "stage per device, of about equal weight bytes) or none")
+      ->capture_default_str();
+  add("devices", "micro-batches", c.devices.split.micro_batches,
+      "decode micro-batches kept in flight through the stages (0: one per device in use)")
+      ->capture_default_str();
+
+  add("slots", "slots", c.slots.count, "concurrent requests")->capture_default_str();
+  add("slots", "ctx", c.slots.ctx, "tokens per slot, prompt + completion")->capture_default_str();
+  add("slots", "prefill-chunk", c.slots.prefill_chunk, "prompt tokens per step")->capture_default_str();
+  add("slots", "queue-limit", c.slots.queue_limit, "requests waiting for a slot before 429")->capture_default_str();
+  add("slots", "retry-after", c.slots.retry_after_s, "seconds, sent as Retry-After with 429 and 503")
+      ->capture_default_str();
+
+  add("server", "host", c.server.host, "address to listen on")->capture_default_str();
+  add("server", "port", c.server.port, "port to listen on (0: any free port)")->capture_default_str();
+  add("server", "api-key", c.server.api_key, "require 'Authorization: Bearer KEY' (also $FERRY_API_KEY)")
+      ->envname("FERRY_API_KEY");
+  add("server", "http-threads", c.server.http_threads, "threads running HTTP connections")->capture_default_str();
+  add("server", "max-body", max_body_, "largest request body (e.g. 16MiB)")->capture_default_str();
+  add("server", "sse-queue-limit", c.server.sse_queue_limit,
+      "SSE events a client may leave unread before it is dropped")
+      ->capture_default_str();
+  add("server", "idle-timeout", c.server.idle_timeout_s, "seconds a connection may stay silent")
+      ->capture_default_str();
+  add("server", "drain-timeout", c.server.drain_timeout_s, "seconds running requests get to finish at shutdown")
+      ->capture_default_str();
+
+  add("sampling", "temperature", c.sampling.temperature, "default sampling temperature (0: greedy)")
+      ->capture_default_str();
+  add("sampling", "top-p", c.sampling.top_p, "default top-p")->capture_default_str();
+  add("sampling", "top-k", c.sampling.top_k, "default top-k (0: off)")->capture_default_str();
+  add("sampling", "min-p", c.sampling.min_p, "default min-p (0: off)")->capture_default_str();
+  add("sampling", "max-tokens", c.sampling.max_tokens, "completion tokens when a request sets no limit")
+      ->capture_default_str();
+
+  cmd.add_option("--inject-fault", c.inject_fault,
+                 "test hook: fail one step as a device would, STEP:STAGE:CODE (e.g. 3:0:device_error)")
+      ->group("");
+}
+
+// CLI11 reads config files for the top-level app only, so the serve options take the TOML file
+// here: each key must name an option of `ferry serve` (in its own section, if in one); one given on
+// the command line keeps its value.
+std::vector<std::string> ServeCli::apply_config_file(const std::string& path) {
+  std::vector<std::string> errors;
+  std::vector<CLI::ConfigItem> items;
+  try {
+    items = CLI::ConfigTOML().from_file(path);
+  } catch (const CLI::Error& e) {
+    return {"--config " + path + ": " + e.what()};
+  }
+  for (const CLI::ConfigItem& item : items) {
+    if (item.name == "++" || item.name == "--") continue;  // a table opens or closes
+    std::string name = item.name;
+    std::replace(name.begin(), name.end(), '_', '-');
+    CLI::Option* option = cmd_.get_option_no_throw("--" + name);
+    const auto section = sections_.find(name);
+    if (option == nullptr || section == sections_.end()) {
+      errors.push_back("--config " + path + ": unknown option '" + item.fullname() + "' (see ferry serve --help)");
+      continue;
+    }
+    if (item.parents.size() > 1 || (item.parents.size() == 1 && item.parents[0] != section->second)) {
+      errors.push_back("--config " + path + ": '" + item.fullname() + "' belongs in [" + section->second +
+                       "] or at the top level");
+      continue;
+    }
+    if (option->count() > 0) continue;
+    try {
+      option->add_result(item.inputs);
+      option->run_callback();
+    } catch (const CLI::Error& e) {
+      errors.push_back("--config " + path + ": " + item.fullname() + ": " + e.what());
+    }
+  }
+  return errors;
+}
+
+std::vector<std::string> ServeCli::finish() {
+  std::vector<std::string> errors;
+  if (!config_file_.empty()) errors = apply_config_file(config_file_);
+  if (!errors.empty()) return errors;
+  auto body_limit = parse_byte_size(max_body_);
+  if (auto* e = std::get_if<ByteSizeError>(&body_limit)) errors.push_back("--max-body: " + e->message);
+  else config_.server.max_body_bytes = std::get<uint64_t>(body_limit);
+  if (auto e = parse_split(split_, config_.devices.split)) errors.push_back(e->message);
+  if (!devices_.empty()) {
+    if (auto e = parse_devices(devices_, config_.devices.split)) errors.push_back(e->message);
+  }
+  for (auto& e : validate(config_)) errors.push_back(std::move(e));
+  return errors;
+}
+
+}  // namespace ferry::config
