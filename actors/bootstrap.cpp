@@ -8,28 +8,50 @@
 
 namespace ferry::actors {
 
-PlannerLimits planner_limits(const config::ServeConfig& config, const model::Backend& backend) {
+PlannerLimits planner_limits(const config::ServeConfig& config, const model::Pipeline& pipeline) {
   PlannerLimits limits;
   limits.slots = config.slots.count;
-  limits.ctx = std::min(config.slots.ctx, backend.max_context());
+  limits.ctx = std::min(config.slots.ctx, pipeline.max_context());
   limits.prefill_chunk = config.slots.prefill_chunk;
   limits.queue_limit = config.slots.queue_limit;
-  limits.vocab_size = backend.hparams().vocab_size;
+  limits.vocab_size = pipeline.hparams().vocab_size;
+  limits.max_in_flight = static_cast<uint32_t>(pipeline.stages().size());
+  const config::StageSplit& split = config.devices.split;
+  limits.micro_batches = split.micro_batches != 0
+                             ? split.micro_batches
+                             : static_cast<uint32_t>(config::distinct_devices(split, pipeline.stages().size()));
   return limits;
 }
 
-Engine spawn_engine(caf::actor_system& system, const config::ServeConfig& config,
-                    std::shared_ptr<model::Backend> backend) {
+Engine spawn_engine(caf::actor_system& system, const config::ServeConfig& config, const model::Pipeline& pipeline,
+                    bool detached_stages) {
   Engine engine;
-  engine.limits = planner_limits(config, *backend);
-  engine.stage = system.spawn(stage, std::move(backend));
-  engine.scheduler = system.spawn(scheduler, engine.limits, engine.stage);
+  engine.limits = planner_limits(config, pipeline);
+  const auto& stages = pipeline.stages();
+  engine.stages.resize(stages.size());
+  std::optional<stage_actor> next;
+  for (size_t i = stages.size(); i-- > 0;) {
+    const auto index = static_cast<uint32_t>(i);
+    engine.stages[i] = detached_stages ? system.spawn<caf::detached>(stage, stages[i], index, next, config.inject_fault)
+                                       : system.spawn(stage, stages[i], index, next, config.inject_fault);
+    next = engine.stages[i];
+  }
+  std::vector<StageStatus> statuses(stages.size());
+  for (size_t i = 0; i < stages.size(); ++i) {
+    statuses[i].index = static_cast<uint32_t>(i);
+    statuses[i].layers = model::describe_layers(stages[i]->layers());
+    statuses[i].backend = stages[i]->describe();
+  }
+  engine.scheduler = system.spawn(scheduler, engine.limits, engine.stages.front(), std::move(statuses));
   return engine;
 }
 
+void stop_engine(const Engine& engine) {
+  caf::anon_send_exit(engine.scheduler, caf::exit_reason::user_shutdown);
+  for (const stage_actor& s : engine.stages) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+}
+
 void configure_actor_system(caf::actor_system_config& cfg) {
-  // One worker may sit in a backend step for its whole length; the rest serve the scheduler, the
-  // bridges and the admin handlers.
   const size_t workers = std::clamp<size_t>(std::thread::hardware_concurrency(), 4, 16);
   cfg.set("scheduler.max-threads", workers);
   // Workers of the sharing policy block on one queue's condition variable: an idle server sleeps

@@ -1,31 +1,39 @@
 #pragma once
-// Spawns the engine graph of a run from its configuration: the stage actor owning the backend, and
-// the scheduler that drives it. HTTP bridges attach to the scheduler.
+// Spawns the engine graph of a run from its configuration: one stage actor per stage of the model's
+// pipeline (each on a thread of its own, so that they work on different steps at once), chained from
+// the first to the last, and the scheduler that drives them. HTTP bridges attach to the scheduler.
 #include <caf/all.hpp>
 
 #include <memory>
+#include <vector>
 
 #include "actors/protocol.hpp"
 #include "actors/step_planner.hpp"
 #include "config/serve_config.hpp"
-#include "model/backend.hpp"
+#include "model/pipeline.hpp"
 
 namespace ferry::actors {
 
 struct Engine {
   scheduler_actor scheduler;
-  stage_actor stage;
-  PlannerLimits limits;  // as effective: ctx clamped to what the backend can hold
+  std::vector<stage_actor> stages;  // in pipeline order
+  PlannerLimits limits;             // as effective
 };
 
-// The scheduler's limits from the configuration and what the backend supports.
-PlannerLimits planner_limits(const config::ServeConfig& config, const model::Backend& backend);
+// The scheduler's limits from the configuration and the pipeline: one step in flight per stage, one
+// decode micro-batch per device in use unless --micro-batches says otherwise.
+PlannerLimits planner_limits(const config::ServeConfig& config, const model::Pipeline& pipeline);
 
-Engine spawn_engine(caf::actor_system& system, const config::ServeConfig& config,
-                    std::shared_ptr<model::Backend> backend);
+// Stage actors run detached (a thread each); `detached_stages` false puts them on the actor system's
+// scheduler like any actor, for the deterministic test scheduler.
+Engine spawn_engine(caf::actor_system& system, const config::ServeConfig& config, const model::Pipeline& pipeline,
+                    bool detached_stages = true);
 
-// Actor system settings for a server: enough scheduler workers that a stage blocked in a step leaves
-// the scheduler and the bridges running.
+// Ends every actor of the engine (shutdown).
+void stop_engine(const Engine& engine);
+
+// Actor system settings for a server: scheduler workers for the scheduler, the bridges and the admin
+// handlers (the stages run on threads of their own).
 void configure_actor_system(caf::actor_system_config& cfg);
 
 }  // namespace ferry::actors

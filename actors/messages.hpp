@@ -1,17 +1,20 @@
 #pragma once
 // Every message type of the engine, in one place (STYLE rule 2). The structs are plain data with CAF
-// 0.17 `inspect` overloads (so they may cross a host later); this header includes no CAF so that the
+// 0.17 `inspect` overloads (so they may cross a host later), except StageWork, which carries a stage's
+// hand-off and stays on its host; this header includes no CAF so that the
 // policy classes (step planner, lifecycle) can use the same types without the actor runtime. The atoms
 // that tag messages and the typed actor interfaces are in actors/protocol.hpp.
 //
 // The engine speaks token ids only (STYLE rule 8): text, templates, stop strings and the output
 // parser live in the HTTP bridge.
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "actors/request_lifecycle.hpp"
-#include "model/backend.hpp"
+#include "config/expected.hpp"
+#include "model/stage.hpp"
 
 namespace ferry::model {
 
@@ -112,13 +115,35 @@ struct RequestFinished {
   RequestTimings timings;
 };
 
-// ---- scheduler <-> stage ------------------------------------------------------------------------
+// ---- scheduler <-> stages ----------------------------------------------------------------------
 
-// One step: slots to forget first, then every slot's rows through the model.
+// One step: slots to forget first, then every slot's rows through the model's stages.
 struct StepPlan {
   uint64_t step = 0;
   std::vector<uint32_t> reset_slots;
   std::vector<model::SlotRows> rows;
+};
+
+// What a stage publishes with every step it passes on: who it is and what it has done.
+struct StageStatus {
+  uint32_t index = 0;
+  std::string layers;    // "layers 0-10"
+  std::string backend;   // Stage::describe()
+  bool failed = false;
+  std::string failure;   // the error that ended the stage, when failed
+  uint64_t steps = 0;
+  uint64_t rows = 0;
+  uint64_t handoff_bytes = 0;
+  double handoff_ms = 0;
+  double compute_ms = 0;
+};
+
+// A step on its way down the pipeline: the plan, the previous stage's output, and the statuses of
+// the stages it passed. Local only: it holds the hand-off, which names device memory of this host.
+struct StageWork {
+  std::shared_ptr<const StepPlan> plan;
+  std::shared_ptr<const model::Handoff> handoff;  // null into stage 0
+  std::vector<StageStatus> stages;
 };
 
 struct SampledToken {
@@ -129,15 +154,10 @@ struct SampledToken {
 struct StepOutcome {
   uint64_t step = 0;
   std::vector<SampledToken> sampled;  // one per row that asked to sample, in row order
-  double compute_ms = 0;
-  std::string error;  // non-empty: the backend failed this step; `sampled` is empty
-};
-
-struct StageStatus {
-  std::string backend;   // Backend::describe()
-  bool failed = false;
-  std::string failure;   // the backend's error, when failed
-  uint64_t steps = 0;
+  std::string error;                  // non-empty: a stage failed this step; `sampled` is empty
+  ErrorCode code = ErrorCode::internal;
+  bool stage_dead = false;            // the error ended the stage: nothing more can run
+  std::vector<StageStatus> stages;    // of the stages the step reached
 };
 
 // ---- snapshots for /health, /slots, /metrics --------------------------------------------------
@@ -165,6 +185,7 @@ struct HistogramSnapshot {
 
 struct EngineSnapshot {
   std::vector<SlotSnapshot> slots;
+  std::vector<StageStatus> stages;  // as each last reported
   uint32_t queued = 0;
   uint32_t queue_limit = 0;
   bool draining = false;
@@ -236,12 +257,13 @@ typename Inspector::result_type inspect(Inspector& f, SampledToken& x) {
   return f(x.slot, x.token);
 }
 template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, StepOutcome& x) {
-  return f(x.step, x.sampled, x.compute_ms, x.error);
+typename Inspector::result_type inspect(Inspector& f, StageStatus& x) {
+  return f(x.index, x.layers, x.backend, x.failed, x.failure, x.steps, x.rows, x.handoff_bytes, x.handoff_ms,
+           x.compute_ms);
 }
 template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, StageStatus& x) {
-  return f(x.backend, x.failed, x.failure, x.steps);
+typename Inspector::result_type inspect(Inspector& f, StepOutcome& x) {
+  return f(x.step, x.sampled, x.error, x.code, x.stage_dead, x.stages);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SlotSnapshot& x) {
@@ -254,7 +276,7 @@ typename Inspector::result_type inspect(Inspector& f, HistogramSnapshot& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, EngineSnapshot& x) {
-  return f(x.slots, x.queued, x.queue_limit, x.draining, x.failed, x.failure, x.steps, x.prompt_tokens,
+  return f(x.slots, x.stages, x.queued, x.queue_limit, x.draining, x.failed, x.failure, x.steps, x.prompt_tokens,
            x.cached_tokens, x.generated_tokens, x.finished_by_status, x.step_seconds, x.ttft_seconds,
            x.itl_seconds, x.queue_seconds);
 }

@@ -31,42 +31,44 @@ void answer_drained(scheduler_pointer self) {
   st.drain_waiters.clear();
 }
 
-// The step loop (STYLE rule 1): plan -> execute at the stage -> apply -> emit, then again; with
-// nothing planned the actor just waits for its next message.
-void next_step(scheduler_pointer self) {
+// The step loop (STYLE rule 1): plan -> execute down the stages -> apply -> emit. Steps go out while
+// the planner gives them (up to one per stage); each outcome is applied as it comes back and plans
+// again. With nothing to plan the actor just waits for its next message.
+void next_steps(scheduler_pointer self) {
   SchedulerState& st = self->state;
-  EngineEvents started;
-  std::optional<StepPlan> plan = st.planner.plan(Clock::now(), started);
-  deliver(self, std::move(started));
-  if (!plan) {
-    answer_drained(self);
-    return;
+  for (;;) {
+    EngineEvents started;
+    std::optional<StepPlan> plan = st.planner.plan(Clock::now(), started);
+    deliver(self, std::move(started));
+    if (!plan) break;
+    const uint64_t step = plan->step;
+    StageWork work{std::make_shared<const StepPlan>(std::move(*plan)), nullptr, {}};
+    self->request(st.first_stage, caf::infinite, step_atom_v, std::move(work))
+        .then(
+            [self](StepOutcome& outcome) {
+              self->state.stages.note(outcome.stages);
+              deliver(self, self->state.planner.apply(outcome, Clock::now()));
+              next_steps(self);
+            },
+            [self, step](caf::error& err) {
+              StepOutcome lost;
+              lost.step = step;
+              lost.error = "the stage did not answer: " + self->system().render(err);
+              lost.stage_dead = true;
+              deliver(self, self->state.planner.apply(lost, Clock::now()));
+              next_steps(self);
+            });
   }
-  const uint64_t step = plan->step;
-  self->request(st.stage, caf::infinite, step_atom_v, std::move(*plan))
-      .then(
-          [self](StepOutcome& outcome) {
-            deliver(self, self->state.planner.apply(outcome, Clock::now()));
-            next_step(self);
-          },
-          [self, step](caf::error& err) {
-            StepOutcome lost;
-            lost.step = step;
-            lost.error = "the stage did not answer: " + self->system().render(err);
-            deliver(self, self->state.planner.apply(lost, Clock::now()));
-            next_step(self);
-          });
-}
-
-void kick(scheduler_pointer self) {
-  if (!self->state.planner.step_in_flight()) next_step(self);
+  answer_drained(self);
 }
 
 }  // namespace
 
-scheduler_actor::behavior_type scheduler(scheduler_pointer self, PlannerLimits limits, stage_actor stage) {
+scheduler_actor::behavior_type scheduler(scheduler_pointer self, PlannerLimits limits, stage_actor first_stage,
+                                         std::vector<StageStatus> stages) {
   self->state.planner = StepPlanner(limits);
-  self->state.stage = std::move(stage);
+  self->state.first_stage = std::move(first_stage);
+  self->state.stages.statuses = std::move(stages);
   // A sink that dies without cancelling (a crashed bridge) must not keep its slot busy.
   self->set_down_handler([self](const caf::down_msg& down) {
     SchedulerState& st = self->state;
@@ -76,7 +78,7 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self, PlannerLimits l
     st.sink_requests.erase(it);
     st.sinks.erase(id);
     deliver(self, st.planner.cancel(CancelRequest{id, EndCause::client_cancelled}, Clock::now()));
-    kick(self);
+    next_steps(self);
   });
   return {
       [self](submit_atom, GenerateRequest& request, request_sink_actor& sink) {
@@ -89,17 +91,17 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self, PlannerLimits l
           self->monitor(sink);
         }
         for (EngineEvent& e : rejected) std::visit([&](auto& x) { self->send(sink, std::move(x)); }, e);
-        kick(self);
+        next_steps(self);
       },
       [self](const CancelRequest& cancel) {
         deliver(self, self->state.planner.cancel(cancel, Clock::now()));
-        kick(self);
+        next_steps(self);
         answer_drained(self);
       },
       [self](const ReleaseSlot& release) -> ReleaseResult {
         auto [result, events] = self->state.planner.release(release.slot, Clock::now());
         deliver(self, std::move(events));
-        kick(self);
+        next_steps(self);
         return result;
       },
       [self](const DrainRequest& drain) -> caf::typed_response_promise<DrainDone> {
@@ -119,7 +121,11 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self, PlannerLimits l
         deliver(self, self->state.planner.cancel_all(EndCause::drain_deadline, Clock::now()));
         answer_drained(self);
       },
-      [self](snapshot_atom) -> EngineSnapshot { return self->state.planner.snapshot(); },
+      [self](snapshot_atom) -> EngineSnapshot {
+        EngineSnapshot snap = self->state.planner.snapshot();
+        snap.stages = self->state.stages.statuses;
+        return snap;
+      },
   };
 }
 

@@ -1,59 +1,81 @@
 #include "actors/stage_actor.hpp"
 
-#include <chrono>
-#include <exception>
-
 namespace ferry::actors {
+namespace {
 
-StepOutcome run_step(model::Backend& backend, const StepPlan& plan) {
-  StepOutcome outcome;
-  outcome.step = plan.step;
-  const auto begin = std::chrono::steady_clock::now();
-  try {
-    for (uint32_t slot : plan.reset_slots) backend.reset_slot(slot);
-    if (!plan.rows.empty()) {
-      const std::vector<model::SlotResult> results = backend.step(plan.rows);
-      if (results.size() != plan.rows.size()) {
-        outcome.error = "backend returned " + std::to_string(results.size()) + " results for " +
-                        std::to_string(plan.rows.size()) + " rows";
-        return outcome;
-      }
-      for (size_t i = 0; i < results.size(); ++i) {
-        if (plan.rows[i].sample) outcome.sampled.push_back(SampledToken{results[i].slot, results[i].sampled});
-      }
-    }
-  } catch (const std::exception& e) {
-    outcome.sampled.clear();
-    outcome.error = e.what();
-    if (outcome.error.empty()) outcome.error = "unknown backend error";
-  }
-  outcome.compute_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count();
-  return outcome;
+void note_counters(StageStatus& status, const model::Stage& stage) {
+  const model::StageCounters c = stage.counters();
+  status.steps = c.steps;
+  status.rows = c.rows;
+  status.handoff_bytes = c.handoff_bytes;
+  status.handoff_ms = c.handoff_ms;
+  status.compute_ms = c.compute_ms;
 }
 
-stage_actor::behavior_type stage(stage_actor::stateful_pointer<StageState> self,
-                                 std::shared_ptr<model::Backend> backend) {
-  self->state.status.backend = backend->describe();
-  self->state.backend = std::move(backend);
+}  // namespace
+
+Expected<model::StageOutput> run_stage_step(model::Stage& stage, const StepPlan& plan, const model::Handoff* in) {
+  for (uint32_t slot : plan.reset_slots) {
+    if (auto e = stage.reset_slot(slot)) {
+      if (in != nullptr) stage.discard(*in);
+      return *e;
+    }
+  }
+  return stage.run(plan.rows, in);
+}
+
+stage_actor::behavior_type stage(stage_actor::stateful_pointer<StageState> self, std::shared_ptr<model::Stage> stage,
+                                 uint32_t index, std::optional<stage_actor> next, std::optional<config::InjectedFault> fault) {
+  StageState& st = self->state;
+  st.status.index = index;
+  st.status.layers = model::describe_layers(stage->layers());
+  st.status.backend = stage->describe();
+  st.stage = std::move(stage);
+  st.next = std::move(next);
+  st.fault = fault;
   return {
-      // Runs on a scheduler worker for the length of the step: the CPU backend's own threads do the
-      // work; the actor system is configured with workers to spare (actors/bootstrap.cpp).
-      [self](step_atom, const StepPlan& plan) -> StepOutcome {
+      [self](step_atom, StageWork& work) -> caf::result<StepOutcome> {
         StageState& st = self->state;
+        const StepPlan& plan = *work.plan;
+        auto answer_error = [&](const Error& e) {
+          StepOutcome out;
+          out.step = plan.step;
+          out.code = e.code;
+          out.stage_dead = ends_stage(e.code);
+          out.error = "stage " + std::to_string(st.status.index) + " (" + st.status.layers + ", " + st.status.backend +
+                      "): " + e.message;
+          if (out.stage_dead && !st.status.failed) {
+            st.status.failed = true;
+            st.status.failure = out.error;
+          }
+          out.stages = std::move(work.stages);
+          out.stages.push_back(st.status);
+          return out;
+        };
         if (st.status.failed) {
-          StepOutcome refused;
-          refused.step = plan.step;
-          refused.error = st.status.failure;
-          return refused;
+          if (work.handoff) st.stage->discard(*work.handoff);
+          return answer_error(Error(ErrorCode::device_error, st.status.failure));
         }
-        StepOutcome outcome = run_step(*st.backend, plan);
-        ++st.status.steps;
-        if (!outcome.error.empty()) {
-          st.status.failed = true;
-          st.status.failure = outcome.error;
+        if (st.fault && st.fault->step == plan.step && st.fault->stage == st.status.index) {
+          if (work.handoff) st.stage->discard(*work.handoff);
+          return answer_error(Error(st.fault->code, "injected fault (--inject-fault) at step " +
+                                                        std::to_string(plan.step) + ": " +
+                                                        std::string(error_code_name(st.fault->code))));
         }
-        return outcome;
+        auto output = run_stage_step(*st.stage, plan, work.handoff.get());
+        note_counters(st.status, *st.stage);
+        if (!output) return answer_error(output.error());
+        work.stages.push_back(st.status);
+        if (st.next) {
+          return self->delegate(*st.next, step_atom_v, StageWork{work.plan, std::move(output->handoff), std::move(work.stages)});
+        }
+        StepOutcome out;
+        out.step = plan.step;
+        for (size_t i = 0; i < plan.rows.size(); ++i) {
+          if (plan.rows[i].sample) out.sampled.push_back(SampledToken{output->results[i].slot, output->results[i].sampled});
+        }
+        out.stages = std::move(work.stages);
+        return out;
       },
       [self](status_atom) -> StageStatus { return self->state.status; },
   };

@@ -1,23 +1,29 @@
 #pragma once
-// The stage actor: owns a Backend and runs one step per StepPlan message. A backend exception fails
-// that step (the scheduler fails the requests in it) and every later one, with the backend's message;
-// status_atom reports it for /health.
+// The stage actor: owns one model::Stage and runs the steps that reach it, in order, on a thread of
+// its own (spawned detached), so that the stages of a pipeline work on different steps at once. A
+// step goes on to the next stage's actor (the scheduler's request is delegated, so the last stage's
+// answer goes straight back), or is answered here when this stage is the last or fails it. An error
+// that ends the stage (a device error) is answered for this and every later step.
 #include <memory>
+#include <optional>
 
 #include "actors/protocol.hpp"
-#include "model/backend.hpp"
+#include "config/serve_config.hpp"
+#include "model/stage.hpp"
 
 namespace ferry::actors {
 
 struct StageState {
-  std::shared_ptr<model::Backend> backend;
+  std::shared_ptr<model::Stage> stage;
+  std::optional<stage_actor> next;
+  std::optional<config::InjectedFault> fault;
   StageStatus status;
 };
 
-stage_actor::behavior_type stage(stage_actor::stateful_pointer<StageState> self,
-                                 std::shared_ptr<model::Backend> backend);
+stage_actor::behavior_type stage(stage_actor::stateful_pointer<StageState> self, std::shared_ptr<model::Stage> stage,
+                                 uint32_t index, std::optional<stage_actor> next, std::optional<config::InjectedFault> fault);
 
-// The step itself, without the actor: resets, rows through the backend, sampled tokens out.
-StepOutcome run_step(model::Backend& backend, const StepPlan& plan);
+// The step on one stage, without the actor: the plan's resets, then its rows through the stage.
+Expected<model::StageOutput> run_stage_step(model::Stage& stage, const StepPlan& plan, const model::Handoff* in);
 
 }  // namespace ferry::actors

@@ -162,24 +162,40 @@ void StepPlanner::admit_queued(TimePoint now, EngineEvents& events) {
 }
 
 std::optional<StepPlan> StepPlanner::plan(TimePoint now, EngineEvents& events) {
-  if (step_in_flight()) return std::nullopt;
+  if (failed_ || in_flight_.size() >= std::max<uint32_t>(1, limits_.max_in_flight)) return std::nullopt;
   admit_queued(now, events);
   StepPlan plan;
-  plan.step = next_step_++;
+  plan.step = next_step_;
   std::sort(pending_resets_.begin(), pending_resets_.end());
   pending_resets_.erase(std::unique(pending_resets_.begin(), pending_resets_.end()), pending_resets_.end());
   plan.reset_slots = std::move(pending_resets_);
   pending_resets_.clear();
 
+  // The decoding slots free to go, those that waited longest first; a group is at most
+  // ceil(decoding / micro_batches) of them.
   Live* prefill = nullptr;
+  std::vector<std::pair<uint64_t, uint32_t>> ready;  // (last step, slot)
+  size_t decoding = 0;
   for (uint32_t i = 0; i < slots_.size(); ++i) {
-    Slot& slot = slots_[i];
-    if (slot.request == 0) continue;
-    Live& live = live_.at(slot.request);
+    if (slots_[i].request == 0) continue;
+    Live& live = live_.at(slots_[i].request);
     if (live.status == RequestStatus::prefilling) {
-      if (prefill == nullptr || live.admitted_seq < prefill->admitted_seq) prefill = &live;
+      if (!live.in_flight && (prefill == nullptr || live.admitted_seq < prefill->admitted_seq)) prefill = &live;
       continue;
     }
+    ++decoding;
+    if (!live.in_flight) ready.emplace_back(live.last_step, i);
+  }
+  const uint32_t groups = std::max<uint32_t>(1, limits_.micro_batches);
+  const size_t group = (decoding + groups - 1) / groups;
+  std::sort(ready.begin(), ready.end());
+  if (ready.size() > group) ready.resize(group);
+  std::sort(ready.begin(), ready.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+  InFlightStep step;
+  step.planned = now;
+  for (const auto& [last, i] : ready) {
+    Slot& slot = slots_[i];
+    Live& live = live_.at(slot.request);
     model::SlotRows row;
     row.slot = i;
     row.start = static_cast<uint32_t>(slot.held.size());
@@ -187,7 +203,7 @@ std::optional<StepPlan> StepPlanner::plan(TimePoint now, EngineEvents& events) {
     row.sampling = live.request.sampling;
     slot.held.push_back(live.generated.back());
     plan.rows.push_back(std::move(row));
-    in_flight_.push_back(InFlightRow{i, live.request.id, 0, true});
+    step.rows.push_back(InFlightRow{i, live.request.id, 0, true});
   }
   if (prefill != nullptr) {
     const auto index = static_cast<uint32_t>(prefill->slot);
@@ -201,39 +217,53 @@ std::optional<StepPlan> StepPlanner::plan(TimePoint now, EngineEvents& events) {
     row.sample = prefill->prefilled + n == prompt.size();
     row.sampling = prefill->request.sampling;
     slot.held.insert(slot.held.end(), row.tokens.begin(), row.tokens.end());
-    in_flight_.push_back(InFlightRow{index, prefill->request.id, n, row.sample});
+    step.rows.push_back(InFlightRow{index, prefill->request.id, n, row.sample});
     plan.rows.push_back(std::move(row));
   }
   if (plan.rows.empty() && plan.reset_slots.empty()) return std::nullopt;
-  in_flight_resets_only_ = plan.rows.empty();
-  in_flight_step_ = plan.step;
+  for (const InFlightRow& row : step.rows) {
+    Live& live = live_.at(row.request);
+    live.in_flight = true;
+    live.last_step = plan.step;
+  }
+  in_flight_.emplace(plan.step, std::move(step));
+  ++next_step_;
   return plan;
 }
 
+void StepPlanner::mark_landed(const std::vector<InFlightRow>& rows) {
+  for (const InFlightRow& row : rows) {
+    auto it = live_.find(row.request);
+    if (it != live_.end()) it->second.in_flight = false;
+  }
+}
+
 EngineEvents StepPlanner::apply(const StepOutcome& outcome, TimePoint now) {
-  if (!step_in_flight() || outcome.step != in_flight_step_) return {};  // not ours: ignore
-  in_flight_resets_only_ = false;
-  if (!outcome.error.empty()) return fail_step(outcome.error, now);
+  auto found = in_flight_.find(outcome.step);
+  if (found == in_flight_.end()) return {};  // not ours: ignore
+  const InFlightStep step = std::move(found->second);
+  in_flight_.erase(found);
+  mark_landed(step.rows);
+  if (!outcome.error.empty()) return fail_step(step.rows, outcome.error, outcome.stage_dead, now);
   size_t expected = 0;
-  for (const InFlightRow& row : in_flight_) expected += row.sample ? 1 : 0;
+  for (const InFlightRow& row : step.rows) expected += row.sample ? 1 : 0;
   if (outcome.sampled.size() != expected) {
-    return fail_step("the backend returned " + std::to_string(outcome.sampled.size()) + " tokens for " +
+    return fail_step(step.rows,
+                     "the backend returned " + std::to_string(outcome.sampled.size()) + " tokens for " +
                          std::to_string(expected) + " sampling rows",
-                     now);
+                     true, now);
   }
   size_t k = 0;
-  for (const InFlightRow& row : in_flight_) {
+  for (const InFlightRow& row : step.rows) {
     if (row.sample && outcome.sampled[k++].slot != row.slot) {
-      return fail_step("the backend returned tokens out of row order", now);
+      return fail_step(step.rows, "the backend returned tokens out of row order", true, now);
     }
   }
   ++metrics_.steps;
-  metrics_.step_seconds.observe(outcome.compute_ms / 1000.0);
+  metrics_.step_seconds.observe(ms_between(step.planned, now) / 1000.0);
   EngineEvents events;
-  const std::vector<InFlightRow> rows = std::move(in_flight_);
-  in_flight_.clear();
   k = 0;
-  for (const InFlightRow& row : rows) {
+  for (const InFlightRow& row : step.rows) {
     const int32_t token = row.sample ? outcome.sampled[k++].token : -1;
     auto it = live_.find(row.request);
     if (it == live_.end() || it->second.slot != static_cast<int>(row.slot)) continue;  // cancelled meanwhile
@@ -273,18 +303,19 @@ void StepPlanner::take_token(Live& live, int32_t token, TimePoint now, EngineEve
   }
 }
 
-EngineEvents StepPlanner::fail_step(const std::string& error, TimePoint now) {
-  failed_ = true;
-  failure_ = error;
+EngineEvents StepPlanner::fail_step(const std::vector<InFlightRow>& rows, const std::string& error, bool fatal,
+                                    TimePoint now) {
   EngineEvents events;
-  for (const InFlightRow& row : in_flight_) {
+  // The stages that ran the step advanced these slots and the others did not: their state is unknown.
+  for (const InFlightRow& row : rows) {
     slots_[row.slot].needs_reset = true;
     if (live_.count(row.request) == 0) continue;
-    events.push_back(end(row.request, RequestStatus::failed, EndCause::backend_failed,
-                         "the backend failed: " + error, now));
+    events.push_back(end(row.request, RequestStatus::failed, EndCause::backend_failed, "the backend failed: " + error, now));
   }
-  in_flight_.clear();
-  // Nothing else can run on a failed backend: end the waiting and the running requests too.
+  if (!fatal) return events;
+  failed_ = true;
+  failure_ = error;
+  // Nothing else can run on a failed stage: end the waiting and the running requests too.
   std::vector<RequestId> rest;
   for (const auto& [id, live] : live_) rest.push_back(id);
   std::sort(rest.begin(), rest.end());

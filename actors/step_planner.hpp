@@ -1,13 +1,20 @@
 #pragma once
 // The scheduler's policy as a plain class (STYLE rule 4): admission into a bounded queue, slot choice
-// (longest cached prefix), step planning (one decode row per decoding slot + at most one prefill chunk)
-// and applying a step's sampled tokens to the requests. No actors, no I/O, no clocks of its own: the
-// caller passes `now`, so tests drive it step by step without threads.
+// (longest cached prefix), step planning (decode rows of the decoding slots + at most one prefill
+// chunk) and applying a step's sampled tokens to the requests. No actors, no I/O, no clocks of its own:
+// the caller passes `now`, so tests drive it step by step without threads.
+//
+// Several steps may be in flight at once, up to one per pipeline stage (as vLLM's batch queue): each
+// step takes only requests that are in no other step in flight, and the decoding slots are split into
+// `micro_batches` groups, so that with 3 slots over 3 devices each step carries one slot and every
+// stage works on a different one. With one device one group is best: a step reads its weights once
+// for all its rows.
 //
 // Every request ends with exactly one RequestFinished among the returned events; cancel is idempotent.
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -29,6 +36,8 @@ struct PlannerLimits {
   uint32_t prefill_chunk = 4096;   // prompt tokens per step
   uint32_t queue_limit = 64;       // requests waiting for a slot
   uint32_t vocab_size = 0;         // token ids must be below it (0: not checked)
+  uint32_t max_in_flight = 1;      // steps in flight at once (the pipeline's stages)
+  uint32_t micro_batches = 1;      // groups the decoding slots are split into, one group per step
 };
 
 // An event for one request's sink (its HTTP bridge), in the order they must be delivered.
@@ -49,17 +58,20 @@ class StepPlanner {
   // Cancels what runs in the slot and forgets its state (the backend reset rides on the next plan).
   std::pair<ReleaseResult, EngineEvents> release(uint32_t slot, TimePoint now);
 
-  // The next step, or nothing when there is no work or a step is still in flight. Admits queued
-  // requests into idle slots first. Events: RequestStarted for each request that got a slot.
+  // The next step, or nothing when there is no work for one or max_in_flight steps are in flight.
+  // Admits queued requests into idle slots first. Events: RequestStarted for each request that got
+  // a slot. Call again until it returns nothing: several steps may go out at once.
   std::optional<StepPlan> plan(TimePoint now, EngineEvents& events);
-  // Applies the in-flight step's outcome: tokens to requests, finishes, or a backend failure.
+  // Applies an in-flight step's outcome (in any order): tokens to requests, finishes, or a failure:
+  // one that ended a stage ends every request (nothing can run any more), another only the step's.
   EngineEvents apply(const StepOutcome& outcome, TimePoint now);
 
   void start_drain() { draining_ = true; }
   // Ends every live request (queued ones too) with `cause`; used at the drain deadline.
   EngineEvents cancel_all(EndCause cause, TimePoint now);
 
-  bool step_in_flight() const { return !in_flight_.empty() || in_flight_resets_only_; }
+  bool step_in_flight() const { return !in_flight_.empty(); }
+  size_t steps_in_flight() const { return in_flight_.size(); }
   bool idle() const { return live_.empty() && !step_in_flight(); }
   bool draining() const { return draining_; }
   bool failed() const { return failed_; }
@@ -75,6 +87,8 @@ class StepPlanner {
     uint32_t prefilled = 0;  // prompt tokens the slot holds (cached ones included)
     uint32_t cached = 0;
     uint64_t admitted_seq = 0;  // order in which requests got a slot: prefill goes first come first
+    uint64_t last_step = 0;     // the last step that carried its rows (decode groups take turns)
+    bool in_flight = false;     // its rows are in a step not yet applied
     std::vector<int32_t> generated;
     TimePoint submitted, started, first_token, last_token;
   };
@@ -90,6 +104,10 @@ class StepPlanner {
     uint32_t prompt_tokens;  // >0: a prefill chunk of this many prompt tokens; 0: a decode row
     bool sample;
   };
+  struct InFlightStep {
+    std::vector<InFlightRow> rows;
+    TimePoint planned;
+  };
 
   // The terminal event of `live` (frees its slot); end() also forgets the live request.
   RequestFinished finish(Live& live, RequestStatus status, EndCause cause, std::string message,
@@ -99,16 +117,16 @@ class StepPlanner {
   void admit_queued(TimePoint now, EngineEvents& events);
   uint32_t choose_slot(const std::vector<int32_t>& prompt, bool reuse_prefix) const;
   void take_token(Live& live, int32_t token, TimePoint now, EngineEvents& events);
-  EngineEvents fail_step(const std::string& error, TimePoint now);
+  // A step that failed: its requests end with the error; one that ended a stage ends all of them.
+  EngineEvents fail_step(const std::vector<InFlightRow>& rows, const std::string& error, bool fatal, TimePoint now);
+  void mark_landed(const std::vector<InFlightRow>& rows);
 
   PlannerLimits limits_;
   std::unordered_map<RequestId, Live> live_;
   std::deque<RequestId> queue_;
   std::vector<Slot> slots_;
   std::vector<uint32_t> pending_resets_;
-  std::vector<InFlightRow> in_flight_;
-  bool in_flight_resets_only_ = false;
-  uint64_t in_flight_step_ = 0;
+  std::map<uint64_t, InFlightStep> in_flight_;
   uint64_t next_step_ = 1;
   uint64_t next_admitted_seq_ = 1;
   uint64_t use_counter_ = 0;

@@ -76,7 +76,7 @@ ServeCli::ServeCli(CLI::App& cmd) : cmd_(cmd) {
   add("sampling", "max-tokens", c.sampling.max_tokens, "completion tokens when a request sets no limit")
       ->capture_default_str();
 
-  cmd.add_option("--inject-fault", c.inject_fault,
+  cmd.add_option("--inject-fault", inject_fault_,
                  "test hook: fail one step as a device would, STEP:STAGE:CODE (e.g. 3:0:device_error)")
       ->group("");
 }
@@ -128,6 +128,11 @@ std::vector<std::string> ServeCli::finish() {
   if (auto e = parse_split(split_, config_.devices.split)) errors.push_back(e->message);
   if (!devices_.empty()) {
     if (auto e = parse_devices(devices_, config_.devices.split)) errors.push_back(e->message);
+  }
+  if (!inject_fault_.empty()) {
+    auto fault = parse_fault(inject_fault_);
+    if (fault) config_.inject_fault = fault.value();
+    else errors.push_back(fault.error().message);
   }
   for (auto& e : validate(config_)) errors.push_back(std::move(e));
   return errors;

@@ -33,7 +33,7 @@ class ServeCli {
   CLI::App& cmd_;
   ServeConfig config_;
   std::string config_file_;
-  std::string max_body_, split_ = "none", devices_;
+  std::string max_body_, split_ = "none", devices_, inject_fault_;
   std::map<std::string, std::string> sections_;  // option name (no "--") -> its section
 };
 

@@ -1,5 +1,7 @@
 #include "config/serve_config.hpp"
 
+#include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <sstream>
@@ -15,6 +17,30 @@ std::string bad(const char* option, const T& value, const char* expected) {
 }
 
 }  // namespace
+
+Expected<InjectedFault> parse_fault(const std::string& text) {
+  const auto bad = [&] {
+    return Error("--inject-fault '" + text + "': expected STEP:STAGE:CODE, CODE one of invalid_plan, out_of_memory, "
+                 "device_error, device_lost, internal");
+  };
+  InjectedFault f;
+  const size_t a = text.find(':'), b = a == std::string::npos ? a : text.find(':', a + 1);
+  if (b == std::string::npos) return bad();
+  const char* s = text.data();
+  if (std::from_chars(s, s + a, f.step).ptr != s + a || std::from_chars(s + a + 1, s + b, f.stage).ptr != s + b) {
+    return bad();
+  }
+  std::string code = text.substr(b + 1);
+  std::replace(code.begin(), code.end(), '_', ' ');
+  for (ErrorCode c : {ErrorCode::invalid_plan, ErrorCode::out_of_memory, ErrorCode::device_error,
+                      ErrorCode::device_lost, ErrorCode::internal}) {
+    if (error_code_name(c) == code) {
+      f.code = c;
+      return f;
+    }
+  }
+  return bad();
+}
 
 std::vector<std::string> validate(const ServeConfig& c) {
   std::vector<std::string> errors;

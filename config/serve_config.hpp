@@ -4,9 +4,11 @@
 // and the TOML file fill it (config/serve_cli.hpp); validate() checks it and names each bad field, its
 // value and what was expected.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "config/expected.hpp"
 #include "config/stage_split.hpp"
 
 namespace ferry::config {
@@ -59,15 +61,22 @@ struct SamplingDefaults {
   uint32_t max_tokens = 32768;  // completion tokens when the request sets no limit
 };
 
+// Test hook: one step made to fail as a device would, so the failure path can be tested end to end.
+struct InjectedFault {
+  uint64_t step = 0;
+  uint32_t stage = 0;
+  ErrorCode code = ErrorCode::device_error;
+};
+// "STEP:STAGE:CODE" (e.g. "3:0:device_error"); the error names what is wrong.
+Expected<InjectedFault> parse_fault(const std::string& text);
+
 struct ServeConfig {
   ModelConfig model;
   DevicesConfig devices;
   SlotsConfig slots;
   ServerConfig server;
   SamplingDefaults sampling;
-  // Test hook: make one step fail as a device would ("STEP:STAGE:CODE", e.g. "3:1:device_error"), so
-  // the failure path can be tested end to end. Empty in any real run.
-  std::string inject_fault;
+  std::optional<InjectedFault> inject_fault;  // --inject-fault; none in any real run
 };
 
 // Empty when the configuration is usable; else one line per problem, naming the option, its value

@@ -4,9 +4,23 @@
 
 namespace ferry::gpu {
 
+ErrorCode classify(cudaError_t code) {
+  switch (code) {
+    case cudaErrorMemoryAllocation: return ErrorCode::out_of_memory;
+    case cudaErrorNoDevice:
+    case cudaErrorDevicesUnavailable:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorSystemNotReady:
+    case cudaErrorSystemDriverMismatch:
+    case cudaErrorInsufficientDriver: return ErrorCode::device_lost;
+    default: return ErrorCode::device_error;
+  }
+}
+
 void throw_cuda_error(cudaError_t code, const char* call, const char* file, int line) {
   throw CudaError(std::string("CUDA error ") + cudaGetErrorName(code) + " (" + cudaGetErrorString(code) + ") in " +
-                  call + " at " + file + ":" + std::to_string(line));
+                      call + " at " + file + ":" + std::to_string(line),
+                  classify(code));
 }
 
 namespace {
@@ -14,7 +28,8 @@ namespace {
 void* allocate_or_throw(cudaError_t (*alloc)(void**, size_t), size_t bytes, const char* what) {
   void* p = nullptr;
   if (const cudaError_t e = alloc(&p, bytes); e != cudaSuccess) {
-    throw CudaError("cannot allocate " + std::to_string(bytes) + " bytes of " + what + ": " + cudaGetErrorString(e));
+    throw CudaError("cannot allocate " + std::to_string(bytes) + " bytes of " + what + ": " + cudaGetErrorString(e),
+                    classify(e));
   }
   return p;
 }
@@ -32,7 +47,9 @@ Stream::~Stream() {
   if (s_ != nullptr) cudaStreamDestroy(s_);
 }
 
-Event::Event() { FERRY_CUDA(cudaEventCreate(&e_)); }
+Event::Event(bool timing) {
+  FERRY_CUDA(cudaEventCreateWithFlags(&e_, timing ? cudaEventDefault : cudaEventDisableTiming));
+}
 Event::~Event() {
   if (e_ != nullptr) cudaEventDestroy(e_);
 }

@@ -76,7 +76,8 @@ class Stream {
 
 class Event {
  public:
-  Event();
+  // Events that only order streams need no timing (cheaper to record and wait on).
+  explicit Event(bool timing = true);
   ~Event();
   Event(const Event&) = delete;
   Event& operator=(const Event&) = delete;

@@ -56,10 +56,13 @@ class Writer {
   std::string out_;
 };
 
+std::string stage_label(const actors::StageStatus& s) {
+  return "stage=\"" + std::to_string(s.index) + "\",layers=\"" + s.layers + "\"";
+}
+
 }  // namespace
 
-std::string render_metrics(const ServerContext& ctx, const std::optional<actors::EngineSnapshot>& engine,
-                           const std::optional<actors::StageStatus>& stage) {
+std::string render_metrics(const ServerContext& ctx, const std::optional<actors::EngineSnapshot>& engine) {
   Writer w;
   const ServerPhase phase = ctx.current_phase();
   w.header("ferry_up", "gauge", "1 while serving requests, 0 while loading, draining or failed");
@@ -122,9 +125,16 @@ std::string render_metrics(const ServerContext& ctx, const std::optional<actors:
     w.histogram("ferry_time_to_first_token_seconds", "request submitted to its first token", e.ttft_seconds);
     w.histogram("ferry_inter_token_latency_seconds", "time between consecutive tokens of a request", e.itl_seconds);
     w.histogram("ferry_queue_wait_seconds", "time a request waited for a slot", e.queue_seconds);
-  }
-  if (stage) {
-    w.metric("ferry_stage_steps_total", "counter", "steps the stage ran", static_cast<double>(stage->steps));
+    w.header("ferry_stage_steps_total", "counter", "steps each pipeline stage ran");
+    for (const auto& s : e.stages) w.sample("ferry_stage_steps_total", static_cast<double>(s.steps), stage_label(s));
+    w.header("ferry_stage_rows_total", "counter", "rows each pipeline stage ran");
+    for (const auto& s : e.stages) w.sample("ferry_stage_rows_total", static_cast<double>(s.rows), stage_label(s));
+    w.header("ferry_stage_handoff_bytes_total", "counter", "bytes each stage handed to the next");
+    for (const auto& s : e.stages) {
+      w.sample("ferry_stage_handoff_bytes_total", static_cast<double>(s.handoff_bytes), stage_label(s));
+    }
+    w.header("ferry_stage_failed", "gauge", "1 for a stage that a device error ended");
+    for (const auto& s : e.stages) w.sample("ferry_stage_failed", s.failed ? 1 : 0, stage_label(s));
   }
   return w.take();
 }

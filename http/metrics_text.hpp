@@ -9,8 +9,7 @@
 
 namespace ferry::http {
 
-// `engine` and `stage` are absent while the model loads.
-std::string render_metrics(const ServerContext& context, const std::optional<actors::EngineSnapshot>& engine,
-                           const std::optional<actors::StageStatus>& stage);
+// `engine` is absent while the model loads.
+std::string render_metrics(const ServerContext& context, const std::optional<actors::EngineSnapshot>& engine);
 
 }  // namespace ferry::http

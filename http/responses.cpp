@@ -186,6 +186,16 @@ std::string to_json(const HealthReport& x) {
     out["slots_total"] = x.slots_total;
     out["queued"] = x.queued;
   }
+  if (!x.stages.empty()) {
+    bj::array stages;
+    for (const actors::StageStatus& s : x.stages) {
+      bj::object stage{{"index", s.index}, {"layers", s.layers}, {"backend", s.backend},
+                       {"status", s.failed ? "failed" : "ok"}, {"steps", s.steps}};
+      if (s.failed) stage["reason"] = s.failure;
+      stages.push_back(std::move(stage));
+    }
+    out["stages"] = std::move(stages);
+  }
   return dump(out);
 }
 

@@ -100,6 +100,7 @@ struct HealthReport {
   std::string backend;
   uint32_t slots_idle = 0, slots_total = 0, queued = 0;
   bool synthetic = false;  // the weights are pseudo-random (ferry serve --synthetic)
+  std::vector<actors::StageStatus> stages;  // the pipeline's stages, a failed one with its error
 };
 
 // GET /slots: one entry per slot. A busy slot names its request by the number in the response id

@@ -138,6 +138,7 @@ void health(const Context& ctx, const Channel& channel) {
               r.backend = ctx->backend_name;
               r.synthetic = !ctx->config.model.synthetic_config.empty();
               r.slots_total = static_cast<uint32_t>(snap.slots.size());
+              r.stages = snap.stages;
               for (const auto& s : snap.slots) r.slots_idle += s.busy ? 0 : 1;
               r.queued = snap.queued;
               if (snap.failed) {
@@ -155,20 +156,12 @@ void health(const Context& ctx, const Channel& channel) {
 
 void metrics(const Context& ctx, const Channel& channel) {
   const HeaderList text{{"Content-Type", "text/plain; version=0.0.4; charset=utf-8"}};
-  if (!has_engine(*ctx)) return channel->send_json(200, render_metrics(*ctx, std::nullopt, std::nullopt), text);
+  if (!has_engine(*ctx)) return channel->send_json(200, render_metrics(*ctx, std::nullopt), text);
   ctx->system->spawn([ctx, channel, text](caf::event_based_actor* self) {
     self->request(ctx->engine.scheduler, kAskTimeout, actors::snapshot_atom_v)
         .then(
-            [self, ctx, channel, text](actors::EngineSnapshot& snap) {
-              self->request(ctx->engine.stage, kAskTimeout, actors::status_atom_v)
-                  .then(
-                      [ctx, channel, text, snap](actors::StageStatus& stage) {
-                        channel->send_json(200, render_metrics(*ctx, snap, stage), text);
-                      },
-                      // A stage busy in a long step still lets the engine's numbers out.
-                      [ctx, channel, text, snap](caf::error&) {
-                        channel->send_json(200, render_metrics(*ctx, snap, std::nullopt), text);
-                      });
+            [ctx, channel, text](actors::EngineSnapshot& snap) {
+              channel->send_json(200, render_metrics(*ctx, snap), text);
             },
             [ctx, channel](caf::error& err) { send_error(*channel, engine_unavailable(ctx->system->render(err))); });
   });

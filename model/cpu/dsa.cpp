@@ -17,6 +17,20 @@ void DsaCache::reset() {
   pool_keys.clear();
 }
 
+void DsaCache::set_tokens(size_t t, size_t kpool) {
+  if (t >= tokens) {
+    tokens = t;
+    return;
+  }
+  const size_t id = index_k.size() / tokens;
+  auto cut = [&](std::vector<float>& v) { v.resize(v.size() / tokens * t); };
+  cut(latent);
+  cut(index_k);
+  cut(index_gate);
+  pool_keys.resize(std::min(pool_keys.size(), t / kpool * id));
+  tokens = t;
+}
+
 void pool_key(const float* keys, const float* gates, const float* ape, size_t kpool, size_t dim, float* out) {
   std::vector<float> p(kpool);
   for (size_t d = 0; d < dim; ++d) {

@@ -46,6 +46,9 @@ struct DsaCache {
   std::vector<float> index_gate;  // tokens x index_dim
   std::vector<float> pool_keys;   // (tokens / kpool) x index_dim: keys of the complete pools
   void reset();
+  // Holds `t` tokens: fewer than now keeps the first t (and the pools they complete); otherwise the
+  // rows must already be there (a restore filled them).
+  void set_tokens(size_t t, size_t kpool);
 };
 
 // A complete pool's key: keys, gates [kpool][dim] of its tokens, ape [kpool][dim].

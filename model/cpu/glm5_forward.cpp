@@ -44,24 +44,36 @@ void Glm5Forward::ffn(const Glm5LayerWeights& l, const float* x, size_t rows, fl
 
 void Glm5Forward::forward(std::span<const ForwardRows> requests, std::vector<float>& hidden,
                           const ForwardOptions& opt) {
+  std::vector<float> streams;
+  embed_streams(requests, streams);
+  const size_t rows = streams.size() / (size_t{hp_.hc_mult} * hp_.hidden_size);
+  run_layers({0, hp_.n_layers}, requests, streams.data(), opt);
+  final_hidden(streams.data(), rows, hidden);
+}
+
+void Glm5Forward::embed_streams(std::span<const ForwardRows> requests, std::vector<float>& streams) {
   const size_t D = hp_.hidden_size, H = hp_.hc_mult;
   size_t rows = 0;
   for (const ForwardRows& r : requests) rows += r.tokens.size();
-  hidden.assign(rows * D, 0.0f);
-  if (rows == 0) return;
-
-  // Every stream starts as the token's embedding.
-  std::vector<float> streams(rows * H * D), x(rows * D), u(rows * D), y(rows * D), post(rows * H), comb(rows * H * H);
-  {
-    size_t row = 0;
-    for (const ForwardRows& r : requests) {
-      embed(w_.token_embd, r.tokens, x.data() + row * D);
-      row += r.tokens.size();
-    }
-    for (size_t t = 0; t < rows; ++t) {
-      for (size_t h = 0; h < H; ++h) std::copy_n(x.data() + t * D, D, streams.data() + (t * H + h) * D);
-    }
+  std::vector<float> x(rows * D);
+  size_t row = 0;
+  for (const ForwardRows& r : requests) {
+    embed(w_.token_embd, r.tokens, x.data() + row * D);
+    row += r.tokens.size();
   }
+  streams.resize(rows * H * D);
+  for (size_t t = 0; t < rows; ++t) {
+    for (size_t h = 0; h < H; ++h) std::copy_n(x.data() + t * D, D, streams.data() + (t * H + h) * D);
+  }
+}
+
+void Glm5Forward::run_layers(LayerRange layers, std::span<const ForwardRows> requests, float* streams,
+                             const ForwardOptions& opt) {
+  const size_t D = hp_.hidden_size, H = hp_.hc_mult;
+  size_t rows = 0;
+  for (const ForwardRows& r : requests) rows += r.tokens.size();
+  if (rows == 0) return;
+  std::vector<float> x(rows * D), u(rows * D), y(rows * D), post(rows * H), comb(rows * H * H);
 
   // Each request's rows and start position are the same in every layer; only the state changes.
   std::vector<KdaSegment> kda_segs;
@@ -76,11 +88,11 @@ void Glm5Forward::forward(std::span<const ForwardRows> requests, std::vector<flo
   }
 
   DsaSelections selections;
-  for (uint32_t il = 0; il < hp_.n_layers; ++il) {
+  for (uint32_t il = layers.first; il < layers.end; ++il) {
     const Glm5LayerWeights& l = w_.layers[il];
 
-    mhc_pre(mhc_, l.hc_attn_fn, l.hc_attn_base.data(), l.hc_attn_scale.data(), streams.data(), rows, D, u.data(),
-            post.data(), comb.data(), pool_);
+    mhc_pre(mhc_, l.hc_attn_fn, l.hc_attn_base.data(), l.hc_attn_scale.data(), streams, rows, D, u.data(), post.data(),
+            comb.data(), pool_);
     for (size_t t = 0; t < rows; ++t) rms_norm(u.data() + t * D, l.attn_norm.data(), D, hp_.rms_eps, x.data() + t * D);
     if (l.kind == LayerKind::kda) {
       for (size_t i = 0; i < requests.size(); ++i) kda_segs[i].state = &requests[i].state->kda(il);
@@ -89,26 +101,30 @@ void Glm5Forward::forward(std::span<const ForwardRows> requests, std::vector<flo
       for (size_t i = 0; i < requests.size(); ++i) dsa_segs[i].cache = &requests[i].state->dsa(il);
       dsa_layer(dsa_, l, x.data(), rows, dsa_segs, y.data(), selections, pool_, opt.selections);
     }
-    mhc_post(mhc_, y.data(), post.data(), comb.data(), rows, D, streams.data(), pool_);
+    mhc_post(mhc_, y.data(), post.data(), comb.data(), rows, D, streams, pool_);
 
-    mhc_pre(mhc_, l.hc_ffn_fn, l.hc_ffn_base.data(), l.hc_ffn_scale.data(), streams.data(), rows, D, u.data(),
-            post.data(), comb.data(), pool_);
+    mhc_pre(mhc_, l.hc_ffn_fn, l.hc_ffn_base.data(), l.hc_ffn_scale.data(), streams, rows, D, u.data(), post.data(),
+            comb.data(), pool_);
     for (size_t t = 0; t < rows; ++t) rms_norm(u.data() + t * D, l.ffn_norm.data(), D, hp_.rms_eps, x.data() + t * D);
     ffn(l, x.data(), rows, y.data());
-    mhc_post(mhc_, y.data(), post.data(), comb.data(), rows, D, streams.data(), pool_);
+    mhc_post(mhc_, y.data(), post.data(), comb.data(), rows, D, streams, pool_);
   }
+  for (const ForwardRows& r : requests) r.state->advance(static_cast<uint32_t>(r.tokens.size()));
+}
 
+void Glm5Forward::final_hidden(const float* streams, size_t rows, std::vector<float>& hidden) {
+  const size_t D = hp_.hidden_size, H = hp_.hc_mult;
+  hidden.assign(rows * D, 0.0f);
+  std::vector<float> m(D);
   for (size_t t = 0; t < rows; ++t) {
-    float* m = u.data() + t * D;
-    std::fill(m, m + D, 0.0f);
+    std::fill(m.begin(), m.end(), 0.0f);
     for (size_t h = 0; h < H; ++h) {
-      const float* s = streams.data() + (t * H + h) * D;
+      const float* s = streams + (t * H + h) * D;
       for (size_t d = 0; d < D; ++d) m[d] += s[d];
     }
     for (size_t d = 0; d < D; ++d) m[d] /= static_cast<float>(H);
-    rms_norm(m, w_.output_norm.data(), D, hp_.rms_eps, hidden.data() + t * D);
+    rms_norm(m.data(), w_.output_norm.data(), D, hp_.rms_eps, hidden.data() + t * D);
   }
-  for (const ForwardRows& r : requests) r.state->advance(static_cast<uint32_t>(r.tokens.size()));
 }
 
 void Glm5Forward::logits(const float* hidden, size_t rows, float* out) { matmul(w_.output, hidden, rows, out, pool_); }

@@ -11,6 +11,7 @@
 #include "model/cpu/moe.hpp"
 #include "model/cpu/sequence_state.hpp"
 #include "model/cpu/thread_pool.hpp"
+#include "model/stage.hpp"
 #include "model/glm5/glm5_weights.hpp"
 
 namespace ferry::model {
@@ -31,9 +32,18 @@ class Glm5Forward {
 
   const Glm5Hparams& hparams() const { return hp_; }
 
-  // Runs every request's tokens through the trunk, advancing each state. `hidden` gets the final
+  // Runs every request's tokens through the whole trunk, advancing each state. `hidden` gets the final
   // hidden states [rows][D] (after the stream mean and output norm), rows in request order.
   void forward(std::span<const ForwardRows> requests, std::vector<float>& hidden, const ForwardOptions& opt = {});
+
+  // The same in the pieces a stage runs. Every stream of a row starts as its token's embedding:
+  // streams [rows][H][D], rows in request order.
+  void embed_streams(std::span<const ForwardRows> requests, std::vector<float>& streams);
+  // Trunk layers [first, end) over the streams, in place; each state's caches of those layers advance.
+  void run_layers(LayerRange layers, std::span<const ForwardRows> requests, float* streams,
+                  const ForwardOptions& opt = {});
+  // hidden [rows][D] = output_norm(mean over the streams): what the head and the MTP block read.
+  void final_hidden(const float* streams, size_t rows, std::vector<float>& hidden);
 
   // logits [rows][vocab] = output @ hidden rows.
   void logits(const float* hidden, size_t rows, float* out);

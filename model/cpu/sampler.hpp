@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <span>
 
-#include "model/backend.hpp"
+#include "model/step.hpp"
 
 namespace ferry::model {
 

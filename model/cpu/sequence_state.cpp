@@ -1,5 +1,7 @@
 #include "model/cpu/sequence_state.hpp"
 
+#include <algorithm>
+
 namespace ferry::model {
 
 KdaConfig kda_config(const Glm5Hparams& hp) {
@@ -29,9 +31,12 @@ DsaConfig dsa_config(const Glm5Hparams& hp) {
   return c;
 }
 
-SequenceState::SequenceState(const Glm5Hparams& hp) : kda_cfg_(kda_config(hp)) {
-  slot_.resize(hp.n_layers);
-  for (uint32_t il = 0; il < hp.n_layers; ++il) {
+SequenceState::SequenceState(const Glm5Hparams& hp) : SequenceState(hp, {0, hp.n_layers}, true) {}
+
+SequenceState::SequenceState(const Glm5Hparams& hp, config::LayerRange layers, bool with_mtp)
+    : kda_cfg_(kda_config(hp)), kpool_(std::max<uint32_t>(1, hp.index_kpool)) {
+  slot_.assign(hp.n_layers, 0);
+  for (uint32_t il = layers.first; il < layers.end; ++il) {
     if (hp.layer_kinds[il] == LayerKind::kda) {
       slot_[il] = static_cast<uint32_t>(kda_.size());
       kda_.emplace_back();
@@ -40,7 +45,7 @@ SequenceState::SequenceState(const Glm5Hparams& hp) : kda_cfg_(kda_config(hp)) {
       dsa_.emplace_back();
     }
   }
-  mtp_.resize(hp.n_nextn_layers);
+  if (with_mtp) mtp_.resize(hp.n_nextn_layers);
   reset();
 }
 
@@ -49,6 +54,12 @@ void SequenceState::reset() {
   for (KdaState& k : kda_) k.reset(kda_cfg_);
   for (DsaCache& d : dsa_) d.reset();
   for (DsaCache& d : mtp_) d.reset();
+}
+
+void SequenceState::set_tokens(uint32_t tokens, uint32_t mtp_tokens) {
+  tokens_ = tokens;
+  for (DsaCache& d : dsa_) d.set_tokens(tokens, kpool_);
+  for (DsaCache& d : mtp_) d.set_tokens(mtp_tokens, kpool_);
 }
 
 size_t SequenceState::bytes() const {

@@ -68,6 +68,8 @@ void ThreadPool::parallel_for(size_t n, size_t grain, const std::function<void(s
     fn(0, n);
     return;
   }
+  // Stages of a pipeline share the pool from their own threads: their jobs take turns.
+  std::lock_guard turn(caller_mu_);
   {
     std::lock_guard lock(mu_);
     job_ = &fn;

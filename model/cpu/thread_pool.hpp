@@ -1,8 +1,9 @@
 #pragma once
 // A fixed pool of worker threads for the CPU forward pass: `parallel_for` splits an index range into
 // contiguous pieces and runs them on the workers and the calling thread, returning when all are done.
-// The one place in the CPU backend with a mutex: the forward pass is data-parallel inside each op and
-// needs a fork/join barrier, which a mailbox cannot give.
+// The one place in the CPU backend with mutexes: the forward pass is data-parallel inside each op and
+// needs a fork/join barrier, which a mailbox cannot give; callers on several threads (the stages of a
+// pipeline, each on its own actor) take turns.
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -26,6 +27,7 @@ class ThreadPool {
 
   // Calls fn(begin, end) over pieces covering [0, n), each at least `grain` long (except the last).
   // Runs inline when one piece suffices. Not reentrant: fn must not call parallel_for on this pool.
+  // Callers on other threads wait for the running job to finish.
   // The first exception thrown by fn is rethrown here after every piece has finished.
   void parallel_for(size_t n, size_t grain, const std::function<void(size_t, size_t)>& fn);
 
@@ -34,6 +36,7 @@ class ThreadPool {
   void run_pieces();
 
   std::vector<std::thread> workers_;
+  std::mutex caller_mu_;  // held by the thread whose job runs
   std::mutex mu_;
   std::condition_variable wake_;
   std::condition_variable done_;

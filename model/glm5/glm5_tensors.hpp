@@ -65,6 +65,9 @@ struct Glm5TensorSpec {
 // "attn_q_b.weight", "ssm_a", "exp_probs_b.bias", ...: the name without "blk.N.".
 std::string_view glm5_tensor_suffix(Glm5Tensor role);
 bool glm5_tensor_is_global(Glm5Tensor role);  // token_embd, output_norm, output
+// Small state the forward pass reads as one f32 array (norms, biases, conv taps, the APE, ...), not as
+// a matrix of rows.
+bool glm5_tensor_is_vector(Glm5Tensor role);
 // "blk.{layer}.{suffix}" or, for whole-model roles, the suffix alone.
 std::string glm5_tensor_name(Glm5Tensor role, int32_t layer);
 // Inverse of glm5_tensor_name; nullopt for a name this model does not use.

@@ -1,6 +1,7 @@
 #include "model/glm5/glm5_weights.hpp"
 
 #include <string>
+#include <type_traits>
 
 #include "model/formats/quant.hpp"
 #include "model/glm5/glm5_tensors.hpp"
@@ -16,13 +17,18 @@ std::string dims_text(const std::vector<uint64_t>& dims) {
   return s + "}";
 }
 
-// Where each role lands in Glm5LayerWeights (or the globals): a matrix or an f32 vector.
+// Where each role lands in Glm5LayerWeights (or the globals): a matrix or an f32 vector, const when
+// the weights are.
+template <class W>
 struct Slot {
-  WeightMatrix* matrix = nullptr;
-  std::vector<float>* vec = nullptr;
+  template <class X>
+  using Like = std::conditional_t<std::is_const_v<W>, const X, X>;
+  Like<WeightMatrix>* matrix = nullptr;
+  Like<std::vector<float>>* vec = nullptr;
 };
 
-Slot slot_for(Glm5Weights& w, Glm5LayerWeights* l, T role) {
+template <class W>
+Slot<W> slot_for(W& w, typename Slot<W>::template Like<Glm5LayerWeights>* l, T role) {
   switch (role) {
     case T::token_embd: return {&w.token_embd, nullptr};
     case T::output_norm: return {nullptr, &w.output_norm};
@@ -87,6 +93,18 @@ Slot slot_for(Glm5Weights& w, Glm5LayerWeights* l, T role) {
 
 }  // namespace
 
+const WeightMatrix& Glm5Weights::matrix(Glm5Tensor role, int32_t layer) const {
+  const auto slot = slot_for(*this, layer >= 0 ? &layers.at(static_cast<size_t>(layer)) : nullptr, role);
+  static const WeightMatrix none;
+  return slot.matrix != nullptr ? *slot.matrix : none;
+}
+
+const std::vector<float>& Glm5Weights::vector(Glm5Tensor role, int32_t layer) const {
+  const auto slot = slot_for(*this, layer >= 0 ? &layers.at(static_cast<size_t>(layer)) : nullptr, role);
+  static const std::vector<float> none;
+  return slot.vec != nullptr ? *slot.vec : none;
+}
+
 ModelResult<std::unique_ptr<Glm5Weights>> Glm5Weights::load(const std::filesystem::path& path) {
   GgufResult<GgufFile> file = GgufFile::open(path);
   if (!file) return ModelResult<std::unique_ptr<Glm5Weights>>::failure(file.error().message);
@@ -132,7 +150,7 @@ ModelResult<std::unique_ptr<Glm5Weights>> Glm5Weights::from_file(GgufFile file) 
                         std::to_string(traits.block_elems) + " (the block of " + std::string(traits.name) + ")");
     }
     Glm5LayerWeights* layer = spec.layer >= 0 ? &w->layers[static_cast<size_t>(spec.layer)] : nullptr;
-    const Slot slot = slot_for(*w, layer, spec.role);
+    const auto slot = slot_for(*w, layer, spec.role);
     if (slot.vec != nullptr) {
       slot.vec->resize(info->n_elements);
       dequantize_row(info->type, info->data.data(), slot.vec->data(), info->n_elements);

@@ -14,6 +14,7 @@
 #include "model/formats/gguf.hpp"
 #include "model/formats/weight_matrix.hpp"
 #include "model/glm5/glm5_hparams.hpp"
+#include "model/glm5/glm5_tensors.hpp"
 
 namespace ferry::model {
 
@@ -62,6 +63,11 @@ class Glm5Weights {
 
   const Glm5Hparams& hparams() const { return hp_; }
   const GgufFile& file() const { return file_; }
+
+  // The weight of `role` in block `layer` (-1 for the whole-model tensors) as load() bound it: a
+  // matrix (glm5_tensor_is_vector false) or an f32 vector; empty when the file lacks an optional one.
+  const WeightMatrix& matrix(Glm5Tensor role, int32_t layer) const;
+  const std::vector<float>& vector(Glm5Tensor role, int32_t layer) const;
 
   WeightMatrix token_embd, output;
   std::vector<float> output_norm;

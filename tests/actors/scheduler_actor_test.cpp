@@ -11,10 +11,10 @@
 #include "actors/bootstrap.hpp"
 #include "actors/scheduler_actor.hpp"
 #include "actors/stage_actor.hpp"
-#include "tests/actors/scripted_backend.hpp"
+#include "tests/actors/scripted_stage.hpp"
 
 using namespace ferry::actors;
-using ferry::testing::ScriptedBackend;
+using ferry::testing::ScriptedStage;
 
 namespace {
 
@@ -39,19 +39,26 @@ class SchedulerActorTest : public ::testing::Test {
   SchedulerActorTest()
       : sys(test_config(cfg)), sched(dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler())) {}
 
-  void start(uint32_t slots = 2, uint32_t queue = 4, uint32_t chunk = 4) {
-    backend = std::make_shared<ScriptedBackend>(slots, 128);
+  // `stages` scripted stages of one layer each; `backend` is the last (it draws the tokens).
+  void start(uint32_t slots = 2, uint32_t queue = 4, uint32_t chunk = 4, uint32_t stages = 1,
+             std::optional<ferry::config::InjectedFault> fault = std::nullopt) {
+    std::vector<std::shared_ptr<ferry::model::Stage>> all;
+    for (uint32_t i = 0; i < stages; ++i) {
+      pipeline_stages.push_back(std::make_shared<ScriptedStage>(slots, 128, 1000, ferry::model::LayerRange{i, i + 1}, stages));
+      all.push_back(pipeline_stages.back());
+    }
+    backend = pipeline_stages.back();
     ferry::config::ServeConfig config;
     config.slots.count = slots;
     config.slots.queue_limit = queue;
     config.slots.prefill_chunk = chunk;
-    engine = spawn_engine(sys, config, backend);
+    config.inject_fault = fault;
+    engine = spawn_engine(sys, config, *ferry::testing::pipeline_of(all), false);
   }
 
   ~SchedulerActorTest() override {
     for (auto& s : sinks) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
-    caf::anon_send_exit(engine.scheduler, caf::exit_reason::user_shutdown);
-    caf::anon_send_exit(engine.stage, caf::exit_reason::user_shutdown);
+    stop_engine(engine);
     sched.run();
   }
 
@@ -95,7 +102,8 @@ class SchedulerActorTest : public ::testing::Test {
   caf::actor_system_config cfg;
   caf::actor_system sys;
   caf::scheduler::test_coordinator& sched;
-  std::shared_ptr<ScriptedBackend> backend;
+  std::shared_ptr<ScriptedStage> backend;
+  std::vector<std::shared_ptr<ScriptedStage>> pipeline_stages;
   Engine engine;
   std::vector<request_sink_actor> sinks;
 };
@@ -199,12 +207,68 @@ TEST_F(SchedulerActorTest, BackendFailureFailsTheRequestAndLaterOnesWithTheReaso
   EXPECT_EQ(std::get<RequestFinished>((*b)[0]).cause, EndCause::backend_failed);
   auto status = std::make_shared<StageStatus>();
   sys.spawn([this, status](caf::event_based_actor* self) {
-    self->request(engine.stage, caf::infinite, status_atom_v).then([status](StageStatus& s) { *status = s; });
+    self->request(engine.stages[0], caf::infinite, status_atom_v).then([status](StageStatus& s) { *status = s; });
   });
   sched.run();
   EXPECT_TRUE(status->failed);
-  EXPECT_EQ(status->failure, "scripted device failure");
+  EXPECT_NE(status->failure.find("scripted device failure"), std::string::npos);
   EXPECT_TRUE(snapshot().failed);
+}
+
+TEST_F(SchedulerActorTest, EveryStepGoesThroughEveryStageAndTheLastAnswers) {
+  start(2, 4, 4, /*stages=*/3);
+  auto a = std::make_shared<EventLog>(), b = std::make_shared<EventLog>();
+  submit(1, 6, 3, sink(a));
+  submit(2, 3, 4, sink(b));
+  sched.run();
+  ASSERT_EQ(count_finished(*a), 1u);
+  ASSERT_EQ(count_finished(*b), 1u);
+  EXPECT_EQ(std::get<RequestFinished>(a->back()).status, RequestStatus::finished_length);
+  EXPECT_EQ(std::get<TokensGenerated>((*a)[1]).tokens, std::vector<int32_t>{16});
+  for (const auto& s : pipeline_stages) EXPECT_EQ(s->steps, backend->steps);  // same rows, same order
+  const EngineSnapshot snap = snapshot();
+  ASSERT_EQ(snap.stages.size(), 3u);
+  for (uint32_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(snap.stages[i].index, i);
+    EXPECT_EQ(snap.stages[i].steps, backend->steps.size());
+    EXPECT_FALSE(snap.stages[i].failed);
+  }
+}
+
+TEST_F(SchedulerActorTest, AnInjectedDeviceErrorFailsItsRequestsAndNamesTheStage) {
+  start(2, 4, 4, 3, ferry::config::InjectedFault{3, 1, ferry::ErrorCode::device_error});
+  auto a = std::make_shared<EventLog>(), b = std::make_shared<EventLog>();
+  submit(1, 3, 50, sink(a));
+  sched.run();
+  ASSERT_EQ(count_finished(*a), 1u);
+  const auto& done = std::get<RequestFinished>(a->back());
+  EXPECT_EQ(done.status, RequestStatus::failed);
+  EXPECT_NE(done.message.find("stage 1 (layer 1"), std::string::npos) << done.message;
+  EXPECT_NE(done.message.find("injected fault"), std::string::npos) << done.message;
+  EXPECT_EQ(pipeline_stages[2]->steps.size(), 2u);  // step 3 never reached the last stage
+  const EngineSnapshot snap = snapshot();
+  EXPECT_TRUE(snap.failed);
+  ASSERT_EQ(snap.stages.size(), 3u);
+  EXPECT_TRUE(snap.stages[1].failed);
+  EXPECT_FALSE(snap.stages[0].failed);
+  submit(2, 3, 5, sink(b));  // nothing more runs: refused with the reason
+  sched.run();
+  ASSERT_EQ(b->size(), 1u);
+  EXPECT_EQ(std::get<RequestFinished>((*b)[0]).cause, EndCause::backend_failed);
+}
+
+TEST_F(SchedulerActorTest, AnInjectedPlanErrorFailsOnlyItsStepAndTheEngineServesOn) {
+  start(1, 4, 4, 2, ferry::config::InjectedFault{2, 0, ferry::ErrorCode::invalid_plan});
+  auto a = std::make_shared<EventLog>(), b = std::make_shared<EventLog>();
+  submit(1, 3, 5, sink(a));
+  sched.run();
+  ASSERT_EQ(count_finished(*a), 1u);
+  EXPECT_EQ(std::get<RequestFinished>(a->back()).status, RequestStatus::failed);
+  submit(2, 3, 4, sink(b));
+  sched.run();
+  ASSERT_EQ(count_finished(*b), 1u);
+  EXPECT_EQ(std::get<RequestFinished>(b->back()).status, RequestStatus::finished_length);
+  EXPECT_FALSE(snapshot().failed);
 }
 
 TEST_F(SchedulerActorTest, ReleaseCancelsTheRunningRequestAndResetsTheSlot) {

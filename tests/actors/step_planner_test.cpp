@@ -7,6 +7,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <set>
 
 using namespace ferry::actors;
 
@@ -277,6 +278,8 @@ TEST(StepPlanner, BackendFailureFailsEveryLiveRequestAndRejectsNewOnes) {
   StepOutcome broken;
   broken.step = plan->step;
   broken.error = "device lost";
+  broken.code = ferry::ErrorCode::device_lost;
+  broken.stage_dead = true;
   auto done = finished(p.apply(broken, t0));
   ASSERT_EQ(done.size(), 2u);
   EXPECT_EQ(done[0].id, 1u);
@@ -288,6 +291,72 @@ TEST(StepPlanner, BackendFailureFailsEveryLiveRequestAndRejectsNewOnes) {
   ASSERT_EQ(later.size(), 1u);
   EXPECT_EQ(later[0].cause, EndCause::backend_failed);
   EXPECT_TRUE(p.idle());
+}
+
+TEST(StepPlanner, AStepFailureThatLeavesTheStageAliveEndsOnlyThatStepsRequests) {
+  StepPlanner p(limits(1, 64, 64));
+  ASSERT_TRUE(p.submit(make_request(1, 4, 10), t0).empty());
+  EngineEvents ev;
+  auto first = p.plan(t0, ev);
+  ASSERT_TRUE(first);
+  ASSERT_TRUE(p.submit(make_request(2, 4, 3), t0).empty());
+  StepOutcome broken;
+  broken.step = first->step;
+  broken.error = "out of memory in a workspace";
+  broken.code = ferry::ErrorCode::out_of_memory;
+  auto done = finished(p.apply(broken, t0));
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].id, 1u);
+  EXPECT_EQ(done[0].status, RequestStatus::failed);
+  EXPECT_FALSE(p.failed());
+  // The next request runs, in a slot that starts over (the failed step left the state unknown).
+  EngineEvents all;
+  bool reset = false;
+  while (auto plan = p.plan(t0, ev)) {
+    reset = reset || !plan->reset_slots.empty();
+    auto events = p.apply(answer(*plan), t0);
+    all.insert(all.end(), events.begin(), events.end());
+  }
+  ASSERT_EQ(finished(all).size(), 1u);
+  EXPECT_EQ(finished(all)[0].status, RequestStatus::finished_length);
+  EXPECT_TRUE(reset);
+  EXPECT_TRUE(p.idle());
+}
+
+// Decode of 3 slots with 4 steps in flight: one micro-batch puts all 3 rows in one step (one device:
+// its weights are read once for them); 3 micro-batches give each its own step, so that 3 stages on 3
+// devices each work on a different slot. A request is never in two steps at once; outcomes may come
+// back in any order.
+TEST(StepPlanner, StepsInFlightTakeOnlyRequestsInNoOtherStep) {
+  for (uint32_t groups : {1u, 3u}) {
+    PlannerLimits l = limits(3, 256, 64);
+    l.max_in_flight = 4;
+    l.micro_batches = groups;
+    StepPlanner p(l);
+    EngineEvents ev;
+    for (RequestId id = 1; id <= 3; ++id) ASSERT_TRUE(p.submit(make_request(id, 4, 20), t0).empty());
+    // Prefill, one chunk per step (the planner takes at most one): three steps in flight.
+    std::vector<StepPlan> plans;
+    while (auto plan = p.plan(t0, ev)) plans.push_back(*plan);
+    ASSERT_EQ(plans.size(), 3u);
+    EXPECT_FALSE(p.plan(t0, ev));  // every request is in a step
+    for (auto it = plans.rbegin(); it != plans.rend(); ++it) p.apply(answer(*it), t0);  // last first
+    plans.clear();
+    while (auto plan = p.plan(t0, ev)) plans.push_back(*plan);
+    ASSERT_EQ(plans.size(), groups) << groups << " micro-batches";
+    std::set<uint32_t> slots;
+    for (const StepPlan& plan : plans) {
+      EXPECT_EQ(plan.rows.size(), 3u / groups);
+      for (const auto& row : plan.rows) EXPECT_TRUE(slots.insert(row.slot).second);
+    }
+    EXPECT_EQ(slots.size(), 3u);
+    // One group back: only its slots go again.
+    p.apply(answer(plans.back()), t0);
+    auto again = p.plan(t0, ev);
+    ASSERT_TRUE(again);
+    ASSERT_EQ(again->rows.size(), plans.back().rows.size());
+    EXPECT_EQ(again->rows[0].slot, plans.back().rows[0].slot);
+  }
 }
 
 TEST(StepPlanner, ReportsTimingsAndUsage) {

@@ -9,7 +9,7 @@
 #include "actors/bootstrap.hpp"
 #include "http/bridge_actor.hpp"
 #include "model/text/tokenizer_gguf.hpp"
-#include "tests/actors/scripted_backend.hpp"
+#include "tests/actors/scripted_stage.hpp"
 
 using namespace ferry;
 using namespace ferry::http;
@@ -45,16 +45,14 @@ class RecordingChannel : public ResponseChannel {
 };
 
 // Draws a fixed script of tokens whatever the input: a model that "says" exactly this.
-class ReplayBackend : public ferry::testing::ScriptedBackend {
+class ReplayStage : public ferry::testing::ScriptedStage {
  public:
-  ReplayBackend(std::vector<int32_t> script, uint32_t vocab) : ScriptedBackend(1, 1024, vocab), script_(std::move(script)) {}
-  std::vector<model::SlotResult> step(const std::vector<model::SlotRows>& rows) override {
-    std::vector<model::SlotResult> out = ScriptedBackend::step(rows);
-    for (size_t i = 0; i < rows.size(); ++i) {
-      if (rows[i].start == 0) next_ = 0;
-      if (rows[i].sample) out[i].sampled = script_.at(next_++);
-    }
-    return out;
+  ReplayStage(std::vector<int32_t> script, uint32_t vocab) : ScriptedStage(1, 1024, vocab), script_(std::move(script)) {}
+
+ protected:
+  int32_t draw(const model::SlotRows& row) override {
+    if (row.start == 0) next_ = 0;
+    return script_.at(next_++);
   }
 
  private:
@@ -81,14 +79,13 @@ class BridgeTest : public ::testing::Test {
     context->system = &sys;
     context->tokenizer = test_tokenizer();
     context->end_token_ids = context->tokenizer->end_of_generation_ids();
-    backend = std::make_shared<ferry::testing::ScriptedBackend>(1, 64, static_cast<uint32_t>(context->tokenizer->vocab_size()));
-    context->engine = actors::spawn_engine(sys, context->config, backend);
+    backend = std::make_shared<ferry::testing::ScriptedStage>(1, 64, static_cast<uint32_t>(context->tokenizer->vocab_size()));
+    context->engine = actors::spawn_engine(sys, context->config, *ferry::testing::pipeline_of({backend}), false);
     context->phase.store(ServerPhase::ready);
     ctx = context;
   }
   ~BridgeTest() override {
-    caf::anon_send_exit(ctx->engine.scheduler, caf::exit_reason::user_shutdown);
-    caf::anon_send_exit(ctx->engine.stage, caf::exit_reason::user_shutdown);
+    actors::stop_engine(ctx->engine);
     sched.run();
   }
   static caf::actor_system_config& configure(caf::actor_system_config& c) {
@@ -138,7 +135,7 @@ class BridgeTest : public ::testing::Test {
   caf::actor_system_config cfg;
   caf::actor_system sys;
   caf::scheduler::test_coordinator& sched;
-  std::shared_ptr<ferry::testing::ScriptedBackend> backend;
+  std::shared_ptr<ferry::testing::ScriptedStage> backend;
   std::shared_ptr<ServerContext> ctx;
   actors::RequestId next_id = 1;
 };
@@ -310,11 +307,10 @@ TEST_F(BridgeTest, ToolCallsStreamAsOpenAiDeltas) {
                  "<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>",
                  true);
   script.push_back(*tok.special_ids().eom);  // <|observation|>: the turn ends, waiting for the result
-  auto replay = std::make_shared<ReplayBackend>(script, static_cast<uint32_t>(tok.vocab_size()));
-  caf::anon_send_exit(ctx->engine.scheduler, caf::exit_reason::user_shutdown);
-  caf::anon_send_exit(ctx->engine.stage, caf::exit_reason::user_shutdown);
+  auto replay = std::make_shared<ReplayStage>(script, static_cast<uint32_t>(tok.vocab_size()));
+  actors::stop_engine(ctx->engine);
   sched.run();
-  ctx->engine = actors::spawn_engine(sys, ctx->config, replay);
+  ctx->engine = actors::spawn_engine(sys, ctx->config, *ferry::testing::pipeline_of({replay}), false);
 
   const auto tools = model::parse_json(R"([{"type": "function", "function": {"name": "get_weather",
       "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}])");

@@ -151,7 +151,7 @@ TEST(Responses, MetricsAreValidPrometheusText) {
   ttft.observe(0.5);
   ttft.observe(5);
   snap.ttft_seconds = ttft.snapshot();
-  const std::string text = render_metrics(ctx, snap, std::nullopt);
+  const std::string text = render_metrics(ctx, snap);
   for (const char* line : {"ferry_up 1\n",
                            "ferry_http_requests_total{endpoint=\"chat_completions\",code=\"429\"} 1\n",
                            "ferry_slots{state=\"idle\"} 2\n", "ferry_slots{state=\"decoding\"} 1\n",

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "model/backend.hpp"
+#include "model/step.hpp"
 
 namespace ferry::model::testing {
 

@@ -4,13 +4,17 @@
 // of P tokens and "tg N @ d" times N greedy decode steps of one token (each fed the token it drew).
 // Reports t/s (mean ± sd over the repetitions) and ms per token; on the CUDA backend also peak device
 // memory, the bytes a decoded token reads, and that traffic per second against the device's measured
-// copy bandwidth.
+// copy bandwidth. With --split the model runs as pipeline stages (several may share a device) and the
+// hand-off bytes and device microseconds per step are reported; with --slots N, "tg N @ d" also runs
+// as N requests decoding at once through the server's own engine (bench_slots.hpp).
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -18,9 +22,10 @@
 
 #include "gpu/backend_factory.hpp"
 #include "model/formats/gguf.hpp"
+#include "tools/ferry/bench_slots.hpp"
 #include "tools/ferry/commands.hpp"
 #if FERRY_HAVE_CUDA
-#include "gpu/cuda_backend.hpp"
+#include "gpu/cuda_stage.hpp"
 #endif
 
 namespace ferry::cli {
@@ -32,7 +37,8 @@ struct Options {
   uint64_t seed = 1;
   bool json = false;
   bool measure_bandwidth = true;
-  int device = 0;
+  std::string split = "none", devices;
+  uint32_t slots = 1, micro_batches = 0;
 };
 
 struct Result {
@@ -41,6 +47,7 @@ struct Result {
   bool decode = false;
   std::vector<double> seconds;
   double mean_tps() const {
+    if (slots) return slots->aggregate_tps;
     double s = 0;
     for (double x : seconds) s += tokens / x;
     return s / static_cast<double>(seconds.size());
@@ -54,6 +61,7 @@ struct Result {
   }
   double ms_per_token() const { return 1000.0 / mean_tps(); }
   uint64_t bytes_per_token = 0;
+  std::optional<SlotsResult> slots;  // a --slots run: its aggregate is the test's rate
 };
 
 std::vector<uint32_t> parse_list(const std::string& s, const char* what, std::string& error) {
@@ -97,12 +105,17 @@ int bench(const Options& o) {
   const uint32_t max_d = *std::max_element(depths.begin(), depths.end());
   gpu::BackendOptions bo;
   bo.kind = o.backend;
-  bo.max_slots = 1;
-  bo.max_step_rows = std::max<uint32_t>(max_p, 512);
+  bo.max_slots = std::max<uint32_t>(1, o.slots);
+  bo.max_step_rows = std::max<uint32_t>(max_p, 512) + bo.max_slots;
   bo.max_context = (max_d + std::max(max_p, max_n * o.reps + 8) + 64 + 255) / 256 * 256;
-  bo.device = o.device;
+  Status split_error = config::parse_split(o.split, bo.split);
+  if (!split_error && !o.devices.empty()) split_error = config::parse_devices(o.devices, bo.split);
+  if (split_error) {
+    std::fprintf(stderr, "ferry bench: %s\n", split_error->message.c_str());
+    return 2;
+  }
 
-  model::ModelResult<std::shared_ptr<model::Backend>> opened = model::ModelResult<std::shared_ptr<model::Backend>>::failure("");
+  Expected<std::unique_ptr<model::Pipeline>> opened = Error(ErrorCode::internal, "no model");
   std::string model_name;
   if (!o.synthetic.empty()) {
     auto hp = model::glm5_hparams_from_hf_config_file(o.synthetic);
@@ -117,17 +130,17 @@ int bench(const Options& o) {
     }
     spdlog::warn("SYNTHETIC weights ({}, seed {}): pseudo-random values of the shape in {}; speed only, no meaning",
                  o.type, o.seed, o.synthetic);
-    opened = gpu::open_synthetic_backend(hp.value(), *type, o.seed, bo);
+    opened = gpu::open_synthetic_pipeline(hp.value(), *type, o.seed, bo);
     model_name = o.synthetic + " (synthetic " + o.type + ")";
   } else {
-    opened = gpu::open_backend(o.model, bo);
+    opened = gpu::open_pipeline(o.model, bo);
     model_name = o.model;
   }
   if (!opened) {
-    std::fprintf(stderr, "ferry bench: %s\n", opened.error().c_str());
+    std::fprintf(stderr, "ferry bench: %s\n", opened.error().message.c_str());
     return 2;
   }
-  model::Backend& b = *opened.value();
+  model::Pipeline& b = *opened.value();
   const uint32_t V = b.hparams().vocab_size;
   std::mt19937 rng(static_cast<uint32_t>(o.seed));
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(V) - 1);
@@ -136,19 +149,28 @@ int bench(const Options& o) {
     for (int32_t& x : t) x = tok(rng);
     return t;
   };
-  // Fills slot 0 with `d` tokens in steps of at most the planned step size.
-  auto fill = [&](uint32_t d) {
-    b.reset_slot(0);
-    for (uint32_t at = 0; at < d; at += bo.max_step_rows) {
-      const uint32_t n = std::min(bo.max_step_rows, d - at);
-      b.step({model::SlotRows{0, at, random_tokens(n), false, true, {}}});
+  std::string failure;
+  // One step of slot 0; the token it drew, or -1 with `failure` set.
+  auto step = [&](uint32_t start, std::vector<int32_t> tokens) {
+    auto res = b.step({model::SlotRows{0, start, std::move(tokens), false, true, {}}});
+    if (!res) {
+      if (failure.empty()) failure = res.error().message;
+      return int32_t{-1};
     }
+    return (*res)[0].sampled;
+  };
+  // Fills slot 0 with `d` tokens (the pipeline splits it into steps it can take).
+  auto fill = [&](uint32_t d) {
+    if (auto e = b.reset_slot(0)) failure = e->message;
+    if (d > 0) step(0, random_tokens(d));
   };
 
   std::fprintf(stderr, "ferry bench: %s on %s\n", model_name.c_str(), b.describe().c_str());
   // Warm-up: one prefill of each size and a few decode steps at depth 0 (cuBLAS heuristics, graphs).
-  for (uint32_t p : pp) b.step({model::SlotRows{0, 0, random_tokens(p), false, true, {}}});
+  for (uint32_t p : pp) step(0, random_tokens(p));
   std::vector<Result> results;
+  std::vector<model::StageCounters> before(b.stages().size());
+  std::vector<std::string> handoffs;  // per depth and link: bytes and copy time per decode step
   for (uint32_t d : depths) {
     for (uint32_t p : pp) {
       Result r{"pp" + std::to_string(p) + " @ d" + std::to_string(d), p, d, false, {}};
@@ -156,7 +178,7 @@ int bench(const Options& o) {
         fill(d);  // every repetition starts from the same depth
         const auto tokens = random_tokens(p);
         const double t0 = now_s();
-        b.step({model::SlotRows{0, d, tokens, false, true, {}}});
+        step(d, tokens);
         r.seconds.push_back(now_s() - t0);
       }
       results.push_back(r);
@@ -167,31 +189,76 @@ int bench(const Options& o) {
     fill(d);
     uint32_t pos = d;
     int32_t t = tok(rng);
-    for (int i = 0; i < 2; ++i) t = b.step({model::SlotRows{0, pos++, {t}, false, true, {}}})[0].sampled;  // graph capture
+    for (int i = 0; i < 2; ++i) t = step(pos++, {t});  // graph capture
+    for (size_t i = 0; i < b.stages().size(); ++i) before[i] = b.stages()[i]->counters();
     for (uint32_t n : tg) {
       Result r{"tg" + std::to_string(n) + " @ d" + std::to_string(d), n, d, true, {}};
       for (uint32_t rep = 0; rep < o.reps; ++rep) {
         const double t0 = now_s();
-        for (uint32_t i = 0; i < n; ++i) t = b.step({model::SlotRows{0, pos++, {t}, false, true, {}}})[0].sampled;
+        for (uint32_t i = 0; i < n && failure.empty(); ++i) t = step(pos++, {t});
         r.seconds.push_back(now_s() - t0);
       }
 #if FERRY_HAVE_CUDA
-      if (auto* cb = dynamic_cast<gpu::CudaBackend*>(&b)) r.bytes_per_token = cb->decode_bytes_per_token(d + n / 2);
+      for (const auto& s : b.stages()) {
+        if (auto* cs = dynamic_cast<gpu::CudaStage*>(s.get())) r.bytes_per_token += cs->decode_bytes_per_token(d + n / 2);
+      }
 #endif
       results.push_back(r);
       std::fprintf(stderr, "  %-18s %10.1f t/s\n", r.test.c_str(), r.mean_tps());
     }
+    for (size_t i = 0; i + 1 < b.stages().size(); ++i) {
+      const model::StageCounters c = b.stages()[i]->counters();
+      const double steps = static_cast<double>(c.steps - before[i].steps);
+      const double timed = static_cast<double>(c.handoffs_timed - before[i].handoffs_timed);
+      char line[256];
+      std::snprintf(line, sizeof line, "tg @ d%u, stage %zu -> %zu: %.0f bytes/step, %.2f us/step of copy", d, i, i + 1,
+                    steps > 0 ? static_cast<double>(c.handoff_bytes - before[i].handoff_bytes) / steps : 0.0,
+                    timed > 0 ? 1000.0 * (c.handoff_ms - before[i].handoff_ms) / timed : 0.0);
+      handoffs.push_back(line);
+    }
+    if (o.slots > 1 && failure.empty()) {
+      SlotsBench sb;
+      sb.slots = o.slots;
+      sb.depth = d;
+      sb.tokens = max_n;
+      sb.prefill_chunk = std::max<uint32_t>(max_p, 512);
+      sb.micro_batches = o.micro_batches;
+      sb.split = bo.split;
+      sb.seed = o.seed;
+      auto sr = bench_slots(b, sb);
+      if (!sr) {
+        failure = sr.error().message;
+        break;
+      }
+      Result r{"tg" + std::to_string(max_n) + " x" + std::to_string(o.slots) + " @ d" + std::to_string(d), max_n, d,
+               true, {}};
+      r.slots = sr.value();
+      results.push_back(r);
+      std::fprintf(stderr, "  %-18s %10.1f t/s aggregate (%u micro-batches)\n", r.test.c_str(), sr->aggregate_tps,
+                   sr->micro_batches);
+    }
+    if (!failure.empty()) break;
+  }
+  if (!failure.empty()) {
+    std::fprintf(stderr, "ferry bench: %s\n", failure.c_str());
+    return 1;
   }
 
   double copy_bw = 0;
   uint64_t peak = 0, weights = 0;
   std::string device = b.describe();
 #if FERRY_HAVE_CUDA
-  if (auto* cb = dynamic_cast<gpu::CudaBackend*>(&b)) {
-    const gpu::DeviceMemoryReport m = cb->memory();
-    peak = m.peak_bytes;
-    weights = m.weight_bytes;
-    if (o.measure_bandwidth) copy_bw = gpu::measure_copy_bandwidth(o.device, uint64_t{1} << 31, 20);
+  std::map<int, uint64_t> peak_by_device;
+  for (const auto& s : b.stages()) {
+    auto* cs = dynamic_cast<gpu::CudaStage*>(s.get());
+    if (cs == nullptr) continue;
+    const gpu::DeviceMemoryReport m = cs->memory();
+    weights += m.weight_bytes;
+    peak_by_device[cs->device()] = m.peak_bytes;
+  }
+  for (const auto& [dev, bytes] : peak_by_device) peak += bytes;
+  if (o.measure_bandwidth && !peak_by_device.empty()) {
+    copy_bw = gpu::measure_copy_bandwidth(peak_by_device.begin()->first, uint64_t{1} << 31, 20);
   }
 #endif
   if (o.json) {
@@ -201,10 +268,15 @@ int bench(const Options& o) {
                 static_cast<unsigned long long>(peak), copy_bw);
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
+      std::string per_slot;
+      if (r.slots) {
+        for (double x : r.slots->per_slot_tps) per_slot += (per_slot.empty() ? "" : ", ") + std::to_string(x);
+        per_slot = ", \"per_slot_tps\": [" + per_slot + "], \"overlap_s\": " + std::to_string(r.slots->overlap_s);
+      }
       std::printf("%s\n  {\"test\": \"%s\", \"tokens\": %u, \"depth\": %u, \"tps_mean\": %.3f, \"tps_sd\": %.3f, "
-                  "\"ms_per_token\": %.4f, \"bytes_per_token\": %llu}",
+                  "\"ms_per_token\": %.4f, \"bytes_per_token\": %llu%s}",
                   i ? "," : "", r.test.c_str(), r.tokens, r.depth, r.mean_tps(), r.sd_tps(), r.ms_per_token(),
-                  static_cast<unsigned long long>(r.bytes_per_token));
+                  static_cast<unsigned long long>(r.bytes_per_token), per_slot.c_str());
     }
     std::printf("\n]}\n");
     return 0;
@@ -226,6 +298,15 @@ int bench(const Options& o) {
     }
     std::printf("| %-18s | %18s | %10.3f | %14s | %14s |\n", r.test.c_str(), tps, r.ms_per_token(), bpt, frac);
   }
+  for (const Result& r : results) {
+    if (!r.slots) continue;
+    std::printf("\n%s: aggregate %.2f t/s over an overlap of %.2f s, %u micro-batches; per slot", r.test.c_str(),
+                r.slots->aggregate_tps, r.slots->overlap_s, r.slots->micro_batches);
+    for (double x : r.slots->per_slot_tps) std::printf(" %.2f", x);
+    std::printf(" t/s\n");
+  }
+  if (!handoffs.empty()) std::printf("\nhand-off between stages:\n");
+  for (const std::string& h : handoffs) std::printf("  %s\n", h.c_str());
   return 0;
 }
 
@@ -244,7 +325,16 @@ CommandRun add_bench_command(CLI::App& app) {
   sub->add_option("-d,--n-depth", o->depth, "tokens already in the sequence, comma-separated")->capture_default_str();
   sub->add_option("-r,--repetitions", o->reps, "timed repetitions of each test")->capture_default_str()->check(CLI::Range(1, 100));
   sub->add_option("--seed", o->seed, "seed of the synthetic weights and the prompt tokens")->capture_default_str();
-  sub->add_option("--device", o->device, "CUDA device")->capture_default_str();
+  sub->add_option("--devices", o->devices, "CUDA devices of the stages, e.g. 0,1 (default: 0)");
+  sub->add_option("--split", o->split,
+                  "pipeline stages: the first layer of each stage after the first (3,6,9 = four stages), auto or none")
+      ->capture_default_str();
+  sub->add_option("--slots", o->slots,
+                  "also decode this many requests at once through the engine's scheduler and stage actors")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  sub->add_option("--micro-batches", o->micro_batches, "with --slots: decode micro-batches (0: one per device)")
+      ->capture_default_str();
   sub->add_flag("--json", o->json, "print the results as JSON");
   sub->add_flag("!--no-bandwidth", o->measure_bandwidth, "skip the copy-bandwidth measurement");
   return [o] { return bench(*o); };

@@ -8,16 +8,19 @@
 // exit 1 below --min-top1 or above --max-kl). This needs only the case's token ids, so --reference
 // may also be a JSON file of ids without logits (an evaluation window of a trained case).
 //
-// `--backend cuda`: runs the case on the CUDA backend through the Backend interface instead (logits
-// only: no DSA selections, no MTP); with `--compare-cpu` it also runs the CPU backend on the same file
-// and requires top-1 agreement >= --min-top1 with it (the check for quantized files).
+// `--backend cuda`, or `--split` on any backend: runs the case through the model's stages instead
+// (logits only: no DSA selections, no MTP), split as --split and --devices say; with `--compare-cpu`
+// it also runs the CPU forward pass on the same file and requires top-1 agreement >= --min-top1 with
+// it (the check for quantized files).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "gpu/backend_factory.hpp"
-#include "model/cpu/cpu_backend.hpp"
+#include "model/cpu/glm5_forward.hpp"
+#include "model/glm5/glm5_weights.hpp"
 #include "model/cpu/sampler.hpp"
 #include "tools/ferry/commands.hpp"
 #include "tools/ferry/reference_case.hpp"
@@ -34,6 +37,7 @@ struct Options {
   unsigned threads = 0;
   std::string backend = "cpu";
   bool compare_cpu = false;
+  std::string split = "none", devices;
 };
 
 struct Diff {
@@ -70,16 +74,24 @@ Diff compare(const std::vector<float>& a, const std::vector<float>& b, size_t vo
   return d;
 }
 
-std::unique_ptr<model::CpuBackend> open_model(const std::string& path, unsigned threads) {
-  model::CpuBackendOptions bo;
-  bo.threads = threads;
-  bo.max_slots = 1;
-  auto b = model::CpuBackend::open(path, bo);
-  if (!b) {
-    std::fprintf(stderr, "ferry eval-ref: %s\n", b.error().c_str());
-    return nullptr;
+// The CPU forward pass over a model file, with the pieces it needs.
+struct CpuModel {
+  std::unique_ptr<model::Glm5Weights> weights;
+  std::unique_ptr<model::ThreadPool> pool;
+  std::unique_ptr<model::Glm5Forward> forward;
+};
+
+std::optional<CpuModel> open_model(const std::string& path, unsigned threads) {
+  auto w = model::Glm5Weights::load(path);
+  if (!w) {
+    std::fprintf(stderr, "ferry eval-ref: %s: %s\n", path.c_str(), w.error().c_str());
+    return std::nullopt;
   }
-  return std::move(b.value());
+  CpuModel m;
+  m.weights = std::move(w.value());
+  m.pool = std::make_unique<model::ThreadPool>(threads);
+  m.forward = std::make_unique<model::Glm5Forward>(*m.weights, *m.pool);
+  return m;
 }
 
 int eval_ref_backend(const Options& o, const ReferenceCase& ref) {
@@ -88,12 +100,22 @@ int eval_ref_backend(const Options& o, const ReferenceCase& ref) {
   bo.max_slots = 1;
   bo.threads = o.threads;
   bo.max_context = static_cast<uint32_t>(ref.input_ids.size() + ref.decode_tokens.size() + 16);
-  auto opened = gpu::open_backend(o.model, bo);
-  if (!opened) {
-    std::fprintf(stderr, "ferry eval-ref: %s\n", opened.error().c_str());
+  if (auto e = config::parse_split(o.split, bo.split)) {
+    std::fprintf(stderr, "ferry eval-ref: %s\n", e->message.c_str());
     return 2;
   }
-  model::Backend& b = *opened.value();
+  if (!o.devices.empty()) {
+    if (auto e = config::parse_devices(o.devices, bo.split)) {
+      std::fprintf(stderr, "ferry eval-ref: %s\n", e->message.c_str());
+      return 2;
+    }
+  }
+  auto opened = gpu::open_pipeline(o.model, bo);
+  if (!opened) {
+    std::fprintf(stderr, "ferry eval-ref: %s\n", opened.error().message.c_str());
+    return 2;
+  }
+  model::Pipeline& b = *opened.value();
   if (b.hparams().vocab_size != ref.vocab) {
     std::fprintf(stderr, "ferry eval-ref: the model's vocabulary has %u tokens, the reference's %u\n",
                  b.hparams().vocab_size, ref.vocab);
@@ -103,7 +125,12 @@ int eval_ref_backend(const Options& o, const ReferenceCase& ref) {
   const size_t chunk = o.chunk == 0 ? P : o.chunk;
   std::printf("case %s: prompt %zu, decode %zu, chunk %zu, %s (%s)\n", ref.name.c_str(), P, S, chunk, o.model.c_str(),
               b.describe().c_str());
-  const CaseRun run = run_case_backend(b, ref, chunk);
+  auto ran = run_case_pipeline(b, ref, chunk);
+  if (!ran) {
+    std::fprintf(stderr, "ferry eval-ref: %s\n", ran.error().message.c_str());
+    return 2;
+  }
+  const CaseRun& run = ran.value();
   std::printf("speed    prefill %.1f tokens/s, decode %.1f tokens/s\n", double(P) / std::max(run.prefill_seconds, 1e-9),
               double(S) / std::max(run.decode_seconds, 1e-9));
   const Diff pre = compare(ref.prefill, run.prefill, ref.vocab);
@@ -115,7 +142,7 @@ int eval_ref_backend(const Options& o, const ReferenceCase& ref) {
   if (o.compare_cpu) {
     auto cpu = open_model(o.model, o.threads);
     if (!cpu) return 2;
-    const CaseRun base = run_case(cpu->model(), ref, chunk, false);
+    const CaseRun base = run_case(*cpu->forward, ref, chunk, false);
     std::vector<float> a(base.prefill), c(run.prefill);
     a.insert(a.end(), base.decode.begin(), base.decode.end());
     c.insert(c.end(), run.decode.begin(), run.decode.end());
@@ -146,10 +173,10 @@ int eval_ref(const Options& o) {
                  o.reference.c_str(), o.backend == "cpu" ? "--compare-to-f32" : "--compare-cpu");
     return 2;
   }
-  if (o.backend != "cpu") return eval_ref_backend(o, ref);
+  if (o.backend != "cpu" || o.split != "none" || !o.devices.empty()) return eval_ref_backend(o, ref);
   auto backend = open_model(o.model, o.threads);
   if (!backend) return 2;
-  const model::Glm5Hparams& hp = backend->hparams();
+  const model::Glm5Hparams& hp = backend->weights->hparams();
   if (hp.vocab_size != ref.vocab) {
     std::fprintf(stderr, "ferry eval-ref: the model's vocabulary has %u tokens, the reference's %u\n", hp.vocab_size,
                  ref.vocab);
@@ -157,16 +184,16 @@ int eval_ref(const Options& o) {
   }
   const size_t P = ref.input_ids.size(), S = ref.decode_tokens.size();
   const size_t chunk = o.chunk == 0 ? P : o.chunk;
-  std::printf("case %s: prompt %zu, decode %zu, chunk %zu, %s (%s)\n", ref.name.c_str(), P, S, chunk,
-              o.model.c_str(), backend->describe().c_str());
-  const CaseRun run = run_case(backend->model(), ref, chunk, true);
+  std::printf("case %s: prompt %zu, decode %zu, chunk %zu, %s (cpu, %u threads)\n", ref.name.c_str(), P, S, chunk,
+              o.model.c_str(), backend->pool->size());
+  const CaseRun run = run_case(*backend->forward, ref, chunk, true);
   std::printf("speed    prefill %.1f tokens/s, decode %.1f tokens/s\n", double(P) / std::max(run.prefill_seconds, 1e-9),
               double(S) / std::max(run.decode_seconds, 1e-9));
 
   if (!o.f32_model.empty()) {
     auto base = open_model(o.f32_model, o.threads);
     if (!base) return 2;
-    const CaseRun ref32 = run_case(base->model(), ref, chunk, false);
+    const CaseRun ref32 = run_case(*base->forward, ref, chunk, false);
     std::vector<float> a(ref32.prefill), b(run.prefill);
     a.insert(a.end(), ref32.decode.begin(), ref32.decode.end());
     b.insert(b.end(), run.decode.begin(), run.decode.end());
@@ -236,6 +263,11 @@ CommandRun add_eval_ref_command(CLI::App& app) {
   sub->add_option("--backend", o->backend, "cpu (the forward pass with DSA selections and MTP), cuda or auto")
       ->capture_default_str();
   sub->add_flag("--compare-cpu", o->compare_cpu, "with --backend cuda: also run the CPU backend, require top-1 agreement");
+  sub->add_option("--split", o->split,
+                  "run through pipeline stages: the first layer of each stage after the first (e.g. 2,4), auto or "
+                  "none")
+      ->capture_default_str();
+  sub->add_option("--devices", o->devices, "CUDA devices of the stages, e.g. 0,0 (default: 0)");
   return [o] { return eval_ref(*o); };
 }
 

@@ -7,7 +7,8 @@
 #include <sstream>
 #include <string>
 
-#include "model/cpu/cpu_backend.hpp"
+#include "gpu/backend_factory.hpp"
+#include "model/formats/gguf.hpp"
 #include "model/text/tokenizer_gguf.hpp"
 #include "tools/ferry/commands.hpp"
 
@@ -46,19 +47,25 @@ std::variant<std::vector<int32_t>, std::string> parse_ids(const std::string& tex
 }
 
 int run(const RunOptions& o) {
-  model::CpuBackendOptions bo;
+  gpu::BackendOptions bo;
+  bo.kind = "cpu";
   bo.threads = o.threads;
   bo.max_slots = 1;
-  auto backend = model::CpuBackend::open(o.model, bo);
-  if (!backend) {
-    std::fprintf(stderr, "ferry run: %s\n", backend.error().c_str());
+  auto opened = gpu::open_pipeline(o.model, bo);
+  if (!opened) {
+    std::fprintf(stderr, "ferry run: %s\n", opened.error().message.c_str());
     return 2;
   }
-  model::CpuBackend& b = *backend.value();
+  model::Pipeline& b = *opened.value();
   std::optional<model::Tokenizer> tokenizer;
   std::variant<std::vector<int32_t>, std::string> ids;
   if (!o.prompt.empty()) {
-    auto t = model::load_tokenizer(b.weights().file());
+    auto file = model::GgufFile::open(o.model);
+    if (!file) {
+      std::fprintf(stderr, "ferry run: %s\n", file.error().message.c_str());
+      return 2;
+    }
+    auto t = model::load_tokenizer(*file);
     if (!t) {
       std::fprintf(stderr, "ferry run: --prompt needs the model file's tokenizer: %s\n", t.error().message.c_str());
       return 2;
@@ -87,7 +94,12 @@ int run(const RunOptions& o) {
   const auto t0 = clock::now();
   auto t1 = t0;
   for (uint32_t i = 0; i < o.n; ++i) {
-    const int32_t tok = b.step({rows})[0].sampled;
+    auto step = b.step({rows});
+    if (!step) {
+      std::fprintf(stderr, "ferry run: %s\n", step.error().message.c_str());
+      return 1;
+    }
+    const int32_t tok = (*step)[0].sampled;
     if (i == 0) t1 = clock::now();
     out.push_back(tok);
     rows.start += static_cast<uint32_t>(rows.tokens.size());

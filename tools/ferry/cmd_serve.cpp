@@ -72,7 +72,7 @@ int serve(config::ServeCli& cli) {
   const bool synthetic = !config.model.synthetic_config.empty();
   if (auto kind = gpu::resolve_backend_kind(synthetic ? "cuda" : config.devices.backend); !kind) {
     std::fprintf(stderr, "ferry serve: %s: %s\n", synthetic ? "--synthetic needs a GPU" : "--backend",
-                 kind.error().c_str());
+                 kind.error().message.c_str());
     return 2;
   }
   std::variant<std::string, LoadError> model_path;
@@ -140,11 +140,12 @@ int serve(config::ServeCli& cli) {
   LoadedModel& model = std::get<LoadedModel>(loaded);
   context->tokenizer = model.tokenizer;
   context->end_token_ids = model.tokenizer->end_of_generation_ids();
-  context->backend_name = model.backend->describe();
-  context->engine = actors::spawn_engine(system, config, model.backend);
-  model.backend.reset();  // the stage actor owns it now
+  context->backend_name = model.pipeline->describe();
+  context->engine = actors::spawn_engine(system, config, *model.pipeline);
+  model.pipeline.reset();  // the stage actors own the stages now
   if (context->engine.limits.ctx < config.slots.ctx) {
-    spdlog::info("context per slot: {} tokens (the model's limit; --ctx asked for {})", context->engine.limits.ctx, config.slots.ctx);
+    spdlog::info("context per slot: {} tokens (the model's trained context; --ctx asked for {})",
+                 context->engine.limits.ctx, config.slots.ctx);
   }
   context->phase.store(http::ServerPhase::ready, std::memory_order_release);
   spdlog::info("serving {} as '{}' on http://{}:{}: {} slots of {} tokens, {}", context->progress.stage_name,
@@ -172,8 +173,7 @@ int serve(config::ServeCli& cli) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   stop_http();
-  self->send_exit(context->engine.scheduler, caf::exit_reason::user_shutdown);
-  self->send_exit(context->engine.stage, caf::exit_reason::user_shutdown);
+  actors::stop_engine(context->engine);
   spdlog::info("stopped");
   return exit_code;
 }

@@ -149,12 +149,12 @@ CaseRun run_case(model::Glm5Forward& m, const ReferenceCase& ref, size_t chunk, 
   return out;
 }
 
-CaseRun run_case_backend(model::Backend& b, const ReferenceCase& ref, size_t chunk) {
+Expected<CaseRun> run_case_pipeline(model::Pipeline& b, const ReferenceCase& ref, size_t chunk) {
   using clock = std::chrono::steady_clock;
   CaseRun out;
   const size_t P = ref.input_ids.size();
   if (chunk == 0) chunk = P;
-  b.reset_slot(0);
+  if (auto e = b.reset_slot(0)) return *e;
   auto t0 = clock::now();
   for (size_t at = 0; at < P; at += chunk) {
     const size_t n = std::min(chunk, P - at);
@@ -164,7 +164,8 @@ CaseRun run_case_backend(model::Backend& b, const ReferenceCase& ref, size_t chu
     r.logits_all = true;
     r.sample = false;
     auto res = b.step({r});
-    out.prefill.insert(out.prefill.end(), res[0].logits.begin(), res[0].logits.end());
+    if (!res) return res.error();
+    out.prefill.insert(out.prefill.end(), (*res)[0].logits.begin(), (*res)[0].logits.end());
   }
   auto t1 = clock::now();
   for (size_t i = 0; i < ref.decode_tokens.size(); ++i) {
@@ -173,7 +174,8 @@ CaseRun run_case_backend(model::Backend& b, const ReferenceCase& ref, size_t chu
     r.tokens = {ref.decode_tokens[i]};
     r.sample = false;
     auto res = b.step({r});
-    out.decode.insert(out.decode.end(), res[0].logits.begin(), res[0].logits.end());
+    if (!res) return res.error();
+    out.decode.insert(out.decode.end(), (*res)[0].logits.begin(), (*res)[0].logits.end());
   }
   auto t2 = clock::now();
   out.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();

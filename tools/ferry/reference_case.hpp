@@ -10,8 +10,9 @@
 #include <variant>
 #include <vector>
 
-#include "model/backend.hpp"
+#include "config/expected.hpp"
 #include "model/cpu/glm5_forward.hpp"
+#include "model/pipeline.hpp"
 
 namespace ferry::cli {
 
@@ -41,9 +42,8 @@ struct CaseRun {
 
 CaseRun run_case(model::Glm5Forward& model, const ReferenceCase& ref, size_t chunk, bool with_mtp);
 
-// The same run through the model::Backend interface (any backend, e.g. CUDA): prompt logits in chunks,
-// then the decode tokens one step at a time, on slot 0. No selections and no MTP (the interface has
-// neither).
-CaseRun run_case_backend(model::Backend& backend, const ReferenceCase& ref, size_t chunk);
+// The same run through a pipeline of stages (any backend, any split): prompt logits in chunks, then
+// the decode tokens one step at a time, on slot 0. No selections and no MTP (stages return neither).
+Expected<CaseRun> run_case_pipeline(model::Pipeline& pipeline, const ReferenceCase& ref, size_t chunk);
 
 }  // namespace ferry::cli

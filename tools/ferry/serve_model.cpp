@@ -123,6 +123,8 @@ gpu::BackendOptions backend_options(const config::ServeConfig& config) {
   options.threads = config.devices.threads;
   options.max_slots = config.slots.count;
   options.max_step_rows = config.slots.prefill_chunk + config.slots.count;  // one chunk + a decode row per slot
+  options.max_context = config.slots.ctx;
+  options.split = config.devices.split;
   return options;
 }
 
@@ -161,12 +163,12 @@ std::variant<LoadedModel, LoadError> load_model(const std::string& path, const c
   auto tokenizer = model::load_tokenizer(*file);
   if (!tokenizer) return LoadError{path + ": the tokenizer: " + tokenizer.error().message};
 
-  auto backend = gpu::open_backend(path, backend_options(config));
-  if (!backend) return LoadError{backend.error()};
+  auto pipeline = gpu::open_pipeline(path, backend_options(config));
+  if (!pipeline) return LoadError{pipeline.error().message};
 
   LoadedModel loaded;
   loaded.tokenizer = std::make_shared<const model::Tokenizer>(std::move(tokenizer.value()));
-  loaded.backend = backend.value();
+  loaded.pipeline = std::move(pipeline.value());
   return loaded;
 }
 
@@ -187,11 +189,12 @@ std::variant<LoadedModel, LoadError> load_synthetic(const SyntheticSource& sourc
     return LoadError{"--tokenizer " + config.model.tokenizer_path + " has " + std::to_string(tokenizer->vocab_size()) +
                      " tokens, more than the " + std::to_string(vocab) + " of --synthetic " + config.model.synthetic_config};
   }
-  auto backend = gpu::open_synthetic_backend(source.hparams, source.type, config.model.synthetic_seed, backend_options(config));
-  if (!backend) return LoadError{backend.error()};
+  auto pipeline =
+      gpu::open_synthetic_pipeline(source.hparams, source.type, config.model.synthetic_seed, backend_options(config));
+  if (!pipeline) return LoadError{pipeline.error().message};
   LoadedModel loaded;
   loaded.tokenizer = std::make_shared<const model::Tokenizer>(std::move(tokenizer.value()));
-  loaded.backend = backend.value();
+  loaded.pipeline = std::move(pipeline.value());
   return loaded;
 }
 

@@ -1,5 +1,5 @@
 #pragma once
-// What `ferry serve` loads before it can answer: the backend and the tokenizer of one GGUF file,
+// What `ferry serve` loads before it can answer: the model's stages and the tokenizer of one GGUF file,
 // with progress (bytes, percent, rate, ETA) on the terminal, in the log and in /health. With no
 // --model, the default model embedded in the binary is served; with --synthetic, weights made on
 // the GPU and a tokenizer from --tokenizer or a placeholder.
@@ -10,15 +10,15 @@
 
 #include "config/serve_config.hpp"
 #include "http/server_context.hpp"
-#include "model/backend.hpp"
 #include "model/formats/ggml_type.hpp"
 #include "model/glm5/glm5_hparams.hpp"
+#include "model/pipeline.hpp"
 #include "model/text/tokenizer.hpp"
 
 namespace ferry::cli {
 
 struct LoadedModel {
-  std::shared_ptr<model::Backend> backend;
+  std::unique_ptr<model::Pipeline> pipeline;
   std::shared_ptr<const model::Tokenizer> tokenizer;
 };
 
@@ -31,7 +31,8 @@ struct LoadError {
 std::variant<std::string, LoadError> resolve_model_path(const config::ServeConfig& config);
 
 // Reads the file once through the page cache (so the first requests do not wait on the disk) while
-// reporting progress, then opens the backend and the tokenizer. `stop` cancels between chunks.
+// reporting progress, then opens the stages (--backend, --devices, --split; the context --ctx, or
+// refused with the numbers when a device cannot hold it) and the tokenizer. `stop` cancels between chunks.
 std::variant<LoadedModel, LoadError> load_model(const std::string& path, const config::ServeConfig& config,
                                                 http::LoadProgress& progress, const std::atomic<bool>& stop);
 
@@ -42,7 +43,7 @@ struct SyntheticSource {
 };
 std::variant<SyntheticSource, LoadError> read_synthetic_source(const config::ServeConfig& config);
 
-// Makes the weights on the GPU (open_synthetic_backend) and the tokenizer: --tokenizer's, whose ids
+// Makes the weights on the GPU (open_synthetic_pipeline) and the tokenizer: --tokenizer's, whose ids
 // must fit the shape's vocabulary, or model::placeholder_tokenizer.
 std::variant<LoadedModel, LoadError> load_synthetic(const SyntheticSource& source, const config::ServeConfig& config);
 

@@ -1,0 +1,377 @@
+#include "gpu/cuda_stage.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <optional>
+
+#include "gpu/cuda_blas.hpp"
+#include "gpu/cuda_check.hpp"
+#include "gpu/decode_graphs.hpp"
+#include "gpu/handoff.hpp"
+#include "gpu/head_sampling.hpp"
+#include "gpu/layer_runner.hpp"
+#include "gpu/stage_state.hpp"
+#include "gpu/step_input.hpp"
+#include "gpu/workspace.hpp"
+#include "model/glm5/glm5_weights.hpp"
+
+namespace ferry::gpu {
+namespace {
+
+std::string format_gib(uint64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f GiB", static_cast<double>(bytes) / 1073741824.0);
+  return text;
+}
+
+}  // namespace
+
+struct CudaStage::Impl {
+  model::Glm5Hparams hp;
+  model::LayerRange layers;
+  CudaStageOptions opt;
+  bool synthetic = false;
+  std::string name, kernels;
+  Stream compute, copy;
+  blas::Handle cublas = nullptr;
+  std::optional<DeviceWeights> weights;
+  std::optional<StageState> state;
+  std::optional<Workspace> work;
+  std::optional<StepInput> input;
+  std::optional<LayerRunner> runner;
+  std::optional<Head> head;
+  DecodeGraphs graphs;
+  std::shared_ptr<HandoffLink> in, out;  // from the stage before, to the stage after
+  Event computed{false}, sent{false};    // this step's layers done; its hand-off copy done
+  Event copy_begin, copy_end;            // times the last hand-off copy
+  bool copy_timed = false;
+  model::StageCounters counters;
+  std::optional<Error> dead;  // the device error that ended the stage
+  uint64_t peak_used = 0;
+
+  Impl(const model::Glm5Hparams& h, model::LayerRange l, const CudaStageOptions& o)
+      : hp(h), layers(l), opt(o), graphs(o.graphs) {}
+  ~Impl() {
+    if (cublas != nullptr) blas::api().destroy(cublas);
+  }
+
+  bool first() const { return layers.first == 0; }
+  bool last() const { return layers.end == hp.n_layers; }
+  cudaStream_t s() const { return compute.get(); }
+  uint64_t row_bytes() const { return ModelDims(hp).stream_floats() * sizeof(float); }
+
+  void note_peak() {
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) peak_used = std::max<uint64_t>(peak_used, total_b - free_b);
+  }
+
+  // The slots' state is sized for the whole context up front: a context the device cannot hold is
+  // refused here, with the numbers, before anything else is allocated.
+  Status check_state_fits() {
+    const uint64_t need = StageState::bytes_for(hp, layers, opt.max_slots, opt.max_context);
+    size_t free_b = 0, total_b = 0;
+    FERRY_CUDA(cudaMemGetInfo(&free_b, &total_b));
+    if (need <= free_b) return std::nullopt;
+    const uint64_t per_token = StageState::bytes_for(hp, layers, 1, 1) - StageState::bytes_for(hp, layers, 1, 0);
+    const uint64_t fixed = StageState::bytes_for(hp, layers, opt.max_slots, 0);
+    const uint64_t fits = free_b > fixed ? (free_b - fixed) / std::max<uint64_t>(1, per_token * opt.max_slots) : 0;
+    return Error(ErrorCode::out_of_memory,
+                 model::describe_layers(layers) + " on cuda:" + std::to_string(opt.device) + ": " +
+                     std::to_string(opt.max_slots) + " slots of " + std::to_string(opt.max_context) +
+                     " tokens need " + format_gib(need) + " of state, and " + format_gib(free_b) +
+                     " is free after the weights; lower --ctx to at most " + std::to_string(fits) +
+                     " (the state of " + std::to_string(opt.max_slots) + " slots) or --slots");
+  }
+
+  // Everything but the weights, after them.
+  void finish_setup() {
+    state.emplace(hp, layers, opt.max_slots, opt.max_context, s());
+    work.emplace(hp, layers, opt.max_step_rows, opt.max_context);
+    FERRY_CUBLAS(blas::api().set_workspace(cublas, work->cublas_ws, Workspace::kCublasWorkspace));
+    input.emplace(opt.max_step_rows);
+    runner.emplace(hp, *weights, *state, *work, cublas, s());
+    if (last()) head.emplace(hp, *weights, *work, *runner, s());
+    FERRY_CUDA(cudaDeviceSynchronize());
+    note_peak();
+  }
+
+  void collect_copy_time() {
+    if (copy_timed && cudaEventQuery(copy_end.get()) == cudaSuccess) {
+      counters.handoff_ms += copy_end.since(copy_begin);
+      ++counters.handoffs_timed;
+      copy_timed = false;
+    }
+  }
+
+  Expected<model::StageOutput> run(const std::vector<model::SlotRows>& rows, const CudaHandoff* h);
+};
+
+namespace {
+
+void set_device(int device) {
+  int count = 0;
+  FERRY_CUDA(cudaGetDeviceCount(&count));
+  if (device < 0 || device >= count) {
+    throw CudaError("CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(count) + " visible)",
+                    ErrorCode::invalid_input);
+  }
+  FERRY_CUDA(cudaSetDevice(device));
+}
+
+}  // namespace
+
+Expected<std::unique_ptr<CudaStage::Impl>> CudaStage::make_impl(const model::Glm5Hparams& hp, model::LayerRange layers,
+                                                                const CudaStageOptions& opt,
+                                                                const std::function<void(Impl&)>& load) {
+  if (opt.max_slots == 0 || opt.max_context == 0 || opt.max_step_rows == 0) {
+    return Error(ErrorCode::invalid_input, "CUDA stage: max_slots, max_context and max_step_rows must be positive");
+  }
+  try {
+    set_device(opt.device);
+    auto impl = std::make_unique<CudaStage::Impl>(hp, layers, opt);
+    cudaDeviceProp prop{};
+    FERRY_CUDA(cudaGetDeviceProperties(&prop, opt.device));
+    impl->name = prop.name;
+    impl->kernels = kernel_image();
+    FERRY_CUBLAS(blas::api().create(&impl->cublas));
+    FERRY_CUBLAS(blas::api().set_stream(impl->cublas, impl->s()));
+    upload_quant_tables();
+    load(*impl);
+    if (auto e = impl->check_state_fits()) return *e;
+    impl->finish_setup();
+    return impl;
+  } catch (const CudaError& e) {
+    return Error(e.code(), model::describe_layers(layers) + " on cuda:" + std::to_string(opt.device) + ": " + e.what());
+  }
+}
+
+CudaStage::CudaStage(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CudaStage::~CudaStage() {
+  if (impl_) cudaSetDevice(impl_->opt.device);  // its buffers are freed on their own device
+}
+
+Expected<std::unique_ptr<CudaStage>> CudaStage::from_weights(const model::Glm5Weights& weights,
+                                                             model::LayerRange layers, const CudaStageOptions& opt) {
+  auto impl = make_impl(weights.hparams(), layers, opt,
+                        [&](Impl& m) { m.weights.emplace(DeviceWeights::upload(weights, layers, m.s())); });
+  if (!impl) return impl.error();
+  return std::unique_ptr<CudaStage>(new CudaStage(std::move(impl.value())));
+}
+
+Expected<std::unique_ptr<CudaStage>> CudaStage::synthetic(const SyntheticModel& model, model::LayerRange layers,
+                                                          const CudaStageOptions& opt) {
+  const std::vector<std::string> problems = model.hparams.validate();
+  if (!problems.empty()) return Error(ErrorCode::invalid_input, "synthetic model: " + problems.front());
+  auto impl = make_impl(model.hparams, layers, opt, [&](Impl& m) {
+    m.synthetic = true;
+    m.weights.emplace(DeviceWeights::synthesize(model, layers, m.s()));
+  });
+  if (!impl) return impl.error();
+  return std::unique_ptr<CudaStage>(new CudaStage(std::move(impl.value())));
+}
+
+Expected<model::StageOutput> CudaStage::Impl::run(const std::vector<model::SlotRows>& rows, const CudaHandoff* h) {
+  const auto begin = std::chrono::steady_clock::now();
+  // This step's streams overwrite the workspace: the previous step's hand-off must have read it.
+  FERRY_CUDA(cudaStreamWaitEvent(s(), sent.get(), 0));
+  const uint32_t n = model::total_rows(rows);
+  if (!first()) {
+    if (h == nullptr || h->rows() != n) {
+      if (h != nullptr) in->discard(*h);
+      return Error(ErrorCode::internal, model::describe_layers(layers) + ": no hand-off of " + std::to_string(n) + " rows");
+    }
+    in->receive(*h, work->R, s());
+  }
+  const model::RowLimits limits{opt.max_slots, opt.max_context, opt.max_step_rows, first() ? hp.vocab_size : 0};
+  if (auto e = model::validate_rows(rows, state->tokens, limits)) return *e;
+  for (const model::SlotRows& r : rows) {
+    if (r.start == 0 && !r.tokens.empty()) state->zero_slot(r.slot, s());
+  }
+  const StepGeometry g = input->stage(rows, last(), last() ? work->logit_rows : 1, s());
+  const int32_t* tokens = first() ? input->tokens() : nullptr;
+  model::StageOutput output;
+  const bool graphable = input->decode_only() && g.rows <= kMaxMatvecTokens &&
+                         (!last() || (input->logit_list().size() == g.rows && g.rows <= work->logit_rows));
+  if (graphable) {
+    graphs.run(g.rows, s(), [&] {
+      runner->forward(layers, g, tokens);
+      if (last()) head->decode(*input, g.rows);
+    });
+    if (last()) output.results = head->decode_results(rows, *input);
+  } else {
+    runner->forward(layers, g, tokens);
+    if (last()) output.results = head->results(rows, *input);
+  }
+  for (const model::SlotRows& r : rows) {
+    if (!r.tokens.empty()) state->tokens[r.slot] = r.start + static_cast<uint32_t>(r.tokens.size());
+  }
+  if (!last()) {
+    collect_copy_time();
+    computed.record(s());
+    FERRY_CUDA(cudaStreamWaitEvent(copy.get(), computed.get(), 0));
+    const bool time_it = !copy_timed;
+    if (time_it) copy_begin.record(copy.get());
+    const CudaHandoff sent_rows = out->send(work->R, uint64_t{n} * row_bytes(), n, copy.get());
+    if (time_it) {
+      copy_end.record(copy.get());
+      copy_timed = true;
+    }
+    sent.record(copy.get());
+    output.handoff = std::make_shared<CudaHandoff>(sent_rows);
+    counters.handoff_bytes += sent_rows.bytes();
+  }
+  ++counters.steps;
+  counters.rows += n;
+  counters.compute_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count();
+  note_peak();
+  return output;
+}
+
+Expected<model::StageOutput> CudaStage::run(const std::vector<model::SlotRows>& rows, const model::Handoff* in) {
+  Impl& m = *impl_;
+  const auto* h = dynamic_cast<const CudaHandoff*>(in);
+  if (m.dead) {
+    if (in != nullptr) discard(*in);
+    return *m.dead;
+  }
+  try {
+    FERRY_CUDA(cudaSetDevice(m.opt.device));
+    return m.run(rows, h);
+  } catch (const CudaError& e) {
+    Error error(e.code(), model::describe_layers(m.layers) + " on cuda:" + std::to_string(m.opt.device) + ": " + e.what());
+    if (ends_stage(e.code())) m.dead = error;
+    return error;
+  }
+}
+
+void CudaStage::discard(const model::Handoff& in) {
+  if (const auto* h = dynamic_cast<const CudaHandoff*>(&in); h != nullptr && impl_->in) impl_->in->discard(*h);
+}
+
+Status CudaStage::connect(model::Stage& next) {
+  auto* to = dynamic_cast<CudaStage*>(&next);
+  if (to == nullptr) return Error(ErrorCode::unsupported, "a CUDA stage hands off only to another CUDA stage");
+  try {
+    const uint32_t rows = std::min(impl_->opt.max_step_rows, to->impl_->opt.max_step_rows);
+    auto link = std::make_shared<HandoffLink>(impl_->opt.device, to->impl_->opt.device, rows * impl_->row_bytes());
+    impl_->out = link;
+    to->impl_->in = link;
+    FERRY_CUDA(cudaSetDevice(impl_->opt.device));
+    return std::nullopt;
+  } catch (const CudaError& e) {
+    return Error(e.code(), std::string("connecting the stages: ") + e.what());
+  }
+}
+
+Status CudaStage::reset_slot(uint32_t slot) {
+  Impl& m = *impl_;
+  if (m.dead) return m.dead;
+  if (slot >= m.opt.max_slots) return Error(ErrorCode::invalid_plan, "slot " + std::to_string(slot) + " does not exist");
+  try {
+    FERRY_CUDA(cudaSetDevice(m.opt.device));
+    m.state->zero_slot(slot, m.s());
+    return std::nullopt;
+  } catch (const CudaError& e) {
+    Error error(e.code(), e.what());
+    if (ends_stage(e.code())) m.dead = error;
+    return error;
+  }
+}
+
+Expected<model::SlotStateImage> CudaStage::save_slot(uint32_t slot, bool with_rows) {
+  Impl& m = *impl_;
+  if (m.dead) return *m.dead;
+  try {
+    FERRY_CUDA(cudaSetDevice(m.opt.device));
+    return m.state->save(slot, with_rows, m.s());
+  } catch (const CudaError& e) {
+    Error error(e.code(), e.what());
+    if (ends_stage(e.code())) m.dead = error;
+    return error;
+  }
+}
+
+Status CudaStage::restore_slot(uint32_t slot, const model::SlotStateImage& image) {
+  Impl& m = *impl_;
+  if (m.dead) return m.dead;
+  try {
+    FERRY_CUDA(cudaSetDevice(m.opt.device));
+    return m.state->restore(slot, image, m.s());
+  } catch (const CudaError& e) {
+    Error error(e.code(), e.what());
+    if (ends_stage(e.code())) m.dead = error;
+    return error;
+  }
+}
+
+const model::Glm5Hparams& CudaStage::hparams() const { return impl_->hp; }
+model::LayerRange CudaStage::layers() const { return impl_->layers; }
+uint32_t CudaStage::max_slots() const { return impl_->opt.max_slots; }
+uint32_t CudaStage::max_context() const { return impl_->opt.max_context; }
+uint32_t CudaStage::max_step_rows() const { return impl_->opt.max_step_rows; }
+const model::SlotStateLayout& CudaStage::state_layout() const { return impl_->state->layout(); }
+int CudaStage::device() const { return impl_->opt.device; }
+std::string CudaStage::device_name() const { return impl_->name; }
+bool CudaStage::synthetic_weights() const { return impl_->synthetic; }
+std::string CudaStage::handoff_path() const { return impl_->out ? impl_->out->path() : std::string(); }
+
+model::StageCounters CudaStage::counters() const {
+  impl_->collect_copy_time();
+  return impl_->counters;
+}
+
+std::string CudaStage::describe() const {
+  const Impl& m = *impl_;
+  return "cuda:" + std::to_string(m.opt.device) + " " + m.name + " (kernels " + m.kernels + ", cuBLAS " +
+         blas::api().library + "), " + model::describe_layers(m.layers) + (m.synthetic ? " (SYNTHETIC weights)" : "");
+}
+
+DeviceMemoryReport CudaStage::memory() const {
+  impl_->note_peak();
+  const Impl& m = *impl_;
+  const uint64_t inbox = m.in ? m.in->capacity() : 0;
+  return {m.weights->bytes(), m.state->bytes(), m.work->bytes() + inbox, m.peak_used};
+}
+
+uint64_t CudaStage::decode_bytes_per_token(uint64_t depth) const {
+  const Impl& m = *impl_;
+  const ModelDims z(m.hp);
+  uint64_t b = m.weights->decode_bytes(z.k, z.E) + uint64_t{z.D} * 4;
+  for (uint32_t il = m.layers.first; il < m.layers.end; ++il) {
+    const DevLayer& l = m.weights->layer(il);
+    if (l.kind == model::LayerKind::kda) {
+      b += 2ull * z.kda_nh * z.kda_hd * z.kda_hd * 4;  // recurrent state read and written
+    } else {
+      const uint64_t attended = std::min<uint64_t>(depth + 1, m.hp.index_topk + z.kp - 1);
+      b += attended * z.kvlr * 4;                            // selected latents
+      if (l.has_indexer) b += (depth + 1) / z.kp * z.id * 4;  // pool keys scored
+    }
+  }
+  return b;
+}
+
+double measure_copy_bandwidth(int device, uint64_t bytes, int reps) {
+  FERRY_CUDA(cudaSetDevice(device));
+  DeviceBuffer a(bytes), b(bytes);
+  Stream st;
+  FERRY_CUDA(cudaMemsetAsync(a.get(), 1, bytes, st.get()));
+  for (int i = 0; i < 3; ++i) FERRY_CUDA(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, st.get()));
+  std::vector<float> ms;
+  Event e0, e1;
+  for (int i = 0; i < std::max(reps, 1); ++i) {
+    e0.record(st.get());
+    FERRY_CUDA(cudaMemcpyAsync(i % 2 ? a.get() : b.get(), i % 2 ? b.get() : a.get(), bytes, cudaMemcpyDeviceToDevice,
+                               st.get()));
+    e1.record(st.get());
+    st.synchronize();
+    ms.push_back(e1.since(e0));
+  }
+  std::sort(ms.begin(), ms.end());
+  const double med = ms[ms.size() / 2];
+  return 2.0 * static_cast<double>(bytes) / (med * 1e-3);
+}
+
+}  // namespace ferry::gpu

@@ -1,0 +1,87 @@
+#pragma once
+// The CUDA stage: trunk layers [first, end) on one device, behind model::Stage. Its weights, its
+// slots' state for those layers and its step workspace live in that device's memory; a step is one
+// pass over the rows on the stage's compute stream (a decode step of up to 8 rows replayed from a
+// captured graph), and the output goes to the next stage on its copy stream (gpu/handoff.hpp). Every
+// call sets the stage's device on the calling thread, so stages on several devices run from several
+// threads at once. CUDA failures come back as ferry::Error values: device_error / device_lost leave
+// the stage dead (every later call answers that error).
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "gpu/device_weights.hpp"
+#include "model/stage.hpp"
+
+namespace ferry::model {
+class Glm5Weights;
+}
+
+namespace ferry::gpu {
+
+struct CudaStageOptions {
+  int device = 0;
+  uint32_t max_slots = 4;
+  uint32_t max_context = 8192;
+  uint32_t max_step_rows = 2048;  // rows of one step (a prefill chunk plus decode rows)
+  bool graphs = true;             // replay decode steps from CUDA graphs
+};
+
+struct DeviceMemoryReport {
+  uint64_t weight_bytes = 0;  // the stage's weights
+  uint64_t state_bytes = 0;   // its slots' state and caches
+  uint64_t work_bytes = 0;    // its step workspace and hand-off inbox
+  uint64_t peak_bytes = 0;    // the device's used memory at its highest seen (cudaMemGetInfo)
+};
+
+class CudaStage final : public model::Stage {
+ public:
+  // Both return out_of_memory, unsupported (a weight type or shape the kernels cannot run) or a
+  // device error naming what failed.
+  static Expected<std::unique_ptr<CudaStage>> from_weights(const model::Glm5Weights& weights, model::LayerRange layers,
+                                                           const CudaStageOptions& options);
+  static Expected<std::unique_ptr<CudaStage>> synthetic(const SyntheticModel& model, model::LayerRange layers,
+                                                        const CudaStageOptions& options);
+  ~CudaStage() override;
+
+  const model::Glm5Hparams& hparams() const override;
+  model::LayerRange layers() const override;
+  uint32_t max_slots() const override;
+  uint32_t max_context() const override;
+  uint32_t max_step_rows() const override;
+  Status connect(model::Stage& next) override;
+  Status reset_slot(uint32_t slot) override;
+  Expected<model::StageOutput> run(const std::vector<model::SlotRows>& rows, const model::Handoff* in) override;
+  void discard(const model::Handoff& in) override;
+  Expected<model::SlotStateImage> save_slot(uint32_t slot, bool with_rows) override;
+  Status restore_slot(uint32_t slot, const model::SlotStateImage& image) override;
+  const model::SlotStateLayout& state_layout() const override;
+  model::StageCounters counters() const override;
+  std::string describe() const override;
+
+  int device() const;
+  std::string device_name() const;
+  bool synthetic_weights() const;
+  // "peer-to-peer", "same device", ... of the link to the next stage; empty on the last stage.
+  std::string handoff_path() const;
+  DeviceMemoryReport memory() const;
+  // Bytes a decode step of one row reads from device memory at sequence depth `depth`: the stage's
+  // dense weights, the chosen experts, the head, the KDA state and the DSA rows it touches.
+  uint64_t decode_bytes_per_token(uint64_t depth) const;
+
+ private:
+  struct Impl;
+  explicit CudaStage(std::unique_ptr<Impl> impl);
+  // An Impl on its device, `load` putting the weights there; CUDA failures as errors.
+  static Expected<std::unique_ptr<Impl>> make_impl(const model::Glm5Hparams& hp, model::LayerRange layers,
+                                                   const CudaStageOptions& options,
+                                                   const std::function<void(Impl&)>& load);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Device-to-device copy bandwidth (bytes read + bytes written per second) of `bytes`-sized buffers,
+// the median of `reps` timed copies after a warm-up. Throws CudaError.
+double measure_copy_bandwidth(int device, uint64_t bytes, int reps);
+
+}  // namespace ferry::gpu

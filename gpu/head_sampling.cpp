@@ -1,0 +1,63 @@
+#include "gpu/head_sampling.hpp"
+
+#include <algorithm>
+
+namespace ferry::gpu {
+
+Head::Head(const model::Glm5Hparams& hp, const DeviceWeights& weights, Workspace& work, LayerRunner& runner,
+           cudaStream_t stream)
+    : hp_(hp), weights_(weights), w_(work), runner_(runner), s_(stream) {}
+
+void Head::logits(const int32_t* row_idx, uint32_t count) {
+  hc_head(w_.R, row_idx, count, hp_.hc_mult, hp_.hidden_size, weights_.output_norm, hp_.rms_eps, w_.xo, s_);
+  runner_.mm(weights_.output, w_.xo, hp_.hidden_size, count, w_.logits, hp_.vocab_size);
+}
+
+void Head::decode(const StepInput& in, uint32_t rows) {
+  logits(in.logit_rows(), rows);
+  sample_rows(w_.logits, hp_.vocab_size, in.sample_rows(), rows, in.sampled(), s_);
+}
+
+std::vector<model::SlotResult> Head::decode_results(const std::vector<model::SlotRows>& rows, const StepInput& in) {
+  int32_t* sampled = in.sampled_host();
+  FERRY_CUDA(cudaMemcpyAsync(sampled, in.sampled(), rows.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, s_));
+  FERRY_CUDA(cudaStreamSynchronize(s_));
+  std::vector<model::SlotResult> out(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    out[i].slot = rows[i].slot;
+    out[i].sampled = sampled[i];
+  }
+  return out;
+}
+
+std::vector<model::SlotResult> Head::results(const std::vector<model::SlotRows>& rows, const StepInput& in) {
+  std::vector<model::SlotResult> out(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) out[i].slot = rows[i].slot;
+  const std::vector<LogitRow>& wants = in.logit_list();
+  int32_t* sampled = in.sampled_host();
+  std::vector<float> host_logits;
+  const size_t V = hp_.vocab_size;
+  for (size_t j0 = 0; j0 < wants.size(); j0 += w_.logit_rows) {
+    const auto cnt = static_cast<uint32_t>(std::min<size_t>(w_.logit_rows, wants.size() - j0));
+    logits(in.logit_rows() + j0, cnt);
+    sample_rows(w_.logits, hp_.vocab_size, in.sample_rows() + j0, cnt, in.sampled(), s_);
+    FERRY_CUDA(cudaMemcpyAsync(sampled, in.sampled(), cnt * sizeof(int32_t), cudaMemcpyDeviceToHost, s_));
+    const bool any_keep = std::any_of(wants.begin() + j0, wants.begin() + j0 + cnt, [](const LogitRow& x) { return x.keep; });
+    if (any_keep) {
+      host_logits.resize(size_t{cnt} * V);
+      FERRY_CUDA(cudaMemcpyAsync(host_logits.data(), w_.logits, host_logits.size() * sizeof(float),
+                                 cudaMemcpyDeviceToHost, s_));
+    }
+    FERRY_CUDA(cudaStreamSynchronize(s_));
+    for (uint32_t j = 0; j < cnt; ++j) {
+      const LogitRow& wt = wants[j0 + j];
+      model::SlotResult& res = out[wt.source];
+      const float* lg = host_logits.data() + size_t{j} * V;
+      if (wt.keep) res.logits.insert(res.logits.end(), lg, lg + V);
+      if (wt.draw) res.sampled = sampled[j];
+    }
+  }
+  return out;
+}
+
+}  // namespace ferry::gpu

@@ -1,0 +1,331 @@
+#include "gpu/layer_runner.hpp"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+namespace ferry::gpu {
+
+using model::FfnKind;
+using model::GgmlType;
+using model::LayerKind;
+using T = model::Glm5Tensor;
+
+LayerRunner::LayerRunner(const model::Glm5Hparams& hp, const DeviceWeights& weights, StageState& state, Workspace& work,
+                         blas::Handle cublas, cudaStream_t stream)
+    : hp_(hp), d_(hp), weights_(weights), state_(state), w_(work), cublas_(cublas), s_(stream) {}
+
+// The matvec kernels for up to 8 rows, else cuBLAS: fp32 SGEMM for f32 weights; for the rest,
+// tensor-core fp16 GEMMs with fp32 accumulation over split operands (W_hi x_hi + (W_hi x_lo + W_lo
+// x_hi) / 2^12), which keeps f32 accuracy: plain fp16 operands flip the top token of small models
+// against the CPU reference.
+void LayerRunner::mm(const DevMatrix& m, const float* x, size_t ldx, uint32_t n, float* y, size_t ldy) {
+  if (n == 0 || m.rows == 0) return;
+  if (n <= kMaxMatvecTokens) {
+    MatvecArgs a;
+    a.w = m;
+    a.x = x;
+    a.x_tok_stride = ldx;
+    a.y = y;
+    a.y_tok_stride = ldy;
+    a.tokens = n;
+    matvec(a, s_);
+    return;
+  }
+  const float one = 1.0f, zero = 0.0f;
+  if (m.type == GgmlType::F32) {
+    FERRY_CUBLAS(blas::api().sgemm(cublas_, blas::op_t, blas::op_n, static_cast<int>(m.rows), static_cast<int>(n),
+                                   static_cast<int>(m.cols), &one, reinterpret_cast<const float*>(m.data),
+                                   static_cast<int>(m.row_bytes / 4), x, static_cast<int>(ldx), &zero, y,
+                                   static_cast<int>(ldy)));
+    return;
+  }
+  float_to_half(x, ldx, n, m.cols, w_.xh, s_, w_.xl);
+  const size_t chunk = std::max<size_t>(1, w_.wh_elems / m.cols);
+  const float lo = 1.0f / kHalfLoScale;
+  for (size_t r0 = 0; r0 < m.rows; r0 += chunk) {
+    const size_t rows = std::min<size_t>(chunk, m.rows - r0);
+    dequantize_to_half(m, r0, rows, w_.wh, s_, w_.wl);
+    auto gemm = [&](const void* a, const void* b, const float* alpha, const float* beta) {
+      FERRY_CUBLAS(blas::api().gemm_ex(cublas_, blas::op_t, blas::op_n, static_cast<int>(rows), static_cast<int>(n),
+                                       static_cast<int>(m.cols), alpha, a, CUDA_R_16F, static_cast<int>(m.cols), b,
+                                       CUDA_R_16F, static_cast<int>(m.cols), beta, y + r0, CUDA_R_32F,
+                                       static_cast<int>(ldy), blas::compute_32f, blas::gemm_default));
+    };
+    gemm(w_.wh, w_.xh, &one, &zero);
+    gemm(w_.wh, w_.xl, &lo, &one);
+    gemm(w_.wl, w_.xh, &lo, &one);
+  }
+}
+
+// Per-group products: group g multiplies rows [g*rows_per_group, ...) of `m` with x + g*xg.
+void LayerRunner::mm_grouped(const DevMatrix& m, uint32_t groups, const float* x, size_t ldx, size_t xg, uint32_t n,
+                             float* y, size_t ldy, size_t yg) {
+  const uint32_t rpg = m.rows / groups;
+  if (n <= kMaxMatvecTokens) {
+    MatvecArgs a;
+    a.w = m.slice_rows(0, rpg);
+    a.w_group_bytes = m.row_bytes * rpg;
+    a.x = x;
+    a.x_tok_stride = ldx;
+    a.x_group_stride = xg;
+    a.y = y;
+    a.y_tok_stride = ldy;
+    a.y_group_stride = yg;
+    a.tokens = n;
+    a.groups = groups;
+    matvec(a, s_);
+    return;
+  }
+  for (uint32_t g = 0; g < groups; ++g) {
+    mm(m.slice_rows(static_cast<size_t>(g) * rpg, rpg), x + g * xg, ldx, n, y + g * yg, ldy);
+  }
+}
+
+void LayerRunner::mhc_site(const StepGeometry& g, const DevMatrix& fn, const float* base, const float* scale,
+                           const float* norm_w) {
+  mm(fn, w_.R, static_cast<size_t>(d_.H) * d_.D, g.rows, w_.mix, d_.mix);
+  MhcArgs a;
+  a.streams = w_.R;
+  a.mix = w_.mix;
+  a.base = base;
+  a.scale = scale;
+  a.norm_w = norm_w;
+  a.rows = g.rows;
+  a.H = d_.H;
+  a.D = d_.D;
+  a.iters = hp_.hc_sinkhorn_iters;
+  a.rms_eps = hp_.rms_eps;
+  a.hc_eps = hp_.hc_eps;
+  a.x = w_.x;
+  a.post = w_.post;
+  a.comb = w_.comb;
+  mhc_pre(a, s_);
+}
+
+void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState& st) {
+  const ModelDims& z = d_;
+  const uint32_t n = g.rows;
+  mm(l.m(T::attn_q), w_.x, z.D, n, w_.qkv_raw, 3 * z.C);
+  mm(l.m(T::attn_k), w_.x, z.D, n, w_.qkv_raw + z.C, 3 * z.C);
+  mm(l.m(T::attn_v), w_.x, z.D, n, w_.qkv_raw + 2 * z.C, 3 * z.C);
+  KdaArgs a;
+  a.row = g.row;
+  a.seg = g.seg;
+  a.rows = n;
+  a.segments = g.segments;
+  a.heads = z.kda_nh;
+  a.head_dim = z.kda_hd;
+  a.kernel = z.K;
+  a.qkv = w_.qkv;
+  a.qkv_raw = w_.qkv_raw;
+  a.conv_w = l.conv;
+  a.conv_state = st.conv;
+  kda_conv(a, s_);
+  mm(l.m(T::ssm_f_a), w_.x, z.D, n, w_.fa, z.kda_hd);
+  mm(l.m(T::ssm_f_b), w_.fa, z.kda_hd, n, w_.f, z.C);
+  mm(l.m(T::ssm_beta), w_.x, z.D, n, w_.beta, z.kda_nh);
+  a.f = w_.f;
+  a.dt_bias = l.v(T::ssm_dt_bias);
+  a.a = l.v(T::ssm_a);
+  a.lower_bound = hp_.kda_lower_bound;
+  a.beta = w_.beta;
+  a.state = st.recurrent;
+  a.out = w_.o;
+  kda_recurrent(a, s_);
+  mm(l.m(T::ssm_g_a), w_.x, z.D, n, w_.ga, z.kda_hd);
+  mm(l.m(T::ssm_g_b), w_.ga, z.kda_hd, n, w_.gate, z.C);
+  gated_rms_norm(w_.o, w_.gate, l.v(T::ssm_norm), n, z.kda_nh, z.kda_hd, hp_.rms_eps, w_.z, s_);
+  mm(l.m(T::attn_output), w_.z, z.C, n, w_.y, z.D);
+}
+
+void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState& st) {
+  const ModelDims& z = d_;
+  const uint32_t n = g.rows;
+  const uint32_t ctx = state_.context();
+  mm(l.m(T::attn_q_a), w_.x, z.D, n, w_.qa, z.qlr);
+  rms_norm(w_.qa, z.qlr, l.v(T::attn_q_a_norm), n, z.qlr, hp_.rms_eps, w_.qr, z.qlr, s_);
+  mm(l.m(T::attn_q_b), w_.qr, z.qlr, n, w_.q, static_cast<size_t>(z.nh) * z.nope);
+  mm(l.m(T::attn_kv_a_mqa), w_.x, z.D, n, w_.lat, z.kvlr);
+  rms_norm(w_.lat, z.kvlr, l.v(T::attn_kv_a_norm), n, z.kvlr, hp_.rms_eps, w_.lat, z.kvlr, s_);
+  scatter_to_cache(w_.lat, z.kvlr, g.row, n, z.kvlr, ctx, st.latents, s_);
+  if (l.has_indexer) {
+    mm(l.m(T::indexer_attn_q_b), w_.qr, z.qlr, n, w_.kq, static_cast<size_t>(z.ih) * z.id);
+    mm(l.m(T::indexer_attn_k), w_.x, z.D, n, w_.kk, z.id);
+    layer_norm(w_.kk, z.id, l.v(T::indexer_k_norm), l.v(T::indexer_k_norm_bias), n, z.id, hp_.index_norm_eps, w_.kk,
+               z.id, s_);
+    mm(l.m(T::indexer_compressor_gate), w_.x, z.D, n, w_.gs, z.id);
+    mm(l.m(T::indexer_proj), w_.x, z.D, n, w_.iw, z.ih);
+    scatter_to_cache(w_.kk, z.id, g.row, n, z.id, ctx, st.keys, s_);
+    scatter_to_cache(w_.gs, z.id, g.row, n, z.id, ctx, st.gates, s_);
+    IndexerArgs ia;
+    ia.row = g.row;
+    ia.seg = g.seg;
+    ia.rows = n;
+    ia.segments = g.segments;
+    ia.max_rows_per_segment = g.max_seg_rows;
+    ia.heads = z.ih;
+    ia.head_dim = z.id;
+    ia.kpool = hp_.index_kpool;
+    ia.topk = hp_.index_topk;
+    ia.ctx = ctx;
+    ia.select_tail = hp_.index_select_tail;
+    ia.kk_cache = st.keys;
+    ia.gate_cache = st.gates;
+    ia.ape = l.v(T::indexer_compressor_ape);
+    ia.pool_cache = st.pools;
+    ia.q = w_.kq;
+    ia.w = w_.iw;
+    ia.scores = w_.scores;
+    ia.tokens = w_.sel_tokens;
+    ia.counts = w_.sel_counts;
+    ia.max_tokens = w_.max_selected;
+    indexer_pool_keys(ia, s_);
+    indexer_select(ia, s_);
+  }
+  mm_grouped(l.m(T::attn_k_b), z.nh, w_.q, static_cast<size_t>(z.nh) * z.nope, z.nope, n, w_.q_lat,
+             static_cast<size_t>(z.nh) * z.kvlr, z.kvlr);
+  SparseMlaArgs ma;
+  ma.row = g.row;
+  ma.rows = n;
+  ma.heads = z.nh;
+  ma.rank = z.kvlr;
+  ma.ctx = ctx;
+  ma.max_tokens = w_.max_selected;
+  ma.scale = 1.0f / std::sqrt(static_cast<float>(z.nope));
+  ma.q_lat = w_.q_lat;
+  ma.latents = st.latents;
+  ma.tokens = w_.sel_tokens;
+  ma.counts = w_.sel_counts;
+  ma.out = w_.o_lat;
+  ma.partial = w_.mla_part;
+  ma.partial_rows = kMlaPartialRows;
+  sparse_mla(ma, s_);
+  mm_grouped(l.m(T::attn_v_b), z.nh, w_.o_lat, static_cast<size_t>(z.nh) * z.kvlr, z.kvlr, n, w_.v,
+             static_cast<size_t>(z.nh) * z.vd, z.vd);
+  mm(l.m(T::attn_output), w_.v, static_cast<size_t>(z.nh) * z.vd, n, w_.y, z.D);
+}
+
+void LayerRunner::dense_ffn(const DevMatrix& gate, const DevMatrix& up, const DevMatrix& down, uint32_t n, float* y) {
+  const uint32_t F = gate.rows;
+  mm(gate, w_.x, d_.D, n, w_.eg, F);
+  mm(up, w_.x, d_.D, n, w_.eu, F);
+  swiglu(w_.eg, w_.eu, F, n, F, hp_.swiglu_limit, s_);
+  mm(down, w_.eg, F, n, y, d_.D);
+}
+
+void LayerRunner::moe_layer(const StepGeometry& g, const DevLayer& l) {
+  const ModelDims& z = d_;
+  const uint32_t n = g.rows, k = z.k;
+  mm(l.m(T::ffn_gate_inp), w_.x, z.D, n, w_.rlogits, z.E);
+  RouterArgs ra;
+  ra.logits = w_.rlogits;
+  ra.bias = l.v(T::ffn_exp_probs_b);
+  ra.rows = n;
+  ra.E = z.E;
+  ra.k = k;
+  ra.n_group = hp_.n_group;
+  ra.topk_group = hp_.topk_group;
+  ra.norm_topk_prob = hp_.norm_topk_prob;
+  ra.scaling = hp_.routed_scaling;
+  ra.ids = w_.rids;
+  ra.weights = w_.rweights;
+  moe_route(ra, s_);
+  const bool shared = !l.m(T::ffn_gate_shexp).empty();
+  if (shared) dense_ffn(l.m(T::ffn_gate_shexp), l.m(T::ffn_up_shexp), l.m(T::ffn_down_shexp), n, w_.sh);
+  const DevMatrix& gate_exps = l.m(T::ffn_gate_exps);
+  const DevMatrix& up_exps = l.m(T::ffn_up_exps);
+  const DevMatrix& down_exps = l.m(T::ffn_down_exps);
+  const DevMatrix ge = gate_exps.slice_rows(0, z.I), ue = up_exps.slice_rows(0, z.I), de = down_exps.slice_rows(0, z.D);
+  if (n <= kMaxMatvecTokens) {
+    // Decode: every (row, chosen expert) pair is one group of a single launch; no host round trip.
+    MatvecArgs a;
+    a.w = ge;
+    a.w_group_bytes = ge.bytes();
+    a.w_group_index = w_.rids;
+    a.x = w_.x;
+    a.x_group_stride = z.D;
+    a.x_group_div = k;
+    a.y = w_.eg;
+    a.y_group_stride = z.I;
+    a.groups = n * k;
+    matvec(a, s_);
+    a.w = ue;
+    a.y = w_.eu;
+    matvec(a, s_);
+    swiglu(w_.eg, w_.eu, z.I, n * k, z.I, hp_.swiglu_limit, s_);
+    a.w = de;
+    a.w_group_bytes = de.bytes();
+    a.x = w_.eg;
+    a.x_group_stride = z.I;
+    a.x_group_div = 1;
+    a.y = w_.eo;
+    a.y_group_stride = z.D;
+    matvec(a, s_);
+    moe_combine(w_.eo, nullptr, w_.rweights, shared ? w_.sh : nullptr, n, k, z.D, w_.y, s_);
+    return;
+  }
+  // Prefill: rows grouped by expert (the routes come to the host once), one product per expert.
+  int32_t* ids = w_.ids_host.as<int32_t>();
+  FERRY_CUDA(cudaMemcpyAsync(ids, w_.rids, static_cast<size_t>(n) * k * sizeof(int32_t), cudaMemcpyDeviceToHost, s_));
+  FERRY_CUDA(cudaStreamSynchronize(s_));
+  std::vector<uint32_t> count(z.E + 1, 0);
+  for (size_t i = 0; i < static_cast<size_t>(n) * k; ++i) {
+    if (ids[i] < 0 || static_cast<uint32_t>(ids[i]) >= z.E) {
+      throw CudaError("MoE router produced an invalid expert id", ErrorCode::internal);
+    }
+    ++count[static_cast<size_t>(ids[i]) + 1];
+  }
+  std::vector<uint32_t> offset(z.E + 1, 0);
+  for (uint32_t e = 0; e < z.E; ++e) offset[e + 1] = offset[e] + count[e + 1];
+  std::vector<int32_t> gather(static_cast<size_t>(n) * k), where(static_cast<size_t>(n) * k);
+  std::vector<uint32_t> fill(offset.begin(), offset.end() - 1);
+  for (size_t i = 0; i < static_cast<size_t>(n) * k; ++i) {
+    const uint32_t at = fill[static_cast<size_t>(ids[i])]++;
+    gather[at] = static_cast<int32_t>(i / k);
+    where[i] = static_cast<int32_t>(at);
+  }
+  FERRY_CUDA(cudaMemcpyAsync(w_.gather_idx, gather.data(), gather.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s_));
+  FERRY_CUDA(cudaMemcpyAsync(w_.where, where.data(), where.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s_));
+  gather_rows(w_.x, w_.gather_idx, n * k, z.D, w_.xg, s_);
+  for (uint32_t e = 0; e < z.E; ++e) {
+    const uint32_t c = offset[e + 1] - offset[e];
+    if (c == 0) continue;
+    const size_t o = offset[e];
+    mm(gate_exps.slice_rows(static_cast<size_t>(e) * z.I, z.I), w_.xg + o * z.D, z.D, c, w_.eg + o * z.I, z.I);
+    mm(up_exps.slice_rows(static_cast<size_t>(e) * z.I, z.I), w_.xg + o * z.D, z.D, c, w_.eu + o * z.I, z.I);
+  }
+  swiglu(w_.eg, w_.eu, z.I, n * k, z.I, hp_.swiglu_limit, s_);
+  for (uint32_t e = 0; e < z.E; ++e) {
+    const uint32_t c = offset[e + 1] - offset[e];
+    if (c == 0) continue;
+    const size_t o = offset[e];
+    mm(down_exps.slice_rows(static_cast<size_t>(e) * z.D, z.D), w_.eg + o * z.I, z.I, c, w_.eo + o * z.D, z.D);
+  }
+  moe_combine(w_.eo, w_.where, w_.rweights, shared ? w_.sh : nullptr, n, k, z.D, w_.y, s_);
+  // The host vectors above are read by copies already enqueued: wait before they go away.
+  FERRY_CUDA(cudaStreamSynchronize(s_));
+}
+
+void LayerRunner::forward(model::LayerRange layers, const StepGeometry& g, const int32_t* tokens) {
+  if (tokens != nullptr) embed_rows(weights_.token_embd, tokens, g.rows, w_.R, d_.H, s_);
+  for (uint32_t il = layers.first; il < layers.end; ++il) {
+    const DevLayer& l = weights_.layer(il);
+    mhc_site(g, l.m(T::hc_attn_fn), l.v(T::hc_attn_base), l.v(T::hc_attn_scale), l.v(T::attn_norm));
+    if (l.kind == LayerKind::kda) {
+      kda_layer(g, l, state_.layer(il));
+    } else {
+      dsa_layer(g, l, state_.layer(il));
+    }
+    mhc_post(w_.R, w_.y, w_.post, w_.comb, g.rows, d_.H, d_.D, s_);
+    mhc_site(g, l.m(T::hc_ffn_fn), l.v(T::hc_ffn_base), l.v(T::hc_ffn_scale), l.v(T::ffn_norm));
+    if (l.ffn == FfnKind::dense) {
+      dense_ffn(l.m(T::ffn_gate), l.m(T::ffn_up), l.m(T::ffn_down), g.rows, w_.y);
+    } else {
+      moe_layer(g, l);
+    }
+    mhc_post(w_.R, w_.y, w_.post, w_.comb, g.rows, d_.H, d_.D, s_);
+  }
+}
+
+}  // namespace ferry::gpu

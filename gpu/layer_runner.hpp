@@ -1,0 +1,46 @@
+#pragma once
+// The layer kernels' orchestration on one stage: what runs in which order for a step's rows through
+// layers [first, end) — the mHC sites, KDA and DSA attention, dense and MoE FFNs — over the stage's
+// weights, slot state and workspace, on its compute stream. The math is in the kernels (gpu/*.cu).
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "gpu/cuda_blas.hpp"
+#include "gpu/device_weights.hpp"
+#include "gpu/stage_state.hpp"
+#include "gpu/step_input.hpp"
+#include "gpu/workspace.hpp"
+
+namespace ferry::gpu {
+
+class LayerRunner {
+ public:
+  LayerRunner(const model::Glm5Hparams& hp, const DeviceWeights& weights, StageState& state, Workspace& work,
+              blas::Handle cublas, cudaStream_t stream);
+
+  // Rows through layers [first, end) in place in the workspace's streams (work.R); a first stage
+  // embeds `tokens` (device) into them first.
+  void forward(model::LayerRange layers, const StepGeometry& g, const int32_t* tokens);
+  // y[t][ldy] = W x[t] for t < n: the matvec kernels for up to 8 rows, else cuBLAS GEMMs.
+  void mm(const DevMatrix& m, const float* x, size_t ldx, uint32_t n, float* y, size_t ldy);
+
+ private:
+  void mm_grouped(const DevMatrix& m, uint32_t groups, const float* x, size_t ldx, size_t xg, uint32_t n, float* y,
+                  size_t ldy, size_t yg);
+  void mhc_site(const StepGeometry& g, const DevMatrix& fn, const float* base, const float* scale, const float* norm_w);
+  void kda_layer(const StepGeometry& g, const DevLayer& l, LayerState& st);
+  void dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState& st);
+  void dense_ffn(const DevMatrix& gate, const DevMatrix& up, const DevMatrix& down, uint32_t n, float* y);
+  void moe_layer(const StepGeometry& g, const DevLayer& l);
+
+  const model::Glm5Hparams& hp_;
+  ModelDims d_;
+  const DeviceWeights& weights_;
+  StageState& state_;
+  Workspace& w_;
+  blas::Handle cublas_;
+  cudaStream_t s_;
+};
+
+}  // namespace ferry::gpu

@@ -1,0 +1,63 @@
+#pragma once
+// The per-slot state of a CUDA stage's layers, in device memory: per KDA layer the conv inputs and the
+// recurrent state, per DSA layer the latent rows, the indexer's keys and gates and the complete pools'
+// keys, each sized for `context` positions per slot. Saved to and restored from the host in the
+// layout every stage shares (model/slot_state.hpp).
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "config/expected.hpp"
+#include "gpu/cuda_memory.hpp"
+#include "model/slot_state.hpp"
+#include "model/stage.hpp"
+
+namespace ferry::gpu {
+
+struct LayerState {
+  float* conv = nullptr;       // [slots][3C][kernel-1]
+  float* recurrent = nullptr;  // [slots][heads][head_dim][head_dim]
+  float* latents = nullptr;    // [slots][context][kv_lora_rank]
+  float* keys = nullptr;       // [slots][context][index_dim]
+  float* gates = nullptr;      // [slots][context][index_dim]
+  float* pools = nullptr;      // [slots][context/kpool + 1][index_dim]
+};
+
+class StageState {
+ public:
+  // Throws CudaError when the device has no room. `stream` zeroes the KDA state.
+  StageState(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t slots, uint32_t context,
+             cudaStream_t stream);
+
+  // Device bytes the state of `slots` slots of `context` positions takes (what the constructor allocates).
+  static uint64_t bytes_for(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t slots, uint32_t context);
+
+  LayerState& layer(uint32_t index) { return layers_[index - first_]; }
+  uint32_t slots() const { return slots_; }
+  uint32_t context() const { return context_; }
+  uint64_t bytes() const { return bytes_; }
+  const model::SlotStateLayout& layout() const { return layout_; }
+
+  // Positions each slot holds.
+  std::vector<uint32_t> tokens;
+
+  // The slot starts over: its KDA state zeroed (the DSA rows are overwritten as it goes).
+  void zero_slot(uint32_t slot, cudaStream_t stream);
+  // Host images of the shared layout; both wait for `stream` and throw CudaError on a device error.
+  Expected<model::SlotStateImage> save(uint32_t slot, bool with_rows, cudaStream_t stream);
+  Status restore(uint32_t slot, const model::SlotStateImage& image, cudaStream_t stream);
+
+ private:
+  // Where part `p` of `slot` starts on the device.
+  float* where(const model::StatePartSpec& p, uint32_t slot);
+
+  uint32_t first_ = 0, slots_ = 0, context_ = 0, kpool_ = 1;
+  uint64_t conv_floats_ = 0, recurrent_floats_ = 0, latent_width_ = 0, index_width_ = 0;
+  model::SlotStateLayout layout_;
+  std::vector<LayerState> layers_;
+  std::vector<DeviceBuffer> buffers_;
+  uint64_t bytes_ = 0;
+};
+
+}  // namespace ferry::gpu

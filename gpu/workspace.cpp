@@ -1,0 +1,87 @@
+#include "gpu/workspace.hpp"
+
+#include <algorithm>
+
+namespace ferry::gpu {
+
+template <class T>
+T* Workspace::alloc(size_t count) {
+  buffers_.emplace_back(std::max<size_t>(count * sizeof(T), 16));
+  bytes_ += buffers_.back().bytes();
+  return buffers_.back().as<T>();
+}
+
+Workspace::Workspace(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t rows, uint32_t context)
+    : max_rows(rows) {
+  const ModelDims d(hp);
+  const size_t M = rows;
+  bool any_kda = false, any_dsa = false, any_moe = false;
+  for (uint32_t l = layers.first; l < layers.end; ++l) {
+    (hp.layer_kinds[l] == model::LayerKind::kda ? any_kda : any_dsa) = true;
+    any_moe = any_moe || hp.ffn_kinds[l] == model::FfnKind::moe;
+  }
+  max_selected = hp.index_topk / d.kp * d.kp + d.kp;
+  R = alloc<float>(M * d.H * d.D);
+  x = alloc<float>(M * d.D);
+  y = alloc<float>(M * d.D);
+  mix = alloc<float>(M * d.mix);
+  post = alloc<float>(M * d.H);
+  comb = alloc<float>(M * d.H * d.H);
+  if (any_kda) {
+    qkv_raw = alloc<float>(M * 3 * d.C);
+    qkv = alloc<float>(M * 3 * d.C);
+    fa = alloc<float>(M * d.kda_hd);
+    f = alloc<float>(M * d.C);
+    beta = alloc<float>(M * d.kda_nh);
+    ga = alloc<float>(M * d.kda_hd);
+    gate = alloc<float>(M * d.C);
+    o = alloc<float>(M * d.C);
+    z = alloc<float>(M * d.C);
+  }
+  if (any_dsa) {
+    qa = alloc<float>(M * d.qlr);
+    qr = alloc<float>(M * d.qlr);
+    q = alloc<float>(M * d.nh * d.nope);
+    lat = alloc<float>(M * d.kvlr);
+    q_lat = alloc<float>(M * d.nh * d.kvlr);
+    o_lat = alloc<float>(M * d.nh * d.kvlr);
+    mla_part = alloc<float>(size_t{kMlaPartialRows} * d.nh * (d.kvlr + 2));
+    v = alloc<float>(M * d.nh * d.vd);
+    kq = alloc<float>(M * d.ih * d.id);
+    kk = alloc<float>(M * d.id);
+    gs = alloc<float>(M * d.id);
+    iw = alloc<float>(M * d.ih);
+    scores = alloc<float>(M * (context / d.kp + 1));
+    sel_tokens = alloc<int32_t>(M * max_selected);
+    sel_counts = alloc<int32_t>(M);
+  }
+  const size_t ffn_rows = std::max<size_t>({d.F, d.S, any_moe ? size_t{d.k} * d.I : 0});
+  eg = alloc<float>(M * ffn_rows);
+  eu = alloc<float>(M * ffn_rows);
+  if (any_moe) {
+    rlogits = alloc<float>(M * d.E);
+    rweights = alloc<float>(M * d.k);
+    rids = alloc<int32_t>(M * d.k);
+    eo = alloc<float>(M * d.k * d.D);
+    sh = alloc<float>(M * d.D);
+    xg = alloc<float>(M * d.k * d.D);
+    gather_idx = alloc<int32_t>(M * d.k);
+    where = alloc<int32_t>(M * d.k);
+    ids_host = PinnedBuffer(M * d.k * sizeof(int32_t));
+  }
+  const size_t max_cols = std::max<size_t>({d.D, d.C, size_t{d.nh} * d.vd, d.F, d.I, d.qlr, d.kvlr, d.nope,
+                                            size_t{d.H} * d.D});
+  xh = alloc<uint16_t>(M * max_cols);
+  xl = alloc<uint16_t>(M * max_cols);
+  wh_elems = size_t{32} << 20;
+  wh = alloc<uint16_t>(wh_elems);
+  wl = alloc<uint16_t>(wh_elems);
+  if (layers.end == hp.n_layers) {
+    logit_rows = static_cast<uint32_t>(std::clamp<size_t>((size_t{128} << 20) / d.V, 8, M));
+    xo = alloc<float>(size_t{logit_rows} * d.D);
+    logits = alloc<float>(size_t{logit_rows} * d.V);
+  }
+  cublas_ws = alloc<uint8_t>(kCublasWorkspace);
+}
+
+}  // namespace ferry::gpu

@@ -1,0 +1,181 @@
+#include "model/cpu/cpu_stage.hpp"
+
+#include <chrono>
+#include <string>
+
+#include "model/cpu/sampler.hpp"
+
+namespace ferry::model {
+namespace {
+
+// The streams of a step's rows, in host memory.
+class CpuHandoff final : public Handoff {
+ public:
+  CpuHandoff(std::vector<float> streams, uint32_t rows) : streams(std::move(streams)), rows_(rows) {}
+  uint32_t rows() const override { return rows_; }
+  uint64_t bytes() const override { return streams.size() * sizeof(float); }
+  std::vector<float> streams;
+
+ private:
+  uint32_t rows_;
+};
+
+}  // namespace
+
+CpuStage::CpuStage(std::shared_ptr<const Glm5Weights> weights, std::shared_ptr<ThreadPool> pool, LayerRange layers,
+                   const CpuStageOptions& options)
+    : weights_(std::move(weights)),
+      pool_(std::move(pool)),
+      layers_(layers),
+      forward_(*weights_, *pool_),
+      layout_(weights_->hparams(), layers, layers.end == weights_->hparams().n_layers),
+      max_context_(options.max_context != 0 ? options.max_context : weights_->hparams().context_length),
+      max_step_rows_(options.max_step_rows) {
+  for (uint32_t i = 0; i < options.max_slots; ++i) {
+    slots_.push_back(std::make_unique<SequenceState>(hparams(), layers, last()));
+  }
+}
+
+Status CpuStage::reset_slot(uint32_t slot) {
+  if (slot >= slots_.size()) return Error(ErrorCode::invalid_plan, "slot " + std::to_string(slot) + " does not exist");
+  slots_[slot]->reset();
+  return std::nullopt;
+}
+
+Expected<StageOutput> CpuStage::run(const std::vector<SlotRows>& rows, const Handoff* in) {
+  const auto begin = std::chrono::steady_clock::now();
+  std::vector<uint32_t> held(slots_.size());
+  for (size_t i = 0; i < slots_.size(); ++i) held[i] = slots_[i]->tokens();
+  const RowLimits limits{max_slots(), max_context_, max_step_rows_, first() ? hparams().vocab_size : 0};
+  if (auto e = validate_rows(rows, held, limits)) return *e;
+  const uint32_t n = total_rows(rows);
+  const size_t width = size_t{hparams().hc_mult} * hparams().hidden_size;
+  std::vector<float> streams;
+  if (!first()) {
+    const auto* h = dynamic_cast<const CpuHandoff*>(in);
+    if (h == nullptr || h->rows() != n) {
+      return Error(ErrorCode::internal, describe_layers(layers_) + ": no handoff of " + std::to_string(n) + " rows");
+    }
+    streams = h->streams;
+  }
+  std::vector<ForwardRows> batch;
+  for (const SlotRows& r : rows) {
+    if (r.start == 0) slots_[r.slot]->reset();
+    if (!r.tokens.empty()) batch.push_back({slots_[r.slot].get(), r.tokens});
+  }
+  if (first()) forward_.embed_streams(batch, streams);
+  if (streams.size() != n * width) return Error(ErrorCode::internal, "the handoff has the wrong size");
+  forward_.run_layers(layers_, batch, streams.data());
+
+  StageOutput out;
+  if (last()) {
+    out.results = head(rows, streams.data());
+  } else {
+    out.handoff = std::make_shared<CpuHandoff>(std::move(streams), n);
+    counters_.handoff_bytes += out.handoff->bytes();
+  }
+  ++counters_.steps;
+  counters_.rows += n;
+  counters_.compute_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count();
+  return out;
+}
+
+// The final norm and the output head over the rows whose logits are needed, read once per step for
+// every slot (the head is the largest matrix), then each slot's draw.
+std::vector<SlotResult> CpuStage::head(const std::vector<SlotRows>& rows, const float* streams) {
+  const size_t D = hparams().hidden_size, V = hparams().vocab_size, width = size_t{hparams().hc_mult} * D;
+  std::vector<float> selected;
+  std::vector<size_t> first_logit(rows.size(), 0);
+  size_t row = 0, logit_rows = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const size_t n = rows[i].tokens.size();
+    const size_t from = n == 0 ? 0 : rows[i].logits_all ? 0 : n - 1;
+    first_logit[i] = logit_rows;
+    if (n > 0) {
+      selected.insert(selected.end(), streams + (row + from) * width, streams + (row + n) * width);
+      logit_rows += n - from;
+    }
+    row += n;
+  }
+  std::vector<float> hidden;
+  forward_.final_hidden(selected.data(), logit_rows, hidden);
+  std::vector<float> logits(logit_rows * V);
+  forward_.logits(hidden.data(), logit_rows, logits.data());
+
+  std::vector<SlotResult> out(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const SlotRows& r = rows[i];
+    out[i].slot = r.slot;
+    const size_t n = r.tokens.size();
+    if (n == 0) continue;
+    const size_t count = r.logits_all ? n : 1;
+    const float* mine = logits.data() + first_logit[i] * V;
+    if (r.sample) {
+      const std::span<const float> last_row(mine + (count - 1) * V, V);
+      out[i].sampled = sample_token(last_row, r.sampling, uint64_t{r.start} + n);
+    }
+    if (returns_logits(r)) out[i].logits.assign(mine, mine + count * V);
+  }
+  return out;
+}
+
+std::vector<float>& CpuStage::storage(SequenceState& state, const StatePartSpec& part) {
+  if (part.part == StatePart::kda_conv) return state.kda(part.layer).conv;
+  if (part.part == StatePart::kda_recurrent) return state.kda(part.layer).s;
+  DsaCache& cache = part.mtp ? state.mtp(part.layer - hparams().n_layers) : state.dsa(part.layer);
+  switch (part.part) {
+    case StatePart::latent: return cache.latent;
+    case StatePart::index_key: return cache.index_k;
+    case StatePart::index_gate: return cache.index_gate;
+    default: return cache.pool_keys;
+  }
+}
+
+Expected<SlotStateImage> CpuStage::save_slot(uint32_t slot, bool with_rows) {
+  if (slot >= slots_.size()) return Error(ErrorCode::invalid_plan, "slot " + std::to_string(slot) + " does not exist");
+  SequenceState& state = *slots_[slot];
+  SlotStateImage image;
+  image.tokens = state.tokens();
+  image.mtp_tokens = state.mtp_tokens();
+  image.with_rows = with_rows;
+  image.data.resize(layout_.image_floats(image.tokens, image.mtp_tokens, with_rows));
+  layout_.for_each(image, [&](const StatePartSpec& p, uint64_t at, uint64_t n) {
+    const std::vector<float>& src = storage(state, p);
+    std::copy_n(src.data(), n, image.data.data() + at);
+  });
+  return image;
+}
+
+Status CpuStage::restore_slot(uint32_t slot, const SlotStateImage& image) {
+  if (slot >= slots_.size()) return Error(ErrorCode::invalid_plan, "slot " + std::to_string(slot) + " does not exist");
+  if (auto e = layout_.check(image)) return e;
+  SequenceState& state = *slots_[slot];
+  if (image.with_rows) {
+    state.reset();
+  } else if (state.tokens() < image.tokens || state.mtp_tokens() < image.mtp_tokens) {
+    return Error(ErrorCode::invalid_plan, "slot " + std::to_string(slot) + " holds " + std::to_string(state.tokens()) +
+                                             " tokens, fewer than the " + std::to_string(image.tokens) +
+                                             " of a state image without rows");
+  }
+  layout_.for_each(image, [&](const StatePartSpec& p, uint64_t at, uint64_t n) {
+    std::vector<float>& dst = storage(state, p);
+    dst.assign(image.data.begin() + static_cast<ptrdiff_t>(at), image.data.begin() + static_cast<ptrdiff_t>(at + n));
+  });
+  state.set_tokens(image.tokens, image.mtp_tokens);
+  return std::nullopt;
+}
+
+std::string CpuStage::describe() const {
+  return "cpu, " + std::to_string(pool_->size()) + " threads, " + describe_layers(layers_);
+}
+
+std::vector<std::shared_ptr<Stage>> make_cpu_stages(std::shared_ptr<const Glm5Weights> weights,
+                                                    const std::vector<LayerRange>& ranges, unsigned threads,
+                                                    const CpuStageOptions& options) {
+  auto pool = std::make_shared<ThreadPool>(threads);
+  std::vector<std::shared_ptr<Stage>> stages;
+  for (const LayerRange& r : ranges) stages.push_back(std::make_shared<CpuStage>(weights, pool, r, options));
+  return stages;
+}
+
+}  // namespace ferry::model
