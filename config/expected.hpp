@@ -42,6 +42,10 @@ struct Error {
   Error(ErrorCode c, std::string m, uint64_t at = kNoOffset) : code(c), message(std::move(m)), offset(at) {}
   // The common case: bad input from outside.
   explicit Error(std::string m) : message(std::move(m)) {}
+
+  // This error with `context` (the file, option or field it concerns) put in front of its message;
+  // the code and the offset stay. What a caller does with a lower layer's error that it passes on.
+  Error prefixed(std::string_view context) const { return Error(code, std::string(context) + message, offset); }
 };
 
 template <class T>

@@ -466,7 +466,7 @@ ModelResult<Glm5ConvertResult> convert_glm5_checkpoint(const std::filesystem::pa
     };
     if (auto err = w.add_tensor(item.spec.name, item.spec.dims, item.type, producer)) return CR::failure(err->message);
   }
-  GgufResult<uint64_t> written = w.write_file(out);
+  Expected<uint64_t> written = w.write_file(out);
   if (!written) return CR::failure(written.error().message);
   Glm5ConvertResult result;
   result.file_bytes = *written;

@@ -38,7 +38,7 @@ class KeyReader {
 
  private:
   template <class V>
-  V take(GgufResult<V> r, V fallback) {
+  V take(Expected<V> r, V fallback) {
     if (r) return std::move(r.value());
     fail(r.error().message);
     return fallback;
@@ -51,17 +51,18 @@ class KeyReader {
 
 }  // namespace
 
-GgufResult<std::string> glm5_gguf_arch(const GgufFile& file) {
-  const GgufResult<std::string_view> arch = file.get_string("general.architecture");
+Expected<std::string> glm5_gguf_arch(const GgufFile& file) {
+  const Expected<std::string_view> arch = file.get_string("general.architecture");
   if (!arch) return arch.error();
   if (*arch == kGlm5Arch || *arch == kGlm5ArchMainline) return std::string(*arch);
-  return GgufError{"general.architecture is '" + std::string(arch->substr(0, 64)) + "', expected '" +
-                   std::string(kGlm5Arch) + "' (or '" + std::string(kGlm5ArchMainline) + "')"};
+  return Error(ErrorCode::unsupported,
+               "general.architecture is '" + std::string(arch->substr(0, 64)) + "', expected '" +
+                   std::string(kGlm5Arch) + "' (or '" + std::string(kGlm5ArchMainline) + "')");
 }
 
 ModelResult<Glm5Hparams> glm5_hparams_from_gguf(const GgufFile& file) {
   using R = ModelResult<Glm5Hparams>;
-  const GgufResult<std::string> arch = glm5_gguf_arch(file);
+  const Expected<std::string> arch = glm5_gguf_arch(file);
   if (!arch) return R::failure(arch.error().message);
   KeyReader k(file, *arch);
   namespace key = glm5_key;

@@ -22,7 +22,7 @@ std::string dims_text(const std::vector<uint64_t>& dims) {
 }
 
 template <class T>
-std::optional<T> optional_value(GgufResult<T> r) {
+std::optional<T> optional_value(Expected<T> r) {
   return r ? std::optional<T>(*r) : std::nullopt;
 }
 

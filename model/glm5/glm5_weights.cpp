@@ -88,7 +88,7 @@ Slot slot_for(Glm5Weights& w, Glm5LayerWeights* l, T role) {
 }  // namespace
 
 ModelResult<std::unique_ptr<Glm5Weights>> Glm5Weights::load(const std::filesystem::path& path) {
-  GgufResult<GgufFile> file = GgufFile::open(path);
+  Expected<GgufFile> file = GgufFile::open(path);
   if (!file) return ModelResult<std::unique_ptr<Glm5Weights>>::failure(file.error().message);
   return from_file(std::move(file.value()));
 }

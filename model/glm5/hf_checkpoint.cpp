@@ -17,7 +17,7 @@ ModelResult<HfCheckpoint> HfCheckpoint::open(const std::filesystem::path& dir) {
   HfCheckpoint ck;
   std::vector<std::filesystem::path> opened;
   auto add = [&](const std::filesystem::path& path) -> std::string {
-    SafetensorsResult<Safetensors> set = Safetensors::open(path);
+    Expected<Safetensors> set = Safetensors::open(path);
     if (!set) return set.error().message;
     ck.sets_.push_back(std::move(set).value());
     for (const SafetensorsTensor& t : ck.sets_.back().tensors()) ck.by_name_.emplace(t.name, &t);  // first set wins

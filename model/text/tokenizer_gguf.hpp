@@ -33,9 +33,9 @@ TextResult<Tokenizer> load_tokenizer(const std::filesystem::path& path);
 TextResult<TokenizerSpec> read_hf_tokenizer_dir(const std::filesystem::path& dir, size_t vocab_size = 0);
 
 // Writes the spec as `tokenizer.ggml.*` keys (and tokenizer.chat_template when non-empty).
-GgufStatus write_tokenizer_metadata(GgufWriter& writer, const TokenizerSpec& spec);
+Status write_tokenizer_metadata(GgufWriter& writer, const TokenizerSpec& spec);
 // read_hf_tokenizer_dir + write_tokenizer_metadata: what `ferry convert --tokenizer DIR` calls.
-GgufStatus write_tokenizer_metadata(GgufWriter& writer, const std::filesystem::path& hf_tokenizer_dir,
-                                    size_t vocab_size = 0);
+Status write_tokenizer_metadata(GgufWriter& writer, const std::filesystem::path& hf_tokenizer_dir,
+                                size_t vocab_size = 0);
 
 }  // namespace ferry::model

@@ -219,7 +219,7 @@ TextResult<TokenizerSpec> read_hf_tokenizer_dir(const std::filesystem::path& dir
   return spec;
 }
 
-GgufStatus write_tokenizer_metadata(GgufWriter& writer, const TokenizerSpec& spec) {
+Status write_tokenizer_metadata(GgufWriter& writer, const TokenizerSpec& spec) {
   const auto set = [&](std::string key, GgufValue value) { return writer.set(std::move(key), std::move(value)); };
   std::vector<int32_t> types = spec.token_types;
   if (types.empty()) types.assign(spec.tokens.size(), static_cast<int32_t>(TokenType::normal));
@@ -246,13 +246,13 @@ GgufStatus write_tokenizer_metadata(GgufWriter& writer, const TokenizerSpec& spe
   return std::nullopt;
 }
 
-GgufStatus write_tokenizer_metadata(GgufWriter& writer, const std::filesystem::path& hf_tokenizer_dir,
-                                    size_t vocab_size) {
+Status write_tokenizer_metadata(GgufWriter& writer, const std::filesystem::path& hf_tokenizer_dir,
+                                size_t vocab_size) {
   auto spec = read_hf_tokenizer_dir(hf_tokenizer_dir, vocab_size);
-  if (!spec) return GgufError{spec.error().message};
+  if (!spec) return Error(spec.error().message);
   // Refuse a tokenizer ferry could not load later (a merge naming a missing token, ...).
   if (auto check = Tokenizer::create(*spec); !check) {
-    return GgufError{hf_tokenizer_dir.string() + ": " + check.error().message};
+    return Error(hf_tokenizer_dir.string() + ": " + check.error().message);
   }
   return write_tokenizer_metadata(writer, *spec);
 }
