@@ -13,7 +13,7 @@
 namespace ferry::gpu {
 namespace {
 
-using BackendResult = model::ModelResult<std::shared_ptr<model::Backend>>;
+using BackendResult = Expected<std::shared_ptr<model::Backend>>;
 
 #if FERRY_HAVE_CUDA
 CudaBackendOptions cuda_options(const BackendOptions& o, uint32_t trained_context) {
@@ -28,8 +28,8 @@ CudaBackendOptions cuda_options(const BackendOptions& o, uint32_t trained_contex
 
 }  // namespace
 
-model::ModelResult<std::string> resolve_backend_kind(const std::string& kind) {
-  using R = model::ModelResult<std::string>;
+Expected<std::string> resolve_backend_kind(const std::string& kind) {
+  using R = Expected<std::string>;
   if (kind == "cpu") return std::string("cpu");
   if (kind != "cuda" && kind != "auto") return R::failure("backend '" + kind + "' is not one of auto, cpu, cuda");
   std::string why;  // list_devices says why there is none, also in a build without CUDA
@@ -41,19 +41,19 @@ model::ModelResult<std::string> resolve_backend_kind(const std::string& kind) {
 
 BackendResult open_backend(const std::filesystem::path& path, const BackendOptions& o) {
   auto kind = resolve_backend_kind(o.kind);
-  if (!kind) return BackendResult::failure(kind.error());
+  if (!kind) return kind.error();
   if (kind.value() == "cpu") {
     model::CpuBackendOptions co;
     co.threads = o.threads;
     co.max_slots = o.max_slots;
     co.max_context = o.max_context;
     auto b = model::CpuBackend::open(path, co);
-    if (!b) return BackendResult::failure(b.error());
+    if (!b) return b.error();
     return std::shared_ptr<model::Backend>(std::move(b.value()));
   }
 #if FERRY_HAVE_CUDA
   auto w = model::Glm5Weights::load(path);
-  if (!w) return BackendResult::failure(path.string() + ": " + w.error());
+  if (!w) return w.error().prefixed(path.string() + ": ");
   try {
     return std::shared_ptr<model::Backend>(
         CudaBackend::from_weights(*w.value(), cuda_options(o, w.value()->hparams().context_length)));
@@ -69,7 +69,7 @@ BackendResult open_synthetic_backend(const model::Glm5Hparams& hp, model::GgmlTy
                                      const BackendOptions& o) {
 #if FERRY_HAVE_CUDA
   auto kind = resolve_backend_kind(o.kind == "auto" ? "cuda" : o.kind);
-  if (!kind) return BackendResult::failure(kind.error());
+  if (!kind) return kind.error();
   if (kind.value() != "cuda") return BackendResult::failure("synthetic weights need the CUDA backend");
   try {
     SyntheticModel m{hp, type, seed};

@@ -23,15 +23,15 @@ struct BackendOptions {
 };
 
 // "cpu" or "cuda" for `kind`, or an error naming the value or why CUDA cannot be used.
-model::ModelResult<std::string> resolve_backend_kind(const std::string& kind);
+Expected<std::string> resolve_backend_kind(const std::string& kind);
 
 // Opens the GGUF model on the chosen backend. Errors name the file, the backend and the cause.
-model::ModelResult<std::shared_ptr<model::Backend>> open_backend(const std::filesystem::path& model,
-                                                                 const BackendOptions& options);
+Expected<std::shared_ptr<model::Backend>> open_backend(const std::filesystem::path& model,
+                                                       const BackendOptions& options);
 
 // Synthetic weights of the shape in `hparams` (always the CUDA backend): loud in describe().
-model::ModelResult<std::shared_ptr<model::Backend>> open_synthetic_backend(const model::Glm5Hparams& hparams,
-                                                                           model::GgmlType type, uint64_t seed,
-                                                                           const BackendOptions& options);
+Expected<std::shared_ptr<model::Backend>> open_synthetic_backend(const model::Glm5Hparams& hparams,
+                                                                 model::GgmlType type, uint64_t seed,
+                                                                 const BackendOptions& options);
 
 }  // namespace ferry::gpu

@@ -8,11 +8,10 @@
 
 namespace ferry::model {
 
-ModelResult<std::unique_ptr<CpuBackend>> CpuBackend::open(const std::filesystem::path& model, CpuBackendOptions opt) {
-  using R = ModelResult<std::unique_ptr<CpuBackend>>;
-  ModelResult<std::unique_ptr<Glm5Weights>> w = Glm5Weights::load(model);
-  if (!w) return R::failure(model.string() + ": " + w.error());
-  if (opt.max_slots == 0) return R::failure("max_slots is 0, expected at least 1");
+Expected<std::unique_ptr<CpuBackend>> CpuBackend::open(const std::filesystem::path& model, CpuBackendOptions opt) {
+  Expected<std::unique_ptr<Glm5Weights>> w = Glm5Weights::load(model);
+  if (!w) return w.error().prefixed(model.string() + ": ");
+  if (opt.max_slots == 0) return Error("max_slots is 0, expected at least 1");
   std::unique_ptr<CpuBackend> b(new CpuBackend());
   b->weights_ = std::move(w.value());
   b->pool_ = std::make_unique<ThreadPool>(opt.threads);

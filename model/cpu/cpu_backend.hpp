@@ -23,7 +23,7 @@ struct CpuBackendOptions {
 class CpuBackend final : public Backend {
  public:
   // Loads the GGUF file; the error names the file and what was wrong with it.
-  static ModelResult<std::unique_ptr<CpuBackend>> open(const std::filesystem::path& model, CpuBackendOptions opt = {});
+  static Expected<std::unique_ptr<CpuBackend>> open(const std::filesystem::path& model, CpuBackendOptions opt = {});
 
   const Glm5Hparams& hparams() const override { return weights_->hparams(); }
   uint32_t max_slots() const override { return static_cast<uint32_t>(slots_.size()); }

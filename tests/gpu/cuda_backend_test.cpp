@@ -124,10 +124,10 @@ class CudaBackendTest : public ::testing::Test {
     co.max_slots = 3;
     co.max_context = 512;
     auto cpu = model::CpuBackend::open(path_, co);
-    ASSERT_TRUE(cpu) << cpu.error();
+    ASSERT_TRUE(cpu) << cpu.error().message;
     cpu_ = std::move(cpu.value());
     auto w = model::Glm5Weights::load(path_);
-    ASSERT_TRUE(w) << w.error();
+    ASSERT_TRUE(w) << w.error().message;
     CudaBackendOptions go;
     go.max_slots = 3;
     go.max_context = 512;
@@ -269,7 +269,7 @@ TEST_F(CudaBackendTest, GraphReplayedDecodeWithSampledRowsDrawsTheEagerTokens) {
   open(GgmlType::F32, 32, /*graphs=*/true);
   if (!gpu_) return;
   auto w = model::Glm5Weights::load(path_);
-  ASSERT_TRUE(w) << w.error();
+  ASSERT_TRUE(w) << w.error().message;
   CudaBackendOptions go;
   go.max_slots = 3;
   go.max_context = 512;

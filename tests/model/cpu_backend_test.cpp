@@ -103,7 +103,7 @@ class CpuBackendTest : public ::testing::Test {
     o.threads = 2;
     o.max_slots = 3;
     auto b = CpuBackend::open(path_, o);
-    ASSERT_TRUE(b) << b.error();
+    ASSERT_TRUE(b) << b.error().message;
     backend_ = std::move(b.value());
     std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(tiny().vocab_size) - 1);
     for (int i = 0; i < 75; ++i) prompt_.push_back(tok(rng));

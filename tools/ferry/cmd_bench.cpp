@@ -102,12 +102,12 @@ int bench(const Options& o) {
   bo.max_context = (max_d + std::max(max_p, max_n * o.reps + 8) + 64 + 255) / 256 * 256;
   bo.device = o.device;
 
-  model::ModelResult<std::shared_ptr<model::Backend>> opened = model::ModelResult<std::shared_ptr<model::Backend>>::failure("");
+  Expected<std::shared_ptr<model::Backend>> opened = Error("");
   std::string model_name;
   if (!o.synthetic.empty()) {
     auto hp = model::glm5_hparams_from_hf_config_file(o.synthetic);
     if (!hp) {
-      std::fprintf(stderr, "ferry bench: %s: %s\n", o.synthetic.c_str(), hp.error().c_str());
+      std::fprintf(stderr, "ferry bench: %s: %s\n", o.synthetic.c_str(), hp.error().message.c_str());
       return 2;
     }
     auto type = model::ggml_type_from_name(o.type);
@@ -124,7 +124,7 @@ int bench(const Options& o) {
     model_name = o.model;
   }
   if (!opened) {
-    std::fprintf(stderr, "ferry bench: %s\n", opened.error().c_str());
+    std::fprintf(stderr, "ferry bench: %s\n", opened.error().message.c_str());
     return 2;
   }
   model::Backend& b = *opened.value();

@@ -76,7 +76,7 @@ std::unique_ptr<model::CpuBackend> open_model(const std::string& path, unsigned 
   bo.max_slots = 1;
   auto b = model::CpuBackend::open(path, bo);
   if (!b) {
-    std::fprintf(stderr, "ferry eval-ref: %s\n", b.error().c_str());
+    std::fprintf(stderr, "ferry eval-ref: %s\n", b.error().message.c_str());
     return nullptr;
   }
   return std::move(b.value());
@@ -90,7 +90,7 @@ int eval_ref_backend(const Options& o, const ReferenceCase& ref) {
   bo.max_context = static_cast<uint32_t>(ref.input_ids.size() + ref.decode_tokens.size() + 16);
   auto opened = gpu::open_backend(o.model, bo);
   if (!opened) {
-    std::fprintf(stderr, "ferry eval-ref: %s\n", opened.error().c_str());
+    std::fprintf(stderr, "ferry eval-ref: %s\n", opened.error().message.c_str());
     return 2;
   }
   model::Backend& b = *opened.value();

@@ -51,7 +51,7 @@ int run(const RunOptions& o) {
   bo.max_slots = 1;
   auto backend = model::CpuBackend::open(o.model, bo);
   if (!backend) {
-    std::fprintf(stderr, "ferry run: %s\n", backend.error().c_str());
+    std::fprintf(stderr, "ferry run: %s\n", backend.error().message.c_str());
     return 2;
   }
   model::CpuBackend& b = *backend.value();

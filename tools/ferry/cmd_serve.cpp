@@ -72,7 +72,7 @@ int serve(config::ServeCli& cli) {
   const bool synthetic = !config.model.synthetic_config.empty();
   if (auto kind = gpu::resolve_backend_kind(synthetic ? "cuda" : config.devices.backend); !kind) {
     std::fprintf(stderr, "ferry serve: %s: %s\n", synthetic ? "--synthetic needs a GPU" : "--backend",
-                 kind.error().c_str());
+                 kind.error().message.c_str());
     return 2;
   }
   std::variant<std::string, LoadError> model_path;

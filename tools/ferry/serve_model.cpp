@@ -162,7 +162,7 @@ std::variant<LoadedModel, LoadError> load_model(const std::string& path, const c
   if (!tokenizer) return LoadError{path + ": the tokenizer: " + tokenizer.error().message};
 
   auto backend = gpu::open_backend(path, backend_options(config));
-  if (!backend) return LoadError{backend.error()};
+  if (!backend) return LoadError{backend.error().message};
 
   LoadedModel loaded;
   loaded.tokenizer = std::make_shared<const model::Tokenizer>(std::move(tokenizer.value()));
@@ -172,7 +172,7 @@ std::variant<LoadedModel, LoadError> load_model(const std::string& path, const c
 
 std::variant<SyntheticSource, LoadError> read_synthetic_source(const config::ServeConfig& config) {
   auto hparams = model::glm5_hparams_from_hf_config_file(config.model.synthetic_config);
-  if (!hparams) return LoadError{"--synthetic " + config.model.synthetic_config + ": " + hparams.error()};
+  if (!hparams) return LoadError{"--synthetic " + config.model.synthetic_config + ": " + hparams.error().message};
   const auto type = model::ggml_type_from_name(config.model.synthetic_type);
   if (!type) return LoadError{"--type '" + config.model.synthetic_type + "' is not a ggml type name (q4_k, q8_0, f16, ...)"};
   return SyntheticSource{hparams.value(), *type};
@@ -188,7 +188,7 @@ std::variant<LoadedModel, LoadError> load_synthetic(const SyntheticSource& sourc
                      " tokens, more than the " + std::to_string(vocab) + " of --synthetic " + config.model.synthetic_config};
   }
   auto backend = gpu::open_synthetic_backend(source.hparams, source.type, config.model.synthetic_seed, backend_options(config));
-  if (!backend) return LoadError{backend.error()};
+  if (!backend) return LoadError{backend.error().message};
   LoadedModel loaded;
   loaded.tokenizer = std::make_shared<const model::Tokenizer>(std::move(tokenizer.value()));
   loaded.backend = backend.value();
