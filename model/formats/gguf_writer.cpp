@@ -54,14 +54,14 @@ class Bytes {
   }
 };
 
-std::string name_error(std::string_view what, std::string_view name, uint64_t max) {
-  if (name.empty()) return std::string(what) + " is empty";
+Status name_error(std::string_view what, std::string_view name, uint64_t max) {
+  if (name.empty()) return Error(std::string(what) + " is empty");
   if (name.size() > max) {
-    return std::string(what) + " '" + std::string(name.substr(0, 80)) + "...' is " + std::to_string(name.size()) +
-           " bytes long; at most " + std::to_string(max) + " allowed";
+    return Error(std::string(what) + " '" + std::string(name.substr(0, 80)) + "...' is " + std::to_string(name.size()) +
+                 " bytes long; at most " + std::to_string(max) + " allowed");
   }
-  if (!is_valid_utf8(name)) return std::string(what) + " is not valid UTF-8";
-  return {};
+  if (!is_valid_utf8(name)) return Error(std::string(what) + " is not valid UTF-8");
+  return std::nullopt;
 }
 
 uint32_t array_depth(const GgufArray& a) {
@@ -119,7 +119,7 @@ class FileSink final : public GgufSink {
 }  // namespace
 
 Status GgufWriter::set(std::string key, GgufValue value) {
-  if (auto e = name_error("metadata key", key, GgufFile::kMaxKeyBytes); !e.empty()) return Error(e);
+  if (auto e = name_error("metadata key", key, GgufFile::kMaxKeyBytes)) return e;
   if (const auto* a = std::get_if<GgufArray>(&value); a != nullptr && array_depth(*a) > GgufFile::kMaxArrayDepth) {
     return Error("metadata '" + key + "' nests arrays " + std::to_string(array_depth(*a)) +
                  " deep; at most " + std::to_string(GgufFile::kMaxArrayDepth) + " allowed");
@@ -152,7 +152,7 @@ const GgufValue* GgufWriter::find(std::string_view key) const {
 
 Status GgufWriter::add_tensor(std::string name, std::vector<uint64_t> dims, GgmlType type,
                               GgufTensorProducer produce) {
-  if (auto e = name_error("tensor name", name, kMaxNameBytes); !e.empty()) return Error(e);
+  if (auto e = name_error("tensor name", name, kMaxNameBytes)) return e;
   if (tensor_index_.count(name) != 0) return Error("duplicate tensor name '" + name + "'");
   const std::string tname = "tensor '" + name + "'";
   if (dims.size() > GgufFile::kMaxDims) {
