@@ -18,19 +18,19 @@ std::string lower(std::string_view s) {
 
 }  // namespace
 
-std::variant<uint64_t, ByteSizeError> parse_byte_size(std::string_view text) {
+Expected<uint64_t> parse_byte_size(std::string_view text) {
   const std::string quoted = "'" + std::string(text) + "'";
   size_t begin = 0;
   while (begin < text.size() && std::isspace(static_cast<unsigned char>(text[begin]))) ++begin;
   size_t end = begin;
   while (end < text.size() && (std::isdigit(static_cast<unsigned char>(text[end])) || text[end] == '.')) ++end;
   if (end == begin) {
-    return ByteSizeError{"byte size " + quoted + " does not start with a number (expected e.g. 25.5GiB)"};
+    return Error("byte size " + quoted + " does not start with a number (expected e.g. 25.5GiB)");
   }
   double value = 0;
   const auto [ptr, ec] = std::from_chars(text.data() + begin, text.data() + end, value);
   if (ec != std::errc() || ptr != text.data() + end) {
-    return ByteSizeError{"byte size " + quoted + " has a malformed number"};
+    return Error("byte size " + quoted + " has a malformed number");
   }
   size_t unit_begin = end;
   while (unit_begin < text.size() && std::isspace(static_cast<unsigned char>(text[unit_begin]))) ++unit_begin;
@@ -45,12 +45,12 @@ std::variant<uint64_t, ByteSizeError> parse_byte_size(std::string_view text) {
     if (unit != name) continue;
     const double bytes = std::round(value * scale);
     if (!(bytes < 18446744073709551616.0)) {
-      return ByteSizeError{"byte size " + quoted + " is too large"};
+      return Error("byte size " + quoted + " is too large");
     }
     return static_cast<uint64_t>(bytes);
   }
-  return ByteSizeError{"byte size " + quoted + " has unknown unit '" + unit +
-                       "' (expected B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)"};
+  return Error("byte size " + quoted + " has unknown unit '" + unit +
+               "' (expected B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)");
 }
 
 std::string format_byte_size(uint64_t bytes) {

@@ -4,17 +4,15 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <variant>
+
+#include "config/expected.hpp"
 
 namespace ferry::config {
 
-struct ByteSizeError {
-  std::string message;  // names the text and what was expected
-};
-
 // Accepts a non-negative number with an optional unit: B, KiB, MiB, GiB, TiB (powers of 1024) or
-// KB, MB, GB, TB (powers of 1000); case-insensitive, spaces allowed before the unit.
-std::variant<uint64_t, ByteSizeError> parse_byte_size(std::string_view text);
+// KB, MB, GB, TB (powers of 1000); case-insensitive, spaces allowed before the unit. The error
+// names the text and what was expected.
+Expected<uint64_t> parse_byte_size(std::string_view text);
 // "1.50 GiB", "512 B": binary units, two decimals above bytes.
 std::string format_byte_size(uint64_t bytes);
 

@@ -42,6 +42,10 @@ struct Error {
   Error(ErrorCode c, std::string m, uint64_t at = kNoOffset) : code(c), message(std::move(m)), offset(at) {}
   // The common case: bad input from outside.
   explicit Error(std::string m) : message(std::move(m)) {}
+
+  // This error with `context` (the file, option or field it concerns) put in front of its message;
+  // the code and the offset stay. What a caller does with a lower layer's error that it passes on.
+  Error prefixed(std::string_view context) const { return Error(code, std::string(context) + message, offset); }
 };
 
 template <class T>
@@ -49,7 +53,6 @@ class [[nodiscard]] Expected {
  public:
   Expected(T value) : v_(std::in_place_index<0>, std::move(value)) {}  // NOLINT: implicit on purpose
   Expected(Error error) : v_(std::in_place_index<1>, std::move(error)) {}  // NOLINT
-  static Expected failure(std::string message) { return Expected(Error(std::move(message))); }
 
   bool ok() const { return v_.index() == 0; }
   explicit operator bool() const { return ok(); }

@@ -123,8 +123,8 @@ std::vector<std::string> ServeCli::finish() {
   if (!config_file_.empty()) errors = apply_config_file(config_file_);
   if (!errors.empty()) return errors;
   auto body_limit = parse_byte_size(max_body_);
-  if (auto* e = std::get_if<ByteSizeError>(&body_limit)) errors.push_back("--max-body: " + e->message);
-  else config_.server.max_body_bytes = std::get<uint64_t>(body_limit);
+  if (!body_limit) errors.push_back("--max-body: " + body_limit.error().message);
+  else config_.server.max_body_bytes = *body_limit;
   if (auto e = parse_split(split_, config_.devices.split)) errors.push_back(e->message);
   if (!devices_.empty()) {
     if (auto e = parse_devices(devices_, config_.devices.split)) errors.push_back(e->message);

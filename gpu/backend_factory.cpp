@@ -80,7 +80,7 @@ PipelineResult open_pipeline(const std::filesystem::path& path, const BackendOpt
   auto kind = resolve_backend_kind(o.kind);
   if (!kind) return kind.error();
   auto loaded = model::Glm5Weights::load(path);
-  if (!loaded) return Error(path.string() + ": " + loaded.error());
+  if (!loaded) return loaded.error().prefixed(path.string() + ": ");
   std::shared_ptr<const model::Glm5Weights> weights = std::move(loaded.value());
   const model::Glm5Hparams& hp = weights->hparams();
   std::vector<uint64_t> layer_bytes(hp.n_layers, 0);

@@ -112,14 +112,13 @@ class GgufParser {
     return place_tensors(f);
   }
 
-  GgufError take_error() { return std::move(error_); }
+  Error take_error() { return std::move(error_); }
 
  private:
   uint64_t remaining() const { return bytes_.size() - pos_; }
 
-  bool fail(uint64_t at, std::string message) {
-    error_.offset = at;
-    error_.message = "at byte " + std::to_string(at) + ": " + std::move(message);
+  bool fail(uint64_t at, std::string message, ErrorCode code = ErrorCode::invalid_input) {
+    error_ = Error(code, "at byte " + std::to_string(at) + ": " + std::move(message), at);
     return false;
   }
 
@@ -166,11 +165,14 @@ class GgufParser {
     pos_ = 4;
     uint32_t version = 0;
     if (!read(version, "the version")) return false;
-    if (version == 1) return fail(4, "GGUF version 1 is not supported (it predates 64-bit counts); versions 2 and 3 are");
+    if (version == 1) {
+      return fail(4, "GGUF version 1 is not supported (it predates 64-bit counts); versions 2 and 3 are",
+                  ErrorCode::unsupported);
+    }
     if (version != 2 && version != 3) {
       std::string why = "GGUF version " + std::to_string(version) + " is not supported; versions 2 and 3 are";
       if ((version & 0xffff) == 0) why += " (the value looks byte-swapped: a big-endian file?)";
-      return fail(4, why);
+      return fail(4, why, ErrorCode::unsupported);
     }
     f.version_ = version;
     if (!read(tensor_count_, "the tensor count") || !read(kv_count_, "the metadata count")) return false;
@@ -465,28 +467,22 @@ class GgufParser {
   uint64_t kv_count_ = 0;
   uint64_t alignment_at_ = 0;        // where general.alignment is, for error messages
   std::vector<uint64_t> offset_at_;  // where each tensor's offset field is, for error messages
-  GgufError error_;
+  Error error_;
 };
 
-GgufResult<GgufFile> GgufFile::parse(std::span<const uint8_t> bytes) {
+Expected<GgufFile> GgufFile::parse(std::span<const uint8_t> bytes) {
   GgufFile f;
   GgufParser parser(bytes);
   if (!parser.parse(f)) return parser.take_error();
   return f;
 }
 
-GgufResult<GgufFile> GgufFile::open(const std::filesystem::path& path) {
-  auto mapped = MappedFile::open(path);
-  if (auto* err = std::get_if<std::string>(&mapped)) return GgufError{std::move(*err)};
-  auto& mapping = std::get<MappedFile>(mapped);
-  const std::span<const uint8_t> bytes = mapping.bytes();
-  auto parsed = parse(bytes);
-  if (!parsed) {
-    GgufError e = parsed.error();
-    e.message = path.string() + ": " + e.message;
-    return e;
-  }
-  parsed->mapping_ = std::move(mapping);  // the spans stay valid: the pages do not move
+Expected<GgufFile> GgufFile::open(const std::filesystem::path& path) {
+  auto mapping = MappedFile::open(path);
+  if (!mapping) return mapping.error();
+  auto parsed = parse(mapping->bytes());
+  if (!parsed) return parsed.error().prefixed(path.string() + ": ");
+  parsed->mapping_ = std::move(*mapping);  // the spans stay valid: the pages do not move
   return parsed;
 }
 
@@ -504,11 +500,11 @@ const GgufTensorInfo* GgufFile::find_tensor(std::string_view name) const {
 
 namespace {
 
-GgufError missing(std::string_view key) { return {"metadata key " + quoted_name(key) + " is missing"}; }
+Error missing(std::string_view key) { return Error("metadata key " + quoted_name(key) + " is missing"); }
 
-GgufError wrong_type(std::string_view key, const GgufValue& v, std::string_view expected) {
-  return {"metadata " + quoted_name(key) + " has type " + gguf_value_type_name(gguf_value_type(v)) + ", expected " +
-          std::string(expected)};
+Error wrong_type(std::string_view key, const GgufValue& v, std::string_view expected) {
+  return Error("metadata " + quoted_name(key) + " has type " + gguf_value_type_name(gguf_value_type(v)) +
+               ", expected " + std::string(expected));
 }
 
 // The value of an integer alternative as a 128-bit-free pair: negative flag and magnitude fits in
@@ -567,29 +563,29 @@ constexpr const char* int_name() {
 }
 
 template <class T>
-GgufResult<T> get_int(const GgufFile& f, std::string_view key) {
+Expected<T> get_int(const GgufFile& f, std::string_view key) {
   const GgufValue* v = f.find(key);
   if (v == nullptr) return missing(key);
   const auto i = integer_of(*v);
   if (!i) return wrong_type(key, *v, std::string("an integer that fits ") + int_name<T>());
   const auto r = fit<T>(*i);
   if (!r) {
-    return GgufError{"metadata " + quoted_name(key) + " is " + int_text(*i) + " (" +
-                     gguf_value_type_name(gguf_value_type(*v)) + "), which does not fit " + int_name<T>()};
+    return Error("metadata " + quoted_name(key) + " is " + int_text(*i) + " (" +
+                 gguf_value_type_name(gguf_value_type(*v)) + "), which does not fit " + int_name<T>());
   }
   return *r;
 }
 
 // Converts every element of an integer (or, for float targets, float) array.
 template <class T>
-GgufResult<std::vector<T>> get_converted_array(const GgufFile& f, std::string_view key) {
+Expected<std::vector<T>> get_converted_array(const GgufFile& f, std::string_view key) {
   const GgufValue* v = f.find(key);
   if (v == nullptr) return missing(key);
   const auto* a = std::get_if<GgufArray>(v);
   if (a == nullptr) return wrong_type(key, *v, "an array");
   std::vector<T> out;
   out.reserve(a->size());
-  std::optional<GgufError> error;
+  Status error;
   std::visit(
       [&](const auto& items) {
         using E = typename std::decay_t<decltype(items)>::value_type;
@@ -599,15 +595,15 @@ GgufResult<std::vector<T>> get_converted_array(const GgufFile& f, std::string_vi
           } else if constexpr (std::is_integral_v<T> && std::is_integral_v<E> && !std::is_same_v<E, bool>) {
             const auto r = fit<T>(*integer_of(std::variant<E>(items[i])));
             if (!r) {
-              error = GgufError{"metadata " + quoted_name(key) + " element " + std::to_string(i) + " is " +
-                                std::to_string(items[i]) + ", which does not fit " + int_name<T>()};
+              error = Error("metadata " + quoted_name(key) + " element " + std::to_string(i) + " is " +
+                            std::to_string(items[i]) + ", which does not fit " + int_name<T>());
             } else {
               out.push_back(*r);
             }
           } else {
-            error = GgufError{"metadata " + quoted_name(key) + " is an array of " +
-                              gguf_value_type_name(a->element_type()) + ", expected an array of " +
-                              (std::is_floating_point_v<T> ? "f32 or f64" : "integers")};
+            error = Error("metadata " + quoted_name(key) + " is an array of " +
+                          gguf_value_type_name(a->element_type()) + ", expected an array of " +
+                          (std::is_floating_point_v<T> ? "f32 or f64" : "integers"));
           }
         }
       },
@@ -618,16 +614,16 @@ GgufResult<std::vector<T>> get_converted_array(const GgufFile& f, std::string_vi
 
 }  // namespace
 
-GgufResult<uint8_t> GgufFile::get_u8(std::string_view key) const { return get_int<uint8_t>(*this, key); }
-GgufResult<uint16_t> GgufFile::get_u16(std::string_view key) const { return get_int<uint16_t>(*this, key); }
-GgufResult<uint32_t> GgufFile::get_u32(std::string_view key) const { return get_int<uint32_t>(*this, key); }
-GgufResult<uint64_t> GgufFile::get_u64(std::string_view key) const { return get_int<uint64_t>(*this, key); }
-GgufResult<int8_t> GgufFile::get_i8(std::string_view key) const { return get_int<int8_t>(*this, key); }
-GgufResult<int16_t> GgufFile::get_i16(std::string_view key) const { return get_int<int16_t>(*this, key); }
-GgufResult<int32_t> GgufFile::get_i32(std::string_view key) const { return get_int<int32_t>(*this, key); }
-GgufResult<int64_t> GgufFile::get_i64(std::string_view key) const { return get_int<int64_t>(*this, key); }
+Expected<uint8_t> GgufFile::get_u8(std::string_view key) const { return get_int<uint8_t>(*this, key); }
+Expected<uint16_t> GgufFile::get_u16(std::string_view key) const { return get_int<uint16_t>(*this, key); }
+Expected<uint32_t> GgufFile::get_u32(std::string_view key) const { return get_int<uint32_t>(*this, key); }
+Expected<uint64_t> GgufFile::get_u64(std::string_view key) const { return get_int<uint64_t>(*this, key); }
+Expected<int8_t> GgufFile::get_i8(std::string_view key) const { return get_int<int8_t>(*this, key); }
+Expected<int16_t> GgufFile::get_i16(std::string_view key) const { return get_int<int16_t>(*this, key); }
+Expected<int32_t> GgufFile::get_i32(std::string_view key) const { return get_int<int32_t>(*this, key); }
+Expected<int64_t> GgufFile::get_i64(std::string_view key) const { return get_int<int64_t>(*this, key); }
 
-GgufResult<float> GgufFile::get_f32(std::string_view key) const {
+Expected<float> GgufFile::get_f32(std::string_view key) const {
   const GgufValue* v = find(key);
   if (v == nullptr) return missing(key);
   if (const auto* x = std::get_if<float>(v)) return *x;
@@ -635,7 +631,7 @@ GgufResult<float> GgufFile::get_f32(std::string_view key) const {
   return wrong_type(key, *v, "f32 or f64");
 }
 
-GgufResult<double> GgufFile::get_f64(std::string_view key) const {
+Expected<double> GgufFile::get_f64(std::string_view key) const {
   const GgufValue* v = find(key);
   if (v == nullptr) return missing(key);
   if (const auto* x = std::get_if<double>(v)) return *x;
@@ -643,43 +639,43 @@ GgufResult<double> GgufFile::get_f64(std::string_view key) const {
   return wrong_type(key, *v, "f32 or f64");
 }
 
-GgufResult<bool> GgufFile::get_bool(std::string_view key) const {
+Expected<bool> GgufFile::get_bool(std::string_view key) const {
   const GgufValue* v = find(key);
   if (v == nullptr) return missing(key);
   if (const auto* x = std::get_if<bool>(v)) return *x;
   return wrong_type(key, *v, "bool");
 }
 
-GgufResult<std::string_view> GgufFile::get_string(std::string_view key) const {
+Expected<std::string_view> GgufFile::get_string(std::string_view key) const {
   const GgufValue* v = find(key);
   if (v == nullptr) return missing(key);
   if (const auto* x = std::get_if<std::string>(v)) return std::string_view(*x);
   return wrong_type(key, *v, "string");
 }
 
-GgufResult<const GgufArray*> GgufFile::get_array(std::string_view key) const {
+Expected<const GgufArray*> GgufFile::get_array(std::string_view key) const {
   const GgufValue* v = find(key);
   if (v == nullptr) return missing(key);
   if (const auto* x = std::get_if<GgufArray>(v)) return x;
   return wrong_type(key, *v, "array");
 }
 
-GgufResult<std::vector<uint32_t>> GgufFile::get_u32_array(std::string_view key) const {
+Expected<std::vector<uint32_t>> GgufFile::get_u32_array(std::string_view key) const {
   return get_converted_array<uint32_t>(*this, key);
 }
-GgufResult<std::vector<int64_t>> GgufFile::get_i64_array(std::string_view key) const {
+Expected<std::vector<int64_t>> GgufFile::get_i64_array(std::string_view key) const {
   return get_converted_array<int64_t>(*this, key);
 }
-GgufResult<std::vector<float>> GgufFile::get_f32_array(std::string_view key) const {
+Expected<std::vector<float>> GgufFile::get_f32_array(std::string_view key) const {
   return get_converted_array<float>(*this, key);
 }
 
-GgufResult<const std::vector<std::string>*> GgufFile::get_string_array(std::string_view key) const {
+Expected<const std::vector<std::string>*> GgufFile::get_string_array(std::string_view key) const {
   auto a = get_array(key);
   if (!a) return a.error();
   if (const auto* s = (*a)->as<std::string>()) return s;
-  return GgufError{"metadata " + quoted_name(key) + " is an array of " + gguf_value_type_name((*a)->element_type()) +
-                   ", expected an array of string"};
+  return Error("metadata " + quoted_name(key) + " is an array of " + gguf_value_type_name((*a)->element_type()) +
+               ", expected an array of string");
 }
 
 }  // namespace ferry::model

@@ -2,8 +2,8 @@
 // GGUF (v2 and v3) model files: the value model shared by the reader and the writer
 // (model/formats/gguf_writer.hpp), and the reader. The reader maps the file read-only and never reads the
 // tensor data itself: a 190 GB file opens in the time it takes to parse its header. Every field of
-// the header is validated, so a truncated or hostile file gives a GgufError naming what was wrong and
-// where, never a crash or an over-read.
+// the header is validated, so a truncated or hostile file gives an Error naming what was wrong and
+// where (its offset), never a crash or an over-read. Errors are values: nothing in the GGUF code throws.
 //
 // Layout (ggml docs/gguf.md): "GGUF", u32 version, u64 tensor_count, u64 kv_count, kv_count
 // metadata pairs, tensor_count tensor infos, zero padding up to `alignment`, then the data section
@@ -11,7 +11,6 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
-#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -19,26 +18,11 @@
 #include <variant>
 #include <vector>
 
+#include "config/expected.hpp"
 #include "model/formats/ggml_type.hpp"
 #include "model/formats/mapped_file.hpp"
-#include "model/result.hpp"
 
 namespace ferry::model {
-
-// ---- errors and results ---------------------------------------------------------------------------
-
-struct GgufError {
-  static constexpr uint64_t kNoOffset = ~uint64_t{0};
-  std::string message;          // printable as is: what was wrong, the value, what was expected
-  uint64_t offset = kNoOffset;  // byte offset in the file where the problem was found, if any
-};
-
-// A value or the error that prevented it. Errors are values: nothing in the GGUF code throws.
-template <class T>
-using GgufResult = Result<T, GgufError>;
-
-// For operations that return nothing: nullopt on success. `if (auto err = f()) return *err;`
-using GgufStatus = std::optional<GgufError>;
 
 // ---- metadata values ------------------------------------------------------------------------------
 
@@ -110,9 +94,9 @@ class GgufFile {
   static constexpr uint32_t kMaxArrayDepth = 8;     // nested arrays deeper than this are refused
 
   // Maps `path` read-only and parses the header. The error message starts with the path.
-  static GgufResult<GgufFile> open(const std::filesystem::path& path);
+  static Expected<GgufFile> open(const std::filesystem::path& path);
   // Parses bytes the caller keeps alive for the lifetime of the result (tests, the fuzzer).
-  static GgufResult<GgufFile> parse(std::span<const uint8_t> bytes);
+  static Expected<GgufFile> parse(std::span<const uint8_t> bytes);
 
   GgufFile(GgufFile&&) noexcept = default;
   GgufFile& operator=(GgufFile&&) noexcept = default;
@@ -132,25 +116,25 @@ class GgufFile {
 
   // Typed getters. The error says the key is missing, or its type and value and what was expected.
   // Integer getters accept a value of any integer type (not bool) that fits the requested type.
-  GgufResult<uint8_t> get_u8(std::string_view key) const;
-  GgufResult<uint16_t> get_u16(std::string_view key) const;
-  GgufResult<uint32_t> get_u32(std::string_view key) const;
-  GgufResult<uint64_t> get_u64(std::string_view key) const;
-  GgufResult<int8_t> get_i8(std::string_view key) const;
-  GgufResult<int16_t> get_i16(std::string_view key) const;
-  GgufResult<int32_t> get_i32(std::string_view key) const;
-  GgufResult<int64_t> get_i64(std::string_view key) const;
-  GgufResult<float> get_f32(std::string_view key) const;    // an f32, or an f64 rounded to f32
-  GgufResult<double> get_f64(std::string_view key) const;   // an f32 or an f64
-  GgufResult<bool> get_bool(std::string_view key) const;
-  GgufResult<std::string_view> get_string(std::string_view key) const;  // a view into this object
-  GgufResult<const GgufArray*> get_array(std::string_view key) const;   // never nullptr when ok
+  Expected<uint8_t> get_u8(std::string_view key) const;
+  Expected<uint16_t> get_u16(std::string_view key) const;
+  Expected<uint32_t> get_u32(std::string_view key) const;
+  Expected<uint64_t> get_u64(std::string_view key) const;
+  Expected<int8_t> get_i8(std::string_view key) const;
+  Expected<int16_t> get_i16(std::string_view key) const;
+  Expected<int32_t> get_i32(std::string_view key) const;
+  Expected<int64_t> get_i64(std::string_view key) const;
+  Expected<float> get_f32(std::string_view key) const;    // an f32, or an f64 rounded to f32
+  Expected<double> get_f64(std::string_view key) const;   // an f32 or an f64
+  Expected<bool> get_bool(std::string_view key) const;
+  Expected<std::string_view> get_string(std::string_view key) const;  // a view into this object
+  Expected<const GgufArray*> get_array(std::string_view key) const;   // never nullptr when ok
   // Arrays converted element-wise under the same rules as the scalar getters (every element must
   // fit); what the hyper-parameter loader needs for per-layer values.
-  GgufResult<std::vector<uint32_t>> get_u32_array(std::string_view key) const;
-  GgufResult<std::vector<int64_t>> get_i64_array(std::string_view key) const;
-  GgufResult<std::vector<float>> get_f32_array(std::string_view key) const;
-  GgufResult<const std::vector<std::string>*> get_string_array(std::string_view key) const;
+  Expected<std::vector<uint32_t>> get_u32_array(std::string_view key) const;
+  Expected<std::vector<int64_t>> get_i64_array(std::string_view key) const;
+  Expected<std::vector<float>> get_f32_array(std::string_view key) const;
+  Expected<const std::vector<std::string>*> get_string_array(std::string_view key) const;
 
   // Tensors in file order, and by name.
   std::span<const GgufTensorInfo> tensors() const { return tensors_; }

@@ -54,14 +54,14 @@ class Bytes {
   }
 };
 
-std::string name_error(std::string_view what, std::string_view name, uint64_t max) {
-  if (name.empty()) return std::string(what) + " is empty";
+Status name_error(std::string_view what, std::string_view name, uint64_t max) {
+  if (name.empty()) return Error(std::string(what) + " is empty");
   if (name.size() > max) {
-    return std::string(what) + " '" + std::string(name.substr(0, 80)) + "...' is " + std::to_string(name.size()) +
-           " bytes long; at most " + std::to_string(max) + " allowed";
+    return Error(std::string(what) + " '" + std::string(name.substr(0, 80)) + "...' is " + std::to_string(name.size()) +
+                 " bytes long; at most " + std::to_string(max) + " allowed");
   }
-  if (!is_valid_utf8(name)) return std::string(what) + " is not valid UTF-8";
-  return {};
+  if (!is_valid_utf8(name)) return Error(std::string(what) + " is not valid UTF-8");
+  return std::nullopt;
 }
 
 uint32_t array_depth(const GgufArray& a) {
@@ -81,57 +81,56 @@ class FileSink final : public GgufSink {
       : file_(file), tensor_(tensor), expected_(expected) {}
 
   void write(const void* data, size_t n) override {
-    if (failed_) return;
+    if (error_) return;
     if (n > expected_ - written_) {
-      fail("the producer wrote more than the tensor's " + std::to_string(expected_) + " bytes");
+      fail(ErrorCode::internal, "the producer wrote more than the tensor's " + std::to_string(expected_) + " bytes");
       return;
     }
     if (n > 0 && std::fwrite(data, 1, n, file_) != n) {
-      fail(std::string("write failed: ") + std::strerror(errno));
+      fail(ErrorCode::io, std::string("write failed: ") + std::strerror(errno));
       return;
     }
     written_ += n;
   }
-  void fail(std::string message) override {
-    if (failed_) return;
-    failed_ = true;
-    error_ = "tensor '" + tensor_ + "': " + std::move(message);
-  }
-  bool failed() const override { return failed_; }
+  void fail(std::string message) override { fail(ErrorCode::invalid_input, std::move(message)); }
+  bool failed() const override { return error_.has_value(); }
 
   // The error after the producer returned, if any.
-  std::optional<std::string> finish() {
-    if (!failed_ && written_ != expected_) {
-      fail("the producer wrote " + std::to_string(written_) + " bytes, expected " + std::to_string(expected_));
+  Status finish() {
+    if (!error_ && written_ != expected_) {
+      fail(ErrorCode::internal,
+           "the producer wrote " + std::to_string(written_) + " bytes, expected " + std::to_string(expected_));
     }
-    if (failed_) return error_;
-    return std::nullopt;
+    return error_;
   }
 
  private:
+  void fail(ErrorCode code, std::string message) {
+    if (!error_) error_ = Error(code, "tensor '" + tensor_ + "': " + std::move(message));
+  }
+
   std::FILE* file_;
   const std::string& tensor_;
   uint64_t expected_;
   uint64_t written_ = 0;
-  bool failed_ = false;
-  std::string error_;
+  Status error_;
 };
 
 }  // namespace
 
-GgufStatus GgufWriter::set(std::string key, GgufValue value) {
-  if (auto e = name_error("metadata key", key, GgufFile::kMaxKeyBytes); !e.empty()) return GgufError{e};
+Status GgufWriter::set(std::string key, GgufValue value) {
+  if (auto e = name_error("metadata key", key, GgufFile::kMaxKeyBytes)) return e;
   if (const auto* a = std::get_if<GgufArray>(&value); a != nullptr && array_depth(*a) > GgufFile::kMaxArrayDepth) {
-    return GgufError{"metadata '" + key + "' nests arrays " + std::to_string(array_depth(*a)) +
-                     " deep; at most " + std::to_string(GgufFile::kMaxArrayDepth) + " allowed"};
+    return Error("metadata '" + key + "' nests arrays " + std::to_string(array_depth(*a)) +
+                 " deep; at most " + std::to_string(GgufFile::kMaxArrayDepth) + " allowed");
   }
   if (key == "general.alignment") {
     const auto* a = std::get_if<uint32_t>(&value);
     if (a == nullptr) {
-      return GgufError{"general.alignment must be a u32, not " + gguf_value_type_name(gguf_value_type(value))};
+      return Error("general.alignment must be a u32, not " + gguf_value_type_name(gguf_value_type(value)));
     }
     if (*a == 0 || !std::has_single_bit(*a)) {
-      return GgufError{"general.alignment must be a power of two, not " + std::to_string(*a)};
+      return Error("general.alignment must be a power of two, not " + std::to_string(*a));
     }
   }
   for (GgufKv& kv : kvs_) {
@@ -151,31 +150,31 @@ const GgufValue* GgufWriter::find(std::string_view key) const {
   return nullptr;
 }
 
-GgufStatus GgufWriter::add_tensor(std::string name, std::vector<uint64_t> dims, GgmlType type,
-                                  GgufTensorProducer produce) {
-  if (auto e = name_error("tensor name", name, kMaxNameBytes); !e.empty()) return GgufError{e};
-  if (tensor_index_.count(name) != 0) return GgufError{"duplicate tensor name '" + name + "'"};
+Status GgufWriter::add_tensor(std::string name, std::vector<uint64_t> dims, GgmlType type,
+                              GgufTensorProducer produce) {
+  if (auto e = name_error("tensor name", name, kMaxNameBytes)) return e;
+  if (tensor_index_.count(name) != 0) return Error("duplicate tensor name '" + name + "'");
   const std::string tname = "tensor '" + name + "'";
   if (dims.size() > GgufFile::kMaxDims) {
-    return GgufError{tname + " has " + std::to_string(dims.size()) + " dimensions, at most 4 allowed"};
+    return Error(tname + " has " + std::to_string(dims.size()) + " dimensions, at most 4 allowed");
   }
-  if (!produce) return GgufError{tname + " has no producer for its data"};
+  if (!produce) return Error(ErrorCode::internal, tname + " has no producer for its data");
   const auto traits = ggml_type_traits(static_cast<uint32_t>(type));
-  if (!traits) return GgufError{tname + " has ggml type id " + std::to_string(static_cast<uint32_t>(type)) + ", unknown"};
+  if (!traits) return Error(tname + " has ggml type id " + std::to_string(static_cast<uint32_t>(type)) + ", unknown");
   uint64_t n = 1;
   for (uint64_t d : dims) {
     if (d != 0 && n > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / d) {
-      return GgufError{tname + " has more than 2^63-1 elements"};
+      return Error(tname + " has more than 2^63-1 elements");
     }
     n *= d;
   }
   const uint64_t row = dims.empty() ? 1 : dims[0];
   if (row % traits->block_elems != 0) {
-    return GgufError{tname + " of type " + std::string(traits->name) + " has rows of " + std::to_string(row) +
-                     " elements, not a multiple of its block size " + std::to_string(traits->block_elems)};
+    return Error(tname + " of type " + std::string(traits->name) + " has rows of " + std::to_string(row) +
+                 " elements, not a multiple of its block size " + std::to_string(traits->block_elems));
   }
   const auto bytes = ggml_bytes(type, n);
-  if (!bytes) return GgufError{tname + " is too large: its size in bytes overflows 64 bits"};
+  if (!bytes) return Error(tname + " is too large: its size in bytes overflows 64 bits");
   tensor_index_.emplace(name, tensors_.size());
   tensors_.push_back({std::move(name), std::move(dims), type, *bytes, std::move(produce)});
   return std::nullopt;
@@ -217,10 +216,10 @@ uint64_t GgufWriter::file_size() const {
   return size;
 }
 
-GgufResult<uint64_t> GgufWriter::write_file(const std::filesystem::path& path) {
+Expected<uint64_t> GgufWriter::write_file(const std::filesystem::path& path) {
   const std::filesystem::path partial = path.string() + ".partial";
   auto io_error = [&](const char* what) {
-    return GgufError{partial.string() + ": " + what + ": " + std::strerror(errno)};
+    return Error(ErrorCode::io, partial.string() + ": " + what + ": " + std::strerror(errno));
   };
   std::FILE* file = std::fopen(partial.c_str(), "wb");
   if (file == nullptr) return io_error("cannot create");
@@ -229,7 +228,7 @@ GgufResult<uint64_t> GgufWriter::write_file(const std::filesystem::path& path) {
   std::unique_ptr<char[]> buffer(new char[kBufferBytes]);
   std::setvbuf(file, buffer.get(), _IOFBF, kBufferBytes);
 
-  auto abandon = [&](GgufError e) -> GgufResult<uint64_t> {
+  auto abandon = [&](Error e) -> Expected<uint64_t> {
     std::fclose(file);
     std::error_code ignored;
     std::filesystem::remove(partial, ignored);
@@ -243,7 +242,7 @@ GgufResult<uint64_t> GgufWriter::write_file(const std::filesystem::path& path) {
   for (const Tensor& t : tensors_) {
     FileSink sink(file, t.name, t.n_bytes);
     t.produce(sink);
-    if (auto e = sink.finish()) return abandon(GgufError{*e});
+    if (auto e = sink.finish()) return abandon(*e);
     const uint64_t pad = align_up(t.n_bytes, align) - t.n_bytes;
     for (uint64_t left = pad; left > 0;) {
       const size_t n = static_cast<size_t>(std::min<uint64_t>(left, sizeof kZeros));
@@ -254,7 +253,7 @@ GgufResult<uint64_t> GgufWriter::write_file(const std::filesystem::path& path) {
   }
   if (std::fflush(file) != 0) return abandon(io_error("write failed"));
   if (std::fclose(file) != 0) {
-    GgufError e = io_error("close failed");
+    Error e = io_error("close failed");
     std::error_code ignored;
     std::filesystem::remove(partial, ignored);
     return e;
@@ -262,7 +261,7 @@ GgufResult<uint64_t> GgufWriter::write_file(const std::filesystem::path& path) {
   std::error_code ec;
   std::filesystem::rename(partial, path, ec);
   if (ec) {
-    GgufError e{path.string() + ": cannot rename the finished file into place: " + ec.message()};
+    Error e(ErrorCode::io, path.string() + ": cannot rename the finished file into place: " + ec.message());
     std::filesystem::remove(partial, ec);
     return e;
   }

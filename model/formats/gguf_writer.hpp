@@ -32,8 +32,8 @@ class GgufSink {
   // Appends to the tensor; the producer must write exactly the tensor's n_bytes in total.
   virtual void write(const void* data, size_t n) = 0;
   void write(std::span<const uint8_t> bytes) { write(bytes.data(), bytes.size()); }
-  // The producer could not make its bytes (say, a source file failed): the write stops and
-  // write_file returns this message, naming the tensor.
+  // The producer could not make its bytes (say, a source value is out of range): the write stops
+  // and write_file returns this message (ErrorCode::invalid_input), naming the tensor.
   virtual void fail(std::string message) = 0;
   // True once the write has failed (a producer may stop early).
   virtual bool failed() const = 0;
@@ -50,12 +50,12 @@ class GgufWriter {
   // Sets a metadata value: a new key goes last, an existing one is replaced in place. Refuses an
   // empty, over-long or non-UTF-8 key, arrays nested deeper than the reader accepts, and a
   // general.alignment that is not a u32 power of two.
-  GgufStatus set(std::string key, GgufValue value);
+  Status set(std::string key, GgufValue value);
   const GgufValue* find(std::string_view key) const;
 
   // Declares a tensor. Refuses an empty, duplicate, non-UTF-8 or over-long name, more than 4 dims,
   // a row (dims[0]) that is not a whole number of blocks, and sizes that overflow.
-  GgufStatus add_tensor(std::string name, std::vector<uint64_t> dims, GgmlType type, GgufTensorProducer produce);
+  Status add_tensor(std::string name, std::vector<uint64_t> dims, GgmlType type, GgufTensorProducer produce);
 
   size_t tensor_count() const { return tensors_.size(); }
   uint32_t alignment() const;
@@ -64,7 +64,7 @@ class GgufWriter {
 
   // Writes `path` through `path` + ".partial", renamed into place only when every byte is written;
   // on failure the partial file is removed. Calls each producer once. Returns the bytes written.
-  GgufResult<uint64_t> write_file(const std::filesystem::path& path);
+  Expected<uint64_t> write_file(const std::filesystem::path& path);
 
  private:
   struct Tensor {

@@ -11,27 +11,27 @@
 
 namespace ferry::model {
 
-std::variant<MappedFile, std::string> MappedFile::open(const std::filesystem::path& path) {
+Expected<MappedFile> MappedFile::open(const std::filesystem::path& path) {
   auto failed = [&](const char* what) {
-    return path.string() + ": " + what + ": " + std::strerror(errno);
+    return Error(ErrorCode::io, path.string() + ": " + what + ": " + std::strerror(errno));
   };
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return failed("cannot open");
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
-    std::string error = failed("cannot stat");
+    Error error = failed("cannot stat");
     ::close(fd);
     return error;
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    return path.string() + ": not a regular file";
+    return Error(ErrorCode::io, path.string() + ": not a regular file");
   }
   MappedFile file;
   if (st.st_size > 0) {
     void* p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
-      std::string error = failed("cannot mmap");
+      Error error = failed("cannot mmap");
       ::close(fd);
       return error;
     }

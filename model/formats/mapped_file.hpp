@@ -4,15 +4,15 @@
 #include <cstdint>
 #include <filesystem>
 #include <span>
-#include <string>
-#include <variant>
+
+#include "config/expected.hpp"
 
 namespace ferry::model {
 
 class MappedFile {
  public:
-  // The error names the path and the failing call with its errno text.
-  static std::variant<MappedFile, std::string> open(const std::filesystem::path& path);
+  // The error (ErrorCode::io) names the path and the failing call with its errno text.
+  static Expected<MappedFile> open(const std::filesystem::path& path);
 
   MappedFile() = default;  // maps nothing
   MappedFile(MappedFile&& other) noexcept;

@@ -62,7 +62,7 @@ class SafetensorsParser {
   SafetensorsParser(std::span<const uint8_t> bytes, std::string_view name, uint32_t shard)
       : bytes_(bytes), name_(name), shard_(shard) {}
 
-  std::optional<SafetensorsError> parse(Safetensors& out) {
+  Status parse(Safetensors& out) {
     if (bytes_.size() < 8) return fail("file is " + std::to_string(bytes_.size()) + " bytes, too short for a header");
     uint64_t header_len = 0;
     std::memcpy(&header_len, bytes_.data(), 8);
@@ -110,9 +110,9 @@ class SafetensorsParser {
   }
 
  private:
-  SafetensorsError fail(const std::string& message) const { return {std::string(name_) + ": " + message}; }
+  Error fail(const std::string& message) const { return Error(std::string(name_) + ": " + message); }
 
-  std::optional<SafetensorsError> parse_metadata(simdjson::ondemand::value value, Safetensors& out) {
+  Status parse_metadata(simdjson::ondemand::value value, Safetensors& out) {
     simdjson::ondemand::object obj;
     if (auto e = value.get_object().get(obj)) return fail("__metadata__ is not an object of strings: " + json_error(e));
     for (auto field_result : obj) {
@@ -130,7 +130,7 @@ class SafetensorsParser {
     return std::nullopt;
   }
 
-  std::optional<SafetensorsError> parse_tensor(simdjson::ondemand::value value, SafetensorsTensor& t) {
+  Status parse_tensor(simdjson::ondemand::value value, SafetensorsTensor& t) {
     const std::string tname = "tensor " + quoted_name(t.name);
     simdjson::ondemand::object obj;
     if (auto e = value.get_object().get(obj)) return fail(tname + " is not an object: " + json_error(e));
@@ -193,8 +193,7 @@ class SafetensorsParser {
     return std::nullopt;
   }
 
-  std::optional<SafetensorsError> read_uints(simdjson::ondemand::value value, std::vector<uint64_t>& out,
-                                             const std::string& what) {
+  Status read_uints(simdjson::ondemand::value value, std::vector<uint64_t>& out, const std::string& what) {
     simdjson::ondemand::array arr;
     if (auto e = value.get_array().get(arr)) return fail(what + " is not an array: " + json_error(e));
     for (auto item : arr) {
@@ -207,7 +206,7 @@ class SafetensorsParser {
 
   // Tensors sorted by data, then no two may share a byte. (The crate also wants no gaps; a gap
   // hurts no reader, so ferry accepts it.)
-  std::optional<SafetensorsError> check_placement(Safetensors& out, size_t first) {
+  Status check_placement(Safetensors& out, size_t first) {
     auto begin = out.tensors_.begin() + static_cast<std::ptrdiff_t>(first);
     std::stable_sort(begin, out.tensors_.end(), [](const SafetensorsTensor& a, const SafetensorsTensor& b) {
       return a.file_offset < b.file_offset;
@@ -234,11 +233,11 @@ class SafetensorsParser {
 namespace {
 
 // The shard file names of an index's weight_map: name -> shard file.
-SafetensorsResult<std::map<std::string, std::string, std::less<>>> read_index(const std::filesystem::path& path) {
-  auto fail = [&](const std::string& m) { return SafetensorsError{path.string() + ": " + m}; };
+Expected<std::map<std::string, std::string, std::less<>>> read_index(const std::filesystem::path& path) {
+  auto fail = [&](const std::string& m) { return Error(path.string() + ": " + m); };
   auto mapped = MappedFile::open(path);
-  if (auto* err = std::get_if<std::string>(&mapped)) return SafetensorsError{*err};
-  const auto bytes = std::get<MappedFile>(mapped).bytes();
+  if (!mapped) return mapped.error();
+  const auto bytes = mapped->bytes();
   const simdjson::padded_string json(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   simdjson::ondemand::parser parser;
   simdjson::ondemand::document doc;
@@ -283,7 +282,7 @@ SafetensorsResult<std::map<std::string, std::string, std::less<>>> read_index(co
 
 }  // namespace
 
-SafetensorsResult<Safetensors> Safetensors::parse(std::span<const uint8_t> bytes, std::string_view name) {
+Expected<Safetensors> Safetensors::parse(std::span<const uint8_t> bytes, std::string_view name) {
   Safetensors s;
   SafetensorsParser parser(bytes, name, 0);
   if (auto e = parser.parse(s)) return *e;
@@ -291,7 +290,7 @@ SafetensorsResult<Safetensors> Safetensors::parse(std::span<const uint8_t> bytes
   return s;
 }
 
-SafetensorsResult<Safetensors> Safetensors::open(const std::filesystem::path& path) {
+Expected<Safetensors> Safetensors::open(const std::filesystem::path& path) {
   std::filesystem::path index_path;
   std::vector<std::filesystem::path> files;
   std::error_code ec;
@@ -301,7 +300,8 @@ SafetensorsResult<Safetensors> Safetensors::open(const std::filesystem::path& pa
     } else if (std::filesystem::exists(path / "model.safetensors", ec)) {
       files.push_back(path / "model.safetensors");
     } else {
-      return SafetensorsError{path.string() + ": neither model.safetensors.index.json nor model.safetensors is there"};
+      return Error(ErrorCode::io,
+                   path.string() + ": neither model.safetensors.index.json nor model.safetensors is there");
     }
   } else if (path.string().ends_with(".index.json")) {
     index_path = path;
@@ -322,20 +322,20 @@ SafetensorsResult<Safetensors> Safetensors::open(const std::filesystem::path& pa
   Safetensors s;
   for (const auto& file : files) {
     auto mapped = MappedFile::open(file);
-    if (auto* err = std::get_if<std::string>(&mapped)) return SafetensorsError{*err};
+    if (!mapped) return mapped.error();
     const auto shard = static_cast<uint32_t>(s.mappings_.size());
     const std::string name = file.string();
-    SafetensorsParser parser(std::get<MappedFile>(mapped).bytes(), name, shard);
+    SafetensorsParser parser(mapped->bytes(), name, shard);
     if (auto e = parser.parse(s)) return *e;
-    s.mappings_.push_back(std::move(std::get<MappedFile>(mapped)));  // spans stay valid: pages do not move
+    s.mappings_.push_back(std::move(*mapped));  // spans stay valid: pages do not move
     s.shard_paths_.push_back(file);
   }
   for (size_t i = 0; i < s.tensors_.size(); ++i) {
     const SafetensorsTensor& t = s.tensors_[i];
     if (!s.index_.emplace(t.name, i).second) {
       const SafetensorsTensor& other = s.tensors_[s.index_.find(t.name)->second];
-      return SafetensorsError{"tensor " + quoted_name(t.name) + " is in both " + s.shard_paths_[other.shard].string() +
-                              " and " + s.shard_paths_[t.shard].string()};
+      return Error("tensor " + quoted_name(t.name) + " is in both " + s.shard_paths_[other.shard].string() +
+                   " and " + s.shard_paths_[t.shard].string());
     }
   }
   // The index must be right about every tensor it names; tensors it does not name are still read
@@ -343,9 +343,9 @@ SafetensorsResult<Safetensors> Safetensors::open(const std::filesystem::path& pa
   for (const auto& [tensor, shard] : weight_map) {
     const SafetensorsTensor* t = s.find(tensor);
     if (t == nullptr || s.shard_paths_[t->shard].filename() != shard) {
-      return SafetensorsError{index_path.string() + ": weight_map puts " + quoted_name(tensor) + " in " + shard +
-                              (t == nullptr ? ", but no shard holds it"
-                                            : ", but it is in " + s.shard_paths_[t->shard].filename().string())};
+      return Error(index_path.string() + ": weight_map puts " + quoted_name(tensor) + " in " + shard +
+                   (t == nullptr ? ", but no shard holds it"
+                                 : ", but it is in " + s.shard_paths_[t->shard].filename().string()));
     }
   }
   return s;

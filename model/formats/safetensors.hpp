@@ -5,7 +5,7 @@
 // A file is: u64 little-endian header length N, N bytes of JSON, then the data. The JSON maps each
 // tensor name to {"dtype", "shape", "data_offsets": [begin, end]} (offsets from the start of the
 // data) and may hold "__metadata__": {string: string}. Every field is validated; a bad file gives a
-// SafetensorsError naming the file, the tensor, the value and what was expected.
+// an Error naming the file, the tensor, the value and what was expected.
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -15,17 +15,10 @@
 #include <string_view>
 #include <vector>
 
+#include "config/expected.hpp"
 #include "model/formats/mapped_file.hpp"
-#include "model/result.hpp"
 
 namespace ferry::model {
-
-struct SafetensorsError {
-  std::string message;
-};
-
-template <class T>
-using SafetensorsResult = Result<T, SafetensorsError>;
 
 enum class SafetensorsDtype : uint8_t {
   BOOL, U8, I8, F8_E5M2, F8_E4M3, I16, U16, F16, BF16, I32, U32, F32, F64, I64, U64,
@@ -54,9 +47,9 @@ class Safetensors {
 
   // `path` is a .safetensors file, a model.safetensors.index.json, or a checkpoint directory (its
   // model.safetensors.index.json if present, else its model.safetensors).
-  static SafetensorsResult<Safetensors> open(const std::filesystem::path& path);
+  static Expected<Safetensors> open(const std::filesystem::path& path);
   // One file's bytes, kept alive by the caller (tests, fuzzing). `name` appears in errors.
-  static SafetensorsResult<Safetensors> parse(std::span<const uint8_t> bytes, std::string_view name = "<memory>");
+  static Expected<Safetensors> parse(std::span<const uint8_t> bytes, std::string_view name = "<memory>");
 
   Safetensors(Safetensors&&) noexcept = default;
   Safetensors& operator=(Safetensors&&) noexcept = default;

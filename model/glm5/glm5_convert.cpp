@@ -18,8 +18,6 @@
 namespace ferry::model {
 namespace {
 
-using PlanResult = ModelResult<Glm5ConvertPlan>;
-
 // f32 values a tensor is made of per write: large enough for quantization threads to share, small
 // enough that conversion stays in constant memory (16 MiB in, at most as much out).
 constexpr uint64_t kChunkFloats = uint64_t{4} << 20;
@@ -47,11 +45,10 @@ struct ConfigExtras {
   uint32_t block_rows = 128, block_cols = 128;
 };
 
-ModelResult<ConfigExtras> read_extras(const std::filesystem::path& path) {
-  using ER = ModelResult<ConfigExtras>;
+Expected<ConfigExtras> read_extras(const std::filesystem::path& path) {
   simdjson::dom::parser parser;
   simdjson::dom::object root;
-  if (parser.load(path.string()).get(root) != simdjson::SUCCESS) return ER::failure(path.string() + ": not a JSON object");
+  if (parser.load(path.string()).get(root) != simdjson::SUCCESS) return Error(path.string() + ": not a JSON object");
   ConfigExtras ex;
   simdjson::dom::object text = root;
   if (root["text_config"].get_object().get(text) != simdjson::SUCCESS) text = root;
@@ -65,12 +62,14 @@ ModelResult<ConfigExtras> read_extras(const std::filesystem::path& path) {
   }
   std::string_view method;
   if (q["quant_method"].get_string().get(method) != simdjson::SUCCESS || method != "fp8") {
-    return ER::failure(path.string() + ": quantization_config.quant_method is '" + std::string(method) +
-                       "', expected 'fp8' (block-scaled e4m3 weights) or no quantization_config");
+    return Error(ErrorCode::unsupported,
+                 path.string() + ": quantization_config.quant_method is '" + std::string(method) +
+                     "', expected 'fp8' (block-scaled e4m3 weights) or no quantization_config");
   }
   std::string_view fmt;
   if (q["fmt"].get_string().get(fmt) == simdjson::SUCCESS && fmt != "e4m3") {
-    return ER::failure(path.string() + ": quantization_config.fmt is '" + std::string(fmt) + "', expected 'e4m3'");
+    return Error(ErrorCode::unsupported,
+                 path.string() + ": quantization_config.fmt is '" + std::string(fmt) + "', expected 'e4m3'");
   }
   ex.fp8 = true;
   simdjson::dom::array block;
@@ -78,7 +77,7 @@ ModelResult<ConfigExtras> read_extras(const std::filesystem::path& path) {
     uint64_t b0 = 0, b1 = 0;
     if (block.size() != 2 || block.at(0).get_uint64().get(b0) != simdjson::SUCCESS ||
         block.at(1).get_uint64().get(b1) != simdjson::SUCCESS || b0 == 0 || b1 == 0 || b0 > 65536 || b1 > 65536) {
-      return ER::failure(path.string() + ": quantization_config.weight_block_size is not two positive integers");
+      return Error(path.string() + ": quantization_config.weight_block_size is not two positive integers");
     }
     ex.block_rows = static_cast<uint32_t>(b0);
     ex.block_cols = static_cast<uint32_t>(b1);
@@ -87,37 +86,41 @@ ModelResult<ConfigExtras> read_extras(const std::filesystem::path& path) {
 }
 
 // The FP8 scale of an e4m3 weight, checked against the weight's shape.
-std::string fp8_scale(const HfCheckpoint& ck, const SafetensorsTensor& t, uint32_t b0, uint32_t b1, HfFp8Scale* out) {
+Status fp8_scale(const HfCheckpoint& ck, const SafetensorsTensor& t, uint32_t b0, uint32_t b1, HfFp8Scale* out) {
   const SafetensorsTensor* s = ck.find(t.name + "_scale_inv");
-  if (s == nullptr) return "FP8 tensor " + t.name + " has no " + t.name + "_scale_inv";
-  if (t.shape.size() != 2) return "FP8 tensor " + t.name + " has shape " + shape_text(t.shape) + ", expected a matrix";
+  if (s == nullptr) return Error("FP8 tensor " + t.name + " has no " + t.name + "_scale_inv");
+  if (t.shape.size() != 2) {
+    return Error("FP8 tensor " + t.name + " has shape " + shape_text(t.shape) + ", expected a matrix");
+  }
   if (s->dtype == SafetensorsDtype::F8_E4M3 || !hf_readable(s->dtype)) {
-    return "scale " + s->name + " has dtype " + std::string(safetensors_dtype_name(s->dtype)) +
-           ", expected F32, BF16 or F16";
+    return Error(ErrorCode::unsupported,
+                 "scale " + s->name + " has dtype " + std::string(safetensors_dtype_name(s->dtype)) +
+                     ", expected F32, BF16 or F16");
   }
   const std::vector<uint64_t> want = {(t.shape[0] + b0 - 1) / b0, (t.shape[1] + b1 - 1) / b1};
   if (s->shape != want) {
-    return "scale " + s->name + " has shape " + shape_text(s->shape) + ", expected " + shape_text(want) + " for " +
-           shape_text(t.shape) + " in " + std::to_string(b0) + "x" + std::to_string(b1) + " blocks";
+    return Error("scale " + s->name + " has shape " + shape_text(s->shape) + ", expected " + shape_text(want) +
+                 " for " + shape_text(t.shape) + " in " + std::to_string(b0) + "x" + std::to_string(b1) + " blocks");
   }
   if (out != nullptr) *out = HfFp8Scale{s, t.shape[0], t.shape[1], b0, b1};
-  return {};
+  return std::nullopt;
 }
 
-// Checks one recipe source against the checkpoint; empty when usable.
-std::string check_source(const HfCheckpoint& ck, const HfSource& src, const std::string& gguf_name,
-                         const ConfigExtras& ex) {
+// Checks one recipe source against the checkpoint; nothing when usable.
+Status check_source(const HfCheckpoint& ck, const HfSource& src, const std::string& gguf_name,
+                    const ConfigExtras& ex) {
   const SafetensorsTensor* t = ck.find(src.name);
   if (squeezed(t->shape) != squeezed(src.shape)) {
-    return "tensor " + src.name + " has shape " + shape_text(t->shape) + ", expected " + shape_text(src.shape) +
-           " (for " + gguf_name + "; does config.json describe this checkpoint?)";
+    return Error("tensor " + src.name + " has shape " + shape_text(t->shape) + ", expected " + shape_text(src.shape) +
+                 " (for " + gguf_name + "; does config.json describe this checkpoint?)");
   }
   if (!hf_readable(t->dtype)) {
-    return "tensor " + src.name + " has dtype " + std::string(safetensors_dtype_name(t->dtype)) +
-           ", expected F32, F16, BF16 or F8_E4M3";
+    return Error(ErrorCode::unsupported,
+                 "tensor " + src.name + " has dtype " + std::string(safetensors_dtype_name(t->dtype)) +
+                     ", expected F32, F16, BF16 or F8_E4M3");
   }
   if (t->dtype == SafetensorsDtype::F8_E4M3) return fp8_scale(ck, *t, ex.block_rows, ex.block_cols, nullptr);
-  return {};
+  return std::nullopt;
 }
 
 std::optional<std::string> detect_prefix(const HfCheckpoint& ck) {
@@ -315,14 +318,15 @@ uint32_t glm5_file_type(GgmlType type) {
   }
 }
 
-ModelResult<Glm5ConvertPlan> plan_glm5_conversion(const std::filesystem::path& hf_dir, const HfCheckpoint& ck,
-                                                  const Glm5ConvertOptions& options) {
+Expected<Glm5ConvertPlan> plan_glm5_conversion(const std::filesystem::path& hf_dir, const HfCheckpoint& ck,
+                                               const Glm5ConvertOptions& options) {
   for (GgmlType t : {options.type, options.output_type.value_or(options.type)}) {
     switch (t) {
       case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: case GgmlType::Q8_0:
       case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K: break;
-      default: return PlanResult::failure("cannot write type " + type_name(t) +
-                                          " (expected f32, f16, bf16, q8_0, q4_k, q5_k or q6_k)");
+      default:
+        return Error(ErrorCode::unsupported,
+                     "cannot write type " + type_name(t) + " (expected f32, f16, bf16, q8_0, q4_k, q5_k or q6_k)");
     }
   }
   std::optional<std::regex> keep;
@@ -330,14 +334,14 @@ ModelResult<Glm5ConvertPlan> plan_glm5_conversion(const std::filesystem::path& h
     try {
       keep.emplace(options.keep_f32_regex, std::regex::ECMAScript);
     } catch (const std::regex_error& e) {
-      return PlanResult::failure("--keep-f32 '" + options.keep_f32_regex + "' is not a valid regular expression: " + e.what());
+      return Error("--keep-f32 '" + options.keep_f32_regex + "' is not a valid regular expression: " + e.what());
     }
   }
   const std::filesystem::path config = hf_dir / "config.json";
-  ModelResult<Glm5Hparams> hp = glm5_hparams_from_hf_config_file(config);
-  if (!hp) return PlanResult::failure(hp.error());
-  ModelResult<ConfigExtras> ex = read_extras(config);
-  if (!ex) return PlanResult::failure(ex.error());
+  Expected<Glm5Hparams> hp = glm5_hparams_from_hf_config_file(config);
+  if (!hp) return hp.error();
+  Expected<ConfigExtras> ex = read_extras(config);
+  if (!ex) return ex.error();
 
   Glm5ConvertPlan plan;
   plan.hparams = std::move(hp).value();
@@ -345,8 +349,8 @@ ModelResult<Glm5ConvertPlan> plan_glm5_conversion(const std::filesystem::path& h
   plan.fp8_block_cols = ex->block_cols;
   const std::optional<std::string> prefix = detect_prefix(ck);
   if (!prefix) {
-    return PlanResult::failure(hf_dir.string() + ": no " + std::string(kHfPrefixMultimodal) + "embed_tokens.weight or " +
-                               std::string(kHfPrefixText) + "embed_tokens.weight: not a glm5_next checkpoint");
+    return Error(hf_dir.string() + ": no " + std::string(kHfPrefixMultimodal) + "embed_tokens.weight or " +
+                 std::string(kHfPrefixText) + "embed_tokens.weight: not a glm5_next checkpoint");
   }
   plan.text_prefix = *prefix;
 
@@ -380,10 +384,10 @@ ModelResult<Glm5ConvertPlan> plan_glm5_conversion(const std::filesystem::path& h
           break;
         }
       }
-      return PlanResult::failure("the checkpoint has no " + missing + " (needed for " + spec.name + ")");
+      return Error("the checkpoint has no " + missing + " (needed for " + spec.name + ")");
     }
     for (const HfSource& s : chosen->sources) {
-      if (std::string err = check_source(ck, s, spec.name, *ex); !err.empty()) return PlanResult::failure(err);
+      if (auto err = check_source(ck, s, spec.name, *ex)) return *err;
       used.insert(s.name);
       if (ck.find(s.name)->dtype == SafetensorsDtype::F8_E4M3) used.insert(s.name + "_scale_inv");
     }
@@ -411,7 +415,7 @@ ModelResult<Glm5ConvertPlan> plan_glm5_conversion(const std::filesystem::path& h
   if (!unexpected.empty()) {
     std::string msg = "checkpoint tensor " + unexpected[0];
     if (unexpected.size() > 1) msg += " (and " + std::to_string(unexpected.size() - 1) + " more)";
-    return PlanResult::failure(msg + " is not part of the glm5_next text model that config.json describes");
+    return Error(msg + " is not part of the glm5_next text model that config.json describes");
   }
   if (vision > 0) {
     plan.notes.push_back("skipped " + std::to_string(vision) +
@@ -420,32 +424,31 @@ ModelResult<Glm5ConvertPlan> plan_glm5_conversion(const std::filesystem::path& h
   return plan;
 }
 
-ModelResult<Glm5ConvertResult> convert_glm5_checkpoint(const std::filesystem::path& hf_dir,
-                                                       const std::filesystem::path& out,
-                                                       const Glm5ConvertOptions& options) {
-  using CR = ModelResult<Glm5ConvertResult>;
+Expected<Glm5ConvertResult> convert_glm5_checkpoint(const std::filesystem::path& hf_dir,
+                                                    const std::filesystem::path& out,
+                                                    const Glm5ConvertOptions& options) {
   auto log = [&](const std::string& line) {
     if (options.log) options.log(line);
   };
-  ModelResult<HfCheckpoint> ck = HfCheckpoint::open(hf_dir);
-  if (!ck) return CR::failure(ck.error());
-  ModelResult<Glm5ConvertPlan> planned = plan_glm5_conversion(hf_dir, ck.value(), options);
-  if (!planned) return CR::failure(planned.error());
+  Expected<HfCheckpoint> ck = HfCheckpoint::open(hf_dir);
+  if (!ck) return ck.error();
+  Expected<Glm5ConvertPlan> planned = plan_glm5_conversion(hf_dir, ck.value(), options);
+  if (!planned) return planned.error();
   const Glm5ConvertPlan& plan = planned.value();
   for (const std::string& n : plan.notes) log("note: " + n);
 
   GgufWriter w;
-  if (auto err = write_glm5_hparams(w, plan.hparams)) return CR::failure(err->message);
+  if (auto err = write_glm5_hparams(w, plan.hparams)) return *err;
   std::string name = options.name;
   if (name.empty()) name = std::filesystem::absolute(hf_dir).lexically_normal().filename().string();
   if (name.empty()) name = "glm5next";
   for (auto err : {w.set("general.name", name), w.set("general.file_type", glm5_file_type(options.type)),
                    w.set("general.quantization_version", uint32_t{2})}) {
-    if (err) return CR::failure(err->message);
+    if (err) return *err;
   }
   if (!options.tokenizer_dir.empty()) {
     if (auto err = write_tokenizer_metadata(w, options.tokenizer_dir, plan.hparams.vocab_size)) {
-      return CR::failure("--tokenizer " + options.tokenizer_dir.string() + ": " + err->message);
+      return err->prefixed("--tokenizer " + options.tokenizer_dir.string() + ": ");
     }
   }
 
@@ -464,10 +467,10 @@ ModelResult<Glm5ConvertResult> convert_glm5_checkpoint(const std::filesystem::pa
       produce(item, sink);
       done_bytes += bytes;
     };
-    if (auto err = w.add_tensor(item.spec.name, item.spec.dims, item.type, producer)) return CR::failure(err->message);
+    if (auto err = w.add_tensor(item.spec.name, item.spec.dims, item.type, producer)) return *err;
   }
-  GgufResult<uint64_t> written = w.write_file(out);
-  if (!written) return CR::failure(written.error().message);
+  Expected<uint64_t> written = w.write_file(out);
+  if (!written) return written.error();
   Glm5ConvertResult result;
   result.file_bytes = *written;
   result.tensors = total;

@@ -60,8 +60,8 @@ uint32_t glm5_file_type(GgmlType type);
 
 // Reads config.json and the safetensors headers of `hf_dir` and decides every output tensor. The
 // error names the file, tensor or field that is wrong.
-ModelResult<Glm5ConvertPlan> plan_glm5_conversion(const std::filesystem::path& hf_dir, const HfCheckpoint& ck,
-                                                  const Glm5ConvertOptions& options);
+Expected<Glm5ConvertPlan> plan_glm5_conversion(const std::filesystem::path& hf_dir, const HfCheckpoint& ck,
+                                               const Glm5ConvertOptions& options);
 
 struct Glm5ConvertResult {
   uint64_t file_bytes = 0;
@@ -70,8 +70,8 @@ struct Glm5ConvertResult {
 };
 
 // Plans and writes `out`. On failure nothing is left at `out` (the writer removes its partial file).
-ModelResult<Glm5ConvertResult> convert_glm5_checkpoint(const std::filesystem::path& hf_dir,
-                                                       const std::filesystem::path& out,
-                                                       const Glm5ConvertOptions& options);
+Expected<Glm5ConvertResult> convert_glm5_checkpoint(const std::filesystem::path& hf_dir,
+                                                    const std::filesystem::path& out,
+                                                    const Glm5ConvertOptions& options);
 
 }  // namespace ferry::model

@@ -118,10 +118,10 @@ inline constexpr std::string_view swiglu_clamp_shexp = "swiglu_clamp_shexp";
 inline constexpr uint32_t kGlm5GatingSigmoid = 2;  // llama.cpp LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
 
 // "glm5next" or "glm5-next" when general.architecture names this model; else an error naming it.
-GgufResult<std::string> glm5_gguf_arch(const GgufFile& file);
+Expected<std::string> glm5_gguf_arch(const GgufFile& file);
 
 class GgufWriter;
 // Sets general.architecture and every key above from `hp`.
-GgufStatus write_glm5_hparams(GgufWriter& writer, const Glm5Hparams& hp);
+Status write_glm5_hparams(GgufWriter& writer, const Glm5Hparams& hp);
 
 }  // namespace ferry::model

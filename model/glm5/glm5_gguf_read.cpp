@@ -31,38 +31,35 @@ class KeyReader {
     return take(f_.get_f32_array(key(suffix)), {});
   }
 
-  void fail(std::string message) {
-    if (error_.empty()) error_ = std::move(message);
-  }
-  const std::string& error() const { return error_; }
+  const Status& error() const { return error_; }
 
  private:
   template <class V>
-  V take(GgufResult<V> r, V fallback) {
+  V take(Expected<V> r, V fallback) {
     if (r) return std::move(r.value());
-    fail(r.error().message);
+    if (!error_) error_ = r.error();
     return fallback;
   }
 
   const GgufFile& f_;
   std::string prefix_;
-  std::string error_;
+  Status error_;
 };
 
 }  // namespace
 
-GgufResult<std::string> glm5_gguf_arch(const GgufFile& file) {
-  const GgufResult<std::string_view> arch = file.get_string("general.architecture");
+Expected<std::string> glm5_gguf_arch(const GgufFile& file) {
+  const Expected<std::string_view> arch = file.get_string("general.architecture");
   if (!arch) return arch.error();
   if (*arch == kGlm5Arch || *arch == kGlm5ArchMainline) return std::string(*arch);
-  return GgufError{"general.architecture is '" + std::string(arch->substr(0, 64)) + "', expected '" +
-                   std::string(kGlm5Arch) + "' (or '" + std::string(kGlm5ArchMainline) + "')"};
+  return Error(ErrorCode::unsupported,
+               "general.architecture is '" + std::string(arch->substr(0, 64)) + "', expected '" +
+                   std::string(kGlm5Arch) + "' (or '" + std::string(kGlm5ArchMainline) + "')");
 }
 
-ModelResult<Glm5Hparams> glm5_hparams_from_gguf(const GgufFile& file) {
-  using R = ModelResult<Glm5Hparams>;
-  const GgufResult<std::string> arch = glm5_gguf_arch(file);
-  if (!arch) return R::failure(arch.error().message);
+Expected<Glm5Hparams> glm5_hparams_from_gguf(const GgufFile& file) {
+  const Expected<std::string> arch = glm5_gguf_arch(file);
+  if (!arch) return arch.error();
   KeyReader k(file, *arch);
   namespace key = glm5_key;
   const auto s = [](auto v) { return std::to_string(v); };
@@ -76,8 +73,8 @@ ModelResult<Glm5Hparams> glm5_hparams_from_gguf(const GgufFile& file) {
   const uint32_t leading_dense = k.u32(key::leading_dense_block_count);
   hp.n_heads = k.u32(key::head_count);
   if (const GgufValue* v = file.find(k.key(key::head_count_kv)); v && gguf_value_type(*v) != GgufValueType::Array) {
-    return R::failure(k.key(key::head_count_kv) + " is a " + gguf_value_type_name(gguf_value_type(*v)) +
-                      ", expected a per-block array (0 = KDA block, 1 = DSA block)");
+    return Error(k.key(key::head_count_kv) + " is a " + gguf_value_type_name(gguf_value_type(*v)) +
+                 ", expected a per-block array (0 = KDA block, 1 = DSA block)");
   }
   const std::vector<int64_t> head_count_kv = k.i64_array(key::head_count_kv);
   hp.q_lora_rank = k.u32(key::q_lora_rank);
@@ -106,24 +103,24 @@ ModelResult<Glm5Hparams> glm5_hparams_from_gguf(const GgufFile& file) {
   hp.routed_scaling = k.f32(key::expert_weights_scale);
   hp.norm_topk_prob = k.boolean_or(key::expert_weights_norm, false);
   const std::vector<float> clamp_exp = k.f32_scalar_or_array(key::swiglu_clamp_exp);
-  if (!k.error().empty()) return R::failure(k.error());
+  if (k.error()) return *k.error();
 
   // The k-pool size has two spellings; a file with both must agree.
   const bool has_kpool = k.has(key::indexer_kpool), has_block = k.has(key::indexer_block_size);
   if (!has_kpool && !has_block) {
-    return R::failure(k.key(key::indexer_kpool) + " is missing (and so is " + k.key(key::indexer_block_size) + ")");
+    return Error(k.key(key::indexer_kpool) + " is missing (and so is " + k.key(key::indexer_block_size) + ")");
   }
   hp.index_kpool = has_kpool ? k.u32(key::indexer_kpool) : k.u32(key::indexer_block_size);
-  if (has_kpool && has_block && k.error().empty() && k.u32(key::indexer_block_size) != hp.index_kpool) {
-    return R::failure(k.key(key::indexer_block_size) + " is " + s(k.u32(key::indexer_block_size)) +
-                      " but " + k.key(key::indexer_kpool) + " is " + s(hp.index_kpool));
+  if (has_kpool && has_block && !k.error() && k.u32(key::indexer_block_size) != hp.index_kpool) {
+    return Error(k.key(key::indexer_block_size) + " is " + s(k.u32(key::indexer_block_size)) +
+                 " but " + k.key(key::indexer_kpool) + " is " + s(hp.index_kpool));
   }
   hp.kda_heads = k.u32_or(key::kda_head_count, hp.n_heads);
-  if (!k.error().empty()) return R::failure(k.error());
+  if (k.error()) return *k.error();
 
   if (hp.n_nextn_layers >= blocks) {
-    return R::failure(k.key(key::nextn_predict_layers) + " is " + s(hp.n_nextn_layers) + ", expected less than " +
-                      k.key(key::block_count) + " = " + s(blocks));
+    return Error(k.key(key::nextn_predict_layers) + " is " + s(hp.n_nextn_layers) + ", expected less than " +
+                 k.key(key::block_count) + " = " + s(blocks));
   }
   hp.n_layers = blocks - hp.n_nextn_layers;
 
@@ -134,37 +131,37 @@ ModelResult<Glm5Hparams> glm5_hparams_from_gguf(const GgufFile& file) {
   } else if (const GgufTensorInfo* embd = file.find_tensor("token_embd.weight"); embd && embd->dims.size() == 2) {
     hp.vocab_size = static_cast<uint32_t>(embd->dims[1]);
   } else {
-    return R::failure(k.key(key::vocab_size) + " is missing (and there is no tokenizer.ggml.tokens or token_embd.weight)");
+    return Error(k.key(key::vocab_size) + " is missing (and there is no tokenizer.ggml.tokens or token_embd.weight)");
   }
 
   if (head_count_kv.size() != blocks) {
-    return R::failure(k.key(key::head_count_kv) + " has " + s(head_count_kv.size()) +
-                      " entries, expected one per block (block_count = " + s(blocks) + ")");
+    return Error(k.key(key::head_count_kv) + " has " + s(head_count_kv.size()) +
+                 " entries, expected one per block (block_count = " + s(blocks) + ")");
   }
   for (uint32_t i = 0; i < blocks; ++i) {
     if (i < hp.n_layers) {
       hp.layer_kinds.push_back(head_count_kv[i] == 0 ? LayerKind::kda : LayerKind::dsa);
     } else if (head_count_kv[i] == 0) {
-      return R::failure(k.key(key::head_count_kv) + "[" + s(i) + "] is 0 (KDA), but block " + s(i) +
-                        " is an MTP block, which is a DSA block");
+      return Error(k.key(key::head_count_kv) + "[" + s(i) + "] is 0 (KDA), but block " + s(i) +
+                   " is an MTP block, which is a DSA block");
     }
   }
   if (leading_dense > hp.n_layers) {
-    return R::failure(k.key(key::leading_dense_block_count) + " is " + s(leading_dense) + ", more than the " +
-                      s(hp.n_layers) + " trunk blocks");
+    return Error(k.key(key::leading_dense_block_count) + " is " + s(leading_dense) + ", more than the " +
+                 s(hp.n_layers) + " trunk blocks");
   }
   if (k.has(key::feed_forward_types)) {
     const std::vector<uint32_t> types = k.u32_array(key::feed_forward_types);
-    if (!k.error().empty()) return R::failure(k.error());
+    if (k.error()) return *k.error();
     if (types.size() != hp.n_layers) {
-      return R::failure(k.key(key::feed_forward_types) + " has " + s(types.size()) + " entries, expected " +
-                        s(hp.n_layers) + " (one per trunk block)");
+      return Error(k.key(key::feed_forward_types) + " has " + s(types.size()) + " entries, expected " +
+                   s(hp.n_layers) + " (one per trunk block)");
     }
     for (uint32_t t : types) hp.ffn_kinds.push_back(t != 0 ? FfnKind::dense : FfnKind::moe);
     if (glm5_leading_dense_blocks(hp) != leading_dense) {
-      return R::failure(k.key(key::leading_dense_block_count) + " is " + s(leading_dense) + " but " +
-                        k.key(key::feed_forward_types) + " starts with " + s(glm5_leading_dense_blocks(hp)) +
-                        " dense blocks");
+      return Error(k.key(key::leading_dense_block_count) + " is " + s(leading_dense) + " but " +
+                   k.key(key::feed_forward_types) + " starts with " + s(glm5_leading_dense_blocks(hp)) +
+                   " dense blocks");
     }
   } else {
     for (uint32_t i = 0; i < hp.n_layers; ++i) hp.ffn_kinds.push_back(i < leading_dense ? FfnKind::dense : FfnKind::moe);
@@ -172,45 +169,47 @@ ModelResult<Glm5Hparams> glm5_hparams_from_gguf(const GgufFile& file) {
 
   if (k.has(key::indexer_types)) {
     const std::vector<uint32_t> types = k.u32_array(key::indexer_types);
-    if (!k.error().empty()) return R::failure(k.error());
+    if (k.error()) return *k.error();
     if (types.size() != hp.n_layers && types.size() != blocks) {
-      return R::failure(k.key(key::indexer_types) + " has " + s(types.size()) + " entries, expected " +
-                        s(hp.n_layers) + " (one per trunk block)");
+      return Error(k.key(key::indexer_types) + " has " + s(types.size()) + " entries, expected " +
+                   s(hp.n_layers) + " (one per trunk block)");
     }
     for (uint32_t i = 0; i < hp.n_layers; ++i) hp.indexer_full.push_back(types[i] != 0);
   }
 
   if (rope_dim != 0) {
-    return R::failure(k.key(key::rope_dimension_count) + " is " + s(rope_dim) + ", expected 0 (glm5next has no RoPE)");
+    return Error(ErrorCode::unsupported,
+                 k.key(key::rope_dimension_count) + " is " + s(rope_dim) + ", expected 0 (glm5next has no RoPE)");
   }
   for (auto [suffix, expected] : {std::pair{key::key_length, hp.kv_lora_rank}, std::pair{key::value_length, hp.kv_lora_rank},
                                   std::pair{key::expert_shared_feed_forward_length, hp.moe_ffn * hp.n_shared_experts},
                                   std::pair{key::expert_gating_func, kGlm5GatingSigmoid}}) {
     if (!k.has(suffix)) continue;
     const uint32_t v = k.u32(suffix);
-    if (k.error().empty() && v != expected) {
-      return R::failure(k.key(suffix) + " is " + s(v) + ", expected " + s(expected));
+    if (!k.error() && v != expected) {
+      return Error(k.key(suffix) + " is " + s(v) + ", expected " + s(expected));
     }
   }
-  if (clamp_exp.empty()) return R::failure(k.key(key::swiglu_clamp_exp) + " is an empty array");
+  if (clamp_exp.empty()) return Error(k.key(key::swiglu_clamp_exp) + " is an empty array");
   std::vector<float> clamps = clamp_exp;
   if (k.has(key::swiglu_clamp_shexp)) {
     const std::vector<float> shexp = k.f32_scalar_or_array(key::swiglu_clamp_shexp);
     clamps.insert(clamps.end(), shexp.begin(), shexp.end());
   }
-  if (!k.error().empty()) return R::failure(k.error());
+  if (k.error()) return *k.error();
   hp.swiglu_limit = clamps[0];
   for (float c : clamps) {
     if (c != hp.swiglu_limit) {
-      return R::failure(k.key(key::swiglu_clamp_exp) + " holds different limits (" + s(hp.swiglu_limit) + " and " +
-                        s(c) + "); ferry supports one SwiGLU limit for every layer");
+      return Error(ErrorCode::unsupported,
+                   k.key(key::swiglu_clamp_exp) + " holds different limits (" + s(hp.swiglu_limit) + " and " + s(c) +
+                       "); ferry supports one SwiGLU limit for every layer");
     }
   }
 
   if (const std::vector<std::string> bad = hp.validate(); !bad.empty()) {
     std::string all;
     for (const std::string& b : bad) all += (all.empty() ? "" : "; ") + b;
-    return R::failure("GGUF metadata (" + *arch + ") is inconsistent: " + all);
+    return Error("GGUF metadata (" + *arch + ") is inconsistent: " + all);
   }
   return hp;
 }

@@ -7,13 +7,13 @@
 
 namespace ferry::model {
 
-GgufStatus write_glm5_hparams(GgufWriter& w, const Glm5Hparams& hp) {
+Status write_glm5_hparams(GgufWriter& w, const Glm5Hparams& hp) {
   const uint32_t lead = glm5_leading_dense_blocks(hp);
   bool leading_run = true;
   for (uint32_t i = lead; i < hp.n_layers; ++i) leading_run = leading_run && hp.ffn_kinds[i] == FfnKind::moe;
   const uint32_t blocks = glm5_block_count(hp);
   const std::string arch(kGlm5Arch);
-  GgufStatus status;
+  Status status;
   auto set = [&](std::string_view suffix, GgufValue value) {
     if (!status) status = w.set(arch + "." + std::string(suffix), std::move(value));
   };

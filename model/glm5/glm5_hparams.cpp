@@ -262,8 +262,12 @@ std::vector<bool> default_indexer_full(Fields& f, uint32_t n_layers) {
 }
 
 // Parses config.json text; errors start with `label` (the file's name or path).
-ModelResult<Glm5Hparams> from_config_json(std::string_view json_text, const std::string& label) {
-  auto fail = [&](std::string message) { return ModelResult<Glm5Hparams>::failure(label + ": " + std::move(message)); };
+Expected<Glm5Hparams> from_config_json(std::string_view json_text, const std::string& label) {
+  auto fail = [&](std::string message) -> Expected<Glm5Hparams> { return Error(label + ": " + std::move(message)); };
+  // A glm5_next variant that ferry's math does not implement.
+  auto unsupported = [&](std::string message) -> Expected<Glm5Hparams> {
+    return Error(ErrorCode::unsupported, label + ": " + std::move(message));
+  };
   simdjson::dom::parser parser;
   const simdjson::padded_string padded(json_text);
   element root_el;
@@ -282,17 +286,17 @@ ModelResult<Glm5Hparams> from_config_json(std::string_view json_text, const std:
     if (tc->get_object().get(text_obj) != simdjson::SUCCESS) return fail("text_config is not a JSON object");
     where = "text_config.";
     if (model_type && *model_type != "glm5_next") {
-      return fail("model_type is '" + *model_type + "', expected 'glm5_next'");
+      return unsupported("model_type is '" + *model_type + "', expected 'glm5_next'");
     }
   } else if (!model_type) {
     return fail("has no model_type (expected 'glm5_next')");
   } else if (*model_type != "glm5_next" && *model_type != "glm5_next_text") {
-    return fail("model_type is '" + *model_type + "', expected 'glm5_next'");
+    return unsupported("model_type is '" + *model_type + "', expected 'glm5_next'");
   }
   Fields f(text_obj, where);
   if (!where.empty()) {
     if (const auto t = f.str("model_type"); t && *t != "glm5_next_text") {
-      return fail(f.name("model_type") + " is '" + *t + "', expected 'glm5_next_text'");
+      return unsupported(f.name("model_type") + " is '" + *t + "', expected 'glm5_next_text'");
     }
   }
 
@@ -309,7 +313,7 @@ ModelResult<Glm5Hparams> from_config_json(std::string_view json_text, const std:
   hp.routed_scaling = f.f32("routed_scaling_factor", 2.5f);
   hp.kv_lora_rank = f.u32("kv_lora_rank", 512);
   if (const auto e = f.get("q_lora_rank"); e && e->is_null()) {
-    return fail(f.name("q_lora_rank") + " is null: DSA attention needs the q LoRA");
+    return unsupported(f.name("q_lora_rank") + " is null: DSA attention needs the q LoRA");
   }
   hp.q_lora_rank = f.u32("q_lora_rank", 1536);
   const uint32_t rope_dim = f.u32("qk_rope_head_dim", 0);
@@ -360,20 +364,21 @@ ModelResult<Glm5Hparams> from_config_json(std::string_view json_text, const std:
     if (!l.error().empty()) return fail(l.error());
   }
   if (!lower_bound) {
-    return fail(f.name("linear_lower_bound") +
-                " is null: the softplus forget gate (no lower bound) is not supported, only the bounded one");
+    return unsupported(f.name("linear_lower_bound") +
+                       " is null: the softplus forget gate (no lower bound) is not supported, only the bounded one");
   }
   hp.kda_lower_bound = *lower_bound;
 
   if (kv_heads != hp.n_heads) {
-    return fail(f.name("num_key_value_heads") + " is " + std::to_string(kv_heads) +
-                ", expected num_attention_heads = " + std::to_string(hp.n_heads));
+    return unsupported(f.name("num_key_value_heads") + " is " + std::to_string(kv_heads) +
+                       ", expected num_attention_heads = " + std::to_string(hp.n_heads));
   }
   if (rope_dim != 0) {
-    return fail(f.name("qk_rope_head_dim") + " is " + std::to_string(rope_dim) + ", expected 0 (glm5_next has no RoPE)");
+    return unsupported(f.name("qk_rope_head_dim") + " is " + std::to_string(rope_dim) +
+                       ", expected 0 (glm5_next has no RoPE)");
   }
-  if (act && *act != "silu") return fail(f.name("hidden_act") + " is '" + *act + "', expected 'silu'");
-  if (attention_bias) return fail(f.name("attention_bias") + " is true, expected false (no attention biases)");
+  if (act && *act != "silu") return unsupported(f.name("hidden_act") + " is '" + *act + "', expected 'silu'");
+  if (attention_bias) return unsupported(f.name("attention_bias") + " is true, expected false (no attention biases)");
 
   // Per-layer schedules.
   if (const auto kinds = f.choices("layer_types", {"linear_attention", "deepseek_sparse_attention", "full_attention"})) {
@@ -417,16 +422,16 @@ ModelResult<Glm5Hparams> from_config_json(std::string_view json_text, const std:
 
 }  // namespace
 
-ModelResult<Glm5Hparams> glm5_hparams_from_hf_config(std::string_view json_text) {
+Expected<Glm5Hparams> glm5_hparams_from_hf_config(std::string_view json_text) {
   return from_config_json(json_text, "config.json");
 }
 
-ModelResult<Glm5Hparams> glm5_hparams_from_hf_config_file(const std::filesystem::path& path) {
+Expected<Glm5Hparams> glm5_hparams_from_hf_config_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return ModelResult<Glm5Hparams>::failure(path.string() + ": cannot open");
+  if (!in) return Error(ErrorCode::io, path.string() + ": cannot open");
   std::ostringstream text;
   text << in.rdbuf();
-  if (in.bad()) return ModelResult<Glm5Hparams>::failure(path.string() + ": read error");
+  if (in.bad()) return Error(ErrorCode::io, path.string() + ": read error");
   return from_config_json(text.str(), path.string());
 }
 

@@ -5,9 +5,9 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
-#include <utility>
-#include <variant>
 #include <vector>
+
+#include "config/expected.hpp"
 
 namespace ferry::model {
 
@@ -72,38 +72,17 @@ struct Glm5Hparams {
   std::vector<std::string> validate() const;
 };
 
-// A value, or a message saying what was wrong (errors are values here).
-template <class T>
-class ModelResult {
- public:
-  ModelResult(T value) : v_(std::move(value)) {}                 // NOLINT: implicit on purpose
-  static ModelResult failure(std::string message) { return ModelResult(Error{std::move(message)}); }
-  bool ok() const { return v_.index() == 0; }
-  explicit operator bool() const { return ok(); }
-  const T& value() const& { return std::get<0>(v_); }
-  T& value() & { return std::get<0>(v_); }
-  T&& value() && { return std::get<0>(std::move(v_)); }
-  const T& operator*() const& { return value(); }
-  const T* operator->() const { return &value(); }
-  const std::string& error() const { return std::get<1>(v_).message; }
-
- private:
-  struct Error { std::string message; };
-  explicit ModelResult(Error e) : v_(std::in_place_index<1>, std::move(e)) {}
-  std::variant<T, Error> v_;
-};
-
 class GgufFile;
 
 // From a Hugging Face config.json of glm5_next (its text_config, or a flat text-only config),
 // with transformers' defaults for absent fields. The result is validated. n_nextn_layers is the
 // config's num_nextn_predict_layers (0 when absent): the converter lowers it to what the
 // checkpoint holds. Errors name the file's field and value.
-ModelResult<Glm5Hparams> glm5_hparams_from_hf_config(std::string_view json_text);
-ModelResult<Glm5Hparams> glm5_hparams_from_hf_config_file(const std::filesystem::path& path);
+Expected<Glm5Hparams> glm5_hparams_from_hf_config(std::string_view json_text);
+Expected<Glm5Hparams> glm5_hparams_from_hf_config_file(const std::filesystem::path& path);
 
 // From GGUF metadata (general.architecture "glm5next" or "glm5-next"; see glm5_hparams.cpp for the
 // keys). The result is validated. Errors name the missing or invalid key.
-ModelResult<Glm5Hparams> glm5_hparams_from_gguf(const GgufFile& file);
+Expected<Glm5Hparams> glm5_hparams_from_gguf(const GgufFile& file);
 
 }  // namespace ferry::model

@@ -22,7 +22,7 @@ std::string dims_text(const std::vector<uint64_t>& dims) {
 }
 
 template <class T>
-std::optional<T> optional_value(GgufResult<T> r) {
+std::optional<T> optional_value(Expected<T> r) {
   return r ? std::optional<T>(*r) : std::nullopt;
 }
 
@@ -132,9 +132,9 @@ Glm5FileReport inspect_glm5_gguf(const GgufFile& f) {
   std::stable_sort(r.by_type.begin(), r.by_type.end(), [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
 
   r.tokenizer = tokenizer_summary(f);
-  ModelResult<Glm5Hparams> hp = glm5_hparams_from_gguf(f);
+  Expected<Glm5Hparams> hp = glm5_hparams_from_gguf(f);
   if (!hp) {
-    r.problems.push_back(hp.error());
+    r.problems.push_back(hp.error().message);
     r.dense_bytes = r.tensor_bytes;
     return r;
   }

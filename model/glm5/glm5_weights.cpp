@@ -105,16 +105,15 @@ const std::vector<float>& Glm5Weights::vector(Glm5Tensor role, int32_t layer) co
   return slot.vec != nullptr ? *slot.vec : none;
 }
 
-ModelResult<std::unique_ptr<Glm5Weights>> Glm5Weights::load(const std::filesystem::path& path) {
-  GgufResult<GgufFile> file = GgufFile::open(path);
-  if (!file) return ModelResult<std::unique_ptr<Glm5Weights>>::failure(file.error().message);
+Expected<std::unique_ptr<Glm5Weights>> Glm5Weights::load(const std::filesystem::path& path) {
+  Expected<GgufFile> file = GgufFile::open(path);
+  if (!file) return file.error();
   return from_file(std::move(file.value()));
 }
 
-ModelResult<std::unique_ptr<Glm5Weights>> Glm5Weights::from_file(GgufFile file) {
-  using R = ModelResult<std::unique_ptr<Glm5Weights>>;
-  ModelResult<Glm5Hparams> hp = glm5_hparams_from_gguf(file);
-  if (!hp) return R::failure(hp.error());
+Expected<std::unique_ptr<Glm5Weights>> Glm5Weights::from_file(GgufFile file) {
+  Expected<Glm5Hparams> hp = glm5_hparams_from_gguf(file);
+  if (!hp) return hp.error();
   std::unique_ptr<Glm5Weights> w(new Glm5Weights(std::move(file)));
   w->hp_ = hp.value();
   const Glm5Hparams& h = w->hp_;
@@ -133,21 +132,21 @@ ModelResult<std::unique_ptr<Glm5Weights>> Glm5Weights::from_file(GgufFile file) 
     const GgufTensorInfo* info = w->file_.find_tensor(spec.name);
     if (info == nullptr) {
       if (spec.optional) continue;
-      return R::failure("tensor " + spec.name + " is missing (expected dims " + dims_text(spec.dims) + ")");
+      return Error("tensor " + spec.name + " is missing (expected dims " + dims_text(spec.dims) + ")");
     }
     if (!same_ggml_dims(info->dims, spec.dims)) {
-      return R::failure("tensor " + spec.name + " has dims " + dims_text(info->dims) + ", expected " +
-                        dims_text(spec.dims));
+      return Error("tensor " + spec.name + " has dims " + dims_text(info->dims) + ", expected " +
+                   dims_text(spec.dims));
     }
     const GgmlTypeTraits traits = ggml_type_traits(info->type);
     if (!can_dequantize(info->type)) {
-      return R::failure("tensor " + spec.name + " has type " + std::string(traits.name) +
-                        ", which ferry cannot read");
+      return Error(ErrorCode::unsupported,
+                   "tensor " + spec.name + " has type " + std::string(traits.name) + ", which ferry cannot read");
     }
     const uint64_t cols = info->dims.empty() ? 1 : info->dims[0];
     if (cols % traits.block_elems != 0) {
-      return R::failure("tensor " + spec.name + " has rows of " + std::to_string(cols) + " elements, not a multiple of " +
-                        std::to_string(traits.block_elems) + " (the block of " + std::string(traits.name) + ")");
+      return Error("tensor " + spec.name + " has rows of " + std::to_string(cols) + " elements, not a multiple of " +
+                   std::to_string(traits.block_elems) + " (the block of " + std::string(traits.name) + ")");
     }
     Glm5LayerWeights* layer = spec.layer >= 0 ? &w->layers[static_cast<size_t>(spec.layer)] : nullptr;
     const auto slot = slot_for(*w, layer, spec.role);

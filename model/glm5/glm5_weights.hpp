@@ -58,8 +58,8 @@ struct Glm5LayerWeights {
 class Glm5Weights {
  public:
   // Opens and maps `path`, reads the hyper-parameters from its metadata and binds every tensor.
-  static ModelResult<std::unique_ptr<Glm5Weights>> load(const std::filesystem::path& path);
-  static ModelResult<std::unique_ptr<Glm5Weights>> from_file(GgufFile file);
+  static Expected<std::unique_ptr<Glm5Weights>> load(const std::filesystem::path& path);
+  static Expected<std::unique_ptr<Glm5Weights>> from_file(GgufFile file);
 
   const Glm5Hparams& hparams() const { return hp_; }
   const GgufFile& file() const { return file_; }

@@ -10,24 +10,23 @@
 
 namespace ferry::model {
 
-ModelResult<HfCheckpoint> HfCheckpoint::open(const std::filesystem::path& dir) {
-  using R = ModelResult<HfCheckpoint>;
+Expected<HfCheckpoint> HfCheckpoint::open(const std::filesystem::path& dir) {
   std::error_code ec;
-  if (!std::filesystem::is_directory(dir, ec)) return R::failure(dir.string() + ": not a directory");
+  if (!std::filesystem::is_directory(dir, ec)) return Error(ErrorCode::io, dir.string() + ": not a directory");
   HfCheckpoint ck;
   std::vector<std::filesystem::path> opened;
-  auto add = [&](const std::filesystem::path& path) -> std::string {
-    SafetensorsResult<Safetensors> set = Safetensors::open(path);
-    if (!set) return set.error().message;
+  auto add = [&](const std::filesystem::path& path) -> Status {
+    Expected<Safetensors> set = Safetensors::open(path);
+    if (!set) return set.error();
     ck.sets_.push_back(std::move(set).value());
     for (const SafetensorsTensor& t : ck.sets_.back().tensors()) ck.by_name_.emplace(t.name, &t);  // first set wins
     for (const auto& shard : ck.sets_.back().shards()) opened.push_back(shard.filename());
-    return {};
+    return std::nullopt;
   };
   const bool has_main = std::filesystem::exists(dir / "model.safetensors.index.json", ec) ||
                         std::filesystem::exists(dir / "model.safetensors", ec);
   if (has_main) {
-    if (std::string err = add(dir); !err.empty()) return R::failure(err);
+    if (auto err = add(dir)) return *err;
   }
   std::vector<std::filesystem::path> others;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
@@ -36,22 +35,23 @@ ModelResult<HfCheckpoint> HfCheckpoint::open(const std::filesystem::path& dir) {
       others.push_back(entry.path());
     }
   }
-  if (ec) return R::failure(dir.string() + ": cannot list the directory: " + ec.message());
+  if (ec) return Error(ErrorCode::io, dir.string() + ": cannot list the directory: " + ec.message());
   std::sort(others.begin(), others.end());
   for (const auto& f : others) {
     const size_t before = ck.by_name_.size();
-    if (std::string err = add(f); !err.empty()) return R::failure(err);
+    if (auto err = add(f)) return *err;
     // Without a main set, two loose files must not both define a tensor.
     if (!has_main && ck.by_name_.size() - before != ck.sets_.back().tensors().size()) {
       for (const SafetensorsTensor& t : ck.sets_.back().tensors()) {
         if (ck.by_name_.at(t.name) != &t) {
-          return R::failure(f.string() + ": tensor " + t.name + " is also in another *.safetensors file");
+          return Error(f.string() + ": tensor " + t.name + " is also in another *.safetensors file");
         }
       }
     }
   }
   if (ck.sets_.empty()) {
-    return R::failure(dir.string() + ": no model.safetensors, model.safetensors.index.json or other *.safetensors file");
+    return Error(ErrorCode::io,
+                 dir.string() + ": no model.safetensors, model.safetensors.index.json or other *.safetensors file");
   }
   return ck;
 }

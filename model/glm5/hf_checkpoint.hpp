@@ -30,7 +30,7 @@ struct HfFp8Scale {
 class HfCheckpoint {
  public:
   // The error names the file and what was wrong.
-  static ModelResult<HfCheckpoint> open(const std::filesystem::path& dir);
+  static Expected<HfCheckpoint> open(const std::filesystem::path& dir);
 
   HfCheckpoint(HfCheckpoint&&) noexcept = default;
   HfCheckpoint& operator=(HfCheckpoint&&) noexcept = default;

@@ -11,8 +11,6 @@
 namespace ferry::model {
 namespace {
 
-using Error = std::optional<TextError>;
-
 constexpr std::string_view kImage = "<|begin_of_image|><|image|><|end_of_image|>";
 constexpr std::string_view kVideo = "<|begin_of_video|><|video|><|end_of_video|>";
 constexpr std::string_view kAudio = "<|begin_of_audio|><|end_of_audio|>";
@@ -65,7 +63,7 @@ bool equals(const JsonValue* v, std::string_view s) { return is_string(v) && v->
 
 // What Jinja prints for a value: undefined prints nothing, None "None", booleans "True"/"False",
 // numbers as Python's str. Lists and mappings would print as Python reprs, which ferry refuses.
-Error append_str(std::string& out, const JsonValue* v, const std::string& where) {
+Status append_str(std::string& out, const JsonValue* v, const std::string& where) {
   if (!v) return std::nullopt;
   if (v->is_string()) {
     out += v->as_string();
@@ -78,7 +76,7 @@ Error append_str(std::string& out, const JsonValue* v, const std::string& where)
     append_python_json(json, *v);
     out += json;
   } else {
-    return TextError{where + ": expected a string, got " + (v->is_array() ? "an array" : "an object")};
+    return Error(where + ": expected a string, got " + (v->is_array() ? "an array" : "an object"));
   }
   return std::nullopt;
 }
@@ -88,15 +86,15 @@ class Renderer {
   Renderer(const JsonArray& messages, const JsonValue* tools, const ChatOptions& options)
       : messages_(messages), tools_(truthy(tools) ? tools : nullptr), options_(options) {}
 
-  TextResult<RenderedChat> render();
+  Expected<RenderedChat> render();
 
  private:
-  Error visible_text(const JsonValue* content, std::string& out, const std::string& where) const;
+  Status visible_text(const JsonValue* content, std::string& out, const std::string& where) const;
   void tool_to_json(const JsonValue& tool, std::string& out) const;
-  Error tool_references(const JsonValue& refs, const std::string& where);
-  Error tool_response(const JsonValue& m, const std::string& where);
-  Error assistant(size_t i, const JsonValue& m);
-  Error tool_block(size_t start);
+  Status tool_references(const JsonValue& refs, const std::string& where);
+  Status tool_response(const JsonValue& m, const std::string& where);
+  Status assistant(size_t i, const JsonValue& m);
+  Status tool_block(size_t start);
   std::string id_of(const JsonValue* obj) const;
   bool is_list_of_outputs(const JsonValue& m) const;
 
@@ -114,7 +112,7 @@ const JsonValue& function_of(const JsonValue& tool) {
 }
 
 // macro visible_text(content)
-Error Renderer::visible_text(const JsonValue* content, std::string& out, const std::string& where) const {
+Status Renderer::visible_text(const JsonValue* content, std::string& out, const std::string& where) const {
   if (!content || content->is_null()) return std::nullopt;
   if (content->is_string()) {
     out += content->as_string();
@@ -158,10 +156,10 @@ void Renderer::tool_to_json(const JsonValue& tool, std::string& out) const {
 }
 
 // macro tool_references_to_response(refs)
-Error Renderer::tool_references(const JsonValue& refs, const std::string& where) {
+Status Renderer::tool_references(const JsonValue& refs, const std::string& where) {
   if (!tools_) {
     // The macro is only defined inside {%- if tools -%}: the template fails here.
-    return TextError{where + ": a tool_reference result needs the request's tools"};
+    return Error(where + ": a tool_reference result needs the request's tools");
   }
   out_ += "<tool_response><tools>\n";
   if (refs.is_array()) {
@@ -194,7 +192,7 @@ bool Renderer::is_list_of_outputs(const JsonValue& m) const {
 }
 
 // macro render_tool_response(m)
-Error Renderer::tool_response(const JsonValue& m, const std::string& where) {
+Status Renderer::tool_response(const JsonValue& m, const std::string& where) {
   const JsonValue* content = m.find("content");
   if (is_string(content)) {
     out_ += "<tool_response>" + content->as_string() + "</tool_response>";
@@ -235,7 +233,7 @@ std::string Renderer::id_of(const JsonValue* obj) const {
 }
 
 // The assistant branch of the message loop.
-Error Renderer::assistant(size_t i, const JsonValue& m) {
+Status Renderer::assistant(size_t i, const JsonValue& m) {
   const std::string where = "messages[" + std::to_string(i) + "]";
   out_ += "<|assistant|>";
   std::string content;
@@ -260,7 +258,7 @@ Error Renderer::assistant(size_t i, const JsonValue& m) {
 
   const JsonValue* calls = m.find("tool_calls");
   if (!truthy(calls)) return std::nullopt;
-  if (!calls->is_array()) return TextError{where + ".tool_calls: expected an array"};
+  if (!calls->is_array()) return Error(where + ".tool_calls: expected an array");
   for (size_t c = 0; c < calls->as_array().size(); ++c) {
     const std::string at = where + ".tool_calls[" + std::to_string(c) + "]";
     const JsonValue* tc = &calls->as_array()[c];
@@ -273,11 +271,11 @@ Error Renderer::assistant(size_t i, const JsonValue& m) {
     JsonValue parsed;
     if (is_string(args)) {
       auto p = parse_json(args->as_string());
-      if (!p) return TextError{at + ".arguments: " + p.error().message};
+      if (!p) return p.error().prefixed(at + ".arguments: ");
       parsed = std::move(*p);
       args = &parsed;
     }
-    if (!args || !args->is_object()) return TextError{at + ".arguments: expected a JSON object"};
+    if (!args || !args->is_object()) return Error(at + ".arguments: expected a JSON object");
     for (const auto& [k, v] : args->as_object()) {
       out_ += "<arg_key>" + k + "</arg_key><arg_value>";
       if (v.is_string()) {
@@ -295,7 +293,7 @@ Error Renderer::assistant(size_t i, const JsonValue& m) {
 // The tool branch, at the first message of a run of tool messages: <|observation|>, then the
 // results in the order of the preceding assistant's tool_calls when every id matches exactly one
 // call (the template's can_sort), else in the order received.
-Error Renderer::tool_block(size_t start) {
+Status Renderer::tool_block(size_t start) {
   out_ += "<|observation|>";
   size_t end = start;
   while (end + 1 < messages_.size() && equals(messages_[end + 1].find("role"), "tool")) ++end;
@@ -371,9 +369,9 @@ Error Renderer::tool_block(size_t start) {
   return std::nullopt;
 }
 
-TextResult<RenderedChat> Renderer::render() {
+Expected<RenderedChat> Renderer::render() {
   for (size_t i = 0; i < messages_.size(); ++i) {
-    if (!messages_[i].is_object()) return TextError{"messages[" + std::to_string(i) + "]: expected an object"};
+    if (!messages_[i].is_object()) return Error("messages[" + std::to_string(i) + "]: expected an object");
     if (equals(messages_[i].find("role"), "user")) last_user_index_ = static_cast<int64_t>(i);
   }
   const bool thinking = options_.enable_thinking.value_or(true);
@@ -384,7 +382,7 @@ TextResult<RenderedChat> Renderer::render() {
     out_ += effort == "low" ? "Low" : effort == "high" ? "High" : "Max";
   }
   if (tools_) {
-    if (!tools_->is_array()) return TextError{"tools: expected an array"};
+    if (!tools_->is_array()) return Error("tools: expected an array");
     out_ += kToolsHeader;
     for (const JsonValue& t : tools_->as_array()) {
       const JsonValue& tool = function_of(t);
@@ -423,20 +421,20 @@ TextResult<RenderedChat> Renderer::render() {
 
 }  // namespace
 
-TextResult<RenderedChat> ChatTemplate::render(const JsonValue& messages, const JsonValue* tools,
-                                              const ChatOptions& options) const {
-  if (!messages.is_array()) return TextError{"messages: expected an array"};
+Expected<RenderedChat> ChatTemplate::render(const JsonValue& messages, const JsonValue* tools,
+                                            const ChatOptions& options) const {
+  if (!messages.is_array()) return Error("messages: expected an array");
   return Renderer(messages.as_array(), tools, options).render();
 }
 
-TextResult<RenderedChat> ChatTemplate::render(std::string_view messages_json, std::string_view tools_json,
-                                              const ChatOptions& options) const {
+Expected<RenderedChat> ChatTemplate::render(std::string_view messages_json, std::string_view tools_json,
+                                            const ChatOptions& options) const {
   auto messages = parse_json(messages_json);
-  if (!messages) return TextError{"messages: " + messages.error().message};
+  if (!messages) return messages.error().prefixed("messages: ");
   JsonValue tools;
   if (!tools_json.empty()) {
     auto t = parse_json(tools_json);
-    if (!t) return TextError{"tools: " + t.error().message};
+    if (!t) return t.error().prefixed("tools: ");
     tools = std::move(*t);
   }
   return render(*messages, &tools, options);

@@ -18,7 +18,7 @@
 #include <string_view>
 
 #include "model/text/json.hpp"
-#include "model/text/text_result.hpp"
+#include "config/expected.hpp"
 
 namespace ferry::model {
 
@@ -45,11 +45,11 @@ class ChatTemplate {
   // Tool call `arguments` may be a JSON object or a string holding one (OpenAI sends a string).
   // Errors name the message index and field: a message that is not an object, content of an
   // unsupported type, arguments that are not a JSON object, a tool_reference result without tools.
-  TextResult<RenderedChat> render(const JsonValue& messages, const JsonValue* tools,
-                                  const ChatOptions& options) const;
+  Expected<RenderedChat> render(const JsonValue& messages, const JsonValue* tools,
+                                const ChatOptions& options) const;
   // The same from JSON text; `tools_json` may be empty.
-  TextResult<RenderedChat> render(std::string_view messages_json, std::string_view tools_json,
-                                  const ChatOptions& options) const;
+  Expected<RenderedChat> render(std::string_view messages_json, std::string_view tools_json,
+                                const ChatOptions& options) const;
 };
 
 }  // namespace ferry::model

@@ -46,12 +46,12 @@ class Parser {
  public:
   explicit Parser(std::string_view text) : s_(text) {}
 
-  TextResult<JsonValue> document() {
+  Expected<JsonValue> document() {
     skip_ws();
     JsonValue v;
-    if (!value(v, 0)) return TextError{error_};
+    if (!value(v, 0)) return Error(error_);
     skip_ws();
-    if (pos_ != s_.size()) return TextError{"JSON: unexpected content after the value at byte " + std::to_string(pos_)};
+    if (pos_ != s_.size()) return Error("JSON: unexpected content after the value at byte " + std::to_string(pos_));
     return v;
   }
 
@@ -286,7 +286,7 @@ void append_python_int(std::string& out, std::string_view text) {
 
 }  // namespace
 
-TextResult<JsonValue> parse_json(std::string_view text) { return Parser(text).document(); }
+Expected<JsonValue> parse_json(std::string_view text) { return Parser(text).document(); }
 
 std::string python_float_repr(std::string_view literal) {
   double x = 0;

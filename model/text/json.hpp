@@ -10,7 +10,7 @@
 #include <variant>
 #include <vector>
 
-#include "model/text/text_result.hpp"
+#include "config/expected.hpp"
 
 namespace ferry::model {
 
@@ -68,7 +68,7 @@ class JsonValue {
 // Parses one JSON document (RFC 8259; surrounding whitespace allowed). Invalid UTF-8, lone
 // surrogate escapes, nesting deeper than 512, and trailing content are errors naming the byte
 // offset. A repeated key keeps its first position and its last value (Python's json.loads).
-TextResult<JsonValue> parse_json(std::string_view text);
+Expected<JsonValue> parse_json(std::string_view text);
 
 // json.dumps(value, ensure_ascii=False) byte for byte: ", " and ": " separators, non-ASCII kept,
 // integers as written (normalised like Python's int), other numbers as Python's float repr.

@@ -58,16 +58,16 @@ bool json_type_is_string(const JsonValue* type) {
 
 }  // namespace
 
-TextResult<ToolSchemas> ToolSchemas::from_tools(const JsonValue& tools) {
+Expected<ToolSchemas> ToolSchemas::from_tools(const JsonValue& tools) {
   ToolSchemas out;
   if (tools.is_null()) return out;
-  if (!tools.is_array()) return TextError{"tools: expected an array"};
+  if (!tools.is_array()) return Error("tools: expected an array");
   for (size_t i = 0; i < tools.as_array().size(); ++i) {
     const JsonValue& tool = tools.as_array()[i];
     const JsonValue* fn = tool.find("function");
     if (!fn) fn = &tool;
     const JsonValue* name = fn->find("name");
-    if (!name || !name->is_string()) return TextError{"tools[" + std::to_string(i) + "]: missing function name"};
+    if (!name || !name->is_string()) return Error("tools[" + std::to_string(i) + "]: missing function name");
     Tool& t = out.tools_[name->as_string()];
     const JsonValue* params = fn->find("parameters");
     const JsonValue* props = params ? params->find("properties") : nullptr;

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "model/text/json.hpp"
-#include "model/text/text_result.hpp"
+#include "config/expected.hpp"
 
 namespace ferry::model {
 
@@ -34,7 +34,7 @@ class ToolSchemas {
   ToolSchemas() = default;
   // From the OpenAI `tools` array (`{"type": "function", "function": {...}}` or a bare function).
   // A parameter is a string when its schema's "type" is "string" (or a list holding "string").
-  static TextResult<ToolSchemas> from_tools(const JsonValue& tools);
+  static Expected<ToolSchemas> from_tools(const JsonValue& tools);
 
   bool empty() const { return tools_.empty(); }
   bool has_tool(std::string_view name) const;

@@ -251,28 +251,29 @@ std::string quoted(std::string_view s) {
 
 }  // namespace
 
-TextResult<Tokenizer> Tokenizer::create(TokenizerSpec spec) {
+Expected<Tokenizer> Tokenizer::create(TokenizerSpec spec) {
   auto impl = std::make_unique<Impl>();
   const auto pre = pre_tokenizer_from_name(spec.pre);
   if (!pre) {
-    return TextError{"tokenizer.ggml.pre = '" + spec.pre +
+    return Error(ErrorCode::unsupported,
+                 "tokenizer.ggml.pre = '" + spec.pre +
                      "' is not a pre-tokenizer ferry implements (glm4, chatglm-bpe, llama3, qwen2, gpt-2, mpt, "
-                     "starcoder, falcon, deepseek-coder, ...)"};
+                     "starcoder, falcon, deepseek-coder, ...)");
   }
   impl->pre = *pre;
-  if (spec.tokens.empty()) return TextError{"tokenizer.ggml.tokens is empty"};
-  if (spec.tokens.size() > static_cast<size_t>(INT32_MAX)) return TextError{"tokenizer.ggml.tokens has too many tokens"};
+  if (spec.tokens.empty()) return Error("tokenizer.ggml.tokens is empty");
+  if (spec.tokens.size() > static_cast<size_t>(INT32_MAX)) return Error("tokenizer.ggml.tokens has too many tokens");
   const size_t n = spec.tokens.size();
   if (!spec.token_types.empty() && spec.token_types.size() != n) {
-    return TextError{"tokenizer.ggml.token_type has " + std::to_string(spec.token_types.size()) +
-                     " entries, expected one per token (" + std::to_string(n) + ")"};
+    return Error("tokenizer.ggml.token_type has " + std::to_string(spec.token_types.size()) +
+                 " entries, expected one per token (" + std::to_string(n) + ")");
   }
   impl->types.resize(n, TokenType::normal);
   for (size_t i = 0; i < spec.token_types.size(); ++i) {
     const int32_t t = spec.token_types[i];
     if (t < 0 || t > 6) {
-      return TextError{"tokenizer.ggml.token_type[" + std::to_string(i) + "] = " + std::to_string(t) +
-                       ", expected 0..6"};
+      return Error("tokenizer.ggml.token_type[" + std::to_string(i) + "] = " + std::to_string(t) +
+                   ", expected 0..6");
     }
     impl->types[i] = static_cast<TokenType>(t);
   }
@@ -303,8 +304,8 @@ TextResult<Tokenizer> Tokenizer::create(TokenizerSpec spec) {
     const std::string& m = spec.merges[r];
     const size_t space = m.find(' ');
     if (space == std::string::npos || space == 0 || space + 1 >= m.size() || m.find(' ', space + 1) != std::string::npos) {
-      return TextError{"tokenizer.ggml.merges[" + std::to_string(r) + "] = " + quoted(m) +
-                       ": expected two tokens separated by one space"};
+      return Error("tokenizer.ggml.merges[" + std::to_string(r) + "] = " + quoted(m) +
+                   ": expected two tokens separated by one space");
     }
     const std::string_view left = std::string_view(m).substr(0, space);
     const std::string_view right = std::string_view(m).substr(space + 1);
@@ -314,16 +315,16 @@ TextResult<Tokenizer> Tokenizer::create(TokenizerSpec spec) {
     const auto rt = impl->index.find(right);
     const auto merged = impl->index.find(joined);
     if (!l || !rt || !merged) {
-      return TextError{"tokenizer.ggml.merges[" + std::to_string(r) + "] = " + quoted(m) + ": " +
-                       quoted(!l ? left : !rt ? right : std::string_view(joined)) + " is not a token"};
+      return Error("tokenizer.ggml.merges[" + std::to_string(r) + "] = " + quoted(m) + ": " +
+                   quoted(!l ? left : !rt ? right : std::string_view(joined)) + " is not a token");
     }
     impl->merges.insert(*l, *rt, {static_cast<uint32_t>(r), *merged});
   }
 
-  const auto check_id = [&](const char* key, std::optional<TokenId> id) -> std::optional<TextError> {
+  const auto check_id = [&](const char* key, std::optional<TokenId> id) -> Status {
     if (id && (*id < 0 || static_cast<size_t>(*id) >= n)) {
-      return TextError{std::string("tokenizer.ggml.") + key + " = " + std::to_string(*id) + " is not a token id (0.." +
-                       std::to_string(n - 1) + ")"};
+      return Error(std::string("tokenizer.ggml.") + key + " = " + std::to_string(*id) + " is not a token id (0.." +
+                   std::to_string(n - 1) + ")");
     }
     return std::nullopt;
   };
@@ -495,7 +496,7 @@ PreTokenizerKind Tokenizer::pre_tokenizer() const { return impl_->pre; }
 bool Tokenizer::ignore_merges() const { return impl_->ignore_merges; }
 const std::string& Tokenizer::chat_template() const { return impl_->chat_template; }
 
-TextResult<Tokenizer> placeholder_tokenizer(size_t vocab_size) {
+Expected<Tokenizer> placeholder_tokenizer(size_t vocab_size) {
   TokenizerSpec spec;
   const ByteAlphabet& alphabet = byte_alphabet();
   for (size_t i = 0; i < vocab_size; ++i) {

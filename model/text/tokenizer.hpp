@@ -16,7 +16,7 @@
 #include <string_view>
 #include <vector>
 
-#include "model/text/text_result.hpp"
+#include "config/expected.hpp"
 
 namespace ferry::model {
 
@@ -70,7 +70,7 @@ class Tokenizer {
  public:
   // Validates the spec: every merge names two tokens whose concatenation is a token, the 256 byte
   // symbols exist, ids are in range, token types are known. The error names the entry.
-  static TextResult<Tokenizer> create(TokenizerSpec spec);
+  static Expected<Tokenizer> create(TokenizerSpec spec);
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
@@ -119,6 +119,6 @@ class Tokenizer {
 // A stand-in for weights that come without a tokenizer (synthetic ones): ids 0-255 are the bytes,
 // every other id a user-defined token "<|tN|>", matched in text and decoded as that text. No merges,
 // no special ids, so nothing ends a generation but its length.
-TextResult<Tokenizer> placeholder_tokenizer(size_t vocab_size);
+Expected<Tokenizer> placeholder_tokenizer(size_t vocab_size);
 
 }  // namespace ferry::model

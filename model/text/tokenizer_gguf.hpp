@@ -9,7 +9,7 @@
 #include <filesystem>
 
 #include "model/formats/gguf.hpp"
-#include "model/text/text_result.hpp"
+#include "config/expected.hpp"
 #include "model/text/tokenizer.hpp"
 
 namespace ferry::model {
@@ -17,10 +17,10 @@ namespace ferry::model {
 class GgufWriter;
 
 // Reads `tokenizer.ggml.*` (model must be "gpt2"). The error names the key and what was wrong.
-TextResult<TokenizerSpec> read_tokenizer_spec(const GgufFile& file);
-TextResult<Tokenizer> load_tokenizer(const GgufFile& file);
+Expected<TokenizerSpec> read_tokenizer_spec(const GgufFile& file);
+Expected<Tokenizer> load_tokenizer(const GgufFile& file);
 // A GGUF file, or a Hugging Face tokenizer directory (for debugging a tokenizer before conversion).
-TextResult<Tokenizer> load_tokenizer(const std::filesystem::path& path);
+Expected<Tokenizer> load_tokenizer(const std::filesystem::path& path);
 
 // Reads a Hugging Face tokenizer directory: a byte-level BPE tokenizer.json (vocab, merges in either
 // serialisation, added_tokens with their `special` flag, the pre-tokenizer regex, which must be one
@@ -30,12 +30,12 @@ TextResult<Tokenizer> load_tokenizer(const std::filesystem::path& path);
 // follow `_set_vocab_glm` when the GLM tokens are present (bos [gMASK], eot <|user|>,
 // eom <|observation|>, unk <|endoftext|>). `vocab_size`, when larger than the tokenizer's, pads the
 // token list to the model's embedding rows (GLM-5.3: 154,856 tokens, 154,880 rows).
-TextResult<TokenizerSpec> read_hf_tokenizer_dir(const std::filesystem::path& dir, size_t vocab_size = 0);
+Expected<TokenizerSpec> read_hf_tokenizer_dir(const std::filesystem::path& dir, size_t vocab_size = 0);
 
 // Writes the spec as `tokenizer.ggml.*` keys (and tokenizer.chat_template when non-empty).
-GgufStatus write_tokenizer_metadata(GgufWriter& writer, const TokenizerSpec& spec);
+Status write_tokenizer_metadata(GgufWriter& writer, const TokenizerSpec& spec);
 // read_hf_tokenizer_dir + write_tokenizer_metadata: what `ferry convert --tokenizer DIR` calls.
-GgufStatus write_tokenizer_metadata(GgufWriter& writer, const std::filesystem::path& hf_tokenizer_dir,
-                                    size_t vocab_size = 0);
+Status write_tokenizer_metadata(GgufWriter& writer, const std::filesystem::path& hf_tokenizer_dir,
+                                size_t vocab_size = 0);
 
 }  // namespace ferry::model

@@ -18,20 +18,20 @@ constexpr std::string_view kQwen2Regex =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
     "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
-TextResult<std::string> read_text(const std::filesystem::path& path) {
+Expected<std::string> read_text(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return TextError{"cannot read " + path.string()};
+  if (!in) return Error(ErrorCode::io, "cannot read " + path.string());
   std::ostringstream ss;
   ss << in.rdbuf();
   return ss.str();
 }
 
-TextResult<JsonValue> read_json(const std::filesystem::path& path) {
+Expected<JsonValue> read_json(const std::filesystem::path& path) {
   auto text = read_text(path);
   if (!text) return text.error();
   auto doc = parse_json(*text);
-  if (!doc) return TextError{path.string() + ": " + doc.error().message};
-  if (!doc->is_object()) return TextError{path.string() + ": expected a JSON object"};
+  if (!doc) return doc.error().prefixed(path.string() + ": ");
+  if (!doc->is_object()) return Error(path.string() + ": expected a JSON object");
   return doc;
 }
 
@@ -46,7 +46,7 @@ bool flag(const JsonValue* obj, std::string_view key) {
 }
 
 // The tokenizer.ggml.pre name of a tokenizer.json pre_tokenizer, or an error naming what it is.
-TextResult<std::string> pre_tokenizer_name(const JsonValue* pre) {
+Expected<std::string> pre_tokenizer_name(const JsonValue* pre) {
   if (is_type(pre, "ByteLevel") && flag(pre, "use_regex")) return std::string("gpt-2");
   if (is_type(pre, "Sequence")) {
     const JsonValue* list = pre->find("pretokenizers");
@@ -64,9 +64,10 @@ TextResult<std::string> pre_tokenizer_name(const JsonValue* pre) {
       }
     }
   }
-  return TextError{"tokenizer.json pre_tokenizer " + (pre ? to_python_json(*pre).substr(0, 300) : "null") +
+  return Error(ErrorCode::unsupported,
+               "tokenizer.json pre_tokenizer " + (pre ? to_python_json(*pre).substr(0, 300) : "null") +
                    " is not one ferry implements (GLM's Split regex + ByteLevel, Qwen2's, or ByteLevel with its "
-                   "GPT-2 regex)"};
+                   "GPT-2 regex)");
 }
 
 // "eos_token": "<|endoftext|>" or {"content": "<|endoftext|>", ...}.
@@ -90,20 +91,22 @@ bool looks_special(std::string_view t) {
 
 }  // namespace
 
-TextResult<TokenizerSpec> read_hf_tokenizer_dir(const std::filesystem::path& dir, size_t vocab_size) {
+Expected<TokenizerSpec> read_hf_tokenizer_dir(const std::filesystem::path& dir, size_t vocab_size) {
   const auto tokenizer_path = dir / "tokenizer.json";
   auto doc = read_json(tokenizer_path);
   if (!doc) return doc.error();
   const std::string where = tokenizer_path.string() + ": ";
   const JsonValue* model = doc->find("model");
-  if (!is_type(model, "BPE")) return TextError{where + "model.type must be \"BPE\""};
-  if (flag(model, "byte_fallback")) return TextError{where + "model.byte_fallback is true: not a byte-level BPE"};
+  if (!is_type(model, "BPE")) return Error(ErrorCode::unsupported, where + "model.type must be \"BPE\"");
+  if (flag(model, "byte_fallback")) {
+    return Error(ErrorCode::unsupported, where + "model.byte_fallback is true: not a byte-level BPE");
+  }
   if (const JsonValue* norm = doc->find("normalizer"); norm && !norm->is_null()) {
-    return TextError{where + "normalizer " + to_python_json(*norm).substr(0, 200) +
-                     " is not supported (GLM's tokenizer has none)"};
+    return Error(ErrorCode::unsupported, where + "normalizer " + to_python_json(*norm).substr(0, 200) +
+                                             " is not supported (GLM's tokenizer has none)");
   }
   auto pre = pre_tokenizer_name(doc->find("pre_tokenizer"));
-  if (!pre) return TextError{where + pre.error().message};
+  if (!pre) return pre.error().prefixed(where);
 
   TokenizerSpec spec;
   spec.pre = *pre;
@@ -116,11 +119,11 @@ TextResult<TokenizerSpec> read_hf_tokenizer_dir(const std::filesystem::path& dir
     bool set = false;
   };
   std::vector<Entry> entries;
-  const auto place = [&](const JsonValue& id_value, std::string text, TokenType type) -> std::optional<TextError> {
+  const auto place = [&](const JsonValue& id_value, std::string text, TokenType type) -> Status {
     if (!id_value.is_number() || !id_value.as_number().is_integer() || id_value.as_number().text[0] == '-' ||
         id_value.as_number().text.size() > 9) {
-      return TextError{where + "token '" + text + "' has id " + to_python_json(id_value) +
-                       ", expected an integer id below 10^9"};
+      return Error(where + "token '" + text + "' has id " + to_python_json(id_value) +
+                   ", expected an integer id below 10^9");
     }
     const size_t id = std::stoul(id_value.as_number().text);
     if (id >= entries.size()) entries.resize(id + 1);
@@ -128,7 +131,7 @@ TextResult<TokenizerSpec> read_hf_tokenizer_dir(const std::filesystem::path& dir
     return std::nullopt;
   };
   const JsonValue* vocab = model->find("vocab");
-  if (!vocab || !vocab->is_object()) return TextError{where + "model.vocab must be an object"};
+  if (!vocab || !vocab->is_object()) return Error(where + "model.vocab must be an object");
   for (const auto& [text, id] : vocab->as_object()) {
     if (auto err = place(id, text, TokenType::normal)) return *err;
   }
@@ -137,15 +140,15 @@ TextResult<TokenizerSpec> read_hf_tokenizer_dir(const std::filesystem::path& dir
     for (const JsonValue& t : added->as_array()) {
       const JsonValue* id = t.find("id");
       const JsonValue* content = t.find("content");
-      if (!id || !content || !content->is_string()) return TextError{where + "added_tokens entry without id and content"};
+      if (!id || !content || !content->is_string()) return Error(where + "added_tokens entry without id and content");
       const bool control = flag(&t, "special") || looks_special(content->as_string());
       if (auto err = place(*id, content->as_string(), control ? TokenType::control : TokenType::user_defined)) return *err;
       added_texts.push_back(content->as_string());
     }
   }
   if (vocab_size != 0 && vocab_size < entries.size()) {
-    return TextError{where + "has token ids up to " + std::to_string(entries.size() - 1) + " but the model's vocab_size is " +
-                     std::to_string(vocab_size)};
+    return Error(where + "has token ids up to " + std::to_string(entries.size() - 1) + " but the model's vocab_size is " +
+                 std::to_string(vocab_size));
   }
   entries.resize(std::max(entries.size(), vocab_size));
   spec.tokens.reserve(entries.size());
@@ -157,7 +160,7 @@ TextResult<TokenizerSpec> read_hf_tokenizer_dir(const std::filesystem::path& dir
   }
 
   const JsonValue* merges = model->find("merges");
-  if (!merges || !merges->is_array()) return TextError{where + "model.merges must be an array"};
+  if (!merges || !merges->is_array()) return Error(where + "model.merges must be an array");
   spec.merges.reserve(merges->as_array().size());
   for (const JsonValue& m : merges->as_array()) {
     if (m.is_string()) {
@@ -165,8 +168,8 @@ TextResult<TokenizerSpec> read_hf_tokenizer_dir(const std::filesystem::path& dir
     } else if (m.is_array() && m.as_array().size() == 2 && m.as_array()[0].is_string() && m.as_array()[1].is_string()) {
       spec.merges.push_back(m.as_array()[0].as_string() + " " + m.as_array()[1].as_string());
     } else {
-      return TextError{where + "model.merges[" + std::to_string(spec.merges.size()) + "] = " + to_python_json(m) +
-                       ", expected \"a b\" or [\"a\", \"b\"]"};
+      return Error(where + "model.merges[" + std::to_string(spec.merges.size()) + "] = " + to_python_json(m) +
+                   ", expected \"a b\" or [\"a\", \"b\"]");
     }
   }
 
@@ -193,7 +196,7 @@ TextResult<TokenizerSpec> read_hf_tokenizer_dir(const std::filesystem::path& dir
                            {"unk_token", &spec.unk}}) {
     if (const auto text = token_text(config, key)) {
       const auto id = id_of(*text);
-      if (!id) return TextError{config_path.string() + ": " + key + " '" + *text + "' is not a token"};
+      if (!id) return Error(config_path.string() + ": " + key + " '" + *text + "' is not a token");
       *slot = *id;
     }
   }
@@ -219,7 +222,7 @@ TextResult<TokenizerSpec> read_hf_tokenizer_dir(const std::filesystem::path& dir
   return spec;
 }
 
-GgufStatus write_tokenizer_metadata(GgufWriter& writer, const TokenizerSpec& spec) {
+Status write_tokenizer_metadata(GgufWriter& writer, const TokenizerSpec& spec) {
   const auto set = [&](std::string key, GgufValue value) { return writer.set(std::move(key), std::move(value)); };
   std::vector<int32_t> types = spec.token_types;
   if (types.empty()) types.assign(spec.tokens.size(), static_cast<int32_t>(TokenType::normal));
@@ -246,13 +249,13 @@ GgufStatus write_tokenizer_metadata(GgufWriter& writer, const TokenizerSpec& spe
   return std::nullopt;
 }
 
-GgufStatus write_tokenizer_metadata(GgufWriter& writer, const std::filesystem::path& hf_tokenizer_dir,
-                                    size_t vocab_size) {
+Status write_tokenizer_metadata(GgufWriter& writer, const std::filesystem::path& hf_tokenizer_dir,
+                                size_t vocab_size) {
   auto spec = read_hf_tokenizer_dir(hf_tokenizer_dir, vocab_size);
-  if (!spec) return GgufError{spec.error().message};
+  if (!spec) return spec.error();
   // Refuse a tokenizer ferry could not load later (a merge naming a missing token, ...).
   if (auto check = Tokenizer::create(*spec); !check) {
-    return GgufError{hf_tokenizer_dir.string() + ": " + check.error().message};
+    return check.error().prefixed(hf_tokenizer_dir.string() + ": ");
   }
   return write_tokenizer_metadata(writer, *spec);
 }

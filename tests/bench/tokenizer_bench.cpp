@@ -34,7 +34,7 @@ const Tokenizer* fixture() {
 const Tokenizer* gpt2() {
   static const auto tokenizer = [] {
     auto file = GgufFile::open(kSource / ".." / "shared" / "vocab-tests" / "ggml-vocab-gpt-2.gguf");
-    return file.ok() ? load_tokenizer(*file) : TextResult<Tokenizer>(TextError{file.error().message});
+    return file.ok() ? load_tokenizer(*file) : Expected<Tokenizer>(file.error());
   }();
   return tokenizer.ok() ? &*tokenizer : nullptr;
 }

@@ -9,7 +9,9 @@ std::vector<LayerRange> ranges(const std::string& split, const std::string& devi
                                const std::vector<uint64_t>& bytes = {}) {
   StageSplit s;
   EXPECT_FALSE(parse_split(split, s));
-  if (!devices.empty()) EXPECT_FALSE(parse_devices(devices, s));
+  if (!devices.empty()) {
+    EXPECT_FALSE(parse_devices(devices, s));
+  }
   auto r = stage_ranges(s, layers, bytes);
   EXPECT_TRUE(r) << r.error().message;
   return r ? r.value() : std::vector<LayerRange>{};

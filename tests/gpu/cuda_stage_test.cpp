@@ -86,7 +86,7 @@ class CudaStageTest : public ::testing::Test {
     path_ = testing::temp_model_path(std::string("cuda_stage_test_") + model::ggml_type_traits(type).name.data());
     ASSERT_TRUE(testing::write_random_model(hp_, type, path_, 11));
     auto w = model::Glm5Weights::load(path_);
-    ASSERT_TRUE(w) << w.error();
+    ASSERT_TRUE(w) << w.error().message;
     weights_ = std::move(w.value());
     model::CpuStageOptions co;
     co.max_slots = 3;

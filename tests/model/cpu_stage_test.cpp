@@ -58,7 +58,7 @@ class CpuStageTest : public ::testing::Test {
     // Matrices as F16 (the dequantizing product), small state as F32 (read at load).
     ASSERT_TRUE(testing::write_random_model(hp, GgmlType::F16, path_, 7));
     auto w = Glm5Weights::load(path_);
-    ASSERT_TRUE(w) << w.error();
+    ASSERT_TRUE(w) << w.error().message;
     weights_ = std::move(w.value());
     pipeline_ = split({});
     std::mt19937 rng(9);

@@ -18,7 +18,7 @@ using ferry::model::test::GgufBytes;
 
 namespace {
 
-GgufResult<GgufFile> parse(const GgufBytes& g) { return GgufFile::parse(g.b); }
+ferry::Expected<GgufFile> parse(const GgufBytes& g) { return GgufFile::parse(g.b); }
 
 // Expects the parse to fail with a message containing every one of `parts`.
 void expect_error(const GgufBytes& g, std::initializer_list<std::string_view> parts) {
@@ -232,6 +232,21 @@ TEST(GgufReader, BadMagicAndVersion) {
   expect_error(GgufBytes{}.header(0, 0, 0x03000000), {"byte-swapped"});
 }
 
+TEST(GgufReader, ErrorCodesSayWhatKindOfProblem) {
+  auto version = parse(GgufBytes{}.header(0, 0, 1));
+  ASSERT_FALSE(version.ok());
+  EXPECT_EQ(version.error().code, ferry::ErrorCode::unsupported);
+  EXPECT_EQ(version.error().offset, 4u);
+  auto count = parse(GgufBytes{}.header(0, 1ull << 60));
+  ASSERT_FALSE(count.ok());
+  EXPECT_EQ(count.error().code, ferry::ErrorCode::invalid_input);
+  EXPECT_EQ(count.error().offset, 16u);
+  auto missing = GgufFile::open("/nonexistent/none.gguf");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.error().code, ferry::ErrorCode::io);
+  EXPECT_EQ(missing.error().offset, ferry::Error::kNoOffset);
+}
+
 TEST(GgufReader, AbsurdCounts) {
   expect_error(GgufBytes{}.header(0, 1ull << 60), {"at byte 16", "metadata count 1152921504606846976 cannot fit"});
   expect_error(GgufBytes{}.header(~0ull, 0), {"at byte 8", "tensor count 18446744073709551615 cannot fit"});
@@ -358,6 +373,7 @@ TEST(GgufReader, OpensFilesThroughAMapping) {
   auto empty = GgufFile::open(dir / "empty.gguf");
   ASSERT_FALSE(empty.ok());
   EXPECT_NE(empty.error().message.find("empty.gguf: at byte 0: file is 0 bytes"), std::string::npos);
+  EXPECT_EQ(empty.error().offset, 0u);  // the path in front of the message keeps the offset
   auto missing = GgufFile::open(dir / "none.gguf");
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.error().message.find("none.gguf: cannot open: No such file"), std::string::npos);

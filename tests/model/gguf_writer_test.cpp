@@ -228,20 +228,22 @@ TEST(GgufWriter, ProducerFailuresLeaveNoFile) {
   struct Case {
     GgufTensorProducer produce;
     std::string message;
+    ferry::ErrorCode code;  // a producer that miscounts is a bug; one that fails says the input is bad
   };
   const uint8_t bytes[12] = {};
   const std::vector<Case> cases = {
-      {[&](GgufSink& s) { s.write(bytes, 8); }, "tensor 'b': the producer wrote 8 bytes, expected 12"},
+      {[&](GgufSink& s) { s.write(bytes, 8); }, "tensor 'b': the producer wrote 8 bytes, expected 12",
+       ferry::ErrorCode::internal},
       {[&](GgufSink& s) {
          s.write(bytes, 12);
          s.write(bytes, 1);
        },
-       "tensor 'b': the producer wrote more than the tensor's 12 bytes"},
+       "tensor 'b': the producer wrote more than the tensor's 12 bytes", ferry::ErrorCode::internal},
       {[&](GgufSink& s) {
          s.fail("shard 3 is truncated");
          EXPECT_TRUE(s.failed());
        },
-       "tensor 'b': shard 3 is truncated"},
+       "tensor 'b': shard 3 is truncated", ferry::ErrorCode::invalid_input},
   };
   for (const Case& c : cases) {
     GgufWriter w;
@@ -250,6 +252,7 @@ TEST(GgufWriter, ProducerFailuresLeaveNoFile) {
     auto r = w.write_file(path);
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.error().message, c.message);
+    EXPECT_EQ(r.error().code, c.code);
     EXPECT_FALSE(std::filesystem::exists(path));
     EXPECT_FALSE(std::filesystem::exists(dir / "out.gguf.partial"));
   }
@@ -257,5 +260,6 @@ TEST(GgufWriter, ProducerFailuresLeaveNoFile) {
   auto r = w.write_file(dir / "no_such_dir" / "x.gguf");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message.find("x.gguf.partial: cannot create: No such file or directory"), std::string::npos);
+  EXPECT_EQ(r.error().code, ferry::ErrorCode::io);
   std::filesystem::remove_all(dir);
 }

@@ -135,7 +135,7 @@ class HfCheckpointOpen : public ::testing::Test {
   }
   std::string error() {
     auto r = HfCheckpoint::open(dir_);
-    return r ? std::string("(opened)") : r.error();
+    return r ? std::string("(opened)") : r.error().message;
   }
 };
 
@@ -147,7 +147,7 @@ TEST_F(HfCheckpointOpen, ReadsTheIndexedShardsAndExtraFiles) {
         12);
   std::ofstream(dir_ / "model.safetensors.index.json") << R"({"weight_map": {"x": "a.safetensors", "y": "b.safetensors"}})";
   auto r = HfCheckpoint::open(dir_);
-  ASSERT_TRUE(r) << r.error();
+  ASSERT_TRUE(r) << r.error().message;
   ASSERT_NE(r->find("x"), nullptr);
   EXPECT_EQ(r->find("x")->dtype, SafetensorsDtype::BF16);  // the index's tensor wins over the extra file's
   EXPECT_EQ(r->find("x")->shape, (std::vector<uint64_t>{2, 3}));
@@ -160,7 +160,7 @@ TEST_F(HfCheckpointOpen, ReadsTheIndexedShardsAndExtraFiles) {
 TEST_F(HfCheckpointOpen, Errors) {
   EXPECT_NE(error().find("no model.safetensors, model.safetensors.index.json or other *.safetensors file"),
             std::string::npos);
-  EXPECT_NE(HfCheckpoint::open(dir_ / "nope").error().find("not a directory"), std::string::npos);
+  EXPECT_NE(HfCheckpoint::open(dir_ / "nope").error().message.find("not a directory"), std::string::npos);
   write("one.safetensors", R"({"x": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}})", 16);
   write("two.safetensors", R"({"x": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}})", 16);
   EXPECT_NE(error().find("two.safetensors: tensor x is also in another *.safetensors file"), std::string::npos)

@@ -50,11 +50,11 @@ class Glm5Gguf : public ::testing::Test {
 
   // The metadata write_glm5_hparams makes for `hp`, edited by `edit` (which may drop keys by
   // returning false), written and read back.
-  ModelResult<Glm5Hparams> round_trip(const Glm5Hparams& hp,
-                                      const std::function<bool(GgufKv&)>& edit = [](GgufKv&) { return true; }) {
+  Expected<Glm5Hparams> round_trip(const Glm5Hparams& hp,
+                                   const std::function<bool(GgufKv&)>& edit = [](GgufKv&) { return true; }) {
     GgufWriter first;
-    if (auto err = write_glm5_hparams(first, hp)) return ModelResult<Glm5Hparams>::failure(err->message);
-    if (auto r = first.write_file(path_); !r) return ModelResult<Glm5Hparams>::failure(r.error().message);
+    if (auto err = write_glm5_hparams(first, hp)) return *err;
+    if (auto r = first.write_file(path_); !r) return r.error();
     std::vector<GgufKv> kvs;
     {
       auto f = GgufFile::open(path_);
@@ -118,7 +118,7 @@ TEST_F(Glm5Gguf, RoundTrip) {
   const Glm5Hparams hp = tiny();
   ASSERT_TRUE(hp.validate().empty());
   const auto r = round_trip(hp);
-  ASSERT_TRUE(r) << r.error();
+  ASSERT_TRUE(r) << r.error().message;
   expect_same(hp, r.value());
 }
 
@@ -128,7 +128,7 @@ TEST_F(Glm5Gguf, MainlineArchSpellingAndBlockSizeOnly) {
     if (kv.key.starts_with("glm5next.")) kv.key = "glm5-next." + kv.key.substr(9);
     return kv.key != "glm5-next.attention.indexer.kpool";
   });
-  ASSERT_TRUE(r) << r.error();
+  ASSERT_TRUE(r) << r.error().message;
   EXPECT_EQ(r->index_kpool, 4u);
 }
 
@@ -139,11 +139,11 @@ TEST_F(Glm5Gguf, KpoolWithoutBlockSizeAndWithoutOptionalKeys) {
            kv.key != "glm5next.attention.indexer.kpool_select_tail";
   });
   ASSERT_FALSE(r);  // no vocab_size and no tokenizer or embedding to count it from
-  EXPECT_EQ(r.error(), "glm5next.vocab_size is missing (and there is no tokenizer.ggml.tokens or token_embd.weight)");
+  EXPECT_EQ(r.error().message, "glm5next.vocab_size is missing (and there is no tokenizer.ggml.tokens or token_embd.weight)");
   const auto r2 = round_trip(tiny(), [](GgufKv& kv) {
     return kv.key != "glm5next.attention.indexer.block_size" && kv.key != "glm5next.attention.indexer.types";
   });
-  ASSERT_TRUE(r2) << r2.error();
+  ASSERT_TRUE(r2) << r2.error().message;
   EXPECT_TRUE(r2->indexer_full.empty());  // all full
   EXPECT_EQ(r2->index_kpool, 4u);
 }
@@ -153,14 +153,14 @@ TEST_F(Glm5Gguf, PublishedScalarClampsAndTheKeysLoadersAdd) {
     if (kv.key == "glm5next.swiglu_clamp_exp" || kv.key == "glm5next.swiglu_clamp_shexp") kv.value = 7.0f;
     return true;
   });
-  ASSERT_TRUE(r) << r.error();
+  ASSERT_TRUE(r) << r.error().message;
   EXPECT_EQ(r->swiglu_limit, 7.0f);
 }
 
 TEST_F(Glm5Gguf, ErrorsNameTheKey) {
   auto error = [&](const std::function<bool(GgufKv&)>& edit) {
     const auto r = round_trip(tiny(), edit);
-    return r ? std::string("(accepted)") : r.error();
+    return r ? std::string("(accepted)") : r.error().message;
   };
   EXPECT_EQ(error([](GgufKv& kv) { return kv.key != "glm5next.attention.kv_lora_rank"; }),
             "metadata key 'glm5next.attention.kv_lora_rank' is missing");
@@ -218,14 +218,14 @@ TEST_F(Glm5Gguf, DenseLayersAfterMoeUseFerrysFeedForwardTypes) {
   EXPECT_EQ(w.find("glm5next.feed_forward_types"), nullptr);  // a leading run: the published key suffices
   hp.ffn_kinds = {FfnKind::moe, FfnKind::dense, FfnKind::moe, FfnKind::dense};
   const auto r = round_trip(hp);
-  ASSERT_TRUE(r) << r.error();
+  ASSERT_TRUE(r) << r.error().message;
   EXPECT_EQ(r->ffn_kinds, hp.ffn_kinds);
   const auto bad = round_trip(hp, [](GgufKv& kv) {
     if (kv.key == "glm5next.leading_dense_block_count") kv.value = uint32_t{1};
     return true;
   });
   ASSERT_FALSE(bad);
-  EXPECT_EQ(bad.error(), "glm5next.leading_dense_block_count is 1 but glm5next.feed_forward_types starts with 0 dense blocks");
+  EXPECT_EQ(bad.error().message, "glm5next.leading_dense_block_count is 1 but glm5next.feed_forward_types starts with 0 dense blocks");
 }
 
 TEST_F(Glm5Gguf, KdaHeadCountIsWrittenOnlyWhenItDiffers) {
@@ -235,7 +235,7 @@ TEST_F(Glm5Gguf, KdaHeadCountIsWrittenOnlyWhenItDiffers) {
   EXPECT_EQ(w.find("glm5next.kda.head_count"), nullptr);
   hp.kda_heads = 2;
   const auto r = round_trip(hp);
-  ASSERT_TRUE(r) << r.error();
+  ASSERT_TRUE(r) << r.error().message;
   EXPECT_EQ(r->kda_heads, 2u);
   EXPECT_EQ(r->n_heads, 4u);
 }
@@ -252,9 +252,9 @@ TEST_F(Glm5Gguf, ReferenceFixtureConfigsRoundTrip) {
     SCOPED_TRACE(name);
     const auto hp = glm5_hparams_from_hf_config_file(std::filesystem::path(FERRY_SOURCE_DIR) / "tests/fixtures/glm5" /
                                                      name / "config.json");
-    ASSERT_TRUE(hp) << hp.error();
+    ASSERT_TRUE(hp) << hp.error().message;
     const auto back = round_trip(hp.value());
-    ASSERT_TRUE(back) << back.error();
+    ASSERT_TRUE(back) << back.error().message;
     expect_same(hp.value(), back.value());
   }
 }

@@ -9,7 +9,7 @@ namespace {
 
 TEST(Glm5HparamsHf, DefaultsAreTheReleasedModelWithTheClassDefaultKpool) {
   const auto r = glm5_hparams_from_hf_config(R"({"model_type": "glm5_next", "text_config": {}})");
-  ASSERT_TRUE(r) << r.error();
+  ASSERT_TRUE(r) << r.error().message;
   const Glm5Hparams& hp = r.value();
   EXPECT_EQ(hp.n_layers, 45u);
   EXPECT_EQ(hp.hidden_size, 4096u);
@@ -43,7 +43,7 @@ TEST(Glm5HparamsHf, ReadsATinyTextConfig) {
     },
     "vision_config": {"depth": 1}
   })");
-  ASSERT_TRUE(r) << r.error();
+  ASSERT_TRUE(r) << r.error().message;
   const Glm5Hparams& hp = r.value();
   EXPECT_EQ(hp.vocab_size, 300u);
   EXPECT_EQ(hp.n_experts, 6u);
@@ -66,7 +66,7 @@ TEST(Glm5HparamsHf, ReleaseSpellingsLinearAttnConfigAndFirstKDense) {
       "linear_num_heads": 7, "linear_attn_config": {"num_heads": 64, "head_dim": 128,
       "short_conv_kernel_size": 4, "gate_lower_bound": null, "safe_gate": true},
       "index_topk_pattern": "FFFFFFFS"}})");
-  ASSERT_TRUE(r) << r.error();
+  ASSERT_TRUE(r) << r.error().message;
   EXPECT_EQ(r->kda_heads, 64u);
   EXPECT_FLOAT_EQ(r->kda_lower_bound, -5.0f);
   EXPECT_EQ(r->ffn_kinds, (std::vector<FfnKind>{FfnKind::dense, FfnKind::dense, FfnKind::moe, FfnKind::moe,
@@ -77,13 +77,13 @@ TEST(Glm5HparamsHf, ReleaseSpellingsLinearAttnConfigAndFirstKDense) {
 
 TEST(Glm5HparamsHf, FlatTextOnlyConfig) {
   const auto r = glm5_hparams_from_hf_config(R"({"model_type": "glm5_next", "num_hidden_layers": 4, "index_kpool": 4})");
-  ASSERT_TRUE(r) << r.error();
+  ASSERT_TRUE(r) << r.error().message;
   EXPECT_EQ(r->n_layers, 4u);
 }
 
 std::string error_of(const char* json) {
   const auto r = glm5_hparams_from_hf_config(json);
-  return r ? std::string("(accepted)") : r.error();
+  return r ? std::string("(accepted)") : r.error().message;
 }
 
 TEST(Glm5HparamsHf, ErrorsNameTheField) {
@@ -120,6 +120,19 @@ TEST(Glm5HparamsHf, ErrorsNameTheField) {
             "linear_attention", "linear_attention", "deepseek_sparse_attention"]}})"),
             "config.json: inconsistent hyper-parameters: layer 3 has a shared indexer but no full DSA layer "
             "precedes it");
+}
+
+TEST(Glm5HparamsHf, ErrorCodesSayWhatKindOfProblem) {
+  const auto code_of = [](const char* json) { return glm5_hparams_from_hf_config(json).error().code; };
+  EXPECT_EQ(code_of("{"), ferry::ErrorCode::invalid_input);
+  EXPECT_EQ(code_of(R"({"model_type": "glm5_next", "text_config": {"hidden_size": -3}})"), ferry::ErrorCode::invalid_input);
+  EXPECT_EQ(code_of(R"({"model_type": "llama"})"), ferry::ErrorCode::unsupported);
+  EXPECT_EQ(code_of(R"({"model_type": "glm5_next", "text_config": {"linear_lower_bound": null}})"),
+            ferry::ErrorCode::unsupported);
+  const auto missing = glm5_hparams_from_hf_config_file("/nonexistent/config.json");
+  ASSERT_FALSE(missing);
+  EXPECT_EQ(missing.error().code, ferry::ErrorCode::io);
+  EXPECT_EQ(missing.error().message, "/nonexistent/config.json: cannot open");
 }
 
 TEST(Glm5HparamsValidate, NamesEachProblem) {

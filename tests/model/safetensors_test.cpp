@@ -37,6 +37,7 @@ void expect_error(std::string_view header, const std::vector<uint8_t>& data, std
   ASSERT_FALSE(r.ok()) << "parsed: " << header;
   EXPECT_NE(r.error().message.find(part), std::string::npos) << r.error().message << "\nmissing: " << part;
   EXPECT_EQ(r.error().message.rfind("x.safetensors: ", 0), 0u) << r.error().message;
+  EXPECT_EQ(r.error().code, ferry::ErrorCode::invalid_input);
 }
 
 void write(const std::filesystem::path& p, const std::vector<uint8_t>& bytes) {
@@ -185,9 +186,11 @@ TEST(Safetensors, OpensOneFileOrADirectory) {
   auto none = Safetensors::open(empty.path);
   ASSERT_FALSE(none.ok());
   EXPECT_NE(none.error().message.find("neither model.safetensors.index.json nor model.safetensors"), std::string::npos);
+  EXPECT_EQ(none.error().code, ferry::ErrorCode::io);
   auto missing = Safetensors::open(empty.path / "x.safetensors");
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.error().message.find("x.safetensors: cannot open"), std::string::npos);
+  EXPECT_EQ(missing.error().code, ferry::ErrorCode::io);
 }
 
 TEST(Safetensors, ShardedCheckpointIsOneTensorSet) {

@@ -126,6 +126,7 @@ TEST(Tokenizer, RejectsBadSpecs) {
   auto r = Tokenizer::create(spec);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message.find("nonesuch"), std::string::npos);
+  EXPECT_EQ(r.error().code, ferry::ErrorCode::unsupported);
 
   auto hf = read_hf_tokenizer_dir(kFixture);
   ASSERT_TRUE(hf.ok()) << hf.error().message;
@@ -134,6 +135,7 @@ TEST(Tokenizer, RejectsBadSpecs) {
   r = Tokenizer::create(bad_merge);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message.find("merges[3804]"), std::string::npos) << r.error().message;
+  EXPECT_EQ(r.error().code, ferry::ErrorCode::invalid_input);
 
   TokenizerSpec bad_types = *hf;
   bad_types.token_types.pop_back();
@@ -154,16 +156,19 @@ TEST(Tokenizer, HfDirectoryErrorsNameTheProblem) {
   auto r = read_hf_tokenizer_dir(dir / "missing");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message.find("tokenizer.json"), std::string::npos);
+  EXPECT_EQ(r.error().code, ferry::ErrorCode::io);
   std::ofstream(dir / "tokenizer.json")
       << R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
             "pre_tokenizer": {"type": "Whitespace"}})";
   r = read_hf_tokenizer_dir(dir);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message.find("pre_tokenizer"), std::string::npos) << r.error().message;
+  EXPECT_EQ(r.error().code, ferry::ErrorCode::unsupported);
   std::ofstream(dir / "tokenizer.json") << R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [1]},)";
   r = read_hf_tokenizer_dir(dir);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message.find("JSON"), std::string::npos) << r.error().message;
+  EXPECT_EQ(r.error().code, ferry::ErrorCode::invalid_input);
   std::filesystem::remove_all(dir);
 }
 

@@ -64,7 +64,7 @@ struct Result {
   std::optional<SlotsResult> slots;  // a --slots run: its aggregate is the test's rate
 };
 
-std::vector<uint32_t> parse_list(const std::string& s, const char* what, std::string& error) {
+Expected<std::vector<uint32_t>> parse_list(const std::string& s, const char* what) {
   std::vector<uint32_t> out;
   std::stringstream in(s);
   std::string item;
@@ -75,11 +75,10 @@ std::vector<uint32_t> parse_list(const std::string& s, const char* what, std::st
       if (used != item.size() || v > 1u << 24) throw std::invalid_argument(item);
       out.push_back(static_cast<uint32_t>(v));
     } catch (const std::exception&) {
-      error = std::string(what) + ": '" + item + "' is not a token count";
-      return {};
+      return Error(std::string(what) + ": '" + item + "' is not a token count");
     }
   }
-  if (out.empty()) error = std::string(what) + ": empty list";
+  if (out.empty()) return Error(std::string(what) + ": empty list");
   return out;
 }
 
@@ -88,21 +87,22 @@ double now_s() {
 }
 
 int bench(const Options& o) {
-  std::string err;
-  const auto pp = parse_list(o.prompt, "-p", err);
-  const auto tg = err.empty() ? parse_list(o.gen, "-n", err) : std::vector<uint32_t>{};
-  const auto depths = err.empty() ? parse_list(o.depth, "-d", err) : std::vector<uint32_t>{};
-  if (!err.empty()) {
-    std::fprintf(stderr, "ferry bench: %s\n", err.c_str());
-    return 2;
+  const auto pp = parse_list(o.prompt, "-p");
+  const auto tg = parse_list(o.gen, "-n");
+  const auto depths = parse_list(o.depth, "-d");
+  for (const auto* list : {&pp, &tg, &depths}) {
+    if (!*list) {
+      std::fprintf(stderr, "ferry bench: %s\n", list->error().message.c_str());
+      return 2;
+    }
   }
   if (o.model.empty() == o.synthetic.empty()) {
     std::fprintf(stderr, "ferry bench: give exactly one of --model FILE and --synthetic CONFIG.json\n");
     return 2;
   }
-  const uint32_t max_p = *std::max_element(pp.begin(), pp.end());
-  const uint32_t max_n = *std::max_element(tg.begin(), tg.end());
-  const uint32_t max_d = *std::max_element(depths.begin(), depths.end());
+  const uint32_t max_p = *std::max_element(pp->begin(), pp->end());
+  const uint32_t max_n = *std::max_element(tg->begin(), tg->end());
+  const uint32_t max_d = *std::max_element(depths->begin(), depths->end());
   gpu::BackendOptions bo;
   bo.kind = o.backend;
   bo.max_slots = std::max<uint32_t>(1, o.slots);
@@ -120,7 +120,7 @@ int bench(const Options& o) {
   if (!o.synthetic.empty()) {
     auto hp = model::glm5_hparams_from_hf_config_file(o.synthetic);
     if (!hp) {
-      std::fprintf(stderr, "ferry bench: %s: %s\n", o.synthetic.c_str(), hp.error().c_str());
+      std::fprintf(stderr, "ferry bench: %s: %s\n", o.synthetic.c_str(), hp.error().message.c_str());
       return 2;
     }
     auto type = model::ggml_type_from_name(o.type);
@@ -167,12 +167,12 @@ int bench(const Options& o) {
 
   std::fprintf(stderr, "ferry bench: %s on %s\n", model_name.c_str(), b.describe().c_str());
   // Warm-up: one prefill of each size and a few decode steps at depth 0 (cuBLAS heuristics, graphs).
-  for (uint32_t p : pp) step(0, random_tokens(p));
+  for (uint32_t p : *pp) step(0, random_tokens(p));
   std::vector<Result> results;
   std::vector<model::StageCounters> before(b.stages().size());
   std::vector<std::string> handoffs;  // per depth and link: bytes and copy time per decode step
-  for (uint32_t d : depths) {
-    for (uint32_t p : pp) {
+  for (uint32_t d : *depths) {
+    for (uint32_t p : *pp) {
       Result r{"pp" + std::to_string(p) + " @ d" + std::to_string(d), p, d, false, {}};
       for (uint32_t rep = 0; rep < o.reps; ++rep) {
         fill(d);  // every repetition starts from the same depth
@@ -191,7 +191,7 @@ int bench(const Options& o) {
     int32_t t = tok(rng);
     for (int i = 0; i < 2; ++i) t = step(pos++, {t});  // graph capture
     for (size_t i = 0; i < b.stages().size(); ++i) before[i] = b.stages()[i]->counters();
-    for (uint32_t n : tg) {
+    for (uint32_t n : *tg) {
       Result r{"tg" + std::to_string(n) + " @ d" + std::to_string(d), n, d, true, {}};
       for (uint32_t rep = 0; rep < o.reps; ++rep) {
         const double t0 = now_s();

@@ -58,7 +58,7 @@ CommandRun add_convert_command(CLI::App& app) {
     const auto start = std::chrono::steady_clock::now();
     const auto r = model::convert_glm5_checkpoint(opt->hf_dir, opt->out, o);
     if (!r) {
-      std::fprintf(stderr, "ferry convert: %s\n", r.error().c_str());
+      std::fprintf(stderr, "ferry convert: %s\n", r.error().message.c_str());
       return 1;
     }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -84,7 +84,7 @@ struct CpuModel {
 std::optional<CpuModel> open_model(const std::string& path, unsigned threads) {
   auto w = model::Glm5Weights::load(path);
   if (!w) {
-    std::fprintf(stderr, "ferry eval-ref: %s: %s\n", path.c_str(), w.error().c_str());
+    std::fprintf(stderr, "ferry eval-ref: %s: %s\n", path.c_str(), w.error().message.c_str());
     return std::nullopt;
   }
   CpuModel m;
@@ -162,11 +162,11 @@ int eval_ref_backend(const Options& o, const ReferenceCase& ref) {
 
 int eval_ref(const Options& o) {
   auto loaded = ReferenceCase::load(o.reference);
-  if (auto* e = std::get_if<std::string>(&loaded)) {
-    std::fprintf(stderr, "ferry eval-ref: %s\n", e->c_str());
+  if (!loaded) {
+    std::fprintf(stderr, "ferry eval-ref: %s\n", loaded.error().message.c_str());
     return 2;
   }
-  const ReferenceCase& ref = std::get<0>(loaded);
+  const ReferenceCase& ref = *loaded;
   const bool compares_models = o.backend == "cpu" ? !o.f32_model.empty() : o.compare_cpu;
   if (!ref.has_logits && !compares_models) {
     std::fprintf(stderr, "ferry eval-ref: %s has token ids but no reference logits (no logits_files): use it with %s\n",

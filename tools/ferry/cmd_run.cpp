@@ -24,7 +24,7 @@ struct RunOptions {
 };
 
 // "1,2,3" -> ids; the error names the piece that is not an id.
-std::variant<std::vector<int32_t>, std::string> parse_ids(const std::string& text, uint32_t vocab) {
+Expected<std::vector<int32_t>> parse_ids(const std::string& text, uint32_t vocab) {
   std::vector<int32_t> ids;
   std::stringstream ss(text);
   std::string piece;
@@ -36,13 +36,13 @@ std::variant<std::vector<int32_t>, std::string> parse_ids(const std::string& tex
     } catch (const std::exception&) {
       used = 0;
     }
-    if (used != piece.size() || piece.empty()) return "--prompt-ids: '" + piece + "' is not a token id";
+    if (used != piece.size() || piece.empty()) return Error("--prompt-ids: '" + piece + "' is not a token id");
     if (v < 0 || v >= vocab) {
-      return "--prompt-ids: " + piece + " is outside the vocabulary (0.." + std::to_string(vocab - 1) + ")";
+      return Error("--prompt-ids: " + piece + " is outside the vocabulary (0.." + std::to_string(vocab - 1) + ")");
     }
     ids.push_back(static_cast<int32_t>(v));
   }
-  if (ids.empty()) return std::string("--prompt-ids: no ids given");
+  if (ids.empty()) return Error("--prompt-ids: no ids given");
   return ids;
 }
 
@@ -58,7 +58,7 @@ int run(const RunOptions& o) {
   }
   model::Pipeline& b = *opened.value();
   std::optional<model::Tokenizer> tokenizer;
-  std::variant<std::vector<int32_t>, std::string> ids;
+  Expected<std::vector<int32_t>> ids = std::vector<int32_t>();
   if (!o.prompt.empty()) {
     auto file = model::GgufFile::open(o.model);
     if (!file) {
@@ -72,15 +72,15 @@ int run(const RunOptions& o) {
     }
     tokenizer.emplace(std::move(t.value()));
     ids = tokenizer->encode(o.prompt, true);
-    if (std::get<0>(ids).empty()) ids = std::string("--prompt: the text encodes to no tokens");
+    if (ids->empty()) ids = Error("--prompt: the text encodes to no tokens");
   } else {
     ids = parse_ids(o.prompt_ids, b.hparams().vocab_size);
   }
-  if (auto* e = std::get_if<std::string>(&ids)) {
-    std::fprintf(stderr, "ferry run: %s\n", e->c_str());
+  if (!ids) {
+    std::fprintf(stderr, "ferry run: %s\n", ids.error().message.c_str());
     return 2;
   }
-  const std::vector<int32_t>& prompt = std::get<0>(ids);
+  const std::vector<int32_t>& prompt = *ids;
   if (prompt.size() + o.n > b.max_context()) {
     std::fprintf(stderr, "ferry run: %zu prompt tokens + %u new ones exceed the context of %u\n", prompt.size(), o.n,
                  b.max_context());

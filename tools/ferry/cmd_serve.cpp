@@ -75,15 +75,15 @@ int serve(config::ServeCli& cli) {
                  kind.error().message.c_str());
     return 2;
   }
-  std::variant<std::string, LoadError> model_path;
-  std::variant<SyntheticSource, LoadError> synthetic_source = LoadError{};
-  const LoadError* source_error = nullptr;
+  Expected<std::string> model_path = std::string();
+  Expected<SyntheticSource> synthetic_source = SyntheticSource{};
+  const Error* source_error = nullptr;
   if (synthetic) {
     synthetic_source = read_synthetic_source(config);
-    source_error = std::get_if<LoadError>(&synthetic_source);
+    if (!synthetic_source) source_error = &synthetic_source.error();
   } else {
     model_path = resolve_model_path(config);
-    source_error = std::get_if<LoadError>(&model_path);
+    if (!model_path) source_error = &model_path.error();
   }
   if (source_error != nullptr) {
     std::fprintf(stderr, "ferry serve: %s\n", source_error->message.c_str());
@@ -125,19 +125,19 @@ int serve(config::ServeCli& cli) {
     for (auto& t : io_threads) t.join();
   };
 
-  auto loaded = synthetic ? load_synthetic(std::get<SyntheticSource>(synthetic_source), config)
-                          : load_model(std::get<std::string>(model_path), config, context->progress, signals.stop);
-  if (auto* e = std::get_if<LoadError>(&loaded)) {
+  auto loaded = synthetic ? load_synthetic(*synthetic_source, config)
+                          : load_model(*model_path, config, context->progress, signals.stop);
+  if (!loaded) {
     if (signals.stop.load()) {
       spdlog::info("{} while loading: exiting", strsignal(signals.signal()));
       stop_http();
       return 0;
     }
-    spdlog::error("cannot serve: {}", e->message);
+    spdlog::error("cannot serve: {}", loaded.error().message);
     stop_http();
     return 1;
   }
-  LoadedModel& model = std::get<LoadedModel>(loaded);
+  LoadedModel& model = *loaded;
   context->tokenizer = model.tokenizer;
   context->end_token_ids = model.tokenizer->end_of_generation_ids();
   context->backend_name = model.pipeline->describe();

@@ -65,16 +65,16 @@ std::string display(std::string_view bytes) {
 
 // The chat request: an OpenAI chat-completions body (messages, tools, reasoning_effort,
 // add_generation_prompt, chat_template_kwargs {enable_thinking, clear_thinking, reasoning_effort}).
-std::optional<std::string> render_request(const std::string& path, model::RenderedChat& rendered) {
+Expected<model::RenderedChat> render_request(const std::string& path) {
   const auto body = read_file(path);
-  if (!body) return "cannot read " + path;
+  if (!body) return Error(ErrorCode::io, "cannot read " + path);
   auto doc = model::parse_json(*body);
-  if (!doc) return path + ": " + doc.error().message;
-  if (!doc->is_object()) return path + ": expected a JSON object with \"messages\"";
+  if (!doc) return doc.error().prefixed(path + ": ");
+  if (!doc->is_object()) return Error(path + ": expected a JSON object with \"messages\"");
   const model::JsonValue* messages = doc->find("messages");
-  if (!messages) return path + ": no \"messages\"";
+  if (!messages) return Error(path + ": no \"messages\"");
   model::ChatOptions options;
-  const auto read_options = [&](const model::JsonValue& obj) -> std::optional<std::string> {
+  const auto read_options = [&](const model::JsonValue& obj) -> Status {
     for (const auto& [key, value] : obj.as_object()) {
       if (key == "reasoning_effort" && value.is_string()) {
         options.reasoning_effort = value.as_string();
@@ -86,19 +86,18 @@ std::optional<std::string> render_request(const std::string& path, model::Render
         options.add_generation_prompt = value.as_bool();
       } else if ((key == "enable_thinking" || key == "clear_thinking" || key == "add_generation_prompt") &&
                  !value.is_null()) {
-        return path + ": \"" + key + "\" must be true or false";
+        return Error(path + ": \"" + key + "\" must be true or false");
       }
     }
     return std::nullopt;
   };
-  if (auto err = read_options(*doc)) return err;
+  if (auto err = read_options(*doc)) return *err;
   if (const model::JsonValue* kwargs = doc->find("chat_template_kwargs"); kwargs && kwargs->is_object()) {
-    if (auto err = read_options(*kwargs)) return err;
+    if (auto err = read_options(*kwargs)) return *err;
   }
   auto result = model::ChatTemplate{}.render(*messages, doc->find("tools"), options);
-  if (!result) return path + ": " + result.error().message;
-  rendered = std::move(*result);
-  return std::nullopt;
+  if (!result) return result.error().prefixed(path + ": ");
+  return result;
 }
 
 int run_tokenize(const TokenizeArgs& args) {
@@ -110,16 +109,16 @@ int run_tokenize(const TokenizeArgs& args) {
   std::string text;
   bool parse_special = !args.no_special;
   if (!args.chat.empty()) {
-    model::RenderedChat rendered;
-    if (auto err = render_request(args.chat, rendered)) {
-      std::fprintf(stderr, "ferry tokenize: %s\n", err->c_str());
+    auto rendered = render_request(args.chat);
+    if (!rendered) {
+      std::fprintf(stderr, "ferry tokenize: %s\n", rendered.error().message.c_str());
       return 2;
     }
     if (args.show_prompt) {
-      std::fwrite(rendered.prompt.data(), 1, rendered.prompt.size(), stdout);
+      std::fwrite(rendered->prompt.data(), 1, rendered->prompt.size(), stdout);
       return 0;
     }
-    text = std::move(rendered.prompt);
+    text = std::move(rendered->prompt);
     parse_special = true;  // the template's markers are special tokens
   } else if (!args.file.empty()) {
     auto content = read_file(args.file);

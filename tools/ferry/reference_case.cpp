@@ -10,14 +10,14 @@ namespace {
 
 namespace json = boost::json;
 
-std::variant<std::vector<float>, std::string> read_f32(const std::filesystem::path& path, size_t rows, size_t vocab) {
+Expected<std::vector<float>> read_f32(const std::filesystem::path& path, size_t rows, size_t vocab) {
   std::ifstream f(path, std::ios::binary);
-  if (!f) return path.string() + ": cannot open";
+  if (!f) return Error(ErrorCode::io, path.string() + ": cannot open");
   std::vector<float> v(rows * vocab);
   f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
   if (static_cast<size_t>(f.gcount()) != v.size() * sizeof(float) || f.peek() != std::char_traits<char>::eof()) {
-    return path.string() + ": expected " + std::to_string(rows) + " x " + std::to_string(vocab) +
-           " little-endian f32 values (" + std::to_string(v.size() * sizeof(float)) + " bytes)";
+    return Error(path.string() + ": expected " + std::to_string(rows) + " x " + std::to_string(vocab) +
+                 " little-endian f32 values (" + std::to_string(v.size() * sizeof(float)) + " bytes)");
   }
   return v;
 }
@@ -39,12 +39,12 @@ std::vector<std::vector<uint32_t>> rows_of(const json::value& v) {
 
 }  // namespace
 
-std::variant<ReferenceCase, std::string> ReferenceCase::load(const std::filesystem::path& path) {
+Expected<ReferenceCase> ReferenceCase::load(const std::filesystem::path& path) {
   const bool is_dir = std::filesystem::is_directory(path);
   const std::filesystem::path rj = is_dir ? path / "reference.json" : path;
   const std::filesystem::path dir = rj.parent_path();
   std::ifstream f(rj);
-  if (!f) return rj.string() + ": cannot open";
+  if (!f) return Error(ErrorCode::io, rj.string() + ": cannot open");
   std::stringstream ss;
   ss << f.rdbuf();
   ReferenceCase c;
@@ -56,7 +56,7 @@ std::variant<ReferenceCase, std::string> ReferenceCase::load(const std::filesyst
     c.input_ids = ints(o.at("input_ids"));
     c.decode_tokens = ints(o.at("decode_tokens"));
     c.vocab = static_cast<uint32_t>(o.at("vocab_size").to_number<int64_t>());
-    if (c.input_ids.empty()) return rj.string() + ": input_ids is empty";
+    if (c.input_ids.empty()) return Error(rj.string() + ": input_ids is empty");
     if (o.contains("dsa")) {
       const json::object& dsa = o.at("dsa").as_object();
       c.kpool = static_cast<uint32_t>(dsa.at("kpool").to_number<int64_t>());
@@ -77,20 +77,20 @@ std::variant<ReferenceCase, std::string> ReferenceCase::load(const std::filesyst
     if (c.has_logits) {
       const json::object& files = o.at("logits_files").as_object();
       auto pre = read_f32(dir / std::string(files.at("prefill").as_string()), c.input_ids.size(), V);
-      if (auto* e = std::get_if<std::string>(&pre)) return *e;
-      c.prefill = std::move(std::get<0>(pre));
+      if (!pre) return pre.error();
+      c.prefill = std::move(*pre);
       auto dec = read_f32(dir / std::string(files.at("decode").as_string()), c.decode_tokens.size(), V);
-      if (auto* e = std::get_if<std::string>(&dec)) return *e;
-      c.decode = std::move(std::get<0>(dec));
+      if (!dec) return dec.error();
+      c.decode = std::move(*dec);
     }
     if (o.contains("mtp")) {
       const size_t rows = static_cast<size_t>(o.at("mtp").as_object().at("rows").to_number<int64_t>());
       auto m = read_f32(dir / "mtp_logits.f32", rows, V);
-      if (auto* e = std::get_if<std::string>(&m)) return *e;
-      c.mtp = std::move(std::get<0>(m));
+      if (!m) return m.error();
+      c.mtp = std::move(*m);
     }
   } catch (const std::exception& e) {
-    return rj.string() + ": " + e.what();
+    return Error(rj.string() + ": " + e.what());
   }
   return c;
 }

@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <map>
 #include <string>
-#include <variant>
 #include <vector>
 
 #include "config/expected.hpp"
@@ -28,7 +27,7 @@ struct ReferenceCase {
 
   // `path`: a case directory (its reference.json) or a case JSON file; logits files are found beside
   // the JSON. The error names the file and what was wrong.
-  static std::variant<ReferenceCase, std::string> load(const std::filesystem::path& path);
+  static Expected<ReferenceCase> load(const std::filesystem::path& path);
 };
 
 // What ferry computed for a case: logits of every prompt row (prefilled in chunks of `chunk`, 0 =

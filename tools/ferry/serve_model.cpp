@@ -84,10 +84,9 @@ class ProgressPrinter {
 };
 
 // Reads the whole file once so that its pages are in memory before the backend touches them.
-std::optional<LoadError> preload(const std::string& path, http::LoadProgress& progress,
-                                 const std::atomic<bool>& stop) {
+Status preload(const std::string& path, http::LoadProgress& progress, const std::atomic<bool>& stop) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return LoadError{"cannot open the model file " + path};
+  if (fd < 0) return Error(ErrorCode::io, "cannot open the model file " + path);
   const off_t size = ::lseek(fd, 0, SEEK_END);
   progress.bytes_total.store(size > 0 ? static_cast<uint64_t>(size) : 0);
   const uint64_t free_bytes = available_memory();
@@ -106,7 +105,7 @@ std::optional<LoadError> preload(const std::string& path, http::LoadProgress& pr
     const ssize_t n = ::pread(fd, buffer.data(), buffer.size(), static_cast<off_t>(offset));
     if (n <= 0) {
       ::close(fd);
-      return LoadError{"cannot read the model file " + path + " at byte " + std::to_string(offset)};
+      return Error(ErrorCode::io, "cannot read the model file " + path + " at byte " + std::to_string(offset), offset);
     }
     offset += static_cast<uint64_t>(n);
     progress.bytes_done.store(offset);
@@ -130,21 +129,21 @@ gpu::BackendOptions backend_options(const config::ServeConfig& config) {
 
 }  // namespace
 
-std::variant<std::string, LoadError> resolve_model_path(const config::ServeConfig& config) {
+Expected<std::string> resolve_model_path(const config::ServeConfig& config) {
   if (!config.model.path.empty()) return config.model.path;
   const auto bytes = default_model_bytes();
   if (bytes.empty()) {
-    return LoadError{
+    return Error(
         "no --model given and this ferry was built without the default model "
-        "(model/default_model/ferry-default.gguf was missing at build time): pass --model FILE.gguf"};
+        "(model/default_model/ferry-default.gguf was missing at build time): pass --model FILE.gguf");
   }
   // An in-memory file: the backend maps it by path like any model file, nothing touches the disk.
   const int fd = ::memfd_create("ferry-default.gguf", MFD_CLOEXEC);
-  if (fd < 0) return LoadError{"cannot create an in-memory file for the default model"};
+  if (fd < 0) return Error(ErrorCode::io, "cannot create an in-memory file for the default model");
   size_t written = 0;
   while (written < bytes.size()) {
     const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
-    if (n <= 0) return LoadError{"cannot write the default model to its in-memory file"};
+    if (n <= 0) return Error(ErrorCode::io, "cannot write the default model to its in-memory file");
     written += static_cast<size_t>(n);
   }
   spdlog::info("serving the embedded default model ({}); pass --model FILE.gguf to serve another",
@@ -152,19 +151,19 @@ std::variant<std::string, LoadError> resolve_model_path(const config::ServeConfi
   return "/proc/self/fd/" + std::to_string(fd);  // the descriptor stays open for the process's life
 }
 
-std::variant<LoadedModel, LoadError> load_model(const std::string& path, const config::ServeConfig& config,
-                                                http::LoadProgress& progress, const std::atomic<bool>& stop) {
+Expected<LoadedModel> load_model(const std::string& path, const config::ServeConfig& config,
+                                 http::LoadProgress& progress, const std::atomic<bool>& stop) {
   progress.started_ns.store(Clock::now().time_since_epoch().count());
   if (auto err = preload(path, progress, stop)) return *err;
-  if (stop.load()) return LoadError{"interrupted"};
+  if (stop.load()) return Error(ErrorCode::io, "interrupted");  // a signal stopped the read of the file
 
   auto file = model::GgufFile::open(path);
-  if (!file) return LoadError{"cannot read " + path + ": " + file.error().message};
+  if (!file) return file.error().prefixed("cannot read " + path + ": ");
   auto tokenizer = model::load_tokenizer(*file);
-  if (!tokenizer) return LoadError{path + ": the tokenizer: " + tokenizer.error().message};
+  if (!tokenizer) return tokenizer.error().prefixed(path + ": the tokenizer: ");
 
   auto pipeline = gpu::open_pipeline(path, backend_options(config));
-  if (!pipeline) return LoadError{pipeline.error().message};
+  if (!pipeline) return pipeline.error();
 
   LoadedModel loaded;
   loaded.tokenizer = std::make_shared<const model::Tokenizer>(std::move(tokenizer.value()));
@@ -172,26 +171,26 @@ std::variant<LoadedModel, LoadError> load_model(const std::string& path, const c
   return loaded;
 }
 
-std::variant<SyntheticSource, LoadError> read_synthetic_source(const config::ServeConfig& config) {
+Expected<SyntheticSource> read_synthetic_source(const config::ServeConfig& config) {
   auto hparams = model::glm5_hparams_from_hf_config_file(config.model.synthetic_config);
-  if (!hparams) return LoadError{"--synthetic " + config.model.synthetic_config + ": " + hparams.error()};
+  if (!hparams) return hparams.error().prefixed("--synthetic " + config.model.synthetic_config + ": ");
   const auto type = model::ggml_type_from_name(config.model.synthetic_type);
-  if (!type) return LoadError{"--type '" + config.model.synthetic_type + "' is not a ggml type name (q4_k, q8_0, f16, ...)"};
+  if (!type) return Error("--type '" + config.model.synthetic_type + "' is not a ggml type name (q4_k, q8_0, f16, ...)");
   return SyntheticSource{hparams.value(), *type};
 }
 
-std::variant<LoadedModel, LoadError> load_synthetic(const SyntheticSource& source, const config::ServeConfig& config) {
+Expected<LoadedModel> load_synthetic(const SyntheticSource& source, const config::ServeConfig& config) {
   const uint32_t vocab = source.hparams.vocab_size;
   auto tokenizer = config.model.tokenizer_path.empty() ? model::placeholder_tokenizer(vocab)
                                                  : model::load_tokenizer(std::filesystem::path(config.model.tokenizer_path));
-  if (!tokenizer) return LoadError{"--tokenizer " + config.model.tokenizer_path + ": " + tokenizer.error().message};
+  if (!tokenizer) return tokenizer.error().prefixed("--tokenizer " + config.model.tokenizer_path + ": ");
   if (tokenizer->vocab_size() > vocab) {
-    return LoadError{"--tokenizer " + config.model.tokenizer_path + " has " + std::to_string(tokenizer->vocab_size()) +
-                     " tokens, more than the " + std::to_string(vocab) + " of --synthetic " + config.model.synthetic_config};
+    return Error("--tokenizer " + config.model.tokenizer_path + " has " + std::to_string(tokenizer->vocab_size()) +
+                 " tokens, more than the " + std::to_string(vocab) + " of --synthetic " + config.model.synthetic_config);
   }
   auto pipeline =
       gpu::open_synthetic_pipeline(source.hparams, source.type, config.model.synthetic_seed, backend_options(config));
-  if (!pipeline) return LoadError{pipeline.error().message};
+  if (!pipeline) return pipeline.error();
   LoadedModel loaded;
   loaded.tokenizer = std::make_shared<const model::Tokenizer>(std::move(tokenizer.value()));
   loaded.pipeline = std::move(pipeline.value());

@@ -6,8 +6,8 @@
 #include <atomic>
 #include <memory>
 #include <string>
-#include <variant>
 
+#include "config/expected.hpp"
 #include "config/serve_config.hpp"
 #include "http/server_context.hpp"
 #include "model/formats/ggml_type.hpp"
@@ -22,29 +22,25 @@ struct LoadedModel {
   std::shared_ptr<const model::Tokenizer> tokenizer;
 };
 
-struct LoadError {
-  std::string message;
-};
-
 // The file to serve: `config.model.path`, or the embedded default model written to an in-memory
 // file; an error when neither exists.
-std::variant<std::string, LoadError> resolve_model_path(const config::ServeConfig& config);
+Expected<std::string> resolve_model_path(const config::ServeConfig& config);
 
 // Reads the file once through the page cache (so the first requests do not wait on the disk) while
 // reporting progress, then opens the stages (--backend, --devices, --split; the context --ctx, or
 // refused with the numbers when a device cannot hold it) and the tokenizer. `stop` cancels between chunks.
-std::variant<LoadedModel, LoadError> load_model(const std::string& path, const config::ServeConfig& config,
-                                                http::LoadProgress& progress, const std::atomic<bool>& stop);
+Expected<LoadedModel> load_model(const std::string& path, const config::ServeConfig& config,
+                                 http::LoadProgress& progress, const std::atomic<bool>& stop);
 
 // --synthetic: the shape and the weight type, read and checked before the server listens.
 struct SyntheticSource {
   model::Glm5Hparams hparams;
   model::GgmlType type = model::GgmlType::Q4_K;
 };
-std::variant<SyntheticSource, LoadError> read_synthetic_source(const config::ServeConfig& config);
+Expected<SyntheticSource> read_synthetic_source(const config::ServeConfig& config);
 
 // Makes the weights on the GPU (open_synthetic_pipeline) and the tokenizer: --tokenizer's, whose ids
 // must fit the shape's vocabulary, or model::placeholder_tokenizer.
-std::variant<LoadedModel, LoadError> load_synthetic(const SyntheticSource& source, const config::ServeConfig& config);
+Expected<LoadedModel> load_synthetic(const SyntheticSource& source, const config::ServeConfig& config);
 
 }  // namespace ferry::cli
