@@ -335,6 +335,8 @@ class Progress:
     def add(self, s):
         with self.lock:
             self.streams.append(s)
+        sent = f"prompt {fmt_int(s.prompt_tokens)} sent" if s.prompt_tokens else "chat prompt sent"
+        self.say(f"[{self.case}] {s.label}: {sent}, max_tokens {fmt_int(s.max_tokens)}")
 
     def remove(self, s):
         with self.lock:
@@ -342,6 +344,9 @@ class Progress:
                 self.streams.remove(s)
         if s.ok() and s.ttft() and s.prompt_tokens and (s.cached() or 0) < s.prompt_tokens:
             self.prefill_rate = (s.prompt_tokens - (s.cached() or 0)) / s.ttft()
+        how = "client left" if s.closed_at else (s.error or s.http_error or s.finish_reason or "ended")
+        self.say(f"[{self.case}] {s.label}: {s.tokens():,} tokens, TTFT {fmt(s.ttft())} s, "
+                 f"end-to-end {fmt(s.e2e())} s ({how})")
 
     def say(self, text):
         if self.enabled:
@@ -554,6 +559,10 @@ class Bench:
                 return da / dd, f"/metrics {acc[0]} / {drafts[0]}"
         return None, "not reported by the server"
 
+    def tail(self, prompt_len, tokens):
+        """max_tokens for a stream that is stopped early: as asked, within the slot's context."""
+        return min(tokens, self.ctx - prompt_len - 1) if self.ctx else tokens
+
     def out_tokens(self):
         return 1 + self.a.warmup_decode + self.a.window
 
@@ -656,6 +665,7 @@ class Bench:
         a = self.a
         self.progress.case = "stop"
         cancel_ms, disconnect_ms, errors = [], [], []
+        limit = self.tail(a.stop_prompt, a.stop_after + a.stop_tail)
         for i in range(a.repeat):
             # Cancel through the API (ferry: POST /v1/requests/{id}/cancel); DONE = [DONE] arrives.
             stop = {}
@@ -667,18 +677,17 @@ class Bench:
                         "POST", f"/v1/requests/{s.request_id}/cancel", timeout=30)[0])).start()
                 return None
             if self.server.has_cancel:
-                s = self.run_stream(f"stop{i + 1}", self.prompts.make(a.stop_prompt), a.stop_after + a.stop_tail,
-                                    on_tokens=on_tokens)
+                s = self.run_stream(f"stop{i + 1}", self.prompts.make(a.stop_prompt), limit, on_tokens=on_tokens)
                 if "at" in stop and s.done_at:
                     cancel_ms.append((s.done_at - stop["at"]) * 1000)
                 elif "at" in stop:
                     errors.append(f"the stream ended without [DONE] after the cancel: {s.error or s.http_error}")
-                if s.tokens() >= a.stop_after + a.stop_tail:
+                if s.tokens() >= limit:
                     errors.append("the cancelled stream ran to its full length")
                 self.wait_idle()
             # A client that leaves: DONE = the server's /slots shows the slot idle.
             if self.server.has_slots:
-                s = self.run_stream(f"leave{i + 1}", self.prompts.make(a.stop_prompt), a.stop_after + a.stop_tail,
+                s = self.run_stream(f"leave{i + 1}", self.prompts.make(a.stop_prompt), limit,
                                     on_tokens=lambda s: "close" if s.tokens() >= a.stop_after else None)
                 if s.closed_at:
                     self.wait_idle(timeout=60)
@@ -730,11 +739,12 @@ class Bench:
                 quit_at["sent"] = True
                 self.server.request("POST", f"/v1/requests/{s.request_id}/cancel", timeout=30)
             return None
-        first = self.run_stream("cancelled", prompt, a.stop_after + a.stop_tail, on_tokens=on_tokens)
+        limit = self.tail(a.stop_prompt, a.stop_after + a.stop_tail)
+        first = self.run_stream("cancelled", prompt, limit, on_tokens=on_tokens)
         idle1 = self.wait_idle()
         again = self.run_stream("reused", prompt, a.reuse_tokens)
         idle2 = self.wait_idle()
-        ok = (first.tokens() < a.stop_after + a.stop_tail and again.ok() and again.tokens() == a.reuse_tokens
+        ok = (first.tokens() < limit and again.ok() and again.tokens() == a.reuse_tokens
               and again.finish_reason == "length" and idle1 and idle2)
         self.results["reuse"] = {"ok": ok, "cancelled_tokens": first.tokens(), "reused_tokens": again.tokens(),
                                  "reused_cached_tokens": again.cached(), "slots_idle_after": idle2,
@@ -877,8 +887,8 @@ class Bench:
                 late_thread.append(threading.Thread(target=late))
                 late_thread[0].start()
             return None
-        s = self.run_stream("draining", self.prompts.make(a.stop_prompt), a.stop_after + a.shutdown_tail,
-                            on_tokens=on_tokens)
+        s = self.run_stream("draining", self.prompts.make(a.stop_prompt),
+                            self.tail(a.stop_prompt, a.stop_after + a.shutdown_tail), on_tokens=on_tokens)
         exited_at = None
         deadline = time.perf_counter() + a.shutdown_wait
         while time.perf_counter() < deadline:
