@@ -131,7 +131,7 @@ class Stream:
         return self.token_times[0] - self.sent_at if self.token_times else None
 
     def e2e(self):
-        return self.ended_at - self.sent_at if self.ended_at else None
+        return self.ended_at - self.sent_at if self.ended_at and self.sent_at else None
 
     def tokens(self):
         return len(self.token_times)
@@ -263,6 +263,8 @@ class Server:
                 if self.absorb(s, obj, now) and on_tokens is not None and on_tokens(s) == "close":
                     s.closed_at = time.perf_counter()
                     break
+            if s.done_at is None and s.closed_at is None and s.error is None:
+                s.http_error = "the stream ended without [DONE] (the connection closed)"
         except (OSError, http.client.HTTPException) as e:
             if s.closed_at is None:
                 s.http_error = f"{type(e).__name__}: {e}"
@@ -957,7 +959,9 @@ def table(headers, rows):
 
 
 def markdown(bench):
-    a, R = bench.a, bench.results
+    a = bench.a
+    crashed = {k: v for k, v in bench.results.items() if set(v) == {"ok", "error"}}
+    R = {k: v for k, v in bench.results.items() if k not in crashed}
     seed = a.compare_seed
     rows = []
 
@@ -1013,6 +1017,8 @@ def markdown(bench):
         else:
             text = sd.get("note", "n/a")
         add("shutdown", "clean shutdown", text, "-")
+    for key, r in crashed.items():
+        add(key, f"{key}: FAILED", r["error"], "-")
     headers = ["metric", "client", "server's own timings"] + (["user's V100 (Maya-L)"] if seed else [])
     parts = [f"## Serving benchmark: {bench.model} at {a.url}", "", bench.describe, "", table(headers, rows)]
     cache = R.get("cache")
@@ -1119,7 +1125,10 @@ def main(argv=None):
     server = Server(a.url, a.api_key, a.timeout)
     if a.wait_ready > 0:
         wait_ready(server, a.wait_ready)
-    status, models, _ = server.request("GET", "/v1/models", timeout=30)
+    try:
+        status, models, _ = server.request("GET", "/v1/models", timeout=30)
+    except OSError as e:
+        raise SystemExit(f"cannot reach {a.url}: {e}")
     if status != 200 or not isinstance(models, dict) or not models.get("data"):
         raise SystemExit(f"GET /v1/models: HTTP {status}: {str(models)[:300]}")
     info = models["data"][0]
@@ -1142,10 +1151,13 @@ def main(argv=None):
     started = time.perf_counter()
     for case in a.case_list:
         progress.say(f"== {case}")
-        if case in ("warm", "long"):
-            bench.single(case, a.prompt if case == "warm" else a.long_prompt)
-        else:
-            getattr(bench, {"stop": "stop_done"}.get(case, case))()
+        try:
+            if case in ("warm", "long"):
+                bench.single(case, a.prompt if case == "warm" else a.long_prompt)
+            else:
+                getattr(bench, {"stop": "stop_done"}.get(case, case))()
+        except (OSError, http.client.HTTPException) as e:  # the server went away: say so, go on
+            bench.results[case] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     progress.close()
     md = markdown(bench)
     sys.stdout.write(md)
