@@ -344,6 +344,7 @@ class Progress:
         with self.lock:
             if s in self.streams:
                 self.streams.remove(s)
+            self.slots_text, self.prefilling = "", []  # the next poll says what is still prefilling
         if s.ok() and s.ttft() and s.prompt_tokens and (s.cached() or 0) < s.prompt_tokens:
             self.prefill_rate = (s.prompt_tokens - (s.cached() or 0)) / s.ttft()
         how = "client left" if s.closed_at else (s.error or s.http_error or s.finish_reason or "ended")
