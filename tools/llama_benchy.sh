@@ -41,6 +41,7 @@ cleanup() {
   kill "$server" 2>/dev/null && wait "$server" 2>/dev/null
 }
 trap 'cleanup; exit 130' INT TERM
+trap cleanup EXIT  # whatever way this script ends, the server it started does not outlive it
 
 url="" book_port=""
 while [[ -z $url || -z $book_port ]]; do
