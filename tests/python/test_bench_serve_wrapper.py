@@ -17,7 +17,8 @@ TINY = ["--prompt", "128", "--warmup-decode", "8", "--window", "16", "--warmup-p
 def run_wrapper(ferry_bin, tmp_path, cases):
     out = tmp_path / f"{cases}.json"
     serve = ["--threads", "1", *shlex.split(os.environ.get("FERRY_SERVE_ARGS", ""))]
-    p = subprocess.run(["bash", str(WRAPPER), "--ferry", ferry_bin, *serve, "--", "--cases", cases,
+    p = subprocess.run(["bash", str(WRAPPER), "--ferry", ferry_bin, "--log", str(tmp_path / "serve.log"), *serve,
+                        "--", "--cases", cases,
                         "--json", str(out), *TINY], capture_output=True, text=True, timeout=300)
     return p, (json.loads(out.read_text()) if out.exists() else None)
 
