@@ -54,19 +54,31 @@ void end_with_error(bridge_pointer self, const ApiError& e) {
   st.job.channel->end_events();
 }
 
+// The SSE headers go out when the request gets a slot, so a client knows it was admitted; the first
+// event waits for the first token (see announce_role).
 void start_events(bridge_pointer self) {
   BridgeState& st = self->state;
   if (st.events_started || st.client_gone) return;
   st.events_started = true;
   st.job.channel->start_events();
-  if (st.chat) {
-    ChatChunk first;
-    first.id = st.response_id;
-    first.created = st.job.created;
-    first.model = st.options.model;
-    first.role = true;
-    send_event(self, to_json(first));
-  }
+}
+
+// A chat stream's first event announces role "assistant". It is sent with the first token, not at
+// admission: clients time the first event as the end of prefill (llama-benchy's prompt speed is
+// prompt tokens / time to the first chunk with a choice), and vLLM (on the engine's first output)
+// and llama.cpp (with the first decoded token) send it then too. Sent before prefill, it made
+// prompt processing look 200 times faster than it is.
+void announce_role(bridge_pointer self) {
+  BridgeState& st = self->state;
+  if (!st.chat || !st.options.stream || st.role_sent || st.client_gone) return;
+  start_events(self);
+  st.role_sent = true;
+  ChatChunk first;
+  first.id = st.response_id;
+  first.created = st.job.created;
+  first.model = st.options.model;
+  first.role = true;
+  send_event(self, to_json(first));
 }
 
 std::vector<ToolCallDeltaOut> tool_deltas(const BridgeState& st, const std::vector<model::ToolCallDelta>& deltas) {
@@ -92,6 +104,7 @@ void send_delta(bridge_pointer self, const StreamDelta& delta, std::optional<std
   const bool ids = st.options.return_token_ids && !delta.token_ids.empty();
   if (delta.empty() && !ids && !finish_reason) return;
   if (st.chat) {
+    announce_role(self);
     ChatChunk c;
     c.id = st.response_id;
     c.created = st.job.created;
@@ -329,6 +342,7 @@ actors::bridge_actor::behavior_type bridge(bridge_pointer self, BridgeJob job) {
       },
       [self](const actors::TokensGenerated& generated) {
         BridgeState& st = self->state;
+        announce_role(self);  // even when the first token shows no text yet (held bytes, a marker)
         for (int32_t token : generated.tokens) {
           const bool was_stopped = st.stream->stopped_by_string();
           StreamDelta delta = st.stream->push(token);

@@ -31,6 +31,7 @@ struct BridgeState {
   std::vector<int32_t> prompt;
   std::optional<GenerationStream> stream;
   bool events_started = false;  // SSE headers sent
+  bool role_sent = false;       // the chat stream's first event (with the first token)
   bool client_gone = false;
   bool cancel_sent = false;
 };
