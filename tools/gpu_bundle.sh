@@ -46,7 +46,8 @@ printf '#!/usr/bin/env bash\nbuilt_for="%s"  # the architectures the build has c
 cat >> "$out/run-gpu-tests.sh" <<'RUN'
 # Runs on the GPU machine: the cuda-labelled tests, then every reference fixture through
 # `ferry eval-ref --backend cuda` (f32: max |delta| <= 5e-3 vs transformers; q4_k and q8_0: top-1
-# agreement with the CPU backend >= 99.5%), then which device code ran: on a GPU whose architecture
+# agreement with the CPU backend >= 99.5%), the f32 conversions also split into 2, 3 and 4 stages on
+# device 0 (as the fixture's layers allow), then which device code ran: on a GPU whose architecture
 # the build has no code for (the Volta build on a newer GPU), it must be code the driver compiled
 # from the embedded PTX. Extra arguments go to the GoogleTest binary.
 # Exit status: the number of failed checks (0 = all passed).
@@ -90,6 +91,18 @@ for case_dir in "$here"/fixtures/*/; do
         echo "FAIL eval-ref $case $t chunk $chunk"; cat "$work/eval.log"; failed=$((failed + 1))
       fi
     done
+  done
+  # The same f32 case as pipeline stages on one device: boundaries spread evenly over its layers.
+  layers=$(sed -n 's/.*"num_hidden_layers": *\([0-9]*\).*/\1/p' "$case_dir/config.json" | head -n 1)
+  for stages in 2 3 4; do
+    [ -n "$layers" ] && [ "$stages" -le "$layers" ] || continue
+    split=$(seq 1 $((stages - 1)) | while read -r i; do echo $((i * layers / stages)); done | paste -sd,)
+    if "$here/ferry" eval-ref --backend cuda --split "$split" --model "$work/$case-f32.gguf" --reference "$case_dir" \
+        --chunk 7 --tolerance 5e-3 >"$work/eval.log" 2>&1; then
+      echo "PASS eval-ref $case f32 split $split: $(grep -E 'max\|delta\|' "$work/eval.log" | tr '\n' ' ')"
+    else
+      echo "FAIL eval-ref $case f32 split $split"; cat "$work/eval.log"; failed=$((failed + 1))
+    fi
   done
 done
 sm=${kernels%% *}

@@ -53,6 +53,20 @@ def test_f32_matches_transformers(ferry_bin, gguf_dir, case, chunk):
             assert same == total, line
 
 
+@pytest.mark.parametrize("case", CASES)
+def test_f32_split_into_stages_matches_transformers(ferry_bin, gguf_dir, case):
+    """The CPU backend with the model as pipeline stages: 2, 3 and 4 as the case's layers allow."""
+    m = model(ferry_bin, gguf_dir, case, "f32")
+    layers = json.loads((FIXTURES / case / "config.json").read_text())
+    layers = layers.get("text_config", layers)["num_hidden_layers"]
+    for stages in range(2, min(4, layers) + 1):
+        split = ",".join(str(i * layers // stages) for i in range(1, stages))
+        r = subprocess.run([ferry_bin, "eval-ref", "--model", str(m), "--reference", str(FIXTURES / case), "--split",
+                            split, "--chunk", "7", "--threads", "2"], capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"{stages} stages" in r.stdout and "PASS" in r.stdout, r.stdout
+
+
 @pytest.mark.parametrize("qtype", ["q8_0", "q4_k"])
 @pytest.mark.parametrize("case", CASES)
 def test_quantized_close_to_f32(ferry_bin, gguf_dir, case, qtype):
