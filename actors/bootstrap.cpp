@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "actors/expert_cache_actor.hpp"
 #include "actors/scheduler_actor.hpp"
 #include "actors/stage_actor.hpp"
 
@@ -23,17 +24,22 @@ PlannerLimits planner_limits(const config::ServeConfig& config, const model::Pip
   return limits;
 }
 
-Engine spawn_engine(caf::actor_system& system, const config::ServeConfig& config, const model::Pipeline& pipeline,
+Engine spawn_engine(caf::actor_system& system, const config::ServeConfig& config, const EngineModel& model,
                     bool detached_stages) {
+  const model::Pipeline& pipeline = *model.pipeline;
   Engine engine;
+  if (model.experts) {
+    engine.experts = system.spawn(expert_cache, model.experts, model.expert_stage, config.memory.expert_stats);
+  }
   engine.limits = planner_limits(config, pipeline);
   const auto& stages = pipeline.stages();
   engine.stages.resize(stages.size());
   std::optional<stage_actor> next;
   for (size_t i = stages.size(); i-- > 0;) {
     const auto index = static_cast<uint32_t>(i);
-    engine.stages[i] = detached_stages ? system.spawn<caf::detached>(stage, stages[i], index, next, config.inject_fault)
-                                       : system.spawn(stage, stages[i], index, next, config.inject_fault);
+    engine.stages[i] = detached_stages
+                           ? system.spawn<caf::detached>(stage, stages[i], index, next, config.inject_fault, engine.experts)
+                           : system.spawn(stage, stages[i], index, next, config.inject_fault, engine.experts);
     next = engine.stages[i];
   }
   std::vector<StageStatus> statuses(stages.size());
@@ -49,6 +55,7 @@ Engine spawn_engine(caf::actor_system& system, const config::ServeConfig& config
 void stop_engine(const Engine& engine) {
   caf::anon_send_exit(engine.scheduler, caf::exit_reason::user_shutdown);
   for (const stage_actor& s : engine.stages) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+  if (engine.experts) caf::anon_send_exit(*engine.experts, caf::exit_reason::user_shutdown);
 }
 
 void configure_actor_system(caf::actor_system_config& cfg) {

@@ -1,23 +1,35 @@
 #pragma once
 // Spawns the engine graph of a run from its configuration: one stage actor per stage of the model's
 // pipeline (each on a thread of its own, so that they work on different steps at once), chained from
-// the first to the last, and the scheduler that drives them. HTTP bridges attach to the scheduler.
+// the first to the last, the scheduler that drives them, and the expert-cache actor when some stage
+// keeps an expert pool. HTTP bridges attach to the scheduler.
 #include <caf/all.hpp>
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "actors/protocol.hpp"
 #include "actors/step_planner.hpp"
 #include "config/serve_config.hpp"
+#include "model/expert_policy.hpp"
 #include "model/pipeline.hpp"
 
 namespace ferry::actors {
 
 struct Engine {
   scheduler_actor scheduler;
-  std::vector<stage_actor> stages;  // in pipeline order
-  PlannerLimits limits;             // as effective
+  std::vector<stage_actor> stages;          // in pipeline order
+  std::optional<expert_cache_actor> experts;  // when some stage keeps an expert pool
+  PlannerLimits limits;                     // as effective
+};
+
+// What the engine runs: the model's stages, and the policy of their expert pools when some stage has
+// one (gpu::OpenedModel has all three).
+struct EngineModel {
+  const model::Pipeline* pipeline = nullptr;
+  std::shared_ptr<model::ExpertPolicy> experts;
+  std::vector<int> expert_stage;  // per stage: its number in the policy, -1 none
 };
 
 // The scheduler's limits from the configuration and the pipeline: one step in flight per stage, one
@@ -26,7 +38,7 @@ PlannerLimits planner_limits(const config::ServeConfig& config, const model::Pip
 
 // Stage actors run detached (a thread each); `detached_stages` false puts them on the actor system's
 // scheduler like any actor, for the deterministic test scheduler.
-Engine spawn_engine(caf::actor_system& system, const config::ServeConfig& config, const model::Pipeline& pipeline,
+Engine spawn_engine(caf::actor_system& system, const config::ServeConfig& config, const EngineModel& model,
                     bool detached_stages = true);
 
 // Ends every actor of the engine (shutdown).

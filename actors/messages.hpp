@@ -28,6 +28,27 @@ typename Inspector::result_type inspect(Inspector& f, SlotRows& x) {
   return f(x.slot, x.start, x.tokens, x.logits_all, x.sample, x.sampling);
 }
 
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ExpertId& x) {
+  return f(x.layer, x.expert);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ExpertMove& x) {
+  return f(x.promote, x.promote_host, x.evict, x.evict_host, x.copy_evicted);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, RouteCounts& x) {
+  return f(x.layers, x.experts, x.counts);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ExpertTierCounters& x) {
+  return f(x.routes, x.hits, x.misses_mapped, x.misses_uploaded, x.bytes_mapped, x.bytes_uploaded, x.promotions,
+           x.evictions, x.pool_slots, x.pool_used);
+}
+
 }  // namespace ferry::model
 
 namespace ferry::actors {
@@ -136,6 +157,22 @@ struct StageStatus {
   uint64_t handoff_bytes = 0;
   double handoff_ms = 0;
   double compute_ms = 0;
+  bool tiered = false;                  // the stage keeps a pool of routed experts
+  model::ExpertTierCounters experts;    // when tiered
+};
+
+// ---- stages <-> expert cache ---------------------------------------------------------------------
+
+// A tiered stage's routes since its last report, and the swaps it finished (after every step).
+struct ExpertReport {
+  uint32_t stage = 0;  // in the pipeline
+  model::RouteCounts routes;
+  std::vector<model::ExpertMove> finished;
+};
+
+// Swaps for a stage to start; they finish over its next steps.
+struct ExpertMoves {
+  std::vector<model::ExpertMove> moves;
 };
 
 // A step on its way down the pipeline: the plan, the previous stage's output, and the statuses of
@@ -259,7 +296,15 @@ typename Inspector::result_type inspect(Inspector& f, SampledToken& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StageStatus& x) {
   return f(x.index, x.layers, x.backend, x.failed, x.failure, x.steps, x.rows, x.handoff_bytes, x.handoff_ms,
-           x.compute_ms);
+           x.compute_ms, x.tiered, x.experts);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ExpertReport& x) {
+  return f(x.stage, x.routes, x.finished);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ExpertMoves& x) {
+  return f(x.moves);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepOutcome& x) {

@@ -9,6 +9,7 @@
 //   bridge <--RequestStarted / TokensGenerated / RequestFinished-- scheduler
 //   admin (http/ handlers) --ReleaseSlot / CancelRequest / snapshot--> scheduler, status --> stages
 //   main --DrainRequest--> scheduler (the reply comes when every slot is idle)
+//   tiered stage --ExpertReport--> expert cache --ExpertMoves--> that stage (between its steps)
 #include <caf/all.hpp>
 
 #include "actors/messages.hpp"
@@ -35,7 +36,11 @@ using bridge_actor = request_sink_actor::extend<caf::reacts_to<client_gone_atom>
 
 // Owns one stage; runs one step per message and passes it on (or answers, when last or failed).
 using stage_actor = caf::typed_actor<caf::replies_to<step_atom, StageWork>::with<StepOutcome>,
-                                     caf::replies_to<status_atom>::with<StageStatus>>;
+                                     caf::replies_to<status_atom>::with<StageStatus>,
+                                     caf::reacts_to<ExpertMoves>>;
+
+// Owns the expert policy: learns from the tiered stages' reports, answers with swaps.
+using expert_cache_actor = caf::typed_actor<caf::reacts_to<ExpertReport>>;
 
 // Admission, slot choice, step planning; forwards tokens to each request's sink.
 using scheduler_actor =

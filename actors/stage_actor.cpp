@@ -3,13 +3,17 @@
 namespace ferry::actors {
 namespace {
 
-void note_counters(StageStatus& status, const model::Stage& stage) {
+void note_counters(StageStatus& status, model::Stage& stage) {
   const model::StageCounters c = stage.counters();
   status.steps = c.steps;
   status.rows = c.rows;
   status.handoff_bytes = c.handoff_bytes;
   status.handoff_ms = c.handoff_ms;
   status.compute_ms = c.compute_ms;
+  if (model::ExpertTier* tier = stage.experts()) {
+    status.tiered = true;
+    status.experts = tier->counters();
+  }
 }
 
 }  // namespace
@@ -25,7 +29,8 @@ Expected<model::StageOutput> run_stage_step(model::Stage& stage, const StepPlan&
 }
 
 stage_actor::behavior_type stage(stage_actor::stateful_pointer<StageState> self, std::shared_ptr<model::Stage> stage,
-                                 uint32_t index, std::optional<stage_actor> next, std::optional<config::InjectedFault> fault) {
+                                 uint32_t index, std::optional<stage_actor> next,
+                                 std::optional<config::InjectedFault> fault, std::optional<expert_cache_actor> experts) {
   StageState& st = self->state;
   st.status.index = index;
   st.status.layers = model::describe_layers(stage->layers());
@@ -33,6 +38,8 @@ stage_actor::behavior_type stage(stage_actor::stateful_pointer<StageState> self,
   st.stage = std::move(stage);
   st.next = std::move(next);
   st.fault = fault;
+  st.experts = std::move(experts);
+  note_counters(st.status, *st.stage);
   return {
       [self](step_atom, StageWork& work) -> caf::result<StepOutcome> {
         StageState& st = self->state;
@@ -65,6 +72,9 @@ stage_actor::behavior_type stage(stage_actor::stateful_pointer<StageState> self,
         auto output = run_stage_step(*st.stage, plan, work.handoff.get());
         note_counters(st.status, *st.stage);
         if (!output) return answer_error(output.error());
+        if (model::ExpertTier* tier = st.stage->experts(); tier != nullptr && st.experts) {
+          self->send(*st.experts, ExpertReport{st.status.index, tier->take_route_counts(), tier->take_finished_moves()});
+        }
         work.stages.push_back(st.status);
         if (st.next) {
           return self->delegate(*st.next, step_atom_v, StageWork{work.plan, std::move(output->handoff), std::move(work.stages)});
@@ -78,6 +88,12 @@ stage_actor::behavior_type stage(stage_actor::stateful_pointer<StageState> self,
         return out;
       },
       [self](status_atom) -> StageStatus { return self->state.status; },
+      [self](const ExpertMoves& m) {
+        StageState& st = self->state;
+        model::ExpertTier* tier = st.stage->experts();
+        if (tier == nullptr || st.status.failed) return;
+        tier->start_moves(m.moves);
+      },
   };
 }
 

@@ -17,11 +17,15 @@ struct StageState {
   std::shared_ptr<model::Stage> stage;
   std::optional<stage_actor> next;
   std::optional<config::InjectedFault> fault;
+  std::optional<expert_cache_actor> experts;  // where a tiered stage reports its routes
   StageStatus status;
 };
 
+// A tiered stage (one whose Stage::experts() is set) reports to `experts` after every step and
+// starts the swaps it answers with between steps.
 stage_actor::behavior_type stage(stage_actor::stateful_pointer<StageState> self, std::shared_ptr<model::Stage> stage,
-                                 uint32_t index, std::optional<stage_actor> next, std::optional<config::InjectedFault> fault);
+                                 uint32_t index, std::optional<stage_actor> next,
+                                 std::optional<config::InjectedFault> fault, std::optional<expert_cache_actor> experts);
 
 // The step on one stage, without the actor: the plan's resets, then its rows through the stage.
 Expected<model::StageOutput> run_stage_step(model::Stage& stage, const StepPlan& plan, const model::Handoff* in);

@@ -31,6 +31,9 @@ ServeCli::ServeCli(CLI::App& cmd) : cmd_(cmd) {
   add("model", "type", c.model.synthetic_type, "ggml type of the synthetic weights' large matrices")
       ->capture_default_str();
   add("model", "synthetic-seed", c.model.synthetic_seed, "seed of the synthetic weights")->capture_default_str();
+  add("model", "route-skew", c.model.route_skew,
+      "with --synthetic: routers prefer experts by a stable random rank, choice score -S*ln(rank) (0: none)")
+      ->capture_default_str();
   add("model", "tokenizer", c.model.tokenizer_path,
       "with --synthetic: a GGUF file or Hugging Face tokenizer directory to read text with (default: a "
       "placeholder where ids 0-255 are bytes and id N >= 256 is the text <|tN|>)");
@@ -46,6 +49,10 @@ ServeCli::ServeCli(CLI::App& cmd) : cmd_(cmd) {
   add("devices", "micro-batches", c.devices.split.micro_batches,
       "decode micro-batches kept in flight through the stages (0: one per device in use)")
       ->capture_default_str();
+
+  for_each_memory_option(memory_, [&](const std::string& name, std::string& value, const std::string& help) {
+    add("memory", name, value, help)->capture_default_str();
+  });
 
   add("slots", "slots", c.slots.count, "concurrent requests")->capture_default_str();
   add("slots", "ctx", c.slots.ctx, "tokens per slot, prompt + completion")->capture_default_str();
@@ -126,6 +133,7 @@ std::vector<std::string> ServeCli::finish() {
   if (!body_limit) errors.push_back("--max-body: " + body_limit.error().message);
   else config_.server.max_body_bytes = *body_limit;
   if (auto e = parse_split(split_, config_.devices.split)) errors.push_back(e->message);
+  for (auto& e : parse_memory_options(memory_, config_.memory)) errors.push_back(std::move(e));
   if (!devices_.empty()) {
     if (auto e = parse_devices(devices_, config_.devices.split)) errors.push_back(e->message);
   }

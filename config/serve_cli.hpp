@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "config/memory_options.hpp"
 #include "config/serve_config.hpp"
 
 namespace ferry::config {
@@ -34,6 +35,7 @@ class ServeCli {
   ServeConfig config_;
   std::string config_file_;
   std::string max_body_, split_ = "none", devices_, inject_fault_;
+  MemoryOptionsText memory_;
   std::map<std::string, std::string> sections_;  // option name (no "--") -> its section
 };
 

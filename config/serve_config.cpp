@@ -80,6 +80,10 @@ std::vector<std::string> validate(const ServeConfig& c) {
         bad("drain-timeout", c.server.drain_timeout_s, "seconds in [0, 86400]"));
   check(c.devices.split.micro_batches <= 64,
         bad("micro-batches", c.devices.split.micro_batches, "0 (one per device) to 64"));
+  check(std::isfinite(c.model.route_skew) && c.model.route_skew >= 0 && c.model.route_skew <= 10,
+        bad("route-skew", c.model.route_skew, "a number in [0, 10]"));
+  check(c.model.route_skew == 0 || !c.model.synthetic_config.empty(),
+        bad("route-skew", c.model.route_skew, "0 without --synthetic (a model file routes as it was trained)"));
   const SamplingDefaults& s = c.sampling;
   check(std::isfinite(s.temperature) && s.temperature >= 0 && s.temperature <= 2,
         bad("temperature", s.temperature, "a number in [0, 2]"));

@@ -1,6 +1,6 @@
 #pragma once
 // The typed configuration of `ferry serve`: every option with its default and unit, in one place, in
-// the sections a TOML file names ([model], [devices], [slots], [server], [sampling]). The command line
+// the sections a TOML file names ([model], [devices], [memory], [slots], [server], [sampling]). The command line
 // and the TOML file fill it (config/serve_cli.hpp); validate() checks it and names each bad field, its
 // value and what was expected.
 #include <cstdint>
@@ -23,6 +23,9 @@ struct ModelConfig {
   std::string synthetic_config;
   std::string synthetic_type = "q4_k";  // ggml type of the large matrices
   uint64_t synthetic_seed = 1;
+  // Synthetic routers prefer experts by a stable random rank: each expert's choice score gets
+  // -route_skew * ln(rank) (0: no preference; real models route far from uniformly).
+  float route_skew = 0;
   std::string tokenizer_path;
 };
 
@@ -31,6 +34,19 @@ struct DevicesConfig {
   std::string backend = "auto";  // cpu, cuda, or auto (cuda when built with it and a GPU is visible)
   uint32_t threads = 0;          // CPU backend threads; 0 = every core
   StageSplit split;              // --devices and --split
+};
+
+// Where the routed experts live when the devices cannot hold them all: a pool on each device and the
+// host expert store (pinned RAM), within these budgets. Sizes are bytes.
+struct MemoryConfig {
+  std::vector<uint64_t> expert_pool_caps;       // per device in use (--expert-pool-cap); empty: what each has left
+  std::optional<uint64_t> host_expert_budget;   // the experts no pool holds (--host-expert-budget); none: as needed
+  uint64_t expert_shadow = 8ull << 30;          // host copies of pooled experts, kept for cheap eviction
+  uint64_t ram_floor = 20ull << 30;             // RAM kept free (--ram-floor)
+  uint64_t device_margin = 3ull << 29;          // device memory left for the CUDA context, cuBLAS and graphs
+  uint64_t prefill_staging = 2ull << 30;        // per stage: room to upload a layer's missing experts, twice
+  std::string miss_path = "auto";               // prefill misses: auto, mapped (read host memory) or upload
+  std::string expert_stats;                     // route counts saved at shutdown, read at start (warm start)
 };
 
 struct SlotsConfig {
@@ -73,6 +89,7 @@ Expected<InjectedFault> parse_fault(const std::string& text);
 struct ServeConfig {
   ModelConfig model;
   DevicesConfig devices;
+  MemoryConfig memory;
   SlotsConfig slots;
   ServerConfig server;
   SamplingDefaults sampling;

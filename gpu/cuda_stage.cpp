@@ -38,6 +38,7 @@ struct CudaStage::Impl {
   Stream compute, copy;
   blas::Handle cublas = nullptr;
   std::optional<DeviceWeights> weights;
+  std::unique_ptr<StageExperts> experts;  // when the device holds only some routed experts
   std::optional<StageState> state;
   std::optional<Workspace> work;
   std::optional<StepInput> input;
@@ -92,7 +93,7 @@ struct CudaStage::Impl {
     work.emplace(hp, layers, opt.max_step_rows, opt.max_context);
     FERRY_CUBLAS(blas::api().set_workspace(cublas, work->cublas_ws, Workspace::kCublasWorkspace));
     input.emplace(opt.max_step_rows);
-    runner.emplace(hp, *weights, *state, *work, cublas, s());
+    runner.emplace(hp, *weights, *state, *work, experts.get(), cublas, s());
     if (last()) head.emplace(hp, *weights, *work, *runner, s());
     FERRY_CUDA(cudaDeviceSynchronize());
     note_peak();
@@ -155,8 +156,14 @@ CudaStage::~CudaStage() {
 
 Expected<std::unique_ptr<CudaStage>> CudaStage::from_weights(const model::Glm5Weights& weights,
                                                              model::LayerRange layers, const CudaStageOptions& opt) {
-  auto impl = make_impl(weights.hparams(), layers, opt,
-                        [&](Impl& m) { m.weights.emplace(DeviceWeights::upload(weights, layers, m.s())); });
+  auto impl = make_impl(weights.hparams(), layers, opt, [&](Impl& m) {
+    m.weights.emplace(DeviceWeights::upload(weights, layers, !opt.tiers, m.s()));
+    if (opt.tiers) {
+      const auto source = file_experts(weights);
+      m.experts = std::make_unique<StageExperts>(m.hp, layers, *source, opt.tiers->host, opt.tiers->plan, m.s(),
+                                                 m.copy.get());
+    }
+  });
   if (!impl) return impl.error();
   return std::unique_ptr<CudaStage>(new CudaStage(std::move(impl.value())));
 }
@@ -167,7 +174,12 @@ Expected<std::unique_ptr<CudaStage>> CudaStage::synthetic(const SyntheticModel& 
   if (!problems.empty()) return Error(ErrorCode::invalid_input, "synthetic model: " + problems.front());
   auto impl = make_impl(model.hparams, layers, opt, [&](Impl& m) {
     m.synthetic = true;
-    m.weights.emplace(DeviceWeights::synthesize(model, layers, m.s()));
+    m.weights.emplace(DeviceWeights::synthesize(model, layers, !opt.tiers, m.s()));
+    if (opt.tiers) {
+      const auto source = synthetic_experts(model);
+      m.experts = std::make_unique<StageExperts>(m.hp, layers, *source, opt.tiers->host, opt.tiers->plan, m.s(),
+                                                 m.copy.get());
+    }
   });
   if (!impl) return impl.error();
   return std::unique_ptr<CudaStage>(new CudaStage(std::move(impl.value())));
@@ -190,6 +202,7 @@ Expected<model::StageOutput> CudaStage::Impl::run(const std::vector<model::SlotR
   for (const model::SlotRows& r : rows) {
     if (r.start == 0 && !r.tokens.empty()) state->zero_slot(r.slot, s());
   }
+  if (experts) experts->before_step();
   const StepGeometry g = input->stage(rows, last(), last() ? work->logit_rows : 1, s());
   const int32_t* tokens = first() ? input->tokens() : nullptr;
   model::StageOutput output;
@@ -205,6 +218,7 @@ Expected<model::StageOutput> CudaStage::Impl::run(const std::vector<model::SlotR
     runner->forward(layers, g, tokens);
     if (last()) output.results = head->results(rows, *input);
   }
+  if (experts) experts->after_step();
   for (const model::SlotRows& r : rows) {
     if (!r.tokens.empty()) state->tokens[r.slot] = r.start + static_cast<uint32_t>(r.tokens.size());
   }
@@ -318,6 +332,8 @@ std::string CudaStage::device_name() const { return impl_->name; }
 bool CudaStage::synthetic_weights() const { return impl_->synthetic; }
 std::string CudaStage::handoff_path() const { return impl_->out ? impl_->out->path() : std::string(); }
 
+model::ExpertTier* CudaStage::experts() { return impl_->experts.get(); }
+
 model::StageCounters CudaStage::counters() const {
   impl_->collect_copy_time();
   return impl_->counters;
@@ -342,6 +358,7 @@ uint64_t CudaStage::decode_bytes_per_token(uint64_t depth) const {
   uint64_t b = m.weights->decode_bytes(z.k, z.E) + uint64_t{z.D} * 4;
   for (uint32_t il = m.layers.first; il < m.layers.end; ++il) {
     const DevLayer& l = m.weights->layer(il);
+    if (m.experts && l.ffn == model::FfnKind::moe) b += uint64_t{z.k} * m.experts->shape(il).bytes;
     if (l.kind == model::LayerKind::kda) {
       b += 2ull * z.kda_nh * z.kda_hd * z.kda_hd * 4;  // recurrent state read and written
     } else {
@@ -351,27 +368,6 @@ uint64_t CudaStage::decode_bytes_per_token(uint64_t depth) const {
     }
   }
   return b;
-}
-
-double measure_copy_bandwidth(int device, uint64_t bytes, int reps) {
-  FERRY_CUDA(cudaSetDevice(device));
-  DeviceBuffer a(bytes), b(bytes);
-  Stream st;
-  FERRY_CUDA(cudaMemsetAsync(a.get(), 1, bytes, st.get()));
-  for (int i = 0; i < 3; ++i) FERRY_CUDA(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, st.get()));
-  std::vector<float> ms;
-  Event e0, e1;
-  for (int i = 0; i < std::max(reps, 1); ++i) {
-    e0.record(st.get());
-    FERRY_CUDA(cudaMemcpyAsync(i % 2 ? a.get() : b.get(), i % 2 ? b.get() : a.get(), bytes, cudaMemcpyDeviceToDevice,
-                               st.get()));
-    e1.record(st.get());
-    st.synchronize();
-    ms.push_back(e1.since(e0));
-  }
-  std::sort(ms.begin(), ms.end());
-  const double med = ms[ms.size() / 2];
-  return 2.0 * static_cast<double>(bytes) / (med * 1e-3);
 }
 
 }  // namespace ferry::gpu

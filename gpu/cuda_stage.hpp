@@ -9,9 +9,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "gpu/device_weights.hpp"
+#include "gpu/host_expert_store.hpp"
+#include "gpu/stage_experts.hpp"
 #include "model/stage.hpp"
 
 namespace ferry::model {
@@ -20,12 +23,20 @@ class Glm5Weights;
 
 namespace ferry::gpu {
 
+// A stage whose device holds only some of its routed experts: the host store it shares with the
+// other stages, and what its own pool starts with.
+struct StageExpertTiers {
+  std::shared_ptr<HostExpertStore> host;
+  StageExpertsPlan plan;
+};
+
 struct CudaStageOptions {
   int device = 0;
   uint32_t max_slots = 4;
   uint32_t max_context = 8192;
   uint32_t max_step_rows = 2048;  // rows of one step (a prefill chunk plus decode rows)
   bool graphs = true;             // replay decode steps from CUDA graphs
+  std::optional<StageExpertTiers> tiers;  // none: every routed expert of the stage on the device
 };
 
 struct DeviceMemoryReport {
@@ -58,6 +69,7 @@ class CudaStage final : public model::Stage {
   Status restore_slot(uint32_t slot, const model::SlotStateImage& image) override;
   const model::SlotStateLayout& state_layout() const override;
   model::StageCounters counters() const override;
+  model::ExpertTier* experts() override;
   std::string describe() const override;
 
   int device() const;
@@ -66,8 +78,8 @@ class CudaStage final : public model::Stage {
   // "peer-to-peer", "same device", ... of the link to the next stage; empty on the last stage.
   std::string handoff_path() const;
   DeviceMemoryReport memory() const;
-  // Bytes a decode step of one row reads from device memory at sequence depth `depth`: the stage's
-  // dense weights, the chosen experts, the head, the KDA state and the DSA rows it touches.
+  // Bytes a decode step of one row reads at sequence depth `depth`: the stage's dense weights, the
+  // chosen experts (wherever they are), the head, the KDA state and the DSA rows it touches.
   uint64_t decode_bytes_per_token(uint64_t depth) const;
 
  private:
@@ -80,8 +92,5 @@ class CudaStage final : public model::Stage {
   std::unique_ptr<Impl> impl_;
 };
 
-// Device-to-device copy bandwidth (bytes read + bytes written per second) of `bytes`-sized buffers,
-// the median of `reps` timed copies after a warm-up. Throws CudaError.
-double measure_copy_bandwidth(int device, uint64_t bytes, int reps);
 
 }  // namespace ferry::gpu

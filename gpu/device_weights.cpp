@@ -3,6 +3,7 @@
 #include <cmath>
 #include <string>
 
+#include "gpu/stage_sizes.hpp"
 #include "model/glm5/glm5_weights.hpp"
 
 namespace ferry::gpu {
@@ -18,9 +19,8 @@ uint64_t mix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// The identity of a synthetic tensor (or one routed expert of it) in synth_fill's hash.
 uint64_t synthetic_id(T role, int32_t layer, uint32_t expert) {
-  return (uint64_t{static_cast<uint8_t>(role)} + 1) << 48 | (uint64_t(int64_t{layer} + 1) << 24) | (uint64_t{expert} + 1);
+  return synthetic_tensor_id(static_cast<uint8_t>(role), layer, expert);
 }
 
 uint64_t rows_of(const model::Glm5TensorSpec& s) { return s.n_elements() / s.dims[0]; }
@@ -92,12 +92,21 @@ class DeviceWeights::Synthesizer final : public DeviceWeights::Source {
       const float u = static_cast<float>(h >> 40) * (2.0f / 16777216.0f) - 1.0f;  // [-1, 1)
       x = spec.role == T::ssm_a ? -std::exp(0.5f + 0.5f * u) : centre + spread * u;
     }
+    if (spec.role == T::ffn_exp_probs_b && m_.route_skew > 0) {
+      // The layer's experts in a random order (Fisher-Yates on the same hash): rank r gets -skew*ln(r).
+      std::vector<uint32_t> order(v.size());
+      for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+      for (size_t i = order.size(); i > 1; --i) {
+        h = mix64(h);
+        std::swap(order[i - 1], order[h % i]);
+      }
+      for (size_t r = 0; r < order.size(); ++r) v[order[r]] -= m_.route_skew * std::log(static_cast<float>(r + 1));
+    }
     return v;
   }
   DevMatrix layout(const model::Glm5TensorSpec& spec) override {
     const uint64_t cols = spec.dims[0];
-    GgmlType t = spec.keep_f32 ? GgmlType::F32 : m_.type;
-    if (cols % model::ggml_type_traits(t).block_elems != 0) t = cols % 32 == 0 ? GgmlType::Q8_0 : GgmlType::F32;
+    const GgmlType t = synthetic_tensor_type(spec, m_.type);
     DevMatrix d;
     d.type = t;
     d.rows = static_cast<uint32_t>(rows_of(spec));
@@ -123,8 +132,8 @@ class DeviceWeights::Synthesizer final : public DeviceWeights::Source {
   const SyntheticModel& m_;
 };
 
-DeviceWeights::DeviceWeights(const model::Glm5Hparams& hp, model::LayerRange layers, Source& source,
-                             cudaStream_t stream)
+DeviceWeights::DeviceWeights(const model::Glm5Hparams& hp, model::LayerRange layers, bool routed_experts,
+                             Source& source, cudaStream_t stream)
     : first_(layers.first) {
   auto upload_vector = [&](const std::vector<float>& v) -> const float* {
     if (v.empty()) return nullptr;
@@ -159,6 +168,7 @@ DeviceWeights::DeviceWeights(const model::Glm5Hparams& hp, model::LayerRange lay
     std::vector<float> conv;
     for (const model::Glm5TensorSpec& spec : model::glm5_layer_tensors(hp, il)) {
       const size_t r = static_cast<size_t>(spec.role);
+      if (spec.expert && !routed_experts) continue;
       if (!model::glm5_tensor_is_vector(spec.role)) {
         l.matrices[r] = upload_matrix(spec);
       } else if (spec.role == T::ssm_conv1d_q || spec.role == T::ssm_conv1d_k || spec.role == T::ssm_conv1d_v) {
@@ -173,14 +183,16 @@ DeviceWeights::DeviceWeights(const model::Glm5Hparams& hp, model::LayerRange lay
   FERRY_CUDA(cudaStreamSynchronize(stream));
 }
 
-DeviceWeights DeviceWeights::upload(const model::Glm5Weights& weights, model::LayerRange layers, cudaStream_t stream) {
+DeviceWeights DeviceWeights::upload(const model::Glm5Weights& weights, model::LayerRange layers, bool routed_experts,
+                                    cudaStream_t stream) {
   FileSource source(weights);
-  return DeviceWeights(weights.hparams(), layers, source, stream);
+  return DeviceWeights(weights.hparams(), layers, routed_experts, source, stream);
 }
 
-DeviceWeights DeviceWeights::synthesize(const SyntheticModel& model, model::LayerRange layers, cudaStream_t stream) {
+DeviceWeights DeviceWeights::synthesize(const SyntheticModel& model, model::LayerRange layers, bool routed_experts,
+                                        cudaStream_t stream) {
   Synthesizer source(model);
-  return DeviceWeights(model.hparams, layers, source, stream);
+  return DeviceWeights(model.hparams, layers, routed_experts, source, stream);
 }
 
 uint64_t DeviceWeights::decode_bytes(uint32_t experts_used, uint32_t experts) const {

@@ -28,6 +28,9 @@ struct SyntheticModel {
   model::Glm5Hparams hparams;
   model::GgmlType type = model::GgmlType::Q4_K;  // of the large matrices; small state stays f32
   uint64_t seed = 1;
+  // Random weights route nearly uniformly, real models do not: with a skew, each layer's router
+  // prefers its experts by a stable random rank (the choice-score bias gets -skew * ln(rank)).
+  float route_skew = 0;
 };
 
 struct DevLayer {
@@ -45,9 +48,12 @@ struct DevLayer {
 
 class DeviceWeights {
  public:
-  // Both throw CudaError: out of device memory, a weight type the kernels cannot read.
-  static DeviceWeights upload(const model::Glm5Weights& weights, model::LayerRange layers, cudaStream_t stream);
-  static DeviceWeights synthesize(const SyntheticModel& model, model::LayerRange layers, cudaStream_t stream);
+  // Both throw CudaError: out of device memory, a weight type the kernels cannot read. Without
+  // `routed_experts` the stacked expert tensors stay out (a StageExperts pool holds them instead).
+  static DeviceWeights upload(const model::Glm5Weights& weights, model::LayerRange layers, bool routed_experts,
+                              cudaStream_t stream);
+  static DeviceWeights synthesize(const SyntheticModel& model, model::LayerRange layers, bool routed_experts,
+                                  cudaStream_t stream);
 
   // Whole-model tensors: the embedding on the first stage, the final norm and head on the last.
   DevMatrix token_embd, output;
@@ -56,14 +62,15 @@ class DeviceWeights {
   const DevLayer& layer(uint32_t index) const { return layers_[index - first_]; }
   uint64_t bytes() const { return bytes_; }
   // Bytes one decoded token reads from these weights: every matrix of the stage once, one row of the
-  // embedding, `experts_used` of each MoE layer's routed experts.
+  // embedding, `experts_used` of each MoE layer's routed experts (when they are here).
   uint64_t decode_bytes(uint32_t experts_used, uint32_t experts) const;
 
  private:
   class Source;
   class FileSource;
   class Synthesizer;
-  DeviceWeights(const model::Glm5Hparams& hp, model::LayerRange layers, Source& source, cudaStream_t stream);
+  DeviceWeights(const model::Glm5Hparams& hp, model::LayerRange layers, bool routed_experts, Source& source,
+                cudaStream_t stream);
 
   uint32_t first_ = 0;
   std::vector<DevLayer> layers_;

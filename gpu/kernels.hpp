@@ -49,6 +49,9 @@ struct MatvecArgs {
   DevMatrix w;
   size_t w_group_bytes = 0;             // offset between groups' matrices
   const int32_t* w_group_index = nullptr;  // when set, group g reads matrix w_group_index[g]
+  // When set, matrix m starts at w_group_ptrs[m] (device or mapped host memory: an expert in the pool
+  // or in the host store) instead of w.data + m * w_group_bytes.
+  const uint8_t* const* w_group_ptrs = nullptr;
   const float* x = nullptr;
   size_t x_tok_stride = 0;              // elements between tokens' x
   size_t x_group_stride = 0;            // elements between groups' x (group g uses g / x_group_div)
@@ -143,6 +146,10 @@ void moe_route(const RouterArgs& a, cudaStream_t stream);
 // y[r] = shared[r] + sum_j weights[r][j] * expert_out[slot(r, j)], slot = where ? where[r*k+j] : r*k+j.
 void moe_combine(const float* expert_out, const int32_t* where, const float* weights, const float* shared,
                  uint32_t rows, uint32_t k, uint32_t D, float* y, cudaStream_t stream);
+// counts[ids[i]] += 1 for i < n (the routes of a step, per expert).
+void count_routes(const int32_t* ids, uint32_t n, uint32_t* counts, cudaStream_t stream);
+// table[index] = value, in stream order (a pointer of an expert table, set without a host buffer).
+void set_table_entry(const uint8_t** table, uint32_t index, const uint8_t* value, cudaStream_t stream);
 // dst[i] = src[index[i]] (rows of n floats).
 void gather_rows(const float* src, const int32_t* index, uint32_t rows, uint32_t n, float* dst, cudaStream_t stream);
 
@@ -236,4 +243,9 @@ namespace ferry::gpu {
 // about +-amplitude (centred), from (seed, tensor_id). F32/F16/BF16 rows hold uniform values.
 void synth_fill(model::GgmlType type, uint8_t* data, size_t rows, uint32_t cols, size_t row_bytes, uint64_t seed,
                 uint64_t tensor_id, float amplitude, cudaStream_t stream);
+// The tensor_id of a synthetic tensor (role, block; -1 for whole-model ones) or of one routed expert
+// of it: wherever the tensor or the expert is made, its bytes are the same.
+inline uint64_t synthetic_tensor_id(uint8_t role, int32_t layer, uint32_t expert) {
+  return (uint64_t{role} + 1) << 48 | (static_cast<uint64_t>(int64_t{layer} + 1) << 24) | (uint64_t{expert} + 1);
+}
 }  // namespace ferry::gpu

@@ -12,8 +12,8 @@ using model::LayerKind;
 using T = model::Glm5Tensor;
 
 LayerRunner::LayerRunner(const model::Glm5Hparams& hp, const DeviceWeights& weights, StageState& state, Workspace& work,
-                         blas::Handle cublas, cudaStream_t stream)
-    : hp_(hp), d_(hp), weights_(weights), state_(state), w_(work), cublas_(cublas), s_(stream) {}
+                         StageExperts* experts, blas::Handle cublas, cudaStream_t stream)
+    : hp_(hp), d_(hp), weights_(weights), state_(state), w_(work), experts_(experts), cublas_(cublas), s_(stream) {}
 
 // The matvec kernels for up to 8 rows, else cuBLAS: fp32 SGEMM for f32 weights; for the rest,
 // tensor-core fp16 GEMMs with fp32 accumulation over split operands (W_hi x_hi + (W_hi x_lo + W_lo
@@ -214,16 +214,16 @@ void LayerRunner::dense_ffn(const DevMatrix& gate, const DevMatrix& up, const De
   mm(down, w_.eg, F, n, y, d_.D);
 }
 
-void LayerRunner::moe_layer(const StepGeometry& g, const DevLayer& l) {
+void LayerRunner::moe_layer(const StepGeometry& g, const DevLayer& l, bool upload_misses) {
   const ModelDims& z = d_;
-  const uint32_t n = g.rows, k = z.k;
+  const uint32_t n = g.rows;
   mm(l.m(T::ffn_gate_inp), w_.x, z.D, n, w_.rlogits, z.E);
   RouterArgs ra;
   ra.logits = w_.rlogits;
   ra.bias = l.v(T::ffn_exp_probs_b);
   ra.rows = n;
   ra.E = z.E;
-  ra.k = k;
+  ra.k = z.k;
   ra.n_group = hp_.n_group;
   ra.topk_group = hp_.topk_group;
   ra.norm_topk_prob = hp_.norm_topk_prob;
@@ -233,39 +233,61 @@ void LayerRunner::moe_layer(const StepGeometry& g, const DevLayer& l) {
   moe_route(ra, s_);
   const bool shared = !l.m(T::ffn_gate_shexp).empty();
   if (shared) dense_ffn(l.m(T::ffn_gate_shexp), l.m(T::ffn_up_shexp), l.m(T::ffn_down_shexp), n, w_.sh);
-  const DevMatrix& gate_exps = l.m(T::ffn_gate_exps);
-  const DevMatrix& up_exps = l.m(T::ffn_up_exps);
-  const DevMatrix& down_exps = l.m(T::ffn_down_exps);
-  const DevMatrix ge = gate_exps.slice_rows(0, z.I), ue = up_exps.slice_rows(0, z.I), de = down_exps.slice_rows(0, z.D);
   if (n <= kMaxMatvecTokens) {
-    // Decode: every (row, chosen expert) pair is one group of a single launch; no host round trip.
-    MatvecArgs a;
-    a.w = ge;
-    a.w_group_bytes = ge.bytes();
-    a.w_group_index = w_.rids;
-    a.x = w_.x;
-    a.x_group_stride = z.D;
-    a.x_group_div = k;
-    a.y = w_.eg;
-    a.y_group_stride = z.I;
-    a.groups = n * k;
-    matvec(a, s_);
-    a.w = ue;
-    a.y = w_.eu;
-    matvec(a, s_);
-    swiglu(w_.eg, w_.eu, z.I, n * k, z.I, hp_.swiglu_limit, s_);
-    a.w = de;
-    a.w_group_bytes = de.bytes();
-    a.x = w_.eg;
-    a.x_group_stride = z.I;
-    a.x_group_div = 1;
-    a.y = w_.eo;
-    a.y_group_stride = z.D;
-    matvec(a, s_);
-    moe_combine(w_.eo, nullptr, w_.rweights, shared ? w_.sh : nullptr, n, k, z.D, w_.y, s_);
+    decode_experts(n, l);
+    moe_combine(w_.eo, nullptr, w_.rweights, shared ? w_.sh : nullptr, n, z.k, z.D, w_.y, s_);
     return;
   }
-  // Prefill: rows grouped by expert (the routes come to the host once), one product per expert.
+  prefill_experts(n, l, upload_misses);
+  moe_combine(w_.eo, w_.where, w_.rweights, shared ? w_.sh : nullptr, n, z.k, z.D, w_.y, s_);
+}
+
+void LayerRunner::decode_experts(uint32_t n, const DevLayer& l) {
+  const ModelDims& z = d_;
+  const uint32_t k = z.k;
+  MatvecArgs a;
+  a.w_group_index = w_.rids;
+  a.x = w_.x;
+  a.x_group_stride = z.D;
+  a.x_group_div = k;
+  a.y_group_stride = z.I;
+  a.groups = n * k;
+  DevMatrix gate, up, down;
+  if (experts_ != nullptr) {
+    // Experts in the pool or in host memory, through the layer's tables.
+    const ExpertShape& shape = experts_->shape(l.index);
+    gate = shape.gate, up = shape.up, down = shape.down;
+    count_routes(w_.rids, n * k, experts_->route_counts(l.index), s_);
+  } else {
+    gate = l.m(T::ffn_gate_exps).slice_rows(0, z.I);
+    up = l.m(T::ffn_up_exps).slice_rows(0, z.I);
+    down = l.m(T::ffn_down_exps).slice_rows(0, z.D);
+  }
+  a.w = gate;
+  a.w_group_bytes = gate.bytes();
+  a.w_group_ptrs = experts_ != nullptr ? experts_->table(l.index, 0) : nullptr;
+  a.y = w_.eg;
+  matvec(a, s_);
+  a.w = up;
+  a.w_group_ptrs = experts_ != nullptr ? experts_->table(l.index, 1) : nullptr;
+  a.y = w_.eu;
+  matvec(a, s_);
+  swiglu(w_.eg, w_.eu, z.I, n * k, z.I, hp_.swiglu_limit, s_);
+  a.w = down;
+  a.w_group_bytes = down.bytes();
+  a.w_group_ptrs = experts_ != nullptr ? experts_->table(l.index, 2) : nullptr;
+  a.x = w_.eg;
+  a.x_group_stride = z.I;
+  a.x_group_div = 1;
+  a.y = w_.eo;
+  a.y_group_stride = z.D;
+  matvec(a, s_);
+}
+
+void LayerRunner::prefill_experts(uint32_t n, const DevLayer& l, bool upload_misses) {
+  const ModelDims& z = d_;
+  const uint32_t k = z.k;
+  // The routes come to the host once: rows grouped by expert.
   int32_t* ids = w_.ids_host.as<int32_t>();
   FERRY_CUDA(cudaMemcpyAsync(ids, w_.rids, static_cast<size_t>(n) * k * sizeof(int32_t), cudaMemcpyDeviceToHost, s_));
   FERRY_CUDA(cudaStreamSynchronize(s_));
@@ -288,27 +310,71 @@ void LayerRunner::moe_layer(const StepGeometry& g, const DevLayer& l) {
   FERRY_CUDA(cudaMemcpyAsync(w_.gather_idx, gather.data(), gather.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s_));
   FERRY_CUDA(cudaMemcpyAsync(w_.where, where.data(), where.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s_));
   gather_rows(w_.x, w_.gather_idx, n * k, z.D, w_.xg, s_);
+
+  // Each expert's three matrices: the stacked tensors, or where the tier has it now (pool, staging
+  // buffer, or host memory read by the dequantising kernels).
+  struct Expert {
+    DevMatrix gate, up, down;
+  };
+  std::vector<Expert> experts(z.E);
+  uint64_t hits = 0, uploaded = 0, mapped = 0, bytes_uploaded = 0, bytes_mapped = 0;
+  if (experts_ != nullptr && upload_misses) experts_->wait_staged(l.index);
+  for (uint32_t e = 0; e < z.E; ++e) {
+    const uint32_t c = offset[e + 1] - offset[e];
+    if (c == 0) continue;
+    if (experts_ == nullptr) {
+      experts[e] = {l.m(T::ffn_gate_exps).slice_rows(size_t{e} * z.I, z.I),
+                    l.m(T::ffn_up_exps).slice_rows(size_t{e} * z.I, z.I),
+                    l.m(T::ffn_down_exps).slice_rows(size_t{e} * z.D, z.D)};
+      continue;
+    }
+    const ExpertShape& shape = experts_->shape(l.index);
+    const uint8_t* staged = upload_misses ? experts_->staged(l.index, e) : nullptr;
+    const uint8_t* base = staged != nullptr ? staged : experts_->base(l.index, e);
+    experts[e] = {shape.gate_at(base), shape.up_at(base), shape.down_at(base)};
+    if (experts_->pooled(l.index, e)) {
+      hits += c;
+    } else if (staged != nullptr) {
+      uploaded += c, bytes_uploaded += shape.bytes;
+    } else {
+      mapped += c, bytes_mapped += shape.bytes;
+    }
+  }
   for (uint32_t e = 0; e < z.E; ++e) {
     const uint32_t c = offset[e + 1] - offset[e];
     if (c == 0) continue;
     const size_t o = offset[e];
-    mm(gate_exps.slice_rows(static_cast<size_t>(e) * z.I, z.I), w_.xg + o * z.D, z.D, c, w_.eg + o * z.I, z.I);
-    mm(up_exps.slice_rows(static_cast<size_t>(e) * z.I, z.I), w_.xg + o * z.D, z.D, c, w_.eu + o * z.I, z.I);
+    mm(experts[e].gate, w_.xg + o * z.D, z.D, c, w_.eg + o * z.I, z.I);
+    mm(experts[e].up, w_.xg + o * z.D, z.D, c, w_.eu + o * z.I, z.I);
   }
   swiglu(w_.eg, w_.eu, z.I, n * k, z.I, hp_.swiglu_limit, s_);
   for (uint32_t e = 0; e < z.E; ++e) {
     const uint32_t c = offset[e + 1] - offset[e];
     if (c == 0) continue;
     const size_t o = offset[e];
-    mm(down_exps.slice_rows(static_cast<size_t>(e) * z.D, z.D), w_.eg + o * z.I, z.I, c, w_.eo + o * z.D, z.D);
+    mm(experts[e].down, w_.eg + o * z.I, z.I, c, w_.eo + o * z.D, z.D);
   }
-  moe_combine(w_.eo, w_.where, w_.rweights, shared ? w_.sh : nullptr, n, k, z.D, w_.y, s_);
+  if (experts_ != nullptr) {
+    if (upload_misses) experts_->release_staged(l.index);
+    experts_->note_prefill(hits, uploaded, mapped, bytes_uploaded, bytes_mapped);
+  }
   // The host vectors above are read by copies already enqueued: wait before they go away.
   FERRY_CUDA(cudaStreamSynchronize(s_));
 }
 
 void LayerRunner::forward(model::LayerRange layers, const StepGeometry& g, const int32_t* tokens) {
   if (tokens != nullptr) embed_rows(weights_.token_embd, tokens, g.rows, w_.R, d_.H, s_);
+  // A prefill chunk that uploads its missing experts stages each MoE layer's two ahead of use, so that
+  // the copies run beside the layers before it.
+  std::vector<uint32_t> moe;
+  for (uint32_t il = layers.first; il < layers.end; ++il) {
+    if (weights_.layer(il).ffn == FfnKind::moe) moe.push_back(il);
+  }
+  const bool upload = experts_ != nullptr && g.rows > kMaxMatvecTokens && experts_->uploads_for(g.rows);
+  size_t staged = 0;
+  if (upload) {
+    for (; staged < std::min<size_t>(2, moe.size()); ++staged) experts_->stage_layer(moe[staged]);
+  }
   for (uint32_t il = layers.first; il < layers.end; ++il) {
     const DevLayer& l = weights_.layer(il);
     mhc_site(g, l.m(T::hc_attn_fn), l.v(T::hc_attn_base), l.v(T::hc_attn_scale), l.v(T::attn_norm));
@@ -322,7 +388,8 @@ void LayerRunner::forward(model::LayerRange layers, const StepGeometry& g, const
     if (l.ffn == FfnKind::dense) {
       dense_ffn(l.m(T::ffn_gate), l.m(T::ffn_up), l.m(T::ffn_down), g.rows, w_.y);
     } else {
-      moe_layer(g, l);
+      moe_layer(g, l, upload);
+      if (upload && staged < moe.size()) experts_->stage_layer(moe[staged++]);
     }
     mhc_post(w_.R, w_.y, w_.post, w_.comb, g.rows, d_.H, d_.D, s_);
   }

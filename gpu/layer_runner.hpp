@@ -8,6 +8,7 @@
 
 #include "gpu/cuda_blas.hpp"
 #include "gpu/device_weights.hpp"
+#include "gpu/stage_experts.hpp"
 #include "gpu/stage_state.hpp"
 #include "gpu/step_input.hpp"
 #include "gpu/workspace.hpp"
@@ -16,8 +17,9 @@ namespace ferry::gpu {
 
 class LayerRunner {
  public:
+  // `experts`: the stage's expert pool and tables, or null when its routed experts are all resident.
   LayerRunner(const model::Glm5Hparams& hp, const DeviceWeights& weights, StageState& state, Workspace& work,
-              blas::Handle cublas, cudaStream_t stream);
+              StageExperts* experts, blas::Handle cublas, cudaStream_t stream);
 
   // Rows through layers [first, end) in place in the workspace's streams (work.R); a first stage
   // embeds `tokens` (device) into them first.
@@ -32,13 +34,18 @@ class LayerRunner {
   void kda_layer(const StepGeometry& g, const DevLayer& l, LayerState& st);
   void dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState& st);
   void dense_ffn(const DevMatrix& gate, const DevMatrix& up, const DevMatrix& down, uint32_t n, float* y);
-  void moe_layer(const StepGeometry& g, const DevLayer& l);
+  void moe_layer(const StepGeometry& g, const DevLayer& l, bool upload_misses);
+  // The routed experts of a decode step (up to 8 rows): every (row, expert) pair one group of a launch.
+  void decode_experts(uint32_t n, const DevLayer& l);
+  // A prefill chunk's: rows grouped by expert on the host, one GEMM triple per expert.
+  void prefill_experts(uint32_t n, const DevLayer& l, bool upload_misses);
 
   const model::Glm5Hparams& hp_;
   ModelDims d_;
   const DeviceWeights& weights_;
   StageState& state_;
   Workspace& w_;
+  StageExperts* experts_;
   blas::Handle cublas_;
   cudaStream_t s_;
 };

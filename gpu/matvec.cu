@@ -64,7 +64,8 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecArgs a) {
   const bool live = row < a.w.rows;
   if (WPR == 1 && (blockIdx.x * kWarps + warp) * (32 / lpr) >= a.w.rows) return;
   const size_t mat = a.w_group_index ? static_cast<size_t>(a.w_group_index[g]) : g;
-  const uint8_t* wrow = a.w.data + mat * a.w_group_bytes + static_cast<size_t>(live ? row : 0) * a.w.row_bytes;
+  const uint8_t* wbase = a.w_group_ptrs ? a.w_group_ptrs[mat] : a.w.data + mat * a.w_group_bytes;
+  const uint8_t* wrow = wbase + static_cast<size_t>(live ? row : 0) * a.w.row_bytes;
   const float* x = a.x + static_cast<size_t>(g / a.x_group_div) * a.x_group_stride;
   const uint32_t ntok = a.tokens;
 

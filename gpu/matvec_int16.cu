@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) q4k_int16_kern
   const uint32_t first_row = (blockIdx.x * kWarps + warp) * rows_per_warp;
   const uint32_t stride = gridDim.x * kWarps * rows_per_warp;
   const size_t mat = a.w_group_index ? static_cast<size_t>(a.w_group_index[g]) : g;
-  const uint8_t* wbase = a.w.data + mat * a.w_group_bytes;
+  const uint8_t* wbase = a.w_group_ptrs ? a.w_group_ptrs[mat] : a.w.data + mat * a.w_group_bytes;
   auto item_row0 = [&](uint32_t it) { return first_row + (it / chunks) * stride; };
   auto load_item = [&](uint32_t it, uint4 (&q)[kChunk]) {
     const uint32_t row = item_row0(it) + sub;

@@ -290,6 +290,16 @@ __global__ void gather_rows_kernel(const float* src, const int32_t* index, uint3
   }
 }
 
+__global__ void count_routes_kernel(const int32_t* ids, uint32_t n, uint32_t* counts) {
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    atomicAdd(counts + ids[i], 1u);
+  }
+}
+
+__global__ void set_table_entry_kernel(const uint8_t** table, uint32_t index, const uint8_t* value) {
+  table[index] = value;
+}
+
 __global__ void scatter_to_cache_kernel(const float* src, size_t src_stride, RowInfo rows, uint32_t n_rows,
                                         uint32_t width, uint32_t ctx, float* cache) {
   const size_t total = static_cast<size_t>(n_rows) * width;
@@ -369,6 +379,17 @@ void moe_combine(const float* expert_out, const int32_t* where, const float* wei
 void gather_rows(const float* src, const int32_t* index, uint32_t rows, uint32_t n, float* dst, cudaStream_t stream) {
   if (rows == 0) return;
   gather_rows_kernel<<<grid_for(static_cast<size_t>(rows) * n), 256, 0, stream>>>(src, index, rows, n, dst);
+  FERRY_CUDA_LAUNCHED();
+}
+
+void count_routes(const int32_t* ids, uint32_t n, uint32_t* counts, cudaStream_t stream) {
+  if (n == 0) return;
+  count_routes_kernel<<<grid_for(n), 256, 0, stream>>>(ids, n, counts);
+  FERRY_CUDA_LAUNCHED();
+}
+
+void set_table_entry(const uint8_t** table, uint32_t index, const uint8_t* value, cudaStream_t stream) {
+  set_table_entry_kernel<<<1, 1, 0, stream>>>(table, index, value);
   FERRY_CUDA_LAUNCHED();
 }
 

@@ -3,26 +3,14 @@
 #include <algorithm>
 #include <string>
 
+#include "gpu/stage_sizes.hpp"
 #include "model/glm5/glm5_tensors.hpp"
 
 namespace ferry::gpu {
 
 uint64_t StageState::bytes_for(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t slots,
                                uint32_t context) {
-  const uint64_t kp = std::max<uint32_t>(1, hp.index_kpool);
-  uint64_t floats = 0;
-  for (uint32_t il = layers.first; il < layers.end; ++il) {
-    if (hp.layer_kinds[il] == model::LayerKind::kda) {
-      floats += uint64_t{slots} * (3ull * hp.kda_heads * hp.kda_head_dim * (hp.conv_kernel - 1) +
-                                   uint64_t{hp.kda_heads} * hp.kda_head_dim * hp.kda_head_dim);
-      continue;
-    }
-    floats += uint64_t{slots} * context * hp.kv_lora_rank;
-    if (model::glm5_has_indexer(hp, il)) {
-      floats += uint64_t{slots} * (2ull * context + context / kp + 1) * hp.index_head_dim;
-    }
-  }
-  return floats * sizeof(float);
+  return stage_state_bytes(hp, layers, slots, context);
 }
 
 StageState::StageState(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t slots, uint32_t context,

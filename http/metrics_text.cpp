@@ -1,5 +1,6 @@
 #include "http/metrics_text.hpp"
 
+#include <algorithm>
 #include <charconv>
 
 namespace ferry::http {
@@ -135,6 +136,34 @@ std::string render_metrics(const ServerContext& ctx, const std::optional<actors:
     }
     w.header("ferry_stage_failed", "gauge", "1 for a stage that a device error ended");
     for (const auto& s : e.stages) w.sample("ferry_stage_failed", s.failed ? 1 : 0, stage_label(s));
+    if (std::any_of(e.stages.begin(), e.stages.end(), [](const actors::StageStatus& s) { return s.tiered; })) {
+      w.header("ferry_expert_routes_total", "counter", "routed (row, expert) pairs of tiered stages, by where the expert was");
+      for (const auto& s : e.stages) {
+        if (!s.tiered) continue;
+        const auto& x = s.experts;
+        w.sample("ferry_expert_routes_total", static_cast<double>(x.hits), stage_label(s) + ",place=\"pool\"");
+        w.sample("ferry_expert_routes_total", static_cast<double>(x.misses_mapped), stage_label(s) + ",place=\"host_mapped\"");
+        w.sample("ferry_expert_routes_total", static_cast<double>(x.misses_uploaded), stage_label(s) + ",place=\"host_uploaded\"");
+      }
+      w.header("ferry_expert_host_link_bytes_total", "counter", "expert bytes that crossed the host link, by miss path");
+      for (const auto& s : e.stages) {
+        if (!s.tiered) continue;
+        w.sample("ferry_expert_host_link_bytes_total", static_cast<double>(s.experts.bytes_mapped), stage_label(s) + ",path=\"mapped\"");
+        w.sample("ferry_expert_host_link_bytes_total", static_cast<double>(s.experts.bytes_uploaded), stage_label(s) + ",path=\"upload\"");
+      }
+      w.header("ferry_expert_promotions_total", "counter", "experts moved into a device pool");
+      for (const auto& s : e.stages) {
+        if (s.tiered) w.sample("ferry_expert_promotions_total", static_cast<double>(s.experts.promotions), stage_label(s));
+      }
+      w.header("ferry_expert_evictions_total", "counter", "experts moved out of a device pool");
+      for (const auto& s : e.stages) {
+        if (s.tiered) w.sample("ferry_expert_evictions_total", static_cast<double>(s.experts.evictions), stage_label(s));
+      }
+      w.header("ferry_expert_pool_slots", "gauge", "expert slots in each tiered stage's device pool");
+      for (const auto& s : e.stages) {
+        if (s.tiered) w.sample("ferry_expert_pool_slots", s.experts.pool_slots, stage_label(s));
+      }
+    }
   }
   return w.take();
 }

@@ -192,6 +192,12 @@ std::string to_json(const HealthReport& x) {
       bj::object stage{{"index", s.index}, {"layers", s.layers}, {"backend", s.backend},
                        {"status", s.failed ? "failed" : "ok"}, {"steps", s.steps}};
       if (s.failed) stage["reason"] = s.failure;
+      if (s.tiered) {
+        const auto& x = s.experts;
+        stage["experts"] = bj::object{{"pool_slots", x.pool_slots}, {"routes", x.routes}, {"pool_hits", x.hits},
+                                      {"host_mapped", x.misses_mapped}, {"host_uploaded", x.misses_uploaded},
+                                      {"promotions", x.promotions}};
+      }
       stages.push_back(std::move(stage));
     }
     out["stages"] = std::move(stages);

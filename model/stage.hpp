@@ -12,6 +12,7 @@
 
 #include "config/expected.hpp"
 #include "config/stage_split.hpp"
+#include "model/expert_tier.hpp"
 #include "model/glm5/glm5_hparams.hpp"
 #include "model/slot_state.hpp"
 #include "model/step.hpp"
@@ -78,6 +79,8 @@ class Stage {
   virtual const SlotStateLayout& state_layout() const = 0;
 
   virtual StageCounters counters() const = 0;
+  // The stage's expert tiers, when its device holds only some of its routed experts; else null.
+  virtual ExpertTier* experts() { return nullptr; }
   virtual std::string describe() const = 0;  // "cpu, 16 threads, layers 0-11" / "cuda:0 NVIDIA H200, ..."
 };
 

@@ -40,7 +40,8 @@ actors::request_sink_actor::behavior_type sink(actors::request_sink_actor::state
 
 }  // namespace
 
-Expected<SlotsResult> bench_slots(const model::Pipeline& pipeline, const SlotsBench& b) {
+Expected<SlotsResult> bench_slots(const gpu::OpenedModel& model, const SlotsBench& b) {
+  const model::Pipeline& pipeline = *model.pipeline;
   config::ServeConfig config;
   config.slots.count = b.slots;
   config.slots.ctx = pipeline.max_context();
@@ -52,7 +53,7 @@ Expected<SlotsResult> bench_slots(const model::Pipeline& pipeline, const SlotsBe
   caf::actor_system_config cfg;
   actors::configure_actor_system(cfg);
   caf::actor_system system{cfg};
-  const actors::Engine engine = actors::spawn_engine(system, config, pipeline);
+  const actors::Engine engine = actors::spawn_engine(system, config, {&pipeline, model.experts, model.expert_stage});
   SlotsResult result;
   result.micro_batches = engine.limits.micro_batches;
 

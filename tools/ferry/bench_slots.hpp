@@ -9,7 +9,7 @@
 
 #include "config/expected.hpp"
 #include "config/stage_split.hpp"
-#include "model/pipeline.hpp"
+#include "gpu/backend_factory.hpp"
 
 namespace ferry::cli {
 
@@ -31,7 +31,7 @@ struct SlotsResult {
   uint32_t micro_batches = 0;
 };
 
-// Runs the engine on `pipeline`'s stages (shared with the caller, which must not step them meanwhile).
-Expected<SlotsResult> bench_slots(const model::Pipeline& pipeline, const SlotsBench& bench);
+// Runs the engine on the model's stages (shared with the caller, which must not step them meanwhile).
+Expected<SlotsResult> bench_slots(const gpu::OpenedModel& model, const SlotsBench& bench);
 
 }  // namespace ferry::cli

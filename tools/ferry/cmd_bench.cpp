@@ -20,11 +20,14 @@
 #include <string>
 #include <vector>
 
+#include "config/memory_options.hpp"
 #include "gpu/backend_factory.hpp"
 #include "model/formats/gguf.hpp"
+#include "tools/ferry/bench_experts.hpp"
 #include "tools/ferry/bench_slots.hpp"
 #include "tools/ferry/commands.hpp"
 #if FERRY_HAVE_CUDA
+#include "gpu/bandwidth.hpp"
 #include "gpu/cuda_stage.hpp"
 #endif
 
@@ -39,6 +42,8 @@ struct Options {
   bool measure_bandwidth = true;
   std::string split = "none", devices;
   uint32_t slots = 1, micro_batches = 0;
+  config::MemoryOptionsText memory;
+  float route_skew = 0;
 };
 
 struct Result {
@@ -114,8 +119,13 @@ int bench(const Options& o) {
     std::fprintf(stderr, "ferry bench: %s\n", split_error->message.c_str());
     return 2;
   }
+  if (const auto errors = config::parse_memory_options(o.memory, bo.memory); !errors.empty()) {
+    for (const auto& e : errors) std::fprintf(stderr, "ferry bench: %s\n", e.c_str());
+    return 2;
+  }
+  bo.route_skew = o.route_skew;
 
-  Expected<std::unique_ptr<model::Pipeline>> opened = Error(ErrorCode::internal, "no model");
+  Expected<gpu::OpenedModel> opened = Error(ErrorCode::internal, "no model");
   std::string model_name;
   if (!o.synthetic.empty()) {
     auto hp = model::glm5_hparams_from_hf_config_file(o.synthetic);
@@ -140,7 +150,9 @@ int bench(const Options& o) {
     std::fprintf(stderr, "ferry bench: %s\n", opened.error().message.c_str());
     return 2;
   }
-  model::Pipeline& b = *opened.value();
+  gpu::OpenedModel& om = opened.value();
+  model::Pipeline& b = *om.pipeline;
+  if (om.plan.tiered()) std::fprintf(stderr, "memory plan:\n%s", gpu::format_plan(om.plan).c_str());
   const uint32_t V = b.hparams().vocab_size;
   std::mt19937 rng(static_cast<uint32_t>(o.seed));
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(V) - 1);
@@ -150,9 +162,11 @@ int bench(const Options& o) {
     return t;
   };
   std::string failure;
-  // One step of slot 0; the token it drew, or -1 with `failure` set.
+  // One step of slot 0 (then the expert policy, as the server runs it); the token it drew, or -1
+  // with `failure` set.
   auto step = [&](uint32_t start, std::vector<int32_t> tokens) {
     auto res = b.step({model::SlotRows{0, start, std::move(tokens), false, true, {}}});
+    om.rebalance();
     if (!res) {
       if (failure.empty()) failure = res.error().message;
       return int32_t{-1};
@@ -170,6 +184,7 @@ int bench(const Options& o) {
   for (uint32_t p : *pp) step(0, random_tokens(p));
   std::vector<Result> results;
   std::vector<model::StageCounters> before(b.stages().size());
+  std::vector<ExpertRow> expert_rows;
   std::vector<std::string> handoffs;  // per depth and link: bytes and copy time per decode step
   for (uint32_t d : *depths) {
     for (uint32_t p : *pp) {
@@ -193,6 +208,7 @@ int bench(const Options& o) {
     for (size_t i = 0; i < b.stages().size(); ++i) before[i] = b.stages()[i]->counters();
     for (uint32_t n : *tg) {
       Result r{"tg" + std::to_string(n) + " @ d" + std::to_string(d), n, d, true, {}};
+      const model::ExpertTierCounters tier_before = expert_counters(b);
       for (uint32_t rep = 0; rep < o.reps; ++rep) {
         const double t0 = now_s();
         for (uint32_t i = 0; i < n && failure.empty(); ++i) t = step(pos++, {t});
@@ -203,6 +219,16 @@ int bench(const Options& o) {
         if (auto* cs = dynamic_cast<gpu::CudaStage*>(s.get())) r.bytes_per_token += cs->decode_bytes_per_token(d + n / 2);
       }
 #endif
+      if (om.plan.tiered()) {
+        const model::ExpertTierCounters c = expert_counters(b);
+        ExpertRow x{r.test, n * o.reps, r.mean_tps(), r.bytes_per_token, c};
+        x.delta.routes -= tier_before.routes;
+        x.delta.hits -= tier_before.hits;
+        x.delta.bytes_mapped -= tier_before.bytes_mapped;
+        x.delta.bytes_uploaded -= tier_before.bytes_uploaded;
+        x.delta.promotions -= tier_before.promotions;
+        expert_rows.push_back(x);
+      }
       results.push_back(r);
       std::fprintf(stderr, "  %-18s %10.1f t/s\n", r.test.c_str(), r.mean_tps());
     }
@@ -225,7 +251,7 @@ int bench(const Options& o) {
       sb.micro_batches = o.micro_batches;
       sb.split = bo.split;
       sb.seed = o.seed;
-      auto sr = bench_slots(b, sb);
+      auto sr = bench_slots(om, sb);
       if (!sr) {
         failure = sr.error().message;
         break;
@@ -244,7 +270,7 @@ int bench(const Options& o) {
     return 1;
   }
 
-  double copy_bw = 0;
+  double copy_bw = 0, host_bw = 0;
   uint64_t peak = 0, weights = 0;
   std::string device = b.describe();
 #if FERRY_HAVE_CUDA
@@ -259,6 +285,7 @@ int bench(const Options& o) {
   for (const auto& [dev, bytes] : peak_by_device) peak += bytes;
   if (o.measure_bandwidth && !peak_by_device.empty()) {
     copy_bw = gpu::measure_copy_bandwidth(peak_by_device.begin()->first, uint64_t{1} << 31, 20);
+    if (om.plan.tiered()) host_bw = gpu::measure_host_to_device_bandwidth(peak_by_device.begin()->first, uint64_t{1} << 30, 10);
   }
 #endif
   if (o.json) {
@@ -305,6 +332,12 @@ int bench(const Options& o) {
     for (double x : r.slots->per_slot_tps) std::printf(" %.2f", x);
     std::printf(" t/s\n");
   }
+  if (!expert_rows.empty()) {
+    const model::ExpertTierCounters c = expert_counters(b);
+    std::printf("\nrouted experts: %u of %u in device pools, host store %.2f GiB; host-to-device bandwidth %.1f GB/s\n%s",
+                c.pool_slots, om.plan.experts_total, static_cast<double>(om.plan.host.store_bytes) / 1073741824.0,
+                host_bw / 1e9, format_expert_rows(expert_rows, copy_bw, host_bw).c_str());
+  }
   if (!handoffs.empty()) std::printf("\nhand-off between stages:\n");
   for (const std::string& h : handoffs) std::printf("  %s\n", h.c_str());
   return 0;
@@ -334,6 +367,12 @@ CommandRun add_bench_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
   sub->add_option("--micro-batches", o->micro_batches, "with --slots: decode micro-batches (0: one per device)")
+      ->capture_default_str();
+  config::for_each_memory_option(o->memory, [&](const std::string& name, std::string& value, const std::string& help) {
+    sub->add_option("--" + name, value, help)->capture_default_str();
+  });
+  sub->add_option("--route-skew", o->route_skew,
+                  "with --synthetic: routers prefer experts by a stable random rank, choice score -S*ln(rank) (0: none)")
       ->capture_default_str();
   sub->add_flag("--json", o->json, "print the results as JSON");
   sub->add_flag("!--no-bandwidth", o->measure_bandwidth, "skip the copy-bandwidth measurement");

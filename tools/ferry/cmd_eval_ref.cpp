@@ -22,6 +22,8 @@
 #include "model/cpu/glm5_forward.hpp"
 #include "model/glm5/glm5_weights.hpp"
 #include "model/cpu/sampler.hpp"
+#include "config/memory_options.hpp"
+#include "tools/ferry/bench_experts.hpp"
 #include "tools/ferry/commands.hpp"
 #include "tools/ferry/reference_case.hpp"
 
@@ -38,6 +40,7 @@ struct Options {
   std::string backend = "cpu";
   bool compare_cpu = false;
   std::string split = "none", devices;
+  config::MemoryOptionsText memory;
 };
 
 struct Diff {
@@ -110,12 +113,16 @@ int eval_ref_backend(const Options& o, const ReferenceCase& ref) {
       return 2;
     }
   }
+  if (const auto errors = config::parse_memory_options(o.memory, bo.memory); !errors.empty()) {
+    for (const auto& e : errors) std::fprintf(stderr, "ferry eval-ref: %s\n", e.c_str());
+    return 2;
+  }
   auto opened = gpu::open_pipeline(o.model, bo);
   if (!opened) {
     std::fprintf(stderr, "ferry eval-ref: %s\n", opened.error().message.c_str());
     return 2;
   }
-  model::Pipeline& b = *opened.value();
+  model::Pipeline& b = *opened->pipeline;
   if (b.hparams().vocab_size != ref.vocab) {
     std::fprintf(stderr, "ferry eval-ref: the model's vocabulary has %u tokens, the reference's %u\n",
                  b.hparams().vocab_size, ref.vocab);
@@ -125,7 +132,7 @@ int eval_ref_backend(const Options& o, const ReferenceCase& ref) {
   const size_t chunk = o.chunk == 0 ? P : o.chunk;
   std::printf("case %s: prompt %zu, decode %zu, chunk %zu, %s (%s)\n", ref.name.c_str(), P, S, chunk, o.model.c_str(),
               b.describe().c_str());
-  auto ran = run_case_pipeline(b, ref, chunk);
+  auto ran = run_case_pipeline(b, ref, chunk, [&] { opened->rebalance(); });
   if (!ran) {
     std::fprintf(stderr, "ferry eval-ref: %s\n", ran.error().message.c_str());
     return 2;
@@ -133,6 +140,14 @@ int eval_ref_backend(const Options& o, const ReferenceCase& ref) {
   const CaseRun& run = ran.value();
   std::printf("speed    prefill %.1f tokens/s, decode %.1f tokens/s\n", double(P) / std::max(run.prefill_seconds, 1e-9),
               double(S) / std::max(run.decode_seconds, 1e-9));
+  if (opened->plan.tiered()) {
+    const model::ExpertTierCounters c = expert_counters(b);
+    std::printf("experts  %u pool slots of %u experts: %llu routes, %llu in the pool, %llu read from host memory, "
+                "%llu uploaded; %llu swaps\n",
+                c.pool_slots, opened->plan.experts_total, static_cast<unsigned long long>(c.routes),
+                static_cast<unsigned long long>(c.hits), static_cast<unsigned long long>(c.misses_mapped),
+                static_cast<unsigned long long>(c.misses_uploaded), static_cast<unsigned long long>(c.promotions));
+  }
   const Diff pre = compare(ref.prefill, run.prefill, ref.vocab);
   const Diff dec = compare(ref.decode, run.decode, ref.vocab);
   if (ref.has_logits) {
@@ -268,6 +283,9 @@ CommandRun add_eval_ref_command(CLI::App& app) {
                   "none")
       ->capture_default_str();
   sub->add_option("--devices", o->devices, "CUDA devices of the stages, e.g. 0,0 (default: 0)");
+  config::for_each_memory_option(o->memory, [&](const std::string& name, std::string& value, const std::string& help) {
+    sub->add_option("--" + name, value, help)->capture_default_str();
+  });
   return [o] { return eval_ref(*o); };
 }
 

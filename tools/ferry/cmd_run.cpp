@@ -56,7 +56,7 @@ int run(const RunOptions& o) {
     std::fprintf(stderr, "ferry run: %s\n", opened.error().message.c_str());
     return 2;
   }
-  model::Pipeline& b = *opened.value();
+  model::Pipeline& b = *opened->pipeline;
   std::optional<model::Tokenizer> tokenizer;
   Expected<std::vector<int32_t>> ids = std::vector<int32_t>();
   if (!o.prompt.empty()) {

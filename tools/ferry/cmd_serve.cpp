@@ -140,9 +140,11 @@ int serve(config::ServeCli& cli) {
   LoadedModel& model = *loaded;
   context->tokenizer = model.tokenizer;
   context->end_token_ids = model.tokenizer->end_of_generation_ids();
-  context->backend_name = model.pipeline->describe();
-  context->engine = actors::spawn_engine(system, config, *model.pipeline);
-  model.pipeline.reset();  // the stage actors own the stages now
+  context->backend_name = model.opened.pipeline->describe();
+  if (model.opened.plan.tiered()) spdlog::info("memory plan:\n{}", gpu::format_plan(model.opened.plan));
+  context->engine = actors::spawn_engine(
+      system, config, {model.opened.pipeline.get(), model.opened.experts, model.opened.expert_stage});
+  model.opened.pipeline.reset();  // the stage actors own the stages now
   if (context->engine.limits.ctx < config.slots.ctx) {
     spdlog::info("context per slot: {} tokens (the model's trained context; --ctx asked for {})",
                  context->engine.limits.ctx, config.slots.ctx);

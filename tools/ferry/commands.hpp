@@ -12,6 +12,7 @@ using CommandRun = std::function<int()>;
 CommandRun add_serve_command(CLI::App& app);
 CommandRun add_run_command(CLI::App& app);
 CommandRun add_bench_command(CLI::App& app);
+CommandRun add_plan_command(CLI::App& app);
 CommandRun add_convert_command(CLI::App& app);
 CommandRun add_inspect_command(CLI::App& app);
 CommandRun add_tokenize_command(CLI::App& app);

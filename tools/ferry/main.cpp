@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   add(add_serve_command);
   add(add_run_command);
   add(add_bench_command);
+  add(add_plan_command);
   add(add_convert_command);
   add(add_inspect_command);
   add(add_tokenize_command);

@@ -149,7 +149,8 @@ CaseRun run_case(model::Glm5Forward& m, const ReferenceCase& ref, size_t chunk, 
   return out;
 }
 
-Expected<CaseRun> run_case_pipeline(model::Pipeline& b, const ReferenceCase& ref, size_t chunk) {
+Expected<CaseRun> run_case_pipeline(model::Pipeline& b, const ReferenceCase& ref, size_t chunk,
+                                    const std::function<void()>& after_step) {
   using clock = std::chrono::steady_clock;
   CaseRun out;
   const size_t P = ref.input_ids.size();
@@ -164,6 +165,7 @@ Expected<CaseRun> run_case_pipeline(model::Pipeline& b, const ReferenceCase& ref
     r.logits_all = true;
     r.sample = false;
     auto res = b.step({r});
+    if (after_step) after_step();
     if (!res) return res.error();
     out.prefill.insert(out.prefill.end(), (*res)[0].logits.begin(), (*res)[0].logits.end());
   }
@@ -174,6 +176,7 @@ Expected<CaseRun> run_case_pipeline(model::Pipeline& b, const ReferenceCase& ref
     r.tokens = {ref.decode_tokens[i]};
     r.sample = false;
     auto res = b.step({r});
+    if (after_step) after_step();
     if (!res) return res.error();
     out.decode.insert(out.decode.end(), (*res)[0].logits.begin(), (*res)[0].logits.end());
   }

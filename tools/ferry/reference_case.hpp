@@ -5,6 +5,7 @@
 // only be used to compare two conversions of one model.
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -43,6 +44,8 @@ CaseRun run_case(model::Glm5Forward& model, const ReferenceCase& ref, size_t chu
 
 // The same run through a pipeline of stages (any backend, any split): prompt logits in chunks, then
 // the decode tokens one step at a time, on slot 0. No selections and no MTP (stages return neither).
-Expected<CaseRun> run_case_pipeline(model::Pipeline& pipeline, const ReferenceCase& ref, size_t chunk);
+// `after_step` runs after every step (the expert policy of a tiered model).
+Expected<CaseRun> run_case_pipeline(model::Pipeline& pipeline, const ReferenceCase& ref, size_t chunk,
+                                    const std::function<void()>& after_step = {});
 
 }  // namespace ferry::cli

@@ -124,6 +124,8 @@ gpu::BackendOptions backend_options(const config::ServeConfig& config) {
   options.max_step_rows = config.slots.prefill_chunk + config.slots.count;  // one chunk + a decode row per slot
   options.max_context = config.slots.ctx;
   options.split = config.devices.split;
+  options.memory = config.memory;
+  options.route_skew = config.model.route_skew;
   return options;
 }
 
@@ -167,7 +169,7 @@ Expected<LoadedModel> load_model(const std::string& path, const config::ServeCon
 
   LoadedModel loaded;
   loaded.tokenizer = std::make_shared<const model::Tokenizer>(std::move(tokenizer.value()));
-  loaded.pipeline = std::move(pipeline.value());
+  loaded.opened = std::move(pipeline.value());
   return loaded;
 }
 
@@ -193,7 +195,7 @@ Expected<LoadedModel> load_synthetic(const SyntheticSource& source, const config
   if (!pipeline) return pipeline.error();
   LoadedModel loaded;
   loaded.tokenizer = std::make_shared<const model::Tokenizer>(std::move(tokenizer.value()));
-  loaded.pipeline = std::move(pipeline.value());
+  loaded.opened = std::move(pipeline.value());
   return loaded;
 }
 

@@ -9,16 +9,16 @@
 
 #include "config/expected.hpp"
 #include "config/serve_config.hpp"
+#include "gpu/backend_factory.hpp"
 #include "http/server_context.hpp"
 #include "model/formats/ggml_type.hpp"
 #include "model/glm5/glm5_hparams.hpp"
-#include "model/pipeline.hpp"
 #include "model/text/tokenizer.hpp"
 
 namespace ferry::cli {
 
 struct LoadedModel {
-  std::unique_ptr<model::Pipeline> pipeline;
+  gpu::OpenedModel opened;
   std::shared_ptr<const model::Tokenizer> tokenizer;
 };
 

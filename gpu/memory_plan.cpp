@@ -1,0 +1,226 @@
+#include "gpu/memory_plan.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+
+#include <boost/json.hpp>
+
+#include "config/byte_size.hpp"
+#include "gpu/stage_sizes.hpp"
+
+namespace ferry::gpu {
+namespace {
+
+using config::format_byte_size;
+using T = model::Glm5Tensor;
+
+bool routed(T role) { return role == T::ffn_gate_exps || role == T::ffn_up_exps || role == T::ffn_down_exps; }
+
+uint64_t saturating_sub(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
+
+}  // namespace
+
+uint64_t DevicePlan::free() const { return saturating_sub(memory, dense + experts + state + workspace + margin); }
+
+bool MemoryPlan::tiered() const {
+  return std::any_of(stages.begin(), stages.end(), [](const StagePlan& s) { return !s.resident; });
+}
+
+MemoryPlan plan_memory(const PlanInput& in) {
+  const model::Glm5Hparams& hp = in.hparams;
+  const config::MemoryConfig& b = in.budgets;
+  MemoryPlan plan;
+  // Per stage: what it must hold whatever happens to the experts.
+  for (size_t i = 0; i < in.ranges.size(); ++i) {
+    StagePlan s;
+    s.layers = in.ranges[i];
+    s.device = in.stage_devices.at(i);
+    const bool first = s.layers.first == 0, last = s.layers.end == hp.n_layers;
+    for (const model::Glm5TensorSpec& t : model::glm5_global_tensors(hp)) {
+      if ((t.role == T::token_embd && first) || (t.role != T::token_embd && last)) s.dense_bytes += in.tensor_bytes(t);
+    }
+    for (uint32_t l = s.layers.first; l < s.layers.end; ++l) {
+      uint64_t experts = 0;
+      for (const model::Glm5TensorSpec& t : model::glm5_layer_tensors(hp, l)) {
+        (routed(t.role) ? experts : s.dense_bytes) += in.tensor_bytes(t);
+      }
+      if (experts > 0) {
+        ++s.moe_layers;
+        s.expert_bytes += experts;
+        plan.expert_slot_bytes = std::max(plan.expert_slot_bytes, experts / hp.n_experts);
+      }
+    }
+    plan.experts_total += s.moe_layers * hp.n_experts;
+    s.state_bytes = stage_state_bytes(hp, s.layers, in.slots, in.context);
+    s.workspace_bytes = stage_workspace_bytes(hp, s.layers, in.step_rows, in.context);
+    s.inbox_bytes = first ? 0 : stage_inbox_bytes(hp, in.step_rows);
+    plan.stages.push_back(s);
+  }
+
+  // Per device: what is left for experts, then resident or a pool of that many slots.
+  std::map<int, std::vector<size_t>> on_device;
+  for (size_t i = 0; i < plan.stages.size(); ++i) on_device[plan.stages[i].device].push_back(i);
+  size_t device_index = 0;
+  for (auto& [device, members] : on_device) {
+    DevicePlan d;
+    d.device = device;
+    d.memory = device < static_cast<int>(in.device_memory.size()) ? in.device_memory[static_cast<size_t>(device)] : 0;
+    d.margin = b.device_margin;
+    uint64_t experts = 0;
+    uint32_t moe_layers = 0;
+    for (size_t i : members) {
+      const StagePlan& s = plan.stages[i];
+      d.dense += s.dense_bytes;
+      d.state += s.state_bytes;
+      d.workspace += s.workspace_bytes + s.inbox_bytes;
+      experts += s.expert_bytes;
+      moe_layers += s.moe_layers;
+    }
+    const uint64_t fixed = d.dense + d.state + d.workspace + d.margin;
+    const std::string name = "device " + std::to_string(device);
+    if (fixed > d.memory) {
+      plan.problems.push_back(name + " needs " + format_byte_size(fixed) + " for its dense weights (" +
+                              format_byte_size(d.dense) + "), slot state (" + format_byte_size(d.state) +
+                              ") and workspace (" + format_byte_size(d.workspace) + ") with the " +
+                              format_byte_size(d.margin) + " margin, and has " + format_byte_size(d.memory) +
+                              ": lower --ctx or --slots, or split the layers over more devices (short by " +
+                              format_byte_size(fixed - d.memory) + ")");
+    }
+    const uint64_t room = saturating_sub(d.memory, fixed);
+    const bool capped = !b.expert_pool_caps.empty();
+    const uint64_t cap = !capped ? room
+                         : b.expert_pool_caps.size() == 1 ? b.expert_pool_caps[0]
+                         : device_index < b.expert_pool_caps.size() ? b.expert_pool_caps[device_index]
+                                                                    : 0;
+    if (capped && b.expert_pool_caps.size() != 1 && device_index >= b.expert_pool_caps.size()) {
+      plan.problems.push_back("--expert-pool-cap names " + std::to_string(b.expert_pool_caps.size()) +
+                              " devices; the stages use more: give one size per device, or one for all");
+    }
+    if (capped && cap > room) {
+      plan.problems.push_back("--expert-pool-cap " + format_byte_size(cap) + " for " + name + " is larger than the " +
+                              format_byte_size(room) + " it has left after its dense weights, state and workspace: "
+                              "lower it by " + format_byte_size(cap - room));
+    }
+    if (cap >= experts || moe_layers == 0) {
+      d.experts = experts;
+    } else {
+      // A pool per stage, in proportion to its MoE layers; each stage's prefill staging buffers come
+      // from what the device has beyond the pools.
+      uint64_t staging = 0;
+      for (size_t i : members) {
+        StagePlan& s = plan.stages[i];
+        if (s.moe_layers == 0) continue;
+        s.resident = false;
+        s.staging_bytes = std::min<uint64_t>(b.prefill_staging, 2 * s.expert_bytes / s.moe_layers);
+        staging += s.staging_bytes;
+      }
+      const uint64_t pools = std::min(cap, saturating_sub(room, staging));
+      if (capped && cap + staging > room && cap <= room) {
+        plan.problems.push_back("--expert-pool-cap " + format_byte_size(cap) + " for " + name + " leaves no room for the " +
+                                format_byte_size(staging) + " of prefill staging (--prefill-staging): lower one of them by " +
+                                format_byte_size(cap + staging - room));
+      }
+      for (size_t i : members) {
+        StagePlan& s = plan.stages[i];
+        if (s.resident) continue;
+        const uint64_t slots = pools * s.moe_layers / moe_layers / std::max<uint64_t>(1, plan.expert_slot_bytes);
+        s.pool_slots = static_cast<uint32_t>(std::min<uint64_t>(slots, uint64_t{s.moe_layers} * hp.n_experts));
+        d.experts += s.pool_slots * plan.expert_slot_bytes + s.staging_bytes;
+      }
+    }
+    plan.devices.push_back(d);
+    ++device_index;
+  }
+
+  // The host: every expert no pool holds, plus the shadow; within the budget and above the floor.
+  HostPlan& h = plan.host;
+  h.available = in.host_available;
+  h.floor = b.ram_floor;
+  if (plan.tiered()) {
+    uint64_t beyond = 0, pooled = 0;
+    for (const StagePlan& s : plan.stages) {
+      if (s.resident) continue;
+      beyond += uint64_t{s.moe_layers} * hp.n_experts - s.pool_slots;
+      pooled += s.pool_slots;
+    }
+    const uint64_t slot = plan.expert_slot_bytes;
+    // Shadow copies are of pooled experts; one slot more is where the first eviction goes.
+    const uint64_t shadow_slots = std::clamp<uint64_t>(b.expert_shadow / slot, 1, pooled + 1);
+    h.store_bytes = beyond * slot;
+    h.shadow_bytes = shadow_slots * slot;
+    h.store_slots = static_cast<uint32_t>(beyond + shadow_slots);
+    if (b.host_expert_budget && h.store_bytes > *b.host_expert_budget) {
+      plan.problems.push_back("the experts the device pools do not hold need " + format_byte_size(h.store_bytes) +
+                              " of host memory, more than --host-expert-budget " +
+                              format_byte_size(*b.host_expert_budget) + ": raise it by " +
+                              format_byte_size(h.store_bytes - *b.host_expert_budget) +
+                              ", or give the pools more (--expert-pool-cap)");
+    }
+    const uint64_t used = h.store_bytes + h.shadow_bytes;
+    if (used + h.floor > h.available) {
+      plan.problems.push_back("the host expert store (" + format_byte_size(h.store_bytes) + ") and its shadow (" +
+                              format_byte_size(h.shadow_bytes) + ") leave less than --ram-floor " +
+                              format_byte_size(h.floor) + " of the " + format_byte_size(h.available) +
+                              " of RAM available: lower --expert-shadow or --ram-floor, or give the pools more, by " +
+                              format_byte_size(used + h.floor - h.available));
+    }
+  }
+  return plan;
+}
+
+std::string format_plan(const MemoryPlan& p) {
+  std::string out;
+  char line[512];
+  auto gib = [](uint64_t b) { return static_cast<double>(b) / 1073741824.0; };
+  out += "| device | memory | dense | experts | state | workspace | margin | free |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n";
+  for (const DevicePlan& d : p.devices) {
+    std::snprintf(line, sizeof line, "| %d | %.2f GiB | %.2f GiB | %.2f GiB | %.2f GiB | %.2f GiB | %.2f GiB | %.2f GiB |\n",
+                  d.device, gib(d.memory), gib(d.dense), gib(d.experts), gib(d.state), gib(d.workspace), gib(d.margin),
+                  gib(d.free()));
+    out += line;
+  }
+  out += "\n| stage | layers | device | experts | pool slots | staging |\n| --- | --- | --- | --- | --- | --- |\n";
+  for (size_t i = 0; i < p.stages.size(); ++i) {
+    const StagePlan& s = p.stages[i];
+    std::snprintf(line, sizeof line, "| %zu | %s | %d | %s | %s | %.2f GiB |\n", i, model::describe_layers(s.layers).c_str(),
+                  s.device, s.resident ? "all on the device" : "pooled", s.resident ? "-" : std::to_string(s.pool_slots).c_str(),
+                  gib(s.staging_bytes));
+    out += line;
+  }
+  std::snprintf(line, sizeof line,
+                "\nexpert: %.2f MiB (largest gate + up + down), %u routed experts in all\n"
+                "host: expert store %.2f GiB (%u slots with the shadow of %.2f GiB), RAM available %.2f GiB, "
+                "floor %.2f GiB\n",
+                static_cast<double>(p.expert_slot_bytes) / 1048576.0, p.experts_total, gib(p.host.store_bytes),
+                p.host.store_slots, gib(p.host.shadow_bytes), gib(p.host.available), gib(p.host.floor));
+  out += line;
+  for (const std::string& problem : p.problems) out += "problem: " + problem + "\n";
+  return out;
+}
+
+std::string plan_json(const MemoryPlan& p) {
+  namespace bj = boost::json;
+  bj::array devices, stages, problems;
+  for (const DevicePlan& d : p.devices) {
+    devices.push_back(bj::object{{"device", d.device}, {"memory", d.memory}, {"dense", d.dense}, {"experts", d.experts},
+                                 {"state", d.state}, {"workspace", d.workspace}, {"margin", d.margin},
+                                 {"free", d.free()}});
+  }
+  for (const StagePlan& s : p.stages) {
+    stages.push_back(bj::object{{"first_layer", s.layers.first}, {"end_layer", s.layers.end}, {"device", s.device},
+                                {"resident", s.resident}, {"pool_slots", s.pool_slots},
+                                {"staging_bytes", s.staging_bytes}, {"expert_bytes", s.expert_bytes},
+                                {"dense_bytes", s.dense_bytes}, {"state_bytes", s.state_bytes},
+                                {"workspace_bytes", s.workspace_bytes + s.inbox_bytes}});
+  }
+  for (const std::string& problem : p.problems) problems.push_back(bj::string(problem));
+  const bj::object host{{"available", p.host.available}, {"store_bytes", p.host.store_bytes},
+                        {"shadow_bytes", p.host.shadow_bytes}, {"store_slots", p.host.store_slots},
+                        {"floor", p.host.floor}};
+  return bj::serialize(bj::object{{"expert_slot_bytes", p.expert_slot_bytes}, {"experts_total", p.experts_total},
+                                  {"devices", std::move(devices)}, {"stages", std::move(stages)},
+                                  {"host", host}, {"problems", std::move(problems)}});
+}
+
+}  // namespace ferry::gpu

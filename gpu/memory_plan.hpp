@@ -1,0 +1,74 @@
+#pragma once
+// The memory plan of a run, made before anything large is allocated: per device, the stages' dense
+// weights, their slots' state, their workspace and inbox, the margin kept free, and what is left for
+// routed experts (a pool per stage, or every expert when they fit: no pool at all); on the host, the
+// expert store (the experts no pool holds) and its shadow (copies of pooled experts), against the free
+// RAM and the floor that must stay free. A configuration that cannot fit gets one line per problem,
+// naming the budget to change and by how much. Works without the devices (`ferry plan
+// --device-memory ...`), so a machine can be planned before it is booted.
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "config/serve_config.hpp"
+#include "model/glm5/glm5_hparams.hpp"
+#include "model/glm5/glm5_tensors.hpp"
+#include "model/stage.hpp"
+
+namespace ferry::gpu {
+
+struct PlanInput {
+  model::Glm5Hparams hparams;
+  std::function<uint64_t(const model::Glm5TensorSpec&)> tensor_bytes;  // as stored (file or synthetic type)
+  std::vector<model::LayerRange> ranges;  // the stages
+  std::vector<int> stage_devices;          // device of each stage
+  std::vector<uint64_t> device_memory;     // usable bytes of devices 0, 1, ... (free before loading)
+  uint64_t host_available = 0;             // RAM the kernel can give (MemAvailable)
+  config::MemoryConfig budgets;
+  uint32_t slots = 1, context = 1, step_rows = 1;
+};
+
+struct StagePlan {
+  model::LayerRange layers;
+  int device = 0;
+  uint64_t dense_bytes = 0;    // every weight but the routed experts
+  uint64_t expert_bytes = 0;   // all routed experts of its layers
+  uint32_t moe_layers = 0;
+  uint64_t state_bytes = 0, workspace_bytes = 0, inbox_bytes = 0;
+  bool resident = true;        // every expert on the device, stacked as in the file
+  uint32_t pool_slots = 0;     // when not resident: expert slots in the device pool
+  uint64_t staging_bytes = 0;  // when not resident: the prefill upload buffers
+};
+
+struct DevicePlan {
+  int device = 0;
+  uint64_t memory = 0, dense = 0, experts = 0, state = 0, workspace = 0, margin = 0;
+  uint64_t free() const;
+};
+
+struct HostPlan {
+  uint64_t available = 0;
+  uint32_t store_slots = 0;    // host slots: every expert no pool holds, plus the shadow
+  uint64_t store_bytes = 0;    // of which the experts no pool holds
+  uint64_t shadow_bytes = 0;
+  uint64_t floor = 0;
+};
+
+struct MemoryPlan {
+  uint64_t expert_slot_bytes = 0;  // the largest expert (gate + up + down) of the model
+  uint32_t experts_total = 0;      // routed experts of the model
+  std::vector<StagePlan> stages;
+  std::vector<DevicePlan> devices;
+  HostPlan host;
+  std::vector<std::string> problems;  // empty: the plan fits
+
+  bool tiered() const;  // some stage keeps its experts in a pool
+};
+
+MemoryPlan plan_memory(const PlanInput& input);
+// A table for people, and JSON for scripts.
+std::string format_plan(const MemoryPlan& plan);
+std::string plan_json(const MemoryPlan& plan);
+
+}  // namespace ferry::gpu

@@ -1,0 +1,67 @@
+#include "gpu/stage_sizes.hpp"
+
+#include <algorithm>
+
+namespace ferry::gpu {
+
+uint64_t stage_state_bytes(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t slots, uint32_t context) {
+  const uint64_t kp = std::max<uint32_t>(1, hp.index_kpool);
+  uint64_t floats = 0;
+  for (uint32_t il = layers.first; il < layers.end; ++il) {
+    if (hp.layer_kinds[il] == model::LayerKind::kda) {
+      floats += uint64_t{slots} * (3ull * hp.kda_heads * hp.kda_head_dim * (hp.conv_kernel - 1) +
+                                   uint64_t{hp.kda_heads} * hp.kda_head_dim * hp.kda_head_dim);
+      continue;
+    }
+    floats += uint64_t{slots} * context * hp.kv_lora_rank;
+    if (model::glm5_has_indexer(hp, il)) {
+      floats += uint64_t{slots} * (2ull * context + context / kp + 1) * hp.index_head_dim;
+    }
+  }
+  return floats * sizeof(float);
+}
+
+uint64_t stage_workspace_bytes(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t rows,
+                               uint32_t context) {
+  const uint64_t M = rows, D = hp.hidden_size, H = hp.hc_mult, mix = (2 + H) * H, C = uint64_t{hp.kda_heads} * hp.kda_head_dim;
+  const uint64_t kp = std::max<uint32_t>(1, hp.index_kpool), nh = hp.n_heads, kvlr = hp.kv_lora_rank;
+  const uint64_t k = hp.n_experts_used, I = hp.moe_ffn, E = hp.n_experts, S = uint64_t{hp.moe_ffn} * hp.n_shared_experts;
+  bool any_kda = false, any_dsa = false, any_moe = false;
+  for (uint32_t l = layers.first; l < layers.end; ++l) {
+    (hp.layer_kinds[l] == model::LayerKind::kda ? any_kda : any_dsa) = true;
+    any_moe = any_moe || hp.ffn_kinds[l] == model::FfnKind::moe;
+  }
+  const uint64_t selected = hp.index_topk / kp * kp + kp;
+  uint64_t b = 4 * M * (H * D + 2 * D + mix + H + H * H);
+  if (any_kda) b += 4 * M * (10 * C + 2 * hp.kda_head_dim + hp.kda_heads);
+  if (any_dsa) {
+    b += 4 * M * (2 * hp.q_lora_rank + nh * hp.qk_nope_head_dim + kvlr + 2 * nh * kvlr + nh * hp.v_head_dim +
+                  uint64_t{hp.index_n_heads} * hp.index_head_dim + 2 * hp.index_head_dim + hp.index_n_heads +
+                  context / kp + 1 + selected + 1);
+    b += 4 * uint64_t{8 * 16} * nh * (kvlr + 2);  // the sparse attention's split scratch
+  }
+  const uint64_t ffn_rows = std::max<uint64_t>({hp.dense_ffn, S, any_moe ? k * I : 0});
+  b += 4 * 2 * M * ffn_rows;
+  if (any_moe) b += 4 * M * (E + 2 * k + 2 * k * D + D + 2 * k);
+  const uint64_t max_cols = std::max<uint64_t>({D, C, nh * hp.v_head_dim, uint64_t{hp.dense_ffn}, I,
+                                                uint64_t{hp.q_lora_rank}, kvlr, uint64_t{hp.qk_nope_head_dim}, H * D});
+  b += 2 * 2 * M * max_cols + 2 * 2 * (uint64_t{32} << 20);  // fp16 staging of the prefill GEMMs
+  if (layers.end == hp.n_layers) {
+    const uint64_t logit_rows = std::clamp<uint64_t>((uint64_t{128} << 20) / hp.vocab_size, 8, M);
+    b += 4 * logit_rows * (D + hp.vocab_size);
+  }
+  return b + (uint64_t{32} << 20);  // the cuBLAS workspace
+}
+
+uint64_t stage_inbox_bytes(const model::Glm5Hparams& hp, uint32_t rows) {
+  return uint64_t{rows} * hp.hc_mult * hp.hidden_size * sizeof(float);
+}
+
+model::GgmlType synthetic_tensor_type(const model::Glm5TensorSpec& spec, model::GgmlType requested) {
+  const uint64_t cols = spec.dims[0];
+  model::GgmlType t = spec.keep_f32 ? model::GgmlType::F32 : requested;
+  if (cols % model::ggml_type_traits(t).block_elems != 0) t = cols % 32 == 0 ? model::GgmlType::Q8_0 : model::GgmlType::F32;
+  return t;
+}
+
+}  // namespace ferry::gpu
