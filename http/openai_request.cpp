@@ -7,6 +7,8 @@
 #include <functional>
 #include <limits>
 
+#include "http/safe_text.hpp"
+
 namespace ferry::http {
 namespace {
 
@@ -98,7 +100,7 @@ MaybeError to_json(od::value v, const std::string& path, int depth, JsonValue& o
       auto parsed = model::parse_json(trim(raw));
       if (!parsed || !parsed->is_number()) {
         return invalid_field(path, "the request body is not valid JSON (at " + path + "): bad number '" +
-                                       std::string(trim(raw)) + "'",
+                                       excerpt(trim(raw)) + "'",
                              "invalid_json");
       }
       out = std::move(parsed.value());
@@ -132,8 +134,8 @@ MaybeError read_float(od::value& v, const std::string& name, double lo, double h
   if (v.get_double().get(d)) return invalid_field(name, name + " must be a number");
   const bool ok = std::isfinite(d) && (lo_open ? d > lo : d >= lo) && d <= hi;
   if (!ok) {
-    return invalid_field(name, name + " = " + std::to_string(d) + ": expected a number in " +
-                                   (lo_open ? "(" : "[") + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    return invalid_field(name, name + " = " + short_number(d) + ": expected a number in " + (lo_open ? "(" : "[") +
+                                   short_number(lo) + ", " + short_number(hi) + "]");
   }
   out = static_cast<float>(d);
   return std::nullopt;
@@ -331,7 +333,7 @@ MaybeError validate_content(const JsonValue* content, const std::string& path, b
       return invalid_field(part, part + " must be an object with a \"type\"");
     }
     if (type->as_string() != "text") {
-      return invalid_field(part + ".type", part + ".type = '" + type->as_string() +
+      return invalid_field(part + ".type", part + ".type = '" + excerpt(type->as_string()) +
                                                "': only text parts are supported by this model server",
                            "unsupported_content");
     }
@@ -379,7 +381,7 @@ MaybeError validate_messages(const JsonValue& messages) {
     if (role == nullptr || !role->is_string()) return invalid_field(p + ".role", p + ".role is required (a string)");
     const std::string& r = role->as_string();
     if (r != "system" && r != "user" && r != "assistant" && r != "tool") {
-      return invalid_field(p + ".role", p + ".role = '" + r + "': expected system, user, assistant or tool");
+      return invalid_field(p + ".role", p + ".role = '" + excerpt(r) + "': expected system, user, assistant or tool");
     }
     if (auto err = validate_content(m.find("content"), p + ".content", r == "assistant")) return err;
     if (r == "assistant") {
@@ -554,7 +556,7 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
         }
         const double id = number_value(t);
         if (!(id >= 0 && id <= std::numeric_limits<int32_t>::max())) {
-          return invalid_field(at("prompt", i), at("prompt", i) + " = " + t.as_number().text + ": not a token id");
+          return invalid_field(at("prompt", i), at("prompt", i) + " = " + excerpt(t.as_number().text) + ": not a token id");
         }
         ids.push_back(static_cast<int32_t>(id));
       }

@@ -8,6 +8,7 @@
 #include "http/metrics_text.hpp"
 #include "http/openai_request.hpp"
 #include "http/responses.hpp"
+#include "http/safe_text.hpp"
 
 namespace ferry::http {
 namespace {
@@ -95,7 +96,7 @@ void generate(const Context& ctx, const HttpRequest& req, const Channel& channel
   const std::string& model = std::visit([](const auto& r) -> const std::string& { return r.options.model; }, request);
   if (!model.empty() && model != ctx->config.model.id) {
     ApiError e = make_error(404, "invalid_request_error", "model_not_found",
-                       "model '" + model + "' is not served here; this server serves '" + ctx->config.model.id + "'");
+                       "model '" + excerpt(model) + "' is not served here; this server serves '" + ctx->config.model.id + "'");
     e.param = "model";
     return send_error(*channel, e);
   }
@@ -187,11 +188,11 @@ void release(const Context& ctx, std::string_view id_text, std::string_view quer
   if (!has_engine(*ctx)) return send_error(*channel, *not_serving(*ctx));
   const auto id = parse_number(id_text);
   if (!id || *id > UINT32_MAX) {
-    return send_error(*channel, invalid_field("id", "slot id '" + std::string(id_text) + "' is not a number"));
+    return send_error(*channel, invalid_field("id", "slot id '" + excerpt(id_text) + "' is not a number"));
   }
   const std::string action = query_value(query, "action");
   if (action != "release") {
-    return send_error(*channel, invalid_field("action", "action = '" + action + "': the slot action is 'release'"));
+    return send_error(*channel, invalid_field("action", "action = '" + excerpt(action) + "': the slot action is 'release'"));
   }
   const auto slot = static_cast<uint32_t>(*id);
   ctx->system->spawn([ctx, channel, slot](caf::event_based_actor* self) {
@@ -212,12 +213,12 @@ void cancel(const Context& ctx, std::string_view id_text, const Channel& channel
   }
   const auto id = parse_number(digits);
   if (!id) {
-    return send_error(*channel, invalid_field("id", "request id '" + std::string(id_text) +
+    return send_error(*channel, invalid_field("id", "request id '" + excerpt(id_text) +
                                                          "': expected a response id such as chatcmpl-42"));
   }
   // Fire and forget: cancel is idempotent, an unknown or finished request is left alone.
   caf::anon_send(ctx->engine.scheduler, actors::CancelRequest{*id, actors::EndCause::admin_cancelled});
-  channel->send_json(202, to_json(CancelReport{std::string(id_text), true}));
+  channel->send_json(202, to_json(CancelReport{valid_utf8(id_text), true}));
 }
 
 }  // namespace
@@ -249,7 +250,7 @@ Endpoint route(const Context& ctx, HttpRequest req, const Channel& channel) {
   const bool post = req.method == "POST";
   auto method_not_allowed = [&](const char* allowed) {
     send_error(*channel, make_error(405, "invalid_request_error", "method_not_allowed",
-                                req.method + " " + path + ": use " + allowed));
+                                excerpt(req.method) + " " + excerpt(path, 256) + ": use " + allowed));
   };
 
   if (path == "/health") {
@@ -312,7 +313,7 @@ Endpoint route(const Context& ctx, HttpRequest req, const Channel& channel) {
     default:
       break;
   }
-  send_error(*channel, make_error(404, "invalid_request_error", "not_found", "no endpoint " + req.method + " " + path));
+  send_error(*channel, make_error(404, "invalid_request_error", "not_found", "no endpoint " + excerpt(req.method) + " " + excerpt(path, 256)));
   return Endpoint::other;
 }
 
