@@ -4,6 +4,7 @@
 #include <chrono>
 #include <ctime>
 
+#include "http/auth.hpp"
 #include "http/bridge_actor.hpp"
 #include "http/metrics_text.hpp"
 #include "http/openai_request.hpp"
@@ -47,17 +48,6 @@ std::optional<ApiError> not_serving(const ServerContext& ctx) {
 bool has_engine(const ServerContext& ctx) {
   const ServerPhase p = ctx.current_phase();
   return p == ServerPhase::ready || p == ServerPhase::draining;
-}
-
-bool authorized(const ServerContext& ctx, const std::string& header) {
-  const std::string& key = ctx.config.server.api_key;
-  if (key.empty()) return true;
-  const std::string prefix = "Bearer ";
-  if (header.size() != prefix.size() + key.size() || header.compare(0, prefix.size(), prefix) != 0) return false;
-  // Compare every byte whatever the first difference, so the answer time says nothing about the key.
-  unsigned char diff = 0;
-  for (size_t i = 0; i < key.size(); ++i) diff |= static_cast<unsigned char>(header[prefix.size() + i] ^ key[i]);
-  return diff == 0;
 }
 
 std::optional<uint64_t> parse_number(std::string_view s) {
@@ -266,9 +256,11 @@ Endpoint route(const Context& ctx, HttpRequest req, const Channel& channel) {
   else if (path == "/slots" || path.rfind("/slots/", 0) == 0) endpoint = Endpoint::slots;
   else if (path.rfind("/v1/requests/", 0) == 0) endpoint = Endpoint::admin;
 
-  if (!authorized(*ctx, req.authorization)) {
-    send_error(*channel, make_error(401, "authentication_error", "invalid_api_key",
-                                "a valid API key is required: send 'Authorization: Bearer <key>'"));
+  const std::optional<KeyIndex> caller = authenticate(ctx->config.server, req.authorization);
+  if (!caller) {
+    const ApiError e = make_error(401, "authentication_error", "invalid_api_key",
+                                  "a valid API key is required: send 'Authorization: Bearer <key>'");
+    channel->send_json(e.status, to_json(e), {{"WWW-Authenticate", www_authenticate(req.authorization)}});
     return endpoint;
   }
   switch (endpoint) {
