@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <random>
 
+#include "http/request_registry.hpp"
 #include "http/responses.hpp"
 
 namespace ferry::http {
@@ -293,6 +294,10 @@ actors::bridge_actor::behavior_type bridge(bridge_pointer self, BridgeJob job) {
                        : std::get<CompletionRequest>(st.job.request).options;
   st.response_id = (st.chat ? "chatcmpl-" : "cmpl-") + std::to_string(st.job.id);
   if (st.options.model.empty()) st.options.model = st.job.context->config.model.id;
+  if (auto registry = st.job.context->requests) {
+    // Whichever way the bridge ends, its request is no longer live (a late cancel is then a no-op).
+    self->attach_functor([registry, id = st.job.id] { registry->end(id); });
+  }
 
   // A bug or an allocation failure while handling this request must still answer its client; the
   // scheduler sees the bridge go down and cancels the request.

@@ -13,6 +13,7 @@
 #include <optional>
 #include <sstream>
 
+#include "http/request_registry.hpp"
 #include "http/responses.hpp"
 #include "http/router.hpp"
 
@@ -433,7 +434,9 @@ class HttpServer::Listener : public std::enable_shared_from_this<HttpServer::Lis
 };
 
 HttpServer::HttpServer(net::io_context& ioc, std::shared_ptr<ServerContext> context)
-    : ioc_(ioc), context_(std::move(context)) {}
+    : ioc_(ioc), context_(std::move(context)) {
+  if (!context_->requests) context_->requests = std::make_shared<RequestRegistry>(ioc_.get_executor());
+}
 
 HttpServer::~HttpServer() = default;
 

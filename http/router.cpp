@@ -8,6 +8,7 @@
 #include "http/bridge_actor.hpp"
 #include "http/metrics_text.hpp"
 #include "http/openai_request.hpp"
+#include "http/request_registry.hpp"
 #include "http/responses.hpp"
 #include "http/safe_text.hpp"
 
@@ -71,7 +72,7 @@ std::string query_value(std::string_view query, std::string_view name) {
 
 int64_t unix_now() { return static_cast<int64_t>(std::time(nullptr)); }
 
-void generate(const Context& ctx, const HttpRequest& req, const Channel& channel, bool chat) {
+void generate(const Context& ctx, const HttpRequest& req, KeyIndex caller, const Channel& channel, bool chat) {
   if (auto e = not_serving(*ctx)) return send_error(*channel, *e);
   std::variant<ChatRequest, CompletionRequest> request;
   if (chat) {
@@ -92,7 +93,8 @@ void generate(const Context& ctx, const HttpRequest& req, const Channel& channel
   }
   BridgeJob job;
   job.request = std::move(request);
-  job.id = ctx->next_request_id.fetch_add(1);
+  job.id = random_request_number();
+  if (ctx->requests) ctx->requests->add(job.id, caller);  // before the bridge runs: its exit ends the entry
   job.created = unix_now();
   job.channel = channel;
   job.context = ctx;
@@ -174,8 +176,17 @@ void slots(const Context& ctx, const Channel& channel) {
   });
 }
 
-void release(const Context& ctx, std::string_view id_text, std::string_view query, const Channel& channel) {
+void release(const Context& ctx, std::string_view id_text, std::string_view query, KeyIndex caller,
+             const Channel& channel) {
   if (!has_engine(*ctx)) return send_error(*channel, *not_serving(*ctx));
+  // Releasing a busy slot cancels its request, whoever made it: with several keys that is for the
+  // operator's key (--api-key) alone, as cancelling is for each request's own key.
+  const auto& server = ctx->config.server;
+  if (key_count(server) > 1 && !(!server.api_key.empty() && caller == 0)) {
+    return send_error(*channel, make_error(403, "permission_error", "forbidden",
+                                           "releasing a slot cancels the request in it: with several API keys "
+                                           "only the --api-key key may"));
+  }
   const auto id = parse_number(id_text);
   if (!id || *id > UINT32_MAX) {
     return send_error(*channel, invalid_field("id", "slot id '" + excerpt(id_text) + "' is not a number"));
@@ -195,7 +206,7 @@ void release(const Context& ctx, std::string_view id_text, std::string_view quer
   });
 }
 
-void cancel(const Context& ctx, std::string_view id_text, const Channel& channel) {
+void cancel(const Context& ctx, std::string_view id_text, KeyIndex caller, const Channel& channel) {
   if (!has_engine(*ctx)) return send_error(*channel, *not_serving(*ctx));
   std::string_view digits = id_text;
   for (std::string_view prefix : {"chatcmpl-", "cmpl-"}) {
@@ -206,9 +217,23 @@ void cancel(const Context& ctx, std::string_view id_text, const Channel& channel
     return send_error(*channel, invalid_field("id", "request id '" + excerpt(id_text) +
                                                          "': expected a response id such as chatcmpl-42"));
   }
-  // Fire and forget: cancel is idempotent, an unknown or finished request is left alone.
-  caf::anon_send(ctx->engine.scheduler, actors::CancelRequest{*id, actors::EndCause::admin_cancelled});
-  channel->send_json(202, to_json(CancelReport{valid_utf8(id_text), true}));
+  auto accept = [ctx, channel, id = *id, text = valid_utf8(id_text)] {
+    // Cancel is idempotent (STYLE rule 9): the scheduler leaves a request that has ended alone.
+    caf::anon_send(ctx->engine.scheduler, actors::CancelRequest{id, actors::EndCause::admin_cancelled});
+    channel->send_json(202, to_json(CancelReport{text, true}));
+  };
+  if (!ctx->requests) return accept();
+  // With several keys a request belongs to the one that made it: to any other it does not exist.
+  const bool several_keys = key_count(ctx->config.server) > 1;
+  ctx->requests->find(*id, caller, !several_keys,
+                      [accept, channel, several_keys, text = excerpt(id_text)](RequestIndex::Found found) {
+                        if (found != RequestIndex::Found::unknown) return accept();
+                        ApiError e = make_error(404, "invalid_request_error", "request_not_found",
+                                                "no request '" + text + "'" + (several_keys ? " made with this API key" : "") +
+                                                    " is running or ended recently");
+                        e.param = "id";
+                        send_error(*channel, e);
+                      });
 }
 
 }  // namespace
@@ -267,7 +292,7 @@ Endpoint route(const Context& ctx, HttpRequest req, const Channel& channel) {
     case Endpoint::chat:
     case Endpoint::completions:
       if (!post) method_not_allowed("POST");
-      else generate(ctx, req, channel, endpoint == Endpoint::chat);
+      else generate(ctx, req, *caller, channel, endpoint == Endpoint::chat);
       return endpoint;
     case Endpoint::models: {
       if (!get) {
@@ -291,7 +316,7 @@ Endpoint route(const Context& ctx, HttpRequest req, const Channel& channel) {
       } else if (!post) {
         method_not_allowed("POST");
       } else {
-        release(ctx, std::string_view(path).substr(7), query, channel);
+        release(ctx, std::string_view(path).substr(7), query, *caller, channel);
       }
       return endpoint;
     case Endpoint::admin: {
@@ -299,7 +324,7 @@ Endpoint route(const Context& ctx, HttpRequest req, const Channel& channel) {
       const size_t slash = rest.find('/');
       if (slash == std::string_view::npos || rest.substr(slash) != "/cancel") break;
       if (!post) method_not_allowed("POST");
-      else cancel(ctx, rest.substr(0, slash), channel);
+      else cancel(ctx, rest.substr(0, slash), *caller, channel);
       return endpoint;
     }
     default:
