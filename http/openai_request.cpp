@@ -380,8 +380,9 @@ MaybeError validate_messages(const JsonValue& messages) {
     const JsonValue* role = m.find("role");
     if (role == nullptr || !role->is_string()) return invalid_field(p + ".role", p + ".role is required (a string)");
     const std::string& r = role->as_string();
-    if (r != "system" && r != "user" && r != "assistant" && r != "tool") {
-      return invalid_field(p + ".role", p + ".role = '" + excerpt(r) + "': expected system, user, assistant or tool");
+    if (r != "system" && r != "developer" && r != "user" && r != "assistant" && r != "tool") {
+      return invalid_field(p + ".role",
+                           p + ".role = '" + excerpt(r) + "': expected system, developer, user, assistant or tool");
     }
     if (auto err = validate_content(m.find("content"), p + ".content", r == "assistant")) return err;
     if (r == "assistant") {
@@ -447,6 +448,37 @@ MaybeError validate_tools(const JsonValue& tools) {
   return std::nullopt;
 }
 
+// OpenAI's levels, and GLM's own "max" (what the template writes when the level is not low or high).
+constexpr std::string_view kEfforts[] = {"none", "minimal", "low", "medium", "high", "xhigh", "max"};
+
+MaybeError check_effort(const std::string& name, const std::string& effort) {
+  for (std::string_view e : kEfforts) {
+    if (effort == e) return std::nullopt;
+  }
+  return invalid_field(name, name + " = '" + excerpt(effort) +
+                                 "': expected none, minimal, low, medium, high, xhigh or max (none and minimal turn "
+                                 "thinking off)");
+}
+
+// Fields that are valid alone but not together.
+MaybeError check_limits(const GenerationOptions& o) {
+  if (o.max_tokens && o.min_tokens > *o.max_tokens) {
+    return invalid_field("min_tokens", "min_tokens = " + std::to_string(o.min_tokens) + " is more than max_tokens = " +
+                                           std::to_string(*o.max_tokens));
+  }
+  return std::nullopt;
+}
+
+// "developer" is what current OpenAI clients send for instructions that "system" carried before;
+// the template knows system.
+void developer_is_system(JsonValue& messages) {
+  for (JsonValue& m : messages.as_array()) {
+    for (auto& [key, value] : m.as_object()) {
+      if (key == "role" && value.is_string() && value.as_string() == "developer") value = JsonValue("system");
+    }
+  }
+}
+
 MaybeError read_template_kwargs(od::value& v, ChatRequest& r) {
   if (is_null(v)) return std::nullopt;
   JsonValue kwargs;
@@ -465,6 +497,7 @@ MaybeError read_template_kwargs(od::value& v, ChatRequest& r) {
     } else if (key == "reasoning_effort") {
       if (value.is_null()) continue;
       if (!value.is_string()) return invalid_field(p, p + " must be a string");
+      if (auto err = check_effort(p, value.as_string())) return err;
       r.reasoning_effort = value.as_string();
     }
     // Other template variables mean nothing to GLM-5.3's template: ignored, as Jinja would.
@@ -505,6 +538,7 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body) {
       if (is_null(v)) return std::nullopt;
       std::string effort;
       if (auto err = read_string(v, key, effort)) return err;
+      if (auto err = check_effort(key, effort)) return err;
       r.reasoning_effort = effort;
       return std::nullopt;
     }
@@ -523,6 +557,15 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body) {
   };
   if (auto err = parse_object(body, r.options, on_field)) return *err;
   if (!have_messages) return invalid_field("messages", "messages is required");
+  if (auto err = check_limits(r.options)) return *err;
+  developer_is_system(r.messages);
+  if (r.reasoning_effort == "none" || r.reasoning_effort == "minimal") {
+    if (r.enable_thinking.value_or(false)) {
+      return invalid_field("reasoning_effort", "reasoning_effort = '" + *r.reasoning_effort +
+                                                   "' turns thinking off, but chat_template_kwargs.enable_thinking is true");
+    }
+    r.enable_thinking = false;
+  }
   if (tool_choice == "none" || (r.tools.is_array() && r.tools.as_array().empty())) r.tools = JsonValue(nullptr);
   return r;
 }
@@ -567,6 +610,7 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
   };
   if (auto err = parse_object(body, r.options, on_field)) return *err;
   if (!have_prompt) return invalid_field("prompt", "prompt is required");
+  if (auto err = check_limits(r.options)) return *err;
   return r;
 }
 

@@ -159,15 +159,25 @@ std::string to_json(const CompletionChunk& x) {
   return dump(out);
 }
 
-std::string to_json(const ModelList& x) {
-  bj::object model{{"id", x.id},         {"object", "model"},
+namespace {
+
+bj::object model_json(const Model& x) {
+  bj::object model{{"id", valid_utf8(x.id)},         {"object", "model"},
                    {"created", x.created}, {"owned_by", "ferry"},
                    {"max_model_len", x.max_model_len}, {"synthetic", !x.synthetic_config.empty()}};
   if (!x.synthetic_config.empty()) {
-    model["synthetic_config"] = x.synthetic_config;
-    model["synthetic_type"] = x.synthetic_type;
+    model["synthetic_config"] = valid_utf8(x.synthetic_config);
+    model["synthetic_type"] = valid_utf8(x.synthetic_type);
   }
-  return dump(bj::object{{"object", "list"}, {"data", bj::array{std::move(model)}}});
+  return model;
+}
+
+}  // namespace
+
+std::string to_json(const Model& x) { return dump(model_json(x)); }
+
+std::string to_json(const ModelList& x) {
+  return dump(bj::object{{"object", "list"}, {"data", bj::array{model_json(x.model)}}});
 }
 
 std::string to_json(const HealthReport& x) {

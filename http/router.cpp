@@ -70,6 +70,27 @@ std::string query_value(std::string_view query, std::string_view name) {
   return {};
 }
 
+// %XX escapes decoded; a malformed escape is kept as it is.
+std::string percent_decoded(std::string_view s) {
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && hex(s[i + 1]) >= 0 && hex(s[i + 2]) >= 0) {
+      out.push_back(static_cast<char>(hex(s[i + 1]) * 16 + hex(s[i + 2])));
+      i += 2;
+    } else {
+      out.push_back(s[i]);
+    }
+  }
+  return out;
+}
+
 int64_t unix_now() { return static_cast<int64_t>(std::time(nullptr)); }
 
 void generate(const Context& ctx, const HttpRequest& req, KeyIndex caller, const Channel& channel, bool chat) {
@@ -276,7 +297,7 @@ Endpoint route(const Context& ctx, HttpRequest req, const Channel& channel) {
   Endpoint endpoint = Endpoint::other;
   if (path == "/v1/chat/completions") endpoint = Endpoint::chat;
   else if (path == "/v1/completions") endpoint = Endpoint::completions;
-  else if (path == "/v1/models") endpoint = Endpoint::models;
+  else if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) endpoint = Endpoint::models;
   else if (path == "/metrics") endpoint = Endpoint::metrics;
   else if (path == "/slots" || path.rfind("/slots/", 0) == 0) endpoint = Endpoint::slots;
   else if (path.rfind("/v1/requests/", 0) == 0) endpoint = Endpoint::admin;
@@ -299,10 +320,23 @@ Endpoint route(const Context& ctx, HttpRequest req, const Channel& channel) {
         method_not_allowed("GET");
         return endpoint;
       }
-      ModelList list{ctx->config.model.id, ctx->started_unix,
-                     has_engine(*ctx) ? ctx->engine.limits.ctx : ctx->config.slots.ctx, ctx->config.model.synthetic_config,
-                     ctx->config.model.synthetic_type};
-      channel->send_json(200, to_json(list));
+      const Model model{ctx->config.model.id, ctx->started_unix,
+                        has_engine(*ctx) ? ctx->engine.limits.ctx : ctx->config.slots.ctx,
+                        ctx->config.model.synthetic_config, ctx->config.model.synthetic_type};
+      if (path == "/v1/models") {
+        channel->send_json(200, to_json(ModelList{model}));
+        return endpoint;
+      }
+      // GET /v1/models/{id} (client.models.retrieve): the id may hold '/' and arrive percent-encoded.
+      const std::string id = percent_decoded(std::string_view(path).substr(11));
+      if (id != model.id) {
+        ApiError e = make_error(404, "invalid_request_error", "model_not_found",
+                                "model '" + excerpt(id) + "' is not served here; this server serves '" + model.id + "'");
+        e.param = "model";
+        send_error(*channel, e);
+        return endpoint;
+      }
+      channel->send_json(200, to_json(model));
       return endpoint;
     }
     case Endpoint::metrics:

@@ -5,6 +5,7 @@
 //   POST /v1/chat/completions          chat, streamed (SSE) or whole
 //   POST /v1/completions               raw prompt (text or token ids), streamed or whole
 //   GET  /v1/models                    the served model
+//   GET  /v1/models/{id}               the served model's object; 404 for another id
 //   GET  /health                       200 serving; 503 + reason while loading, draining, failed
 //   GET  /metrics                      Prometheus text
 //   GET  /slots                        per-slot state
