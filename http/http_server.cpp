@@ -13,6 +13,7 @@
 #include <optional>
 #include <sstream>
 
+#include "http/memory_release.hpp"
 #include "http/request_registry.hpp"
 #include "http/responses.hpp"
 #include "http/router.hpp"
@@ -201,8 +202,11 @@ class Session : public std::enable_shared_from_this<Session> {
     request.target = std::string(req.target());
     request.authorization = std::string(req[bhttp::field::authorization]);
     request.body = std::move(req.body());
+    const bool large = request.body.size() >= kLargeBodyBytes;
     std::shared_ptr<Exchange> ex = start_exchange(HttpMetrics::other);
     endpoint_ = route(ctx_, std::move(request), ex);
+    // The body and its parse are freed by now (what a bridge took is released when it ends).
+    if (large) release_free_memory();
     watch();
   }
 

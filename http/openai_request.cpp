@@ -277,7 +277,11 @@ bool read_common(const std::string& key, od::value& v, GenerationOptions& o, May
 // Parses the body's top-level object; `on_field` handles each member (after the common ones).
 MaybeError parse_object(std::string_view body, GenerationOptions& options,
                         const std::function<MaybeError(const std::string&, od::value&)>& on_field) {
-  thread_local od::parser parser;  // a parser is not thread-safe; one per HTTP thread
+  // A parser is not thread-safe: one per HTTP thread, reused. It keeps buffers as large as the largest
+  // document it parsed, so a body of megabytes gets a parser of its own, freed with it.
+  thread_local od::parser reused;
+  std::optional<od::parser> own;
+  od::parser& parser = body.size() > (size_t{1} << 20) ? own.emplace() : reused;
   const simdjson::padded_string padded(body);
   od::document doc;
   if (auto e = parser.iterate(padded).get(doc)) return malformed(e, "");

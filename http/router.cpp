@@ -112,6 +112,15 @@ void generate(const Context& ctx, const HttpRequest& req, KeyIndex caller, const
     e.param = "model";
     return send_error(*channel, e);
   }
+  // Checked before any work on the prompt: no prompt fits beside such a completion.
+  const auto& options = std::visit([](const auto& r) -> const GenerationOptions& { return r.options; }, request);
+  if (options.max_tokens && *options.max_tokens >= ctx->engine.limits.ctx) {
+    ApiError e = invalid_field("max_tokens",
+                               "max_tokens = " + std::to_string(*options.max_tokens) + " leaves no room for a prompt: a slot "
+                               "holds " + std::to_string(ctx->engine.limits.ctx) + " tokens (prompt + completion)",
+                               "context_length_exceeded");
+    return send_error(*channel, e);
+  }
   BridgeJob job;
   job.request = std::move(request);
   job.id = random_request_number();
@@ -119,6 +128,7 @@ void generate(const Context& ctx, const HttpRequest& req, KeyIndex caller, const
   job.created = unix_now();
   job.channel = channel;
   job.context = ctx;
+  job.body_bytes = req.body.size();
   const auto bridge_handle = ctx->system->spawn(bridge, std::move(job));
   // A weak address: the bridge holds the channel, so a strong handle here would make a cycle.
   channel->on_client_gone([address = bridge_handle.address()] {
