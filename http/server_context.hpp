@@ -48,6 +48,13 @@ class HttpMetrics {
   std::atomic<uint64_t> client_disconnects{0};  // clients gone before their answer was complete
   std::atomic<uint64_t> slow_clients{0};        // dropped because their event queue was full
   std::atomic<uint64_t> events_sent{0};
+  // The connection cap and what it did (http_server.cpp):
+  std::atomic<uint64_t> connection_limit{0};
+  std::atomic<uint64_t> connections_evicted{0};       // idle ones closed to make room for a new one
+  std::atomic<uint64_t> refused_connection_limit{0};  // 503: at the cap with every connection busy
+  std::atomic<uint64_t> refused_open_file_limit{0};   // 503 (or nothing): no file descriptor left
+  std::atomic<uint64_t> accept_pauses{0};             // accepting stopped until a connection closed
+  std::atomic<uint64_t> read_timeouts{0};             // requests not read within --read-timeout
 
  private:
   std::array<std::array<std::atomic<uint64_t>, codes.size()>, endpoint_count> requests_{};
