@@ -57,9 +57,14 @@ EngineEvents StepPlanner::submit(GenerateRequest request, TimePoint now) {
                       std::to_string(limits_.ctx) + " tokens",
                   now);
   }
-  if (queue_.size() >= limits_.queue_limit) {
+  // Idle slots count as room: while a step is in flight nothing is admitted, and a burst must not
+  // find the queue full with slots still free (slots + queue_limit requests get in, no fewer).
+  const auto idle = static_cast<size_t>(std::count_if(slots_.begin(), slots_.end(), [](const Slot& s) { return s.request == 0; }));
+  if (queue_.size() >= limits_.queue_limit + idle) {
     return reject(request, EndCause::queue_full,
-                  "the queue is full (" + std::to_string(limits_.queue_limit) + " requests waiting)", now);
+                  "the queue is full (" + std::to_string(queue_.size() - std::min(queue_.size(), idle)) +
+                      " requests waiting)",
+                  now);
   }
   const RequestId id = request.id;
   Live& live = live_[id];

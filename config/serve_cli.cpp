@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 
+#include "config/api_key_file.hpp"
 #include "config/byte_size.hpp"
 
 namespace ferry::config {
@@ -65,12 +66,24 @@ ServeCli::ServeCli(CLI::App& cmd) : cmd_(cmd) {
   add("server", "port", c.server.port, "port to listen on (0: any free port)")->capture_default_str();
   add("server", "api-key", c.server.api_key, "require 'Authorization: Bearer KEY' (also $FERRY_API_KEY)")
       ->envname("FERRY_API_KEY");
+  add("server", "api-key-file", c.server.api_key_file,
+      "file of API keys, one per line, each accepted like --api-key; with several keys a request can be "
+      "cancelled only with the key that made it")
+      ->check(CLI::ExistingFile);
   add("server", "http-threads", c.server.http_threads, "threads running HTTP connections")->capture_default_str();
   add("server", "max-body", max_body_, "largest request body (e.g. 16MiB)")->capture_default_str();
   add("server", "sse-queue-limit", c.server.sse_queue_limit,
       "SSE events a client may leave unread before it is dropped")
       ->capture_default_str();
-  add("server", "idle-timeout", c.server.idle_timeout_s, "seconds a connection may stay silent")
+  add("server", "max-connections", c.server.max_connections,
+      "open connections at most; at the limit a new one closes the longest-idle connection, else gets 503 "
+      "(0: half the open-file limit, at most 32768)")
+      ->capture_default_str();
+  add("server", "read-timeout", c.server.read_timeout_s,
+      "seconds a client has to send a whole request (headers and body) from its first byte, or from the "
+      "accept on a new connection")
+      ->capture_default_str();
+  add("server", "idle-timeout", c.server.idle_timeout_s, "seconds a kept-alive connection may wait for its next request")
       ->capture_default_str();
   add("server", "drain-timeout", c.server.drain_timeout_s, "seconds running requests get to finish at shutdown")
       ->capture_default_str();
@@ -141,6 +154,11 @@ std::vector<std::string> ServeCli::finish() {
     auto fault = parse_fault(inject_fault_);
     if (fault) config_.inject_fault = fault.value();
     else errors.push_back(fault.error().message);
+  }
+  if (!config_.server.api_key_file.empty()) {
+    auto keys = read_api_key_file(config_.server.api_key_file);
+    if (keys) config_.server.file_api_keys = std::move(*keys);
+    else errors.push_back(keys.error().message);
   }
   for (auto& e : validate(config_)) errors.push_back(std::move(e));
   return errors;

@@ -71,6 +71,10 @@ std::vector<std::string> validate(const ServeConfig& c) {
   check(c.server.sse_queue_limit >= 16, bad("sse-queue-limit", c.server.sse_queue_limit, "at least 16 events"));
   check(c.server.idle_timeout_s > 0 && c.server.idle_timeout_s <= 86400,
         bad("idle-timeout", c.server.idle_timeout_s, "seconds in (0, 86400]"));
+  check(c.server.read_timeout_s > 0 && c.server.read_timeout_s <= 3600,
+        bad("read-timeout", c.server.read_timeout_s, "seconds in (0, 3600]"));
+  check(c.server.max_connections <= 1000000,
+        bad("max-connections", c.server.max_connections, "0 (auto) to 1000000 connections"));
   check(c.slots.count >= 1 && c.slots.count <= 256, bad("slots", c.slots.count, "1 to 256"));
   check(c.slots.ctx >= 16, bad("ctx", c.slots.ctx, "at least 16 tokens per slot"));
   check(c.slots.prefill_chunk >= 1, bad("prefill-chunk", c.slots.prefill_chunk, "at least 1 token"));

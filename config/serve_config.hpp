@@ -60,11 +60,21 @@ struct SlotsConfig {
 struct ServerConfig {
   std::string host = "127.0.0.1";
   uint16_t port = 9527;                  // 0 = any free port (the chosen one is logged)
-  std::string api_key;                   // empty = no authentication
+  std::string api_key;                   // empty (and no api_key_file) = no authentication
+  // More keys, one per line (blank lines and lines starting with '#' skipped). With several keys, a
+  // request can be cancelled only with the key that made it.
+  std::string api_key_file;
+  std::vector<std::string> file_api_keys;  // the keys read from api_key_file (ServeCli::finish fills it)
   uint32_t http_threads = 2;             // threads running the HTTP sessions
   uint64_t max_body_bytes = 16ull << 20;  // largest request body accepted (413 above)
   uint32_t sse_queue_limit = 4096;       // pending SSE events per connection before it counts as stalled
-  double idle_timeout_s = 300;           // a connection that sends nothing for this long is closed
+  // Open connections at most. At the limit a new connection closes the longest-idle one (no request in
+  // progress), else it gets a 503. 0 = auto: half the open-file limit (which ferry raises to its hard
+  // limit at start), at most 32768.
+  uint32_t max_connections = 0;
+  double read_timeout_s = 30;            // a request's headers and body must arrive within this, counted
+                                         // from its first byte (from the accept for a new connection)
+  double idle_timeout_s = 300;           // a kept-alive connection may wait this long for its next request
   double drain_timeout_s = 30;           // on SIGTERM/SIGINT: time running requests get to finish
 };
 

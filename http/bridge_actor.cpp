@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <random>
 
+#include "http/memory_release.hpp"
+#include "http/request_registry.hpp"
 #include "http/responses.hpp"
 
 namespace ferry::http {
@@ -19,6 +21,27 @@ uint64_t random_seed() {
 ApiError too_long(const std::string& param, std::string message) {
   ApiError e = invalid_field(param, std::move(message), "context_length_exceeded");
   return e;
+}
+
+// Whether the messages' own text proves the prompt longer than `cap` tokens: the template writes every
+// user and system message's content whole, and no token covers more than `max_token_bytes` bytes. A
+// cheap look before rendering and tokenizing a body of megabytes.
+bool prompt_exceeds(const model::JsonValue& messages, size_t max_token_bytes, size_t cap) {
+  if (max_token_bytes == 0 || !messages.is_array()) return false;
+  size_t bytes = 0;
+  for (const model::JsonValue& m : messages.as_array()) {
+    const model::JsonValue* role = m.find("role");
+    const model::JsonValue* content = m.find("content");
+    if (!role || !role->is_string() || !content) continue;
+    if (role->as_string() != "user" && role->as_string() != "system") continue;
+    if (content->is_string()) bytes += content->as_string().size();
+    if (content->is_array()) {
+      for (const model::JsonValue& part : content->as_array()) {
+        if (const model::JsonValue* text = part.find("text"); text && text->is_string()) bytes += text->as_string().size();
+      }
+    }
+  }
+  return bytes > 0 && (bytes - 1) / max_token_bytes + 1 > cap;
 }
 
 std::string tool_call_id(actors::RequestId id, size_t index) {
@@ -231,7 +254,16 @@ std::variant<actors::GenerateRequest, ApiError> prepare_request(BridgeState& st)
   const uint32_t context = ctx.engine.limits.ctx;
   StreamOptions stream;
   std::string prompt_field = "messages";
+  // A prompt of `context` tokens leaves no room for the first generated one. The checks before the
+  // work (what the text's length alone proves, then tokenizing with a cap) keep a huge prompt from
+  // costing more than a prompt at the limit does.
+  const size_t cap = context - 1;
+  auto over = [&](const std::string& field) {
+    return too_long(field, "the prompt has more than " + std::to_string(cap) + " tokens; a slot holds " +
+                               std::to_string(context) + " tokens (prompt + completion)");
+  };
   if (const auto* chat = std::get_if<ChatRequest>(&st.job.request)) {
+    if (prompt_exceeds(chat->messages, tokenizer.max_token_bytes(), cap)) return over(prompt_field);
     model::ChatOptions options;
     options.reasoning_effort = chat->reasoning_effort;
     options.enable_thinking = chat->enable_thinking;
@@ -239,7 +271,7 @@ std::variant<actors::GenerateRequest, ApiError> prepare_request(BridgeState& st)
     const model::JsonValue* tools = chat->tools.is_null() ? nullptr : &chat->tools;
     auto rendered = ctx.chat_template.render(chat->messages, tools, options);
     if (!rendered) return invalid_field("messages", rendered.error().message);
-    st.prompt = tokenizer.encode(rendered->prompt, /*parse_special=*/true);
+    if (!tokenizer.encode(rendered->prompt, /*parse_special=*/true, st.prompt, cap)) return over(prompt_field);
     stream.parser.starts_in_reasoning = rendered->generation_starts_in_reasoning;
     if (tools != nullptr) {
       auto schemas = model::ToolSchemas::from_tools(*tools);
@@ -251,10 +283,10 @@ std::variant<actors::GenerateRequest, ApiError> prepare_request(BridgeState& st)
     prompt_field = "prompt";
     stream.chat = false;
     if (const auto* text = std::get_if<std::string>(&completion.prompt)) {
-      st.prompt = tokenizer.encode(*text, /*parse_special=*/true);
+      if (!tokenizer.encode(*text, /*parse_special=*/true, st.prompt, cap)) return over(prompt_field);
     } else {
       st.prompt = std::get<std::vector<int32_t>>(completion.prompt);
-      for (size_t i = 0; i < st.prompt.size(); ++i) {
+      for (size_t i = 0; i < st.prompt.size() && st.prompt.size() < context; ++i) {
         if (!tokenizer.valid_id(st.prompt[i])) {
           const std::string at = "prompt[" + std::to_string(i) + "]";
           return invalid_field(at, at + " = " + std::to_string(st.prompt[i]) + " is not in the vocabulary of " +
@@ -306,6 +338,14 @@ actors::bridge_actor::behavior_type bridge(bridge_pointer self, BridgeJob job) {
                        : std::get<CompletionRequest>(st.job.request).options;
   st.response_id = (st.chat ? "chatcmpl-" : "cmpl-") + std::to_string(st.job.id);
   if (st.options.model.empty()) st.options.model = st.job.context->config.model.id;
+  if (auto registry = st.job.context->requests) {
+    // Whichever way the bridge ends, its request is no longer live (a late cancel is then a no-op).
+    self->attach_functor([registry, id = st.job.id] { registry->end(id); });
+  }
+  if (st.job.body_bytes >= kLargeBodyBytes) {
+    // The request's text (and its rendering) is freed with the bridge's state, before this runs.
+    self->attach_functor([] { release_free_memory(); });
+  }
 
   // A bug or an allocation failure while handling this request must still answer its client; the
   // scheduler sees the bridge go down and cancels the request.

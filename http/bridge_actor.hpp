@@ -21,6 +21,7 @@ struct BridgeJob {
   int64_t created = 0;  // unix seconds, for the response's `created`
   std::shared_ptr<ResponseChannel> channel;
   std::shared_ptr<const ServerContext> context;
+  size_t body_bytes = 0;  // of the HTTP request: a large one's memory is released when the bridge ends
 };
 
 struct BridgeState {

@@ -70,7 +70,8 @@ std::string render_metrics(const ServerContext& ctx, const std::optional<actors:
   w.sample("ferry_up", phase == ServerPhase::ready && !(engine && engine->failed) ? 1 : 0);
   w.metric("ferry_model_load_bytes_done", "gauge", "model bytes read at start-up",
            static_cast<double>(ctx.progress.bytes_done.load()));
-  w.metric("ferry_model_load_bytes_total", "gauge", "model bytes to read at start-up",
+  // A gauge: no _total suffix, which Prometheus reserves for counters (promtool check metrics).
+  w.metric("ferry_model_size_bytes", "gauge", "model bytes to read at start-up",
            static_cast<double>(ctx.progress.bytes_total.load()));
 
   const HttpMetrics& m = ctx.metrics;
@@ -92,6 +93,23 @@ std::string render_metrics(const ServerContext& ctx, const std::optional<actors:
   w.metric("ferry_http_slow_clients_total", "counter", "streams dropped because the client stopped reading",
            static_cast<double>(m.slow_clients.load()));
   w.metric("ferry_http_sse_events_total", "counter", "server-sent events queued", static_cast<double>(m.events_sent.load()));
+  w.metric("ferry_http_connection_limit", "gauge", "open connections at most (--max-connections)",
+           static_cast<double>(m.connection_limit.load()));
+  w.metric("ferry_http_connections_evicted_total", "counter",
+           "idle connections closed at the connection limit to make room for a new one",
+           static_cast<double>(m.connections_evicted.load()));
+  w.header("ferry_http_connections_refused_total", "counter",
+           "new connections answered 503 and closed: at the connection limit with every connection busy, or with no "
+           "file descriptor left");
+  w.sample("ferry_http_connections_refused_total", static_cast<double>(m.refused_connection_limit.load()),
+           "reason=\"connection_limit\"");
+  w.sample("ferry_http_connections_refused_total", static_cast<double>(m.refused_open_file_limit.load()),
+           "reason=\"open_file_limit\"");
+  w.metric("ferry_http_accept_pauses_total", "counter",
+           "times accepting stopped, out of file descriptors, until a connection closed",
+           static_cast<double>(m.accept_pauses.load()));
+  w.metric("ferry_http_read_timeouts_total", "counter", "requests whose headers and body did not arrive within --read-timeout",
+           static_cast<double>(m.read_timeouts.load()));
 
   if (engine) {
     const auto& e = *engine;

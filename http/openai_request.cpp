@@ -7,6 +7,8 @@
 #include <functional>
 #include <limits>
 
+#include "http/safe_text.hpp"
+
 namespace ferry::http {
 namespace {
 
@@ -98,7 +100,7 @@ MaybeError to_json(od::value v, const std::string& path, int depth, JsonValue& o
       auto parsed = model::parse_json(trim(raw));
       if (!parsed || !parsed->is_number()) {
         return invalid_field(path, "the request body is not valid JSON (at " + path + "): bad number '" +
-                                       std::string(trim(raw)) + "'",
+                                       excerpt(trim(raw)) + "'",
                              "invalid_json");
       }
       out = std::move(parsed.value());
@@ -132,8 +134,8 @@ MaybeError read_float(od::value& v, const std::string& name, double lo, double h
   if (v.get_double().get(d)) return invalid_field(name, name + " must be a number");
   const bool ok = std::isfinite(d) && (lo_open ? d > lo : d >= lo) && d <= hi;
   if (!ok) {
-    return invalid_field(name, name + " = " + std::to_string(d) + ": expected a number in " +
-                                   (lo_open ? "(" : "[") + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    return invalid_field(name, name + " = " + short_number(d) + ": expected a number in " + (lo_open ? "(" : "[") +
+                                   short_number(lo) + ", " + short_number(hi) + "]");
   }
   out = static_cast<float>(d);
   return std::nullopt;
@@ -275,7 +277,11 @@ bool read_common(const std::string& key, od::value& v, GenerationOptions& o, May
 // Parses the body's top-level object; `on_field` handles each member (after the common ones).
 MaybeError parse_object(std::string_view body, GenerationOptions& options,
                         const std::function<MaybeError(const std::string&, od::value&)>& on_field) {
-  thread_local od::parser parser;  // a parser is not thread-safe; one per HTTP thread
+  // A parser is not thread-safe: one per HTTP thread, reused. It keeps buffers as large as the largest
+  // document it parsed, so a body of megabytes gets a parser of its own, freed with it.
+  thread_local od::parser reused;
+  std::optional<od::parser> own;
+  od::parser& parser = body.size() > (size_t{1} << 20) ? own.emplace() : reused;
   const simdjson::padded_string padded(body);
   od::document doc;
   if (auto e = parser.iterate(padded).get(doc)) return malformed(e, "");
@@ -331,7 +337,7 @@ MaybeError validate_content(const JsonValue* content, const std::string& path, b
       return invalid_field(part, part + " must be an object with a \"type\"");
     }
     if (type->as_string() != "text") {
-      return invalid_field(part + ".type", part + ".type = '" + type->as_string() +
+      return invalid_field(part + ".type", part + ".type = '" + excerpt(type->as_string()) +
                                                "': only text parts are supported by this model server",
                            "unsupported_content");
     }
@@ -378,8 +384,9 @@ MaybeError validate_messages(const JsonValue& messages) {
     const JsonValue* role = m.find("role");
     if (role == nullptr || !role->is_string()) return invalid_field(p + ".role", p + ".role is required (a string)");
     const std::string& r = role->as_string();
-    if (r != "system" && r != "user" && r != "assistant" && r != "tool") {
-      return invalid_field(p + ".role", p + ".role = '" + r + "': expected system, user, assistant or tool");
+    if (r != "system" && r != "developer" && r != "user" && r != "assistant" && r != "tool") {
+      return invalid_field(p + ".role",
+                           p + ".role = '" + excerpt(r) + "': expected system, developer, user, assistant or tool");
     }
     if (auto err = validate_content(m.find("content"), p + ".content", r == "assistant")) return err;
     if (r == "assistant") {
@@ -445,6 +452,37 @@ MaybeError validate_tools(const JsonValue& tools) {
   return std::nullopt;
 }
 
+// OpenAI's levels, and GLM's own "max" (what the template writes when the level is not low or high).
+constexpr std::string_view kEfforts[] = {"none", "minimal", "low", "medium", "high", "xhigh", "max"};
+
+MaybeError check_effort(const std::string& name, const std::string& effort) {
+  for (std::string_view e : kEfforts) {
+    if (effort == e) return std::nullopt;
+  }
+  return invalid_field(name, name + " = '" + excerpt(effort) +
+                                 "': expected none, minimal, low, medium, high, xhigh or max (none and minimal turn "
+                                 "thinking off)");
+}
+
+// Fields that are valid alone but not together.
+MaybeError check_limits(const GenerationOptions& o) {
+  if (o.max_tokens && o.min_tokens > *o.max_tokens) {
+    return invalid_field("min_tokens", "min_tokens = " + std::to_string(o.min_tokens) + " is more than max_tokens = " +
+                                           std::to_string(*o.max_tokens));
+  }
+  return std::nullopt;
+}
+
+// "developer" is what current OpenAI clients send for instructions that "system" carried before;
+// the template knows system.
+void developer_is_system(JsonValue& messages) {
+  for (JsonValue& m : messages.as_array()) {
+    for (auto& [key, value] : m.as_object()) {
+      if (key == "role" && value.is_string() && value.as_string() == "developer") value = JsonValue("system");
+    }
+  }
+}
+
 MaybeError read_template_kwargs(od::value& v, ChatRequest& r) {
   if (is_null(v)) return std::nullopt;
   JsonValue kwargs;
@@ -463,6 +501,7 @@ MaybeError read_template_kwargs(od::value& v, ChatRequest& r) {
     } else if (key == "reasoning_effort") {
       if (value.is_null()) continue;
       if (!value.is_string()) return invalid_field(p, p + " must be a string");
+      if (auto err = check_effort(p, value.as_string())) return err;
       r.reasoning_effort = value.as_string();
     }
     // Other template variables mean nothing to GLM-5.3's template: ignored, as Jinja would.
@@ -503,6 +542,7 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body) {
       if (is_null(v)) return std::nullopt;
       std::string effort;
       if (auto err = read_string(v, key, effort)) return err;
+      if (auto err = check_effort(key, effort)) return err;
       r.reasoning_effort = effort;
       return std::nullopt;
     }
@@ -521,6 +561,15 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body) {
   };
   if (auto err = parse_object(body, r.options, on_field)) return *err;
   if (!have_messages) return invalid_field("messages", "messages is required");
+  if (auto err = check_limits(r.options)) return *err;
+  developer_is_system(r.messages);
+  if (r.reasoning_effort == "none" || r.reasoning_effort == "minimal") {
+    if (r.enable_thinking.value_or(false)) {
+      return invalid_field("reasoning_effort", "reasoning_effort = '" + *r.reasoning_effort +
+                                                   "' turns thinking off, but chat_template_kwargs.enable_thinking is true");
+    }
+    r.enable_thinking = false;
+  }
   if (tool_choice == "none" || (r.tools.is_array() && r.tools.as_array().empty())) r.tools = JsonValue(nullptr);
   return r;
 }
@@ -554,7 +603,7 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
         }
         const double id = number_value(t);
         if (!(id >= 0 && id <= std::numeric_limits<int32_t>::max())) {
-          return invalid_field(at("prompt", i), at("prompt", i) + " = " + t.as_number().text + ": not a token id");
+          return invalid_field(at("prompt", i), at("prompt", i) + " = " + excerpt(t.as_number().text) + ": not a token id");
         }
         ids.push_back(static_cast<int32_t>(id));
       }
@@ -565,6 +614,7 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
   };
   if (auto err = parse_object(body, r.options, on_field)) return *err;
   if (!have_prompt) return invalid_field("prompt", "prompt is required");
+  if (auto err = check_limits(r.options)) return *err;
   return r;
 }
 

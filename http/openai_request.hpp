@@ -3,7 +3,7 @@
 // exceptions) and validated field by field. Every rejection names the field (`param`) and says what
 // was expected. Unknown fields are ignored, as OpenAI-compatible servers do; known fields with a
 // wrong type or value, and features ferry does not implement (n > 1, logprobs, penalties, forced
-// tool choice), are errors.
+// tool choice), are errors. Role "developer" is read as "system".
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -39,8 +39,9 @@ struct ChatRequest {
   GenerationOptions options;
   model::JsonValue messages;  // validated: an array of message objects
   model::JsonValue tools;     // null when none (or tool_choice "none")
-  std::optional<bool> enable_thinking;          // chat_template_kwargs.enable_thinking
-  std::optional<std::string> reasoning_effort;  // top level or chat_template_kwargs
+  std::optional<bool> enable_thinking;          // chat_template_kwargs.enable_thinking; false for effort none/minimal
+  std::optional<std::string> reasoning_effort;  // top level or chat_template_kwargs: none, minimal, low, medium,
+                                                // high, xhigh or max
   bool clear_thinking = false;                  // chat_template_kwargs.clear_thinking
 };
 

@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "http/safe_text.hpp"
+
 namespace ferry::http {
 namespace {
 
@@ -157,20 +159,30 @@ std::string to_json(const CompletionChunk& x) {
   return dump(out);
 }
 
-std::string to_json(const ModelList& x) {
-  bj::object model{{"id", x.id},         {"object", "model"},
+namespace {
+
+bj::object model_json(const Model& x) {
+  bj::object model{{"id", valid_utf8(x.id)},         {"object", "model"},
                    {"created", x.created}, {"owned_by", "ferry"},
                    {"max_model_len", x.max_model_len}, {"synthetic", !x.synthetic_config.empty()}};
   if (!x.synthetic_config.empty()) {
-    model["synthetic_config"] = x.synthetic_config;
-    model["synthetic_type"] = x.synthetic_type;
+    model["synthetic_config"] = valid_utf8(x.synthetic_config);
+    model["synthetic_type"] = valid_utf8(x.synthetic_type);
   }
-  return dump(bj::object{{"object", "list"}, {"data", bj::array{std::move(model)}}});
+  return model;
+}
+
+}  // namespace
+
+std::string to_json(const Model& x) { return dump(model_json(x)); }
+
+std::string to_json(const ModelList& x) {
+  return dump(bj::object{{"object", "list"}, {"data", bj::array{model_json(x.model)}}});
 }
 
 std::string to_json(const HealthReport& x) {
   bj::object out{{"status", x.status}};
-  if (!x.reason.empty()) out["reason"] = x.reason;
+  if (!x.reason.empty()) out["reason"] = valid_utf8(x.reason);  // may name a file path
   if (x.status == "loading") {
     const double percent = x.bytes_total > 0 ? 100.0 * static_cast<double>(x.bytes_done) / static_cast<double>(x.bytes_total) : 0;
     out["loading"] = bj::object{{"bytes_done", x.bytes_done},
@@ -181,7 +193,7 @@ std::string to_json(const HealthReport& x) {
   }
   if (x.synthetic) out["synthetic"] = true;
   if (!x.backend.empty()) {
-    out["backend"] = x.backend;
+    out["backend"] = valid_utf8(x.backend);
     out["slots_idle"] = x.slots_idle;
     out["slots_total"] = x.slots_total;
     out["queued"] = x.queued;
@@ -241,9 +253,11 @@ std::string to_json(const ReleaseReport& x) {
 }
 
 std::string to_json(const ApiError& x) {
-  bj::object error{{"message", x.message}, {"type", x.type}};
-  error["param"] = x.param.empty() ? bj::value(nullptr) : bj::value(x.param);
-  error["code"] = x.code.empty() ? bj::value(nullptr) : bj::value(x.code);
+  // Messages and params quote what the client sent (a path, a key, a value): the body must stay valid
+  // JSON whatever those bytes were, and short whatever their length.
+  bj::object error{{"message", excerpt(x.message, 1024)}, {"type", valid_utf8(x.type)}};
+  error["param"] = x.param.empty() ? bj::value(nullptr) : bj::value(excerpt(x.param, 256));
+  error["code"] = x.code.empty() ? bj::value(nullptr) : bj::value(valid_utf8(x.code));
   return dump(bj::object{{"error", std::move(error)}});
 }
 

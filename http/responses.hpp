@@ -81,12 +81,18 @@ struct CompletionChunk {
   std::optional<Usage> timings;
 };
 
-struct ModelList {
+// GET /v1/models/{id}: the served model's object.
+struct Model {
   std::string id;
   int64_t created = 0;
   uint32_t max_model_len = 0;  // tokens per slot
   std::string synthetic_config;  // non-empty: synthetic weights of this config's shape, of this type
   std::string synthetic_type;
+};
+
+// GET /v1/models: a list of the one model.
+struct ModelList {
+  Model model;
 };
 
 // GET /health: 200 when serving; 503 with the reason while loading, draining or failed.
@@ -123,6 +129,7 @@ std::string to_json(const ChatCompletion& x);
 std::string to_json(const ChatChunk& x);
 std::string to_json(const Completion& x);
 std::string to_json(const CompletionChunk& x);
+std::string to_json(const Model& x);
 std::string to_json(const ModelList& x);
 std::string to_json(const HealthReport& x);
 std::string to_json(const SlotsReport& x);

@@ -4,10 +4,13 @@
 #include <chrono>
 #include <ctime>
 
+#include "http/auth.hpp"
 #include "http/bridge_actor.hpp"
 #include "http/metrics_text.hpp"
 #include "http/openai_request.hpp"
+#include "http/request_registry.hpp"
 #include "http/responses.hpp"
+#include "http/safe_text.hpp"
 
 namespace ferry::http {
 namespace {
@@ -48,17 +51,6 @@ bool has_engine(const ServerContext& ctx) {
   return p == ServerPhase::ready || p == ServerPhase::draining;
 }
 
-bool authorized(const ServerContext& ctx, const std::string& header) {
-  const std::string& key = ctx.config.server.api_key;
-  if (key.empty()) return true;
-  const std::string prefix = "Bearer ";
-  if (header.size() != prefix.size() + key.size() || header.compare(0, prefix.size(), prefix) != 0) return false;
-  // Compare every byte whatever the first difference, so the answer time says nothing about the key.
-  unsigned char diff = 0;
-  for (size_t i = 0; i < key.size(); ++i) diff |= static_cast<unsigned char>(header[prefix.size() + i] ^ key[i]);
-  return diff == 0;
-}
-
 std::optional<uint64_t> parse_number(std::string_view s) {
   uint64_t v = 0;
   const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
@@ -78,9 +70,30 @@ std::string query_value(std::string_view query, std::string_view name) {
   return {};
 }
 
+// %XX escapes decoded; a malformed escape is kept as it is.
+std::string percent_decoded(std::string_view s) {
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && hex(s[i + 1]) >= 0 && hex(s[i + 2]) >= 0) {
+      out.push_back(static_cast<char>(hex(s[i + 1]) * 16 + hex(s[i + 2])));
+      i += 2;
+    } else {
+      out.push_back(s[i]);
+    }
+  }
+  return out;
+}
+
 int64_t unix_now() { return static_cast<int64_t>(std::time(nullptr)); }
 
-void generate(const Context& ctx, const HttpRequest& req, const Channel& channel, bool chat) {
+void generate(const Context& ctx, const HttpRequest& req, KeyIndex caller, const Channel& channel, bool chat) {
   if (auto e = not_serving(*ctx)) return send_error(*channel, *e);
   std::variant<ChatRequest, CompletionRequest> request;
   if (chat) {
@@ -95,16 +108,27 @@ void generate(const Context& ctx, const HttpRequest& req, const Channel& channel
   const std::string& model = std::visit([](const auto& r) -> const std::string& { return r.options.model; }, request);
   if (!model.empty() && model != ctx->config.model.id) {
     ApiError e = make_error(404, "invalid_request_error", "model_not_found",
-                       "model '" + model + "' is not served here; this server serves '" + ctx->config.model.id + "'");
+                       "model '" + excerpt(model) + "' is not served here; this server serves '" + ctx->config.model.id + "'");
     e.param = "model";
+    return send_error(*channel, e);
+  }
+  // Checked before any work on the prompt: no prompt fits beside such a completion.
+  const auto& options = std::visit([](const auto& r) -> const GenerationOptions& { return r.options; }, request);
+  if (options.max_tokens && *options.max_tokens >= ctx->engine.limits.ctx) {
+    ApiError e = invalid_field("max_tokens",
+                               "max_tokens = " + std::to_string(*options.max_tokens) + " leaves no room for a prompt: a slot "
+                               "holds " + std::to_string(ctx->engine.limits.ctx) + " tokens (prompt + completion)",
+                               "context_length_exceeded");
     return send_error(*channel, e);
   }
   BridgeJob job;
   job.request = std::move(request);
-  job.id = ctx->next_request_id.fetch_add(1);
+  job.id = random_request_number();
+  if (ctx->requests) ctx->requests->add(job.id, caller);  // before the bridge runs: its exit ends the entry
   job.created = unix_now();
   job.channel = channel;
   job.context = ctx;
+  job.body_bytes = req.body.size();
   const auto bridge_handle = ctx->system->spawn(bridge, std::move(job));
   // A weak address: the bridge holds the channel, so a strong handle here would make a cycle.
   channel->on_client_gone([address = bridge_handle.address()] {
@@ -176,15 +200,24 @@ void slots(const Context& ctx, const Channel& channel) {
   });
 }
 
-void release(const Context& ctx, std::string_view id_text, std::string_view query, const Channel& channel) {
+void release(const Context& ctx, std::string_view id_text, std::string_view query, KeyIndex caller,
+             const Channel& channel) {
   if (!has_engine(*ctx)) return send_error(*channel, *not_serving(*ctx));
+  // Releasing a busy slot cancels its request, whoever made it: with several keys that is for the
+  // operator's key (--api-key) alone, as cancelling is for each request's own key.
+  const auto& server = ctx->config.server;
+  if (key_count(server) > 1 && !(!server.api_key.empty() && caller == 0)) {
+    return send_error(*channel, make_error(403, "permission_error", "forbidden",
+                                           "releasing a slot cancels the request in it: with several API keys "
+                                           "only the --api-key key may"));
+  }
   const auto id = parse_number(id_text);
   if (!id || *id > UINT32_MAX) {
-    return send_error(*channel, invalid_field("id", "slot id '" + std::string(id_text) + "' is not a number"));
+    return send_error(*channel, invalid_field("id", "slot id '" + excerpt(id_text) + "' is not a number"));
   }
   const std::string action = query_value(query, "action");
   if (action != "release") {
-    return send_error(*channel, invalid_field("action", "action = '" + action + "': the slot action is 'release'"));
+    return send_error(*channel, invalid_field("action", "action = '" + excerpt(action) + "': the slot action is 'release'"));
   }
   const auto slot = static_cast<uint32_t>(*id);
   ctx->system->spawn([ctx, channel, slot](caf::event_based_actor* self) {
@@ -197,7 +230,7 @@ void release(const Context& ctx, std::string_view id_text, std::string_view quer
   });
 }
 
-void cancel(const Context& ctx, std::string_view id_text, const Channel& channel) {
+void cancel(const Context& ctx, std::string_view id_text, KeyIndex caller, const Channel& channel) {
   if (!has_engine(*ctx)) return send_error(*channel, *not_serving(*ctx));
   std::string_view digits = id_text;
   for (std::string_view prefix : {"chatcmpl-", "cmpl-"}) {
@@ -205,12 +238,26 @@ void cancel(const Context& ctx, std::string_view id_text, const Channel& channel
   }
   const auto id = parse_number(digits);
   if (!id) {
-    return send_error(*channel, invalid_field("id", "request id '" + std::string(id_text) +
+    return send_error(*channel, invalid_field("id", "request id '" + excerpt(id_text) +
                                                          "': expected a response id such as chatcmpl-42"));
   }
-  // Fire and forget: cancel is idempotent, an unknown or finished request is left alone.
-  caf::anon_send(ctx->engine.scheduler, actors::CancelRequest{*id, actors::EndCause::admin_cancelled});
-  channel->send_json(202, to_json(CancelReport{std::string(id_text), true}));
+  auto accept = [ctx, channel, id = *id, text = valid_utf8(id_text)] {
+    // Cancel is idempotent (STYLE rule 9): the scheduler leaves a request that has ended alone.
+    caf::anon_send(ctx->engine.scheduler, actors::CancelRequest{id, actors::EndCause::admin_cancelled});
+    channel->send_json(202, to_json(CancelReport{text, true}));
+  };
+  if (!ctx->requests) return accept();
+  // With several keys a request belongs to the one that made it: to any other it does not exist.
+  const bool several_keys = key_count(ctx->config.server) > 1;
+  ctx->requests->find(*id, caller, !several_keys,
+                      [accept, channel, several_keys, text = excerpt(id_text)](RequestIndex::Found found) {
+                        if (found != RequestIndex::Found::unknown) return accept();
+                        ApiError e = make_error(404, "invalid_request_error", "request_not_found",
+                                                "no request '" + text + "'" + (several_keys ? " made with this API key" : "") +
+                                                    " is running or ended recently");
+                        e.param = "id";
+                        send_error(*channel, e);
+                      });
 }
 
 }  // namespace
@@ -242,7 +289,7 @@ Endpoint route(const Context& ctx, HttpRequest req, const Channel& channel) {
   const bool post = req.method == "POST";
   auto method_not_allowed = [&](const char* allowed) {
     send_error(*channel, make_error(405, "invalid_request_error", "method_not_allowed",
-                                req.method + " " + path + ": use " + allowed));
+                                excerpt(req.method) + " " + excerpt(path, 256) + ": use " + allowed));
   };
 
   if (path == "/health") {
@@ -253,31 +300,46 @@ Endpoint route(const Context& ctx, HttpRequest req, const Channel& channel) {
   Endpoint endpoint = Endpoint::other;
   if (path == "/v1/chat/completions") endpoint = Endpoint::chat;
   else if (path == "/v1/completions") endpoint = Endpoint::completions;
-  else if (path == "/v1/models") endpoint = Endpoint::models;
+  else if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) endpoint = Endpoint::models;
   else if (path == "/metrics") endpoint = Endpoint::metrics;
   else if (path == "/slots" || path.rfind("/slots/", 0) == 0) endpoint = Endpoint::slots;
   else if (path.rfind("/v1/requests/", 0) == 0) endpoint = Endpoint::admin;
 
-  if (!authorized(*ctx, req.authorization)) {
-    send_error(*channel, make_error(401, "authentication_error", "invalid_api_key",
-                                "a valid API key is required: send 'Authorization: Bearer <key>'"));
+  const std::optional<KeyIndex> caller = authenticate(ctx->config.server, req.authorization);
+  if (!caller) {
+    const ApiError e = make_error(401, "authentication_error", "invalid_api_key",
+                                  "a valid API key is required: send 'Authorization: Bearer <key>'");
+    channel->send_json(e.status, to_json(e), {{"WWW-Authenticate", www_authenticate(req.authorization)}});
     return endpoint;
   }
   switch (endpoint) {
     case Endpoint::chat:
     case Endpoint::completions:
       if (!post) method_not_allowed("POST");
-      else generate(ctx, req, channel, endpoint == Endpoint::chat);
+      else generate(ctx, req, *caller, channel, endpoint == Endpoint::chat);
       return endpoint;
     case Endpoint::models: {
       if (!get) {
         method_not_allowed("GET");
         return endpoint;
       }
-      ModelList list{ctx->config.model.id, ctx->started_unix,
-                     has_engine(*ctx) ? ctx->engine.limits.ctx : ctx->config.slots.ctx, ctx->config.model.synthetic_config,
-                     ctx->config.model.synthetic_type};
-      channel->send_json(200, to_json(list));
+      const Model model{ctx->config.model.id, ctx->started_unix,
+                        has_engine(*ctx) ? ctx->engine.limits.ctx : ctx->config.slots.ctx,
+                        ctx->config.model.synthetic_config, ctx->config.model.synthetic_type};
+      if (path == "/v1/models") {
+        channel->send_json(200, to_json(ModelList{model}));
+        return endpoint;
+      }
+      // GET /v1/models/{id} (client.models.retrieve): the id may hold '/' and arrive percent-encoded.
+      const std::string id = percent_decoded(std::string_view(path).substr(11));
+      if (id != model.id) {
+        ApiError e = make_error(404, "invalid_request_error", "model_not_found",
+                                "model '" + excerpt(id) + "' is not served here; this server serves '" + model.id + "'");
+        e.param = "model";
+        send_error(*channel, e);
+        return endpoint;
+      }
+      channel->send_json(200, to_json(model));
       return endpoint;
     }
     case Endpoint::metrics:
@@ -291,7 +353,7 @@ Endpoint route(const Context& ctx, HttpRequest req, const Channel& channel) {
       } else if (!post) {
         method_not_allowed("POST");
       } else {
-        release(ctx, std::string_view(path).substr(7), query, channel);
+        release(ctx, std::string_view(path).substr(7), query, *caller, channel);
       }
       return endpoint;
     case Endpoint::admin: {
@@ -299,13 +361,13 @@ Endpoint route(const Context& ctx, HttpRequest req, const Channel& channel) {
       const size_t slash = rest.find('/');
       if (slash == std::string_view::npos || rest.substr(slash) != "/cancel") break;
       if (!post) method_not_allowed("POST");
-      else cancel(ctx, rest.substr(0, slash), channel);
+      else cancel(ctx, rest.substr(0, slash), *caller, channel);
       return endpoint;
     }
     default:
       break;
   }
-  send_error(*channel, make_error(404, "invalid_request_error", "not_found", "no endpoint " + req.method + " " + path));
+  send_error(*channel, make_error(404, "invalid_request_error", "not_found", "no endpoint " + excerpt(req.method) + " " + excerpt(path, 256)));
   return Endpoint::other;
 }
 

@@ -20,6 +20,8 @@
 
 namespace ferry::http {
 
+class RequestRegistry;
+
 enum class ServerPhase : uint8_t { loading, ready, draining, load_failed };
 
 // Bytes of the model read so far; written by the loader, read by /health and the progress line.
@@ -34,7 +36,7 @@ struct LoadProgress {
 class HttpMetrics {
  public:
   enum Endpoint : size_t { chat, completions, models, health, metrics, slots, admin, other, endpoint_count };
-  static constexpr std::array<unsigned, 13> codes = {200, 202, 400, 401, 404, 405, 413, 429, 431, 499, 500, 503, 0};
+  static constexpr std::array<unsigned, 15> codes = {200, 202, 400, 401, 403, 404, 405, 408, 413, 429, 431, 499, 500, 503, 0};
   static const char* endpoint_name(size_t e);
 
   void count(Endpoint e, unsigned status);
@@ -46,6 +48,13 @@ class HttpMetrics {
   std::atomic<uint64_t> client_disconnects{0};  // clients gone before their answer was complete
   std::atomic<uint64_t> slow_clients{0};        // dropped because their event queue was full
   std::atomic<uint64_t> events_sent{0};
+  // The connection cap and what it did (http_server.cpp):
+  std::atomic<uint64_t> connection_limit{0};
+  std::atomic<uint64_t> connections_evicted{0};       // idle ones closed to make room for a new one
+  std::atomic<uint64_t> refused_connection_limit{0};  // 503: at the cap with every connection busy
+  std::atomic<uint64_t> refused_open_file_limit{0};   // 503 (or nothing): no file descriptor left
+  std::atomic<uint64_t> accept_pauses{0};             // accepting stopped until a connection closed
+  std::atomic<uint64_t> read_timeouts{0};             // requests not read within --read-timeout
 
  private:
   std::array<std::array<std::atomic<uint64_t>, codes.size()>, endpoint_count> requests_{};
@@ -58,7 +67,9 @@ struct ServerContext {
   std::string load_failure;  // set before phase = load_failed
   LoadProgress progress;
   HttpMetrics metrics;
-  std::atomic<uint64_t> next_request_id{1};
+  // Live and recently ended requests with the key that made each. Set by HttpServer before it
+  // listens; null where bridges run without a server (tests).
+  std::shared_ptr<RequestRegistry> requests;
   int64_t started_unix = 0;
 
   // Set once, before phase = ready:

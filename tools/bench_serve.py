@@ -1138,7 +1138,8 @@ def main(argv=None):
     ctx = info.get("max_model_len")
     slots_status = server.request("GET", "/slots", timeout=30)[0]
     server.has_slots = slots_status == 200
-    server.has_cancel = server.request("POST", "/v1/requests/cmpl-0/cancel", timeout=30)[0] in (200, 202)
+    # The endpoint exists when an unknown id is accepted or answered "no such request" (404).
+    server.has_cancel = server.request("POST", "/v1/requests/cmpl-0/cancel", timeout=30)[0] in (200, 202, 404)
     progress = Progress(server, a.progress)
     bench = Bench(a, server, progress)
     bench.model, bench.ctx = model, ctx

@@ -10,4 +10,4 @@ tools/setup.sh
 tools/build_volta.sh ferry ferry_gpu_tests
 ctest --test-dir build -LE cuda --output-on-failure -j "$(nproc)"
 FERRY_BIN="$PWD/build/ferry" build/venv/bin/python -m pytest tests/python -q
-tools/fuzz.sh 60
+tools/fuzz.sh 60  # seconds per target

@@ -215,7 +215,9 @@ struct Tokenizer::Impl {
   bool ignore_merges = false;
   PreTokenizerKind pre = PreTokenizerKind::glm4;
   std::string chat_template;
+  size_t max_token_bytes = 0;
 
+  // Calls on_added / on_piece in text order; each returns false to stop the split there.
   template <class OnAdded, class OnPiece>
   void split(std::string_view text, bool parse_special, OnAdded on_added, OnPiece on_piece) const;
   void encode_piece(std::string_view piece, std::vector<TokenId>& out) const;
@@ -297,6 +299,10 @@ Expected<Tokenizer> Tokenizer::create(TokenizerSpec spec) {
     unicode::append_utf8(text, alphabet.byte_to_cp[b]);
     impl->byte_token[b] = impl->index.find(text).value_or(spec.unk.value_or(-1));
   }
+  const bool every_byte_encodes =
+      std::all_of(impl->byte_token.begin(), impl->byte_token.end(), [](TokenId id) { return id >= 0; });
+  for (const std::string& b : impl->bytes) impl->max_token_bytes = std::max(impl->max_token_bytes, b.size());
+  if (!every_byte_encodes) impl->max_token_bytes = 0;
 
   impl->merges.reserve(spec.merges.size());
   std::string joined;
@@ -353,14 +359,46 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text, bool parse_special
 
 void Tokenizer::encode(std::string_view text, bool parse_special, std::vector<TokenId>& out) const {
   impl_->split(
-      text, parse_special, [&](TokenId id, std::string_view) { out.push_back(id); },
-      [&](std::string_view piece) { impl_->encode_piece(piece, out); });
+      text, parse_special,
+      [&](TokenId id, std::string_view) {
+        out.push_back(id);
+        return true;
+      },
+      [&](std::string_view piece) {
+        impl_->encode_piece(piece, out);
+        return true;
+      });
+}
+
+bool Tokenizer::encode(std::string_view text, bool parse_special, std::vector<TokenId>& out, size_t max_tokens) const {
+  const size_t start = out.size();
+  const size_t per_token = impl_->max_token_bytes;
+  const auto left = [&] { return max_tokens - (out.size() - start); };  // never called past the cap
+  // At least ceil(bytes / per_token) tokens: more than are left means over the cap, whatever BPE does.
+  const auto too_long = [&](size_t bytes) { return per_token != 0 && (bytes - 1) / per_token + 1 > left(); };
+  if (!text.empty() && too_long(text.size())) return false;
+  bool within = true;
+  impl_->split(
+      text, parse_special,
+      [&](TokenId id, std::string_view) {
+        out.push_back(id);
+        return within = out.size() - start <= max_tokens;
+      },
+      [&](std::string_view piece) {
+        if (too_long(piece.size())) return within = false;
+        impl_->encode_piece(piece, out);
+        return within = out.size() - start <= max_tokens;
+      });
+  return within;
 }
 
 std::vector<std::string_view> Tokenizer::pre_tokenize(std::string_view text, bool parse_special) const {
   std::vector<std::string_view> pieces;
-  const auto add = [&](std::string_view piece) { pieces.push_back(piece); };
-  impl_->split(text, parse_special, [&](TokenId, std::string_view piece) { add(piece); }, add);
+  const auto add = [&](std::string_view piece) {
+    pieces.push_back(piece);
+    return true;
+  };
+  impl_->split(text, parse_special, [&](TokenId, std::string_view piece) { return add(piece); }, add);
   return pieces;
 }
 
@@ -370,10 +408,13 @@ void Tokenizer::Impl::split(std::string_view text, bool parse_special, OnAdded o
   PreTokenizer pre_tokenizer(pre);
   std::vector<ByteRange> pieces;
   const auto fragment = [&](std::string_view f) {
-    if (f.empty()) return;
+    if (f.empty()) return true;
     pieces.clear();
     pre_tokenizer.split(f, pieces);
-    for (const ByteRange& p : pieces) on_piece(f.substr(p.begin, p.end - p.begin));
+    for (const ByteRange& p : pieces) {
+      if (!on_piece(f.substr(p.begin, p.end - p.begin))) return false;
+    }
+    return true;
   };
   size_t start = 0;
   for (size_t pos = 0; pos < text.size();) {
@@ -382,8 +423,8 @@ void Tokenizer::Impl::split(std::string_view text, bool parse_special, OnAdded o
       ++pos;
       continue;
     }
-    fragment(text.substr(start, pos - start));
-    on_added(match.id, text.substr(pos, match.len));
+    if (!fragment(text.substr(start, pos - start))) return;
+    if (!on_added(match.id, text.substr(pos, match.len))) return;
     pos += match.len;
     start = pos;
   }
@@ -456,6 +497,10 @@ void Tokenizer::Impl::encode_piece(std::string_view piece, std::vector<TokenId>&
     push_pair(c.pos);
   }
   for (int32_t i = 0; i >= 0; i = symbols[i].next) out.push_back(symbols[i].id);
+  // Scratch kept per thread must not keep a giant piece's memory for the life of the thread.
+  constexpr size_t kKeep = size_t{1} << 16;
+  if (symbols.capacity() > kKeep) std::vector<Symbol>().swap(symbols);
+  if (heap.capacity() > kKeep) std::vector<Candidate>().swap(heap);
 }
 
 std::string Tokenizer::decode(std::span<const TokenId> ids, bool render_special) const {
@@ -478,6 +523,7 @@ std::string_view Tokenizer::piece(TokenId id) const {
 std::optional<TokenId> Tokenizer::find(std::string_view text) const { return impl_->index.find(text); }
 
 size_t Tokenizer::vocab_size() const { return impl_->tokens.size(); }
+size_t Tokenizer::max_token_bytes() const { return impl_->max_token_bytes; }
 
 TokenType Tokenizer::type(TokenId id) const { return valid_id(id) ? impl_->types[id] : TokenType::undefined; }
 

@@ -82,6 +82,12 @@ class Tokenizer {
   // losslessly. bos is never added here (GLM's template writes its own prefix).
   std::vector<TokenId> encode(std::string_view text, bool parse_special) const;
   void encode(std::string_view text, bool parse_special, std::vector<TokenId>& out) const;
+  // The same, capped: appends the encoding of `text` while it stays within `max_tokens` tokens and
+  // returns true, or returns false as soon as the text is known to need more (`out` then holds part
+  // of it). The work is bounded by the cap, not by the text: a text longer than max_tokens x
+  // max_token_bytes() bytes is refused before any of it is split, and a piece is refused before BPE
+  // when its length alone needs more tokens than are left (what a 10 MB prompt of "a" would cost).
+  bool encode(std::string_view text, bool parse_special, std::vector<TokenId>& out, size_t max_tokens) const;
   // The pieces BPE works within: added tokens whole, the rest as the pre-tokenizer splits it (views
   // into `text`). For debugging a split (`ferry tokenize --split`).
   std::vector<std::string_view> pre_tokenize(std::string_view text, bool parse_special) const;
@@ -99,6 +105,9 @@ class Tokenizer {
   std::optional<TokenId> find(std::string_view text) const;
 
   size_t vocab_size() const;
+  // The most bytes of text one token stands for: a text of n bytes needs at least n / max_token_bytes()
+  // tokens. 0 when some byte has no token and encodes to nothing (then a length bounds nothing).
+  size_t max_token_bytes() const;
   bool valid_id(TokenId id) const { return id >= 0 && static_cast<size_t>(id) < vocab_size(); }
   TokenType type(TokenId id) const;
   bool is_control(TokenId id) const { return type(id) == TokenType::control; }

@@ -77,18 +77,20 @@ TEST(StepPlanner, RejectsWithTheRightCause) {
   EXPECT_EQ(invalid[0].cause, EndCause::invalid_request);
   EXPECT_NE(invalid[0].message.find("prompt token 2 = 5000"), std::string::npos);
 
+  // One slot (idle) and a queue of one: two requests get in, the third finds the queue full.
   EXPECT_TRUE(p.submit(make_request(3, 4, 1), t0).empty());
-  auto full = finished(p.submit(make_request(4, 4, 1), t0));
+  EXPECT_TRUE(p.submit(make_request(4, 4, 1), t0).empty());
+  auto full = finished(p.submit(make_request(5, 4, 1), t0));
   ASSERT_EQ(full.size(), 1u);
   EXPECT_EQ(full[0].cause, EndCause::queue_full);
 
   auto dup = finished(p.submit(make_request(3, 4, 1), t0));
   ASSERT_EQ(dup.size(), 1u);
   EXPECT_EQ(dup[0].cause, EndCause::invalid_request);
-  EXPECT_EQ(p.queued(), 1u);  // the duplicate did not disturb the original
+  EXPECT_EQ(p.queued(), 2u);  // the duplicate did not disturb the original
 
   p.start_drain();
-  auto draining = finished(p.submit(make_request(5, 4, 1), t0));
+  auto draining = finished(p.submit(make_request(6, 4, 1), t0));
   ASSERT_EQ(draining.size(), 1u);
   EXPECT_EQ(draining[0].cause, EndCause::draining);
 }

@@ -55,3 +55,15 @@ TEST(ServeConfig, SyntheticWeightsNeedAConfigTheGpuAndNoModelFile) {
   ASSERT_EQ(errors.size(), 1u);
   EXPECT_NE(errors[0].find("only with --synthetic"), std::string::npos);
 }
+
+TEST(ServeConfig, ConnectionLimitsAndReadDeadline) {
+  ServeConfig c;
+  EXPECT_EQ(c.server.max_connections, 0u);  // auto: from the open-file limit at start
+  EXPECT_LT(c.server.read_timeout_s, c.server.idle_timeout_s);
+  c.server.read_timeout_s = 0;
+  c.server.max_connections = 2000000;
+  const auto errors = validate(c);
+  ASSERT_EQ(errors.size(), 2u);
+  EXPECT_EQ(errors[0], "--read-timeout = 0: expected seconds in (0, 3600]");
+  EXPECT_EQ(errors[1], "--max-connections = 2000000: expected 0 (auto) to 1000000 connections");
+}

@@ -264,6 +264,30 @@ TEST_F(BridgeTest, BadPromptsAreAnsweredWithoutReachingTheEngine) {
   EXPECT_TRUE(backend->steps.empty());
 }
 
+TEST_F(BridgeTest, AHugePromptIsRefusedBeforeItIsTokenizedWhole) {
+  auto chat_of = [](std::string text) {
+    ChatRequest chat;
+    chat.messages = model::JsonValue(model::JsonArray{model::JsonValue(
+        model::JsonObject{{"role", model::JsonValue("user")}, {"content", model::JsonValue(std::move(text))}})});
+    return chat;
+  };
+  // Its length alone proves it: more bytes than 63 tokens can hold. Then one that needs tokenizing:
+  // within the length bound, over the cap (the slot holds 64 tokens).
+  for (size_t bytes : {size_t{10} << 20, size_t{2000}}) {
+    auto channel = start(chat_of(std::string(bytes, 'a')));
+    ASSERT_EQ(channel->status, 400u) << bytes;
+    const auto e = bj::parse(channel->body).as_object().at("error").as_object();
+    EXPECT_EQ(e.at("code"), "context_length_exceeded");
+    EXPECT_EQ(e.at("param"), "messages");
+    EXPECT_EQ(e.at("message"), "the prompt has more than 63 tokens; a slot holds 64 tokens (prompt + completion)");
+  }
+  auto completion_text = CompletionRequest{};
+  completion_text.prompt = std::string(5000, 'b');
+  auto channel = start(completion_text);
+  EXPECT_EQ(channel->status, 400u);
+  EXPECT_TRUE(backend->steps.empty());
+}
+
 TEST_F(BridgeTest, AFullQueueAnswers429WithRetryAfter) {
   auto first = start(completion({300}, 30), false);
   sched.run(6);  // the first request holds the only slot

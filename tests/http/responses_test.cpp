@@ -4,6 +4,8 @@
 #include <boost/json.hpp>
 #include <gtest/gtest.h>
 
+#include <sstream>
+
 #include "http/metrics_text.hpp"
 
 using namespace ferry::http;
@@ -162,5 +164,15 @@ TEST(Responses, MetricsAreValidPrometheusText) {
                            "ferry_time_to_first_token_seconds_count 3\n",
                            "# TYPE ferry_time_to_first_token_seconds histogram\n"}) {
     EXPECT_NE(text.find(line), std::string::npos) << line << "\n" << text;
+  }
+  // promtool's naming rules: a counter ends in _total, nothing else does.
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("# TYPE ", 0) != 0) continue;
+    std::istringstream fields(line.substr(7));
+    std::string name, type;
+    fields >> name >> type;
+    const bool total = name.size() > 6 && name.compare(name.size() - 6, 6, "_total") == 0;
+    EXPECT_EQ(total, type == "counter") << line;
   }
 }

@@ -21,7 +21,7 @@ TOKENIZER_JSON = REPO / "tests" / "fixtures" / "tokenizer" / "tokenizer.json"
 
 
 class FerryServer:
-    def __init__(self, ferry_bin, *args, api_key=None, ready=True):
+    def __init__(self, ferry_bin, *args, api_key=None, ready=True, preexec_fn=None):
         self.log = tempfile.NamedTemporaryFile("w+", prefix="ferry-serve-", suffix=".log", delete=False)
         env = dict(os.environ)
         env.pop("FERRY_API_KEY", None)
@@ -30,7 +30,7 @@ class FerryServer:
         if api_key:
             cmd += ["--api-key", api_key]
         self.api_key = api_key
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, preexec_fn=preexec_fn)
         self.base = None
         deadline = time.monotonic() + 60
         while self.base is None:
@@ -88,6 +88,18 @@ class FerryServer:
         import openai
 
         return openai.OpenAI(base_url=self.base + "/v1", api_key=self.api_key or "unused", max_retries=0, **kw)
+
+    def cpu_seconds(self):
+        """User + system CPU time the server has used so far."""
+        fields = pathlib.Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def metric(self, name):
+        """One sample of /metrics, by its name with labels as printed."""
+        for line in self.get("/metrics")[1].splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[-1])
+        raise KeyError(name)
 
     def rss_kib(self):
         for line in pathlib.Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():

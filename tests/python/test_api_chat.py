@@ -134,3 +134,16 @@ def test_seeded_sampling_repeats(server):
     a = client.chat.completions.create(**kw)
     b = client.chat.completions.create(**kw)
     assert a.choices[0].model_extra["token_ids"] == b.choices[0].model_extra["token_ids"]
+
+
+def test_developer_role_is_the_system_prompt(server):
+    """Current OpenAI clients send instructions as role "developer": the prompt is the system one's."""
+    client = server.client()
+    def prompt_of(role):
+        messages = [{"role": role, "content": "Answer in French."}, {"role": "user", "content": "Hi"}]
+        r = client.chat.completions.create(model="glm-5.3-flash", messages=messages, max_tokens=1,
+                                           extra_body={"return_token_ids": True})
+        return r.model_extra["prompt_token_ids"]
+    developer = prompt_of("developer")
+    assert developer == prompt_of("system")
+    assert "<|system|>Answer in French." in tokenizer().decode(developer, skip_special_tokens=False)

@@ -31,3 +31,12 @@ def test_counters_follow_requests(server):
     assert after["ferry_queue_length"] == 0
     assert after["ferry_up"] == 1
     assert after['ferry_step_seconds_bucket{le="+Inf"}'] == after["ferry_step_seconds_count"]
+
+
+def test_metric_names_follow_prometheus_conventions(server):
+    """What `promtool check metrics` checks of names: counters end in _total and nothing else does."""
+    text = server.get("/metrics")[1]
+    types = dict(line.split()[2:4] for line in text.splitlines() if line.startswith("# TYPE "))
+    assert types["ferry_model_size_bytes"] == "gauge"
+    for name, kind in types.items():
+        assert name.endswith("_total") == (kind == "counter"), (name, kind)
