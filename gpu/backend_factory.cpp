@@ -66,11 +66,11 @@ Expected<std::shared_ptr<HostExpertStore>> fill_host_store(const Source& src, co
   const model::Glm5Hparams& hp = src.hparams();
   try {
     auto store = std::make_shared<HostExpertStore>(plan.host.store_slots, plan.expert_slot_bytes);
-    const auto experts = src.experts();
-    Stream stream;
     for (const StagePlan& s : plan.stages) {
       if (s.resident) continue;
       FERRY_CUDA(cudaSetDevice(s.device));
+      const auto experts = src.experts();  // its scratch and the stream on this device
+      Stream stream;
       for (uint32_t l = s.layers.first; l < s.layers.end; ++l) {
         if (model::glm5_ffn_kind(hp, l) != model::FfnKind::moe) continue;
         for (uint32_t e = 0; e < hp.n_experts; ++e) {

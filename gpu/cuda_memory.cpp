@@ -54,6 +54,16 @@ Event::~Event() {
   if (e_ != nullptr) cudaEventDestroy(e_);
 }
 
+bool Event::done() const {
+  const cudaError_t e = cudaEventQuery(e_);
+  if (e == cudaErrorNotReady) {
+    cudaGetLastError();  // "not yet" is no error: keep it from the next launch check
+    return false;
+  }
+  FERRY_CUDA(e);
+  return true;
+}
+
 float Event::since(const Event& start) const {
   float ms = 0.0f;
   FERRY_CUDA(cudaEventElapsedTime(&ms, start.e_, e_));

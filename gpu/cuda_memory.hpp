@@ -83,6 +83,8 @@ class Event {
   Event& operator=(const Event&) = delete;
   cudaEvent_t get() const { return e_; }
   void record(cudaStream_t s) { FERRY_CUDA(cudaEventRecord(e_, s)); }
+  // Whether the device has reached it (never recorded: yes); does not wait.
+  bool done() const;
   // Milliseconds from `start` to this event (both recorded and complete).
   float since(const Event& start) const;
 

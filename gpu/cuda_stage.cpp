@@ -100,7 +100,7 @@ struct CudaStage::Impl {
   }
 
   void collect_copy_time() {
-    if (copy_timed && cudaEventQuery(copy_end.get()) == cudaSuccess) {
+    if (copy_timed && copy_end.done()) {
       counters.handoff_ms += copy_end.since(copy_begin);
       ++counters.handoffs_timed;
       copy_timed = false;

@@ -167,7 +167,7 @@ void StageExperts::after_step() {
 }
 
 void StageExperts::before_step() {
-  if (counts_pending_ && cudaEventQuery(counts_copied_.get()) == cudaSuccess) {
+  if (counts_pending_ && counts_copied_.done()) {
     const uint32_t* c = counts_host_.as<uint32_t>();
     for (size_t i = 0; i < layers_.size(); ++i) {
       const Layer& layer = layers_[i];
@@ -187,7 +187,7 @@ void StageExperts::before_step() {
     counts_pending_ = false;
   }
   for (Moving& m : moving_) {
-    while (m.phase < 4 && (m.done == nullptr || cudaEventQuery(m.done->get()) == cudaSuccess)) advance(m);
+    while (m.phase < 4 && (m.done == nullptr || m.done->done())) advance(m);
   }
   while (!moving_.empty() && moving_.front().phase == 4) {
     finished_.push_back(moving_.front().move);

@@ -46,8 +46,9 @@ printf '#!/usr/bin/env bash\nbuilt_for="%s"  # the architectures the build has c
 cat >> "$out/run-gpu-tests.sh" <<'RUN'
 # Runs on the GPU machine: the cuda-labelled tests, then every reference fixture through
 # `ferry eval-ref --backend cuda` (f32: max |delta| <= 5e-3 vs transformers; q4_k and q8_0: top-1
-# agreement with the CPU backend >= 99.5%), the f32 conversions also split into 2, 3 and 4 stages on
-# device 0 (as the fixture's layers allow), then which device code ran: on a GPU whose architecture
+# agreement with the CPU backend >= 99.5%), the f32 conversions also with no expert pool (each
+# prefill miss path) and split into 2, 3 and 4 stages on device 0 (as the fixture's layers allow),
+# then which device code ran: on a GPU whose architecture
 # the build has no code for (the Volta build on a newer GPU), it must be code the driver compiled
 # from the embedded PTX. Extra arguments go to the GoogleTest binary.
 # Exit status: the number of failed checks (0 = all passed).
@@ -89,6 +90,18 @@ for case_dir in "$here"/fixtures/*/; do
         echo "PASS eval-ref $case $t chunk $chunk: $(grep -E 'max\|delta\||vs cpu' "$work/eval.log" | tr '\n' ' ')"
       else
         echo "FAIL eval-ref $case $t chunk $chunk"; cat "$work/eval.log"; failed=$((failed + 1))
+      fi
+    done
+  done
+  # Routed experts beyond the device: no pool at all (every route misses), each prefill miss path,
+  # whole and in chunks of 7 (the decode kernels); the logits must not move.
+  for miss in mapped upload; do
+    for chunk in 0 7; do
+      if "$here/ferry" eval-ref --backend cuda --model "$work/$case-f32.gguf" --reference "$case_dir" --chunk $chunk \
+          --tolerance 5e-3 --expert-pool-cap 1 --miss-path $miss >"$work/eval.log" 2>&1; then
+        echo "PASS eval-ref $case f32 no pool, $miss, chunk $chunk: $(grep -E 'max\|delta\||^experts' "$work/eval.log" | tr '\n' ' ')"
+      else
+        echo "FAIL eval-ref $case f32 no pool, $miss, chunk $chunk"; cat "$work/eval.log"; failed=$((failed + 1))
       fi
     done
   done
