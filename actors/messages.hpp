@@ -46,7 +46,7 @@ typename Inspector::result_type inspect(Inspector& f, RouteCounts& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ExpertTierCounters& x) {
   return f(x.routes, x.hits, x.misses_mapped, x.misses_uploaded, x.bytes_mapped, x.bytes_uploaded, x.promotions,
-           x.evictions, x.pool_slots, x.pool_used);
+           x.evictions, x.pool_slots, x.pool_used, x.swaps_in_flight);
 }
 
 }  // namespace ferry::model

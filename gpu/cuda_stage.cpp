@@ -224,16 +224,21 @@ Expected<model::StageOutput> CudaStage::Impl::run(const std::vector<model::SlotR
   }
   if (!last()) {
     collect_copy_time();
-    computed.record(s());
-    FERRY_CUDA(cudaStreamWaitEvent(copy.get(), computed.get(), 0));
+    // Between devices the copy stream carries the rows while the next step computes; on one device
+    // nothing runs beside it, and the compute stream saves the two cross-stream fences.
+    const cudaStream_t via = out->sender() == out->receiver() ? s() : copy.get();
+    if (via != s()) {
+      computed.record(s());
+      FERRY_CUDA(cudaStreamWaitEvent(via, computed.get(), 0));
+    }
     const bool time_it = !copy_timed;
-    if (time_it) copy_begin.record(copy.get());
-    const CudaHandoff sent_rows = out->send(work->R, uint64_t{n} * row_bytes(), n, copy.get());
+    if (time_it) copy_begin.record(via);
+    const CudaHandoff sent_rows = out->send(work->R, uint64_t{n} * row_bytes(), n, via);
     if (time_it) {
-      copy_end.record(copy.get());
+      copy_end.record(via);
       copy_timed = true;
     }
-    sent.record(copy.get());
+    sent.record(via);
     output.handoff = std::make_shared<CudaHandoff>(sent_rows);
     counters.handoff_bytes += sent_rows.bytes();
   }

@@ -42,7 +42,7 @@ HandoffLink::HandoffLink(int sender, int receiver, uint64_t bytes) : sender_(sen
   inbox_ = DeviceBuffer(bytes);
 }
 
-CudaHandoff HandoffLink::send(const void* src, uint64_t bytes, uint32_t rows, cudaStream_t copy_stream) {
+CudaHandoff HandoffLink::send(const void* src, uint64_t bytes, uint32_t rows, cudaStream_t stream) {
   if (bytes > inbox_.bytes()) {
     throw CudaError("hand-off of " + std::to_string(bytes) + " bytes into an inbox of " + std::to_string(inbox_.bytes()),
                     ErrorCode::internal);
@@ -50,13 +50,13 @@ CudaHandoff HandoffLink::send(const void* src, uint64_t bytes, uint32_t rows, cu
   // The inbox is free once the receiver copied the previous delivery out: wait until that copy is at
   // least enqueued (so `freed_` records it), then let the device wait for it.
   if (sent_ > 0) received_.wait(sent_ - 1, std::memory_order_acquire);
-  FERRY_CUDA(cudaStreamWaitEvent(copy_stream, freed_->get(), 0));
+  FERRY_CUDA(cudaStreamWaitEvent(stream, freed_->get(), 0));
   if (sender_ == receiver_) {
-    FERRY_CUDA(cudaMemcpyAsync(inbox_.get(), src, bytes, cudaMemcpyDeviceToDevice, copy_stream));
+    FERRY_CUDA(cudaMemcpyAsync(inbox_.get(), src, bytes, cudaMemcpyDeviceToDevice, stream));
   } else {
-    FERRY_CUDA(cudaMemcpyPeerAsync(inbox_.get(), receiver_, src, sender_, bytes, copy_stream));
+    FERRY_CUDA(cudaMemcpyPeerAsync(inbox_.get(), receiver_, src, sender_, bytes, stream));
   }
-  delivered_->record(copy_stream);
+  delivered_->record(stream);
   return CudaHandoff(sent_++, rows, bytes);
 }
 

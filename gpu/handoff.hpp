@@ -1,11 +1,12 @@
 #pragma once
 // The hand-off between two CUDA stages: the sender's output rows (the mHC streams) go into the
-// receiver's inbox by a device-to-device copy on the sender's copy stream (peer-to-peer where the
-// devices allow it, else staged by the driver through host memory), fenced by an event the receiver's
-// compute stream waits on. The receiver copies the inbox into its own workspace at the start of its
-// step and records that the inbox is free again. No host synchronisation inside a step: the only host
-// wait is the sender's, before reusing the inbox, for the receiver to have *enqueued* the previous
-// copy-out (else its "free" event would still be an older recording); a full pipeline waits there.
+// receiver's inbox by a device-to-device copy on the sender's copy stream (on its compute stream when
+// both stages share a device), peer-to-peer where the devices allow it, else staged by the driver
+// through host memory, fenced by an event the receiver's compute stream waits on. The receiver copies
+// the inbox into its own workspace at the start of its step and records that the inbox is free again.
+// No host synchronisation inside a step: the only host wait is the sender's, before reusing the inbox,
+// for the receiver to have *enqueued* the previous copy-out (else its "free" event would still be an
+// older recording); a full pipeline waits there.
 #include <cuda_runtime_api.h>
 
 #include <atomic>
@@ -39,8 +40,8 @@ class HandoffLink {
   HandoffLink(int sender, int receiver, uint64_t bytes);
 
   // Sender, on its own thread with its device current: copy `bytes` from `src` into the inbox on
-  // `copy_stream` (which must already wait for whatever wrote `src`). Returns what the receiver gets.
-  CudaHandoff send(const void* src, uint64_t bytes, uint32_t rows, cudaStream_t copy_stream);
+  // `stream` (which must already wait for whatever wrote `src`). Returns what the receiver gets.
+  CudaHandoff send(const void* src, uint64_t bytes, uint32_t rows, cudaStream_t stream);
   // Receiver, with its device current: on `compute_stream`, wait for delivery `h`, copy it to `dst`
   // and mark the inbox free. Throws CudaError (internal) when `h` is not the next delivery.
   void receive(const CudaHandoff& h, void* dst, cudaStream_t compute_stream);

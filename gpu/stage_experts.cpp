@@ -193,6 +193,9 @@ void StageExperts::before_step() {
     finished_.push_back(moving_.front().move);
     moving_.pop_front();
   }
+  counters_.swaps_in_flight = static_cast<uint32_t>(moving_.size());
+  const auto emptied = std::count_if(moving_.begin(), moving_.end(), [](const Moving& m) { return m.phase == 2 || m.phase == 3; });
+  counters_.pool_used = counters_.pool_slots - static_cast<uint32_t>(emptied);
 }
 
 // One phase of a swap; each records `done`, and the next starts only once the device reached it.

@@ -15,7 +15,7 @@ uint64_t stage_state_bytes(const model::Glm5Hparams& hp, model::LayerRange layer
     }
     floats += uint64_t{slots} * context * hp.kv_lora_rank;
     if (model::glm5_has_indexer(hp, il)) {
-      floats += uint64_t{slots} * (2ull * context + context / kp + 1) * hp.index_head_dim;
+      floats += uint64_t{slots} * (2ull * context + context / kp) * hp.index_head_dim;
     }
   }
   return floats * sizeof(float);

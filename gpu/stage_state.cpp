@@ -41,7 +41,7 @@ StageState::StageState(const model::Glm5Hparams& hp, model::LayerRange layers, u
     if (model::glm5_has_indexer(hp, il)) {
       l.keys = alloc(uint64_t{slots} * context * index_width_);
       l.gates = alloc(uint64_t{slots} * context * index_width_);
-      l.pools = alloc(uint64_t{slots} * (context / kpool_ + 1) * index_width_);
+      l.pools = alloc(uint64_t{slots} * (context / kpool_) * index_width_);  // complete pools only: the kernels' stride
     }
   }
   for (uint32_t s = 0; s < slots; ++s) zero_slot(s, stream);
@@ -66,7 +66,7 @@ float* StageState::where(const model::StatePartSpec& p, uint32_t slot) {
     case model::StatePart::latent: return l.latents + rows * latent_width_;
     case model::StatePart::index_key: return l.keys + rows * index_width_;
     case model::StatePart::index_gate: return l.gates + rows * index_width_;
-    case model::StatePart::pool_key: return l.pools + uint64_t{slot} * (context_ / kpool_ + 1) * index_width_;
+    case model::StatePart::pool_key: return l.pools + uint64_t{slot} * (context_ / kpool_) * index_width_;
   }
   return nullptr;
 }

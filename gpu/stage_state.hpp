@@ -21,7 +21,7 @@ struct LayerState {
   float* latents = nullptr;    // [slots][context][kv_lora_rank]
   float* keys = nullptr;       // [slots][context][index_dim]
   float* gates = nullptr;      // [slots][context][index_dim]
-  float* pools = nullptr;      // [slots][context/kpool + 1][index_dim]
+  float* pools = nullptr;      // [slots][context/kpool][index_dim]
 };
 
 class StageState {

@@ -181,6 +181,10 @@ std::string render_metrics(const ServerContext& ctx, const std::optional<actors:
       for (const auto& s : e.stages) {
         if (s.tiered) w.sample("ferry_expert_pool_slots", s.experts.pool_slots, stage_label(s));
       }
+      w.header("ferry_expert_swaps_in_flight", "gauge", "expert swaps started whose table updates have not all run");
+      for (const auto& s : e.stages) {
+        if (s.tiered) w.sample("ferry_expert_swaps_in_flight", s.experts.swaps_in_flight, stage_label(s));
+      }
     }
   }
   return w.take();

@@ -49,7 +49,8 @@ struct ExpertTierCounters {
   uint64_t promotions = 0;
   uint64_t evictions = 0;
   uint32_t pool_slots = 0;
-  uint32_t pool_used = 0;
+  uint32_t pool_used = 0;        // slots holding an expert (a swap empties one between its two halves)
+  uint32_t swaps_in_flight = 0;  // started, their table updates not all run yet
 };
 
 class ExpertTier {

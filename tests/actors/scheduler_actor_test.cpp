@@ -53,7 +53,7 @@ class SchedulerActorTest : public ::testing::Test {
     config.slots.queue_limit = queue;
     config.slots.prefill_chunk = chunk;
     config.inject_fault = fault;
-    engine = spawn_engine(sys, config, EngineModel{ferry::testing::pipeline_of(all).get()}, false);
+    engine = spawn_engine(sys, config, EngineModel{ferry::testing::pipeline_of(all).get(), nullptr, {}}, false);
   }
 
   ~SchedulerActorTest() override {

@@ -198,9 +198,13 @@ TEST_F(ExpertTiersTest, SwapsOnEveryDecodeStepChangeNoLogit) {
   };
   EXPECT_LE(max_diff(want, run(tiered, prompt_, force_swaps)), 1e-6f);
   EXPECT_EQ(greedy(resident, prompt_, [] {}), greedy(tiered, prompt_, force_swaps));
+  // Steps with nothing new to move finish the swaps under way: each then promoted one and evicted one.
+  EXPECT_EQ(greedy(resident, prompt_, [] {}), greedy(tiered, prompt_, [] {}));
   const model::ExpertTierCounters c = tiered.pipeline->stages()[0]->experts()->counters();
   EXPECT_GT(c.promotions, 5u);
+  EXPECT_EQ(c.swaps_in_flight, 0u);
   EXPECT_EQ(c.promotions, c.evictions);
+  EXPECT_EQ(c.pool_used, c.pool_slots);
 }
 
 TEST_F(ExpertTiersTest, SyntheticExpertsAreTheSameWhereverTheyAreMade) {

@@ -42,8 +42,12 @@ TEST(ExpertPolicy, ColdPlacementSpreadsThePoolEvenlyAndHostsTheRest) {
   for (uint32_t l = 1; l <= 2; ++l) {
     for (uint32_t e = 0; e < 8; ++e) {
       const int64_t h = placed.host_slot[l * 8 + e];
-      if (!p.pooled({l, e})) EXPECT_GE(h, 0) << l << "," << e;
-      if (h >= 0) EXPECT_TRUE(used.insert(h).second);
+      if (!p.pooled({l, e})) {
+        EXPECT_GE(h, 0) << l << "," << e;
+      }
+      if (h >= 0) {
+        EXPECT_TRUE(used.insert(h).second);
+      }
     }
   }
   for (uint32_t e = 0; e < 8; ++e) EXPECT_EQ(placed.host_slot[e], -1);

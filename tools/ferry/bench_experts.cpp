@@ -20,6 +20,7 @@ model::ExpertTierCounters expert_counters(const model::Pipeline& pipeline) {
     sum.evictions += c.evictions;
     sum.pool_slots += c.pool_slots;
     sum.pool_used += c.pool_used;
+    sum.swaps_in_flight += c.swaps_in_flight;
   }
   return sum;
 }

@@ -2,7 +2,7 @@
 // dense weights, expert pool, slot state, workspace and margin; on the host the expert store, its
 // shadow and the RAM floor. It takes the model arguments of `serve` and works on a machine without
 // the GPUs when told their memory:
-//   ferry plan --synthetic glm-5.3-flash.json --type q4_k --device-memory 32GiB,32GiB,32GiB,32GiB \
+//   ferry plan --synthetic glm-5.3-flash.json --type q4_k --device-memory 32GiB,32GiB,32GiB,32GiB
 //     --host-memory 128GiB --split 11,23,34 --expert-pool-cap 25.5GiB,26.5GiB,26.5GiB,25.4GiB
 // Exit 1 (with one line per problem) when the configuration cannot fit.
 #include <cstdio>
