@@ -1,6 +1,6 @@
 // `ferry bench`: prefill and decode speed in the style of llama-bench.
 //   ferry bench --synthetic glm-5.3-flash-12-layers.json --type q4_k -p 512,2048 -n 128 -d 0,4096,32768 -r 3
-// For each depth d: the slot is filled with d tokens (untimed), then "pp P @ d" times one prefill step
+// For each depth d: the slot is filled with d tokens once (untimed), then "pp P @ d" times one prefill step
 // of P tokens and "tg N @ d" times N greedy decode steps of one token (each fed the token it drew).
 // Reports t/s (mean ± sd over the repetitions) and ms per token; on the CUDA backend also peak device
 // memory, the bytes a decoded token reads, and that traffic per second against the device's measured
@@ -173,10 +173,22 @@ int bench(const Options& o) {
     }
     return (*res)[0].sampled;
   };
-  // Fills slot 0 with `d` tokens (the pipeline splits it into steps it can take).
+  // Fills slot 0 with `d` tokens once (the pipeline splits it into steps it can take) and keeps the
+  // slot's fixed state; `back_to_depth` then returns the slot to d tokens without filling it again
+  // (the rows [0, d) are untouched by what follows), so a 32K depth costs one fill, not one per test.
+  std::vector<model::SlotStateImage> at_depth;
   auto fill = [&](uint32_t d) {
     if (auto e = b.reset_slot(0)) failure = e->message;
     if (d > 0) step(0, random_tokens(d));
+    auto image = b.save_slot(0, false);
+    if (image) {
+      at_depth = std::move(image.value());
+    } else if (failure.empty()) {
+      failure = image.error().message;
+    }
+  };
+  auto back_to_depth = [&] {
+    if (auto e = b.restore_slot(0, at_depth); e && failure.empty()) failure = e->message;
   };
 
   std::fprintf(stderr, "ferry bench: %s on %s\n", model_name.c_str(), b.describe().c_str());
@@ -187,10 +199,11 @@ int bench(const Options& o) {
   std::vector<ExpertRow> expert_rows;
   std::vector<std::string> handoffs;  // per depth and link: bytes and copy time per decode step
   for (uint32_t d : *depths) {
+    fill(d);
     for (uint32_t p : *pp) {
       Result r{"pp" + std::to_string(p) + " @ d" + std::to_string(d), p, d, false, {}, 0, std::nullopt};
       for (uint32_t rep = 0; rep < o.reps; ++rep) {
-        fill(d);  // every repetition starts from the same depth
+        back_to_depth();  // every repetition starts from the same depth
         const auto tokens = random_tokens(p);
         const double t0 = now_s();
         step(d, tokens);
@@ -199,9 +212,9 @@ int bench(const Options& o) {
       results.push_back(r);
       std::fprintf(stderr, "  %-18s %10.1f t/s\n", r.test.c_str(), r.mean_tps());
     }
-    // Decode repetitions follow each other from one fill: repetition i starts i*(n+1) tokens deeper,
-    // which is noise next to the depths measured (and keeps a 32K fill from dominating the run).
-    fill(d);
+    // Decode repetitions follow each other: repetition i starts i*(n+1) tokens deeper, which is noise
+    // next to the depths measured.
+    back_to_depth();
     uint32_t pos = d;
     int32_t t = tok(rng);
     for (int i = 0; i < 2; ++i) t = step(pos++, {t});  // graph capture
