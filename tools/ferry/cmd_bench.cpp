@@ -282,6 +282,10 @@ int bench(const Options& o) {
     std::fprintf(stderr, "ferry bench: %s\n", failure.c_str());
     return 1;
   }
+  // As the server does at shutdown: the route counts for the next run's warm start.
+  if (om.experts && !bo.memory.expert_stats.empty()) {
+    if (auto e = om.experts->save_counts(bo.memory.expert_stats)) std::fprintf(stderr, "ferry bench: %s\n", e->message.c_str());
+  }
 
   double copy_bw = 0, host_bw = 0;
   uint64_t peak = 0, weights = 0;
