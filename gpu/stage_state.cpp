@@ -20,6 +20,7 @@ StageState::StageState(const model::Glm5Hparams& hp, model::LayerRange layers, u
       slots_(slots),
       context_(context),
       kpool_(std::max<uint32_t>(1, hp.index_kpool)),
+      conv_taps_(std::max<uint32_t>(1, hp.conv_kernel - 1)),
       conv_floats_(3ull * hp.kda_heads * hp.kda_head_dim * (hp.conv_kernel - 1)),
       recurrent_floats_(uint64_t{hp.kda_heads} * hp.kda_head_dim * hp.kda_head_dim),
       latent_width_(hp.kv_lora_rank),
@@ -71,16 +72,34 @@ float* StageState::where(const model::StatePartSpec& p, uint32_t slot) {
   return nullptr;
 }
 
+namespace {
+
+// dst[c][r] = src[r][c] for src of `rows` x `cols`.
+void transpose(const float* src, float* dst, size_t rows, size_t cols) {
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t c = 0; c < cols; ++c) dst[c * rows + r] = src[r * cols + c];
+  }
+}
+
+}  // namespace
+
 Expected<model::SlotStateImage> StageState::save(uint32_t slot, bool with_rows, cudaStream_t stream) {
   if (slot >= slots_) return Error(ErrorCode::invalid_plan, "slot " + std::to_string(slot) + " does not exist");
   model::SlotStateImage image;
   image.tokens = tokens[slot];
   image.with_rows = with_rows;
   image.data.resize(layout_.image_floats(image.tokens, 0, with_rows));
+  std::vector<uint64_t> conv_at;
   layout_.for_each(image, [&](const model::StatePartSpec& p, uint64_t at, uint64_t n) {
     FERRY_CUDA(cudaMemcpyAsync(image.data.data() + at, where(p, slot), n * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    if (p.part == model::StatePart::kda_conv) conv_at.push_back(at);
   });
   FERRY_CUDA(cudaStreamSynchronize(stream));
+  std::vector<float> channels(conv_floats_);
+  for (const uint64_t at : conv_at) {
+    std::copy_n(image.data.data() + at, conv_floats_, channels.data());
+    transpose(channels.data(), image.data.data() + at, conv_floats_ / conv_taps_, conv_taps_);
+  }
   return image;
 }
 
@@ -96,8 +115,15 @@ Status StageState::restore(uint32_t slot, const model::SlotStateImage& image, cu
                                               " tokens, fewer than the " + std::to_string(image.tokens) +
                                               " of a state image without rows");
   }
+  std::vector<std::vector<float>> channels;  // the conv parts in the kernels' order, until the copies ran
   layout_.for_each(image, [&](const model::StatePartSpec& p, uint64_t at, uint64_t n) {
-    FERRY_CUDA(cudaMemcpyAsync(where(p, slot), image.data.data() + at, n * sizeof(float), cudaMemcpyHostToDevice, stream));
+    const float* src = image.data.data() + at;
+    if (p.part == model::StatePart::kda_conv) {
+      std::vector<float>& c = channels.emplace_back(conv_floats_);
+      transpose(src, c.data(), conv_taps_, conv_floats_ / conv_taps_);
+      src = c.data();
+    }
+    FERRY_CUDA(cudaMemcpyAsync(where(p, slot), src, n * sizeof(float), cudaMemcpyHostToDevice, stream));
   });
   FERRY_CUDA(cudaStreamSynchronize(stream));
   tokens[slot] = image.tokens;

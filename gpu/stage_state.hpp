@@ -16,7 +16,7 @@
 namespace ferry::gpu {
 
 struct LayerState {
-  float* conv = nullptr;       // [slots][3C][kernel-1]
+  float* conv = nullptr;       // [slots][3C][kernel-1]: each channel's inputs together (the image: [kernel-1][3C])
   float* recurrent = nullptr;  // [slots][heads][head_dim][head_dim]
   float* latents = nullptr;    // [slots][context][kv_lora_rank]
   float* keys = nullptr;       // [slots][context][index_dim]
@@ -53,7 +53,7 @@ class StageState {
   float* where(const model::StatePartSpec& p, uint32_t slot);
 
   uint32_t first_ = 0, slots_ = 0, context_ = 0, kpool_ = 1;
-  uint64_t conv_floats_ = 0, recurrent_floats_ = 0, latent_width_ = 0, index_width_ = 0;
+  uint64_t conv_taps_ = 1, conv_floats_ = 0, recurrent_floats_ = 0, latent_width_ = 0, index_width_ = 0;
   model::SlotStateLayout layout_;
   std::vector<LayerState> layers_;
   std::vector<DeviceBuffer> buffers_;

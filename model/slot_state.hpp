@@ -14,6 +14,8 @@
 
 namespace ferry::model {
 
+// kda_conv: the last kernel-1 conv inputs, oldest first, each a row of 3 * heads * head_dim;
+// kda_recurrent: heads x head_dim (k) x head_dim (v); the rest one row per token or complete pool.
 enum class StatePart : uint8_t { kda_conv, kda_recurrent, latent, index_key, index_gate, pool_key };
 enum class StateUnit : uint8_t { fixed, token, pool };
 

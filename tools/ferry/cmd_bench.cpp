@@ -27,7 +27,10 @@
 #include "tools/ferry/bench_slots.hpp"
 #include "tools/ferry/commands.hpp"
 #if FERRY_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
 #include "gpu/bandwidth.hpp"
+#include "gpu/cuda_check.hpp"
 #include "gpu/cuda_stage.hpp"
 #endif
 
@@ -125,6 +128,20 @@ int bench(const Options& o) {
   }
   bo.route_skew = o.route_skew;
 
+  // The ceilings are measured first: the model may leave no device memory for the copies.
+  double copy_bw = 0, host_bw = 0;
+#if FERRY_HAVE_CUDA
+  int visible = 0;
+  if (o.measure_bandwidth && bo.kind != "cpu" && cudaGetDeviceCount(&visible) == cudaSuccess && visible > 0) {
+    try {
+      const int device = config::stage_device(bo.split, 0, 1);
+      copy_bw = gpu::measure_copy_bandwidth(device, uint64_t{1} << 31, 20);
+      host_bw = gpu::measure_host_to_device_bandwidth(device, uint64_t{1} << 30, 10);
+    } catch (const gpu::CudaError& e) {
+      std::fprintf(stderr, "ferry bench: bandwidth not measured: %s\n", e.what());
+    }
+  }
+#endif
   Expected<gpu::OpenedModel> opened = Error(ErrorCode::internal, "no model");
   std::string model_name;
   if (!o.synthetic.empty()) {
@@ -287,7 +304,6 @@ int bench(const Options& o) {
     if (auto e = om.experts->save_counts(bo.memory.expert_stats)) std::fprintf(stderr, "ferry bench: %s\n", e->message.c_str());
   }
 
-  double copy_bw = 0, host_bw = 0;
   uint64_t peak = 0, weights = 0;
   std::string device = b.describe();
 #if FERRY_HAVE_CUDA
@@ -300,10 +316,6 @@ int bench(const Options& o) {
     peak_by_device[cs->device()] = m.peak_bytes;
   }
   for (const auto& [dev, bytes] : peak_by_device) peak += bytes;
-  if (o.measure_bandwidth && !peak_by_device.empty()) {
-    copy_bw = gpu::measure_copy_bandwidth(peak_by_device.begin()->first, uint64_t{1} << 31, 20);
-    if (om.plan.tiered()) host_bw = gpu::measure_host_to_device_bandwidth(peak_by_device.begin()->first, uint64_t{1} << 30, 10);
-  }
 #endif
   if (o.json) {
     std::printf("{\"model\": \"%s\", \"backend\": \"%s\", \"weight_bytes\": %llu, \"peak_device_bytes\": %llu, "
