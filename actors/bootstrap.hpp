@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "actors/admin_actor.hpp"
 #include "actors/protocol.hpp"
 #include "actors/step_planner.hpp"
 #include "config/serve_config.hpp"
@@ -17,6 +18,7 @@ namespace ferry::actors {
 struct Engine {
   scheduler_actor scheduler;
   std::vector<stage_actor> stages;  // in pipeline order
+  admin_actor admin;                // subscribed to the scheduler's and the stages' telemetry
   PlannerLimits limits;             // as effective
 };
 
@@ -25,9 +27,10 @@ struct Engine {
 PlannerLimits planner_limits(const config::ServeConfig& config, const model::Pipeline& pipeline);
 
 // Stage actors run detached (a thread each); `detached_stages` false puts them on the actor system's
-// scheduler like any actor, for the deterministic test scheduler.
+// scheduler like any actor, for the deterministic test scheduler. `admin_hooks` lets the admin
+// actor's drain command shut the server down as SIGTERM does.
 Engine spawn_engine(caf::actor_system& system, const config::ServeConfig& config, const model::Pipeline& pipeline,
-                    bool detached_stages = true);
+                    bool detached_stages = true, AdminHooks admin_hooks = {});
 
 // Ends every actor of the engine (shutdown).
 void stop_engine(const Engine& engine);
