@@ -48,7 +48,8 @@ using request_sink_actor = caf::typed_actor<caf::reacts_to<RequestStarted>, caf:
                                             caf::reacts_to<RequestFinished>>;
 
 // The HTTP side's per-request actor: a sink that also learns when its client went away.
-using bridge_actor = request_sink_actor::extend<caf::reacts_to<client_gone_atom>>;
+// It publishes its telemetry to the engine's admin actor (telemetry_flush_atom: its throttle).
+using bridge_actor = request_sink_actor::extend<caf::reacts_to<client_gone_atom>, caf::reacts_to<telemetry_flush_atom>>;
 
 // Where telemetry goes: the admin actor (or a test's probe). A stage's report comes with its
 // StageStatus, the scheduler's with its EngineSnapshot. Later publishers (expert cache, KV

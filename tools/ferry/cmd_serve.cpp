@@ -20,6 +20,7 @@
 #include "config/serve_cli.hpp"
 #include "gpu/backend_factory.hpp"
 #include "http/http_server.hpp"
+#include "http/request_log.hpp"
 #include "http/server_context.hpp"
 #include "tools/ferry/commands.hpp"
 #include "tools/ferry/serve_model.hpp"
@@ -64,6 +65,7 @@ int serve(config::ServeCli& cli) {
     return 2;
   }
   const config::ServeConfig& config = cli.config();
+  http::configure_logging(config.server.log_format == "json");
   // Signals are blocked before the first CUDA call below: the driver's threads would otherwise
   // take SIGTERM with its default action and kill the process instead of draining it.
   SignalWaiter signals;
