@@ -4,6 +4,7 @@
 #include <chrono>
 #include <ctime>
 
+#include "http/admin_page.hpp"
 #include "http/bridge_actor.hpp"
 #include "http/metrics_text.hpp"
 #include "http/openai_request.hpp"
@@ -249,6 +250,15 @@ Endpoint route(const Context& ctx, HttpRequest req, const Channel& channel) {
     if (!get) method_not_allowed("GET");
     else health(ctx, channel);
     return Endpoint::health;
+  }
+  // The admin console's page holds no data (that comes over /admin/ws with the admin token), so it
+  // needs no API key; with --admin-port it is served there instead.
+  if ((path == "/admin" || path == "/admin/ws") && ctx->config.server.admin_port == 0) {
+    if (!get) method_not_allowed("GET");
+    else if (path == "/admin") channel->send_json(200, std::string(admin_page_html()), admin_page_headers());
+    else send_error(*channel, make_error(426, "invalid_request_error", "upgrade_required",
+                                         "/admin/ws is the admin console's WebSocket: connect with a WebSocket client"));
+    return Endpoint::other;
   }
   Endpoint endpoint = Endpoint::other;
   if (path == "/v1/chat/completions") endpoint = Endpoint::chat;
