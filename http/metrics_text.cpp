@@ -69,7 +69,8 @@ std::string render_metrics(const ServerContext& ctx, const std::optional<actors:
   w.sample("ferry_up", phase == ServerPhase::ready && !(engine && engine->failed) ? 1 : 0);
   w.metric("ferry_model_load_bytes_done", "gauge", "model bytes read at start-up",
            static_cast<double>(ctx.progress.bytes_done.load()));
-  w.metric("ferry_model_load_bytes_total", "gauge", "model bytes to read at start-up",
+  // A gauge: no _total suffix, which Prometheus reserves for counters (promtool check metrics).
+  w.metric("ferry_model_size_bytes", "gauge", "model bytes to read at start-up",
            static_cast<double>(ctx.progress.bytes_total.load()));
 
   const HttpMetrics& m = ctx.metrics;
