@@ -47,6 +47,8 @@ Engine spawn_engine(caf::actor_system& system, const config::ServeConfig& config
     statuses[i].backend = stages[i]->describe();
   }
   engine.scheduler = system.spawn(scheduler, engine.limits, engine.stages.front(), std::move(statuses), telemetry);
+  // The expert-cache and KV-residency actors (issues 11 and 12) are spawned before the admin actor and
+  // given to it like the stages, so that it subscribes to their telemetry too.
   if (admin_hooks.drain_timeout_ms <= 0) admin_hooks.drain_timeout_ms = config.server.drain_timeout_s * 1000;
   engine.admin = system.spawn(admin, engine.scheduler, engine.stages, describe_memory(pipeline, engine.limits),
                               std::move(admin_hooks));
