@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "actors/expert_cache_actor.hpp"
+#include "actors/memory_plan.hpp"
 #include "actors/scheduler_actor.hpp"
 #include "actors/stage_actor.hpp"
 
@@ -25,21 +26,24 @@ PlannerLimits planner_limits(const config::ServeConfig& config, const model::Pip
 }
 
 Engine spawn_engine(caf::actor_system& system, const config::ServeConfig& config, const EngineModel& model,
-                    bool detached_stages) {
+                    bool detached_stages, AdminHooks admin_hooks) {
   const model::Pipeline& pipeline = *model.pipeline;
   Engine engine;
   if (model.experts) {
     engine.experts = system.spawn(expert_cache, model.experts, model.expert_stage, config.memory.expert_stats);
   }
   engine.limits = planner_limits(config, pipeline);
+  const auto telemetry = std::chrono::duration_cast<PublishThrottle::Duration>(
+      std::chrono::duration<double, std::milli>(config.server.telemetry_interval_ms));
   const auto& stages = pipeline.stages();
   engine.stages.resize(stages.size());
   std::optional<stage_actor> next;
   for (size_t i = stages.size(); i-- > 0;) {
     const auto index = static_cast<uint32_t>(i);
     engine.stages[i] = detached_stages
-                           ? system.spawn<caf::detached>(stage, stages[i], index, next, config.inject_fault, engine.experts)
-                           : system.spawn(stage, stages[i], index, next, config.inject_fault, engine.experts);
+                           ? system.spawn<caf::detached>(stage, stages[i], index, next, config.inject_fault,
+                                                         engine.experts, telemetry)
+                           : system.spawn(stage, stages[i], index, next, config.inject_fault, engine.experts, telemetry);
     next = engine.stages[i];
   }
   std::vector<StageStatus> statuses(stages.size());
@@ -48,11 +52,18 @@ Engine spawn_engine(caf::actor_system& system, const config::ServeConfig& config
     statuses[i].layers = model::describe_layers(stages[i]->layers());
     statuses[i].backend = stages[i]->describe();
   }
-  engine.scheduler = system.spawn(scheduler, engine.limits, engine.stages.front(), std::move(statuses));
+  engine.scheduler = system.spawn(scheduler, engine.limits, engine.stages.front(), std::move(statuses), telemetry);
+  // The KV-residency actor (issue 12) is to be spawned before the admin actor and given to it like the
+  // stages, so that it subscribes to its telemetry too.
+  if (admin_hooks.drain_timeout_ms <= 0) admin_hooks.drain_timeout_ms = config.server.drain_timeout_s * 1000;
+  engine.admin = system.spawn(admin, engine.scheduler, engine.stages,
+                              describe_memory(pipeline, engine.limits, model.memory_tiers),
+                              std::move(admin_hooks));
   return engine;
 }
 
 void stop_engine(const Engine& engine) {
+  if (engine.admin) caf::anon_send_exit(engine.admin, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(engine.scheduler, caf::exit_reason::user_shutdown);
   for (const stage_actor& s : engine.stages) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
   if (engine.experts) caf::anon_send_exit(*engine.experts, caf::exit_reason::user_shutdown);

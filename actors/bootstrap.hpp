@@ -9,6 +9,7 @@
 #include <optional>
 #include <vector>
 
+#include "actors/admin_actor.hpp"
 #include "actors/protocol.hpp"
 #include "actors/step_planner.hpp"
 #include "config/serve_config.hpp"
@@ -19,17 +20,19 @@ namespace ferry::actors {
 
 struct Engine {
   scheduler_actor scheduler;
-  std::vector<stage_actor> stages;          // in pipeline order
+  std::vector<stage_actor> stages;            // in pipeline order
   std::optional<expert_cache_actor> experts;  // when some stage keeps an expert pool
-  PlannerLimits limits;                     // as effective
+  admin_actor admin;                          // subscribed to the scheduler's and the stages' telemetry
+  PlannerLimits limits;                       // as effective
 };
 
 // What the engine runs: the model's stages, and the policy of their expert pools when some stage has
 // one (gpu::OpenedModel has all three).
 struct EngineModel {
   const model::Pipeline* pipeline = nullptr;
-  std::shared_ptr<model::ExpertPolicy> experts;
-  std::vector<int> expert_stage;  // per stage: its number in the policy, -1 none
+  std::shared_ptr<model::ExpertPolicy> experts{};
+  std::vector<int> expert_stage{};  // per stage: its number in the policy, -1 none
+  std::vector<MemoryTier> memory_tiers{};  // the memory plan's pools and host store, for the admin console
 };
 
 // The scheduler's limits from the configuration and the pipeline: one step in flight per stage, one
@@ -37,9 +40,10 @@ struct EngineModel {
 PlannerLimits planner_limits(const config::ServeConfig& config, const model::Pipeline& pipeline);
 
 // Stage actors run detached (a thread each); `detached_stages` false puts them on the actor system's
-// scheduler like any actor, for the deterministic test scheduler.
+// scheduler like any actor, for the deterministic test scheduler. `admin_hooks` lets the admin
+// actor's drain command shut the server down as SIGTERM does.
 Engine spawn_engine(caf::actor_system& system, const config::ServeConfig& config, const EngineModel& model,
-                    bool detached_stages = true);
+                    bool detached_stages = true, AdminHooks admin_hooks = {});
 
 // Ends every actor of the engine (shutdown).
 void stop_engine(const Engine& engine);

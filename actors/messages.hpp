@@ -159,6 +159,7 @@ struct StageStatus {
   double compute_ms = 0;
   bool tiered = false;                  // the stage keeps a pool of routed experts
   model::ExpertTierCounters experts;    // when tiered
+  bool operator==(const StageStatus&) const = default;
 };
 
 // ---- stages <-> expert cache ---------------------------------------------------------------------
@@ -209,6 +210,8 @@ struct SlotSnapshot {
   uint32_t cached_tokens = 0;
   uint32_t generated_tokens = 0;
   uint32_t held_tokens = 0;       // tokens whose state the slot holds (a cached prefix when idle)
+  double decode_ms = 0;           // its first token to its last so far (decode speed: generated - 1 over it)
+  bool operator==(const SlotSnapshot&) const = default;
 };
 
 // Cumulative Prometheus-style histogram: counts[i] = observations <= bounds[i]; the last count
@@ -218,12 +221,14 @@ struct HistogramSnapshot {
   std::vector<uint64_t> counts;
   double sum = 0;
   uint64_t count = 0;
+  bool operator==(const HistogramSnapshot&) const = default;
 };
 
 struct EngineSnapshot {
   std::vector<SlotSnapshot> slots;
   std::vector<StageStatus> stages;  // as each last reported
   uint32_t queued = 0;
+  std::vector<RequestId> queued_requests;  // in queue order
   uint32_t queue_limit = 0;
   bool draining = false;
   bool failed = false;
@@ -237,6 +242,121 @@ struct EngineSnapshot {
   HistogramSnapshot ttft_seconds;
   HistogramSnapshot itl_seconds;
   HistogramSnapshot queue_seconds;
+  bool operator==(const EngineSnapshot&) const = default;
+};
+
+// ---- telemetry: every actor -> the admin actor ----------------------------------------------------
+
+// The kinds of actor in the graph. The expert-cache and KV-residency actors (issues 11 and 12) publish
+// ActorReports of their own kind once they exist: their figures (pool bytes, hits, misses, window
+// rows) go in `counters`, which the admin page shows for any actor; a typed record of theirs, if one
+// is wanted, rides beside the report as StageStatus does for a stage (admin_actor in protocol.hpp).
+enum class ActorKind : uint8_t { scheduler, stage, bridge, admin, expert_cache, kv_residency };
+
+// One figure an actor reports: a snake_case name with its unit where it has one ("compute_ms").
+struct Counter {
+  std::string name;
+  double value = 0;
+  bool operator==(const Counter&) const = default;
+};
+
+// What an actor publishes about itself. Publishers throttle (actors/telemetry.hpp): at most one report
+// per interval while they work, and one more when they go quiet; the admin actor keeps the last of
+// each and never asks for one.
+struct ActorReport {
+  std::string name;                // unique in the graph: "scheduler", "stage 0", "bridge 42"
+  ActorKind kind = ActorKind::scheduler;
+  std::vector<std::string> links;  // names of the actors it sends work to
+  uint64_t mailbox = 0;            // messages waiting in its mailbox when it reported
+  std::string doing;               // "idle", "2 steps in flight: 3 decoding", "streaming (slot 1)"
+  std::vector<Counter> counters;
+  RequestId request = 0;           // a bridge: its request
+  bool ended = false;              // the actor is quitting: its last report
+  bool operator==(const ActorReport&) const = default;
+};
+
+// ---- admin clients <-> the admin actor ---------------------------------------------------------
+
+// A stage as the admin shows it: its last status and the mean time of its recent steps.
+struct StageView {
+  StageStatus status;
+  double step_ms = 0;  // (compute + hand-off) ms per step between its last two reports that ran steps
+};
+
+struct ThroughputSample {
+  double generated_per_s = 0;  // tokens drawn per second over the last second
+  double prompt_per_s = 0;     // prompt tokens computed (cache hits excluded) per second, same window
+  bool operator==(const ThroughputSample&) const = default;
+};
+
+// The graph as a client last saw it, brought up to date: everything that changed after revision
+// `since` (full: everything, when since is 0 or too old for the removals kept).
+struct AdminView {
+  uint64_t rev = 0;
+  uint64_t since = 0;
+  bool full = false;
+  std::vector<ActorReport> actors;     // added or changed
+  std::vector<std::string> removed;    // actors gone
+  bool engine_changed = false;
+  EngineSnapshot engine;               // slots, queue, totals; meaningful when engine_changed
+  std::vector<StageView> stages;       // changed
+  std::vector<ActorReport> finished;   // requests' bridges that ended (their last reports), oldest first
+  ThroughputSample throughput;         // now
+  bool empty() const { return actors.empty() && removed.empty() && !engine_changed && stages.empty() && finished.empty(); }
+};
+
+// Cancel a request and say whether it was live (the request's sink hears RequestFinished as usual).
+struct AdminCancel {
+  RequestId id = 0;
+};
+
+struct CancelResult {
+  RequestId id = 0;
+  bool was_live = false;   // false: unknown or already ended, nothing done (idempotent)
+  RequestStatus status = RequestStatus::queued;  // what it was doing, when live
+};
+
+struct SetLogLevel {
+  std::string level;  // trace, debug, info, warn, error, critical, off
+};
+
+struct LogLevelResult {
+  bool ok = false;
+  std::string previous;
+  std::string level;
+  std::string message;  // why not, when !ok
+};
+
+struct DrainAck {
+  bool started = false;  // false: a drain was already under way (idempotent)
+  std::string message;
+};
+
+// What the engine knows of its memory today. The planner of issue 11 / 12 (expert pools, host expert
+// store, KV tiers, the RAM guard) fills `tiers` and the weights; until then each stage's per-slot
+// state is what is known. actors/memory_plan.hpp makes it.
+struct StageMemory {
+  uint32_t index = 0;
+  std::string layers;
+  std::string backend;                  // device and threads, as the stage describes itself
+  uint64_t slot_fixed_bytes = 0;        // per slot whatever its length: KDA conv and recurrent state (f32)
+  uint64_t slot_bytes_per_token = 0;    // per slot and token: DSA latent, indexer rows, pool keys (f32)
+  uint64_t slot_bytes_at_ctx = 0;       // one slot at the full context
+  uint64_t slots_bytes_at_ctx = 0;      // every slot at the full context
+};
+
+struct MemoryTier {
+  std::string name;     // "gpu0 expert pool", "host expert store", "kv host"
+  uint64_t budget_bytes = 0;
+  uint64_t used_bytes = 0;
+};
+
+struct MemoryPlan {
+  uint32_t slots = 0;
+  uint32_t ctx = 0;
+  std::vector<StageMemory> stages;
+  std::vector<MemoryTier> tiers;  // empty until the memory planner reports
+  std::string note;
 };
 
 // ---- inspect (CAF 0.17 style) --------------------------------------------------------------------
@@ -313,7 +433,7 @@ typename Inspector::result_type inspect(Inspector& f, StepOutcome& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SlotSnapshot& x) {
   return f(x.index, x.busy, x.status, x.request, x.prompt_tokens, x.prefilled_tokens, x.cached_tokens,
-           x.generated_tokens, x.held_tokens);
+           x.generated_tokens, x.held_tokens, x.decode_ms);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, HistogramSnapshot& x) {
@@ -321,9 +441,63 @@ typename Inspector::result_type inspect(Inspector& f, HistogramSnapshot& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, EngineSnapshot& x) {
-  return f(x.slots, x.stages, x.queued, x.queue_limit, x.draining, x.failed, x.failure, x.steps, x.prompt_tokens,
+  return f(x.slots, x.stages, x.queued, x.queued_requests, x.queue_limit, x.draining, x.failed, x.failure, x.steps, x.prompt_tokens,
            x.cached_tokens, x.generated_tokens, x.finished_by_status, x.step_seconds, x.ttft_seconds,
            x.itl_seconds, x.queue_seconds);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, Counter& x) {
+  return f(x.name, x.value);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ActorReport& x) {
+  return f(x.name, x.kind, x.links, x.mailbox, x.doing, x.counters, x.request, x.ended);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, StageView& x) {
+  return f(x.status, x.step_ms);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ThroughputSample& x) {
+  return f(x.generated_per_s, x.prompt_per_s);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, AdminView& x) {
+  return f(x.rev, x.since, x.full, x.actors, x.removed, x.engine_changed, x.engine, x.stages, x.finished, x.throughput);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, AdminCancel& x) {
+  return f(x.id);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, CancelResult& x) {
+  return f(x.id, x.was_live, x.status);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, SetLogLevel& x) {
+  return f(x.level);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, LogLevelResult& x) {
+  return f(x.ok, x.previous, x.level, x.message);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, DrainAck& x) {
+  return f(x.started, x.message);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, StageMemory& x) {
+  return f(x.index, x.layers, x.backend, x.slot_fixed_bytes, x.slot_bytes_per_token, x.slot_bytes_at_ctx,
+           x.slots_bytes_at_ctx);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, MemoryTier& x) {
+  return f(x.name, x.budget_bytes, x.used_bytes);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, MemoryPlan& x) {
+  return f(x.slots, x.ctx, x.stages, x.tiers, x.note);
 }
 
 }  // namespace ferry::actors

@@ -1,9 +1,27 @@
 #include "actors/scheduler_actor.hpp"
 
+#include <algorithm>
 #include <chrono>
 
 namespace ferry::actors {
 namespace {
+
+EngineSnapshot engine_snapshot(const SchedulerState& st) {
+  EngineSnapshot snap = st.planner.snapshot();
+  snap.stages = st.stages.statuses;
+  return snap;
+}
+
+void publish(scheduler_pointer self) {
+  SchedulerState& st = self->state;
+  const EngineSnapshot snap = engine_snapshot(st);
+  const ActorReport report = scheduler_report(st, snap, own_mailbox_depth(self));
+  for (const auto& sink : st.telemetry.subscribers) self->send(sink, report, snap);
+}
+
+void telemetry_changed(scheduler_pointer self) {
+  actors::telemetry_changed(self, self->state.telemetry, [self] { publish(self); });
+}
 
 void deliver(scheduler_pointer self, EngineEvents events) {
   SchedulerState& st = self->state;
@@ -60,18 +78,58 @@ void next_steps(scheduler_pointer self) {
             });
   }
   answer_drained(self);
+  telemetry_changed(self);
 }
 
 }  // namespace
 
+ActorReport scheduler_report(const SchedulerState& st, const EngineSnapshot& snap, uint64_t mailbox) {
+  ActorReport r;
+  r.name = "scheduler";
+  r.kind = ActorKind::scheduler;
+  if (!st.stages.statuses.empty()) r.links.push_back(stage_name(0));
+  std::vector<RequestId> sinks;
+  for (const auto& [id, sink] : st.sinks) sinks.push_back(id);
+  std::sort(sinks.begin(), sinks.end());
+  for (RequestId id : sinks) r.links.push_back(bridge_name(id));
+  r.mailbox = mailbox;
+  uint32_t decoding = 0, prefilling = 0;
+  for (const SlotSnapshot& s : snap.slots) {
+    if (!s.busy) continue;
+    (s.status == RequestStatus::prefilling ? prefilling : decoding) += 1;
+  }
+  const size_t in_flight = st.planner.steps_in_flight();
+  if (snap.failed) {
+    r.doing = "failed: " + snap.failure;
+  } else if (in_flight == 0 && decoding + prefilling == 0) {
+    r.doing = snap.draining ? "drained" : snap.queued > 0 ? "waiting for a slot" : "idle";
+  } else {
+    r.doing = std::string(snap.draining ? "draining: " : "") + std::to_string(in_flight) +
+              (in_flight == 1 ? " step" : " steps") + " in flight, " + std::to_string(decoding) + " decoding, " +
+              std::to_string(prefilling) + " prefilling";
+  }
+  r.counters = {
+      {"steps_in_flight", static_cast<double>(in_flight)},
+      {"requests_live", static_cast<double>(st.sinks.size())},
+      {"queued", static_cast<double>(snap.queued)},
+      {"steps", static_cast<double>(snap.steps)},
+      {"generated_tokens", static_cast<double>(snap.generated_tokens)},
+      {"prompt_tokens", static_cast<double>(snap.prompt_tokens)},
+      {"cached_tokens", static_cast<double>(snap.cached_tokens)},
+  };
+  return r;
+}
+
 scheduler_actor::behavior_type scheduler(scheduler_pointer self, PlannerLimits limits, stage_actor first_stage,
-                                         std::vector<StageStatus> stages) {
+                                         std::vector<StageStatus> stages, PublishThrottle::Duration telemetry_interval) {
   self->state.planner = StepPlanner(limits);
+  self->state.telemetry.throttle = PublishThrottle(telemetry_interval);
   self->state.first_stage = std::move(first_stage);
   self->state.stages.statuses = std::move(stages);
   // A sink that dies without cancelling (a crashed bridge) must not keep its slot busy.
   self->set_down_handler([self](const caf::down_msg& down) {
     SchedulerState& st = self->state;
+    st.telemetry.unsubscribe(down.source);
     auto it = st.sink_requests.find(down.source);
     if (it == st.sink_requests.end()) return;
     const RequestId id = it->second;
@@ -115,16 +173,34 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self, PlannerLimits l
                              drain_deadline_atom_v);
         }
         answer_drained(self);
+        telemetry_changed(self);
         return promise;
       },
       [self](drain_deadline_atom) {
         deliver(self, self->state.planner.cancel_all(EndCause::drain_deadline, Clock::now()));
         answer_drained(self);
+        telemetry_changed(self);
       },
-      [self](snapshot_atom) -> EngineSnapshot {
-        EngineSnapshot snap = self->state.planner.snapshot();
-        snap.stages = self->state.stages.statuses;
-        return snap;
+      [self](snapshot_atom) -> EngineSnapshot { return engine_snapshot(self->state); },
+      [self](const AdminCancel& cancel) -> CancelResult {
+        CancelResult result;
+        result.id = cancel.id;
+        if (const auto status = self->state.planner.status(cancel.id)) {
+          result.was_live = true;
+          result.status = *status;
+        }
+        deliver(self, self->state.planner.cancel(CancelRequest{cancel.id, EndCause::admin_cancelled}, Clock::now()));
+        next_steps(self);
+        answer_drained(self);
+        return result;
+      },
+      [self](subscribe_atom, const telemetry_sink_actor& sink) {
+        self->state.telemetry.subscribe(sink);
+        self->monitor(sink);
+        publish(self);  // the subscriber's first view of this actor, then changes as they come
+      },
+      [self](telemetry_flush_atom) {
+        actors::telemetry_flush(self, self->state.telemetry, [self] { publish(self); });
       },
   };
 }

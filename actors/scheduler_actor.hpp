@@ -8,6 +8,7 @@
 
 #include "actors/protocol.hpp"
 #include "actors/step_planner.hpp"
+#include "actors/telemetry.hpp"
 
 namespace ferry::actors {
 
@@ -29,12 +30,17 @@ struct SchedulerState {
   std::unordered_map<caf::actor_addr, RequestId> sink_requests;  // for the down handler
   std::vector<caf::typed_response_promise<DrainDone>> drain_waiters;
   DrainDone drained;
+  TelemetryPublisher telemetry;  // the admin actor: this actor's report with the engine snapshot
 };
 
 using scheduler_pointer = scheduler_actor::stateful_pointer<SchedulerState>;
 
 // `stages`: each stage's status before its first step (index, layers, backend).
 scheduler_actor::behavior_type scheduler(scheduler_pointer self, PlannerLimits limits, stage_actor first_stage,
-                                         std::vector<StageStatus> stages);
+                                         std::vector<StageStatus> stages,
+                                         PublishThrottle::Duration telemetry_interval = kDefaultTelemetryInterval);
+
+// The scheduler's telemetry: who it is, what it is doing and its counters, from its snapshot.
+ActorReport scheduler_report(const SchedulerState& state, const EngineSnapshot& snapshot, uint64_t mailbox);
 
 }  // namespace ferry::actors

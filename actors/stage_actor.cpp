@@ -1,5 +1,8 @@
 #include "actors/stage_actor.hpp"
 
+#include <chrono>
+#include <cstdio>
+
 namespace ferry::actors {
 namespace {
 
@@ -16,7 +19,43 @@ void note_counters(StageStatus& status, model::Stage& stage) {
   }
 }
 
+using stage_pointer = stage_actor::stateful_pointer<StageState>;
+
+void publish(stage_pointer self) {
+  StageState& st = self->state;
+  const ActorReport report = stage_report(st, own_mailbox_depth(self));
+  for (const auto& sink : st.telemetry.subscribers) self->send(sink, report, st.status);
+}
+
 }  // namespace
+
+ActorReport stage_report(StageState& st, uint64_t mailbox) {
+  ActorReport r;
+  r.name = stage_name(st.status.index);
+  r.kind = ActorKind::stage;
+  r.links = {st.next ? stage_name(st.status.index + 1) : std::string("scheduler")};
+  r.mailbox = mailbox;
+  char ms[32];
+  std::snprintf(ms, sizeof ms, "%.2f", st.last_step_ms);
+  if (st.status.failed) {
+    r.doing = "failed: " + st.status.failure;
+  } else if (st.status.steps > st.steps_reported || mailbox > 0) {
+    r.doing = "stepping: step " + std::to_string(st.last_step) + ", " + std::to_string(st.last_rows) + " rows in " +
+              ms + " ms";
+  } else {
+    r.doing = "idle";
+  }
+  st.steps_reported = st.status.steps;
+  r.counters = {
+      {"steps", static_cast<double>(st.status.steps)},
+      {"rows", static_cast<double>(st.status.rows)},
+      {"compute_ms", st.status.compute_ms},
+      {"handoff_ms", st.status.handoff_ms},
+      {"handoff_bytes", static_cast<double>(st.status.handoff_bytes)},
+      {"last_step_ms", st.last_step_ms},
+  };
+  return r;
+}
 
 Expected<model::StageOutput> run_stage_step(model::Stage& stage, const StepPlan& plan, const model::Handoff* in) {
   for (uint32_t slot : plan.reset_slots) {
@@ -28,10 +67,65 @@ Expected<model::StageOutput> run_stage_step(model::Stage& stage, const StepPlan&
   return stage.run(plan.rows, in);
 }
 
-stage_actor::behavior_type stage(stage_actor::stateful_pointer<StageState> self, std::shared_ptr<model::Stage> stage,
-                                 uint32_t index, std::optional<stage_actor> next,
-                                 std::optional<config::InjectedFault> fault, std::optional<expert_cache_actor> experts) {
+namespace {
+
+// One step on this stage: answered here (the last stage, or an error) or delegated to the next.
+caf::result<StepOutcome> run_step(stage_pointer self, StageWork& work) {
   StageState& st = self->state;
+  const StepPlan& plan = *work.plan;
+  st.last_step = plan.step;
+  st.last_rows = plan.rows.size();
+  auto answer_error = [&](const Error& e) {
+    StepOutcome out;
+    out.step = plan.step;
+    out.code = e.code;
+    out.stage_dead = ends_stage(e.code);
+    out.error = "stage " + std::to_string(st.status.index) + " (" + st.status.layers + ", " + st.status.backend +
+                "): " + e.message;
+    if (out.stage_dead && !st.status.failed) {
+      st.status.failed = true;
+      st.status.failure = out.error;
+    }
+    out.stages = std::move(work.stages);
+    out.stages.push_back(st.status);
+    return out;
+  };
+  if (st.status.failed) {
+    if (work.handoff) st.stage->discard(*work.handoff);
+    return answer_error(Error(ErrorCode::device_error, st.status.failure));
+  }
+  if (st.fault && st.fault->step == plan.step && st.fault->stage == st.status.index) {
+    if (work.handoff) st.stage->discard(*work.handoff);
+    return answer_error(Error(st.fault->code, "injected fault (--inject-fault) at step " +
+                                                  std::to_string(plan.step) + ": " +
+                                                  std::string(error_code_name(st.fault->code))));
+  }
+  auto output = run_stage_step(*st.stage, plan, work.handoff.get());
+  note_counters(st.status, *st.stage);
+  if (!output) return answer_error(output.error());
+  if (model::ExpertTier* tier = st.stage->experts(); tier != nullptr && st.experts) {
+    self->send(*st.experts, ExpertReport{st.status.index, tier->take_route_counts(), tier->take_finished_moves()});
+  }
+  work.stages.push_back(st.status);
+  if (st.next) {
+    return self->delegate(*st.next, step_atom_v, StageWork{work.plan, std::move(output->handoff), std::move(work.stages)});
+  }
+  StepOutcome out;
+  out.step = plan.step;
+  for (size_t i = 0; i < plan.rows.size(); ++i) {
+    if (plan.rows[i].sample) out.sampled.push_back(SampledToken{output->results[i].slot, output->results[i].sampled});
+  }
+  out.stages = std::move(work.stages);
+  return out;
+}
+
+}  // namespace
+
+stage_actor::behavior_type stage(stage_actor::stateful_pointer<StageState> self, std::shared_ptr<model::Stage> stage,
+                                 uint32_t index, std::optional<stage_actor> next, std::optional<config::InjectedFault> fault,
+                                 std::optional<expert_cache_actor> experts, PublishThrottle::Duration telemetry_interval) {
+  StageState& st = self->state;
+  st.telemetry.throttle = PublishThrottle(telemetry_interval);
   st.status.index = index;
   st.status.layers = model::describe_layers(stage->layers());
   st.status.backend = stage->describe();
@@ -40,52 +134,15 @@ stage_actor::behavior_type stage(stage_actor::stateful_pointer<StageState> self,
   st.fault = fault;
   st.experts = std::move(experts);
   note_counters(st.status, *st.stage);
+  self->set_down_handler([self](const caf::down_msg& down) { self->state.telemetry.unsubscribe(down.source); });
   return {
       [self](step_atom, StageWork& work) -> caf::result<StepOutcome> {
+        const auto began = std::chrono::steady_clock::now();
+        caf::result<StepOutcome> result = run_step(self, work);
         StageState& st = self->state;
-        const StepPlan& plan = *work.plan;
-        auto answer_error = [&](const Error& e) {
-          StepOutcome out;
-          out.step = plan.step;
-          out.code = e.code;
-          out.stage_dead = ends_stage(e.code);
-          out.error = "stage " + std::to_string(st.status.index) + " (" + st.status.layers + ", " + st.status.backend +
-                      "): " + e.message;
-          if (out.stage_dead && !st.status.failed) {
-            st.status.failed = true;
-            st.status.failure = out.error;
-          }
-          out.stages = std::move(work.stages);
-          out.stages.push_back(st.status);
-          return out;
-        };
-        if (st.status.failed) {
-          if (work.handoff) st.stage->discard(*work.handoff);
-          return answer_error(Error(ErrorCode::device_error, st.status.failure));
-        }
-        if (st.fault && st.fault->step == plan.step && st.fault->stage == st.status.index) {
-          if (work.handoff) st.stage->discard(*work.handoff);
-          return answer_error(Error(st.fault->code, "injected fault (--inject-fault) at step " +
-                                                        std::to_string(plan.step) + ": " +
-                                                        std::string(error_code_name(st.fault->code))));
-        }
-        auto output = run_stage_step(*st.stage, plan, work.handoff.get());
-        note_counters(st.status, *st.stage);
-        if (!output) return answer_error(output.error());
-        if (model::ExpertTier* tier = st.stage->experts(); tier != nullptr && st.experts) {
-          self->send(*st.experts, ExpertReport{st.status.index, tier->take_route_counts(), tier->take_finished_moves()});
-        }
-        work.stages.push_back(st.status);
-        if (st.next) {
-          return self->delegate(*st.next, step_atom_v, StageWork{work.plan, std::move(output->handoff), std::move(work.stages)});
-        }
-        StepOutcome out;
-        out.step = plan.step;
-        for (size_t i = 0; i < plan.rows.size(); ++i) {
-          if (plan.rows[i].sample) out.sampled.push_back(SampledToken{output->results[i].slot, output->results[i].sampled});
-        }
-        out.stages = std::move(work.stages);
-        return out;
+        st.last_step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began).count();
+        telemetry_changed(self, st.telemetry, [self] { publish(self); });
+        return result;
       },
       [self](status_atom) -> StageStatus { return self->state.status; },
       [self](const ExpertMoves& m) {
@@ -94,6 +151,12 @@ stage_actor::behavior_type stage(stage_actor::stateful_pointer<StageState> self,
         if (tier == nullptr || st.status.failed) return;
         tier->start_moves(m.moves);
       },
+      [self](subscribe_atom, const telemetry_sink_actor& sink) {
+        self->state.telemetry.subscribe(sink);
+        self->monitor(sink);
+        publish(self);
+      },
+      [self](telemetry_flush_atom) { telemetry_flush(self, self->state.telemetry, [self] { publish(self); }); },
   };
 }
 

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "actors/protocol.hpp"
+#include "actors/telemetry.hpp"
 #include "config/serve_config.hpp"
 #include "model/stage.hpp"
 
@@ -19,13 +20,22 @@ struct StageState {
   std::optional<config::InjectedFault> fault;
   std::optional<expert_cache_actor> experts;  // where a tiered stage reports its routes
   StageStatus status;
+  TelemetryPublisher telemetry;
+  uint64_t steps_reported = 0;  // status.steps at the last report: more since then means it is working
+  uint64_t last_step = 0;       // the plan's number
+  size_t last_rows = 0;
+  double last_step_ms = 0;      // wall time of the last step on this stage
 };
 
 // A tiered stage (one whose Stage::experts() is set) reports to `experts` after every step and
 // starts the swaps it answers with between steps.
 stage_actor::behavior_type stage(stage_actor::stateful_pointer<StageState> self, std::shared_ptr<model::Stage> stage,
-                                 uint32_t index, std::optional<stage_actor> next,
-                                 std::optional<config::InjectedFault> fault, std::optional<expert_cache_actor> experts);
+                                 uint32_t index, std::optional<stage_actor> next, std::optional<config::InjectedFault> fault,
+                                 std::optional<expert_cache_actor> experts,
+                                 PublishThrottle::Duration telemetry_interval = kDefaultTelemetryInterval);
+
+// The stage's telemetry (it advances `steps_reported`).
+ActorReport stage_report(StageState& state, uint64_t mailbox);
 
 // The step on one stage, without the actor: the plan's resets, then its rows through the stage.
 Expected<model::StageOutput> run_stage_step(model::Stage& stage, const StepPlan& plan, const model::Handoff* in);

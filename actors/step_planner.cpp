@@ -383,6 +383,12 @@ RequestFinished StepPlanner::end(RequestId id, RequestStatus status, EndCause ca
   return done;
 }
 
+std::optional<RequestStatus> StepPlanner::status(RequestId id) const {
+  const auto it = live_.find(id);
+  if (it == live_.end()) return std::nullopt;
+  return it->second.status;
+}
+
 EngineSnapshot StepPlanner::snapshot() const {
   EngineSnapshot s;
   for (uint32_t i = 0; i < slots_.size(); ++i) {
@@ -399,10 +405,12 @@ EngineSnapshot StepPlanner::snapshot() const {
       out.prefilled_tokens = live.prefilled;
       out.cached_tokens = live.cached;
       out.generated_tokens = static_cast<uint32_t>(live.generated.size());
+      if (!live.generated.empty()) out.decode_ms = ms_between(live.first_token, live.last_token);
     }
     s.slots.push_back(out);
   }
   s.queued = static_cast<uint32_t>(queue_.size());
+  s.queued_requests.assign(queue_.begin(), queue_.end());
   s.queue_limit = limits_.queue_limit;
   s.draining = draining_;
   s.failed = failed_;

@@ -77,6 +77,8 @@ class StepPlanner {
   bool failed() const { return failed_; }
   const std::string& failure() const { return failure_; }
   size_t queued() const { return queue_.size(); }
+  // A live request's status; nothing for one that is unknown or has ended.
+  std::optional<RequestStatus> status(RequestId id) const;
   EngineSnapshot snapshot() const;
 
  private:

@@ -87,6 +87,23 @@ ServeCli::ServeCli(CLI::App& cmd) : cmd_(cmd) {
       ->capture_default_str();
   add("server", "drain-timeout", c.server.drain_timeout_s, "seconds running requests get to finish at shutdown")
       ->capture_default_str();
+  add("server", "admin-token", c.server.admin_token,
+      "token of the admin console (/admin, /admin/ws), not an API key (also $FERRY_ADMIN_TOKEN); without one the "
+      "console answers only where it listens on a loopback address")
+      ->envname("FERRY_ADMIN_TOKEN");
+  add("server", "admin-port", c.server.admin_port,
+      "serve the admin console on this port of --admin-host instead of the API's port (0: on the API's port)")
+      ->capture_default_str();
+  add("server", "admin-host", c.server.admin_host, "address of the admin console's own port (with --admin-port)")
+      ->capture_default_str();
+  add("server", "admin-queue-limit", c.server.admin_queue_limit,
+      "messages an admin console may leave unread before it is dropped")
+      ->capture_default_str();
+  add("server", "telemetry-interval", c.server.telemetry_interval_ms,
+      "milliseconds: a busy actor reports to the admin actor at most this often")
+      ->capture_default_str();
+  add("server", "log-format", c.server.log_format, "log lines as text or json (one object per line)")
+      ->capture_default_str();
 
   add("sampling", "temperature", c.sampling.temperature, "default sampling temperature (0: greedy)")
       ->capture_default_str();
@@ -95,6 +112,9 @@ ServeCli::ServeCli(CLI::App& cmd) : cmd_(cmd) {
   add("sampling", "min-p", c.sampling.min_p, "default min-p (0: off)")->capture_default_str();
   add("sampling", "max-tokens", c.sampling.max_tokens, "completion tokens when a request sets no limit")
       ->capture_default_str();
+  add("sampling", "reasoning-effort", c.sampling.reasoning_effort,
+      "thinking effort of a chat request that names none: low, medium, high, xhigh or max (default: the chat "
+      "template's, max)");
 
   cmd.add_option("--inject-fault", inject_fault_,
                  "test hook: fail one step as a device would, STEP:STAGE:CODE (e.g. 3:0:device_error)")

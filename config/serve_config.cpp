@@ -82,6 +82,21 @@ std::vector<std::string> validate(const ServeConfig& c) {
   check(c.slots.retry_after_s >= 1 && c.slots.retry_after_s <= 3600, bad("retry-after", c.slots.retry_after_s, "1 to 3600 seconds"));
   check(c.server.drain_timeout_s >= 0 && c.server.drain_timeout_s <= 86400,
         bad("drain-timeout", c.server.drain_timeout_s, "seconds in [0, 86400]"));
+  check(c.server.admin_port == 0 || c.server.admin_port != c.server.port,
+        bad("admin-port", c.server.admin_port, "a port other than --port (0: the console on the API's port)"));
+  check(!c.server.admin_host.empty(), bad("admin-host", "''", "an IP address for the admin console to listen on"));
+  check(c.server.admin_queue_limit >= 4 && c.server.admin_queue_limit <= 65536,
+        bad("admin-queue-limit", c.server.admin_queue_limit, "4 to 65536 messages"));
+  check(std::isfinite(c.server.telemetry_interval_ms) && c.server.telemetry_interval_ms >= 1 &&
+            c.server.telemetry_interval_ms <= 10000,
+        bad("telemetry-interval", c.server.telemetry_interval_ms, "milliseconds in [1, 10000]"));
+  check(c.server.log_format == "text" || c.server.log_format == "json",
+        bad("log-format", c.server.log_format, "text or json"));
+  {
+    const std::string& e = c.sampling.reasoning_effort;
+    check(e.empty() || e == "low" || e == "medium" || e == "high" || e == "xhigh" || e == "max",
+          bad("reasoning-effort", e, "low, medium, high, xhigh or max"));
+  }
   check(c.devices.split.micro_batches <= 64,
         bad("micro-batches", c.devices.split.micro_batches, "0 (one per device) to 64"));
   check(std::isfinite(c.model.route_skew) && c.model.route_skew >= 0 && c.model.route_skew <= 10,

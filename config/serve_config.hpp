@@ -76,6 +76,14 @@ struct ServerConfig {
                                          // from its first byte (from the accept for a new connection)
   double idle_timeout_s = 300;           // a kept-alive connection may wait this long for its next request
   double drain_timeout_s = 30;           // on SIGTERM/SIGINT: time running requests get to finish
+  // The admin console: the /admin page and the /admin/ws WebSocket (messages: http/admin_json.hpp).
+  std::string admin_token;               // the console's token, not an API key; empty: the console
+                                         // answers only where it listens on a loopback address
+  uint16_t admin_port = 0;               // 0 = on the API's port; else on its own listener
+  std::string admin_host = "127.0.0.1";  // with admin_port: the address the console listens on
+  uint32_t admin_queue_limit = 64;       // messages a console may leave unread before it is dropped
+  double telemetry_interval_ms = 50;     // a busy actor reports to the admin actor at most this often
+  std::string log_format = "text";       // text, or json: one JSON object per line
 };
 
 // Used when a request does not say otherwise.
@@ -85,6 +93,8 @@ struct SamplingDefaults {
   uint32_t top_k = 0;           // 0 = off
   float min_p = 0.0f;           // 0 = off
   uint32_t max_tokens = 32768;  // completion tokens when the request sets no limit
+  std::string reasoning_effort;  // a chat request's thinking effort when it gives none (low, medium,
+                                 // high, xhigh, max); empty: the chat template's own (max)
 };
 
 // Test hook: one step made to fail as a device would, so the failure path can be tested end to end.

@@ -4,6 +4,7 @@
 #include <random>
 
 #include "http/memory_release.hpp"
+#include "http/request_log.hpp"
 #include "http/request_registry.hpp"
 #include "http/responses.hpp"
 
@@ -246,7 +247,79 @@ void on_finished(bridge_pointer self, const RequestFinished& done) {
   if (!st.client_gone) st.job.channel->end_events();
 }
 
+void publish(bridge_pointer self) {
+  const actors::ActorReport report = bridge_report(self->state, actors::own_mailbox_depth(self));
+  for (const auto& sink : self->state.telemetry.subscribers) self->send(sink, report);
+}
+
+void telemetry_changed(bridge_pointer self, std::string doing = {}) {
+  if (!doing.empty()) self->state.doing = std::move(doing);
+  actors::telemetry_changed(self, self->state.telemetry, [self] { publish(self); });
+}
+
+double ms_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
+// The request's end: its last report to the admin actor (unthrottled) and its log line.
+void report_end(bridge_pointer self, const RequestFinished& done) {
+  BridgeState& st = self->state;
+  const bool ok = st.stream->stopped_by_string() || done.status == RequestStatus::finished_stop ||
+                  done.status == RequestStatus::finished_length;
+  const std::string reason = ok ? finish_reason(st, done) : std::string(actors::finish_reason(done.status));
+  const actors::ActorReport report = bridge_report(st, actors::own_mailbox_depth(self), &done, reason);
+  for (const auto& sink : st.telemetry.subscribers) self->send(sink, report);
+  RequestLogEntry entry;
+  entry.id = st.response_id;
+  entry.endpoint = st.chat ? "chat" : "completions";
+  entry.slot = st.slot;
+  entry.prompt_tokens = done.usage.prompt_tokens;
+  entry.cached_tokens = done.usage.cached_tokens;
+  entry.completion_tokens = st.stream->tokens();
+  entry.queue_ms = done.timings.queue_ms;
+  entry.prompt_ms = done.timings.prompt_ms;
+  entry.predicted_ms = done.timings.predicted_ms;
+  entry.ttft_ms = done.timings.ttft_ms;
+  entry.total_ms = ms_since(st.arrived);
+  entry.finish_reason = reason;
+  entry.status = std::string(actors::status_name(done.status));
+  entry.message = done.message;
+  entry.client_gone = st.client_gone;
+  log_request(entry);
+}
+
 }  // namespace
+
+actors::ActorReport bridge_report(const BridgeState& st, uint64_t mailbox, const actors::RequestFinished* done,
+                                  const std::string& finish) {
+  actors::ActorReport r;
+  r.name = actors::bridge_name(st.job.id);
+  r.kind = actors::ActorKind::bridge;
+  r.links = {"scheduler"};
+  r.mailbox = mailbox;
+  r.request = st.job.id;
+  r.doing = st.doing;
+  const double tokens = st.stream ? static_cast<double>(st.stream->tokens()) : 0;
+  r.counters = {
+      {"slot", static_cast<double>(st.slot)},
+      {"prompt_tokens", static_cast<double>(st.prompt.size())},
+      {"cached_tokens", static_cast<double>(st.cached_tokens)},
+      {"completion_tokens", tokens},
+  };
+  if (done != nullptr) {
+    r.ended = true;
+    const bool normal = done->status == RequestStatus::finished_stop || done->status == RequestStatus::finished_length;
+    r.doing = normal ? "finished: " + finish
+                     : std::string(actors::status_name(done->status)) + ": " + (done->message.empty() ? finish : done->message);
+    const auto& t = done->timings;
+    r.counters.push_back({"queue_ms", t.queue_ms});
+    r.counters.push_back({"prompt_ms", t.prompt_ms});
+    r.counters.push_back({"predicted_ms", t.predicted_ms});
+    r.counters.push_back({"ttft_ms", t.ttft_ms});
+    r.counters.push_back({"decode_tokens_per_s", tokens > 1 && t.predicted_ms > 0 ? (tokens - 1) * 1000.0 / t.predicted_ms : 0});
+  }
+  return r;
+}
 
 std::variant<actors::GenerateRequest, ApiError> prepare_request(BridgeState& st) {
   const ServerContext& ctx = *st.job.context;
@@ -266,6 +339,9 @@ std::variant<actors::GenerateRequest, ApiError> prepare_request(BridgeState& st)
     if (prompt_exceeds(chat->messages, tokenizer.max_token_bytes(), cap)) return over(prompt_field);
     model::ChatOptions options;
     options.reasoning_effort = chat->reasoning_effort;
+    if (!options.reasoning_effort && !ctx.config.sampling.reasoning_effort.empty()) {
+      options.reasoning_effort = ctx.config.sampling.reasoning_effort;
+    }
     options.enable_thinking = chat->enable_thinking;
     options.clear_thinking = chat->clear_thinking;
     const model::JsonValue* tools = chat->tools.is_null() ? nullptr : &chat->tools;
@@ -364,6 +440,15 @@ actors::bridge_actor::behavior_type bridge(bridge_pointer self, BridgeJob job) {
   auto prepared = prepare_request(st);
   if (auto* error = std::get_if<ApiError>(&prepared)) {
     send_error(*self->state.job.channel, *error);
+    RequestLogEntry entry;  // never submitted: no slot, no tokens, no telemetry
+    entry.id = st.response_id;
+    entry.endpoint = st.chat ? "chat" : "completions";
+    entry.prompt_tokens = static_cast<uint32_t>(st.prompt.size());
+    entry.total_ms = ms_since(st.arrived);
+    entry.finish_reason = "error";
+    entry.status = "invalid_request";
+    entry.message = error->message;
+    log_request(entry);
     self->quit();  // never submitted: there is no terminal event to wait for
   } else {
     const actors::scheduler_actor scheduler = st.job.context->engine.scheduler;
@@ -375,10 +460,21 @@ actors::bridge_actor::behavior_type bridge(bridge_pointer self, BridgeJob job) {
     });
     self->send(scheduler, actors::submit_atom_v, std::move(std::get<actors::GenerateRequest>(prepared)),
                caf::actor_cast<actors::request_sink_actor>(self));
+    const ServerContext& ctx = *st.job.context;
+    if (ctx.engine.admin) {
+      st.telemetry.throttle = actors::PublishThrottle(std::chrono::duration_cast<actors::PublishThrottle::Duration>(
+          std::chrono::duration<double, std::milli>(ctx.config.server.telemetry_interval_ms)));
+      st.telemetry.subscribe(ctx.engine.admin);
+    }
+    telemetry_changed(self, "waiting for a slot");
   }
   return {
-      [self](const actors::RequestStarted&) {
-        if (self->state.options.stream) start_events(self);
+      [self](const actors::RequestStarted& started) {
+        BridgeState& st = self->state;
+        st.slot = started.slot;
+        st.cached_tokens = started.cached_tokens;
+        if (st.options.stream) start_events(self);
+        telemetry_changed(self, "prefilling in slot " + std::to_string(started.slot));
       },
       [self](const actors::TokensGenerated& generated) {
         BridgeState& st = self->state;
@@ -389,14 +485,20 @@ actors::bridge_actor::behavior_type bridge(bridge_pointer self, BridgeJob job) {
           if (st.options.stream && !was_stopped) send_delta(self, delta, std::nullopt);
           if (st.stream->stopped_by_string()) cancel_once(self, actors::EndCause::stop_string);
         }
+        telemetry_changed(self, st.client_gone ? std::string() : "streaming in slot " + std::to_string(st.slot));
       },
       [self](const RequestFinished& done) {
         on_finished(self, done);
+        report_end(self, done);
         self->quit();
       },
       [self](actors::client_gone_atom) {
         self->state.client_gone = true;
         cancel_once(self, actors::EndCause::client_cancelled);
+        telemetry_changed(self, "client gone: cancelling");
+      },
+      [self](actors::telemetry_flush_atom) {
+        actors::telemetry_flush(self, self->state.telemetry, [self] { publish(self); });
       },
   };
 }

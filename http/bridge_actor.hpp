@@ -3,11 +3,13 @@
 // request, submits token ids to the scheduler, turns the tokens it gets back into OpenAI responses
 // (SSE chunks or one JSON body) through a GenerationStream, asks the scheduler to stop when a stop
 // string matched or the client went away, and quits after the request's terminal event.
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <variant>
 
 #include "actors/protocol.hpp"
+#include "actors/telemetry.hpp"
 #include "http/generation_stream.hpp"
 #include "http/openai_request.hpp"
 #include "http/response_channel.hpp"
@@ -35,6 +37,12 @@ struct BridgeState {
   bool role_sent = false;       // the chat stream's first event (with the first token)
   bool client_gone = false;
   bool cancel_sent = false;
+  // Telemetry to the admin actor, and the request's log line:
+  actors::TelemetryPublisher telemetry;
+  std::chrono::steady_clock::time_point arrived = std::chrono::steady_clock::now();
+  int64_t slot = -1;
+  uint32_t cached_tokens = 0;
+  std::string doing = "rendering the prompt";
 };
 
 using bridge_pointer = actors::bridge_actor::stateful_pointer<BridgeState>;
@@ -43,5 +51,9 @@ actors::bridge_actor::behavior_type bridge(bridge_pointer self, BridgeJob job);
 
 // The prompt, rendered and tokenized, and the engine request; or the client's error.
 std::variant<actors::GenerateRequest, ApiError> prepare_request(BridgeState& state);
+
+// The bridge's telemetry while it runs; `done` makes it the last one (ended), with the request's figures.
+actors::ActorReport bridge_report(const BridgeState& state, uint64_t mailbox,
+                                  const actors::RequestFinished* done = nullptr, const std::string& finish = {});
 
 }  // namespace ferry::http

@@ -5,6 +5,7 @@
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/websocket/rfc6455.hpp>
 
 #include <boost/asio/steady_timer.hpp>
 #include <fcntl.h>
@@ -20,6 +21,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "http/admin_ws.hpp"
 #include "http/auth.hpp"
 #include "http/connection_limiter.hpp"
 #include "http/memory_release.hpp"
@@ -305,6 +307,10 @@ class Session : public std::enable_shared_from_this<Session> {
       return;
     }
     bhttp::request<bhttp::string_body> req = parser_->release();
+    if (beast::websocket::is_upgrade(req) && is_admin_websocket(req.target()) && ctx_->config.server.admin_port == 0) {
+      closed_ = true;  // the admin console's WebSocket owns the connection from here
+      return serve_admin_websocket(ctx_, stream_.release_socket(), std::move(req));
+    }
     keep_alive_ = req.keep_alive();
     version_ = req.version();
     HttpRequest request;

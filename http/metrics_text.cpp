@@ -110,6 +110,16 @@ std::string render_metrics(const ServerContext& ctx, const std::optional<actors:
            static_cast<double>(m.accept_pauses.load()));
   w.metric("ferry_http_read_timeouts_total", "counter", "requests whose headers and body did not arrive within --read-timeout",
            static_cast<double>(m.read_timeouts.load()));
+  const AdminMetrics& a = ctx.admin_metrics;
+  w.metric("ferry_admin_clients", "gauge", "admin consoles connected to /admin/ws",
+           static_cast<double>(a.clients_open.load()));
+  w.metric("ferry_admin_connections_total", "counter", "admin console WebSocket connections accepted",
+           static_cast<double>(a.clients_total.load()));
+  w.metric("ferry_admin_clients_dropped_total", "counter", "admin consoles dropped because they stopped reading",
+           static_cast<double>(a.clients_dropped.load()));
+  w.metric("ferry_admin_upgrades_refused_total", "counter",
+           "admin WebSocket upgrades refused (loading, foreign origin, no token off loopback, wrong token)",
+           static_cast<double>(a.upgrades_refused.load()));
 
   if (engine) {
     const auto& e = *engine;

@@ -4,10 +4,12 @@
 #include <chrono>
 #include <ctime>
 
+#include "http/admin_page.hpp"
 #include "http/auth.hpp"
 #include "http/bridge_actor.hpp"
 #include "http/metrics_text.hpp"
 #include "http/openai_request.hpp"
+#include "http/request_log.hpp"
 #include "http/request_registry.hpp"
 #include "http/responses.hpp"
 #include "http/safe_text.hpp"
@@ -93,16 +95,27 @@ std::string percent_decoded(std::string_view s) {
 
 int64_t unix_now() { return static_cast<int64_t>(std::time(nullptr)); }
 
+// A generation request refused before it reaches a bridge still gets its line in the request log.
+void refuse(ResponseChannel& channel, const ApiError& error, bool chat, std::string_view status) {
+  send_error(channel, error);
+  RequestLogEntry entry;
+  entry.endpoint = chat ? "chat" : "completions";
+  entry.finish_reason = "error";
+  entry.status = status;
+  entry.message = error.message;
+  log_request(entry);
+}
+
 void generate(const Context& ctx, const HttpRequest& req, KeyIndex caller, const Channel& channel, bool chat) {
-  if (auto e = not_serving(*ctx)) return send_error(*channel, *e);
+  if (auto e = not_serving(*ctx)) return refuse(*channel, *e, chat, "unavailable");
   std::variant<ChatRequest, CompletionRequest> request;
   if (chat) {
     auto parsed = parse_chat_request(req.body);
-    if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(*channel, *e);
+    if (auto* e = std::get_if<ApiError>(&parsed)) return refuse(*channel, *e, chat, "invalid_request");
     request = std::move(std::get<ChatRequest>(parsed));
   } else {
     auto parsed = parse_completion_request(req.body);
-    if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(*channel, *e);
+    if (auto* e = std::get_if<ApiError>(&parsed)) return refuse(*channel, *e, chat, "invalid_request");
     request = std::move(std::get<CompletionRequest>(parsed));
   }
   const std::string& model = std::visit([](const auto& r) -> const std::string& { return r.options.model; }, request);
@@ -110,7 +123,7 @@ void generate(const Context& ctx, const HttpRequest& req, KeyIndex caller, const
     ApiError e = make_error(404, "invalid_request_error", "model_not_found",
                        "model '" + excerpt(model) + "' is not served here; this server serves '" + ctx->config.model.id + "'");
     e.param = "model";
-    return send_error(*channel, e);
+    return refuse(*channel, e, chat, "invalid_request");
   }
   // Checked before any work on the prompt: no prompt fits beside such a completion.
   const auto& options = std::visit([](const auto& r) -> const GenerationOptions& { return r.options; }, request);
@@ -119,7 +132,7 @@ void generate(const Context& ctx, const HttpRequest& req, KeyIndex caller, const
                                "max_tokens = " + std::to_string(*options.max_tokens) + " leaves no room for a prompt: a slot "
                                "holds " + std::to_string(ctx->engine.limits.ctx) + " tokens (prompt + completion)",
                                "context_length_exceeded");
-    return send_error(*channel, e);
+    return refuse(*channel, e, chat, "invalid_request");
   }
   BridgeJob job;
   job.request = std::move(request);
@@ -296,6 +309,15 @@ Endpoint route(const Context& ctx, HttpRequest req, const Channel& channel) {
     if (!get) method_not_allowed("GET");
     else health(ctx, channel);
     return Endpoint::health;
+  }
+  // The admin console's page holds no data (that comes over /admin/ws with the admin token), so it
+  // needs no API key; with --admin-port it is served there instead.
+  if ((path == "/admin" || path == "/admin/ws") && ctx->config.server.admin_port == 0) {
+    if (!get) method_not_allowed("GET");
+    else if (path == "/admin") channel->send_json(200, std::string(admin_page_html()), admin_page_headers());
+    else send_error(*channel, make_error(426, "invalid_request_error", "upgrade_required",
+                                         "/admin/ws is the admin console's WebSocket: connect with a WebSocket client"));
+    return Endpoint::other;
   }
   Endpoint endpoint = Endpoint::other;
   if (path == "/v1/chat/completions") endpoint = Endpoint::chat;

@@ -60,6 +60,16 @@ class HttpMetrics {
   std::array<std::array<std::atomic<uint64_t>, codes.size()>, endpoint_count> requests_{};
 };
 
+// The admin console's counters for /metrics (http/admin_ws.cpp).
+struct AdminMetrics {
+  std::atomic<int64_t> clients_open{0};
+  std::atomic<uint64_t> clients_total{0};
+  std::atomic<uint64_t> clients_dropped{0};   // stopped reading: dropped
+  std::atomic<uint64_t> upgrades_refused{0};  // loading, foreign Origin, no token off loopback, wrong token
+  // Admin client actors alive (not a metric): shutdown waits for them to release their sessions.
+  mutable std::atomic<int64_t> client_actors{0};
+};
+
 struct ServerContext {
   config::ServeConfig config;
   caf::actor_system* system = nullptr;
@@ -70,6 +80,7 @@ struct ServerContext {
   // Live and recently ended requests with the key that made each. Set by HttpServer before it
   // listens; null where bridges run without a server (tests).
   std::shared_ptr<RequestRegistry> requests;
+  AdminMetrics admin_metrics;
   int64_t started_unix = 0;
 
   // Set once, before phase = ready:

@@ -51,6 +51,7 @@ struct ExpertTierCounters {
   uint32_t pool_slots = 0;
   uint32_t pool_used = 0;        // slots holding an expert (a swap empties one between its two halves)
   uint32_t swaps_in_flight = 0;  // started, their table updates not all run yet
+  bool operator==(const ExpertTierCounters&) const = default;
 };
 
 class ExpertTier {

@@ -8,6 +8,9 @@ apt_packages=(
   cmake ninja-build g++ clang libclang-rt-14-dev clang-19 python3 python3-venv python3-pip
   libcaf-dev libboost1.81-dev libboost-json1.81-dev libsimdjson-dev libcli11-dev libspdlog-dev
   libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev patchelf
+  # The operations tests: headless Chromium drives the admin page, promtool (in Debian's prometheus)
+  # checks /metrics, systemd-analyze verifies tools/ferry.service.
+  chromium fonts-dejavu-core prometheus systemd
 )
 missing=()
 for p in "${apt_packages[@]}"; do
@@ -19,6 +22,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
   $sudo apt-get update -q
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+  # Only promtool is wanted from the prometheus package: where systemd runs, its server is not.
+  if [ -d /run/systemd/system ] && systemctl is-enabled -q prometheus 2>/dev/null; then
+    $sudo systemctl disable --now prometheus || true
+  fi
 fi
 
 if [ ! -x build/venv/bin/python ]; then

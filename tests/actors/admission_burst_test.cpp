@@ -78,7 +78,7 @@ TEST(AdmissionBurst, SchedulerAdmitsSlotsPlusQueueOfABurst) {
   config.slots.count = 3;
   config.slots.queue_limit = 64;
   auto backend = std::make_shared<ferry::testing::ScriptedStage>(3, 1024);
-  Engine engine = spawn_engine(sys, config, EngineModel{ferry::testing::pipeline_of({backend}).get(), nullptr, {}}, false);
+  Engine engine = spawn_engine(sys, config, EngineModel{.pipeline = ferry::testing::pipeline_of({backend}).get()}, false);
   auto refused = std::make_shared<int>(0);
   auto sink = sys.spawn(count_sink, refused);
   for (RequestId id = 1; id <= 150; ++id) caf::anon_send(engine.scheduler, submit_atom_v, long_request(id), sink);

@@ -53,7 +53,15 @@ class SchedulerActorTest : public ::testing::Test {
     config.slots.queue_limit = queue;
     config.slots.prefill_chunk = chunk;
     config.inject_fault = fault;
-    engine = spawn_engine(sys, config, EngineModel{ferry::testing::pipeline_of(all).get(), nullptr, {}}, false);
+    engine = spawn_engine(sys, config, EngineModel{.pipeline = ferry::testing::pipeline_of(all).get()}, false);
+    // These tests watch the scheduler's own timeouts: the admin actor and its telemetry (whose flushes
+    // are timeouts too) are tested in admin_actor_test.cpp, so it leaves first.
+    caf::anon_send_exit(engine.admin, caf::exit_reason::kill);
+    sched.run();
+    while (sched.has_pending_timeout()) {
+      sched.trigger_timeouts();
+      sched.run();
+    }
   }
 
   ~SchedulerActorTest() override {

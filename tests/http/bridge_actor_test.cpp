@@ -80,7 +80,7 @@ class BridgeTest : public ::testing::Test {
     context->tokenizer = test_tokenizer();
     context->end_token_ids = context->tokenizer->end_of_generation_ids();
     backend = std::make_shared<ferry::testing::ScriptedStage>(1, 64, static_cast<uint32_t>(context->tokenizer->vocab_size()));
-    context->engine = actors::spawn_engine(sys, context->config, actors::EngineModel{ferry::testing::pipeline_of({backend}).get(), nullptr, {}}, false);
+    context->engine = actors::spawn_engine(sys, context->config, actors::EngineModel{.pipeline = ferry::testing::pipeline_of({backend}).get()}, false);
     context->phase.store(ServerPhase::ready);
     ctx = context;
   }
@@ -334,7 +334,7 @@ TEST_F(BridgeTest, ToolCallsStreamAsOpenAiDeltas) {
   auto replay = std::make_shared<ReplayStage>(script, static_cast<uint32_t>(tok.vocab_size()));
   actors::stop_engine(ctx->engine);
   sched.run();
-  ctx->engine = actors::spawn_engine(sys, ctx->config, actors::EngineModel{ferry::testing::pipeline_of({replay}).get(), nullptr, {}}, false);
+  ctx->engine = actors::spawn_engine(sys, ctx->config, actors::EngineModel{.pipeline = ferry::testing::pipeline_of({replay}).get()}, false);
 
   const auto tools = model::parse_json(R"([{"type": "function", "function": {"name": "get_weather",
       "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}])");

@@ -1,5 +1,9 @@
 """GET /metrics: Prometheus text whose counters move with the traffic."""
 import re
+import shutil
+import subprocess
+
+import pytest
 
 from ferry_server import chat_messages, server  # noqa: F401 (fixture)
 
@@ -40,3 +44,20 @@ def test_metric_names_follow_prometheus_conventions(server):
     assert types["ferry_model_size_bytes"] == "gauge"
     for name, kind in types.items():
         assert name.endswith("_total") == (kind == "counter"), (name, kind)
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed (Debian's prometheus)")
+def test_promtool_check_metrics_is_clean(server):
+    # After traffic of each kind, so that every family has samples: a request, an error, a console.
+    server.client().completions.create(model="glm-5.3-flash", prompt="hi", max_tokens=2)
+    server.post("/v1/completions", {"prompt": ""})
+    from admin_client import Console
+    c = Console(server)
+    c.recv(), c.recv()
+    c.close()
+    status, text = server.get("/metrics")
+    assert status == 200
+    r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "" and r.stderr.strip() == "", r.stdout + r.stderr
+    # Units in the names of what has one.
+    for name in ("ferry_step_seconds", "ferry_time_to_first_token_seconds", "ferry_model_size_bytes",
+                 "ferry_stage_handoff_bytes_total", "ferry_admin_clients_dropped_total"):
+        assert f"# TYPE {name} " in text

@@ -95,3 +95,18 @@ def test_toml_sections_name_where_an_option_belongs(ferry_bin, tmp_path):
         assert s.stop() == 0
     config.write_text('[model]\nslots = 2\n')
     assert "'model.slots' belongs in [slots] or at the top level" in start_fails(ferry_bin, "--config", str(config))
+
+
+def test_reasoning_effort_default_applies_to_requests_that_name_none(ferry_bin):
+    from ferry_server import tokenizer
+    s = FerryServer(ferry_bin, "--reasoning-effort", "high")
+    try:
+        def prompt(**extra):
+            status, body = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                           "max_tokens": 1, "return_token_ids": True, **extra})
+            assert status == 200, body
+            return tokenizer().decode(json.loads(body)["prompt_token_ids"], skip_special_tokens=False)
+        assert "Reasoning Effort: High" in prompt()
+        assert "Reasoning Effort: Low" in prompt(reasoning_effort="low")  # the request's own wins
+    finally:
+        assert s.stop() == 0

@@ -53,7 +53,7 @@ Expected<SlotsResult> bench_slots(const gpu::OpenedModel& model, const SlotsBenc
   caf::actor_system_config cfg;
   actors::configure_actor_system(cfg);
   caf::actor_system system{cfg};
-  const actors::Engine engine = actors::spawn_engine(system, config, {&pipeline, model.experts, model.expert_stage});
+  const actors::Engine engine = actors::spawn_engine(system, config, {.pipeline = &pipeline, .experts = model.experts, .expert_stage = model.expert_stage});
   SlotsResult result;
   result.micro_batches = engine.limits.micro_batches;
 

@@ -19,13 +19,32 @@
 #include "actors/bootstrap.hpp"
 #include "config/serve_cli.hpp"
 #include "gpu/backend_factory.hpp"
+#include "http/admin_server.hpp"
+#include "http/admin_ws.hpp"
 #include "http/http_server.hpp"
+#include "http/request_log.hpp"
 #include "http/server_context.hpp"
 #include "tools/ferry/commands.hpp"
 #include "tools/ferry/serve_model.hpp"
 
 namespace ferry::cli {
 namespace {
+
+// The memory plan's tiers as the admin console lists them: each stage's expert pool, the host store.
+std::vector<actors::MemoryTier> memory_tiers(const gpu::MemoryPlan& plan) {
+  std::vector<actors::MemoryTier> tiers;
+  for (size_t i = 0; i < plan.stages.size(); ++i) {
+    const gpu::StagePlan& s = plan.stages[i];
+    if (s.resident) continue;
+    const uint64_t pool = uint64_t{s.pool_slots} * plan.expert_slot_bytes;
+    tiers.push_back({"stage " + std::to_string(i) + " expert pool (cuda:" + std::to_string(s.device) + ")", pool, pool});
+  }
+  if (plan.tiered()) {
+    tiers.push_back({"host expert store (with shadow copies)", plan.host.store_bytes + plan.host.shadow_bytes,
+                     plan.host.store_bytes});
+  }
+  return tiers;
+}
 
 // SIGINT / SIGTERM are blocked in every thread and taken by one waiting thread: no async-signal
 // handler, no polling. The first asks for a drain; a second one ends the process at once.
@@ -50,6 +69,13 @@ class SignalWaiter {
     thread_.detach();  // it ends with the process
   }
   int signal() const { return signal_.load(); }
+  // A drain asked for without a signal (the admin console's drain command); false when a drain or
+  // stop is already under way.
+  bool request_stop() {
+    if (stop.exchange(true)) return false;
+    stop.notify_all();
+    return true;
+  }
   std::atomic<bool> stop{false};
 
  private:
@@ -64,6 +90,7 @@ int serve(config::ServeCli& cli) {
     return 2;
   }
   const config::ServeConfig& config = cli.config();
+  http::configure_logging(config.server.log_format == "json");
   // Signals are blocked before the first CUDA call below: the driver's threads would otherwise
   // take SIGTERM with its default action and kill the process instead of draining it.
   SignalWaiter signals;
@@ -114,12 +141,31 @@ int serve(config::ServeCli& cli) {
     std::fprintf(stderr, "ferry serve: %s\n", error.c_str());
     return 1;
   }
+  http::AdminServer admin_server(ioc, context);
+  if (config.server.admin_port != 0) {
+    if (std::string error = admin_server.listen(config.server.admin_host, config.server.admin_port); !error.empty()) {
+      std::fprintf(stderr, "ferry serve: %s\n", error.c_str());
+      return 1;
+    }
+  }
   std::vector<std::thread> io_threads;
   for (uint32_t i = 0; i < config.server.http_threads; ++i) io_threads.emplace_back([&ioc] { ioc.run(); });
   spdlog::info("listening on http://{}:{} (GET /health reports loading progress)", config.server.host, server.port());
+  {
+    const std::string& admin_host = config.server.admin_port != 0 ? config.server.admin_host : config.server.host;
+    const uint16_t admin_port = config.server.admin_port != 0 ? admin_server.port() : server.port();
+    if (config.server.admin_token.empty() && !http::admin_listens_on_loopback(config.server)) {
+      spdlog::warn("admin console off: it listens on {} (not a loopback address) and no --admin-token is set",
+                   admin_host);
+    } else {
+      spdlog::info("admin console on http://{}:{}/admin ({})", admin_host, admin_port,
+                   config.server.admin_token.empty() ? "loopback, no token" : "token required");
+    }
+  }
 
   auto stop_http = [&] {
     server.close();
+    admin_server.close();
     work.reset();
     ioc.stop();
     for (auto& t : io_threads) t.join();
@@ -142,8 +188,12 @@ int serve(config::ServeCli& cli) {
   context->end_token_ids = model.tokenizer->end_of_generation_ids();
   context->backend_name = model.opened.pipeline->describe();
   if (model.opened.plan.tiered()) spdlog::info("memory plan:\n{}", gpu::format_plan(model.opened.plan));
-  context->engine = actors::spawn_engine(
-      system, config, {model.opened.pipeline.get(), model.opened.experts, model.opened.expert_stage});
+  actors::AdminHooks admin_hooks;
+  admin_hooks.drain = [&signals] { return signals.request_stop(); };
+  context->engine = actors::spawn_engine(system, config,
+                                         {model.opened.pipeline.get(), model.opened.experts, model.opened.expert_stage,
+                                          memory_tiers(model.opened.plan)},
+                                         true, std::move(admin_hooks));
   model.opened.pipeline.reset();  // the stage actors own the stages now
   if (context->engine.limits.ctx < config.slots.ctx) {
     spdlog::info("context per slot: {} tokens (the model's trained context; --ctx asked for {})",
@@ -154,9 +204,9 @@ int serve(config::ServeCli& cli) {
                config.model.id, config.server.host, server.port(), config.slots.count, context->engine.limits.ctx,
                context->backend_name);
 
-  signals.stop.wait(false);  // asleep until SIGINT / SIGTERM
-  spdlog::info("{}: draining (new requests get 503; running ones have {} s to finish)", strsignal(signals.signal()),
-               config.server.drain_timeout_s);
+  signals.stop.wait(false);  // asleep until SIGINT / SIGTERM or the admin console's drain
+  spdlog::info("{}: draining (new requests get 503; running ones have {} s to finish)",
+               signals.signal() != 0 ? strsignal(signals.signal()) : "admin console", config.server.drain_timeout_s);
   context->phase.store(http::ServerPhase::draining, std::memory_order_release);
   const caf::scoped_actor self{system};
   const auto wait = std::chrono::milliseconds(static_cast<int64_t>(config.server.drain_timeout_s * 1000) + 60000);
@@ -170,6 +220,13 @@ int serve(config::ServeCli& cli) {
             spdlog::error("drain did not complete: {}", system.render(err));
             exit_code = 1;
           });
+  // The admin consoles go first, with a close frame (1001, the server is stopping): their actors quit
+  // when the admin actor does, and must let go of their sessions while the io_context still runs.
+  caf::anon_send_exit(context->engine.admin, caf::exit_reason::user_shutdown);
+  for (int i = 0; i < 100 && (context->admin_metrics.client_actors.load() > 0 ||
+                              context->admin_metrics.clients_open.load() > 0); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   // The bridges have handed their last bytes to the sessions: let the writes go out.
   for (int i = 0; i < 50 && context->metrics.exchanges_open.load() > 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
