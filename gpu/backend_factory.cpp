@@ -65,11 +65,12 @@ Expected<std::string> resolve_backend_kind(const std::string& kind) {
   return Error(ErrorCode::unsupported, "backend cuda: " + why);
 }
 
-std::vector<uint64_t> layer_weight_bytes(const model::Glm5Hparams& hp, model::GgmlType type) {
+std::vector<uint64_t> layer_weight_bytes(const model::Glm5Hparams& hp, model::GgmlType type,
+                                         const model::Glm5TypeRules& rules) {
   std::vector<uint64_t> bytes(hp.n_layers, 0);
   for (uint32_t l = 0; l < hp.n_layers; ++l) {
     for (const model::Glm5TensorSpec& s : model::glm5_layer_tensors(hp, l)) {
-      const auto b = model::ggml_bytes(s.keep_f32 ? model::GgmlType::F32 : type, s.n_elements());
+      const auto b = model::ggml_bytes(rules.requested(s, type), s.n_elements());
       bytes[l] += b ? *b : s.n_elements() * 4;
     }
   }
@@ -109,14 +110,14 @@ PipelineResult open_pipeline(const std::filesystem::path& path, const BackendOpt
 }
 
 PipelineResult open_synthetic_pipeline(const model::Glm5Hparams& hp, model::GgmlType type, uint64_t seed,
-                                       const BackendOptions& o) {
+                                       const BackendOptions& o, const model::Glm5TypeRules& rules) {
 #if FERRY_HAVE_CUDA
   auto kind = resolve_backend_kind(o.kind == "auto" ? "cuda" : o.kind);
   if (!kind) return kind.error();
   if (kind.value() != "cuda") return Error(ErrorCode::unsupported, "synthetic weights need the CUDA backend");
-  auto ranges = ranges_for(o, hp, layer_weight_bytes(hp, type));
+  auto ranges = ranges_for(o, hp, layer_weight_bytes(hp, type, rules));
   if (!ranges) return ranges.error();
-  const SyntheticModel m{hp, type, seed};
+  const SyntheticModel m{hp, type, seed, rules};
   auto pipeline = cuda_pipeline(o, hp, ranges.value(), [&](model::LayerRange r, const CudaStageOptions& so) {
     return CudaStage::synthetic(m, r, so);
   });
@@ -127,6 +128,7 @@ PipelineResult open_synthetic_pipeline(const model::Glm5Hparams& hp, model::Ggml
   (void)type;
   (void)seed;
   (void)o;
+  (void)rules;
   return Error(ErrorCode::unsupported, "synthetic weights need the CUDA backend, and ferry was built without CUDA");
 #endif
 }

@@ -12,6 +12,7 @@
 #include "config/stage_split.hpp"
 #include "model/formats/ggml_type.hpp"
 #include "model/glm5/glm5_hparams.hpp"
+#include "model/glm5/glm5_type_rules.hpp"
 #include "model/pipeline.hpp"
 
 namespace ferry::gpu {
@@ -34,12 +35,15 @@ Expected<std::string> resolve_backend_kind(const std::string& kind);
 Expected<std::unique_ptr<model::Pipeline>> open_pipeline(const std::filesystem::path& model,
                                                          const BackendOptions& options);
 
-// Synthetic weights of the shape in `hparams` (always CUDA stages): loud in describe().
+// Synthetic weights of the shape in `hparams` (always CUDA stages): loud in describe(). `rules`
+// (--recipe) give tensors other types than `type`.
 Expected<std::unique_ptr<model::Pipeline>> open_synthetic_pipeline(const model::Glm5Hparams& hparams,
                                                                    model::GgmlType type, uint64_t seed,
-                                                                   const BackendOptions& options);
+                                                                   const BackendOptions& options,
+                                                                   const model::Glm5TypeRules& rules = {});
 
 // The weight bytes of every trunk layer of a model of this shape and type (for --split auto).
-std::vector<uint64_t> layer_weight_bytes(const model::Glm5Hparams& hparams, model::GgmlType type);
+std::vector<uint64_t> layer_weight_bytes(const model::Glm5Hparams& hparams, model::GgmlType type,
+                                         const model::Glm5TypeRules& rules = {});
 
 }  // namespace ferry::gpu

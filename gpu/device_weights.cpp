@@ -96,7 +96,11 @@ class DeviceWeights::Synthesizer final : public DeviceWeights::Source {
   }
   DevMatrix layout(const model::Glm5TensorSpec& spec) override {
     const uint64_t cols = spec.dims[0];
-    GgmlType t = spec.keep_f32 ? GgmlType::F32 : m_.type;
+    GgmlType t = m_.rules.requested(spec, m_.type);  // F32 for the catalogue's small state
+    if (!device_supports(t)) {
+      throw CudaError("synthetic weight " + spec.name + " of type " + std::string(model::ggml_type_traits(t).name) +
+                      " (--recipe): the CUDA kernels cannot read it");
+    }
     if (cols % model::ggml_type_traits(t).block_elems != 0) t = cols % 32 == 0 ? GgmlType::Q8_0 : GgmlType::F32;
     DevMatrix d;
     d.type = t;

@@ -13,6 +13,7 @@
 #include "gpu/kernels.hpp"
 #include "model/glm5/glm5_hparams.hpp"
 #include "model/glm5/glm5_tensors.hpp"
+#include "model/glm5/glm5_type_rules.hpp"
 #include "model/stage.hpp"
 
 namespace ferry::model {
@@ -28,6 +29,9 @@ struct SyntheticModel {
   model::Glm5Hparams hparams;
   model::GgmlType type = model::GgmlType::Q4_K;  // of the large matrices; small state stays f32
   uint64_t seed = 1;
+  // Per-tensor types (`--recipe`): a tensor a rule names gets the rule's type instead of `type`
+  // (model::Glm5TypeRules::requested); rows that are not whole blocks fall back as with `type`.
+  model::Glm5TypeRules rules;
 };
 
 struct DevLayer {

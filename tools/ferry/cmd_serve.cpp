@@ -90,9 +90,12 @@ int serve(config::ServeCli& cli) {
     return 2;
   }
   if (synthetic) {
+    const std::string types = config.model.synthetic_recipe.empty()
+                                  ? config.model.synthetic_type
+                                  : "recipe " + config.model.synthetic_recipe + ", else " + config.model.synthetic_type;
     spdlog::warn("SYNTHETIC WEIGHTS: pseudo-random {} values of the shape in {} (seed {}), no trained model: the "
                  "answers mean nothing; for speed and memory measurements only",
-                 config.model.synthetic_type, config.model.synthetic_config, config.model.synthetic_seed);
+                 types, config.model.synthetic_config, config.model.synthetic_seed);
   }
 
   caf::actor_system_config caf_config;

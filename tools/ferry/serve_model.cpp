@@ -176,7 +176,13 @@ Expected<SyntheticSource> read_synthetic_source(const config::ServeConfig& confi
   if (!hparams) return hparams.error().prefixed("--synthetic " + config.model.synthetic_config + ": ");
   const auto type = model::ggml_type_from_name(config.model.synthetic_type);
   if (!type) return Error("--type '" + config.model.synthetic_type + "' is not a ggml type name (q4_k, q8_0, f16, ...)");
-  return SyntheticSource{hparams.value(), *type};
+  SyntheticSource source{hparams.value(), *type, {}};
+  if (!config.model.synthetic_recipe.empty()) {
+    auto rules = model::Glm5TypeRules::load_recipe(config.model.synthetic_recipe);
+    if (!rules) return rules.error();
+    source.rules = std::move(rules.value());
+  }
+  return source;
 }
 
 Expected<LoadedModel> load_synthetic(const SyntheticSource& source, const config::ServeConfig& config) {
@@ -189,7 +195,8 @@ Expected<LoadedModel> load_synthetic(const SyntheticSource& source, const config
                  " tokens, more than the " + std::to_string(vocab) + " of --synthetic " + config.model.synthetic_config);
   }
   auto pipeline =
-      gpu::open_synthetic_pipeline(source.hparams, source.type, config.model.synthetic_seed, backend_options(config));
+      gpu::open_synthetic_pipeline(source.hparams, source.type, config.model.synthetic_seed, backend_options(config),
+                                   source.rules);
   if (!pipeline) return pipeline.error();
   LoadedModel loaded;
   loaded.tokenizer = std::make_shared<const model::Tokenizer>(std::move(tokenizer.value()));
