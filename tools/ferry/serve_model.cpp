@@ -1,7 +1,6 @@
 #include "tools/ferry/serve_model.hpp"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
@@ -131,24 +130,11 @@ gpu::BackendOptions backend_options(const config::ServeConfig& config) {
 
 Expected<std::string> resolve_model_path(const config::ServeConfig& config) {
   if (!config.model.path.empty()) return config.model.path;
-  const auto bytes = default_model_bytes();
-  if (bytes.empty()) {
-    return Error(
-        "no --model given and this ferry was built without the default model "
-        "(model/default_model/ferry-default.gguf was missing at build time): pass --model FILE.gguf");
-  }
-  // An in-memory file: the backend maps it by path like any model file, nothing touches the disk.
-  const int fd = ::memfd_create("ferry-default.gguf", MFD_CLOEXEC);
-  if (fd < 0) return Error(ErrorCode::io, "cannot create an in-memory file for the default model");
-  size_t written = 0;
-  while (written < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
-    if (n <= 0) return Error(ErrorCode::io, "cannot write the default model to its in-memory file");
-    written += static_cast<size_t>(n);
-  }
+  auto path = default_model_path("ferry serve");
+  if (!path) return path.error();
   spdlog::info("serving the embedded default model ({}); pass --model FILE.gguf to serve another",
-               config::format_byte_size(bytes.size()));
-  return "/proc/self/fd/" + std::to_string(fd);  // the descriptor stays open for the process's life
+               config::format_byte_size(default_model_bytes().size()));
+  return path;
 }
 
 Expected<LoadedModel> load_model(const std::string& path, const config::ServeConfig& config,
