@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <regex>
 #include <set>
 #include <thread>
@@ -342,6 +343,23 @@ GgmlType glm5_tensor_type(const Glm5TensorSpec& spec, const Glm5TypePolicy& poli
   return fallback;
 }
 
+GgmlType glm5_mostly_type(const Glm5ConvertPlan& plan, const Glm5ConvertOptions& options) {
+  if (options.rules.empty()) return options.type;
+  std::map<GgmlType, uint64_t> bytes;
+  for (const Glm5ConvertItem& item : plan.items) {
+    if (item.type != GgmlType::F32) bytes[item.type] += *ggml_bytes(item.type, item.spec.n_elements());
+  }
+  GgmlType most = options.type;
+  uint64_t most_bytes = 0;
+  for (const auto& [type, b] : bytes) {
+    if (b > most_bytes) {
+      most = type;
+      most_bytes = b;
+    }
+  }
+  return most;
+}
+
 uint32_t glm5_file_type(GgmlType type) {
   switch (type) {
     case GgmlType::F32: return 0;
@@ -482,7 +500,7 @@ Expected<Glm5ConvertResult> convert_glm5_checkpoint(const std::filesystem::path&
   std::string name = options.name;
   if (name.empty()) name = std::filesystem::absolute(hf_dir).lexically_normal().filename().string();
   if (name.empty()) name = "glm5next";
-  for (auto err : {w.set("general.name", name), w.set("general.file_type", glm5_file_type(options.type)),
+  for (auto err : {w.set("general.name", name), w.set("general.file_type", glm5_file_type(glm5_mostly_type(plan, options))),
                    w.set("general.quantization_version", uint32_t{2})}) {
     if (err) return *err;
   }

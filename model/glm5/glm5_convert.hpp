@@ -82,6 +82,10 @@ struct Glm5ConvertResult {
   std::vector<std::string> notes;
 };
 
+// The type a file's general.file_type names: --type's, or with rules (--tensor-type, --recipe) the
+// quantized type holding the most bytes, as llama.cpp's "mostly" file types mean.
+GgmlType glm5_mostly_type(const Glm5ConvertPlan& plan, const Glm5ConvertOptions& options);
+
 // Plans and writes `out`. On failure nothing is left at `out` (the writer removes its partial file).
 Expected<Glm5ConvertResult> convert_glm5_checkpoint(const std::filesystem::path& hf_dir,
                                                     const std::filesystem::path& out,
