@@ -85,7 +85,7 @@ std::string_view trim_ws(std::string_view s) {
 // visited (so every scalar is validated), errors as "JSON: what at byte N".
 class Reader {
  public:
-  explicit Reader(std::string_view text) : text_(text), padded_(text) {}
+  Reader(std::string_view text, od::parser& parser) : text_(text), padded_(text), parser_(parser) {}
 
   Expected<JsonValue> document() {
     od::document doc;
@@ -278,7 +278,7 @@ class Reader {
 
   std::string_view text_;
   simdjson::padded_string padded_;
-  od::parser parser_;
+  od::parser& parser_;
   std::string error_;
 };
 
@@ -293,7 +293,16 @@ void append_python_int(std::string& out, std::string_view text) {
 
 }  // namespace
 
-Expected<JsonValue> parse_json(std::string_view text) { return Reader(text).document(); }
+Expected<JsonValue> parse_json(std::string_view text) {
+  // A lone number (http/ checks each number of a request this way, token-id prompts hold 500K of
+  // them) needs only its grammar, which the document path checks the same way.
+  if (const std::string_view t = trim_ws(text); !t.empty() && is_number_literal(t)) {
+    return JsonValue(JsonNumber{std::string(t)});
+  }
+  // One parser per thread, reused: its buffers grow to the largest document and stay.
+  thread_local od::parser parser;
+  return Reader(text, parser).document();
+}
 
 std::string python_float_repr(std::string_view literal) {
   double x = 0;
