@@ -185,7 +185,7 @@ int bench(const Options& o) {
   std::vector<std::string> handoffs;  // per depth and link: bytes and copy time per decode step
   for (uint32_t d : *depths) {
     for (uint32_t p : *pp) {
-      Result r{"pp" + std::to_string(p) + " @ d" + std::to_string(d), p, d, false, {}};
+      Result r{"pp" + std::to_string(p) + " @ d" + std::to_string(d), p, d, false, {}, 0, std::nullopt};
       for (uint32_t rep = 0; rep < o.reps; ++rep) {
         fill(d);  // every repetition starts from the same depth
         const auto tokens = random_tokens(p);
@@ -204,7 +204,7 @@ int bench(const Options& o) {
     for (int i = 0; i < 2; ++i) t = step(pos++, {t});  // graph capture
     for (size_t i = 0; i < b.stages().size(); ++i) before[i] = b.stages()[i]->counters();
     for (uint32_t n : *tg) {
-      Result r{"tg" + std::to_string(n) + " @ d" + std::to_string(d), n, d, true, {}};
+      Result r{"tg" + std::to_string(n) + " @ d" + std::to_string(d), n, d, true, {}, 0, std::nullopt};
       for (uint32_t rep = 0; rep < o.reps; ++rep) {
         const double t0 = now_s();
         for (uint32_t i = 0; i < n && failure.empty(); ++i) t = step(pos++, {t});
@@ -243,7 +243,7 @@ int bench(const Options& o) {
         break;
       }
       Result r{"tg" + std::to_string(max_n) + " x" + std::to_string(o.slots) + " @ d" + std::to_string(d), max_n, d,
-               true, {}};
+               true, {}, 0, std::nullopt};
       r.slots = sr.value();
       results.push_back(r);
       std::fprintf(stderr, "  %-18s %10.1f t/s aggregate (%u micro-batches)\n", r.test.c_str(), sr->aggregate_tps,
