@@ -31,6 +31,10 @@ ServeCli::ServeCli(CLI::App& cmd) : cmd_(cmd) {
       "(speed and memory only; the answers mean nothing)");
   add("model", "type", c.model.synthetic_type, "ggml type of the synthetic weights' large matrices")
       ->capture_default_str();
+  add("model", "recipe", c.model.synthetic_recipe,
+      "with --synthetic: REGEX=TYPE rules per tensor, as ferry convert --recipe (e.g. "
+      "model/glm5/recipes/maya-l.recipe); --type for the tensors no rule names")
+      ->check(CLI::ExistingFile);
   add("model", "synthetic-seed", c.model.synthetic_seed, "seed of the synthetic weights")->capture_default_str();
   add("model", "route-skew", c.model.route_skew,
       "with --synthetic: routers prefer experts by a stable random rank, choice score -S*ln(rank) (0: none)")

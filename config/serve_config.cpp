@@ -60,6 +60,8 @@ std::vector<std::string> validate(const ServeConfig& c) {
         bad("backend", c.devices.backend, "cuda or auto with --synthetic, which makes its weights on the GPU"));
   check(c.model.tokenizer_path.empty() || synthetic,
         bad("tokenizer", c.model.tokenizer_path, "only with --synthetic (a model file brings its own tokenizer)"));
+  check(c.model.synthetic_recipe.empty() || synthetic,
+        bad("recipe", c.model.synthetic_recipe, "only with --synthetic (a model file's types are in the file)"));
   check(c.model.tokenizer_path.empty() || std::filesystem::exists(c.model.tokenizer_path, ec),
         bad("tokenizer", c.model.tokenizer_path, "an existing GGUF file or Hugging Face tokenizer directory"));
   check(c.devices.threads <= 4096, bad("threads", c.devices.threads, "0 (every core) or a thread count up to 4096"));

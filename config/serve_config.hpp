@@ -22,6 +22,7 @@ struct ModelConfig {
   // directory) gives one, else a placeholder (ids 0-255 are bytes, the rest "<|tN|>").
   std::string synthetic_config;
   std::string synthetic_type = "q4_k";  // ggml type of the large matrices
+  std::string synthetic_recipe;         // REGEX=TYPE rules per tensor (ferry convert --recipe); empty: none
   uint64_t synthetic_seed = 1;
   // Synthetic routers prefer experts by a stable random rank: each expert's choice score gets
   // -route_skew * ln(rank) (0: no preference; real models route far from uniformly).

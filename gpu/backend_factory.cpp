@@ -242,17 +242,17 @@ Expected<OpenedModel> open_pipeline(const std::filesystem::path& path, const Bac
 }
 
 Expected<OpenedModel> open_synthetic_pipeline(const model::Glm5Hparams& hp, model::GgmlType type, uint64_t seed,
-                                              const BackendOptions& o) {
+                                              const BackendOptions& o, const model::Glm5TypeRules& rules) {
 #if FERRY_HAVE_CUDA
   auto kind = resolve_backend_kind(o.kind == "auto" ? "cuda" : o.kind);
   if (!kind) return kind.error();
   if (kind.value() != "cuda") return Error(ErrorCode::unsupported, "synthetic weights need the CUDA backend");
-  const TensorBytes tensor_bytes = [type](const model::Glm5TensorSpec& s) -> uint64_t {
-    return *model::ggml_bytes(synthetic_tensor_type(s, type), s.n_elements());
+  const TensorBytes tensor_bytes = [type, &rules](const model::Glm5TensorSpec& s) -> uint64_t {
+    return *model::ggml_bytes(synthetic_tensor_type(s, type, rules), s.n_elements());
   };
   auto ranges = ranges_for(o, hp, tensor_bytes);
   if (!ranges) return ranges.error();
-  const SyntheticModel m{hp, type, seed, o.route_skew};
+  const SyntheticModel m{hp, type, seed, o.route_skew, rules};
   auto opened = cuda_pipeline(o, Source{nullptr, &m}, tensor_bytes, ranges.value());
   if (!opened) return opened.error().prefixed("synthetic weights on the CUDA backend: ");
   return opened;
@@ -261,6 +261,7 @@ Expected<OpenedModel> open_synthetic_pipeline(const model::Glm5Hparams& hp, mode
   (void)type;
   (void)seed;
   (void)o;
+  (void)rules;
   return Error(ErrorCode::unsupported, "synthetic weights need the CUDA backend, and ferry was built without CUDA");
 #endif
 }

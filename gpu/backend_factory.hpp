@@ -17,6 +17,7 @@
 #include "model/expert_policy.hpp"
 #include "model/formats/ggml_type.hpp"
 #include "model/glm5/glm5_hparams.hpp"
+#include "model/glm5/glm5_type_rules.hpp"
 #include "model/pipeline.hpp"
 
 namespace ferry::gpu {
@@ -53,9 +54,10 @@ Expected<std::string> resolve_backend_kind(const std::string& kind);
 // stage and the cause; a memory plan that does not fit is refused with one line per problem.
 Expected<OpenedModel> open_pipeline(const std::filesystem::path& model, const BackendOptions& options);
 
-// Synthetic weights of the shape in `hparams` (always CUDA stages): loud in describe().
+// Synthetic weights of the shape in `hparams` (always CUDA stages): loud in describe(). `rules`
+// (--recipe) give tensors other types than `type`.
 Expected<OpenedModel> open_synthetic_pipeline(const model::Glm5Hparams& hparams, model::GgmlType type, uint64_t seed,
-                                              const BackendOptions& options);
+                                              const BackendOptions& options, const model::Glm5TypeRules& rules = {});
 
 // The plan alone, for `ferry plan`: the model's tensors as stored (`tensor_bytes`), the split, and
 // the devices' and the host's memory as given (a machine planned before it is booted).

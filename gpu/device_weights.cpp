@@ -106,7 +106,11 @@ class DeviceWeights::Synthesizer final : public DeviceWeights::Source {
   }
   DevMatrix layout(const model::Glm5TensorSpec& spec) override {
     const uint64_t cols = spec.dims[0];
-    const GgmlType t = synthetic_tensor_type(spec, m_.type);
+    const GgmlType t = synthetic_tensor_type(spec, m_.type, m_.rules);
+    if (!device_supports(t)) {
+      throw CudaError("synthetic weight " + spec.name + " of type " + std::string(model::ggml_type_traits(t).name) +
+                      " (--recipe): the CUDA kernels cannot read it");
+    }
     DevMatrix d;
     d.type = t;
     d.rows = static_cast<uint32_t>(rows_of(spec));

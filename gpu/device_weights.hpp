@@ -13,6 +13,7 @@
 #include "gpu/kernels.hpp"
 #include "model/glm5/glm5_hparams.hpp"
 #include "model/glm5/glm5_tensors.hpp"
+#include "model/glm5/glm5_type_rules.hpp"
 #include "model/stage.hpp"
 
 namespace ferry::model {
@@ -31,6 +32,9 @@ struct SyntheticModel {
   // Random weights route nearly uniformly, real models do not: with a skew, each layer's router
   // prefers its experts by a stable random rank (the choice-score bias gets -skew * ln(rank)).
   float route_skew = 0;
+  // Per-tensor types (`--recipe`): a tensor a rule names gets the rule's type instead of `type`
+  // (model::Glm5TypeRules::requested); rows that are not whole blocks fall back as with `type`.
+  model::Glm5TypeRules rules;
 };
 
 struct DevLayer {

@@ -70,7 +70,7 @@ class SyntheticExperts final : public ExpertSource {
     DevMatrix parts[3];
     for (int p = 0; p < 3; ++p) {
       const auto spec = model::glm5_find_tensor(m_.hparams, kParts[p], static_cast<int32_t>(layer));
-      parts[p].type = synthetic_tensor_type(*spec, m_.type);
+      parts[p].type = synthetic_tensor_type(*spec, m_.type, m_.rules);
       parts[p].cols = static_cast<uint32_t>(spec->dims[0]);
       parts[p].rows = static_cast<uint32_t>(spec->dims[1]);
       parts[p].row_bytes = *model::ggml_bytes(parts[p].type, parts[p].cols);

@@ -57,9 +57,10 @@ uint64_t stage_inbox_bytes(const model::Glm5Hparams& hp, uint32_t rows) {
   return uint64_t{rows} * hp.hc_mult * hp.hidden_size * sizeof(float);
 }
 
-model::GgmlType synthetic_tensor_type(const model::Glm5TensorSpec& spec, model::GgmlType requested) {
+model::GgmlType synthetic_tensor_type(const model::Glm5TensorSpec& spec, model::GgmlType requested,
+                                      const model::Glm5TypeRules& rules) {
   const uint64_t cols = spec.dims[0];
-  model::GgmlType t = spec.keep_f32 ? model::GgmlType::F32 : requested;
+  model::GgmlType t = rules.requested(spec, requested);
   if (cols % model::ggml_type_traits(t).block_elems != 0) t = cols % 32 == 0 ? model::GgmlType::Q8_0 : model::GgmlType::F32;
   return t;
 }

@@ -7,6 +7,7 @@
 #include "model/formats/ggml_type.hpp"
 #include "model/glm5/glm5_hparams.hpp"
 #include "model/glm5/glm5_tensors.hpp"
+#include "model/glm5/glm5_type_rules.hpp"
 #include "model/stage.hpp"
 
 namespace ferry::gpu {
@@ -17,8 +18,9 @@ uint64_t stage_workspace_bytes(const model::Glm5Hparams& hp, model::LayerRange l
 // The inbox of a stage that is not the first: one step's streams.
 uint64_t stage_inbox_bytes(const model::Glm5Hparams& hp, uint32_t rows);
 
-// A synthetic tensor's type: the requested one, F32 where the catalogue keeps the tensor f32, Q8_0
-// (else F32) where its rows are not whole blocks of the requested type.
-model::GgmlType synthetic_tensor_type(const model::Glm5TensorSpec& spec, model::GgmlType requested);
+// A synthetic tensor's type: the one `rules` (--recipe) name for it, else `requested`; F32 where the
+// catalogue keeps the tensor f32, Q8_0 (else F32) where its rows are not whole blocks of that type.
+model::GgmlType synthetic_tensor_type(const model::Glm5TensorSpec& spec, model::GgmlType requested,
+                                      const model::Glm5TypeRules& rules = {});
 
 }  // namespace ferry::gpu

@@ -2,7 +2,9 @@
 
 #include <boost/json.hpp>
 
+#include <charconv>
 #include <cmath>
+#include <string>
 
 #include "http/safe_text.hpp"
 
@@ -72,7 +74,56 @@ bj::object histogram_json(const actors::HistogramSnapshot& h) {
   return bj::object{{"count", h.count}, {"sum", h.sum}};
 }
 
-std::string dump(const bj::value& v) { return bj::serialize(v); }
+// Boost.JSON writes doubles in scientific form ("2.977E0"); clients and people read plain
+// decimals: the shortest positional digits that read back as the same double ("2.977", "200").
+// A non-finite double, which JSON cannot carry, is written as null.
+void append_json(std::string& out, const bj::value& v) {
+  switch (v.kind()) {
+    case bj::kind::object: {
+      out += '{';
+      bool first = true;
+      for (const auto& kv : v.get_object()) {
+        if (!first) out += ',';
+        first = false;
+        out += bj::serialize(bj::string_view(kv.key()));
+        out += ':';
+        append_json(out, kv.value());
+      }
+      out += '}';
+      return;
+    }
+    case bj::kind::array: {
+      out += '[';
+      bool first = true;
+      for (const auto& item : v.get_array()) {
+        if (!first) out += ',';
+        first = false;
+        append_json(out, item);
+      }
+      out += ']';
+      return;
+    }
+    case bj::kind::double_: {
+      const double d = v.get_double();
+      if (!std::isfinite(d)) {
+        out += "null";
+        return;
+      }
+      char buf[400];  // fixed notation of the largest double: 309 digits
+      const auto r = std::to_chars(buf, buf + sizeof buf, d, std::chars_format::fixed);
+      out.append(buf, r.ptr);
+      return;
+    }
+    default:
+      out += bj::serialize(v);  // strings, integers, booleans, null
+  }
+}
+
+std::string dump(const bj::value& v) {
+  std::string out;
+  append_json(out, v);
+  return out;
+}
 
 }  // namespace
 

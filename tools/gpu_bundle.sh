@@ -39,13 +39,16 @@ done
 for f in "$out/ferry" "$out/ferry_gpu_tests"; do patchelf --set-rpath '$ORIGIN/lib' "$f"; done
 for f in "$out"/lib/*; do patchelf --set-rpath '$ORIGIN' "$f" 2>/dev/null || true; done
 cp -r tests/fixtures/glm5/. "$out/fixtures/"
+# The user's two mixes (ferry convert --recipe, ferry bench --synthetic ... --recipe).
+mkdir -p "$out/recipes" && cp model/glm5/recipes/*.recipe "$out/recipes/"
 # The model shapes for synthetic benchmarks, when the shared folder sits beside the checkout.
 if [ -d ../shared/configs ]; then mkdir -p "$out/configs" && cp ../shared/configs/*.json "$out/configs/"; fi
 
 printf '#!/usr/bin/env bash\nbuilt_for="%s"  # the architectures the build has code for\n' "$archs" > "$out/run-gpu-tests.sh"
 cat >> "$out/run-gpu-tests.sh" <<'RUN'
 # Runs on the GPU machine: the cuda-labelled tests, then every reference fixture through
-# `ferry eval-ref --backend cuda` (f32: max |delta| <= 5e-3 vs transformers; q4_k and q8_0: top-1
+# `ferry eval-ref --backend cuda` (f32: max |delta| <= 5e-3 vs transformers; q4_k, q8_0 and the two
+# recipes of recipes/ (the user's mixes: IQ3_S / Q5_K / IQ4_XS and Q4_K / Q5_K / Q6_K / Q8_0): top-1
 # agreement with the CPU backend >= 99.5%), the f32 conversions also with no expert pool (each
 # prefill miss path) and split into 2, 3 and 4 stages on device 0 (as the fixture's layers allow),
 # then which device code ran: on a GPU whose architecture
@@ -72,8 +75,14 @@ kernels=""  # as the backend names them: "sm_90 (cuBLAS ...)", "sm_90 from compu
 for case_dir in "$here"/fixtures/*/; do
   case=$(basename "$case_dir")
   [ -f "$case_dir/reference.json" ] || continue
-  for t in f32 q8_0 q4_k; do
-    if ! "$here/ferry" convert "$case_dir" "$work/$case-$t.gguf" --type "$t" --quiet >"$work/convert.log" 2>&1; then
+  for t in f32 q8_0 q4_k "$here"/recipes/*.recipe; do
+    if [[ "$t" == *.recipe ]]; then
+      how=(--recipe "$t")
+      t=$(basename "$t" .recipe)
+    else
+      how=(--type "$t")
+    fi
+    if ! "$here/ferry" convert "$case_dir" "$work/$case-$t.gguf" "${how[@]}" --quiet >"$work/convert.log" 2>&1; then
       echo "FAIL convert $case $t"; cat "$work/convert.log"; failed=$((failed + 1)); continue
     fi
     if [ "$t" = f32 ]; then

@@ -64,11 +64,15 @@ bool can_quantize(GgmlType type) {
     case GgmlType::Q4_K:
     case GgmlType::Q5_K:
     case GgmlType::Q6_K:
+    case GgmlType::IQ4_XS:
+    case GgmlType::IQ3_S:
       return true;
     default:
       return false;
   }
 }
+
+bool quantize_takes_importance(GgmlType type) { return type == GgmlType::IQ4_XS || type == GgmlType::IQ3_S; }
 
 void dequantize_row(GgmlType type, const void* src, float* dst, size_t n) {
   const char* what = "dequantize_row";
@@ -104,8 +108,16 @@ void dequantize_row(GgmlType type, const void* src, float* dst, size_t n) {
   }
 }
 
-void quantize_row(GgmlType type, const float* src, void* dst, size_t n) {
+void quantize_row(GgmlType type, const float* src, void* dst, size_t n) { quantize_row(type, src, dst, n, nullptr); }
+
+void quantize_row(GgmlType type, const float* src, void* dst, size_t n, const float* importance) {
   const char* what = "quantize_row";
+  if (importance != nullptr && !quantize_takes_importance(type)) {
+    const auto traits = ggml_type_traits(static_cast<uint32_t>(type));
+    throw std::invalid_argument(std::string(what) + ": type " +
+                                (traits ? std::string(traits->name) : std::to_string(static_cast<uint32_t>(type))) +
+                                " has no importance-weighted quantizer");
+  }
   const size_t blocks = checked_blocks(type, n, what);
   auto* out = static_cast<uint8_t*>(dst);
   switch (type) {
@@ -132,6 +144,10 @@ void quantize_row(GgmlType type, const float* src, void* dst, size_t n) {
       return quant_detail::quantize_q5_k(src, out, blocks);
     case GgmlType::Q6_K:
       return quant_detail::quantize_q6_k(src, out, blocks);
+    case GgmlType::IQ4_XS:
+      return quant_detail::quantize_iq4_xs(src, out, blocks, importance);
+    case GgmlType::IQ3_S:
+      return quant_detail::quantize_iq3_s(src, out, blocks, importance);
     default:
       unsupported(type, what);
   }

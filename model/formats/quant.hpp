@@ -23,4 +23,12 @@ void dequantize_row(GgmlType type, const void* src, float* dst, size_t n);
 // a well-defined but meaningless block (Q8_0: a NaN scale); F16/BF16 keep non-finite values.
 void quantize_row(GgmlType type, const float* src, void* dst, size_t n);
 
+// The same with an importance matrix: `importance` holds one weight per element of `src` (for a
+// matrix, the imatrix row repeated per row), and the quantizer minimises the error weighted by it,
+// as ggml's quantize_iq4_xs / quantize_iq3_s do with quant_weights. Types for which ferry has no
+// weighted quantizer (see quantize_takes_importance) throw std::invalid_argument when `importance`
+// is not null; nullptr gives quantize_row's result.
+bool quantize_takes_importance(GgmlType type);
+void quantize_row(GgmlType type, const float* src, void* dst, size_t n, const float* importance);
+
 }  // namespace ferry::model

@@ -45,5 +45,8 @@ void quantize_q8_0(const float* src, uint8_t* dst, size_t blocks);
 void quantize_q4_k(const float* src, uint8_t* dst, size_t blocks);
 void quantize_q5_k(const float* src, uint8_t* dst, size_t blocks);
 void quantize_q6_k(const float* src, uint8_t* dst, size_t blocks);
+// `importance`: one weight per element of src, or nullptr (quant_quantize_iq.cpp).
+void quantize_iq4_xs(const float* src, uint8_t* dst, size_t blocks, const float* importance);
+void quantize_iq3_s(const float* src, uint8_t* dst, size_t blocks, const float* importance);
 
 }  // namespace ferry::model::quant_detail

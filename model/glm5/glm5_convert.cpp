@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <regex>
 #include <set>
 #include <thread>
@@ -280,21 +281,58 @@ struct Producer {
 
 }  // namespace
 
-GgmlType glm5_tensor_type(const Glm5TensorSpec& spec, GgmlType type, bool keep_f32, std::string* why,
-                          std::optional<GgmlType> output_type) {
+namespace {
+
+// The head's type before block fallbacks (see glm5_tensor_type), and whether it is the 6-bit upgrade.
+GgmlType head_type(const Glm5TypePolicy& p, bool* upgraded) {
+  *upgraded = false;
+  if (p.output_type) return *p.output_type;
+  switch (p.type) {
+    case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::IQ4_XS: case GgmlType::IQ3_S:
+      *upgraded = true;
+      return GgmlType::Q6_K;
+    default:
+      return p.type;
+  }
+}
+
+}  // namespace
+
+GgmlType glm5_tensor_type(const Glm5TensorSpec& spec, const Glm5TypePolicy& policy, std::string* why) {
   if (why != nullptr) why->clear();
-  if (spec.keep_f32 || keep_f32) return GgmlType::F32;
-  // The output head's error lands on every logit unaveraged, so files of 4- and 5-bit k-quants keep it at
-  // 6 bits, as llama.cpp's k-quant files do (its Q4_K_S/M and Q5_K_S/M mixes store output.weight as Q6_K).
-  const bool is_head = spec.role == Glm5Tensor::output;
-  const bool head = is_head && !output_type && (type == GgmlType::Q4_K || type == GgmlType::Q5_K);
-  const GgmlType want = head ? GgmlType::Q6_K : is_head && output_type ? *output_type : type;
+  const auto keep = [&](const std::string& name) {
+    return policy.keep_f32 && std::regex_search(name, *policy.keep_f32);
+  };
+  if (spec.keep_f32 || keep(spec.name)) return GgmlType::F32;
+  GgmlType want = policy.type;
+  bool asked = false;  // a rule or --keep-f32 named this type: no note for choosing it
+  std::string note;
+  if (const Glm5TypeRule* r = policy.rules.match(spec.name)) {
+    want = r->type;
+    asked = true;
+  } else if (spec.role == Glm5Tensor::output ||
+             (spec.role == Glm5Tensor::token_embd && policy.tied_embedding)) {
+    // The output head's error lands on every logit unaveraged, so 4- and 5-bit files keep it at 6
+    // bits, as llama.cpp's do. A tied embedding is the head too: llama.cpp stores it at the head's type.
+    const std::string head_name(glm5_tensor_suffix(Glm5Tensor::output));
+    const Glm5TypeRule* head_rule = policy.rules.match(head_name);
+    bool upgraded = false;
+    if (spec.role == Glm5Tensor::token_embd && keep(head_name)) {
+      want = GgmlType::F32;
+    } else {
+      want = head_rule != nullptr && spec.role == Glm5Tensor::token_embd ? head_rule->type : head_type(policy, &upgraded);
+    }
+    if (spec.role == Glm5Tensor::output && upgraded) {
+      note = spec.name + ": the output head is stored as " + type_name(want) + " in a " + type_name(policy.type) + " file";
+    } else if (spec.role == Glm5Tensor::token_embd && want != policy.type) {
+      note = spec.name + ": the tied embedding is the output head too, stored at the head's type " + type_name(want) +
+             " (as llama.cpp stores it)";
+    }
+  }
   const uint64_t ne0 = spec.dims.empty() ? 1 : spec.dims[0];
   auto fits = [&](GgmlType t) { return ne0 % ggml_type_traits(t).block_elems == 0; };
   if (fits(want)) {
-    if (head && why != nullptr) {
-      *why = spec.name + ": the output head is stored as " + type_name(want) + " in a " + type_name(type) + " file";
-    }
+    if (why != nullptr && !asked) *why = note;
     return want;
   }
   const GgmlType fallback = want != GgmlType::Q8_0 && fits(GgmlType::Q8_0) ? GgmlType::Q8_0 : GgmlType::F16;
@@ -305,6 +343,23 @@ GgmlType glm5_tensor_type(const Glm5TensorSpec& spec, GgmlType type, bool keep_f
   return fallback;
 }
 
+GgmlType glm5_mostly_type(const Glm5ConvertPlan& plan, const Glm5ConvertOptions& options) {
+  if (options.rules.empty()) return options.type;
+  std::map<GgmlType, uint64_t> bytes;
+  for (const Glm5ConvertItem& item : plan.items) {
+    if (item.type != GgmlType::F32) bytes[item.type] += *ggml_bytes(item.type, item.spec.n_elements());
+  }
+  GgmlType most = options.type;
+  uint64_t most_bytes = 0;
+  for (const auto& [type, b] : bytes) {
+    if (b > most_bytes) {
+      most = type;
+      most_bytes = b;
+    }
+  }
+  return most;
+}
+
 uint32_t glm5_file_type(GgmlType type) {
   switch (type) {
     case GgmlType::F32: return 0;
@@ -313,6 +368,8 @@ uint32_t glm5_file_type(GgmlType type) {
     case GgmlType::Q4_K: return 14;  // LLAMA_FTYPE_MOSTLY_Q4_K_S (its output head is Q6_K there too)
     case GgmlType::Q5_K: return 16;  // LLAMA_FTYPE_MOSTLY_Q5_K_S
     case GgmlType::Q6_K: return 18;
+    case GgmlType::IQ3_S: return 26;   // LLAMA_FTYPE_MOSTLY_IQ3_S
+    case GgmlType::IQ4_XS: return 30;  // LLAMA_FTYPE_MOSTLY_IQ4_XS
     case GgmlType::BF16: return 32;
     default: return 0;
   }
@@ -321,18 +378,18 @@ uint32_t glm5_file_type(GgmlType type) {
 Expected<Glm5ConvertPlan> plan_glm5_conversion(const std::filesystem::path& hf_dir, const HfCheckpoint& ck,
                                                const Glm5ConvertOptions& options) {
   for (GgmlType t : {options.type, options.output_type.value_or(options.type)}) {
-    switch (t) {
-      case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: case GgmlType::Q8_0:
-      case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K: break;
-      default:
-        return Error(ErrorCode::unsupported,
-                     "cannot write type " + type_name(t) + " (expected f32, f16, bf16, q8_0, q4_k, q5_k or q6_k)");
+    if (!glm5_writable_type(t)) {
+      return Error(ErrorCode::unsupported,
+                   "cannot write type " + type_name(t) + " (expected one of " + glm5_writable_type_names() + ")");
     }
   }
-  std::optional<std::regex> keep;
+  Glm5TypePolicy policy;
+  policy.type = options.type;
+  policy.output_type = options.output_type;
+  policy.rules = options.rules;
   if (!options.keep_f32_regex.empty()) {
     try {
-      keep.emplace(options.keep_f32_regex, std::regex::ECMAScript);
+      policy.keep_f32.emplace(options.keep_f32_regex, std::regex::ECMAScript);
     } catch (const std::regex_error& e) {
       return Error("--keep-f32 '" + options.keep_f32_regex + "' is not a valid regular expression: " + e.what());
     }
@@ -364,6 +421,8 @@ Expected<Glm5ConvertPlan> plan_glm5_conversion(const std::filesystem::path& hf_d
     h.n_nextn_layers = nextn;
   }
 
+  // A tied checkpoint without lm_head.weight: output.weight is made from the embedding.
+  policy.tied_embedding = ex->tied && ck.find("lm_head.weight") == nullptr;
   std::set<std::string, std::less<>> used;
   for (Glm5TensorSpec& spec : glm5_all_tensors(h)) {
     std::vector<HfRecipe> recipes = glm5_hf_recipes(h, spec, *prefix);
@@ -395,8 +454,7 @@ Expected<Glm5ConvertPlan> plan_glm5_conversion(const std::filesystem::path& hf_d
       plan.notes.push_back("no lm_head.weight and tie_word_embeddings is true: output.weight is the embedding");
     }
     std::string why;
-    const bool keep_match = keep && std::regex_search(spec.name, *keep);
-    const GgmlType type = glm5_tensor_type(spec, options.type, keep_match, &why, options.output_type);
+    const GgmlType type = glm5_tensor_type(spec, policy, &why);
     if (!why.empty()) plan.notes.push_back(why);
     plan.gguf_bytes += *ggml_bytes(type, spec.n_elements());
     plan.items.push_back({std::move(spec), *chosen, type});
@@ -442,7 +500,7 @@ Expected<Glm5ConvertResult> convert_glm5_checkpoint(const std::filesystem::path&
   std::string name = options.name;
   if (name.empty()) name = std::filesystem::absolute(hf_dir).lexically_normal().filename().string();
   if (name.empty()) name = "glm5next";
-  for (auto err : {w.set("general.name", name), w.set("general.file_type", glm5_file_type(options.type)),
+  for (auto err : {w.set("general.name", name), w.set("general.file_type", glm5_file_type(glm5_mostly_type(plan, options))),
                    w.set("general.quantization_version", uint32_t{2})}) {
     if (err) return *err;
   }

@@ -15,13 +15,15 @@
 #include "model/formats/ggml_type.hpp"
 #include "model/glm5/glm5_hparams.hpp"
 #include "model/glm5/glm5_tensors.hpp"
+#include "model/glm5/glm5_type_rules.hpp"
 
 namespace ferry::model {
 
 struct Glm5ConvertOptions {
-  GgmlType type = GgmlType::BF16;       // F32, F16, BF16, Q8_0, Q4_K, Q5_K or Q6_K
+  GgmlType type = GgmlType::BF16;       // of tensors no rule names: glm5_writable_type
   std::optional<GgmlType> output_type;   // output.weight's (one of those); unset: see glm5_tensor_type
   std::string keep_f32_regex;            // GGUF names matching it (ECMAScript, search) stay F32
+  Glm5TypeRules rules;                   // --tensor-type, then --recipe: the first match wins
   std::filesystem::path tokenizer_dir;   // empty: write no tokenizer
   std::string name;                      // general.name; empty: the checkpoint directory's name
   unsigned threads = 0;                  // quantization threads; 0: the hardware's
@@ -47,12 +49,23 @@ struct Glm5ConvertPlan {
 
 class HfCheckpoint;
 
-// The GGUF type a tensor gets for the requested `type`: F32 for small state and keep_f32 matches,
-// else `type` (for the output head: `output_type` when given, else Q6_K when `type` is Q4_K or Q5_K)
-// when the row length (dims[0]) is a whole number of its blocks, else Q8_0 when that fits, else F16.
-// `why` says why it is not what was asked for (empty when it is).
-GgmlType glm5_tensor_type(const Glm5TensorSpec& spec, GgmlType type, bool keep_f32, std::string* why = nullptr,
-                          std::optional<GgmlType> output_type = std::nullopt);
+// What decides each tensor's type in a conversion.
+struct Glm5TypePolicy {
+  GgmlType type = GgmlType::BF16;        // tensors nothing else names
+  std::optional<GgmlType> output_type;   // output.weight (--output-type)
+  std::optional<std::regex> keep_f32;    // --keep-f32
+  Glm5TypeRules rules;                   // --tensor-type / --recipe
+  bool tied_embedding = false;           // output.weight is the embedding (no lm_head in the checkpoint)
+};
+
+// The GGUF type of `spec`, in this order: F32 for the catalogue's small state and --keep-f32 matches;
+// the first matching rule's type; for the output head, output_type, else Q6_K in a file of 4- or
+// 5-bit types (q4_K, q5_K, iq4_xs, iq3_s; llama.cpp's k-quant and IQ files do the same), else
+// `type`; for a tied embedding (token_embd, which is also the head), the head's type, as llama.cpp
+// quantizes a tied embedding; else `type`. Then, when the row length (dims[0]) is not a whole number
+// of that type's blocks, Q8_0 when that fits, else F16. `why` says why it is not `type` (empty when
+// it is, or when a rule or --keep-f32 asked for it).
+GgmlType glm5_tensor_type(const Glm5TensorSpec& spec, const Glm5TypePolicy& policy, std::string* why = nullptr);
 
 // llama.cpp's general.file_type for a file made with --type `type` (LLAMA_FTYPE_*; the K types map
 // to their _S variants, the mixes nearest to one type throughout).
@@ -68,6 +81,10 @@ struct Glm5ConvertResult {
   uint64_t tensors = 0;
   std::vector<std::string> notes;
 };
+
+// The type a file's general.file_type names: --type's, or with rules (--tensor-type, --recipe) the
+// quantized type holding the most bytes, as llama.cpp's "mostly" file types mean.
+GgmlType glm5_mostly_type(const Glm5ConvertPlan& plan, const Glm5ConvertOptions& options);
 
 // Plans and writes `out`. On failure nothing is left at `out` (the writer removes its partial file).
 Expected<Glm5ConvertResult> convert_glm5_checkpoint(const std::filesystem::path& hf_dir,

@@ -16,7 +16,7 @@
 // |                                         |           |                        | present, written only when the dense blocks are not a leading run (test models; llama.cpp-family loaders cannot load those) |
 // | vocab_size                              | u32       | vocab_size             | [u] else tokenizer tokens |
 // | attention.head_count                    | u32       | n_heads (and KDA heads)| [u]                       |
-// | attention.head_count_kv                 | i32[blk]  | layer_kinds: 0 KDA     | [u] per-layer array       |
+// | attention.head_count_kv                 | i32[blk]  | layer_kinds: 0 KDA     | [u] per-layer array; [m] one per trunk block read too |
 // | attention.q_lora_rank / kv_lora_rank    | u32       | q/kv_lora_rank         | [u]                       |
 // | attention.key_length / value_length     | u32       | (= kv_lora_rank)       | [u] written, checked      |
 // | attention.key_length_mla                | u32       | qk_nope_head_dim       | [u]                       |
@@ -26,7 +26,7 @@
 // | attention.layer_norm_epsilon            | f32       | index_norm_eps         | [u] optional (1e-6)       |
 // | ssm.conv_kernel                         | u32       | conv_kernel            | [u]                       |
 // | kda.head_dim                            | u32       | kda_head_dim           | [u]                       |
-// | kda.gate_lower_bound                    | f32       | kda_lower_bound        | [u]                       |
+// | kda.gate_lower_bound                    | f32       | kda_lower_bound        | [u] [m] optional (-5)     |
 // | kda.head_count                          | u32       | kda_heads              | ferry's own: read when    |
 // |                                         |           |                        | present, written only when it differs from attention.head_count (test models; llama.cpp-family loaders cannot load those) |
 // | attention.indexer.head_count            | u32       | index_n_heads          | [u]                       |
@@ -35,7 +35,7 @@
 // | attention.indexer.kpool                 | u32       | index_kpool            | [u] [m]                   |
 // | attention.indexer.block_size            | u32       | index_kpool            | [e] read when kpool is absent; written too |
 // | attention.indexer.kpool_select_tail     | bool      | index_select_tail      | [m] optional (true)       |
-// | attention.indexer.types                 | u32[n]    | indexer_full (1 full)  | [m] optional (all full)   |
+// | attention.indexer.types                 | u32[n]    | indexer_full (1 full)  | [m] optional (all full); [m] writes bool[n] |
 // | hyper_connection.count                  | u32       | hc_mult                | [u]                       |
 // | hyper_connection.sinkhorn_iterations    | u32       | hc_sinkhorn_iters      | [u]                       |
 // | hyper_connection.epsilon                | f32       | hc_eps                 | [u]                       |
@@ -51,7 +51,11 @@
 //
 // [u] unslothai/llama.cpp conversion/glm5next.py (set_gguf_parameters) and src/models/glm5next.cpp
 //     (load_arch_hparams); the published unsloth files carry these.
-// [m] mainline llama.cpp PR #27773 (glm5-next): kpool, kpool_select_tail, indexer.types.
+// [m] mainline llama.cpp PR #27773 (glm5-next): kpool, kpool_select_tail, indexer.types. Its
+//     conversion/glm.py also writes indexer.index_share_mtp (ignored), writes kda.gate_lower_bound only
+//     when the config has one, no expert_shared_feed_forward_length, tokenizer.ggml.pre "glm5" (the
+//     glm4 pre-tokenizer), and at one point head_count_kv with one entry per trunk block while
+//     block_count counts the MTP block (its loader then refused the published files' 46 entries).
 // [e] ggml-org/llama.cpp conversion/glm5next.py at e972e2ca wrote the pool size as
 //     attention.indexer.block_size (PR #27752's loaders assert it, hence --override-kv ...block_size=int:4).
 // [c] the published files ship expert_group_count 1 (a GGUF-reading engine checks it).

@@ -24,6 +24,16 @@ class KeyReader {
   }
   std::vector<int64_t> i64_array(std::string_view suffix) { return take(f_.get_i64_array(key(suffix)), {}); }
   std::vector<uint32_t> u32_array(std::string_view suffix) { return take(f_.get_u32_array(key(suffix)), {}); }
+  // A per-layer flag array that files store as integers (ferry, the unsloth converter) or as bools
+  // (mainline's conversion/glm.py writes indexer.types as [t == "full" ...]).
+  std::vector<uint32_t> flag_array(std::string_view suffix) {
+    if (const GgufValue* v = f_.find(key(suffix))) {
+      if (const auto* a = std::get_if<GgufArray>(v)) {
+        if (const auto* flags = a->as<bool>()) return {flags->begin(), flags->end()};
+      }
+    }
+    return u32_array(suffix);
+  }
   // A per-layer float that files store either as an array or as one scalar.
   std::vector<float> f32_scalar_or_array(std::string_view suffix) {
     const GgufValue* v = f_.find(key(suffix));
@@ -86,7 +96,8 @@ Expected<Glm5Hparams> glm5_hparams_from_gguf(const GgufFile& file) {
   hp.index_norm_eps = k.f32_or(key::norm_eps, 1e-6f);
   hp.conv_kernel = k.u32(key::conv_kernel);
   hp.kda_head_dim = k.u32(key::kda_head_dim);
-  hp.kda_lower_bound = k.f32(key::kda_gate_lower_bound);
+  // Mainline's converter writes the bound only when the config has one; -5 is transformers' default.
+  hp.kda_lower_bound = k.f32_or(key::kda_gate_lower_bound, -5.0f);
   hp.index_n_heads = k.u32(key::indexer_head_count);
   hp.index_head_dim = k.u32(key::indexer_key_length);
   hp.index_topk = k.u32(key::indexer_top_k);
@@ -134,11 +145,14 @@ Expected<Glm5Hparams> glm5_hparams_from_gguf(const GgufFile& file) {
     return Error(k.key(key::vocab_size) + " is missing (and there is no tokenizer.ggml.tokens or token_embd.weight)");
   }
 
-  if (head_count_kv.size() != blocks) {
+  // One entry per block (the published files, ferry); mainline's converter at one point wrote one per
+  // trunk block only (its MTP blocks are DSA blocks either way).
+  if (head_count_kv.size() != blocks && head_count_kv.size() != hp.n_layers) {
     return Error(k.key(key::head_count_kv) + " has " + s(head_count_kv.size()) +
-                 " entries, expected one per block (block_count = " + s(blocks) + ")");
+                 " entries, expected one per block (block_count = " + s(blocks) + ") or per trunk block (" +
+                 s(hp.n_layers) + ")");
   }
-  for (uint32_t i = 0; i < blocks; ++i) {
+  for (uint32_t i = 0; i < head_count_kv.size(); ++i) {
     if (i < hp.n_layers) {
       hp.layer_kinds.push_back(head_count_kv[i] == 0 ? LayerKind::kda : LayerKind::dsa);
     } else if (head_count_kv[i] == 0) {
@@ -168,7 +182,7 @@ Expected<Glm5Hparams> glm5_hparams_from_gguf(const GgufFile& file) {
   }
 
   if (k.has(key::indexer_types)) {
-    const std::vector<uint32_t> types = k.u32_array(key::indexer_types);
+    const std::vector<uint32_t> types = k.flag_array(key::indexer_types);
     if (k.error()) return *k.error();
     if (types.size() != hp.n_layers && types.size() != blocks) {
       return Error(k.key(key::indexer_types) + " has " + s(types.size()) + " entries, expected " +

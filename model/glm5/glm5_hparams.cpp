@@ -14,6 +14,12 @@
 //   (else first_k_dense_replace), indexer_types (else index_topk_pattern / index_topk_freq /
 //   index_skip_topk_offset), num_nextn_predict_layers, hidden_act (must be silu), attention_bias
 //   (must be false).
+//
+// Spellings of transformers' glm5_next configuration history, all read:
+//   - layer_types names a DSA layer "deepseek_sparse_attention" (5.17 to 5.23), "indexed_attention"
+//     (5.24 and later) or "full_attention" (mapped to the DSA kind by every version);
+//   - linear_attn_config's bound is "gate_lower_bound" with safe_gate defaulting to true (the
+//     release), or "lower_bound" with safe_gate defaulting to false (the first port).
 #include "model/glm5/glm5_hparams.hpp"
 
 #include <simdjson.h>
@@ -357,10 +363,13 @@ Expected<Glm5Hparams> from_config_json(std::string_view json_text, const std::st
     hp.kda_head_dim = l.u32("head_dim", hp.kda_head_dim);
     hp.kda_heads = l.u32("num_heads", hp.kda_heads);
     hp.conv_kernel = l.u32("short_conv_kernel_size", hp.conv_kernel);
-    if (l.get("gate_lower_bound")) {
-      lower_bound = l.has_non_null("gate_lower_bound") ? std::optional(l.f32("gate_lower_bound", -5.0f)) : std::nullopt;
+    // The first port spelled the bound "lower_bound" and defaulted safe_gate to false.
+    const bool old_spelling = !l.get("gate_lower_bound") && l.get("lower_bound");
+    const char* bound_key = old_spelling ? "lower_bound" : "gate_lower_bound";
+    if (l.get(bound_key)) {
+      lower_bound = l.has_non_null(bound_key) ? std::optional(l.f32(bound_key, -5.0f)) : std::nullopt;
     }
-    if (!lower_bound && l.boolean("safe_gate", true)) lower_bound = -5.0f;
+    if (!lower_bound && l.boolean("safe_gate", !old_spelling)) lower_bound = -5.0f;
     if (!l.error().empty()) return fail(l.error());
   }
   if (!lower_bound) {
@@ -381,7 +390,8 @@ Expected<Glm5Hparams> from_config_json(std::string_view json_text, const std::st
   if (attention_bias) return unsupported(f.name("attention_bias") + " is true, expected false (no attention biases)");
 
   // Per-layer schedules.
-  if (const auto kinds = f.choices("layer_types", {"linear_attention", "deepseek_sparse_attention", "full_attention"})) {
+  if (const auto kinds = f.choices("layer_types",
+                                   {"linear_attention", "deepseek_sparse_attention", "indexed_attention", "full_attention"})) {
     if (kinds->size() != hp.n_layers) {
       return fail(f.name("layer_types") + " has " + std::to_string(kinds->size()) +
                   " entries, expected num_hidden_layers = " + std::to_string(hp.n_layers));

@@ -41,6 +41,67 @@ std::optional<Glm5TokenizerSummary> tokenizer_summary(const GgufFile& f) {
   return t;
 }
 
+// Groups in the order inspect prints them.
+constexpr std::string_view kGroups[] = {
+    "token embedding",        "output head",         "routed experts: gate, up", "routed experts: down",
+    "shared expert",          "dense FFN",           "router",                   "KDA projections",
+    "KDA state",              "MLA projections",     "attention output",         "indexer",
+    "mHC mixers",             "norms",               "MTP block",
+};
+
+// The MTP block's tensors (hp known: every tensor of a block >= n_layers) make one group of their own.
+void type_mix(const GgufFile& f, const Glm5Hparams* hp, Glm5FileReport& r) {
+  std::map<std::string_view, std::map<GgmlType, Glm5TypeBytes>> groups;
+  for (const GgufTensorInfo& t : f.tensors()) {
+    const auto parsed = parse_glm5_tensor_name(t.name);
+    std::string_view group = parsed ? glm5_tensor_group(parsed->first) : std::string_view("other");
+    if (parsed && hp != nullptr && parsed->second >= 0 && static_cast<uint32_t>(parsed->second) >= hp->n_layers) {
+      group = kGroups[14];
+    }
+    Glm5TypeBytes& tb = groups[group][t.type];
+    tb.type = type_name(t.type);
+    tb.tensors += 1;
+    tb.bytes += t.n_bytes;
+  }
+  auto add = [&](std::string_view name) {
+    const auto it = groups.find(name);
+    if (it == groups.end()) return;
+    Glm5TypeMix mix;
+    mix.group = std::string(name);
+    for (const auto& [type, tb] : it->second) {
+      mix.tensors += tb.tensors;
+      mix.bytes += tb.bytes;
+      mix.types.push_back(tb);
+    }
+    std::stable_sort(mix.types.begin(), mix.types.end(), [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
+    r.type_mix.push_back(std::move(mix));
+  };
+  for (std::string_view g : kGroups) add(g);
+  add("other");
+}
+
+// The layouts ferry writes for test models that the llama.cpp family cannot load (its loaders
+// derive the KDA heads from attention.head_count and build dense FFNs for leading blocks only).
+void llama_cpp_extensions(const GgufFile& f, const Glm5Hparams& hp, Glm5FileReport& r) {
+  const std::string arch = r.architecture + ".";
+  if (hp.kda_heads != hp.n_heads) {
+    r.extensions.push_back(arch + std::string(glm5_key::kda_head_count) + " = " + std::to_string(hp.kda_heads) +
+                           ": KDA heads differ from attention heads (" + std::to_string(hp.n_heads) +
+                           "); llama.cpp-family loaders ignore the key, take the KDA heads from " + arch +
+                           std::string(glm5_key::head_count) + " and refuse the file (attn_q has the wrong shape)");
+  }
+  const uint32_t lead = glm5_leading_dense_blocks(hp);
+  for (uint32_t i = lead; i < hp.n_layers; ++i) {
+    if (hp.ffn_kinds[i] != FfnKind::dense) continue;
+    r.extensions.push_back(arch + std::string(glm5_key::feed_forward_types) + ": block " + std::to_string(i) +
+                           " is dense after a MoE block; llama.cpp-family loaders support only leading dense blocks (" +
+                           arch + std::string(glm5_key::leading_dense_block_count) + " = " + std::to_string(lead) +
+                           ") and refuse the file (ffn_gate_inp not found)");
+    break;
+  }
+  (void)f;
+}
+
 // Checks the file's tensors against the catalogue and fills the per-block plan.
 void plan_blocks(const GgufFile& f, const Glm5Hparams& hp, Glm5FileReport& r) {
   std::set<std::string, std::less<>> expected;
@@ -136,11 +197,42 @@ Glm5FileReport inspect_glm5_gguf(const GgufFile& f) {
   if (!hp) {
     r.problems.push_back(hp.error().message);
     r.dense_bytes = r.tensor_bytes;
+    type_mix(f, nullptr, r);
     return r;
   }
   r.hparams = std::move(hp).value();
+  type_mix(f, &*r.hparams, r);
   plan_blocks(f, *r.hparams, r);
+  llama_cpp_extensions(f, *r.hparams, r);
   return r;
+}
+
+std::string_view glm5_tensor_group(Glm5Tensor role) {
+  using T = Glm5Tensor;
+  switch (role) {
+    case T::token_embd: return kGroups[0];
+    case T::output: return kGroups[1];
+    case T::ffn_gate_exps: case T::ffn_up_exps: return kGroups[2];
+    case T::ffn_down_exps: return kGroups[3];
+    case T::ffn_gate_shexp: case T::ffn_up_shexp: case T::ffn_down_shexp: return kGroups[4];
+    case T::ffn_gate: case T::ffn_up: case T::ffn_down: return kGroups[5];
+    case T::ffn_gate_inp: case T::ffn_exp_probs_b: return kGroups[6];
+    case T::attn_q: case T::attn_k: case T::attn_v: case T::ssm_f_a: case T::ssm_f_b: case T::ssm_g_a:
+    case T::ssm_g_b: case T::ssm_beta: return kGroups[7];
+    case T::ssm_conv1d_q: case T::ssm_conv1d_k: case T::ssm_conv1d_v: case T::ssm_a: case T::ssm_dt_bias:
+    case T::ssm_norm: return kGroups[8];
+    case T::attn_q_a: case T::attn_q_b: case T::attn_kv_a_mqa: case T::attn_k_b: case T::attn_v_b: return kGroups[9];
+    case T::attn_output: return kGroups[10];
+    case T::indexer_attn_q_b: case T::indexer_attn_k: case T::indexer_k_norm: case T::indexer_k_norm_bias:
+    case T::indexer_proj: case T::indexer_compressor_gate: case T::indexer_compressor_ape: return kGroups[11];
+    case T::hc_attn_fn: case T::hc_attn_base: case T::hc_attn_scale: case T::hc_ffn_fn: case T::hc_ffn_base:
+    case T::hc_ffn_scale: return kGroups[12];
+    case T::output_norm: case T::attn_norm: case T::ffn_norm: case T::attn_q_a_norm: case T::attn_kv_a_norm:
+      return kGroups[13];
+    case T::nextn_eh_proj: case T::nextn_enorm: case T::nextn_hnorm: case T::nextn_shared_head_norm:
+    case T::nextn_embed_tokens: case T::nextn_shared_head_head: return kGroups[14];
+  }
+  return "other";
 }
 
 }  // namespace ferry::model

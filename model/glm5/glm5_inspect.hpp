@@ -10,6 +10,7 @@
 #include "model/formats/ggml_type.hpp"
 #include "model/formats/gguf.hpp"
 #include "model/glm5/glm5_hparams.hpp"
+#include "model/glm5/glm5_tensors.hpp"
 
 namespace ferry::model {
 
@@ -29,6 +30,15 @@ struct Glm5BlockPlan {
   uint64_t expert_bytes = 0;           // its stacked routed experts (ffn_{gate,up,down}_exps)
   uint64_t bytes_per_expert = 0;       // expert_bytes / n_experts: one expert's gate + up + down
   std::string expert_types;            // "gate/up/down" types, e.g. "iq3_s/iq3_s/q4_K"
+};
+
+// The types of one group of tensors (routed experts' gate/up, the shared expert, the KDA
+// projections, ...): what a mixed file puts where.
+struct Glm5TypeMix {
+  std::string group;                   // "routed experts: gate, up", "KDA projections", ...
+  uint64_t tensors = 0;
+  uint64_t bytes = 0;
+  std::vector<Glm5TypeBytes> types;    // by bytes, largest first
 };
 
 struct Glm5TokenizerSummary {
@@ -60,6 +70,13 @@ struct Glm5FileReport {
   uint64_t kv_values_per_token = 0;
   uint64_t kda_state_bytes_per_slot = 0;
 
+  std::vector<Glm5TypeMix> type_mix;   // in the catalogue's group order; groups the file lacks are left out
+
+  // ferry's own extensions of the glm5next layout that the llama.cpp family's loaders (llama.cpp PR
+  // #27754 glm5next and PR #27773 glm5-next, ik_llama.cpp) do not implement and refuse: one line per
+  // extension, naming the key. Empty: those loaders can read the file.
+  std::vector<std::string> extensions;
+
   std::optional<Glm5TokenizerSummary> tokenizer;
   // Missing tensors, wrong dims, tensors the model does not use, metadata errors. Empty: the file is
   // a complete glm5next model ferry can load.
@@ -67,5 +84,8 @@ struct Glm5FileReport {
 };
 
 Glm5FileReport inspect_glm5_gguf(const GgufFile& file);
+
+// The type-mix group of a tensor role (see Glm5TypeMix), e.g. "routed experts: down".
+std::string_view glm5_tensor_group(Glm5Tensor role);
 
 }  // namespace ferry::model

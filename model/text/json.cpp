@@ -1,5 +1,7 @@
 #include "model/text/json.hpp"
 
+#include <simdjson.h>
+
 #include <charconv>
 #include <cmath>
 #include <cstring>
@@ -40,205 +42,217 @@ bool JsonValue::truthy() const {
 
 namespace {
 
+namespace od = simdjson::ondemand;
+
 constexpr int kMaxDepth = 512;
 
-class Parser {
+// JSON's number grammar (RFC 8259 section 6). simdjson types a token by its first byte and leaves
+// number syntax to the getters, which also reject what Python reads (1e400, integers beyond 64
+// bits); the literal is kept as written, so only its syntax is checked here.
+bool is_number_literal(std::string_view s) {
+  size_t i = 0;
+  const auto digits = [&] {
+    const size_t from = i;
+    while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i;
+    return i > from;
+  };
+  if (i < s.size() && s[i] == '-') ++i;
+  if (i < s.size() && s[i] == '0') {
+    ++i;
+  } else if (!digits()) {
+    return false;
+  }
+  if (i < s.size() && s[i] == '.') {
+    ++i;
+    if (!digits()) return false;
+  }
+  if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+    ++i;
+    if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
+    if (!digits()) return false;
+  }
+  return i == s.size();
+}
+
+std::string_view trim_ws(std::string_view s) {
+  const auto ws = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
+  while (!s.empty() && ws(s.front())) s.remove_prefix(1);
+  while (!s.empty() && ws(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+// simdjson's on-demand parser turned into JsonValue: one pass over the document, every value
+// visited (so every scalar is validated), errors as "JSON: what at byte N".
+class Reader {
  public:
-  explicit Parser(std::string_view text) : s_(text) {}
+  Reader(std::string_view text, od::parser& parser) : text_(text), padded_(text), parser_(parser) {}
 
   Expected<JsonValue> document() {
-    skip_ws();
-    JsonValue v;
-    if (!value(v, 0)) return Error(error_);
-    skip_ws();
-    if (pos_ != s_.size()) return Error("JSON: unexpected content after the value at byte " + std::to_string(pos_));
-    return v;
+    od::document doc;
+    if (const auto e = parser_.iterate(padded_).get(doc)) return Error(message(stage1_what(e), stage1_offset(e)));
+    JsonValue out;
+    od::json_type type;
+    if (const auto e = doc.type().get(type)) return Error(message(simdjson::error_message(e), first_token()));
+    switch (type) {
+      case od::json_type::object:
+      case od::json_type::array: {
+        od::value root;
+        if (const auto e = doc.get_value().get(root)) return Error(message(simdjson::error_message(e), first_token()));
+        if (!value(root, 0, out)) return Error(error_);
+        const char* at = nullptr;
+        if (doc.current_location().get(at) == simdjson::SUCCESS) {
+          return Error(message("unexpected content after the value", offset_of(at)));
+        }
+        return out;
+      }
+      default:
+        break;
+    }
+    // A scalar document: the whole text, but for surrounding whitespace, is one token.
+    std::string_view raw;
+    if (const auto e = doc.raw_json_token().get(raw)) return Error(message(simdjson::error_message(e), first_token()));
+    if (trim_ws(raw) != trim_ws(text_)) {
+      return Error(message("unexpected content after the value", offset_of(raw.data()) + trim_ws(raw).size()));
+    }
+    switch (type) {
+      case od::json_type::number: {
+        if (!number(raw, out)) return Error(error_);
+        return out;
+      }
+      case od::json_type::string: {
+        std::string_view str;
+        if (const auto e = doc.get_string().get(str)) return Error(message(string_what(e), first_token()));
+        return JsonValue(std::string(str));
+      }
+      case od::json_type::boolean: {
+        bool b = false;
+        if (doc.get_bool().get(b) != simdjson::SUCCESS) return Error(message("invalid literal", first_token()));
+        return JsonValue(b);
+      }
+      default: {
+        bool null = false;
+        if (doc.is_null().get(null) != simdjson::SUCCESS || !null) {
+          return Error(message("invalid literal", first_token()));
+        }
+        return JsonValue(nullptr);
+      }
+    }
   }
 
  private:
-  bool fail(std::string what) {
-    if (error_.empty()) error_ = "JSON: " + what + " at byte " + std::to_string(pos_);
+  static std::string message(std::string_view what, size_t offset) {
+    return "JSON: " + std::string(what) + " at byte " + std::to_string(offset);
+  }
+  bool fail(std::string_view what, size_t offset) {
+    if (error_.empty()) error_ = message(what, offset);
     return false;
   }
-  void skip_ws() {
-    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r')) ++pos_;
+  size_t offset_of(const char* p) const {
+    const char* base = padded_.data();
+    return p >= base && p <= base + text_.size() ? static_cast<size_t>(p - base) : text_.size();
   }
-  bool literal(std::string_view word) {
-    if (s_.substr(pos_, word.size()) != word) return fail("invalid literal");
-    pos_ += word.size();
+  size_t first_token() const {
+    const std::string_view t = trim_ws(text_);
+    return t.empty() ? 0 : static_cast<size_t>(t.data() - text_.data());
+  }
+  static std::string string_what(simdjson::error_code e) {
+    return e == simdjson::STRING_ERROR ? "invalid escape or lone surrogate in a string" : simdjson::error_message(e);
+  }
+  static std::string stage1_what(simdjson::error_code e) {
+    switch (e) {
+      case simdjson::EMPTY: return "unexpected end of input";
+      case simdjson::UTF8_ERROR: return "invalid UTF-8";
+      case simdjson::UNESCAPED_CHARS: return "unescaped control character in a string";
+      case simdjson::UNCLOSED_STRING: return "unterminated string";
+      case simdjson::DEPTH_ERROR: return "nesting deeper than " + std::to_string(kMaxDepth);
+      default: return simdjson::error_message(e);
+    }
+  }
+  // simdjson's first stage reports no position; find the byte it objects to.
+  size_t stage1_offset(simdjson::error_code e) const {
+    if (e == simdjson::UTF8_ERROR) {
+      for (size_t i = 0; i < text_.size();) {
+        const unicode::Decoded d = unicode::decode_utf8(text_, i);
+        if (d.cp >= unicode::kInvalidBase) return i;
+        i += d.len;
+      }
+    }
+    if (e == simdjson::UNESCAPED_CHARS) {
+      for (size_t i = 0; i < text_.size(); ++i) {
+        const auto c = static_cast<unsigned char>(text_[i]);
+        if (c < 0x20 && c != '\t' && c != '\n' && c != '\r') return i;
+      }
+    }
+    return e == simdjson::UNCLOSED_STRING ? text_.size() : 0;
+  }
+
+  bool number(std::string_view raw, JsonValue& out) {
+    const std::string_view literal = trim_ws(raw);
+    if (!is_number_literal(literal)) return fail("invalid number", offset_of(raw.data()));
+    out = JsonValue(JsonNumber{std::string(literal)});
     return true;
   }
 
-  bool value(JsonValue& out, int depth) {
-    if (depth > kMaxDepth) return fail("nesting deeper than " + std::to_string(kMaxDepth));
-    if (pos_ >= s_.size()) return fail("unexpected end of input");
-    switch (s_[pos_]) {
-      case '{': return object(out, depth);
-      case '[': return array(out, depth);
-      case '"': {
-        std::string str;
-        if (!string(str)) return false;
-        out = JsonValue(std::move(str));
+  bool value(od::value v, int depth, JsonValue& out) {
+    const std::string_view raw = v.raw_json_token();
+    const size_t at = offset_of(raw.data());
+    if (depth > kMaxDepth) return fail("nesting deeper than " + std::to_string(kMaxDepth), at);
+    od::json_type type;
+    if (const auto e = v.type().get(type)) return fail(simdjson::error_message(e), at);
+    switch (type) {
+      case od::json_type::object: return object(v, depth, out, at);
+      case od::json_type::array: return array(v, depth, out, at);
+      case od::json_type::string: {
+        std::string_view s;
+        if (const auto e = v.get_string().get(s)) return fail(string_what(e), at);
+        out = JsonValue(std::string(s));
         return true;
       }
-      case 't': out = JsonValue(true); return literal("true");
-      case 'f': out = JsonValue(false); return literal("false");
-      case 'n': out = JsonValue(nullptr); return literal("null");
-      default: return number(out);
-    }
-  }
-
-  bool number(JsonValue& out) {
-    const size_t start = pos_;
-    const auto digits = [&] {
-      const size_t d = pos_;
-      while (pos_ < s_.size() && s_[pos_] >= '0' && s_[pos_] <= '9') ++pos_;
-      return pos_ > d;
-    };
-    if (pos_ < s_.size() && s_[pos_] == '-') ++pos_;
-    if (pos_ < s_.size() && s_[pos_] == '0') {
-      ++pos_;
-    } else if (!digits()) {
-      return fail("invalid value");
-    }
-    if (pos_ < s_.size() && s_[pos_] == '.') {
-      ++pos_;
-      if (!digits()) return fail("invalid number");
-    }
-    if (pos_ < s_.size() && (s_[pos_] == 'e' || s_[pos_] == 'E')) {
-      ++pos_;
-      if (pos_ < s_.size() && (s_[pos_] == '+' || s_[pos_] == '-')) ++pos_;
-      if (!digits()) return fail("invalid number");
-    }
-    out = JsonValue(JsonNumber{std::string(s_.substr(start, pos_ - start))});
-    return true;
-  }
-
-  bool hex4(uint32_t& v) {
-    if (pos_ + 4 > s_.size()) return fail("truncated \\u escape");
-    v = 0;
-    for (int i = 0; i < 4; ++i) {
-      const char c = s_[pos_++];
-      v <<= 4;
-      if (c >= '0' && c <= '9') v |= static_cast<uint32_t>(c - '0');
-      else if (c >= 'a' && c <= 'f') v |= static_cast<uint32_t>(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F') v |= static_cast<uint32_t>(c - 'A' + 10);
-      else return fail("invalid \\u escape");
-    }
-    return true;
-  }
-
-  bool string(std::string& out) {
-    ++pos_;  // the opening quote
-    while (true) {
-      // Copy the run of plain bytes up to the next quote, backslash or control byte.
-      const size_t run = pos_;
-      while (pos_ < s_.size()) {
-        const auto c = static_cast<unsigned char>(s_[pos_]);
-        if (c == '"' || c == '\\' || c < 0x20) break;
-        ++pos_;
-      }
-      if (run < pos_) {
-        const std::string_view plain = s_.substr(run, pos_ - run);
-        for (size_t i = 0; i < plain.size();) {
-          const unicode::Decoded d = unicode::decode_utf8(plain, i);
-          if (d.cp >= unicode::kInvalidBase) {
-            pos_ = run + i;
-            return fail("invalid UTF-8 in a string");
-          }
-          i += d.len;
-        }
-        out.append(plain);
-      }
-      if (pos_ >= s_.size()) return fail("unterminated string");
-      const char c = s_[pos_];
-      if (c == '"') {
-        ++pos_;
+      case od::json_type::number: return number(raw, out);
+      case od::json_type::boolean: {
+        bool b = false;
+        if (v.get_bool().get(b) != simdjson::SUCCESS) return fail("invalid literal", at);
+        out = JsonValue(b);
         return true;
       }
-      if (c != '\\') return fail("unescaped control character in a string");
-      if (++pos_ >= s_.size()) return fail("unterminated string");
-      const char e = s_[pos_++];
-      switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
-        case 'u': {
-          uint32_t cp = 0;
-          if (!hex4(cp)) return false;
-          if (cp >= 0xD800 && cp <= 0xDBFF) {
-            uint32_t low = 0;
-            if (s_.substr(pos_, 2) != "\\u") return fail("lone surrogate in a \\u escape");
-            pos_ += 2;
-            if (!hex4(low)) return false;
-            if (low < 0xDC00 || low > 0xDFFF) return fail("lone surrogate in a \\u escape");
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
-          } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
-            return fail("lone surrogate in a \\u escape");
-          }
-          unicode::append_utf8(out, cp);
-          break;
-        }
-        default:
-          --pos_;
-          return fail("invalid escape");
+      case od::json_type::null: {
+        bool null = false;
+        if (v.is_null().get(null) != simdjson::SUCCESS || !null) return fail("invalid literal", at);
+        out = JsonValue(nullptr);
+        return true;
       }
     }
+    return fail("invalid value", at);
   }
 
-  bool array(JsonValue& out, int depth) {
-    ++pos_;
+  bool array(od::value v, int depth, JsonValue& out, size_t at) {
+    od::array arr;
+    if (const auto e = v.get_array().get(arr)) return fail(simdjson::error_message(e), at);
     JsonArray items;
-    skip_ws();
-    if (pos_ < s_.size() && s_[pos_] == ']') {
-      ++pos_;
-      out = JsonValue(std::move(items));
-      return true;
+    for (auto element : arr) {
+      od::value child;
+      if (const auto e = element.get(child)) return fail(simdjson::error_message(e), at);
+      JsonValue item;
+      if (!value(child, depth + 1, item)) return false;
+      items.push_back(std::move(item));
     }
-    while (true) {
-      skip_ws();
-      JsonValue v;
-      if (!value(v, depth + 1)) return false;
-      items.push_back(std::move(v));
-      skip_ws();
-      if (pos_ >= s_.size()) return fail("unterminated array");
-      if (s_[pos_] == ',') {
-        ++pos_;
-        continue;
-      }
-      if (s_[pos_] != ']') return fail("expected ',' or ']'");
-      ++pos_;
-      out = JsonValue(std::move(items));
-      return true;
-    }
+    out = JsonValue(std::move(items));
+    return true;
   }
 
-  bool object(JsonValue& out, int depth) {
-    ++pos_;
+  bool object(od::value v, int depth, JsonValue& out, size_t at) {
+    od::object obj;
+    if (const auto e = v.get_object().get(obj)) return fail(simdjson::error_message(e), at);
     JsonObject members;
     std::unordered_map<std::string, size_t> index;  // only for large objects
-    skip_ws();
-    if (pos_ < s_.size() && s_[pos_] == '}') {
-      ++pos_;
-      out = JsonValue(std::move(members));
-      return true;
-    }
-    while (true) {
-      skip_ws();
-      if (pos_ >= s_.size() || s_[pos_] != '"') return fail("expected a string key");
-      std::string key;
-      if (!string(key)) return false;
-      skip_ws();
-      if (pos_ >= s_.size() || s_[pos_] != ':') return fail("expected ':'");
-      ++pos_;
-      skip_ws();
-      JsonValue v;
-      if (!value(v, depth + 1)) return false;
+    for (auto field_result : obj) {
+      od::field field;
+      std::string_view key_text;
+      if (const auto e = std::move(field_result).get(field)) return fail(simdjson::error_message(e), at);
+      if (const auto e = field.unescaped_key().get(key_text)) return fail(string_what(e), at);
+      std::string key(key_text);
+      JsonValue item;
+      if (!value(field.value(), depth + 1, item)) return false;
       // A repeated key keeps its first place and takes the new value, as a Python dict does.
       size_t found = members.size();
       if (members.size() <= 16) {
@@ -252,26 +266,19 @@ class Parser {
         if (auto it = index.find(key); it != index.end()) found = it->second;
       }
       if (found < members.size()) {
-        members[found].second = std::move(v);
+        members[found].second = std::move(item);
       } else {
         if (!index.empty()) index.emplace(key, members.size());
-        members.emplace_back(std::move(key), std::move(v));
+        members.emplace_back(std::move(key), std::move(item));
       }
-      skip_ws();
-      if (pos_ >= s_.size()) return fail("unterminated object");
-      if (s_[pos_] == ',') {
-        ++pos_;
-        continue;
-      }
-      if (s_[pos_] != '}') return fail("expected ',' or '}'");
-      ++pos_;
-      out = JsonValue(std::move(members));
-      return true;
     }
+    out = JsonValue(std::move(members));
+    return true;
   }
 
-  std::string_view s_;
-  size_t pos_ = 0;
+  std::string_view text_;
+  simdjson::padded_string padded_;
+  od::parser& parser_;
   std::string error_;
 };
 
@@ -286,7 +293,16 @@ void append_python_int(std::string& out, std::string_view text) {
 
 }  // namespace
 
-Expected<JsonValue> parse_json(std::string_view text) { return Parser(text).document(); }
+Expected<JsonValue> parse_json(std::string_view text) {
+  // A lone number (http/ checks each number of a request this way, token-id prompts hold 500K of
+  // them) needs only its grammar, which the document path checks the same way.
+  if (const std::string_view t = trim_ws(text); !t.empty() && is_number_literal(t)) {
+    return JsonValue(JsonNumber{std::string(t)});
+  }
+  // One parser per thread, reused: its buffers grow to the largest document and stay.
+  thread_local od::parser parser;
+  return Reader(text, parser).document();
+}
 
 std::string python_float_repr(std::string_view literal) {
   double x = 0;

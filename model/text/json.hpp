@@ -2,7 +2,8 @@
 // A small JSON document model for the text side: it keeps object keys in their order and numbers as
 // written, so that the chat template can print tool definitions and call arguments exactly as
 // Python's json.dumps does (what the model was trained on), and the output parser can check values.
-// simdjson (which ferry uses to read requests) cannot write JSON; this type can.
+// Text is parsed by simdjson, ferry's one parser of untrusted JSON (http/ reads requests with it
+// too); simdjson cannot write JSON, and the writer here can.
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -65,9 +66,11 @@ class JsonValue {
   Storage v_;
 };
 
-// Parses one JSON document (RFC 8259; surrounding whitespace allowed). Invalid UTF-8, lone
-// surrogate escapes, nesting deeper than 512, and trailing content are errors naming the byte
-// offset. A repeated key keeps its first position and its last value (Python's json.loads).
+// Parses one JSON document (RFC 8259; surrounding whitespace allowed) with simdjson's on-demand
+// parser, visiting every value. Invalid UTF-8, lone surrogate escapes, nesting deeper than 512, and
+// trailing content are errors naming the byte offset ("JSON: ... at byte N"; callers prefix the
+// field). Numbers keep their literal, so 1e400 and 30-digit integers read as Python reads them. A
+// repeated key keeps its first position and its last value (Python's json.loads).
 Expected<JsonValue> parse_json(std::string_view text);
 
 // json.dumps(value, ensure_ascii=False) byte for byte: ", " and ": " separators, non-ASCII kept,

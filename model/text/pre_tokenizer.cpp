@@ -11,8 +11,9 @@ namespace ferry::model {
 using namespace unicode;
 
 std::optional<PreTokenizerKind> pre_tokenizer_from_name(std::string_view name) {
-  static constexpr std::array<std::pair<std::string_view, PreTokenizerKind>, 20> kNames{{
+  static constexpr std::array<std::pair<std::string_view, PreTokenizerKind>, 21> kNames{{
       {"glm4", PreTokenizerKind::glm4},
+      {"glm5", PreTokenizerKind::glm4},  // mainline llama.cpp's name for the same pre-tokenizer (PR #27773)
       {"chatglm-bpe", PreTokenizerKind::glm4},
       {"llama3", PreTokenizerKind::glm4},
       {"llama-bpe", PreTokenizerKind::glm4},

@@ -176,3 +176,21 @@ TEST(Responses, MetricsAreValidPrometheusText) {
     EXPECT_EQ(total, type == "counter") << line;
   }
 }
+
+TEST(Responses, TimingsArePlainDecimals) {
+  ChatCompletion c;
+  c.id = "chatcmpl-8";
+  c.model = "glm-5.3-flash";
+  c.usage = some_usage();
+  c.usage.timings.prompt_ms = 2.977;
+  c.usage.timings.predicted_ms = 1234567.25;
+  c.usage.timings.queue_ms = 0.0004;  // rounds to 0
+  const std::string text = to_json(c);
+  EXPECT_EQ(text.find("E0"), std::string::npos) << text;
+  EXPECT_EQ(text.find("e+"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"prompt_ms\":2.977,"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"predicted_ms\":1234567.25,"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"queue_ms\":0,"), std::string::npos) << text;
+  const auto o = parse(text);  // still JSON, same values
+  EXPECT_DOUBLE_EQ(o.at("timings").as_object().at("prompt_ms").to_number<double>(), 2.977);
+}

@@ -20,47 +20,136 @@ Glm5TensorSpec spec(std::string name, std::vector<uint64_t> dims, bool keep_f32 
   return s;
 }
 
-TEST(Glm5Convert, TypeFallsBackWhenRowsAreNotWholeBlocks) {
-  std::string why;
-  EXPECT_EQ(glm5_tensor_type(spec("blk.0.attn_norm.weight", {4096}, true), GgmlType::Q4_K, false, &why), GgmlType::F32);
-  EXPECT_EQ(why, "");
-  EXPECT_EQ(glm5_tensor_type(spec("blk.0.attn_q.weight", {4096, 8192}), GgmlType::Q4_K, true), GgmlType::F32);
-  EXPECT_EQ(glm5_tensor_type(spec("blk.0.attn_q.weight", {4096, 8192}), GgmlType::Q4_K, false, &why), GgmlType::Q4_K);
-  EXPECT_EQ(glm5_tensor_type(spec("blk.0.ssm_f_b.weight", {128, 8192}), GgmlType::Q5_K, false, &why), GgmlType::Q8_0);
-  EXPECT_EQ(why, "blk.0.ssm_f_b.weight: rows of 128 are not a whole number of q5_K blocks (256): stored as q8_0");
-  EXPECT_EQ(glm5_tensor_type(spec("x", {16, 4}), GgmlType::Q6_K, false, &why), GgmlType::F16);
-  EXPECT_EQ(glm5_tensor_type(spec("x", {16, 4}), GgmlType::Q8_0, false, &why), GgmlType::F16);
-  EXPECT_EQ(glm5_tensor_type(spec("x", {16, 4}), GgmlType::BF16, false, &why), GgmlType::BF16);
+Glm5TypePolicy policy(GgmlType type, std::optional<GgmlType> output_type = std::nullopt) {
+  Glm5TypePolicy p;
+  p.type = type;
+  p.output_type = output_type;
+  return p;
 }
 
-TEST(Glm5Convert, OutputHeadIsQ6KInFilesOfFourAndFiveBitKQuants) {
+Glm5TypePolicy keep_all(GgmlType type) {
+  Glm5TypePolicy p = policy(type);
+  p.keep_f32.emplace(".");
+  return p;
+}
+
+TEST(Glm5Convert, TypeFallsBackWhenRowsAreNotWholeBlocks) {
+  std::string why;
+  EXPECT_EQ(glm5_tensor_type(spec("blk.0.attn_norm.weight", {4096}, true), policy(GgmlType::Q4_K), &why), GgmlType::F32);
+  EXPECT_EQ(why, "");
+  EXPECT_EQ(glm5_tensor_type(spec("blk.0.attn_q.weight", {4096, 8192}), keep_all(GgmlType::Q4_K)), GgmlType::F32);
+  EXPECT_EQ(glm5_tensor_type(spec("blk.0.attn_q.weight", {4096, 8192}), policy(GgmlType::Q4_K), &why), GgmlType::Q4_K);
+  EXPECT_EQ(glm5_tensor_type(spec("blk.0.ssm_f_b.weight", {128, 8192}), policy(GgmlType::Q5_K), &why), GgmlType::Q8_0);
+  EXPECT_EQ(why, "blk.0.ssm_f_b.weight: rows of 128 are not a whole number of q5_K blocks (256): stored as q8_0");
+  EXPECT_EQ(glm5_tensor_type(spec("blk.0.ssm_f_b.weight", {128, 8192}), policy(GgmlType::IQ3_S), &why), GgmlType::Q8_0);
+  EXPECT_EQ(glm5_tensor_type(spec("x", {16, 4}), policy(GgmlType::Q6_K), &why), GgmlType::F16);
+  EXPECT_EQ(glm5_tensor_type(spec("x", {16, 4}), policy(GgmlType::Q8_0), &why), GgmlType::F16);
+  EXPECT_EQ(glm5_tensor_type(spec("x", {16, 4}), policy(GgmlType::BF16), &why), GgmlType::BF16);
+}
+
+TEST(Glm5Convert, OutputHeadIsQ6KInFilesOfFourAndFiveBitTypes) {
   Glm5TensorSpec head = spec("output.weight", {4096, 154880});
   head.role = Glm5Tensor::output;
   std::string why;
-  EXPECT_EQ(glm5_tensor_type(head, GgmlType::Q4_K, false, &why), GgmlType::Q6_K);
+  EXPECT_EQ(glm5_tensor_type(head, policy(GgmlType::Q4_K), &why), GgmlType::Q6_K);
   EXPECT_EQ(why, "output.weight: the output head is stored as q6_K in a q4_K file");
-  EXPECT_EQ(glm5_tensor_type(head, GgmlType::Q5_K, false, &why), GgmlType::Q6_K);
-  EXPECT_EQ(glm5_tensor_type(head, GgmlType::Q6_K, false, &why), GgmlType::Q6_K);
+  for (GgmlType t : {GgmlType::Q5_K, GgmlType::IQ4_XS, GgmlType::IQ3_S}) {
+    EXPECT_EQ(glm5_tensor_type(head, policy(t), &why), GgmlType::Q6_K) << ggml_type_traits(t).name;
+  }
+  EXPECT_EQ(glm5_tensor_type(head, policy(GgmlType::Q6_K), &why), GgmlType::Q6_K);
   EXPECT_EQ(why, "");
   for (GgmlType t : {GgmlType::Q8_0, GgmlType::BF16, GgmlType::F16, GgmlType::F32}) {
-    EXPECT_EQ(glm5_tensor_type(head, t, false, &why), t);
+    EXPECT_EQ(glm5_tensor_type(head, policy(t), &why), t);
     EXPECT_EQ(why, "");
   }
-  EXPECT_EQ(glm5_tensor_type(head, GgmlType::Q4_K, true), GgmlType::F32);  // --keep-f32 wins
-  // the token embedding, even when it is the same matrix (tied), keeps the requested type
+  EXPECT_EQ(glm5_tensor_type(head, keep_all(GgmlType::Q4_K)), GgmlType::F32);  // --keep-f32 wins
+  // an untied token embedding keeps the requested type
   Glm5TensorSpec embd = spec("token_embd.weight", {4096, 154880});
   embd.role = Glm5Tensor::token_embd;
-  EXPECT_EQ(glm5_tensor_type(embd, GgmlType::Q4_K, false), GgmlType::Q4_K);
+  EXPECT_EQ(glm5_tensor_type(embd, policy(GgmlType::Q4_K)), GgmlType::Q4_K);
   // an explicit head type (--output-type) is taken as asked, for the head only
-  EXPECT_EQ(glm5_tensor_type(head, GgmlType::Q4_K, false, &why, GgmlType::Q4_K), GgmlType::Q4_K);
+  EXPECT_EQ(glm5_tensor_type(head, policy(GgmlType::Q4_K, GgmlType::Q4_K), &why), GgmlType::Q4_K);
   EXPECT_EQ(why, "");
-  EXPECT_EQ(glm5_tensor_type(head, GgmlType::Q8_0, false, &why, GgmlType::Q6_K), GgmlType::Q6_K);
-  EXPECT_EQ(glm5_tensor_type(embd, GgmlType::Q4_K, false, &why, GgmlType::F32), GgmlType::Q4_K);
+  EXPECT_EQ(glm5_tensor_type(head, policy(GgmlType::Q8_0, GgmlType::Q6_K), &why), GgmlType::Q6_K);
+  EXPECT_EQ(glm5_tensor_type(embd, policy(GgmlType::Q4_K, GgmlType::F32), &why), GgmlType::Q4_K);
   // rows that are not whole Q6_K blocks fall back as any tensor's do
   Glm5TensorSpec narrow = spec("output.weight", {64, 256});
   narrow.role = Glm5Tensor::output;
-  EXPECT_EQ(glm5_tensor_type(narrow, GgmlType::Q4_K, false, &why), GgmlType::Q8_0);
-  EXPECT_EQ(why, "output.weight: rows of 64 are not a whole number of q6_K blocks (256): stored as q8_0");
+  EXPECT_EQ(glm5_tensor_type(narrow, policy(GgmlType::Q4_K), &why), GgmlType::Q8_0);
+}
+
+TEST(Glm5Convert, TiedEmbeddingIsStoredAtTheHeadsType) {
+  // llama.cpp quantizes a tied embedding (no output tensor) with the output head's rules.
+  Glm5TensorSpec embd = spec("token_embd.weight", {256, 4096});
+  embd.role = Glm5Tensor::token_embd;
+  Glm5TypePolicy p = policy(GgmlType::Q4_K);
+  p.tied_embedding = true;
+  std::string why;
+  EXPECT_EQ(glm5_tensor_type(embd, p, &why), GgmlType::Q6_K);
+  EXPECT_EQ(why, "token_embd.weight: the tied embedding is the output head too, stored at the head's type q6_K (as "
+                 "llama.cpp stores it)");
+  p.output_type = GgmlType::Q8_0;
+  EXPECT_EQ(glm5_tensor_type(embd, p), GgmlType::Q8_0);
+  p.type = GgmlType::Q8_0;
+  p.output_type.reset();
+  EXPECT_EQ(glm5_tensor_type(embd, p, &why), GgmlType::Q8_0);
+  EXPECT_EQ(why, "");
+  p.keep_f32.emplace("^output\\.");
+  EXPECT_EQ(glm5_tensor_type(embd, p), GgmlType::F32);  // the head is kept f32: so is its tied embedding
+  auto rules = Glm5TypeRules::parse({"^token_embd=q5_k"}, "test");
+  ASSERT_TRUE(rules);
+  p.rules = *rules;
+  EXPECT_EQ(glm5_tensor_type(embd, p), GgmlType::Q5_K);  // a rule naming the embedding itself wins
+}
+
+TEST(Glm5Convert, TensorTypeRulesFirstMatchWins) {
+  auto rules = Glm5TypeRules::parse({"ffn_down_exps=iq4_xs", "_exps=IQ3_S", "output\\.weight=q8_0", "^blk\\.0\\.=f16"}, "--tensor-type");
+  ASSERT_TRUE(rules) << rules.error().message;
+  Glm5TypePolicy p = policy(GgmlType::Q5_K);
+  p.rules = *rules;
+  std::string why;
+  EXPECT_EQ(glm5_tensor_type(spec("blk.3.ffn_down_exps.weight", {2048, 4096, 288}), p, &why), GgmlType::IQ4_XS);
+  EXPECT_EQ(why, "");
+  EXPECT_EQ(glm5_tensor_type(spec("blk.3.ffn_up_exps.weight", {4096, 2048, 288}), p), GgmlType::IQ3_S);
+  EXPECT_EQ(glm5_tensor_type(spec("blk.0.attn_q.weight", {4096, 8192}), p), GgmlType::F16);
+  EXPECT_EQ(glm5_tensor_type(spec("blk.1.attn_q.weight", {4096, 8192}), p), GgmlType::Q5_K);
+  Glm5TensorSpec head = spec("output.weight", {4096, 154880});
+  head.role = Glm5Tensor::output;
+  EXPECT_EQ(glm5_tensor_type(head, p, &why), GgmlType::Q8_0);
+  EXPECT_EQ(why, "");
+  // a rule cannot move the catalogue's small state off f32; rows that do not fit still fall back
+  EXPECT_EQ(glm5_tensor_type(spec("blk.0.attn_norm.weight", {4096}, true), p), GgmlType::F32);
+  EXPECT_EQ(glm5_tensor_type(spec("blk.3.ffn_down_exps.weight", {96, 4096, 8}), p, &why), GgmlType::Q8_0);
+  EXPECT_EQ(why, "blk.3.ffn_down_exps.weight: rows of 96 are not a whole number of iq4_xs blocks (256): stored as q8_0");
+}
+
+TEST(Glm5Convert, TypeRulesAndRecipesNameWhatIsWrong) {
+  auto error = [](std::vector<std::string> specs) {
+    auto r = Glm5TypeRules::parse(specs, "--tensor-type");
+    return r ? std::string("(accepted)") : r.error().message;
+  };
+  EXPECT_EQ(error({"attn_q"}), "--tensor-type: 'attn_q' is not REGEX=TYPE (e.g. 'ffn_down_exps=q5_k')");
+  EXPECT_EQ(error({"=q4_k"}), "--tensor-type: '=q4_k' has an empty regular expression");
+  EXPECT_EQ(error({"attn_q=q3_k"}), "--tensor-type: 'attn_q=q3_k' names type 'q3_k', expected one of f32, f16, bf16, "
+                                    "q8_0, q4_K, q5_K, q6_K, iq4_xs, iq3_s");
+  EXPECT_NE(error({"attn_(q=q4_k"}).find("--tensor-type: 'attn_(q' is not a valid regular expression"), std::string::npos);
+  // (?=...) holds an '=': the rule splits at the last one
+  auto lookahead = Glm5TypeRules::parse({"attn_(?=q)=q8_0"}, "x");
+  ASSERT_TRUE(lookahead) << lookahead.error().message;
+  EXPECT_EQ(lookahead->rules()[0].pattern, "attn_(?=q)");
+  auto recipe = Glm5TypeRules::parse_recipe("# a comment\n\n  ffn_down_exps = q5_k  \n\t# indented comment\r\n"
+                                            "_exps=iq3_s\r\n", "r.recipe");
+  ASSERT_TRUE(recipe) << recipe.error().message;
+  ASSERT_EQ(recipe->rules().size(), 2u);
+  EXPECT_EQ(recipe->rules()[0].pattern, "ffn_down_exps");
+  EXPECT_EQ(recipe->rules()[0].type, GgmlType::Q5_K);
+  EXPECT_EQ(recipe->rules()[1].origin, "r.recipe:5");
+  auto bad = Glm5TypeRules::parse_recipe("a=q8_0\nb\n", "r.recipe");
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().message, "r.recipe:2: 'b' is not REGEX=TYPE (e.g. 'ffn_down_exps=q5_k')");
+  auto missing = Glm5TypeRules::load_recipe("/nonexistent/x.recipe");
+  ASSERT_FALSE(missing);
+  EXPECT_EQ(missing.error().message, "--recipe /nonexistent/x.recipe: cannot open");
 }
 
 TEST(Glm5Convert, FileTypes) {
@@ -71,6 +160,8 @@ TEST(Glm5Convert, FileTypes) {
   EXPECT_EQ(glm5_file_type(GgmlType::Q5_K), 16u);
   EXPECT_EQ(glm5_file_type(GgmlType::Q6_K), 18u);
   EXPECT_EQ(glm5_file_type(GgmlType::BF16), 32u);
+  EXPECT_EQ(glm5_file_type(GgmlType::IQ3_S), 26u);
+  EXPECT_EQ(glm5_file_type(GgmlType::IQ4_XS), 30u);
 }
 
 SafetensorsTensor tensor(std::string name, SafetensorsDtype dtype, std::vector<uint64_t> shape, const uint8_t* data,

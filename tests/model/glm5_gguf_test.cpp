@@ -132,6 +132,30 @@ TEST_F(Glm5Gguf, MainlineArchSpellingAndBlockSizeOnly) {
   EXPECT_EQ(r->index_kpool, 4u);
 }
 
+// What mainline llama.cpp's conversion/glm.py (PR #27773, arch glm5-next) writes: per-layer arrays
+// of num_hidden_layers entries beside a block_count that counts the MTP block, indexer.types as
+// bools, an index_share_mtp flag, and neither expert_shared_feed_forward_length, expert_gating_func
+// nor (without one in the config) kda.gate_lower_bound.
+TEST_F(Glm5Gguf, MainlineConverterVariant) {
+  const Glm5Hparams hp = tiny();
+  const auto r = round_trip(hp, [&](GgufKv& kv) {
+    if (kv.key == "general.architecture") kv.value = std::string("glm5-next");
+    if (kv.key.starts_with("glm5next.")) kv.key = "glm5-next." + kv.key.substr(9);
+    if (kv.key == "glm5-next.attention.head_count_kv") kv.value = GgufArray{std::vector<int32_t>{0, 1, 0, 1}};
+    if (kv.key == "glm5-next.attention.indexer.types") kv.value = GgufArray{std::vector<bool>{true, true, true, false}};
+    if (kv.key == "glm5-next.context_length") kv.value = uint64_t{4096};
+    if (kv.key == "glm5-next.attention.indexer.kpool_select_tail") {
+      kv.key = "glm5-next.attention.indexer.index_share_mtp";  // an extra key, ignored
+      kv.value = false;
+      return true;
+    }
+    return kv.key != "glm5-next.expert_shared_feed_forward_length" && kv.key != "glm5-next.expert_gating_func" &&
+           kv.key != "glm5-next.kda.gate_lower_bound" && kv.key != "glm5-next.attention.indexer.block_size";
+  });
+  ASSERT_TRUE(r) << r.error().message;
+  expect_same(hp, r.value());
+}
+
 TEST_F(Glm5Gguf, KpoolWithoutBlockSizeAndWithoutOptionalKeys) {
   const auto r = round_trip(tiny(), [](GgufKv& kv) {
     return kv.key != "glm5next.attention.indexer.block_size" && kv.key != "glm5next.attention.indexer.types" &&
@@ -187,7 +211,8 @@ TEST_F(Glm5Gguf, ErrorsNameTheKey) {
               if (kv.key == "glm5next.attention.head_count_kv") kv.value = GgufArray{std::vector<int32_t>{0, 1}};
               return true;
             }),
-            "glm5next.attention.head_count_kv has 2 entries, expected one per block (block_count = 5)");
+            "glm5next.attention.head_count_kv has 2 entries, expected one per block (block_count = 5) or per trunk "
+            "block (4)");
   EXPECT_EQ(error([](GgufKv& kv) {
               if (kv.key == "glm5next.rope.dimension_count") kv.value = uint32_t{64};
               return true;

@@ -75,6 +75,33 @@ TEST(Glm5HparamsHf, ReleaseSpellingsLinearAttnConfigAndFirstKDense) {
   EXPECT_TRUE(r->indexer_full[3]);
 }
 
+std::string error_of(const char* json);
+
+TEST(Glm5HparamsHf, NewerTransformersSpellings) {
+  // transformers 5.24 renamed the DSA layer type to indexed_attention; full_attention still maps to it.
+  const auto r = glm5_hparams_from_hf_config(R"({"model_type": "glm5_next", "text_config": {
+      "num_hidden_layers": 4, "index_kpool": 4,
+      "layer_types": ["linear_attention", "indexed_attention", "full_attention", "deepseek_sparse_attention"]}})");
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(r->layer_kinds, (std::vector<LayerKind>{LayerKind::kda, LayerKind::dsa, LayerKind::dsa, LayerKind::dsa}));
+  // The first port's linear_attn_config: "lower_bound", and safe_gate off unless set.
+  const auto old = glm5_hparams_from_hf_config(R"({"model_type": "glm5_next", "text_config": {
+      "num_hidden_layers": 4, "index_kpool": 4, "linear_attn_config": {"num_heads": 8, "lower_bound": -3.5}}})");
+  ASSERT_TRUE(old) << old.error().message;
+  EXPECT_FLOAT_EQ(old->kda_lower_bound, -3.5f);
+  EXPECT_EQ(old->kda_heads, 8u);
+  const auto unbounded = glm5_hparams_from_hf_config(R"({"model_type": "glm5_next", "text_config": {
+      "num_hidden_layers": 4, "index_kpool": 4, "linear_attn_config": {"lower_bound": null}}})");
+  ASSERT_FALSE(unbounded);
+  EXPECT_EQ(unbounded.error().code, ErrorCode::unsupported);
+  const auto safe = glm5_hparams_from_hf_config(R"({"model_type": "glm5_next", "text_config": {
+      "num_hidden_layers": 4, "index_kpool": 4, "linear_attn_config": {"lower_bound": null, "safe_gate": true}}})");
+  ASSERT_TRUE(safe) << safe.error().message;
+  EXPECT_FLOAT_EQ(safe->kda_lower_bound, -5.0f);
+  EXPECT_NE(error_of(R"({"model_type": "glm5_next", "text_config": {"num_hidden_layers": 1,
+      "layer_types": ["sliding_attention"]}})").find("indexed_attention"), std::string::npos);
+}
+
 TEST(Glm5HparamsHf, FlatTextOnlyConfig) {
   const auto r = glm5_hparams_from_hf_config(R"({"model_type": "glm5_next", "num_hidden_layers": 4, "index_kpool": 4})");
   ASSERT_TRUE(r) << r.error().message;
@@ -103,7 +130,7 @@ TEST(Glm5HparamsHf, ErrorsNameTheField) {
   EXPECT_EQ(error_of(R"({"model_type": "glm5_next", "text_config": {"num_hidden_layers": 2,
             "layer_types": ["linear_attention", "sliding"]}})"),
             "config.json: text_config.layer_types[1] is \"sliding\", expected one of linear_attention, "
-            "deepseek_sparse_attention, full_attention");
+            "deepseek_sparse_attention, indexed_attention, full_attention");
   EXPECT_EQ(error_of(R"({"model_type": "glm5_next", "text_config": {"num_hidden_layers": 3,
             "mlp_layer_types": ["dense"]}})"),
             "config.json: text_config.mlp_layer_types has 1 entries, expected num_hidden_layers = 3");

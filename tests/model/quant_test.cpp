@@ -44,11 +44,14 @@ TEST(Quant, SupportedTypes) {
   }
   EXPECT_FALSE(can_dequantize(GgmlType::Q2_K));
   EXPECT_FALSE(can_dequantize(GgmlType::IQ1_S));
-  EXPECT_FALSE(can_quantize(GgmlType::IQ3_S));
+  EXPECT_FALSE(can_quantize(GgmlType::IQ2_XXS));
   EXPECT_FALSE(can_quantize(GgmlType::Q4_0));
-  for (auto t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::BF16, GgmlType::F16}) {
+  for (auto t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::BF16, GgmlType::F16,
+                 GgmlType::IQ4_XS, GgmlType::IQ3_S}) {
     EXPECT_TRUE(can_quantize(t)) << ggml_type_traits(t).name;
   }
+  EXPECT_TRUE(quantize_takes_importance(GgmlType::IQ3_S));
+  EXPECT_FALSE(quantize_takes_importance(GgmlType::Q4_K));
 }
 
 TEST(Quant, PreconditionsThrow) {
@@ -59,6 +62,9 @@ TEST(Quant, PreconditionsThrow) {
   EXPECT_THROW(dequantize_row(static_cast<GgmlType>(4), buf.data(), out.data(), 32), std::invalid_argument);
   EXPECT_THROW(quantize_row(GgmlType::Q8_0, out.data(), buf.data(), 31), std::invalid_argument);
   EXPECT_THROW(quantize_row(GgmlType::IQ2_XXS, out.data(), buf.data(), 256), std::invalid_argument);
+  std::vector<float> importance(256, 1.0f);
+  EXPECT_THROW(quantize_row(GgmlType::Q4_K, out.data(), buf.data(), 256, importance.data()), std::invalid_argument);
+  EXPECT_NO_THROW(quantize_row(GgmlType::IQ4_XS, out.data(), buf.data(), 256, importance.data()));
   try {
     dequantize_row(GgmlType::Q8_0, buf.data(), out.data(), 33);
     FAIL();
@@ -248,7 +254,7 @@ TEST(Quant, QuantizeQ8_0NaNPoisonsOnlyItsBlock) {
 
 TEST(Quant, QuantizeZerosGivesZeroBlocks) {
   const std::vector<float> x(256, 0.0f);
-  for (auto t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+  for (auto t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS, GgmlType::IQ3_S}) {
     std::vector<uint8_t> b(*ggml_bytes(t, 256), 0xaa);
     quantize_row(t, x.data(), b.data(), 256);
     std::vector<float> y(256, 1.0f);
@@ -263,9 +269,9 @@ TEST(Quant, QuantizeRoundTripOnASmoothSignal) {
   for (size_t i = 0; i < x.size(); ++i) {
     x[i] = std::sin(0.37f * static_cast<float>(i)) * (1.0f + static_cast<float>(i % 97) / 10.0f);
   }
-  const std::array<std::pair<GgmlType, double>, 4> bounds = {
+  const std::array<std::pair<GgmlType, double>, 6> bounds = {
       std::pair{GgmlType::Q8_0, 0.01}, std::pair{GgmlType::Q6_K, 0.03}, std::pair{GgmlType::Q5_K, 0.06},
-      std::pair{GgmlType::Q4_K, 0.12}};
+      std::pair{GgmlType::Q4_K, 0.12}, std::pair{GgmlType::IQ4_XS, 0.12}, std::pair{GgmlType::IQ3_S, 0.2}};
   for (const auto& [t, bound] : bounds) {
     std::vector<uint8_t> b(*ggml_bytes(t, x.size()));
     quantize_row(t, x.data(), b.data(), x.size());
@@ -277,5 +283,45 @@ TEST(Quant, QuantizeRoundTripOnASmoothSignal) {
       ref += static_cast<double>(x[i]) * x[i];
     }
     EXPECT_LT(std::sqrt(err / ref), bound) << ggml_type_traits(t).name;
+  }
+}
+
+TEST(Quant, Iq3sAllZeroSubBlockLeavesTheOthersInPlace) {
+  // ggml's IQ3_S quantizer does not advance its output past an all-zero sub-block, so the following
+  // sub-blocks would decode from the wrong grid indices; ferry writes each in its own slot.
+  std::vector<float> x(256);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = (i / 32 == 2) ? 0.0f : std::cos(0.9f * static_cast<float>(i)) + 0.2f;
+  std::vector<uint8_t> b(110);
+  quantize_row(GgmlType::IQ3_S, x.data(), b.data(), x.size());
+  std::vector<float> y(x.size());
+  dequantize_row(GgmlType::IQ3_S, b.data(), y.data(), y.size());
+  for (int ib = 0; ib < 8; ++ib) {
+    if (ib == 2) continue;  // the zero sub-block decodes to +-d: IQ3_S has no zero scale
+    double err = 0, ref = 0;
+    for (int i = 32 * ib; i < 32 * ib + 32; ++i) {
+      err += (static_cast<double>(y[i]) - x[i]) * (static_cast<double>(y[i]) - x[i]);
+      ref += static_cast<double>(x[i]) * x[i];
+    }
+    EXPECT_LT(std::sqrt(err / ref), 0.25) << "sub-block " << ib;
+  }
+}
+
+TEST(Quant, ImportanceWeightsLowerTheWeightedError) {
+  std::vector<float> x(1024), w(1024);
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = std::sin(1.7f * static_cast<float>(i)) * (1.0f + static_cast<float>(i % 13));
+    w[i] = i % 8 == 0 ? 50.0f : 0.1f;  // a few columns matter much more
+  }
+  for (GgmlType t : {GgmlType::IQ4_XS, GgmlType::IQ3_S}) {
+    auto weighted_error = [&](const float* importance) {
+      std::vector<uint8_t> b(*ggml_bytes(t, x.size()));
+      quantize_row(t, x.data(), b.data(), x.size(), importance);
+      std::vector<float> y(x.size());
+      dequantize_row(t, b.data(), y.data(), y.size());
+      double e = 0;
+      for (size_t i = 0; i < x.size(); ++i) e += w[i] * (static_cast<double>(y[i]) - x[i]) * (y[i] - x[i]);
+      return e;
+    };
+    EXPECT_LT(weighted_error(w.data()), 0.8 * weighted_error(nullptr)) << ggml_type_traits(t).name;
   }
 }

@@ -57,6 +57,13 @@ TEST(PreTokenizer, Glm4FollowsTheRegex) {
   EXPECT_EQ(pieces(PreTokenizerKind::qwen2, "1234"), (Pieces{"1", "2", "3", "4"}));
 }
 
+TEST(PreTokenizer, NamesOfTheGlmPreTokenizer) {
+  // The published files say glm4; mainline llama.cpp's converter (PR #27773) says glm5 for the same.
+  EXPECT_EQ(pre_tokenizer_from_name("glm4"), PreTokenizerKind::glm4);
+  EXPECT_EQ(pre_tokenizer_from_name("glm5"), PreTokenizerKind::glm4);
+  EXPECT_FALSE(pre_tokenizer_from_name("glm6"));
+}
+
 TEST(PreTokenizer, Gpt2FollowsItsRegex) {
   EXPECT_EQ(pieces(PreTokenizerKind::gpt2, "Hello world's  end 42x\n"),
             (Pieces{"Hello", " world", "'s", " ", " end", " 42", "x", "\n"}));

@@ -1,6 +1,7 @@
 // ferry_quant_probe: lets the Python tests drive model/formats/quant.hpp on raw files.
 //   ferry_quant_probe dequant TYPE IN OUT   IN: whole blocks of TYPE; OUT: little-endian f32
-//   ferry_quant_probe quant TYPE IN OUT     IN: little-endian f32 (whole blocks); OUT: blocks of TYPE
+//   ferry_quant_probe quant TYPE IN OUT [W] IN: little-endian f32 (whole blocks); OUT: blocks of TYPE;
+//                                           W: f32 importance weights, as many as IN (IQ types)
 // TYPE is a ggml type name (q4_K, iq3_s, bf16, ...). Exit status 2 with a message on bad input.
 #include <cstdio>
 #include <cstring>
@@ -30,7 +31,7 @@ void write_all(const std::string& path, const void* data, size_t bytes) {
 }
 
 int run(const std::string& mode, const std::string& type_name, const std::string& in_path,
-        const std::string& out_path) {
+        const std::string& out_path, const std::string& weights_path) {
   const auto type = ggml_type_from_name(type_name);
   if (!type) throw std::runtime_error("unknown ggml type '" + type_name + "'");
   const auto traits = ggml_type_traits(*type);
@@ -56,8 +57,15 @@ int run(const std::string& mode, const std::string& type_name, const std::string
     }
     std::vector<float> values(n);
     std::memcpy(values.data(), in.data(), in.size());
+    std::vector<float> weights;
+    if (!weights_path.empty()) {
+      const std::vector<char> w = read_all(weights_path);
+      if (w.size() != in.size()) throw std::runtime_error(weights_path + ": expected as many f32 weights as values");
+      weights.resize(n);
+      std::memcpy(weights.data(), w.data(), w.size());
+    }
     std::vector<unsigned char> out(*bytes);
-    quantize_row(*type, values.data(), out.data(), n);
+    quantize_row(*type, values.data(), out.data(), n, weights.empty() ? nullptr : weights.data());
     write_all(out_path, out.data(), out.size());
     return 0;
   }
@@ -67,12 +75,12 @@ int run(const std::string& mode, const std::string& type_name, const std::string
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 5) {
-    std::fprintf(stderr, "usage: %s dequant|quant TYPE IN OUT\n", argv[0]);
+  if (argc != 5 && argc != 6) {
+    std::fprintf(stderr, "usage: %s dequant|quant TYPE IN OUT [WEIGHTS]\n", argv[0]);
     return 2;
   }
   try {
-    return run(argv[1], argv[2], argv[3], argv[4]);
+    return run(argv[1], argv[2], argv[3], argv[4], argc == 6 ? argv[5] : "");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ferry_quant_probe: %s\n", e.what());
     return 2;

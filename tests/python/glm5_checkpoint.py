@@ -333,3 +333,18 @@ def value_as_stored(arr: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "F16":
         return arr.astype(np.float16).astype(np.float32)
     return bf16_value(arr)
+
+
+def fan_in_scaled(hf: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """hf_tensors' values rescaled like a network's initialisation: matrices to std 1/sqrt(fan_in),
+    norm weights around 1. The 0.5-scaled values are fine for layout checks but saturate a forward
+    pass of a model 256 wide; quantized-vs-f32 figures need activations of sane size."""
+    out = {}
+    for name, v in hf.items():
+        if v.ndim >= 2:
+            out[name] = (v / 0.5 / np.sqrt(v.shape[-1])).astype(np.float32)
+        elif "norm" in name:
+            out[name] = (1 + 0.2 * v).astype(np.float32)
+        else:
+            out[name] = v
+    return out

@@ -20,11 +20,11 @@ FIXTURES = REPO / "tests" / "fixtures" / "glm5"
 
 QTYPE = {"f32": GGMLQuantizationType.F32, "f16": GGMLQuantizationType.F16, "bf16": GGMLQuantizationType.BF16,
          "q8_0": GGMLQuantizationType.Q8_0, "q4_k": GGMLQuantizationType.Q4_K, "q5_k": GGMLQuantizationType.Q5_K,
-         "q6_k": GGMLQuantizationType.Q6_K}
-BLOCK = {"q8_0": 32, "q4_k": 256, "q5_k": 256, "q6_k": 256}
+         "q6_k": GGMLQuantizationType.Q6_K, "iq4_xs": GGMLQuantizationType.IQ4_XS, "iq3_s": GGMLQuantizationType.IQ3_S}
+BLOCK = {"q8_0": 32, "q4_k": 256, "q5_k": 256, "q6_k": 256, "iq4_xs": 256, "iq3_s": 256}
 # Largest RMS error of a quantized tensor relative to the RMS of its values (the reference quantizers
-# on Gaussian data land near a third of these).
-RMS_TOL = {"q8_0": 0.01, "q6_k": 0.03, "q5_k": 0.06, "q4_k": 0.12}
+# on Gaussian data land near a third of these; IQ3_S near 0.17, see test_quants.py).
+RMS_TOL = {"q8_0": 0.01, "q6_k": 0.03, "q5_k": 0.06, "q4_k": 0.12, "iq4_xs": 0.12, "iq3_s": 0.25}
 
 
 def run(*args, check=True):
@@ -55,17 +55,24 @@ def make_checkpoint(path: pathlib.Path, text: dict, dtype="BF16", spelling="chec
     return {n: ck.value_as_stored(v, dtype) for n, v in hf.items()}
 
 
-def expected_type(name: str, shape_ne: list[int], qtype: str) -> str:
+def expected_type(name: str, shape_ne: list[int], qtype: str, rules=()) -> str:
+    """rules: (regex, type) pairs, the first match wins (--tensor-type)."""
+    import re
     if ck.is_small_state(name):
         return "f32"
-    if name == "output.weight" and qtype in ("q4_k", "q5_k"):
-        qtype = "q6_k"  # the output head of 4- and 5-bit k-quant files, as llama.cpp's
+    for pattern, t in rules:
+        if re.search(pattern, name):
+            qtype = t
+            break
+    else:
+        if name == "output.weight" and qtype in ("q4_k", "q5_k", "iq4_xs", "iq3_s"):
+            qtype = "q6_k"  # the output head of 4- and 5-bit files, as llama.cpp's
     if qtype in BLOCK and shape_ne[0] % BLOCK[qtype] != 0:
         return "q8_0" if qtype != "q8_0" and shape_ne[0] % 32 == 0 else "f16"
     return qtype
 
 
-def check_file(gguf_path: pathlib.Path, expected: dict[str, np.ndarray], qtype: str) -> GGUFReader:
+def check_file(gguf_path: pathlib.Path, expected: dict[str, np.ndarray], qtype: str, rules=()) -> GGUFReader:
     reader = GGUFReader(str(gguf_path))
     tensors = {t.name: t for t in reader.tensors}
     assert sorted(tensors) == sorted(expected)
@@ -73,7 +80,7 @@ def check_file(gguf_path: pathlib.Path, expected: dict[str, np.ndarray], qtype: 
         t = tensors[name]
         ne = [int(x) for x in t.shape]
         assert ne == list(reversed(want.shape)), name
-        wtype = expected_type(name, ne, qtype)
+        wtype = expected_type(name, ne, qtype, rules)
         assert t.tensor_type == QTYPE[wtype], f"{name}: {t.tensor_type.name}, expected {wtype}"
         got = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(want.shape)
         if wtype == "f32":
@@ -130,9 +137,10 @@ def test_convert_types(ferry_bin, tiny, tmp_path, qtype):
     assert (head_note in p.stderr) == (qtype in ("q4_k", "q5_k")), p.stderr
 
 
-def test_tied_embeddings_head_is_q6_k_and_embedding_keeps_q4_k(ferry_bin, tmp_path):
+def test_tied_embedding_is_stored_at_the_heads_type(ferry_bin, tmp_path):
     """A tied checkpoint (no lm_head.weight): output.weight is the embedding, stored as q6_K in a q4_k
-    file while token_embd.weight stays q4_K (llama.cpp stores a tied head as Q6_K too)."""
+    file, and token_embd.weight, which is the head too, takes the head's type: llama.cpp quantizes a
+    tied embedding with the output tensor's rules."""
     text = ck.tiny_text_config(tie_word_embeddings=True)
     d = tmp_path / "tied"
     values = make_checkpoint(d, text, dtype="BF16", tie_word_embeddings=True)
@@ -142,8 +150,13 @@ def test_tied_embeddings_head_is_q6_k_and_embedding_keeps_q4_k(ferry_bin, tmp_pa
     out = tmp_path / "out.gguf"
     p = run(ferry_bin, "convert", d, out, "--type", "q4_k")
     assert "output.weight is the embedding" in p.stderr
-    types = {t.name: t.tensor_type for t in check_file(out, expected, "q4_k").tensors}
+    assert "token_embd.weight: the tied embedding is the output head too, stored at the head's type q6_K" in p.stderr
+    types = {t.name: t.tensor_type for t in check_file(out, expected, "q4_k", [("^token_embd", "q6_k")]).tensors}
     assert types["output.weight"] == GGMLQuantizationType.Q6_K
+    assert types["token_embd.weight"] == GGMLQuantizationType.Q6_K
+    # a rule naming the embedding itself still decides it
+    run(ferry_bin, "convert", d, out, "--type", "q4_k", "--tensor-type", "^token_embd=q4_k")
+    types = {t.name: t.tensor_type for t in GGUFReader(str(out)).tensors}
     assert types["token_embd.weight"] == GGMLQuantizationType.Q4_K
 
 
@@ -156,6 +169,62 @@ def test_output_type_sets_the_head_alone(ferry_bin, tiny, tmp_path, qtype, head)
     types = {t.name: t.tensor_type for t in GGUFReader(str(out)).tensors}
     assert types["output.weight"] == QTYPE[head]
     assert types["token_embd.weight"] == QTYPE[qtype]
+
+
+def test_tensor_type_rules_and_recipe(ferry_bin, tiny, tmp_path):
+    """--tensor-type rules come first, then the recipe's, the first match wins; IQ types are checked
+    through gguf-py's dequantizers; rows that are not whole blocks fall back as with --type."""
+    d, text, expected = tiny
+    recipe = tmp_path / "mix.recipe"
+    recipe.write_text("# experts: 3-bit gate/up, 4-bit down\nffn_(gate|up)_exps=iq3_s\n"
+                      "ffn_down_exps = iq4_xs\n\n^blk\\.[0-9]+\\.attn_q\\.=q8_0\n")
+    out = tmp_path / "out.gguf"
+    p = run(ferry_bin, "convert", d, out, "--type", "q5_k", "--tensor-type", r"blk\.3\.ffn_down_exps=q6_k",
+            "--recipe", recipe)
+    rules = [(r"blk\.3\.ffn_down_exps", "q6_k"), ("ffn_(gate|up)_exps", "iq3_s"), ("ffn_down_exps", "iq4_xs"),
+             (r"^blk\.[0-9]+\.attn_q\.", "q8_0")]
+    reader = check_file(out, expected, "q5_k", rules)
+    types = {t.name: t.tensor_type for t in reader.tensors}
+    assert types["blk.1.ffn_up_exps.weight"] == GGMLQuantizationType.IQ3_S
+    assert types["blk.1.ffn_down_exps.weight"] == GGMLQuantizationType.IQ4_XS
+    assert types["blk.3.ffn_down_exps.weight"] == GGMLQuantizationType.Q6_K
+    assert types["blk.0.attn_q.weight"] == GGMLQuantizationType.Q8_0
+    assert types["blk.0.attn_norm.weight"] == GGMLQuantizationType.F32
+    assert p.returncode == 0
+    info = json.loads(run(ferry_bin, "inspect", out, "--json").stdout)
+    assert info["problems"] == []
+    for bad, message in [(["--tensor-type", "attn_q"], "'attn_q' is not REGEX=TYPE"),
+                         (["--tensor-type", "attn_q=q3_k"], "names type 'q3_k'"),
+                         (["--tensor-type", "attn_(q=q8_0"], "is not a valid regular expression")]:
+        p = run(ferry_bin, "convert", d, tmp_path / "bad.gguf", *bad, check=False)
+        assert p.returncode == 2 and message in p.stderr, p.stderr
+    (tmp_path / "bad.recipe").write_text("ffn_down_exps=iq4_xs\nnot a rule\n")
+    p = run(ferry_bin, "convert", d, tmp_path / "bad.gguf", "--recipe", tmp_path / "bad.recipe", check=False)
+    assert p.returncode == 2 and "bad.recipe:2: 'not a rule' is not REGEX=TYPE" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("qtype", ["iq4_xs", "iq3_s"])
+def test_convert_iq_types(ferry_bin, tiny, tmp_path, qtype):
+    d, text, expected = tiny
+    out = tmp_path / "out.gguf"
+    run(ferry_bin, "convert", d, out, "--type", qtype)
+    reader = check_file(out, expected, qtype)
+    assert field(reader, "general.file_type") == {"iq4_xs": 30, "iq3_s": 26}[qtype]
+
+
+def test_newer_transformers_layer_type_spelling(ferry_bin, tmp_path):
+    """transformers 5.24 writes indexed_attention for a DSA layer: the same file as before."""
+    files = []
+    for spelling in ("deepseek_sparse_attention", "indexed_attention"):
+        text = ck.tiny_text_config(layer_types=["linear_attention", spelling, "full_attention", "linear_attention"],
+                                   mlp_layer_types=["dense", "sparse", "sparse", "sparse"])
+        d = tmp_path / spelling
+        make_checkpoint(d, text, dtype="BF16")
+        out = tmp_path / f"{spelling}.gguf"
+        run(ferry_bin, "convert", d, out, "--type", "bf16", "--name", "x")
+        files.append(out.read_bytes())
+        assert list(field(GGUFReader(str(out)), "glm5next.attention.head_count_kv")) == [0, 1, 1, 0]
+    assert files[0] == files[1]
 
 
 def test_ssm_a_is_minus_exp_a_log_in_f32(ferry_bin, tiny, tmp_path):

@@ -34,3 +34,18 @@ def test_prompt_text_and_bad_ids(ferry_bin, tmp_path):
                        text=True)
     assert r.returncode == 2
     assert "99999 is outside the vocabulary" in r.stderr
+
+
+def test_without_model_runs_the_embedded_default_model_which_answers_in_words(ferry_bin):
+    """No --model: the default model embedded in ferry, as `ferry serve` falls back to (the trained
+    fixture, which knows its licenses by heart), the same as the committed file."""
+    default = pathlib.Path(__file__).resolve().parents[2] / "model" / "default_model" / "ferry-default.gguf"
+    prompt = ["--prompt", "Permission is hereby granted", "-n", "12", "--threads", "2"]
+    embedded = subprocess.run([ferry_bin, "run", *prompt], capture_output=True, text=True)
+    assert embedded.returncode == 0, embedded.stderr
+    assert "the embedded default model" in embedded.stderr
+    from_file = subprocess.run([ferry_bin, "run", "--model", str(default), *prompt], capture_output=True, text=True)
+    assert from_file.returncode == 0, from_file.stderr
+    assert embedded.stdout == from_file.stdout
+    text = embedded.stdout.splitlines()[1]
+    assert "free of charge" in text, text  # the MIT license's next words, not gibberish

@@ -82,6 +82,19 @@ def test_synthetic_weights_need_a_gpu_and_say_so_before_listening(ferry_bin, tmp
     assert f"--synthetic = {tmp_path / 'none.json'}" in start_fails(
         ferry_bin, "--synthetic", str(tmp_path / "none.json"), "--backend", "cuda")
     assert "--tokenizer = " in start_fails(ferry_bin, "--tokenizer", SHAPE)
+    recipe = pathlib.Path(__file__).resolve().parents[2] / "model" / "glm5" / "recipes" / "maya-l.recipe"
+    assert "--recipe = " in start_fails(ferry_bin, "--recipe", str(recipe))  # only with --synthetic
+
+
+def test_synthetic_recipe_errors_name_the_line(ferry_bin, tmp_path):
+    """A recipe is read before the GPU is asked for, so its errors come first, naming file and line."""
+    bad = tmp_path / "bad.recipe"
+    bad.write_text("# mix\nffn_down_exps=q3_k\n")
+    for command in (["serve", "--port", "0"], ["bench"]):
+        r = subprocess.run([ferry_bin, *command, "--synthetic", SHAPE, "--recipe", str(bad), "--backend", "cuda"],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2, r.stderr
+        assert f"{bad}:2: 'ffn_down_exps=q3_k' names type 'q3_k'" in r.stderr, r.stderr
 
 
 def test_toml_sections_name_where_an_option_belongs(ferry_bin, tmp_path):

@@ -23,8 +23,8 @@ def completions(s, prompts, n=12):
         return list(pool.map(one, prompts))
 
 
-def test_split_stages_give_the_tokens_of_one_stage(ferry_bin):
-    one = FerryServer(ferry_bin)
+def test_split_stages_give_the_tokens_of_one_stage(ferry_bin, six_layer_model):
+    one = FerryServer(ferry_bin, "--model", six_layer_model)
     try:
         want = [completions(one, [p])[0] for p in PROMPTS]
         together = completions(one, PROMPTS)
@@ -32,7 +32,7 @@ def test_split_stages_give_the_tokens_of_one_stage(ferry_bin):
         assert one.stop() == 0
     assert together == want
     for split in ("3", "2,4", "1,3,5"):
-        s = FerryServer(ferry_bin, "--split", split)
+        s = FerryServer(ferry_bin, "--model", six_layer_model, "--split", split)
         try:
             health = json.loads(s.get("/health")[1])
             assert [st["layers"] for st in health["stages"]][0].startswith("layer")
@@ -46,8 +46,8 @@ def test_split_stages_give_the_tokens_of_one_stage(ferry_bin):
             assert s.stop() == 0
 
 
-def test_an_injected_device_error_fails_its_request_and_health_names_the_stage(ferry_bin):
-    s = FerryServer(ferry_bin, "--split", "3", "--inject-fault", "4:1:device_error")
+def test_an_injected_device_error_fails_its_request_and_health_names_the_stage(ferry_bin, six_layer_model):
+    s = FerryServer(ferry_bin, "--model", six_layer_model, "--split", "3", "--inject-fault", "4:1:device_error")
     try:
         status, body = s.post("/v1/completions", {"model": "glm-5.3-flash", "prompt": [5, 6, 7], "max_tokens": 20,
                                                   "min_tokens": 20})
@@ -69,8 +69,8 @@ def test_an_injected_device_error_fails_its_request_and_health_names_the_stage(f
         assert s.stop() == 0
 
 
-def test_a_plan_error_fails_only_its_request(ferry_bin):
-    s = FerryServer(ferry_bin, "--split", "2,4", "--inject-fault", "2:2:invalid_plan")
+def test_a_plan_error_fails_only_its_request(ferry_bin, six_layer_model):
+    s = FerryServer(ferry_bin, "--model", six_layer_model, "--split", "2,4", "--inject-fault", "2:2:invalid_plan")
     try:
         status, _ = s.post("/v1/completions", {"model": "glm-5.3-flash", "prompt": [5, 6], "max_tokens": 5,
                                                "min_tokens": 5})
@@ -82,11 +82,11 @@ def test_a_plan_error_fails_only_its_request(ferry_bin):
         assert s.stop() == 0
 
 
-def test_a_split_the_model_cannot_take_is_refused(ferry_bin):
+def test_a_split_the_model_cannot_take_is_refused(ferry_bin, six_layer_model):
     for split, text in (("4,2", "boundary 2 must be above the previous one (4)"), ("6", "below the 6 layers"),
                         ("x", "'x' is not a non-negative integer")):
-        r = subprocess.run([ferry_bin, "serve", "--port", "0", "--split", split], capture_output=True, text=True,
-                           timeout=60)
+        r = subprocess.run([ferry_bin, "serve", "--port", "0", "--model", six_layer_model, "--split", split],
+                           capture_output=True, text=True, timeout=60)
         assert r.returncode != 0
         assert text in r.stderr + r.stdout, (split, r.stderr)
     r = subprocess.run([ferry_bin, "serve", "--inject-fault", "soon"], capture_output=True, text=True, timeout=60)

@@ -22,6 +22,7 @@
 
 #include "config/memory_options.hpp"
 #include "gpu/backend_factory.hpp"
+#include "model/glm5/glm5_type_rules.hpp"
 #include "model/formats/gguf.hpp"
 #include "tools/ferry/bench_experts.hpp"
 #include "tools/ferry/bench_slots.hpp"
@@ -39,6 +40,7 @@ namespace {
 
 struct Options {
   std::string model, synthetic, type = "q4_k", backend = "auto", prompt = "512", gen = "128", depth = "0";
+  std::string recipe;
   uint32_t reps = 3;
   uint64_t seed = 1;
   bool json = false;
@@ -155,10 +157,20 @@ int bench(const Options& o) {
       std::fprintf(stderr, "ferry bench: --type '%s' is not a ggml type name\n", o.type.c_str());
       return 2;
     }
+    model::Glm5TypeRules rules;
+    if (!o.recipe.empty()) {
+      auto r = model::Glm5TypeRules::load_recipe(o.recipe);
+      if (!r) {
+        std::fprintf(stderr, "ferry bench: %s\n", r.error().message.c_str());
+        return 2;
+      }
+      rules = std::move(r.value());
+    }
+    const std::string types = o.recipe.empty() ? o.type : "recipe " + o.recipe + ", else " + o.type;
     spdlog::warn("SYNTHETIC weights ({}, seed {}): pseudo-random values of the shape in {}; speed only, no meaning",
-                 o.type, o.seed, o.synthetic);
-    opened = gpu::open_synthetic_pipeline(hp.value(), *type, o.seed, bo);
-    model_name = o.synthetic + " (synthetic " + o.type + ")";
+                 types, o.seed, o.synthetic);
+    opened = gpu::open_synthetic_pipeline(hp.value(), *type, o.seed, bo, rules);
+    model_name = o.synthetic + " (synthetic " + types + ")";
   } else {
     opened = gpu::open_pipeline(o.model, bo);
     model_name = o.model;
@@ -381,6 +393,10 @@ CommandRun add_bench_command(CLI::App& app) {
   sub->add_option("--synthetic", o->synthetic, "config.json of a glm5_next shape: pseudo-random weights on the GPU")
       ->check(CLI::ExistingFile);
   sub->add_option("--type", o->type, "weight type of the synthetic model's large matrices")->capture_default_str();
+  sub->add_option("--recipe", o->recipe,
+                  "with --synthetic: REGEX=TYPE rules per tensor, as ferry convert --recipe (e.g. "
+                  "model/glm5/recipes/maya-l.recipe); --type for the tensors no rule names")
+      ->check(CLI::ExistingFile);
   sub->add_option("--backend", o->backend, "auto, cpu or cuda")->capture_default_str();
   sub->add_option("-p,--n-prompt", o->prompt, "prefill chunk sizes, comma-separated")->capture_default_str();
   sub->add_option("-n,--n-gen", o->gen, "decode lengths, comma-separated")->capture_default_str();

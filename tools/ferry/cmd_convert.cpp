@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "model/glm5/glm5_convert.hpp"
 #include "tools/ferry/commands.hpp"
@@ -12,7 +13,8 @@ namespace ferry::cli {
 
 CommandRun add_convert_command(CLI::App& app) {
   struct Options {
-    std::string hf_dir, out, type = "bf16", output_type, keep_f32, tokenizer, name;
+    std::string hf_dir, out, type = "bf16", output_type, keep_f32, tokenizer, name, recipe;
+    std::vector<std::string> tensor_types;
     unsigned threads = 0;
     bool quiet = false;
   };
@@ -25,14 +27,25 @@ CommandRun add_convert_command(CLI::App& app) {
       "and the KDA conv/decay state stay F32 whatever --type says");
   sub->add_option("hf_dir", opt->hf_dir, "Checkpoint directory (config.json + *.safetensors)")->required();
   sub->add_option("out", opt->out, "GGUF file to write (written to OUT.partial, renamed when complete)")->required();
+  const std::vector<std::string> types = {"f32", "f16", "bf16", "q8_0", "q4_k", "q5_k", "q6_k", "iq4_xs", "iq3_s"};
   sub->add_option("--type", opt->type,
-                  "Type of the weight matrices: f32, f16, bf16, q8_0, q4_k, q5_k, q6_k (default bf16). With q4_k and "
-                  "q5_k the output head is q6_k, as in llama.cpp's k-quant files. Rows that are not a whole number of "
-                  "the type's blocks fall back to q8_0, else f16 (each one is noted)")
-      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0", "q4_k", "q5_k", "q6_k"}, CLI::ignore_case));
+                  "Type of the weight matrices no --tensor-type or --recipe rule names: f32, f16, bf16, q8_0, q4_k, "
+                  "q5_k, q6_k, iq4_xs, iq3_s (default bf16). With q4_k, q5_k, iq4_xs and iq3_s the output head is q6_k, "
+                  "as in llama.cpp's files; a tied embedding (no lm_head) takes the head's type, as llama.cpp stores it. "
+                  "Rows that are not a whole number of the type's blocks fall back to q8_0, else f16 (each one is noted)")
+      ->check(CLI::IsMember(types, CLI::ignore_case));
   sub->add_option("--output-type", opt->output_type,
                   "Type of the output head (output.weight) instead, as llama-quantize's --output-tensor-type")
-      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0", "q4_k", "q5_k", "q6_k"}, CLI::ignore_case));
+      ->check(CLI::IsMember(types, CLI::ignore_case));
+  sub->add_option("--tensor-type", opt->tensor_types,
+                  "REGEX=TYPE: tensors whose GGUF name matches REGEX (ECMAScript, searched) get TYPE, as "
+                  "llama-quantize's --tensor-type; repeatable, the first matching rule wins, before --recipe's rules. "
+                  "Norms, biases, conv taps, the router and the mHC mixers stay f32 whatever a rule says")
+      ->type_name("REGEX=TYPE");
+  sub->add_option("--recipe", opt->recipe,
+                  "File of REGEX=TYPE rules, one a line ('#' comments), applied after --tensor-type's; "
+                  "model/glm5/recipes/ has the user's two mixes")
+      ->check(CLI::ExistingFile);
   sub->add_option("--keep-f32", opt->keep_f32,
                   "Also keep F32 every GGUF tensor whose name matches this regular expression (ECMAScript, "
                   "searched), e.g. 'attn_k_b|attn_v_b'");
@@ -47,6 +60,20 @@ CommandRun add_convert_command(CLI::App& app) {
     o.type = *model::ggml_type_from_name(opt->type);
     if (!opt->output_type.empty()) o.output_type = *model::ggml_type_from_name(opt->output_type);
     o.keep_f32_regex = opt->keep_f32;
+    auto rules = model::Glm5TypeRules::parse(opt->tensor_types, "--tensor-type");
+    if (!rules) {
+      std::fprintf(stderr, "ferry convert: %s\n", rules.error().message.c_str());
+      return 2;
+    }
+    o.rules = std::move(rules.value());
+    if (!opt->recipe.empty()) {
+      auto recipe = model::Glm5TypeRules::load_recipe(opt->recipe);
+      if (!recipe) {
+        std::fprintf(stderr, "ferry convert: %s\n", recipe.error().message.c_str());
+        return 2;
+      }
+      o.rules.append(*recipe);
+    }
     o.tokenizer_dir = opt->tokenizer;
     o.name = opt->name;
     o.threads = opt->threads;

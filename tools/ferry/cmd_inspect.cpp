@@ -72,6 +72,15 @@ void print_text(const std::string& path, const Glm5FileReport& r) {
                   b.expert_bytes ? gib(b.expert_bytes).c_str() : "-",
                   b.bytes_per_expert ? gib(b.bytes_per_expert).c_str() : "-", b.expert_types.c_str());
     }
+    std::printf("type mix\n  %-26s %7s %12s  %s\n", "group", "tensors", "bytes", "types (tensors, bytes)");
+    for (const auto& g : r.type_mix) {
+      std::string types;
+      for (const auto& t : g.types) {
+        types += (types.empty() ? "" : ", ") + t.type + " " + std::to_string(t.tensors) + " (" + gib(t.bytes) + ")";
+      }
+      std::printf("  %-26s %7llu %12s  %s\n", g.group.c_str(), static_cast<unsigned long long>(g.tensors),
+                  gib(g.bytes).c_str(), types.c_str());
+    }
     std::printf("memory\n");
     std::printf("  routed experts  %s\n", gib(r.expert_bytes).c_str());
     std::printf("  dense           %s (of which embedding, output norm and head %s)\n", gib(r.dense_bytes).c_str(),
@@ -79,6 +88,15 @@ void print_text(const std::string& path, const Glm5FileReport& r) {
     std::printf("  KV cache        %llu values per token (DSA latent + indexer key and gate scores)\n",
                 static_cast<unsigned long long>(r.kv_values_per_token));
     std::printf("  KDA state       %s per slot (f32)\n", gib(r.kda_state_bytes_per_slot).c_str());
+  }
+  if (r.hparams) {
+    if (r.extensions.empty()) {
+      std::printf("compatibility the glm5next layout of the published files: llama.cpp-family loaders can read it\n");
+    } else {
+      std::printf("compatibility ferry's extensions of the glm5next layout, which llama.cpp-family loaders (PR #27754 "
+                  "glm5next, PR #27773 glm5-next, ik_llama.cpp) will refuse:\n");
+      for (const auto& e : r.extensions) std::printf("  %s\n", e.c_str());
+    }
   }
   if (r.tokenizer) {
     const auto& t = *r.tokenizer;
@@ -117,6 +135,13 @@ boost::json::object to_json(const std::string& path, const Glm5FileReport& r) {
   json::array types;
   for (const auto& t : r.by_type) types.push_back(json::object{{"type", t.type}, {"tensors", t.tensors}, {"bytes", t.bytes}});
   o["bytes_by_type"] = std::move(types);
+  json::array mix;
+  for (const auto& g : r.type_mix) {
+    json::array gt;
+    for (const auto& t : g.types) gt.push_back(json::object{{"type", t.type}, {"tensors", t.tensors}, {"bytes", t.bytes}});
+    mix.push_back(json::object{{"group", g.group}, {"tensors", g.tensors}, {"bytes", g.bytes}, {"types", std::move(gt)}});
+  }
+  o["type_mix"] = std::move(mix);
   if (r.hparams) {
     const model::Glm5Hparams& hp = *r.hparams;
     o["hparams"] = json::object{
@@ -149,6 +174,10 @@ boost::json::object to_json(const std::string& path, const Glm5FileReport& r) {
     o["expert_bytes"] = r.expert_bytes;
     o["dense_bytes"] = r.dense_bytes;
     o["kv_values_per_token"] = r.kv_values_per_token;
+    json::array extensions;
+    for (const auto& e : r.extensions) extensions.push_back(json::string(e));
+    o["llama_cpp_compatible"] = r.extensions.empty();
+    o["extensions"] = std::move(extensions);
     o["kda_state_bytes_per_slot"] = r.kda_state_bytes_per_slot;
   } else {
     o["hparams"] = nullptr;
@@ -179,8 +208,9 @@ CommandRun add_inspect_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "inspect",
       "Describe a GGUF file of GLM-5.3-Flash: architecture, hyper-parameters, tensor bytes by type, the per-block "
-      "plan (KDA/DSA, dense/MoE) with routed-expert bytes, dense bytes, per-slot state, tokenizer. Exit status 1 "
-      "when the file is unreadable or incomplete (the problems are listed)");
+      "plan (KDA/DSA, dense/MoE) with routed-expert bytes, the type mix per tensor group, dense bytes, per-slot "
+      "state, whether llama.cpp-family loaders can read it (ferry's extensions, which they refuse), tokenizer. Exit "
+      "status 1 when the file is unreadable or incomplete (the problems are listed)");
   sub->add_option("file", opt->file, "GGUF file")->required();
   sub->add_flag("--json", opt->json, "Print one JSON object instead of text");
   return [opt]() -> int {

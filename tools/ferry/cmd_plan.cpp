@@ -15,13 +15,14 @@
 #include "gpu/stage_sizes.hpp"
 #include "model/formats/gguf.hpp"
 #include "model/glm5/glm5_gguf.hpp"
+#include "model/glm5/glm5_type_rules.hpp"
 #include "tools/ferry/commands.hpp"
 
 namespace ferry::cli {
 namespace {
 
 struct Options {
-  std::string model, synthetic, type = "q4_k", split = "none", devices, device_memory, host_memory;
+  std::string model, synthetic, type = "q4_k", recipe, split = "none", devices, device_memory, host_memory;
   uint32_t slots = 3, ctx = 524288, prefill_chunk = 4096;
   config::MemoryOptionsText memory;
   bool json = false;
@@ -73,10 +74,16 @@ int plan(const Options& o) {
     auto type = model::ggml_type_from_name(o.type);
     if (!h) errors.push_back(o.synthetic + ": " + h.error().message);
     if (!type) errors.push_back("--type '" + o.type + "' is not a ggml type name");
+    model::Glm5TypeRules rules;
+    if (!o.recipe.empty()) {
+      auto r = model::Glm5TypeRules::load_recipe(o.recipe);
+      if (r) rules = std::move(r.value());
+      else errors.push_back(r.error().message);
+    }
     if (h && type) {
       hp = h.value();
-      tensor_bytes = [t = *type](const model::Glm5TensorSpec& s) -> uint64_t {
-        return *model::ggml_bytes(gpu::synthetic_tensor_type(s, t), s.n_elements());
+      tensor_bytes = [t = *type, rules](const model::Glm5TensorSpec& s) -> uint64_t {
+        return *model::ggml_bytes(gpu::synthetic_tensor_type(s, t, rules), s.n_elements());
       };
     }
   } else if (errors.empty()) {
@@ -114,6 +121,8 @@ CommandRun add_plan_command(CLI::App& app) {
   sub->add_option("--model,-m", o->model, "GGUF model file")->check(CLI::ExistingFile);
   sub->add_option("--synthetic", o->synthetic, "config.json of a glm5_next shape")->check(CLI::ExistingFile);
   sub->add_option("--type", o->type, "with --synthetic: ggml type of the large matrices")->capture_default_str();
+  sub->add_option("--recipe", o->recipe, "with --synthetic: REGEX=TYPE rules per tensor, as ferry convert --recipe")
+      ->check(CLI::ExistingFile);
   sub->add_option("--device-memory", o->device_memory,
                   "memory of devices 0, 1, ... (e.g. 32GiB,32GiB,32GiB,32GiB; default: what the visible GPUs have free)");
   sub->add_option("--host-memory", o->host_memory, "RAM available (default: this machine's MemAvailable)");

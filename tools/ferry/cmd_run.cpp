@@ -1,6 +1,7 @@
 // `ferry run --model M.gguf --prompt-ids 1,2,3 -n 16`: generates tokens with the CPU backend and prints
 // their ids, one line, space-separated (greedy unless --temperature is given). `--prompt TEXT` instead
 // tokenizes with the file's tokenizer (tokenizer.ggml.*) and prints the decoded text on a second line.
+// Without --model it runs the embedded default model, as `ferry serve` does.
 #include <chrono>
 #include <optional>
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include "model/formats/gguf.hpp"
 #include "model/text/tokenizer_gguf.hpp"
 #include "tools/ferry/commands.hpp"
+#include "tools/ferry/default_model.hpp"
 
 namespace ferry::cli {
 namespace {
@@ -46,7 +48,16 @@ Expected<std::vector<int32_t>> parse_ids(const std::string& text, uint32_t vocab
   return ids;
 }
 
-int run(const RunOptions& o) {
+int run(RunOptions o) {
+  if (o.model.empty()) {
+    auto path = default_model_path("ferry run");
+    if (!path) {
+      std::fprintf(stderr, "ferry run: %s\n", path.error().message.c_str());
+      return 2;
+    }
+    std::fprintf(stderr, "ferry run: the embedded default model (pass --model FILE.gguf for another)\n");
+    o.model = *path;
+  }
   gpu::BackendOptions bo;
   bo.kind = "cpu";
   bo.threads = o.threads;
@@ -124,7 +135,8 @@ int run(const RunOptions& o) {
 CommandRun add_run_command(CLI::App& app) {
   auto o = std::make_shared<RunOptions>();
   CLI::App* sub = app.add_subcommand("run", "Generate tokens from a prompt on the CPU and print their ids");
-  sub->add_option("--model", o->model, "GGUF model file")->required()->check(CLI::ExistingFile);
+  sub->add_option("--model", o->model, "GGUF model file (default: the small model embedded in ferry, as ferry serve's)")
+      ->check(CLI::ExistingFile);
   auto* ids = sub->add_option("--prompt-ids", o->prompt_ids, "prompt token ids, comma-separated (1,2,3)");
   auto* text = sub->add_option("--prompt", o->prompt, "prompt text, tokenized with the model file's tokenizer");
   ids->excludes(text);

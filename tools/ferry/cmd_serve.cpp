@@ -94,14 +94,7 @@ int serve(config::ServeCli& cli) {
   // Signals are blocked before the first CUDA call below: the driver's threads would otherwise
   // take SIGTERM with its default action and kill the process instead of draining it.
   SignalWaiter signals;
-  // Known before listening: a ferry built without CUDA, or a machine without a GPU, cannot serve
-  // --backend cuda, nor synthetic weights, which are made on the GPU.
   const bool synthetic = !config.model.synthetic_config.empty();
-  if (auto kind = gpu::resolve_backend_kind(synthetic ? "cuda" : config.devices.backend); !kind) {
-    std::fprintf(stderr, "ferry serve: %s: %s\n", synthetic ? "--synthetic needs a GPU" : "--backend",
-                 kind.error().message.c_str());
-    return 2;
-  }
   Expected<std::string> model_path = std::string();
   Expected<SyntheticSource> synthetic_source = SyntheticSource{};
   const Error* source_error = nullptr;
@@ -116,10 +109,20 @@ int serve(config::ServeCli& cli) {
     std::fprintf(stderr, "ferry serve: %s\n", source_error->message.c_str());
     return 2;
   }
+  // Known before listening too: a ferry built without CUDA, or a machine without a GPU, cannot serve
+  // --backend cuda, nor synthetic weights, which are made on the GPU.
+  if (auto kind = gpu::resolve_backend_kind(synthetic ? "cuda" : config.devices.backend); !kind) {
+    std::fprintf(stderr, "ferry serve: %s: %s\n", synthetic ? "--synthetic needs a GPU" : "--backend",
+                 kind.error().message.c_str());
+    return 2;
+  }
   if (synthetic) {
+    const std::string types = config.model.synthetic_recipe.empty()
+                                  ? config.model.synthetic_type
+                                  : "recipe " + config.model.synthetic_recipe + ", else " + config.model.synthetic_type;
     spdlog::warn("SYNTHETIC WEIGHTS: pseudo-random {} values of the shape in {} (seed {}), no trained model: the "
                  "answers mean nothing; for speed and memory measurements only",
-                 config.model.synthetic_type, config.model.synthetic_config, config.model.synthetic_seed);
+                 types, config.model.synthetic_config, config.model.synthetic_seed);
   }
 
   caf::actor_system_config caf_config;

@@ -1,7 +1,6 @@
 #include "tools/ferry/serve_model.hpp"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
@@ -133,24 +132,11 @@ gpu::BackendOptions backend_options(const config::ServeConfig& config) {
 
 Expected<std::string> resolve_model_path(const config::ServeConfig& config) {
   if (!config.model.path.empty()) return config.model.path;
-  const auto bytes = default_model_bytes();
-  if (bytes.empty()) {
-    return Error(
-        "no --model given and this ferry was built without the default model "
-        "(model/default_model/ferry-default.gguf was missing at build time): pass --model FILE.gguf");
-  }
-  // An in-memory file: the backend maps it by path like any model file, nothing touches the disk.
-  const int fd = ::memfd_create("ferry-default.gguf", MFD_CLOEXEC);
-  if (fd < 0) return Error(ErrorCode::io, "cannot create an in-memory file for the default model");
-  size_t written = 0;
-  while (written < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
-    if (n <= 0) return Error(ErrorCode::io, "cannot write the default model to its in-memory file");
-    written += static_cast<size_t>(n);
-  }
+  auto path = default_model_path("ferry serve");
+  if (!path) return path.error();
   spdlog::info("serving the embedded default model ({}); pass --model FILE.gguf to serve another",
-               config::format_byte_size(bytes.size()));
-  return "/proc/self/fd/" + std::to_string(fd);  // the descriptor stays open for the process's life
+               config::format_byte_size(default_model_bytes().size()));
+  return path;
 }
 
 Expected<LoadedModel> load_model(const std::string& path, const config::ServeConfig& config,
@@ -178,7 +164,13 @@ Expected<SyntheticSource> read_synthetic_source(const config::ServeConfig& confi
   if (!hparams) return hparams.error().prefixed("--synthetic " + config.model.synthetic_config + ": ");
   const auto type = model::ggml_type_from_name(config.model.synthetic_type);
   if (!type) return Error("--type '" + config.model.synthetic_type + "' is not a ggml type name (q4_k, q8_0, f16, ...)");
-  return SyntheticSource{hparams.value(), *type};
+  SyntheticSource source{hparams.value(), *type, {}};
+  if (!config.model.synthetic_recipe.empty()) {
+    auto rules = model::Glm5TypeRules::load_recipe(config.model.synthetic_recipe);
+    if (!rules) return rules.error();
+    source.rules = std::move(rules.value());
+  }
+  return source;
 }
 
 Expected<LoadedModel> load_synthetic(const SyntheticSource& source, const config::ServeConfig& config) {
@@ -191,7 +183,8 @@ Expected<LoadedModel> load_synthetic(const SyntheticSource& source, const config
                  " tokens, more than the " + std::to_string(vocab) + " of --synthetic " + config.model.synthetic_config);
   }
   auto pipeline =
-      gpu::open_synthetic_pipeline(source.hparams, source.type, config.model.synthetic_seed, backend_options(config));
+      gpu::open_synthetic_pipeline(source.hparams, source.type, config.model.synthetic_seed, backend_options(config),
+                                   source.rules);
   if (!pipeline) return pipeline.error();
   LoadedModel loaded;
   loaded.tokenizer = std::make_shared<const model::Tokenizer>(std::move(tokenizer.value()));

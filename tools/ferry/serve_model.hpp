@@ -13,6 +13,8 @@
 #include "http/server_context.hpp"
 #include "model/formats/ggml_type.hpp"
 #include "model/glm5/glm5_hparams.hpp"
+#include "model/glm5/glm5_type_rules.hpp"
+#include "model/pipeline.hpp"
 #include "model/text/tokenizer.hpp"
 
 namespace ferry::cli {
@@ -36,6 +38,7 @@ Expected<LoadedModel> load_model(const std::string& path, const config::ServeCon
 struct SyntheticSource {
   model::Glm5Hparams hparams;
   model::GgmlType type = model::GgmlType::Q4_K;
+  model::Glm5TypeRules rules;  // --recipe
 };
 Expected<SyntheticSource> read_synthetic_source(const config::ServeConfig& config);
 
