@@ -27,18 +27,22 @@ mkdir -p "$out/obj"
 # basic_parser::parse_chunk_header where 3 bytes of a final chunk are valid and its code then asks
 # for more input, as it should (boostorg/beast#2861, fixed after 1.81); with the assert compiled out,
 # ASan checks that path.
+# The router serves the admin page (.incbin from the source folder) and writes the request log
+# (Debian's shared spdlog and fmt, configured as CMake configures them).
 flags=(-std=c++20 -O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all
-       -D_GLIBCXX_ASSERTIONS -DBOOST_DISABLE_ASSERTS -I.)
+       -D_GLIBCXX_ASSERTIONS -DBOOST_DISABLE_ASSERTS -DSPDLOG_COMPILED_LIB -DSPDLOG_SHARED_LIB -DSPDLOG_FMT_EXTERNAL
+       -DFMT_SHARED "-DFERRY_SOURCE_DIR=\"$PWD\"" -I.)
 text=(model/text/json.cpp model/text/unicode.cpp model/text/unicode_tables.cpp)
 sources_gguf_reader_fuzz=(tests/fuzz/gguf_reader_fuzz.cpp model/formats/gguf.cpp model/formats/ggml_type.cpp
                           model/formats/mapped_file.cpp)
 sources_http_request_fuzz=(tests/fuzz/http_request_fuzz.cpp http/router.cpp http/openai_request.cpp
                            http/api_error.cpp http/responses.cpp http/metrics_text.cpp http/auth.cpp
-                           http/safe_text.cpp http/request_registry.cpp actors/request_lifecycle.cpp "${text[@]}")
+                           http/safe_text.cpp http/request_registry.cpp http/request_log.cpp http/admin_page.cpp
+                           actors/request_lifecycle.cpp "${text[@]}")
 libs_gguf_reader_fuzz=()
-libs_http_request_fuzz=(-lsimdjson -lboost_json -lcaf_core -pthread)
+libs_http_request_fuzz=(-lsimdjson -lboost_json -lcaf_core -lspdlog -lfmt -pthread)
 sources_output_parser_fuzz=(tests/fuzz/output_parser_fuzz.cpp model/text/output_parser.cpp "${text[@]}")
-libs_output_parser_fuzz=()
+libs_output_parser_fuzz=(-lsimdjson)
 max_len_gguf_reader_fuzz=65536
 max_len_http_request_fuzz=8192
 max_len_output_parser_fuzz=4096

@@ -44,8 +44,6 @@ namespace {
 
 namespace od = simdjson::ondemand;
 
-constexpr int kMaxDepth = 512;
-
 // JSON's number grammar (RFC 8259 section 6). simdjson types a token by its first byte and leaves
 // number syntax to the getters, which also reject what Python reads (1e400, integers beyond 64
 // bits); the literal is kept as written, so only its syntax is checked here.
@@ -85,7 +83,8 @@ std::string_view trim_ws(std::string_view s) {
 // visited (so every scalar is validated), errors as "JSON: what at byte N".
 class Reader {
  public:
-  Reader(std::string_view text, od::parser& parser) : text_(text), padded_(text), parser_(parser) {}
+  Reader(std::string_view text, od::parser& parser, int max_depth)
+      : text_(text), padded_(text), parser_(parser), max_depth_(max_depth) {}
 
   Expected<JsonValue> document() {
     od::document doc;
@@ -158,13 +157,13 @@ class Reader {
   static std::string string_what(simdjson::error_code e) {
     return e == simdjson::STRING_ERROR ? "invalid escape or lone surrogate in a string" : simdjson::error_message(e);
   }
-  static std::string stage1_what(simdjson::error_code e) {
+  std::string stage1_what(simdjson::error_code e) const {
     switch (e) {
       case simdjson::EMPTY: return "unexpected end of input";
       case simdjson::UTF8_ERROR: return "invalid UTF-8";
       case simdjson::UNESCAPED_CHARS: return "unescaped control character in a string";
       case simdjson::UNCLOSED_STRING: return "unterminated string";
-      case simdjson::DEPTH_ERROR: return "nesting deeper than " + std::to_string(kMaxDepth);
+      case simdjson::DEPTH_ERROR: return "nesting deeper than " + std::to_string(max_depth_);
       default: return simdjson::error_message(e);
     }
   }
@@ -196,7 +195,7 @@ class Reader {
   bool value(od::value v, int depth, JsonValue& out) {
     const std::string_view raw = v.raw_json_token();
     const size_t at = offset_of(raw.data());
-    if (depth > kMaxDepth) return fail("nesting deeper than " + std::to_string(kMaxDepth), at);
+    if (depth > max_depth_) return fail("nesting deeper than " + std::to_string(max_depth_), at);
     od::json_type type;
     if (const auto e = v.type().get(type)) return fail(simdjson::error_message(e), at);
     switch (type) {
@@ -279,6 +278,7 @@ class Reader {
   std::string_view text_;
   simdjson::padded_string padded_;
   od::parser& parser_;
+  int max_depth_;
   std::string error_;
 };
 
@@ -293,7 +293,7 @@ void append_python_int(std::string& out, std::string_view text) {
 
 }  // namespace
 
-Expected<JsonValue> parse_json(std::string_view text) {
+Expected<JsonValue> parse_json(std::string_view text, int max_depth) {
   // A lone number (http/ checks each number of a request this way, token-id prompts hold 500K of
   // them) needs only its grammar, which the document path checks the same way.
   if (const std::string_view t = trim_ws(text); !t.empty() && is_number_literal(t)) {
@@ -301,7 +301,7 @@ Expected<JsonValue> parse_json(std::string_view text) {
   }
   // One parser per thread, reused: its buffers grow to the largest document and stay.
   thread_local od::parser parser;
-  return Reader(text, parser).document();
+  return Reader(text, parser, max_depth).document();
 }
 
 std::string python_float_repr(std::string_view literal) {

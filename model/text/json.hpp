@@ -67,11 +67,13 @@ class JsonValue {
 };
 
 // Parses one JSON document (RFC 8259; surrounding whitespace allowed) with simdjson's on-demand
-// parser, visiting every value. Invalid UTF-8, lone surrogate escapes, nesting deeper than 512, and
-// trailing content are errors naming the byte offset ("JSON: ... at byte N"; callers prefix the
-// field). Numbers keep their literal, so 1e400 and 30-digit integers read as Python reads them. A
-// repeated key keeps its first position and its last value (Python's json.loads).
-Expected<JsonValue> parse_json(std::string_view text);
+// parser, visiting every value. Invalid UTF-8, lone surrogate escapes, nesting deeper than
+// `max_depth` (a value inside N arrays or objects is at depth N), and trailing content are errors
+// naming the byte offset ("JSON: ... at byte N"; callers prefix the field). Numbers keep their
+// literal, so 1e400 and 30-digit integers read as Python reads them. A repeated key keeps its first
+// position and its last value (Python's json.loads).
+constexpr int kJsonMaxDepth = 512;
+Expected<JsonValue> parse_json(std::string_view text, int max_depth = kJsonMaxDepth);
 
 // json.dumps(value, ensure_ascii=False) byte for byte: ", " and ": " separators, non-ASCII kept,
 // integers as written (normalised like Python's int), other numbers as Python's float repr.

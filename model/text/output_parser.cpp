@@ -328,14 +328,15 @@ void OutputParser::step_call_value(OutputDelta& out, bool final) {
 }
 
 // Ends the open value: the closing quote of a string, or a non-string value as JSON when it is
-// valid JSON (numbers, booleans, null, objects, arrays), else as a string.
+// valid JSON (numbers, booleans, null, objects, arrays) one level shallower than parse_json allows
+// (the arguments object holds it, and must parse too), else as a string.
 void OutputParser::close_value(OutputDelta& out) {
   if (value_is_string_) {
     arguments(out, "\"");
     return;
   }
   std::string fragment;
-  if (auto parsed = parse_json(trim(value_)); parsed.ok()) {
+  if (auto parsed = parse_json(trim(value_), kJsonMaxDepth - 1); parsed.ok()) {
     append_python_json(fragment, *parsed);
   } else {
     append_json_string(fragment, value_);

@@ -107,6 +107,20 @@ TEST(OutputParser, StringValuesKeepEveryByte) {
   EXPECT_EQ(args->find("args")->as_string(), "not json");
 }
 
+// The fuzzer's find: a value nested as deep as parse_json allows, wrapped in the arguments object,
+// was one level too deep for them to parse. Such a value goes out as a string.
+TEST(OutputParser, AValueTooDeepForItsArgumentsObjectIsAString) {
+  for (int depth : {kJsonMaxDepth, kJsonMaxDepth + 1}) {  // nested arrays; the innermost at depth - 1
+    const std::string value = std::string(depth, '[') + std::string(depth, ']');
+    const auto m = OutputParser::parse(
+        "</think><tool_call>run_code<arg_key>args</arg_key><arg_value>" + value + "</arg_value></tool_call>", options());
+    ASSERT_EQ(m.tool_calls.size(), 1u);
+    auto args = parse_json(m.tool_calls[0].arguments);
+    ASSERT_TRUE(args.ok()) << depth;
+    EXPECT_EQ(args->find("args")->is_string(), depth == kJsonMaxDepth + 1) << depth;
+  }
+}
+
 TEST(OutputParser, SeveralCallsAndTextAround) {
   const auto m = OutputParser::parse(
       "</think>A<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>"
