@@ -20,6 +20,19 @@ inline uint32_t load_u32(const uint8_t* p) {
 }
 inline void store_u16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, sizeof v); }
 
+// Round to nearest (ties to even) by adding 1.5 * 2^23 and reading the low mantissa bits: ggml's
+// nearest_int. Exact for |v| < 2^22; larger values (and NaN) give a defined but meaningless integer,
+// which callers clamp, so no input is undefined behaviour.
+inline int nearest_int(float v) {
+  const float shifted = v + 12582912.0f;
+  int32_t bits;
+  std::memcpy(&bits, &shifted, sizeof bits);
+  return (bits & 0x007fffff) - 0x00400000;
+}
+
+// Below this a quantizer's group counts as all zero (ggml's GROUP_MAX_EPS).
+constexpr float kGroupMaxEps = 1e-15f;
+
 // The 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes of Q4_K / Q5_K.
 inline void k4_scale_min(const uint8_t* q, int j, uint8_t& scale, uint8_t& min) {
   if (j < 4) {

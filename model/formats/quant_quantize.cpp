@@ -15,18 +15,6 @@
 namespace ferry::model::quant_detail {
 namespace {
 
-// Round to nearest (ties to even) by adding 1.5 * 2^23 and reading the low mantissa bits: ggml's
-// nearest_int. Exact for |v| < 2^22; larger values (and NaN) give a defined but meaningless integer,
-// which callers clamp, so no input is undefined behaviour.
-int nearest_int(float v) {
-  const float shifted = v + 12582912.0f;
-  int32_t bits;
-  std::memcpy(&bits, &shifted, sizeof bits);
-  return (bits & 0x007fffff) - 0x00400000;
-}
-
-// Below this a group counts as all zero (ggml's GROUP_MAX_EPS).
-constexpr float kGroupMaxEps = 1e-15f;
 
 // Fits x[i] ~ scale * L[i] - min with L[i] in [0, nmax] and min >= 0 (returned through the_min),
 // minimising the weighted squared error: a first guess from the range, then `nstep` + 1 trial

@@ -27,16 +27,6 @@
 namespace ferry::model::quant_detail {
 namespace {
 
-// ggml's nearest_int (see quant_quantize.cpp): round to nearest, ties to even, by the 1.5 * 2^23 trick.
-int nearest_int(float v) {
-  const float shifted = v + 12582912.0f;
-  int32_t bits;
-  std::memcpy(&bits, &shifted, sizeof bits);
-  return (bits & 0x007fffff) - 0x00400000;
-}
-
-constexpr float kGroupMaxEps = 1e-15f;
-
 // The index of the level in the ascending table `values` nearest to x (the lower one on a tie).
 int nearest_level(const int8_t* values, int n, float x) {
   if (x <= values[0]) return 0;
