@@ -11,28 +11,16 @@
 #include "actors/bootstrap.hpp"
 #include "actors/scheduler_actor.hpp"
 #include "actors/stage_actor.hpp"
+#include "tests/actors/engine_events.hpp"
 #include "tests/actors/scripted_stage.hpp"
 
 using namespace ferry::actors;
+using ferry::testing::EventLog;
 using ferry::testing::ScriptedStage;
+using ferry::testing::recorder;
+using ferry::testing::test_config;
 
 namespace {
-
-using EventLog = std::vector<EngineEvent>;
-
-request_sink_actor::behavior_type recorder(request_sink_actor::pointer, std::shared_ptr<EventLog> log) {
-  return {
-      [log](const RequestStarted& e) { log->emplace_back(e); },
-      [log](const TokensGenerated& e) { log->emplace_back(e); },
-      [log](const RequestFinished& e) { log->emplace_back(e); },
-  };
-}
-
-caf::actor_system_config& test_config(caf::actor_system_config& cfg) {
-  cfg.set("scheduler.policy", caf::atom("testing"));
-  cfg.set("logger.file-verbosity", caf::atom("quiet"));
-  return cfg;
-}
 
 class SchedulerActorTest : public ::testing::Test {
  protected:
