@@ -1,6 +1,7 @@
 #include "http/request_log.hpp"
 
 #include <boost/json.hpp>
+#include <fmt/format.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -53,9 +54,8 @@ class JsonLineFormatter final : public spdlog::formatter {
     const std::time_t t = static_cast<std::time_t>(seconds.count());
     std::tm tm{};
     gmtime_r(&t, &tm);
-    char time[40];
-    std::snprintf(time, sizeof time, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
-                  tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(millis));
+    const std::string time = fmt::format("{:04d}-{:02d}-{:02d}T{:02d}:{:02d}:{:02d}.{:03d}Z", tm.tm_year + 1900,
+                                         tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, millis);
     const auto level = spdlog::level::to_string_view(msg.level);
     std::string line = std::string("{\"time\":\"") + time + "\",\"level\":\"" + std::string(level.data(), level.size()) + "\",";
     const std::string_view payload(msg.payload.data(), msg.payload.size());
@@ -105,9 +105,9 @@ std::string request_log_text(const RequestLogEntry& e) {
   std::snprintf(buf, sizeof buf,
                 "request %s (%s): slot %lld, prompt %u tokens (%u cached), completion %u tokens; queue %.1f ms, "
                 "prompt %.1f ms, decode %.1f ms (%.1f t/s), ttft %.1f ms, total %.1f ms; finish %s (%s)",
-                e.id.c_str(), e.endpoint.c_str(), static_cast<long long>(e.slot), e.prompt_tokens, e.cached_tokens,
-                e.completion_tokens, e.queue_ms, e.prompt_ms, e.predicted_ms, decode_rate(e), e.ttft_ms, e.total_ms,
-                e.finish_reason.c_str(), e.status.c_str());
+                e.id.empty() ? "-" : e.id.c_str(), e.endpoint.c_str(), static_cast<long long>(e.slot), e.prompt_tokens,
+                e.cached_tokens, e.completion_tokens, e.queue_ms, e.prompt_ms, e.predicted_ms, decode_rate(e), e.ttft_ms,
+                e.total_ms, e.finish_reason.c_str(), e.status.c_str());
   std::string line = buf;
   if (e.client_gone) line += ", client gone";
   if (!e.message.empty()) line += ": " + e.message;
