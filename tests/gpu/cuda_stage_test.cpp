@@ -5,7 +5,6 @@
 // on one device (hand-offs between them) giving the one-stage results; a slot's state saved and
 // restored (also from a CPU stage into a CUDA one: one layout); and the step contract.
 #if FERRY_HAVE_CUDA
-#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,53 +16,21 @@
 #include "model/cpu/sampler.hpp"
 #include "model/glm5/glm5_weights.hpp"
 #include "model/pipeline.hpp"
+#include "tests/gpu/gpu_test_support.hpp"
 #include "tests/model/random_model.hpp"
 
 namespace ferry::gpu {
 namespace {
 
-using model::FfnKind;
+using ferry::testing::have_device;
 using model::GgmlType;
 using model::Glm5Hparams;
-using model::LayerKind;
 using model::LayerRange;
 using model::Pipeline;
 using model::SlotRows;
 
-bool have_device() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
 Glm5Hparams tiny(uint32_t hidden) {
-  Glm5Hparams hp;
-  hp.vocab_size = 97;
-  hp.hidden_size = hidden;
-  hp.n_layers = 5;
-  hp.n_nextn_layers = 0;
-  hp.dense_ffn = 48;
-  hp.moe_ffn = 32;
-  hp.n_experts = 6;
-  hp.n_experts_used = 2;
-  hp.n_group = 3;
-  hp.topk_group = 2;
-  hp.n_heads = 2;
-  hp.q_lora_rank = 64;
-  hp.kv_lora_rank = 32;
-  hp.qk_nope_head_dim = 16;
-  hp.v_head_dim = 24;
-  hp.index_n_heads = 16;
-  hp.index_head_dim = 16;
-  hp.index_topk = 8;
-  hp.index_kpool = 4;
-  hp.kda_heads = 2;
-  hp.kda_head_dim = 16;
-  hp.hc_mult = 4;
-  hp.context_length = 4096;
-  hp.routed_scaling = 2.5f;
-  hp.swiglu_limit = 1.5f;
-  hp.layer_kinds = {LayerKind::kda, LayerKind::dsa, LayerKind::kda, LayerKind::dsa, LayerKind::dsa};
-  hp.ffn_kinds = {FfnKind::dense, FfnKind::moe, FfnKind::moe, FfnKind::moe, FfnKind::moe};
+  Glm5Hparams hp = ferry::testing::tiny_gpu_shape(hidden);
   hp.indexer_full = {true, true, true, true, false};  // layer 4 reuses layer 3's selection
   return hp;
 }

@@ -4,59 +4,23 @@
 // moving experts between the pool and the host store on every decode step; synthetic experts have the
 // same bytes wherever they are made; the counters say where the routes went.
 #if FERRY_HAVE_CUDA
-#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <random>
 
 #include "gpu/backend_factory.hpp"
 #include "model/glm5/glm5_tensors.hpp"
+#include "tests/gpu/gpu_test_support.hpp"
 #include "tests/model/random_model.hpp"
 
 namespace ferry::gpu {
 namespace {
 
-using model::FfnKind;
+using ferry::testing::have_device;
 using model::GgmlType;
-using model::LayerKind;
 using model::SlotRows;
 
-bool have_device() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-model::Glm5Hparams shape() {
-  model::Glm5Hparams hp;
-  hp.vocab_size = 97;
-  hp.hidden_size = 256;
-  hp.n_layers = 5;
-  hp.n_nextn_layers = 0;
-  hp.dense_ffn = 48;
-  hp.moe_ffn = 32;
-  hp.n_experts = 6;
-  hp.n_experts_used = 2;
-  hp.n_group = 3;
-  hp.topk_group = 2;
-  hp.n_heads = 2;
-  hp.q_lora_rank = 64;
-  hp.kv_lora_rank = 32;
-  hp.qk_nope_head_dim = 16;
-  hp.v_head_dim = 24;
-  hp.index_n_heads = 16;
-  hp.index_head_dim = 16;
-  hp.index_topk = 8;
-  hp.index_kpool = 4;
-  hp.kda_heads = 2;
-  hp.kda_head_dim = 16;
-  hp.hc_mult = 4;
-  hp.context_length = 4096;
-  hp.routed_scaling = 2.5f;
-  hp.swiglu_limit = 1.5f;
-  hp.layer_kinds = {LayerKind::kda, LayerKind::dsa, LayerKind::kda, LayerKind::dsa, LayerKind::dsa};
-  hp.ffn_kinds = {FfnKind::dense, FfnKind::moe, FfnKind::moe, FfnKind::moe, FfnKind::moe};
-  return hp;
-}
+model::Glm5Hparams shape() { return ferry::testing::tiny_gpu_shape(256); }
 
 class ExpertTiersTest : public ::testing::Test {
  protected:

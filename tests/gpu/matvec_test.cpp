@@ -15,16 +15,13 @@
 #include "gpu/kernels.hpp"
 #include "model/formats/half.hpp"
 #include "model/formats/quant.hpp"
+#include "tests/gpu/gpu_test_support.hpp"
 
 namespace ferry::gpu {
 namespace {
 
+using ferry::testing::have_device;
 using model::GgmlType;
-
-bool have_device() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 
 // Random blocks of `type`: quantized from random values where ferry has a quantizer, else random
 // bytes with the f16 scale(s) replaced by small finite values.

@@ -14,17 +14,14 @@
 #include "gpu/cuda_memory.hpp"
 #include "gpu/kernels.hpp"
 #include "model/cpu/sampler.hpp"
+#include "tests/gpu/gpu_test_support.hpp"
 #include "tests/model/sampling_cases.hpp"
 
 namespace ferry::gpu {
 namespace {
 
+using ferry::testing::have_device;
 using model::SamplingParams;
-
-bool have_device() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 
 SampleRow device_row(int32_t logit_row, const SamplingParams& p, uint32_t position) {
   SampleRow r;
