@@ -22,11 +22,11 @@
 
 #include "config/memory_options.hpp"
 #include "gpu/backend_factory.hpp"
-#include "model/glm5/glm5_type_rules.hpp"
 #include "model/formats/gguf.hpp"
 #include "tools/ferry/bench_experts.hpp"
 #include "tools/ferry/bench_slots.hpp"
 #include "tools/ferry/commands.hpp"
+#include "tools/ferry/synthetic_source.hpp"
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
@@ -147,29 +147,15 @@ int bench(const Options& o) {
   Expected<gpu::OpenedModel> opened = Error(ErrorCode::internal, "no model");
   std::string model_name;
   if (!o.synthetic.empty()) {
-    auto hp = model::glm5_hparams_from_hf_config_file(o.synthetic);
-    if (!hp) {
-      std::fprintf(stderr, "ferry bench: %s: %s\n", o.synthetic.c_str(), hp.error().message.c_str());
+    auto source = read_synthetic_source(o.synthetic, o.type, o.recipe);
+    if (!source) {
+      std::fprintf(stderr, "ferry bench: %s\n", source.error().message.c_str());
       return 2;
-    }
-    auto type = model::ggml_type_from_name(o.type);
-    if (!type) {
-      std::fprintf(stderr, "ferry bench: --type '%s' is not a ggml type name\n", o.type.c_str());
-      return 2;
-    }
-    model::Glm5TypeRules rules;
-    if (!o.recipe.empty()) {
-      auto r = model::Glm5TypeRules::load_recipe(o.recipe);
-      if (!r) {
-        std::fprintf(stderr, "ferry bench: %s\n", r.error().message.c_str());
-        return 2;
-      }
-      rules = std::move(r.value());
     }
     const std::string types = o.recipe.empty() ? o.type : "recipe " + o.recipe + ", else " + o.type;
     spdlog::warn("SYNTHETIC weights ({}, seed {}): pseudo-random values of the shape in {}; speed only, no meaning",
                  types, o.seed, o.synthetic);
-    opened = gpu::open_synthetic_pipeline(hp.value(), *type, o.seed, bo, rules);
+    opened = gpu::open_synthetic_pipeline(source->hparams, source->type, o.seed, bo, source->rules);
     model_name = o.synthetic + " (synthetic " + types + ")";
   } else {
     opened = gpu::open_pipeline(o.model, bo);

@@ -15,8 +15,8 @@
 #include "gpu/stage_sizes.hpp"
 #include "model/formats/gguf.hpp"
 #include "model/glm5/glm5_gguf.hpp"
-#include "model/glm5/glm5_type_rules.hpp"
 #include "tools/ferry/commands.hpp"
+#include "tools/ferry/synthetic_source.hpp"
 
 namespace ferry::cli {
 namespace {
@@ -70,19 +70,12 @@ int plan(const Options& o) {
   std::function<uint64_t(const model::Glm5TensorSpec&)> tensor_bytes;
   std::optional<model::GgufFile> file;
   if (errors.empty() && !o.synthetic.empty()) {
-    auto h = model::glm5_hparams_from_hf_config_file(o.synthetic);
-    auto type = model::ggml_type_from_name(o.type);
-    if (!h) errors.push_back(o.synthetic + ": " + h.error().message);
-    if (!type) errors.push_back("--type '" + o.type + "' is not a ggml type name");
-    model::Glm5TypeRules rules;
-    if (!o.recipe.empty()) {
-      auto r = model::Glm5TypeRules::load_recipe(o.recipe);
-      if (r) rules = std::move(r.value());
-      else errors.push_back(r.error().message);
-    }
-    if (h && type) {
-      hp = h.value();
-      tensor_bytes = [t = *type, rules](const model::Glm5TensorSpec& s) -> uint64_t {
+    auto source = read_synthetic_source(o.synthetic, o.type, o.recipe);
+    if (!source) {
+      errors.push_back(source.error().message);
+    } else {
+      hp = source->hparams;
+      tensor_bytes = [t = source->type, rules = source->rules](const model::Glm5TensorSpec& s) -> uint64_t {
         return *model::ggml_bytes(gpu::synthetic_tensor_type(s, t, rules), s.n_elements());
       };
     }

@@ -160,17 +160,8 @@ Expected<LoadedModel> load_model(const std::string& path, const config::ServeCon
 }
 
 Expected<SyntheticSource> read_synthetic_source(const config::ServeConfig& config) {
-  auto hparams = model::glm5_hparams_from_hf_config_file(config.model.synthetic_config);
-  if (!hparams) return hparams.error().prefixed("--synthetic " + config.model.synthetic_config + ": ");
-  const auto type = model::ggml_type_from_name(config.model.synthetic_type);
-  if (!type) return Error("--type '" + config.model.synthetic_type + "' is not a ggml type name (q4_k, q8_0, f16, ...)");
-  SyntheticSource source{hparams.value(), *type, {}};
-  if (!config.model.synthetic_recipe.empty()) {
-    auto rules = model::Glm5TypeRules::load_recipe(config.model.synthetic_recipe);
-    if (!rules) return rules.error();
-    source.rules = std::move(rules.value());
-  }
-  return source;
+  return read_synthetic_source(config.model.synthetic_config, config.model.synthetic_type,
+                               config.model.synthetic_recipe);
 }
 
 Expected<LoadedModel> load_synthetic(const SyntheticSource& source, const config::ServeConfig& config) {

@@ -11,11 +11,9 @@
 #include "config/serve_config.hpp"
 #include "gpu/backend_factory.hpp"
 #include "http/server_context.hpp"
-#include "model/formats/ggml_type.hpp"
-#include "model/glm5/glm5_hparams.hpp"
-#include "model/glm5/glm5_type_rules.hpp"
 #include "model/pipeline.hpp"
 #include "model/text/tokenizer.hpp"
+#include "tools/ferry/synthetic_source.hpp"
 
 namespace ferry::cli {
 
@@ -34,12 +32,7 @@ Expected<std::string> resolve_model_path(const config::ServeConfig& config);
 Expected<LoadedModel> load_model(const std::string& path, const config::ServeConfig& config,
                                  http::LoadProgress& progress, const std::atomic<bool>& stop);
 
-// --synthetic: the shape and the weight type, read and checked before the server listens.
-struct SyntheticSource {
-  model::Glm5Hparams hparams;
-  model::GgmlType type = model::GgmlType::Q4_K;
-  model::Glm5TypeRules rules;  // --recipe
-};
+// --synthetic: the shape, the weight type and --recipe, read and checked before the server listens.
 Expected<SyntheticSource> read_synthetic_source(const config::ServeConfig& config);
 
 // Makes the weights on the GPU (open_synthetic_pipeline) and the tokenizer: --tokenizer's, whose ids
