@@ -15,7 +15,7 @@ void Head::logits(const int32_t* row_idx, uint32_t count) {
 
 void Head::decode(const StepInput& in, uint32_t rows) {
   logits(in.logit_rows(), rows);
-  sample_rows(w_.logits, hp_.vocab_size, in.sample_rows(), rows, in.sampled(), s_);
+  sample_rows(w_.logits, hp_.vocab_size, in.sample_rows(), rows, in.sampled(), w_.sample_scratch, s_);
 }
 
 std::vector<model::SlotResult> Head::decode_results(const std::vector<model::SlotRows>& rows, const StepInput& in) {
@@ -40,7 +40,7 @@ std::vector<model::SlotResult> Head::results(const std::vector<model::SlotRows>&
   for (size_t j0 = 0; j0 < wants.size(); j0 += w_.logit_rows) {
     const auto cnt = static_cast<uint32_t>(std::min<size_t>(w_.logit_rows, wants.size() - j0));
     logits(in.logit_rows() + j0, cnt);
-    sample_rows(w_.logits, hp_.vocab_size, in.sample_rows() + j0, cnt, in.sampled(), s_);
+    sample_rows(w_.logits, hp_.vocab_size, in.sample_rows() + j0, cnt, in.sampled(), w_.sample_scratch, s_);
     FERRY_CUDA(cudaMemcpyAsync(sampled, in.sampled(), cnt * sizeof(int32_t), cudaMemcpyDeviceToHost, s_));
     const bool any_keep = std::any_of(wants.begin() + j0, wants.begin() + j0 + cnt, [](const LogitRow& x) { return x.keep; });
     if (any_keep) {

@@ -231,9 +231,16 @@ struct SampleRow {
   uint64_t seed = 0;
 };
 // out[j] = the token model::sample_token chooses from logits row rows[j].logit_row with rows[j]'s
-// parameters, bit for bit the same (one thread block per row; vocab <= 2^31).
-void sample_rows(const float* logits, uint32_t vocab, const SampleRow* rows, uint32_t n, int32_t* out,
+// parameters, bit for bit the same (vocab <= 2^31). Each row runs on as many blocks as its vocabulary
+// needs (gpu/sampling_grid.cu), in `scratch`: sample_scratch_bytes() of device memory, zeroed once
+// when allocated, which every launch leaves zeroed again; one stream at a time may use it.
+size_t sample_scratch_bytes();
+void sample_rows(const float* logits, uint32_t vocab, const SampleRow* rows, uint32_t n, int32_t* out, void* scratch,
                  cudaStream_t stream);
+// The same tokens, one thread block per row (gpu/sampling.cu): what sample_rows does for a
+// vocabulary beyond what the device holds at once on many blocks.
+void sample_rows_by_block(const float* logits, uint32_t vocab, const SampleRow* rows, uint32_t n, int32_t* out,
+                          cudaStream_t stream);
 
 }  // namespace ferry::gpu
 

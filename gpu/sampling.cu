@@ -1,7 +1,9 @@
-// Token choice on the device: one thread block per row takes the argmax, and for a row with
-// temperature > 0 draws the token of model::sample_token by the same rule (model/cpu/sampling_rule.hpp):
-// the radix selects run here as block-wide passes over the row in global memory, and over a list of
-// keys in shared memory once a cut (top-k, top-p, a vocabulary this small) leaves at most kCompactCap.
+// Token choice on the device, one thread block per row: gpu::sample_rows's path for a vocabulary too
+// large for the many-block kernel (sampling_grid.cu) to hold on the device at once. The block takes
+// the argmax, and for a row with temperature > 0 draws the token of model::sample_token by the same
+// rule (model/cpu/sampling_rule.hpp): the radix selects run here as block-wide passes over the row in
+// global memory, and over a list of keys in shared memory once a cut (top-k, top-p, a vocabulary this
+// small) leaves at most kCompactCap.
 #include <climits>
 #include <string>
 
@@ -290,10 +292,10 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, u
 
 }  // namespace
 
-void sample_rows(const float* logits, uint32_t vocab, const SampleRow* rows, uint32_t n, int32_t* out,
-                 cudaStream_t stream) {
+void sample_rows_by_block(const float* logits, uint32_t vocab, const SampleRow* rows, uint32_t n, int32_t* out,
+                          cudaStream_t stream) {
   if (n == 0) return;
-  if (vocab == 0 || vocab > (1u << 31)) throw CudaError("sample_rows: a vocabulary of " + std::to_string(vocab) + " ids");
+  if (vocab == 0 || vocab > (1u << 31)) throw CudaError("sample_rows_by_block: a vocabulary of " + std::to_string(vocab) + " ids");
   sample_kernel<<<n, kThreads, 0, stream>>>(logits, vocab, rows, out);
   FERRY_CUDA_LAUNCHED();
 }

@@ -80,6 +80,8 @@ Workspace::Workspace(const model::Glm5Hparams& hp, model::LayerRange layers, uin
     logit_rows = static_cast<uint32_t>(std::clamp<size_t>((size_t{128} << 20) / d.V, 8, M));
     xo = alloc<float>(size_t{logit_rows} * d.D);
     logits = alloc<float>(size_t{logit_rows} * d.V);
+    sample_scratch = alloc<uint8_t>(sample_scratch_bytes());
+    FERRY_CUDA(cudaMemset(sample_scratch, 0, sample_scratch_bytes()));
   }
   cublas_ws = alloc<uint8_t>(kCublasWorkspace);
 }

@@ -57,6 +57,7 @@ struct Workspace {
   // the head (last stage)
   float *xo = nullptr, *logits = nullptr;
   uint32_t logit_rows = 0;
+  void* sample_scratch = nullptr;  // sample_rows's, zeroed
   void* cublas_ws = nullptr;
   static constexpr size_t kCublasWorkspace = size_t{32} << 20;
 

@@ -1,8 +1,9 @@
-// The device sampler (gpu::sample_rows) against model::sample_token on the same logits rows: every
-// row kind of tests/model/sampling_cases.hpp (random, peaked, flat, ties, -inf, NaN, +-0, +inf) at
-// vocabularies of 97 to 154880 ids, a grid of (temperature, top-k, top-p, min-p) with seeds and
-// positions, greedy rows among them; the tokens must be identical. Also prints the kernel's time
-// for a decode step's 8 rows of the GLM vocabulary at common settings.
+// The device sampler (gpu::sample_rows, many blocks a row, and gpu::sample_rows_by_block, one) against
+// model::sample_token on the same logits rows: every row kind of tests/model/sampling_cases.hpp
+// (random, peaked, flat, ties, -inf, NaN, +-0, +inf) at vocabularies of 97 to 154880 ids, a grid of
+// (temperature, top-k, top-p, min-p) with seeds and positions, greedy rows among them, and many seeds
+// at serve's settings on the GLM vocabulary; the tokens must be identical. Also prints both paths'
+// times for a decode step's 3 and 8 rows of the GLM vocabulary at common settings.
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -35,28 +36,30 @@ SampleRow device_row(int32_t logit_row, const SamplingParams& p, uint32_t positi
   return r;
 }
 
+enum class Path { grid, by_block };
+
 // Logits rows on the device and a runner for batches of SampleRows over them.
 class DeviceRows {
  public:
   DeviceRows(const std::vector<std::vector<float>>& rows, uint32_t vocab)
-      : vocab_(vocab), logits_(rows.size() * vocab * sizeof(float)) {
+      : vocab_(vocab), logits_(rows.size() * vocab * sizeof(float)), scratch_(sample_scratch_bytes()) {
     for (size_t r = 0; r < rows.size(); ++r) {
       EXPECT_EQ(cudaMemcpy(logits_.as<float>() + r * vocab, rows[r].data(), vocab * sizeof(float), cudaMemcpyHostToDevice),
                 cudaSuccess);
     }
+    EXPECT_EQ(cudaMemset(scratch_.get(), 0, scratch_.bytes()), cudaSuccess);
   }
-  std::vector<int32_t> sample(const std::vector<SampleRow>& batch) {
+  std::vector<int32_t> sample(const std::vector<SampleRow>& batch, Path path = Path::grid) {
     DeviceBuffer rows(batch.size() * sizeof(SampleRow)), out(batch.size() * sizeof(int32_t));
     EXPECT_EQ(cudaMemcpy(rows.get(), batch.data(), rows.bytes(), cudaMemcpyHostToDevice), cudaSuccess);
     EXPECT_EQ(cudaMemset(out.get(), 0xff, out.bytes()), cudaSuccess);
-    sample_rows(logits_.as<float>(), vocab_, rows.as<SampleRow>(), static_cast<uint32_t>(batch.size()), out.as<int32_t>(),
-                nullptr);
+    launch(rows.as<SampleRow>(), static_cast<uint32_t>(batch.size()), out.as<int32_t>(), path, nullptr);
     std::vector<int32_t> tokens(batch.size());
     EXPECT_EQ(cudaMemcpy(tokens.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
     return tokens;
   }
   // Milliseconds per launch of `batch`, the median of `reps` after a warm-up.
-  float time(const std::vector<SampleRow>& batch, int reps) {
+  float time(const std::vector<SampleRow>& batch, int reps, Path path) {
     DeviceBuffer rows(batch.size() * sizeof(SampleRow)), out(batch.size() * sizeof(int32_t));
     EXPECT_EQ(cudaMemcpy(rows.get(), batch.data(), rows.bytes(), cudaMemcpyHostToDevice), cudaSuccess);
     Stream st;
@@ -64,8 +67,7 @@ class DeviceRows {
     std::vector<float> ms;
     for (int i = 0; i <= reps; ++i) {
       e0.record(st.get());
-      sample_rows(logits_.as<float>(), vocab_, rows.as<SampleRow>(), static_cast<uint32_t>(batch.size()),
-                  out.as<int32_t>(), st.get());
+      launch(rows.as<SampleRow>(), static_cast<uint32_t>(batch.size()), out.as<int32_t>(), path, st.get());
       e1.record(st.get());
       st.synchronize();
       if (i > 0) ms.push_back(e1.since(e0));
@@ -75,11 +77,19 @@ class DeviceRows {
   }
 
  private:
+  void launch(const SampleRow* rows, uint32_t n, int32_t* out, Path path, cudaStream_t stream) {
+    if (path == Path::grid) {
+      sample_rows(logits_.as<float>(), vocab_, rows, n, out, scratch_.get(), stream);
+    } else {
+      sample_rows_by_block(logits_.as<float>(), vocab_, rows, n, out, stream);
+    }
+  }
+
   uint32_t vocab_;
-  DeviceBuffer logits_;
+  DeviceBuffer logits_, scratch_;
 };
 
-void expect_cpu_tokens(uint32_t vocab, bool many) {
+void expect_cpu_tokens(uint32_t vocab, bool many, Path path = Path::grid) {
   const auto cases = model::testing::sampling_rows(vocab, vocab + 1);
   std::vector<std::vector<float>> rows;
   for (const auto& c : cases) rows.push_back(c.second);
@@ -91,7 +101,7 @@ void expect_cpu_tokens(uint32_t vocab, bool many) {
     for (const SamplingParams& p : params) {
       for (uint32_t pos : {3u, 40961u}) batch.push_back(device_row(static_cast<int32_t>(r), p, pos));
     }
-    const std::vector<int32_t> got = dev.sample(batch);
+    const std::vector<int32_t> got = dev.sample(batch, path);
     for (size_t j = 0; j < batch.size(); ++j) {
       const SamplingParams& p = params[j / 2];
       const int32_t want = model::sample_token(rows[r], p, batch[j].position);
@@ -102,14 +112,22 @@ void expect_cpu_tokens(uint32_t vocab, bool many) {
       sampled += p.temperature > 0.0f;
     }
   }
-  std::printf("vocab %u: %zu tokens identical (%zu drawn, the rest greedy)\n", vocab, compared, sampled);
+  std::printf("vocab %u, %s: %zu tokens identical (%zu drawn, the rest greedy)\n", vocab,
+              path == Path::grid ? "many blocks a row" : "one block a row", compared, sampled);
 }
 
 TEST(DeviceSampler, DrawsTheCpuTokensOnSmallVocabularies) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
   expect_cpu_tokens(97, true);
   expect_cpu_tokens(1000, true);
-  expect_cpu_tokens(5000, true);  // top-k 5000: cuts above the shared-memory list
+  expect_cpu_tokens(5000, true);  // two blocks a row; top-k 5000 cuts above the one-block path's list
+  expect_cpu_tokens(20000, false);
+}
+
+TEST(DeviceSampler, OneBlockPathDrawsTheCpuTokens) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  expect_cpu_tokens(97, true, Path::by_block);
+  expect_cpu_tokens(5000, true, Path::by_block);
 }
 
 TEST(DeviceSampler, DrawsTheCpuTokensOnTheGlmVocabulary) {
@@ -117,7 +135,48 @@ TEST(DeviceSampler, DrawsTheCpuTokensOnTheGlmVocabulary) {
   expect_cpu_tokens(154880, false);
 }
 
-TEST(DeviceSampler, EightGlmRowsMatchTheCpuAndReportTheirTime) {
+// Serve's settings and their neighbours, 16 seeds each at two positions, on rows shaped like a model's.
+TEST(DeviceSampler, ManySeedsOnTheGlmVocabularyMatchTheCpu) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  const uint32_t vocab = 154880;
+  const auto cases = model::testing::sampling_rows(vocab, 17);
+  std::vector<std::vector<float>> rows;
+  for (const auto& c : cases) {
+    if (c.first == "random" || c.first == "peaked" || c.first == "zipf" || c.first == "ties") rows.push_back(c.second);
+  }
+  DeviceRows dev(rows, vocab);
+  std::vector<SamplingParams> params;
+  for (float t : {0.4f, 0.7f, 1.0f}) {
+    for (int cut = 0; cut < 4; ++cut) {
+      SamplingParams p;
+      p.temperature = t;
+      p.top_p = cut == 2 ? 1.0f : cut == 1 ? 0.9f : 0.95f;
+      p.top_k = cut == 1 ? 40 : 0;
+      p.min_p = cut >= 2 ? 0.05f : 0.0f;
+      for (uint64_t s = 0; s < 16; ++s) {
+        p.seed = 0x243f6a8885a308d3ull * (s + 1) + static_cast<uint64_t>(cut);
+        params.push_back(p);
+      }
+    }
+  }
+  std::vector<SampleRow> batch;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    for (const SamplingParams& p : params) {
+      for (uint32_t pos : {7u, 123457u}) batch.push_back(device_row(static_cast<int32_t>(r), p, pos));
+    }
+  }
+  const std::vector<int32_t> got = dev.sample(batch);
+  for (size_t j = 0; j < batch.size(); ++j) {
+    const SamplingParams& p = params[(j / 2) % params.size()];
+    const auto r = static_cast<size_t>(batch[j].logit_row);
+    ASSERT_EQ(got[j], model::sample_token(rows[r], p, batch[j].position))
+        << "row " << r << " T " << p.temperature << " top_k " << p.top_k << " top_p " << p.top_p << " min_p "
+        << p.min_p << " seed " << p.seed << " position " << batch[j].position;
+  }
+  std::printf("vocab %u: %zu drawn tokens identical\n", vocab, batch.size());
+}
+
+TEST(DeviceSampler, GlmRowsMatchTheCpuAndReportTheirTime) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
   const uint32_t vocab = 154880;
   const auto cases = model::testing::sampling_rows(vocab, 9);
@@ -130,19 +189,28 @@ TEST(DeviceSampler, EightGlmRowsMatchTheCpuAndReportTheirTime) {
     const char* name;
     SamplingParams p;
   };
-  SamplingParams greedy, serve_default, full, top_k;
+  SamplingParams greedy, serve_default, warm, full, top_k;
   serve_default.temperature = full.temperature = top_k.temperature = 1.0f;
-  serve_default.top_p = 0.95f;
+  serve_default.top_p = warm.top_p = 0.95f;
+  warm.temperature = 0.4f;
   top_k.top_k = 40;
   for (const Setting& s : {Setting{"greedy", greedy}, Setting{"T 1, top-p 0.95 (serve default)", serve_default},
-                           Setting{"T 1, whole vocabulary", full}, Setting{"T 1, top-k 40", top_k}}) {
-    std::vector<SampleRow> batch;
-    for (int32_t j = 0; j < 8; ++j) batch.push_back(device_row(j % static_cast<int32_t>(rows.size()), s.p, 100 + j));
-    const std::vector<int32_t> got = dev.sample(batch);
-    for (size_t j = 0; j < batch.size(); ++j) {
-      EXPECT_EQ(got[j], model::sample_token(rows[static_cast<size_t>(batch[j].logit_row)], s.p, batch[j].position)) << s.name;
+                           Setting{"T 0.4, top-p 0.95", warm}, Setting{"T 1, whole vocabulary", full},
+                           Setting{"T 1, top-k 40", top_k}}) {
+    for (int32_t n : {3, 8}) {
+      std::vector<SampleRow> batch;
+      for (int32_t j = 0; j < n; ++j) batch.push_back(device_row(j % static_cast<int32_t>(rows.size()), s.p, 100 + j));
+      for (Path path : {Path::grid, Path::by_block}) {
+        const std::vector<int32_t> got = dev.sample(batch, path);
+        for (size_t j = 0; j < batch.size(); ++j) {
+          EXPECT_EQ(got[j], model::sample_token(rows[static_cast<size_t>(batch[j].logit_row)], s.p, batch[j].position))
+              << s.name;
+        }
+        std::printf("%d rows of %u, %-16s %-34s %8.1f us\n", n, vocab,
+                    path == Path::grid ? "many blocks:" : "one block a row:", s.name,
+                    1000.0f * dev.time(batch, 20, path));
+      }
     }
-    std::printf("sample_rows, 8 rows of %u: %-34s %8.1f us\n", vocab, s.name, 1000.0f * dev.time(batch, 20));
   }
 }
 

@@ -49,6 +49,7 @@ struct Options {
   uint32_t slots = 1, micro_batches = 0;
   config::MemoryOptionsText memory;
   float route_skew = 0;
+  float temperature = 0.0f, top_p = 1.0f;  // of every step's draw (0: greedy)
 };
 
 struct Result {
@@ -180,7 +181,11 @@ int bench(const Options& o) {
   // One step of slot 0 (then the expert policy, as the server runs it); the token it drew, or -1
   // with `failure` set.
   auto step = [&](uint32_t start, std::vector<int32_t> tokens) {
-    auto res = b.step({model::SlotRows{0, start, std::move(tokens), false, true, {}}});
+    model::SamplingParams sp;
+    sp.temperature = o.temperature;
+    sp.top_p = o.top_p;
+    sp.seed = o.seed;
+    auto res = b.step({model::SlotRows{0, start, std::move(tokens), false, true, sp}});
     om.rebalance();
     if (!res) {
       if (failure.empty()) failure = res.error().message;
@@ -388,6 +393,12 @@ CommandRun add_bench_command(CLI::App& app) {
   sub->add_option("-n,--n-gen", o->gen, "decode lengths, comma-separated")->capture_default_str();
   sub->add_option("-d,--n-depth", o->depth, "tokens already in the sequence, comma-separated")->capture_default_str();
   sub->add_option("-r,--repetitions", o->reps, "timed repetitions of each test")->capture_default_str()->check(CLI::Range(1, 100));
+  sub->add_option("--temperature", o->temperature, "sampling temperature of every step (0: greedy)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0f, 100.0f));
+  sub->add_option("--top-p", o->top_p, "nucleus cut of the draw when --temperature > 0")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0f, 1.0f));
   sub->add_option("--seed", o->seed, "seed of the synthetic weights and the prompt tokens")->capture_default_str();
   sub->add_option("--devices", o->devices, "CUDA devices of the stages, e.g. 0,1 (default: 0)");
   sub->add_option("--split", o->split,
