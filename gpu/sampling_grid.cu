@@ -46,14 +46,21 @@ struct RowScratch {
 struct Local {
   uint32_t count[256];
   ull lo[256], hi[256], top[256];
-  ull warp_top[kThreads / 32];
+  ull group_w[kThreads], group_k[kThreads];  // a warp's weights and keys, for the lowest lane of a bucket
   uint32_t bucket, bucket_count;
   ull count_before, need_lo, need_hi, only;
 };
 
-template <class T>
-__device__ T load_l2(const T& x) {
-  return *reinterpret_cast<const volatile T*>(&x);
+// Reads of what other blocks added: from L2, past this SM's L1 (ld.global.cg).
+__device__ uint32_t load_l2(const uint32_t& x) {
+  uint32_t v;
+  asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(&x));
+  return v;
+}
+__device__ ull load_l2(const ull& x) {
+  ull v;
+  asm volatile("ld.global.cg.u64 %0, [%1];" : "=l"(v) : "l"(&x));
+  return v;
 }
 
 __device__ ull warp_max_u64(ull v) {
@@ -234,32 +241,40 @@ class GridRow {
     return g_.pass[pass_];
   }
 
-  // Adds key k (bucket b, -1 for none) of every lane: lanes of one bucket are summed in the warp first,
-  // since the first digits put most of a row in a few buckets.
+  // Adds key k (bucket b, -1 for none) of every lane. Lanes of one bucket are summed in the warp
+  // first, since the first digits put most of a row in a few buckets: a whole-warp bucket by shuffles,
+  // smaller groups by their lowest lane reading its peers' weights from shared memory.
   __device__ void add_grouped(int b, ull w, ull k) {
     if (__ballot_sync(kAll, b >= 0) == 0) return;
     const unsigned peers = __match_any_sync(kAll, b);
-    const bool alone = __popc(peers) == 1;
-    if (b >= 0 && alone) add_local(b, 1, w & 0xffffffffull, w >> 32, k);
-    unsigned shared = __ballot_sync(kAll, b >= 0 && !alone);
     const int lane = static_cast<int>(threadIdx.x & 31);
-    while (shared != 0) {
-      const int leader = __ffs(shared) - 1;
-      const int lb = __shfl_sync(kAll, b, leader);
-      const bool in = b == lb;
-      const unsigned members = __ballot_sync(kAll, in);
-      const ull lo = warp_sum_u64(in ? w & 0xffffffffull : 0);
-      const ull hi = warp_sum_u64(in ? w >> 32 : 0);
-      const ull top = warp_max_u64(in ? k : 0);
-      if (lane == leader) add_local(lb, static_cast<uint32_t>(__popc(members)), lo, hi, top);
-      shared &= ~members;
+    if (__all_sync(kAll, peers == kAll)) {  // every lane in bucket b
+      const ull lo = warp_sum_u64(w & 0xffffffffull), hi = warp_sum_u64(w >> 32), top = warp_max_u64(k);
+      if (lane == 0) add_local(b, 32, lo, hi, top);
+      return;
     }
+    const unsigned base = threadIdx.x & ~31u;
+    sh_.group_w[threadIdx.x] = w;
+    sh_.group_k[threadIdx.x] = k;
+    __syncwarp();
+    if (b >= 0 && lane == __ffs(peers) - 1) {
+      ull lo = 0, hi = 0, top = 0;
+      for (unsigned m = peers; m != 0; m &= m - 1) {
+        const unsigned i = base + static_cast<unsigned>(__ffs(m) - 1);
+        const ull wi = sh_.group_w[i], ki = sh_.group_k[i];
+        lo += wi & 0xffffffffull;
+        hi += wi >> 32;
+        top = ki > top ? ki : top;
+      }
+      add_local(b, static_cast<uint32_t>(__popc(peers)), lo, hi, top);
+    }
+    __syncwarp();
   }
 
   __device__ void add_local(int b, uint32_t count, ull lo, ull hi, ull top) {
     atomicAdd(&sh_.count[b], count);
-    if (by_mass_ && lo != 0) atomicAdd(&sh_.lo[b], lo);
-    if (by_mass_ && hi != 0) atomicAdd(&sh_.hi[b], hi);
+    if (lo != 0) atomicAdd(&sh_.lo[b], lo);
+    if (hi != 0) atomicAdd(&sh_.hi[b], hi);
     atomicMax(&sh_.top[b], top);
   }
 
@@ -277,7 +292,7 @@ class GridRow {
       __threadfence();
       atomicAdd(&g_.arrived, 1u);
       const unsigned target = blocks_ * static_cast<unsigned>(pass_ + 1);
-      while (load_l2(g_.arrived) < target) {
+      while (*reinterpret_cast<volatile unsigned*>(&g_.arrived) < target) {
       }
       __threadfence();
     }
