@@ -30,12 +30,12 @@ constexpr uint32_t kMaxRows = 8;  // rows of one launch: the scratch holds this 
 constexpr int kPasses = 1 + 3 * 8 + 1;
 constexpr unsigned kAll = 0xffffffffu;
 
-// One pass's histogram summed over a row's blocks. A weight w adds w mod 2^32 to lo and w >> 32 to hi:
-// neither sum can wrap for up to 2^31 keys, so no carry crosses blocks.
+// One pass's histogram summed over a row's blocks: a block's weight W of a bucket adds W mod 2^32 to lo
+// and W >> 32 to hi (the bucket's weight is lo + hi * 2^32); neither sum can wrap for 2^31 keys.
 struct Pass {
   uint32_t count[256];
   ull lo[256], hi[256];
-  ull top[256];  // the largest key in the bucket: the key itself once the bucket holds one
+  ull top[256];  // a key of the bucket, stored by each block that has one: the key when count is 1
 };
 struct RowScratch {
   unsigned arrived;  // blocks at a barrier, over the whole launch
@@ -43,9 +43,13 @@ struct RowScratch {
   Pass pass[kPasses];
 };
 
+// A block's histogram. Shared-memory atomics on 64 bits are compare-and-swap loops, slow when many
+// warps hit one bucket, so a bucket's weight is a 96-bit number in three 32-bit words (m0 low) added
+// with carries, and its key is stored, not maxed: it is read only when the bucket holds one key.
 struct Local {
   uint32_t count[256];
-  ull lo[256], hi[256], top[256];
+  uint32_t m0[256], m1[256], m2[256];
+  ull top[256];
   ull group_w[kThreads], group_k[kThreads];  // a warp's weights and keys, for the lowest lane of a bucket
   uint32_t bucket, bucket_count;
   ull count_before, need_lo, need_hi, only;
@@ -120,10 +124,7 @@ class GridRow {
     Pass& p = next_pass();
     by_mass_ = by_mass;
     __syncthreads();  // the previous choice has been read
-    for (int b = threadIdx.x; b < 256; b += kThreads) {
-      sh_.count[b] = 0;
-      sh_.lo[b] = sh_.hi[b] = sh_.top[b] = 0;
-    }
+    for (int b = threadIdx.x; b < 256; b += kThreads) sh_.count[b] = sh_.m0[b] = sh_.m1[b] = sh_.m2[b] = 0;
     __syncthreads();
     const uint64_t digit = (uint64_t{1} << (left - shift)) - 1;
 #pragma unroll
@@ -136,9 +137,10 @@ class GridRow {
     for (int b = threadIdx.x; b < 256; b += kThreads) {
       if (sh_.count[b] == 0) continue;
       atomicAdd(&p.count[b], sh_.count[b]);
-      if (sh_.lo[b] != 0) atomicAdd(&p.lo[b], sh_.lo[b]);
-      if (sh_.hi[b] != 0) atomicAdd(&p.hi[b], sh_.hi[b]);
-      atomicMax(&p.top[b], sh_.top[b]);
+      if (sh_.m0[b] != 0) atomicAdd(&p.lo[b], ull{sh_.m0[b]});
+      const ull hi = sh_.m1[b] | (ull{sh_.m2[b]} << 32);
+      if (hi != 0) atomicAdd(&p.hi[b], hi);
+      *reinterpret_cast<volatile ull*>(&p.top[b]) = sh_.top[b];  // the one writer when the row's count is 1
     }
     barrier();
   }
@@ -271,11 +273,20 @@ class GridRow {
     __syncwarp();
   }
 
+  // Adds `count` keys of weight lo + hi * 2^32 (lo, hi < 2^37) and one of their keys to bucket b.
   __device__ void add_local(int b, uint32_t count, ull lo, ull hi, ull top) {
     atomicAdd(&sh_.count[b], count);
-    if (lo != 0) atomicAdd(&sh_.lo[b], lo);
-    if (hi != 0) atomicAdd(&sh_.hi[b], hi);
-    atomicMax(&sh_.top[b], top);
+    sh_.top[b] = top;
+    if ((lo | hi) == 0) return;
+    const auto v0 = static_cast<uint32_t>(lo);
+    const ull rest = (lo >> 32) + hi;
+    const auto v1 = static_cast<uint32_t>(rest);
+    uint32_t v2 = static_cast<uint32_t>(rest >> 32);
+    if (v0 != 0 && atomicAdd(&sh_.m0[b], v0) > ~v0) {  // the low word wrapped: carry 1 into m1
+      if (atomicAdd(&sh_.m1[b], 1u) == ~0u) ++v2;
+    }
+    if (v1 != 0 && atomicAdd(&sh_.m1[b], v1) > ~v1) ++v2;
+    if (v2 != 0) atomicAdd(&sh_.m2[b], v2);
   }
 
   // Block 0 clears the next pass's sums before arriving: nobody adds into them until all have arrived.
