@@ -298,14 +298,16 @@ class GridRow {
         n.lo[b] = n.hi[b] = n.top[b] = 0;
       }
     }
+    // The block's writes are ordered before thread 0's release by the block barrier, and the other
+    // blocks' before this block's reads by its acquire and the barrier after it.
     __syncthreads();
     if (threadIdx.x == 0) {
-      __threadfence();
-      atomicAdd(&g_.arrived, 1u);
+      asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(&g_.arrived) : "memory");
       const unsigned target = blocks_ * static_cast<unsigned>(pass_ + 1);
-      while (*reinterpret_cast<volatile unsigned*>(&g_.arrived) < target) {
-      }
-      __threadfence();
+      unsigned seen = 0;
+      do {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(&g_.arrived) : "memory");
+      } while (seen < target);
     }
     __syncthreads();
   }
