@@ -12,6 +12,7 @@
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernels.hpp"
+#include "gpu/sample_scratch.hpp"
 #include "model/cpu/sampling_rule.hpp"
 
 namespace ferry::gpu {
@@ -357,7 +358,8 @@ uint32_t resident_blocks() {
 
 }  // namespace
 
-size_t sample_scratch_bytes() { return sizeof(RowScratch) * kMaxRows; }
+static_assert(sizeof(RowScratch) * kMaxRows <= kSampleScratchBytes, "the memory plan counts kSampleScratchBytes");
+size_t sample_scratch_bytes() { return kSampleScratchBytes; }
 
 void sample_rows(const float* logits, uint32_t vocab, const SampleRow* rows, uint32_t n, int32_t* out, void* scratch,
                  cudaStream_t stream) {

@@ -48,7 +48,7 @@ uint64_t stage_workspace_bytes(const model::Glm5Hparams& hp, model::LayerRange l
   b += 2 * 2 * M * max_cols + 2 * 2 * (uint64_t{32} << 20);  // fp16 staging of the prefill GEMMs
   if (layers.end == hp.n_layers) {
     const uint64_t logit_rows = std::clamp<uint64_t>((uint64_t{128} << 20) / hp.vocab_size, 8, M);
-    b += 4 * logit_rows * (D + hp.vocab_size);
+    b += 4 * logit_rows * (D + hp.vocab_size) + kSampleScratchBytes;
   }
   return b + (uint64_t{32} << 20);  // the cuBLAS workspace
 }

@@ -4,6 +4,7 @@
 // exactly these (tests/gpu check it), and the memory plan adds them up before anything is allocated.
 #include <cstdint>
 
+#include "gpu/sample_scratch.hpp"
 #include "model/formats/ggml_type.hpp"
 #include "model/glm5/glm5_hparams.hpp"
 #include "model/glm5/glm5_tensors.hpp"
