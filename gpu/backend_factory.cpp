@@ -131,6 +131,7 @@ Expected<OpenedModel> cuda_pipeline(const BackendOptions& o, const Source& src, 
     c.device = config::stage_device(o.split, i, ranges.size());
     c.max_slots = o.max_slots;
     c.max_context = context_for(o, hp.context_length);
+    c.kv.latent = o.kv_type.value_or(default_kv_type("cuda"));
     c.max_step_rows = o.max_step_rows;
     c.graphs = o.graphs;
     if (policy_stage[i] >= 0) {
@@ -166,6 +167,10 @@ void OpenedModel::rebalance() {
     experts->observe(s, tier->take_route_counts());
     tier->start_moves(experts->propose(s));
   }
+}
+
+config::KvType default_kv_type(const std::string& resolved_kind) {
+  return resolved_kind == "cuda" ? config::KvType::int8 : config::KvType::f32;
 }
 
 Expected<std::string> resolve_backend_kind(const std::string& kind) {
@@ -224,6 +229,7 @@ Expected<OpenedModel> open_pipeline(const std::filesystem::path& path, const Bac
     model::CpuStageOptions co;
     co.max_slots = o.max_slots;
     co.max_context = context_for(o, hp.context_length);
+    co.kv.latent = o.kv_type.value_or(default_kv_type("cpu"));
     auto pipeline = model::Pipeline::make(model::make_cpu_stages(weights, ranges.value(), o.threads, co));
     if (!pipeline) return pipeline.error();
     OpenedModel opened;
