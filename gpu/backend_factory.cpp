@@ -45,6 +45,7 @@ PlanInput plan_input(const model::Glm5Hparams& hp, const TensorBytes& tensor_byt
   in.slots = o.max_slots;
   in.context = context_for(o, hp.context_length);
   in.step_rows = o.max_step_rows;
+  in.kv_type = o.kv_type.value_or(default_kv_type("cuda"));
   return in;
 }
 
@@ -171,6 +172,17 @@ void OpenedModel::rebalance() {
 
 config::KvType default_kv_type(const std::string& resolved_kind) {
   return resolved_kind == "cuda" ? config::KvType::int8 : config::KvType::f32;
+}
+
+Status parse_kv_type_option(const std::string& text, BackendOptions& options) {
+  if (text == "auto") {
+    options.kv_type.reset();
+    return std::nullopt;
+  }
+  auto t = config::parse_kv_type(text);
+  if (!t) return t.error().prefixed("--kv-type: ");
+  options.kv_type = t.value();
+  return std::nullopt;
 }
 
 Expected<std::string> resolve_backend_kind(const std::string& kind) {

@@ -39,6 +39,8 @@ struct BackendOptions {
 
 // The latent rows' format when --kv-type is not given: int8 on "cuda", f32 (the reference) on "cpu".
 config::KvType default_kv_type(const std::string& resolved_kind);
+// --kv-type as every command takes it: "auto" (the backend's default) or a KvType into options.kv_type.
+Status parse_kv_type_option(const std::string& text, BackendOptions& options);
 
 // A model ready to run: its stages, the memory plan they were made from (CUDA), and the policy that
 // moves experts between their pools and the host store (when some stage keeps a pool).
