@@ -6,17 +6,11 @@
 #include <string>
 
 #include "config/byte_size.hpp"
-#include "kv/kv_codec.hpp"
+#include "kv/kv_rows.hpp"
 
 namespace ferry::kv {
 
 using config::KvType;
-
-namespace {
-
-uint64_t element_bytes(KvType t) { return t == KvType::f32 ? 4 : t == KvType::f16 ? 2 : 1; }
-
-}  // namespace
 
 uint64_t HostKvTier::bytes_for(const HostKvShape& s) {
   return uint64_t{s.slots} * s.layers * s.max_tokens * config::kv_row_bytes(s.type, s.width);
@@ -52,7 +46,7 @@ HostKvTier::HostKvTier(const HostKvShape& shape, HostAllocator allocator, uint8_
       allocator_(std::move(allocator)),
       memory_(memory),
       bytes_(bytes_for(shape)),
-      data_bytes_(uint64_t{shape.slots} * shape.layers * shape.max_tokens * shape.width * element_bytes(shape.type)),
+      data_bytes_(uint64_t{shape.slots} * shape.layers * shape.max_tokens * shape.width * kv_element_bytes(shape.type)),
       tokens_(size_t{shape.slots} * shape.layers, 0) {}
 
 HostKvTier::~HostKvTier() {
@@ -61,7 +55,7 @@ HostKvTier::~HostKvTier() {
 
 uint8_t* HostKvTier::data_at(uint32_t slot, uint32_t layer, uint32_t pos) const {
   const uint64_t row = uint64_t{index(slot, layer)} * shape_.max_tokens + pos;
-  return memory_ + row * shape_.width * element_bytes(shape_.type);
+  return memory_ + row * shape_.width * kv_element_bytes(shape_.type);
 }
 
 float* HostKvTier::scale_at(uint32_t slot, uint32_t layer, uint32_t pos) const {
@@ -88,24 +82,9 @@ Status HostKvTier::write(uint32_t slot, uint32_t layer, uint32_t pos, const floa
                                               std::to_string(shape_.max_tokens) + ")");
   }
   if (pos < end) truncate(slot, pos);
-  const uint32_t w = shape_.width;
   for (uint32_t i = 0; i < n; ++i) {
-    const float* x = src + i * stride;
-    uint8_t* d = data_at(slot, layer, pos + i);
-    switch (shape_.type) {
-      case KvType::f32: std::copy_n(x, w, reinterpret_cast<float*>(d)); break;
-      case KvType::f16:
-        for (uint32_t c = 0; c < w; ++c) reinterpret_cast<uint16_t*>(d)[c] = f32_to_f16(x[c]);
-        break;
-      case KvType::int8: {
-        float m = 0.0f;
-        for (uint32_t c = 0; c < w; ++c) m = std::max(m, std::fabs(x[c]));
-        const float s = int8_scale(m);
-        for (uint32_t c = 0; c < w; ++c) reinterpret_cast<int8_t*>(d)[c] = int8_code(x[c], s);
-        *scale_at(slot, layer, pos + i) = s;
-        break;
-      }
-    }
+    encode_row(shape_.type, src + i * stride, shape_.width, data_at(slot, layer, pos + i),
+               shape_.type == KvType::int8 ? scale_at(slot, layer, pos + i) : nullptr);
   }
   tokens_[index(slot, layer)] = pos + n;
   return std::nullopt;
@@ -122,19 +101,8 @@ void HostKvTier::truncate(uint32_t slot, uint32_t t) {
 }
 
 void HostKvTier::decode(uint32_t slot, uint32_t layer, uint32_t pos, float* out) const {
-  const uint8_t* d = data_at(slot, layer, pos);
-  const uint32_t w = shape_.width;
-  switch (shape_.type) {
-    case KvType::f32: std::copy_n(reinterpret_cast<const float*>(d), w, out); break;
-    case KvType::f16:
-      for (uint32_t c = 0; c < w; ++c) out[c] = f16_to_f32(reinterpret_cast<const uint16_t*>(d)[c]);
-      break;
-    case KvType::int8: {
-      const float s = *scale_at(slot, layer, pos);
-      for (uint32_t c = 0; c < w; ++c) out[c] = static_cast<float>(reinterpret_cast<const int8_t*>(d)[c]) * s;
-      break;
-    }
-  }
+  decode_row(shape_.type, data_at(slot, layer, pos), shape_.type == KvType::int8 ? *scale_at(slot, layer, pos) : 0.0f,
+             shape_.width, out);
 }
 
 const void* HostKvTier::row_data(uint32_t slot, uint32_t layer, uint32_t pos) const { return data_at(slot, layer, pos); }

@@ -11,6 +11,15 @@
 
 namespace ferry::kv {
 
+// One row of `width` floats in `type`, on the host: into `data` (width values of the format's element:
+// f32, f16 bits, int8 codes) and, for int8, its scale into *scale; and back.
+void encode_row(config::KvType type, const float* x, uint32_t width, void* data, float* scale);
+void decode_row(config::KvType type, const void* data, float scale, uint32_t width, float* out);
+// Bytes of one element of the format's data (the int8 scale apart).
+constexpr uint64_t kv_element_bytes(config::KvType type) {
+  return type == config::KvType::f32 ? 4 : type == config::KvType::f16 ? 2 : 1;
+}
+
 class KvRows {
  public:
   KvRows() = default;
