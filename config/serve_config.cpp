@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <sstream>
 
+#include "config/kv_type.hpp"
+
 namespace ferry::config {
 namespace {
 
@@ -79,6 +81,8 @@ std::vector<std::string> validate(const ServeConfig& c) {
         bad("max-connections", c.server.max_connections, "0 (auto) to 1000000 connections"));
   check(c.slots.count >= 1 && c.slots.count <= 256, bad("slots", c.slots.count, "1 to 256"));
   check(c.slots.ctx >= 16, bad("ctx", c.slots.ctx, "at least 16 tokens per slot"));
+  check(c.slots.kv_type == "auto" || parse_kv_type(c.slots.kv_type).ok(),
+        bad("kv-type", c.slots.kv_type, "f32, f16, int8 or auto"));
   check(c.slots.prefill_chunk >= 1, bad("prefill-chunk", c.slots.prefill_chunk, "at least 1 token"));
   check(c.slots.queue_limit <= 1000000, bad("queue-limit", c.slots.queue_limit, "0 to 1000000 waiting requests"));
   check(c.slots.retry_after_s >= 1 && c.slots.retry_after_s <= 3600, bad("retry-after", c.slots.retry_after_s, "1 to 3600 seconds"));

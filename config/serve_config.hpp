@@ -53,6 +53,7 @@ struct MemoryConfig {
 struct SlotsConfig {
   uint32_t count = 3;             // concurrent requests
   uint32_t ctx = 524288;          // tokens per slot: prompt + completion
+  std::string kv_type = "auto";   // DSA latent rows: f32, f16, int8, or auto (int8 on CUDA, f32 on the CPU)
   uint32_t prefill_chunk = 4096;  // prompt tokens per step, at most one chunk per step
   uint32_t queue_limit = 64;      // requests waiting for a slot before 429
   uint32_t retry_after_s = 1;     // Retry-After sent with 429

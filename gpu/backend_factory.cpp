@@ -45,6 +45,7 @@ PlanInput plan_input(const model::Glm5Hparams& hp, const TensorBytes& tensor_byt
   in.slots = o.max_slots;
   in.context = context_for(o, hp.context_length);
   in.step_rows = o.max_step_rows;
+  in.kv_type = o.kv_type.value_or(default_kv_type("cuda"));
   return in;
 }
 
@@ -131,6 +132,7 @@ Expected<OpenedModel> cuda_pipeline(const BackendOptions& o, const Source& src, 
     c.device = config::stage_device(o.split, i, ranges.size());
     c.max_slots = o.max_slots;
     c.max_context = context_for(o, hp.context_length);
+    c.kv.latent = o.kv_type.value_or(default_kv_type("cuda"));
     c.max_step_rows = o.max_step_rows;
     c.graphs = o.graphs;
     if (policy_stage[i] >= 0) {
@@ -166,6 +168,21 @@ void OpenedModel::rebalance() {
     experts->observe(s, tier->take_route_counts());
     tier->start_moves(experts->propose(s));
   }
+}
+
+config::KvType default_kv_type(const std::string& resolved_kind) {
+  return resolved_kind == "cuda" ? config::KvType::int8 : config::KvType::f32;
+}
+
+Status parse_kv_type_option(const std::string& text, BackendOptions& options) {
+  if (text == "auto") {
+    options.kv_type.reset();
+    return std::nullopt;
+  }
+  auto t = config::parse_kv_type(text);
+  if (!t) return t.error().prefixed("--kv-type: ");
+  options.kv_type = t.value();
+  return std::nullopt;
 }
 
 Expected<std::string> resolve_backend_kind(const std::string& kind) {
@@ -224,6 +241,7 @@ Expected<OpenedModel> open_pipeline(const std::filesystem::path& path, const Bac
     model::CpuStageOptions co;
     co.max_slots = o.max_slots;
     co.max_context = context_for(o, hp.context_length);
+    co.kv.latent = o.kv_type.value_or(default_kv_type("cpu"));
     auto pipeline = model::Pipeline::make(model::make_cpu_stages(weights, ranges.value(), o.threads, co));
     if (!pipeline) return pipeline.error();
     OpenedModel opened;

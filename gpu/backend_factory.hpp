@@ -7,10 +7,12 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "config/expected.hpp"
+#include "config/kv_type.hpp"
 #include "config/serve_config.hpp"
 #include "config/stage_split.hpp"
 #include "gpu/memory_plan.hpp"
@@ -32,7 +34,13 @@ struct BackendOptions {
   config::StageSplit split;       // the stages' layers and devices
   config::MemoryConfig memory;    // where routed experts go when the devices cannot hold them
   float route_skew = 0;           // synthetic weights: the routers' preference (ModelConfig::route_skew)
+  std::optional<config::KvType> kv_type;  // DSA latent rows (--kv-type); unset: default_kv_type(backend)
 };
+
+// The latent rows' format when --kv-type is not given: int8 on "cuda", f32 (the reference) on "cpu".
+config::KvType default_kv_type(const std::string& resolved_kind);
+// --kv-type as every command takes it: "auto" (the backend's default) or a KvType into options.kv_type.
+Status parse_kv_type_option(const std::string& text, BackendOptions& options);
 
 // A model ready to run: its stages, the memory plan they were made from (CUDA), and the policy that
 // moves experts between their pools and the host store (when some stage keeps a pool).

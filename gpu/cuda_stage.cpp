@@ -72,12 +72,13 @@ struct CudaStage::Impl {
   // The slots' state is sized for the whole context up front: a context the device cannot hold is
   // refused here, with the numbers, before anything else is allocated.
   Status check_state_fits() {
-    const uint64_t need = StageState::bytes_for(hp, layers, opt.max_slots, opt.max_context);
+    const uint64_t need = StageState::bytes_for(hp, layers, opt.max_slots, opt.max_context, opt.kv.latent);
     size_t free_b = 0, total_b = 0;
     FERRY_CUDA(cudaMemGetInfo(&free_b, &total_b));
     if (need <= free_b) return std::nullopt;
-    const uint64_t per_token = StageState::bytes_for(hp, layers, 1, 1) - StageState::bytes_for(hp, layers, 1, 0);
-    const uint64_t fixed = StageState::bytes_for(hp, layers, opt.max_slots, 0);
+    const uint64_t per_token =
+        StageState::bytes_for(hp, layers, 1, 1, opt.kv.latent) - StageState::bytes_for(hp, layers, 1, 0, opt.kv.latent);
+    const uint64_t fixed = StageState::bytes_for(hp, layers, opt.max_slots, 0, opt.kv.latent);
     const uint64_t fits = free_b > fixed ? (free_b - fixed) / std::max<uint64_t>(1, per_token * opt.max_slots) : 0;
     return Error(ErrorCode::out_of_memory,
                  model::describe_layers(layers) + " on cuda:" + std::to_string(opt.device) + ": " +
@@ -89,7 +90,7 @@ struct CudaStage::Impl {
 
   // Everything but the weights, after them.
   void finish_setup() {
-    state.emplace(hp, layers, opt.max_slots, opt.max_context, s());
+    state.emplace(hp, layers, opt.max_slots, opt.max_context, opt.kv, s());
     work.emplace(hp, layers, opt.max_step_rows, opt.max_context);
     FERRY_CUBLAS(blas::api().set_workspace(cublas, work->cublas_ws, Workspace::kCublasWorkspace));
     input.emplace(opt.max_step_rows);
@@ -368,7 +369,7 @@ uint64_t CudaStage::decode_bytes_per_token(uint64_t depth) const {
       b += 2ull * z.kda_nh * z.kda_hd * z.kda_hd * 4;  // recurrent state read and written
     } else {
       const uint64_t attended = std::min<uint64_t>(depth + 1, m.hp.index_topk + z.kp - 1);
-      b += attended * z.kvlr * 4;                            // selected latents
+      b += attended * config::kv_row_bytes(m.opt.kv.latent, z.kvlr);  // selected latents
       if (l.has_indexer) b += (depth + 1) / z.kp * z.id * 4;  // pool keys scored
     }
   }

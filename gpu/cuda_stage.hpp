@@ -10,6 +10,8 @@
 #include <functional>
 #include <memory>
 #include <optional>
+
+#include "config/kv_type.hpp"
 #include <string>
 
 #include "gpu/device_weights.hpp"
@@ -36,6 +38,7 @@ struct CudaStageOptions {
   uint32_t max_context = 8192;
   uint32_t max_step_rows = 2048;  // rows of one step (a prefill chunk plus decode rows)
   bool graphs = true;             // replay decode steps from CUDA graphs
+  config::KvFormats kv;           // DSA row formats: latent f32 | f16 | int8, indexer keys/gates f32
   std::optional<StageExpertTiers> tiers;  // none: every routed expert of the stage on the device
 };
 

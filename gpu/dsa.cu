@@ -13,6 +13,7 @@
 #include "gpu/block_reduce.cuh"
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernels.hpp"
+#include "kv/kv_codec.hpp"
 
 namespace ferry::gpu {
 namespace {
@@ -178,6 +179,37 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(IndexerArgs a) {
   }
 }
 
+// The latent cache in its format: whole rows by index (slot * ctx + position), read as floats.
+template <config::KvType T>
+struct LatentRows {
+  const void* base;
+  const float* scales;
+  uint32_t R;
+  __device__ __forceinline__ float4 load4(size_t row, uint32_t c4) const {
+    if constexpr (T == config::KvType::f32) {
+      return __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(base) + row * R) + c4);
+    } else if constexpr (T == config::KvType::f16) {
+      const uint2 h = __ldg(reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(base) + row * R) + c4);
+      return make_float4(kv::f16_to_f32(static_cast<uint16_t>(h.x & 0xffffu)), kv::f16_to_f32(static_cast<uint16_t>(h.x >> 16)),
+                         kv::f16_to_f32(static_cast<uint16_t>(h.y & 0xffffu)), kv::f16_to_f32(static_cast<uint16_t>(h.y >> 16)));
+    } else {
+      const char4 q = __ldg(reinterpret_cast<const char4*>(static_cast<const int8_t*>(base) + row * R) + c4);
+      const float s = __ldg(scales + row);
+      return make_float4(static_cast<float>(q.x) * s, static_cast<float>(q.y) * s, static_cast<float>(q.z) * s,
+                         static_cast<float>(q.w) * s);
+    }
+  }
+  __device__ __forceinline__ float load(size_t row, uint32_t c) const {
+    if constexpr (T == config::KvType::f32) {
+      return __ldg(static_cast<const float*>(base) + row * R + c);
+    } else if constexpr (T == config::KvType::f16) {
+      return kv::f16_to_f32(__ldg(static_cast<const unsigned short*>(base) + row * R + c));
+    } else {
+      return static_cast<float>(__ldg(reinterpret_cast<const signed char*>(base) + row * R + c)) * __ldg(scales + row);
+    }
+  }
+};
+
 constexpr int kMaxHg = 8;       // heads per block
 constexpr uint32_t kMaxSplits = 16;  // blocks one row's selection is split over
 
@@ -185,6 +217,7 @@ constexpr uint32_t kMaxSplits = 16;  // blocks one row's selection is split over
 // scores, their maximum m and sum l of exp(score - m), and sum_i exp(s_i - m) latent_i. With one split
 // the block writes the normalised output; otherwise (m, l, unnormalised sum) go to a.partial and
 // mla_merge_kernel combines the splits.
+template <config::KvType T>
 __global__ void sparse_mla_kernel(SparseMlaArgs a, uint32_t hg, uint32_t splits) {
   extern __shared__ float smem[];
   __shared__ float s_max[kMaxHg], s_sum[kMaxHg];
@@ -200,7 +233,8 @@ __global__ void sparse_mla_kernel(SparseMlaArgs a, uint32_t hg, uint32_t splits)
   const int cnt = min(all, beg + share) - beg;
   const int32_t* gtoks = a.tokens + static_cast<size_t>(r) * a.max_tokens + beg;
   for (int i = threadIdx.x; i < cnt; i += blockDim.x) toks[i] = gtoks[i];
-  const float* lat = a.latents + static_cast<size_t>(a.row.slot[r]) * a.ctx * R;
+  const LatentRows<T> lat{a.latents, a.latent_scales, R};
+  const size_t row0 = static_cast<size_t>(a.row.slot[r]) * a.ctx;
   const float* q = a.q_lat + (static_cast<size_t>(r) * a.heads + h0) * R;
   for (uint32_t i = threadIdx.x; i < hg * R; i += blockDim.x) sq[i] = q[i];
   __syncthreads();
@@ -211,13 +245,13 @@ __global__ void sparse_mla_kernel(SparseMlaArgs a, uint32_t hg, uint32_t splits)
   const uint32_t R4 = R / 4;
   const bool vec = R % 4 == 0 && R4 <= 32 * kMaxVec;
   for (int i = static_cast<int>(warp); i < cnt; i += static_cast<int>(warps)) {
-    const float* lv = lat + static_cast<size_t>(toks[i]) * R;
+    const size_t lrow = row0 + static_cast<size_t>(toks[i]);
     if (vec) {
       float4 l[kMaxVec];
 #pragma unroll
       for (int k = 0; k < kMaxVec; ++k) {
         const uint32_t c4 = lane + 32 * k;
-        l[k] = c4 < R4 ? __ldg(reinterpret_cast<const float4*>(lv) + c4) : make_float4(0.f, 0.f, 0.f, 0.f);
+        l[k] = c4 < R4 ? lat.load4(lrow, c4) : make_float4(0.f, 0.f, 0.f, 0.f);
       }
       for (uint32_t hh = 0; hh < hg; ++hh) {
         float part = 0.0f;
@@ -235,7 +269,7 @@ __global__ void sparse_mla_kernel(SparseMlaArgs a, uint32_t hg, uint32_t splits)
     } else {
       for (uint32_t hh = 0; hh < hg; ++hh) {
         float part = 0.0f;
-        for (uint32_t c = lane; c < R; c += 32) part += sq[hh * R + c] * lv[c];
+        for (uint32_t c = lane; c < R; c += 32) part += sq[hh * R + c] * lat.load(lrow, c);
         part = warp_sum(part);
         if (lane == 0) ss[hh * per + i] = part * a.scale;
       }
@@ -265,7 +299,7 @@ __global__ void sparse_mla_kernel(SparseMlaArgs a, uint32_t hg, uint32_t splits)
     for (; i + 8 <= cnt; i += 8) {
       float v[8];
 #pragma unroll
-      for (int u = 0; u < 8; ++u) v[u] = lat[static_cast<size_t>(toks[i + u]) * R + c];
+      for (int u = 0; u < 8; ++u) v[u] = lat.load(row0 + static_cast<size_t>(toks[i + u]), c);
 #pragma unroll
       for (int u = 0; u < 8; ++u) {
 #pragma unroll
@@ -275,7 +309,7 @@ __global__ void sparse_mla_kernel(SparseMlaArgs a, uint32_t hg, uint32_t splits)
       }
     }
     for (; i < cnt; ++i) {
-      const float v = lat[static_cast<size_t>(toks[i]) * R + c];
+      const float v = lat.load(row0 + static_cast<size_t>(toks[i]), c);
 #pragma unroll
       for (int hh = 0; hh < kMaxHg; ++hh) {
         if (hh < static_cast<int>(hg)) acc[hh] += ss[hh * per + i] * v;
@@ -320,7 +354,40 @@ __global__ void mla_merge_kernel(SparseMlaArgs a, uint32_t splits) {
   }
 }
 
+// One block per row: the row's max |x| (int8), then its encoding.
+__global__ void store_latents_kernel(const float* src, size_t src_stride, RowInfo rows, uint32_t width, uint32_t ctx,
+                                     config::KvType type, void* cache, float* scales) {
+  const uint32_t r = blockIdx.x;
+  const float* x = src + static_cast<size_t>(r) * src_stride;
+  const size_t row = static_cast<size_t>(rows.slot[r]) * ctx + static_cast<size_t>(rows.pos[r]);
+  if (type == config::KvType::f32) {
+    for (uint32_t c = threadIdx.x; c < width; c += blockDim.x) static_cast<float*>(cache)[row * width + c] = x[c];
+    return;
+  }
+  if (type == config::KvType::f16) {
+    for (uint32_t c = threadIdx.x; c < width; c += blockDim.x) {
+      static_cast<uint16_t*>(cache)[row * width + c] = kv::f32_to_f16(x[c]);
+    }
+    return;
+  }
+  float m = 0.0f;
+  for (uint32_t c = threadIdx.x; c < width; c += blockDim.x) m = fmaxf(m, fabsf(x[c]));
+  __shared__ float scratch[32];
+  const float s = kv::int8_scale(block_max(m, scratch));  // every thread gets the block's max
+  for (uint32_t c = threadIdx.x; c < width; c += blockDim.x) {
+    static_cast<int8_t*>(cache)[row * width + c] = kv::int8_code(x[c], s);
+  }
+  if (threadIdx.x == 0) scales[row] = s;
+}
+
 }  // namespace
+
+void store_latents(const float* src, size_t src_stride, RowInfo rows, uint32_t n_rows, uint32_t width, uint32_t ctx,
+                   config::KvType type, void* cache, float* scales, cudaStream_t stream) {
+  if (n_rows == 0) return;
+  store_latents_kernel<<<n_rows, 256, 0, stream>>>(src, src_stride, rows, width, ctx, type, cache, scales);
+  FERRY_CUDA_LAUNCHED();
+}
 
 void indexer_pool_keys(const IndexerArgs& a, cudaStream_t stream) {
   if (a.segments == 0) return;
@@ -357,6 +424,9 @@ void sparse_mla(const SparseMlaArgs& a, cudaStream_t stream) {
   uint32_t splits = (2 * static_cast<uint32_t>(current_sm_count()) + base_blocks - 1) / base_blocks;
   splits = std::min({splits, kMaxSplits, a.partial ? a.partial_rows / a.rows : 1u, std::max(a.max_tokens, 1u)});
   splits = std::max(splits, 1u);
+  auto kernel = sparse_mla_kernel<config::KvType::f32>;
+  if (a.latent_type == config::KvType::f16) kernel = sparse_mla_kernel<config::KvType::f16>;
+  if (a.latent_type == config::KvType::int8) kernel = sparse_mla_kernel<config::KvType::int8>;
   auto need = [&](uint32_t g) {
     const size_t per = (a.max_tokens + splits - 1) / splits;
     return static_cast<size_t>(g) * (a.rank + per) * sizeof(float) + per * sizeof(int32_t);
@@ -365,9 +435,9 @@ void sparse_mla(const SparseMlaArgs& a, cudaStream_t stream) {
   if (need(hg) > static_cast<size_t>(limit)) throw CudaError("sparse MLA: selection too large for shared memory");
   const size_t smem = need(hg);
   if (smem > 48 * 1024) {
-    FERRY_CUDA(cudaFuncSetAttribute(sparse_mla_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    FERRY_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
-  sparse_mla_kernel<<<dim3(a.heads / hg, a.rows, splits), 256, smem, stream>>>(a, hg, splits);
+  kernel<<<dim3(a.heads / hg, a.rows, splits), 256, smem, stream>>>(a, hg, splits);
   FERRY_CUDA_LAUNCHED();
   if (splits > 1) {
     mla_merge_kernel<<<dim3(a.heads, a.rows), 128, 0, stream>>>(a, splits);

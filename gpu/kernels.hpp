@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "config/kv_type.hpp"
 #include "model/formats/ggml_type.hpp"
 
 namespace ferry::gpu {
@@ -207,7 +208,9 @@ struct SparseMlaArgs {
   uint32_t rows = 0, heads = 0, rank = 0, ctx = 0, max_tokens = 0;
   float scale = 1.0f;
   const float* q_lat = nullptr;      // [rows][heads][rank]
-  const float* latents = nullptr;    // [slots][ctx][rank]
+  const void* latents = nullptr;     // [slots][ctx][rank] in latent_type (config/kv_type.hpp)
+  const float* latent_scales = nullptr;  // int8: [slots][ctx]
+  config::KvType latent_type = config::KvType::f32;
   const int32_t* tokens = nullptr;   // [rows][max_tokens]
   const int32_t* counts = nullptr;   // [rows]
   float* out = nullptr;              // [rows][heads][rank]
@@ -217,6 +220,10 @@ struct SparseMlaArgs {
   uint32_t partial_rows = 0;
 };
 void sparse_mla(const SparseMlaArgs& a, cudaStream_t stream);
+// Rows of `src` (the step's new latents) into the latent cache in `type` (kv/kv_codec.hpp: the CPU
+// backend's encoding, bit for bit from the same floats).
+void store_latents(const float* src, size_t src_stride, RowInfo rows, uint32_t n_rows, uint32_t width, uint32_t ctx,
+                   config::KvType type, void* cache, float* scales, cudaStream_t stream);
 
 // ---- sampling (gpu/sampling.cu) ----
 // One row to choose a token for, in device memory: the host writes these with a step's other inputs,

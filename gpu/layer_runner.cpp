@@ -148,7 +148,7 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
   mm(l.m(T::attn_q_b), w_.qr, z.qlr, n, w_.q, static_cast<size_t>(z.nh) * z.nope);
   mm(l.m(T::attn_kv_a_mqa), w_.x, z.D, n, w_.lat, z.kvlr);
   rms_norm(w_.lat, z.kvlr, l.v(T::attn_kv_a_norm), n, z.kvlr, hp_.rms_eps, w_.lat, z.kvlr, s_);
-  scatter_to_cache(w_.lat, z.kvlr, g.row, n, z.kvlr, ctx, st.latents, s_);
+  store_latents(w_.lat, z.kvlr, g.row, n, z.kvlr, ctx, state_.latent_type(), st.latents, st.latent_scales, s_);
   if (l.has_indexer) {
     mm(l.m(T::indexer_attn_q_b), w_.qr, z.qlr, n, w_.kq, static_cast<size_t>(z.ih) * z.id);
     mm(l.m(T::indexer_attn_k), w_.x, z.D, n, w_.kk, z.id);
@@ -195,6 +195,8 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
   ma.scale = 1.0f / std::sqrt(static_cast<float>(z.nope));
   ma.q_lat = w_.q_lat;
   ma.latents = st.latents;
+  ma.latent_scales = st.latent_scales;
+  ma.latent_type = state_.latent_type();
   ma.tokens = w_.sel_tokens;
   ma.counts = w_.sel_counts;
   ma.out = w_.o_lat;

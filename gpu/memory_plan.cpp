@@ -31,6 +31,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
   const model::Glm5Hparams& hp = in.hparams;
   const config::MemoryConfig& b = in.budgets;
   MemoryPlan plan;
+  plan.kv_type = in.kv_type;
   // Per stage: what it must hold whatever happens to the experts.
   for (size_t i = 0; i < in.ranges.size(); ++i) {
     StagePlan s;
@@ -52,7 +53,8 @@ MemoryPlan plan_memory(const PlanInput& in) {
       }
     }
     plan.experts_total += s.moe_layers * hp.n_experts;
-    s.state_bytes = stage_state_bytes(hp, s.layers, in.slots, in.context);
+    s.state_bytes = stage_state_bytes(hp, s.layers, in.slots, in.context, in.kv_type);
+    s.kv_bytes = s.state_bytes - stage_state_bytes(hp, s.layers, in.slots, 0, in.kv_type);
     s.workspace_bytes = stage_workspace_bytes(hp, s.layers, in.step_rows, in.context);
     s.inbox_bytes = first ? 0 : stage_inbox_bytes(hp, in.step_rows);
     plan.stages.push_back(s);
@@ -180,19 +182,21 @@ std::string format_plan(const MemoryPlan& p) {
                   gib(d.free()));
     out += line;
   }
-  out += "\n| stage | layers | device | experts | pool slots | staging |\n| --- | --- | --- | --- | --- | --- |\n";
+  out += "\n| stage | layers | device | experts | pool slots | staging | device KV |\n| --- | --- | --- | --- | --- | --- | --- |\n";
   for (size_t i = 0; i < p.stages.size(); ++i) {
     const StagePlan& s = p.stages[i];
-    std::snprintf(line, sizeof line, "| %zu | %s | %d | %s | %s | %.2f GiB |\n", i, model::describe_layers(s.layers).c_str(),
-                  s.device, s.resident ? "all on the device" : "pooled", s.resident ? "-" : std::to_string(s.pool_slots).c_str(),
-                  gib(s.staging_bytes));
+    std::snprintf(line, sizeof line, "| %zu | %s | %d | %s | %s | %.2f GiB | %.2f GiB |\n", i,
+                  model::describe_layers(s.layers).c_str(), s.device, s.resident ? "all on the device" : "pooled",
+                  s.resident ? "-" : std::to_string(s.pool_slots).c_str(), gib(s.staging_bytes), gib(s.kv_bytes));
     out += line;
   }
   std::snprintf(line, sizeof line,
-                "\nexpert: %.2f MiB (largest gate + up + down), %u routed experts in all\n"
+                "\nKV: latent rows %s, every slot's whole context on the device (in state; no host KV tier yet)\n"
+                "expert: %.2f MiB (largest gate + up + down), %u routed experts in all\n"
                 "host: expert store %.2f GiB (%u slots with the shadow of %.2f GiB), RAM available %.2f GiB, "
                 "floor %.2f GiB\n",
-                static_cast<double>(p.expert_slot_bytes) / 1048576.0, p.experts_total, gib(p.host.store_bytes),
+                std::string(config::kv_type_name(p.kv_type)).c_str(), static_cast<double>(p.expert_slot_bytes) / 1048576.0,
+                p.experts_total, gib(p.host.store_bytes),
                 p.host.store_slots, gib(p.host.shadow_bytes), gib(p.host.available), gib(p.host.floor));
   out += line;
   for (const std::string& problem : p.problems) out += "problem: " + problem + "\n";
@@ -211,14 +215,14 @@ std::string plan_json(const MemoryPlan& p) {
     stages.push_back(bj::object{{"first_layer", s.layers.first}, {"end_layer", s.layers.end}, {"device", s.device},
                                 {"resident", s.resident}, {"pool_slots", s.pool_slots},
                                 {"staging_bytes", s.staging_bytes}, {"expert_bytes", s.expert_bytes},
-                                {"dense_bytes", s.dense_bytes}, {"state_bytes", s.state_bytes},
+                                {"dense_bytes", s.dense_bytes}, {"state_bytes", s.state_bytes}, {"device_kv_bytes", s.kv_bytes},
                                 {"workspace_bytes", s.workspace_bytes + s.inbox_bytes}});
   }
   for (const std::string& problem : p.problems) problems.push_back(bj::string(problem));
   const bj::object host{{"available", p.host.available}, {"store_bytes", p.host.store_bytes},
                         {"shadow_bytes", p.host.shadow_bytes}, {"store_slots", p.host.store_slots},
                         {"floor", p.host.floor}};
-  return bj::serialize(bj::object{{"expert_slot_bytes", p.expert_slot_bytes}, {"experts_total", p.experts_total},
+  return bj::serialize(bj::object{{"kv_type", config::kv_type_name(p.kv_type)}, {"expert_slot_bytes", p.expert_slot_bytes}, {"experts_total", p.experts_total},
                                   {"devices", std::move(devices)}, {"stages", std::move(stages)},
                                   {"host", host}, {"problems", std::move(problems)}});
 }

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "config/kv_type.hpp"
 #include "config/serve_config.hpp"
 #include "model/glm5/glm5_hparams.hpp"
 #include "model/glm5/glm5_tensors.hpp"
@@ -27,6 +28,7 @@ struct PlanInput {
   uint64_t host_available = 0;             // RAM the kernel can give (MemAvailable)
   config::MemoryConfig budgets;
   uint32_t slots = 1, context = 1, step_rows = 1;
+  config::KvType kv_type = config::KvType::int8;  // the DSA latent rows on the device
 };
 
 struct StagePlan {
@@ -36,6 +38,7 @@ struct StagePlan {
   uint64_t expert_bytes = 0;   // all routed experts of its layers
   uint32_t moe_layers = 0;
   uint64_t state_bytes = 0, workspace_bytes = 0, inbox_bytes = 0;
+  uint64_t kv_bytes = 0;       // of state_bytes, the DSA rows of every slot (latents, indexer rows, pool keys)
   bool resident = true;        // every expert on the device, stacked as in the file
   uint32_t pool_slots = 0;     // when not resident: expert slots in the device pool
   uint64_t staging_bytes = 0;  // when not resident: the prefill upload buffers
@@ -56,6 +59,7 @@ struct HostPlan {
 };
 
 struct MemoryPlan {
+  config::KvType kv_type = config::KvType::int8;
   uint64_t expert_slot_bytes = 0;  // the largest expert (gate + up + down) of the model
   uint32_t experts_total = 0;      // routed experts of the model
   std::vector<StagePlan> stages;

@@ -4,21 +4,22 @@
 
 namespace ferry::gpu {
 
-uint64_t stage_state_bytes(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t slots, uint32_t context) {
+uint64_t stage_state_bytes(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t slots, uint32_t context,
+                           config::KvType latent) {
   const uint64_t kp = std::max<uint32_t>(1, hp.index_kpool);
-  uint64_t floats = 0;
+  uint64_t floats = 0, latent_bytes = 0;
   for (uint32_t il = layers.first; il < layers.end; ++il) {
     if (hp.layer_kinds[il] == model::LayerKind::kda) {
       floats += uint64_t{slots} * (3ull * hp.kda_heads * hp.kda_head_dim * (hp.conv_kernel - 1) +
                                    uint64_t{hp.kda_heads} * hp.kda_head_dim * hp.kda_head_dim);
       continue;
     }
-    floats += uint64_t{slots} * context * hp.kv_lora_rank;
+    latent_bytes += uint64_t{slots} * context * config::kv_row_bytes(latent, hp.kv_lora_rank);
     if (model::glm5_has_indexer(hp, il)) {
       floats += uint64_t{slots} * (2ull * context + context / kp) * hp.index_head_dim;
     }
   }
-  return floats * sizeof(float);
+  return floats * sizeof(float) + latent_bytes;
 }
 
 uint64_t stage_workspace_bytes(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t rows,

@@ -4,6 +4,7 @@
 // exactly these (tests/gpu check it), and the memory plan adds them up before anything is allocated.
 #include <cstdint>
 
+#include "config/kv_type.hpp"
 #include "gpu/sample_scratch.hpp"
 #include "model/formats/ggml_type.hpp"
 #include "model/glm5/glm5_hparams.hpp"
@@ -13,7 +14,9 @@
 
 namespace ferry::gpu {
 
-uint64_t stage_state_bytes(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t slots, uint32_t context);
+// `latent`: the DSA latent rows' format (the indexer's rows are f32).
+uint64_t stage_state_bytes(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t slots, uint32_t context,
+                           config::KvType latent = config::KvType::f32);
 uint64_t stage_workspace_bytes(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t rows,
                                uint32_t context);
 // The inbox of a stage that is not the first: one step's streams.

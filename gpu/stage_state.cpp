@@ -4,33 +4,38 @@
 #include <string>
 
 #include "gpu/stage_sizes.hpp"
+#include "kv/kv_codec.hpp"
+#include "kv/kv_rows.hpp"
 #include "model/glm5/glm5_tensors.hpp"
 
 namespace ferry::gpu {
 
 uint64_t StageState::bytes_for(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t slots,
-                               uint32_t context) {
-  return stage_state_bytes(hp, layers, slots, context);
+                               uint32_t context, config::KvType latent) {
+  return stage_state_bytes(hp, layers, slots, context, latent);
 }
 
 StageState::StageState(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t slots, uint32_t context,
-                       cudaStream_t stream)
+                       config::KvFormats formats, cudaStream_t stream)
     : tokens(slots, 0),
       first_(layers.first),
       slots_(slots),
       context_(context),
       kpool_(std::max<uint32_t>(1, hp.index_kpool)),
+      formats_(formats),
       conv_taps_(std::max<uint32_t>(1, hp.conv_kernel - 1)),
       conv_floats_(3ull * hp.kda_heads * hp.kda_head_dim * (hp.conv_kernel - 1)),
       recurrent_floats_(uint64_t{hp.kda_heads} * hp.kda_head_dim * hp.kda_head_dim),
       latent_width_(hp.kv_lora_rank),
       index_width_(hp.index_head_dim),
-      layout_(hp, layers, /*with_mtp=*/false) {
-  auto alloc = [&](uint64_t floats) {
-    buffers_.emplace_back(std::max<uint64_t>(floats, 4) * sizeof(float));
+      layout_(hp, layers, /*with_mtp=*/false, formats) {
+  if (formats.index != config::KvType::f32) throw CudaError("the CUDA stage keeps the indexer's rows in f32 only");
+  auto alloc_bytes = [&](uint64_t bytes) {
+    buffers_.emplace_back(std::max<uint64_t>(bytes, 16));
     bytes_ += buffers_.back().bytes();
-    return buffers_.back().as<float>();
+    return buffers_.back().as<uint8_t>();
   };
+  auto alloc = [&](uint64_t floats) { return reinterpret_cast<float*>(alloc_bytes(floats * sizeof(float))); };
   for (uint32_t il = layers.first; il < layers.end; ++il) {
     LayerState& l = layers_.emplace_back();
     if (hp.layer_kinds[il] == model::LayerKind::kda) {
@@ -38,7 +43,13 @@ StageState::StageState(const model::Glm5Hparams& hp, model::LayerRange layers, u
       l.recurrent = alloc(slots * recurrent_floats_);
       continue;
     }
-    l.latents = alloc(uint64_t{slots} * context * latent_width_);
+    const uint64_t rows = uint64_t{slots} * context;
+    if (formats.latent == config::KvType::int8) {
+      l.latents = alloc_bytes(rows * latent_width_);
+      l.latent_scales = alloc(rows);
+    } else {
+      l.latents = alloc_bytes(rows * config::kv_row_bytes(formats.latent, latent_width_));
+    }
     if (model::glm5_has_indexer(hp, il)) {
       l.keys = alloc(uint64_t{slots} * context * index_width_);
       l.gates = alloc(uint64_t{slots} * context * index_width_);
@@ -64,12 +75,63 @@ float* StageState::where(const model::StatePartSpec& p, uint32_t slot) {
   switch (p.part) {
     case model::StatePart::kda_conv: return l.conv + slot * conv_floats_;
     case model::StatePart::kda_recurrent: return l.recurrent + slot * recurrent_floats_;
-    case model::StatePart::latent: return l.latents + rows * latent_width_;
+    case model::StatePart::latent: return nullptr;  // not floats: save_latents / restore_latents
     case model::StatePart::index_key: return l.keys + rows * index_width_;
     case model::StatePart::index_gate: return l.gates + rows * index_width_;
     case model::StatePart::pool_key: return l.pools + uint64_t{slot} * (context_ / kpool_) * index_width_;
   }
   return nullptr;
+}
+
+void StageState::save_latents(const LayerState& l, uint32_t slot, uint32_t n, float* out, cudaStream_t stream) {
+  const uint64_t w = latent_width_, row0 = uint64_t{slot} * context_;
+  const auto* base = static_cast<const uint8_t*>(l.latents);
+  switch (formats_.latent) {
+    case config::KvType::f32:
+      FERRY_CUDA(cudaMemcpyAsync(out, base + row0 * w * 4, n * w * 4, cudaMemcpyDeviceToHost, stream));
+      FERRY_CUDA(cudaStreamSynchronize(stream));
+      return;
+    case config::KvType::f16: {
+      std::vector<uint16_t> h(n * w);
+      FERRY_CUDA(cudaMemcpyAsync(h.data(), base + row0 * w * 2, n * w * 2, cudaMemcpyDeviceToHost, stream));
+      FERRY_CUDA(cudaStreamSynchronize(stream));
+      for (uint64_t i = 0; i < n * w; ++i) out[i] = kv::f16_to_f32(h[i]);
+      return;
+    }
+    case config::KvType::int8: {
+      std::vector<int8_t> codes(n * w);
+      std::vector<float> scales(n);
+      FERRY_CUDA(cudaMemcpyAsync(codes.data(), base + row0 * w, n * w, cudaMemcpyDeviceToHost, stream));
+      FERRY_CUDA(cudaMemcpyAsync(scales.data(), l.latent_scales + row0, n * 4, cudaMemcpyDeviceToHost, stream));
+      FERRY_CUDA(cudaStreamSynchronize(stream));
+      for (uint64_t r = 0; r < n; ++r) {
+        for (uint64_t c = 0; c < w; ++c) *out++ = static_cast<float>(codes[r * w + c]);
+        *out++ = scales[r];
+      }
+      return;
+    }
+  }
+}
+
+Status StageState::restore_latents(const LayerState& l, uint32_t slot, const float* in, uint32_t n, cudaStream_t stream) {
+  const uint64_t w = latent_width_, row0 = uint64_t{slot} * context_;
+  auto* base = static_cast<uint8_t*>(l.latents);
+  kv::KvRows rows(formats_.latent, static_cast<uint32_t>(w));  // checks the image and encodes it
+  if (auto e = rows.from_image(in, n)) return e;
+  switch (formats_.latent) {
+    case config::KvType::f32:
+      FERRY_CUDA(cudaMemcpyAsync(base + row0 * w * 4, rows.f32_data(), n * w * 4, cudaMemcpyHostToDevice, stream));
+      break;
+    case config::KvType::f16:
+      FERRY_CUDA(cudaMemcpyAsync(base + row0 * w * 2, rows.f16_data(), n * w * 2, cudaMemcpyHostToDevice, stream));
+      break;
+    case config::KvType::int8:
+      FERRY_CUDA(cudaMemcpyAsync(base + row0 * w, rows.codes(), n * w, cudaMemcpyHostToDevice, stream));
+      FERRY_CUDA(cudaMemcpyAsync(l.latent_scales + row0, rows.scales(), n * 4, cudaMemcpyHostToDevice, stream));
+      break;
+  }
+  FERRY_CUDA(cudaStreamSynchronize(stream));  // `rows` is host memory of this frame
+  return std::nullopt;
 }
 
 namespace {
@@ -91,6 +153,10 @@ Expected<model::SlotStateImage> StageState::save(uint32_t slot, bool with_rows, 
   image.data.resize(layout_.image_floats(image.tokens, 0, with_rows));
   std::vector<uint64_t> conv_at;
   layout_.for_each(image, [&](const model::StatePartSpec& p, uint64_t at, uint64_t n) {
+    if (p.part == model::StatePart::latent) {
+      save_latents(layer(p.layer), slot, image.tokens, image.data.data() + at, stream);
+      return;
+    }
     FERRY_CUDA(cudaMemcpyAsync(image.data.data() + at, where(p, slot), n * sizeof(float), cudaMemcpyDeviceToHost, stream));
     if (p.part == model::StatePart::kda_conv) conv_at.push_back(at);
   });
@@ -115,8 +181,17 @@ Status StageState::restore(uint32_t slot, const model::SlotStateImage& image, cu
                                               " tokens, fewer than the " + std::to_string(image.tokens) +
                                               " of a state image without rows");
   }
+  // The latent rows first: an image the format cannot hold is refused before anything is copied.
+  Status bad;
+  layout_.for_each(image, [&](const model::StatePartSpec& p, uint64_t at, uint64_t) {
+    if (p.part != model::StatePart::latent || bad) return;
+    bad = restore_latents(layer(p.layer), slot, image.data.data() + at, image.tokens, stream);
+    if (bad) *bad = bad->prefixed("layer " + std::to_string(p.layer) + ": ");
+  });
+  if (bad) return bad;
   std::vector<std::vector<float>> channels;  // the conv parts in the kernels' order, until the copies ran
   layout_.for_each(image, [&](const model::StatePartSpec& p, uint64_t at, uint64_t n) {
+    if (p.part == model::StatePart::latent) return;
     const float* src = image.data.data() + at;
     if (p.part == model::StatePart::kda_conv) {
       std::vector<float>& c = channels.emplace_back(conv_floats_);

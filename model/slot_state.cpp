@@ -7,14 +7,17 @@
 
 namespace ferry::model {
 
-SlotStateLayout::SlotStateLayout(const Glm5Hparams& hp, config::LayerRange layers, bool with_mtp)
-    : kpool_(std::max<uint32_t>(1, hp.index_kpool)) {
+SlotStateLayout::SlotStateLayout(const Glm5Hparams& hp, config::LayerRange layers, bool with_mtp,
+                                 config::KvFormats formats)
+    : kpool_(std::max<uint32_t>(1, hp.index_kpool)), formats_(formats) {
   const uint64_t C = uint64_t{hp.kda_heads} * hp.kda_head_dim;
+  const uint64_t latent = config::kv_image_width(formats.latent, hp.kv_lora_rank);
+  const uint64_t index = config::kv_image_width(formats.index, hp.index_head_dim);
   auto dsa = [&](uint32_t layer, bool mtp) {
-    parts_.push_back({layer, StatePart::latent, StateUnit::token, hp.kv_lora_rank, mtp});
+    parts_.push_back({layer, StatePart::latent, StateUnit::token, latent, mtp});
     if (glm5_has_indexer(hp, layer)) {
-      parts_.push_back({layer, StatePart::index_key, StateUnit::token, hp.index_head_dim, mtp});
-      parts_.push_back({layer, StatePart::index_gate, StateUnit::token, hp.index_head_dim, mtp});
+      parts_.push_back({layer, StatePart::index_key, StateUnit::token, index, mtp});
+      parts_.push_back({layer, StatePart::index_gate, StateUnit::token, index, mtp});
       parts_.push_back({layer, StatePart::pool_key, StateUnit::pool, hp.index_head_dim, mtp});
     }
   };

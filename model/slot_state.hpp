@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "config/expected.hpp"
+#include "config/kv_type.hpp"
 #include "config/stage_split.hpp"
 #include "model/glm5/glm5_hparams.hpp"
 
@@ -23,7 +24,7 @@ struct StatePartSpec {
   uint32_t layer = 0;  // block index (n_layers for the MTP block)
   StatePart part = StatePart::kda_conv;
   StateUnit unit = StateUnit::fixed;
-  uint64_t width = 0;  // floats per unit
+  uint64_t width = 0;  // floats per unit (in the image)
   bool mtp = false;    // counted in the MTP block's tokens, not the trunk's
 };
 
@@ -37,9 +38,10 @@ struct SlotStateImage {
 
 class SlotStateLayout {
  public:
-  SlotStateLayout(const Glm5Hparams& hp, config::LayerRange layers, bool with_mtp);
+  SlotStateLayout(const Glm5Hparams& hp, config::LayerRange layers, bool with_mtp, config::KvFormats formats = {});
 
   const std::vector<StatePartSpec>& parts() const { return parts_; }
+  config::KvFormats formats() const { return formats_; }
   // Floats of one part in an image covering `tokens` (trunk) and `mtp_tokens` positions.
   uint64_t part_floats(const StatePartSpec& p, uint32_t tokens, uint32_t mtp_tokens) const;
   // Floats of a whole image; without rows only the fixed parts count.
@@ -53,6 +55,7 @@ class SlotStateLayout {
  private:
   std::vector<StatePartSpec> parts_;
   uint32_t kpool_ = 1;
+  config::KvFormats formats_;
 };
 
 }  // namespace ferry::model

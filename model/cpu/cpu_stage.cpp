@@ -1,5 +1,6 @@
 #include "model/cpu/cpu_stage.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 
@@ -28,11 +29,11 @@ CpuStage::CpuStage(std::shared_ptr<const Glm5Weights> weights, std::shared_ptr<T
       pool_(std::move(pool)),
       layers_(layers),
       forward_(*weights_, *pool_),
-      layout_(weights_->hparams(), layers, layers.end == weights_->hparams().n_layers),
+      layout_(weights_->hparams(), layers, layers.end == weights_->hparams().n_layers, options.kv),
       max_context_(options.max_context != 0 ? options.max_context : weights_->hparams().context_length),
       max_step_rows_(options.max_step_rows) {
   for (uint32_t i = 0; i < options.max_slots; ++i) {
-    slots_.push_back(std::make_unique<SequenceState>(hparams(), layers, last()));
+    slots_.push_back(std::make_unique<SequenceState>(hparams(), layers, last(), options.kv));
   }
 }
 
@@ -119,16 +120,8 @@ std::vector<SlotResult> CpuStage::head(const std::vector<SlotRows>& rows, const 
   return out;
 }
 
-std::vector<float>& CpuStage::storage(SequenceState& state, const StatePartSpec& part) {
-  if (part.part == StatePart::kda_conv) return state.kda(part.layer).conv;
-  if (part.part == StatePart::kda_recurrent) return state.kda(part.layer).s;
-  DsaCache& cache = part.mtp ? state.mtp(part.layer - hparams().n_layers) : state.dsa(part.layer);
-  switch (part.part) {
-    case StatePart::latent: return cache.latent;
-    case StatePart::index_key: return cache.index_k;
-    case StatePart::index_gate: return cache.index_gate;
-    default: return cache.pool_keys;
-  }
+DsaCache& CpuStage::cache_of(SequenceState& state, const StatePartSpec& part) {
+  return part.mtp ? state.mtp(part.layer - hparams().n_layers) : state.dsa(part.layer);
 }
 
 Expected<SlotStateImage> CpuStage::save_slot(uint32_t slot, bool with_rows) {
@@ -140,8 +133,15 @@ Expected<SlotStateImage> CpuStage::save_slot(uint32_t slot, bool with_rows) {
   image.with_rows = with_rows;
   image.data.resize(layout_.image_floats(image.tokens, image.mtp_tokens, with_rows));
   layout_.for_each(image, [&](const StatePartSpec& p, uint64_t at, uint64_t n) {
-    const std::vector<float>& src = storage(state, p);
-    std::copy_n(src.data(), n, image.data.data() + at);
+    float* out = image.data.data() + at;
+    switch (p.part) {
+      case StatePart::kda_conv: std::copy_n(state.kda(p.layer).conv.data(), n, out); break;
+      case StatePart::kda_recurrent: std::copy_n(state.kda(p.layer).s.data(), n, out); break;
+      case StatePart::latent: cache_of(state, p).latent.to_image(0, n / p.width, out); break;
+      case StatePart::index_key: cache_of(state, p).index_k.to_image(0, n / p.width, out); break;
+      case StatePart::index_gate: cache_of(state, p).index_gate.to_image(0, n / p.width, out); break;
+      case StatePart::pool_key: std::copy_n(cache_of(state, p).pool_keys.data(), n, out); break;
+    }
   });
   return image;
 }
@@ -157,10 +157,27 @@ Status CpuStage::restore_slot(uint32_t slot, const SlotStateImage& image) {
                                              " tokens, fewer than the " + std::to_string(image.tokens) +
                                              " of a state image without rows");
   }
+  Status bad;
   layout_.for_each(image, [&](const StatePartSpec& p, uint64_t at, uint64_t n) {
-    std::vector<float>& dst = storage(state, p);
-    dst.assign(image.data.begin() + static_cast<ptrdiff_t>(at), image.data.begin() + static_cast<ptrdiff_t>(at + n));
+    const float* in = image.data.data() + at;
+    auto assign = [&](std::vector<float>& dst) { dst.assign(in, in + n); };
+    auto rows = [&](kv::KvRows& dst) {
+      if (bad) return;
+      if (auto e = dst.from_image(in, n / p.width)) bad = e->prefixed("layer " + std::to_string(p.layer) + ": ");
+    };
+    switch (p.part) {
+      case StatePart::kda_conv: assign(state.kda(p.layer).conv); break;
+      case StatePart::kda_recurrent: assign(state.kda(p.layer).s); break;
+      case StatePart::latent: rows(cache_of(state, p).latent); break;
+      case StatePart::index_key: rows(cache_of(state, p).index_k); break;
+      case StatePart::index_gate: rows(cache_of(state, p).index_gate); break;
+      case StatePart::pool_key: assign(cache_of(state, p).pool_keys); break;
+    }
   });
+  if (bad) {
+    state.reset();  // parts of the image went in: the slot starts over rather than hold a mixture
+    return bad;
+  }
   state.set_tokens(image.tokens, image.mtp_tokens);
   return std::nullopt;
 }

@@ -18,6 +18,7 @@ struct CpuStageOptions {
   uint32_t max_slots = 4;
   uint32_t max_context = 0;              // 0: the model's trained context (hparams.context_length)
   uint32_t max_step_rows = 1u << 20;     // the CPU takes steps of any size its memory allows
+  config::KvFormats kv;                  // the DSA caches' row formats (f32: the reference)
 };
 
 class CpuStage final : public Stage {
@@ -41,7 +42,7 @@ class CpuStage final : public Stage {
   std::string describe() const override;
 
  private:
-  std::vector<float>& storage(SequenceState& state, const StatePartSpec& part);
+  DsaCache& cache_of(SequenceState& state, const StatePartSpec& part);
   std::vector<SlotResult> head(const std::vector<SlotRows>& rows, const float* streams);
 
   std::shared_ptr<const Glm5Weights> weights_;

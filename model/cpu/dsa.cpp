@@ -22,12 +22,10 @@ void DsaCache::set_tokens(size_t t, size_t kpool) {
     tokens = t;
     return;
   }
-  const size_t id = index_k.size() / tokens;
-  auto cut = [&](std::vector<float>& v) { v.resize(v.size() / tokens * t); };
-  cut(latent);
-  cut(index_k);
-  cut(index_gate);
-  pool_keys.resize(std::min(pool_keys.size(), t / kpool * id));
+  latent.truncate(t);
+  index_k.truncate(t);
+  index_gate.truncate(t);
+  pool_keys.resize(std::min(pool_keys.size(), t / kpool * index_k.width()));
   tokens = t;
 }
 
@@ -65,16 +63,6 @@ void expand_selection(std::span<const uint32_t> pools, uint32_t pos, uint32_t kp
   }
 }
 
-namespace {
-
-void append_rows(std::vector<float>& cache, const float* src, size_t rows, size_t width, size_t stride) {
-  const size_t at = cache.size();
-  cache.resize(at + rows * width);
-  for (size_t r = 0; r < rows; ++r) std::copy_n(src + r * stride, width, cache.data() + at + r * width);
-}
-
-}  // namespace
-
 void dsa_layer(const DsaConfig& c, const Glm5LayerWeights& w, const float* x, size_t tokens,
                std::span<const DsaSegment> segments, float* y, DsaSelections& selections, ThreadPool& pool,
                const SelectionObserver* observer) {
@@ -111,18 +99,24 @@ void dsa_layer(const DsaConfig& c, const Glm5LayerWeights& w, const float* x, si
   for (const DsaSegment& seg : segments) {
     DsaCache& cache = *seg.cache;
     if (cache.tokens != seg.start) throw std::logic_error("DSA cache holds a different number of tokens than the step's start");
-    append_rows(cache.latent, lat.data() + seg.row0 * r, seg.rows, r, r);
+    cache.latent.append(lat.data() + seg.row0 * r, seg.rows, r);
     if (w.has_indexer) {
-      append_rows(cache.index_k, kk.data() + seg.row0 * id, seg.rows, id, id);
-      append_rows(cache.index_gate, gate.data() + seg.row0 * id, seg.rows, id, id);
+      cache.index_k.append(kk.data() + seg.row0 * id, seg.rows, id);
+      cache.index_gate.append(gate.data() + seg.row0 * id, seg.rows, id);
     }
     cache.tokens += seg.rows;
     if (w.has_indexer) {
       const size_t complete = cache.tokens / kp;
+      std::vector<float> keys(kp * id), gates(kp * id);
       for (size_t p = cache.pool_keys.size() / id; p < complete; ++p) {
+        for (size_t i = 0; i < kp; ++i) {
+          const float* k = cache.index_k.row(p * kp + i, keys.data() + i * id);
+          if (k != keys.data() + i * id) std::copy_n(k, id, keys.data() + i * id);
+          const float* g = cache.index_gate.row(p * kp + i, gates.data() + i * id);
+          if (g != gates.data() + i * id) std::copy_n(g, id, gates.data() + i * id);
+        }
         cache.pool_keys.resize((p + 1) * id);
-        pool_key(cache.index_k.data() + p * kp * id, cache.index_gate.data() + p * kp * id, w.idx_ape.data(), kp, id,
-                 cache.pool_keys.data() + p * id);
+        pool_key(keys.data(), gates.data(), w.idx_ape.data(), kp, id, cache.pool_keys.data() + p * id);
       }
     }
   }
@@ -145,7 +139,8 @@ void dsa_layer(const DsaConfig& c, const Glm5LayerWeights& w, const float* x, si
   const float iscale = 1.0f / std::sqrt(static_cast<float>(id));
   const float scale = 1.0f / std::sqrt(static_cast<float>(nope));
   pool.parallel_for(tokens, 1, [&](size_t t0, size_t t1) {
-    std::vector<float> scores, qlat(r), avg(r), p;
+    std::vector<float> scores, qlat(r), avg(r), p, decoded;
+    std::vector<const float*> rows;
     for (size_t t = t0; t < t1; ++t) {
       const DsaSegment& seg = *seg_of[t];
       const DsaCache& cache = *seg.cache;
@@ -176,13 +171,17 @@ void dsa_layer(const DsaConfig& c, const Glm5LayerWeights& w, const float* x, si
         continue;
       }
       p.resize(sel.size());
+      // The selected rows once per query, decoded when not f32, for every head.
+      rows.resize(sel.size());
+      if (cache.latent.type() != config::KvType::f32) decoded.resize(sel.size() * r);
+      for (size_t i = 0; i < sel.size(); ++i) rows[i] = cache.latent.row(sel[i], decoded.empty() ? nullptr : decoded.data() + i * r);
       for (size_t h = 0; h < nh; ++h) {
         matmul_serial(w.attn_k_b.slice_rows(h * r, r), q.data() + (t * nh + h) * nope, 1, qlat.data());
-        for (size_t i = 0; i < sel.size(); ++i) p[i] = dot(qlat.data(), cache.latent.data() + size_t{sel[i]} * r, r) * scale;
+        for (size_t i = 0; i < sel.size(); ++i) p[i] = dot(qlat.data(), rows[i], r) * scale;
         softmax(p.data(), p.size());
         std::fill(avg.begin(), avg.end(), 0.0f);
         for (size_t i = 0; i < sel.size(); ++i) {
-          const float* ls = cache.latent.data() + size_t{sel[i]} * r;
+          const float* ls = rows[i];
           for (size_t j = 0; j < r; ++j) avg[j] += p[i] * ls[j];
         }
         matmul_serial(w.attn_v_b.slice_rows(h * vd, vd), avg.data(), 1, ot + h * vd);

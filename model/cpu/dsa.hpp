@@ -24,6 +24,8 @@
 #include <span>
 #include <vector>
 
+#include "config/kv_type.hpp"
+#include "kv/kv_rows.hpp"
 #include "model/cpu/cpu_ops.hpp"
 
 namespace ferry::model {
@@ -38,12 +40,16 @@ struct DsaConfig {
   float index_norm_eps = 1e-6f;
 };
 
-// One slot's cache for one DSA layer (or the MTP block).
+// One slot's cache for one DSA layer (or the MTP block): latent rows and the indexer's keys and gates
+// in their KV formats (attention and pool keys see the decoded rows), pool keys in f32.
 struct DsaCache {
+  DsaCache() = default;
+  DsaCache(config::KvFormats formats, uint32_t kv_lora_rank, uint32_t index_dim)
+      : latent(formats.latent, kv_lora_rank), index_k(formats.index, index_dim), index_gate(formats.index, index_dim) {}
   size_t tokens = 0;
-  std::vector<float> latent;      // tokens x kv_lora_rank
-  std::vector<float> index_k;     // tokens x index_dim
-  std::vector<float> index_gate;  // tokens x index_dim
+  kv::KvRows latent;              // tokens x kv_lora_rank
+  kv::KvRows index_k;             // tokens x index_dim (empty in a layer without an indexer)
+  kv::KvRows index_gate;          // tokens x index_dim
   std::vector<float> pool_keys;   // (tokens / kpool) x index_dim: keys of the complete pools
   void reset();
   // Holds `t` tokens: fewer than now keeps the first t (and the pools they complete); otherwise the

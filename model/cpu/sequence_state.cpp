@@ -31,10 +31,13 @@ DsaConfig dsa_config(const Glm5Hparams& hp) {
   return c;
 }
 
-SequenceState::SequenceState(const Glm5Hparams& hp) : SequenceState(hp, {0, hp.n_layers}, true) {}
+SequenceState::SequenceState(const Glm5Hparams& hp, config::KvFormats formats)
+    : SequenceState(hp, {0, hp.n_layers}, true, formats) {}
 
-SequenceState::SequenceState(const Glm5Hparams& hp, config::LayerRange layers, bool with_mtp)
+SequenceState::SequenceState(const Glm5Hparams& hp, config::LayerRange layers, bool with_mtp,
+                             config::KvFormats formats)
     : kda_cfg_(kda_config(hp)), kpool_(std::max<uint32_t>(1, hp.index_kpool)) {
+  const DsaCache empty(formats, hp.kv_lora_rank, hp.index_head_dim);
   slot_.assign(hp.n_layers, 0);
   for (uint32_t il = layers.first; il < layers.end; ++il) {
     if (hp.layer_kinds[il] == LayerKind::kda) {
@@ -42,10 +45,10 @@ SequenceState::SequenceState(const Glm5Hparams& hp, config::LayerRange layers, b
       kda_.emplace_back();
     } else {
       slot_[il] = static_cast<uint32_t>(dsa_.size());
-      dsa_.emplace_back();
+      dsa_.push_back(empty);
     }
   }
-  if (with_mtp) mtp_.resize(hp.n_nextn_layers);
+  if (with_mtp) mtp_.assign(hp.n_nextn_layers, empty);
   reset();
 }
 
@@ -66,7 +69,7 @@ size_t SequenceState::bytes() const {
   size_t n = 0;
   for (const KdaState& k : kda_) n += (k.conv.size() + k.s.size()) * sizeof(float);
   auto cache = [](const DsaCache& d) {
-    return (d.latent.size() + d.index_k.size() + d.index_gate.size() + d.pool_keys.size()) * sizeof(float);
+    return d.latent.bytes() + d.index_k.bytes() + d.index_gate.bytes() + d.pool_keys.size() * sizeof(float);
   };
   for (const DsaCache& d : dsa_) n += cache(d);
   for (const DsaCache& d : mtp_) n += cache(d);

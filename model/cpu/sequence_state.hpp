@@ -9,6 +9,7 @@
 
 #include "model/cpu/dsa.hpp"
 #include "model/cpu/kda.hpp"
+#include "config/kv_type.hpp"
 #include "config/stage_split.hpp"
 #include "model/glm5/glm5_hparams.hpp"
 
@@ -20,9 +21,9 @@ DsaConfig dsa_config(const Glm5Hparams& hp);
 class SequenceState {
  public:
   // The whole model's state (every trunk layer and the MTP block).
-  explicit SequenceState(const Glm5Hparams& hp);
-  // A stage's part: trunk layers [first, end), and the MTP block when with_mtp.
-  SequenceState(const Glm5Hparams& hp, config::LayerRange layers, bool with_mtp);
+  explicit SequenceState(const Glm5Hparams& hp, config::KvFormats formats = {});
+  // A stage's part: trunk layers [first, end), and the MTP block when with_mtp; DSA rows in `formats`.
+  SequenceState(const Glm5Hparams& hp, config::LayerRange layers, bool with_mtp, config::KvFormats formats = {});
 
   void reset();
   uint32_t tokens() const { return tokens_; }           // trunk positions held

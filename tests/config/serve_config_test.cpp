@@ -67,3 +67,16 @@ TEST(ServeConfig, ConnectionLimitsAndReadDeadline) {
   EXPECT_EQ(errors[0], "--read-timeout = 0: expected seconds in (0, 3600]");
   EXPECT_EQ(errors[1], "--max-connections = 2000000: expected 0 (auto) to 1000000 connections");
 }
+
+TEST(ServeConfig, KvTypeIsAutoOrAFormat) {
+  ServeConfig c;
+  EXPECT_EQ(c.slots.kv_type, "auto");
+  for (const char* t : {"f32", "f16", "int8"}) {
+    c.slots.kv_type = t;
+    EXPECT_TRUE(validate(c).empty()) << t;
+  }
+  c.slots.kv_type = "q4";
+  const auto errors = validate(c);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0], "--kv-type = q4: expected f32, f16, int8 or auto");
+}

@@ -75,10 +75,12 @@ class CudaStageTest : public ::testing::Test {
   }
 
   // The model as CUDA stages starting at `cuts`, all on device 0.
-  std::unique_ptr<Pipeline> gpu(const std::vector<uint32_t>& cuts, bool graphs = true, uint32_t context = 512) {
+  std::unique_ptr<Pipeline> gpu(const std::vector<uint32_t>& cuts, bool graphs = true, uint32_t context = 512,
+                                config::KvFormats kv = {}) {
     std::vector<std::shared_ptr<model::Stage>> stages;
     for (const LayerRange& r : ranges(cuts, hp_.n_layers)) {
       CudaStageOptions go;
+      go.kv = kv;
       go.max_slots = 3;
       go.max_context = context;
       go.max_step_rows = 96;
@@ -231,6 +233,48 @@ TEST_F(CudaStageTest, RestoreThenContinueEqualsNeverSavedAndCpuImagesFit) {
   const Agreement g = agree(run(*cpu_split.value(), 0, tail, 9, 30), run(*split, 1, tail, 9, 30));
   EXPECT_LE(g.max_abs, 5e-3);
   EXPECT_EQ(g.top1, g.rows);
+}
+
+// f16 and int8 latent rows: the CUDA stage encodes them as the CPU backend does (kv/kv_codec.hpp) and
+// agrees with a CPU stage of the same format; its state image is the CPU's (a CPU image continues on
+// the device) and a device save and restore continues bit for bit.
+TEST_F(CudaStageTest, CompactLatentRowsAgreeWithTheCpuAndRestoreExactly) {
+  open(GgmlType::F32, 32);
+  if (!gpu_) return;
+  for (config::KvType t : {config::KvType::f16, config::KvType::int8}) {
+    const config::KvFormats kv{t, config::KvType::f32};
+    model::CpuStageOptions co;
+    co.max_slots = 3;
+    co.max_context = 512;
+    co.kv = kv;
+    auto cpu = Pipeline::make(model::make_cpu_stages(weights_, ranges({2}, hp_.n_layers), 2, co));
+    ASSERT_TRUE(cpu);
+    auto dev = gpu({2}, true, 512, kv);
+    ASSERT_TRUE(dev);
+    const std::string name(config::kv_type_name(t));
+    const std::vector<float> ref = run(*cpu.value(), 0, prompt_, 64);
+    for (size_t chunk : {size_t{64}, size_t{1}}) {
+      const Agreement g = agree(ref, run(*dev, 0, prompt_, chunk));
+      EXPECT_LE(g.max_abs, 2e-2) << name << " chunk " << chunk;
+      EXPECT_EQ(g.top1, g.rows) << name << " chunk " << chunk;
+      ASSERT_FALSE(dev->reset_slot(0));
+    }
+    const std::vector<int32_t> head(prompt_.begin(), prompt_.begin() + 30), tail(prompt_.begin() + 30, prompt_.begin() + 60);
+    run(*dev, 0, head, 7);
+    auto whole = dev->save_slot(0, true);
+    ASSERT_TRUE(whole);
+    const std::vector<float> never = run(*dev, 0, tail, 9, 30);
+    ASSERT_FALSE(dev->restore_slot(2, whole.value()));
+    EXPECT_EQ(never, run(*dev, 2, tail, 9, 30)) << name;
+    ASSERT_FALSE(cpu.value()->reset_slot(0));
+    run(*cpu.value(), 0, head, 30);
+    auto cpu_image = cpu.value()->save_slot(0, true);
+    ASSERT_TRUE(cpu_image);
+    ASSERT_FALSE(dev->restore_slot(1, cpu_image.value()));
+    const Agreement g = agree(run(*cpu.value(), 0, tail, 9, 30), run(*dev, 1, tail, 9, 30));
+    EXPECT_LE(g.max_abs, 2e-2) << name;
+    EXPECT_EQ(g.top1, g.rows) << name;
+  }
 }
 
 TEST_F(CudaStageTest, AContextTheDeviceCannotHoldIsRefusedWithTheNumbers) {

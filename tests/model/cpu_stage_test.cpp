@@ -72,13 +72,14 @@ class CpuStageTest : public ::testing::Test {
   }
 
   // The model as stages starting at `cuts` (none: one stage).
-  std::unique_ptr<Pipeline> split(const std::vector<uint32_t>& cuts) {
+  std::unique_ptr<Pipeline> split(const std::vector<uint32_t>& cuts, config::KvFormats kv = {}) {
     std::vector<LayerRange> ranges;
     uint32_t first = 0;
     for (uint32_t c : cuts) ranges.push_back({first, c}), first = c;
     ranges.push_back({first, tiny().n_layers});
     CpuStageOptions o;
     o.max_slots = 3;
+    o.kv = kv;
     auto p = Pipeline::make(make_cpu_stages(weights_, ranges, 2, o));
     EXPECT_TRUE(p) << (p ? "" : p.error().message);
     return p ? std::move(p.value()) : nullptr;
@@ -187,6 +188,35 @@ TEST_F(CpuStageTest, RestoreThenContinueEqualsNeverSaved) {
   const Status e = p->restore_slot(1, at_30.value());
   ASSERT_TRUE(e);
   EXPECT_EQ(e->code, ErrorCode::invalid_plan);
+}
+
+// With f16 or int8 rows (latents and indexer rows) the state image holds the rows as stored: a restored
+// slot continues bit for bit as if never saved, and the image of an int8 latent row is its codes and
+// its scale.
+TEST_F(CpuStageTest, CompactKvRowsRestoreExactly) {
+  const std::vector<int32_t> head(prompt_.begin(), prompt_.begin() + 30), tail(prompt_.begin() + 30, prompt_.end());
+  const std::vector<float> f32 = run(*split({2}), 0, prompt_, 75);
+  for (config::KvType t : {config::KvType::f16, config::KvType::int8}) {
+    auto p = split({2}, {t, t});
+    ASSERT_TRUE(p);
+    const std::vector<float> whole = run(*p, 0, prompt_, 75);
+    EXPECT_NE(whole, f32) << config::kv_type_name(t);  // the format is in use
+    ASSERT_FALSE(p->reset_slot(0));
+    run(*p, 0, head, 7);
+    auto image = p->save_slot(0, /*with_rows=*/true);
+    ASSERT_TRUE(image);
+    const SlotStateImage& last = image->back();
+    const SlotStateLayout& layout = p->stages().back()->state_layout();
+    for (const StatePartSpec& part : layout.parts()) {
+      if (part.part == StatePart::latent) {
+        EXPECT_EQ(part.width, config::kv_image_width(t, tiny().kv_lora_rank));
+      }
+    }
+    EXPECT_EQ(last.data.size(), layout.image_floats(last.tokens, last.mtp_tokens, true));
+    const std::vector<float> never = run(*p, 0, tail, 9, 30);
+    ASSERT_FALSE(p->restore_slot(2, image.value()));
+    EXPECT_EQ(never, run(*p, 2, tail, 9, 30)) << config::kv_type_name(t);
+  }
 }
 
 TEST_F(CpuStageTest, GreedyStepSamplesTheArgmaxAndStartZeroStartsOver) {

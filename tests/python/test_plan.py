@@ -68,3 +68,20 @@ def test_bad_options_fail_naming_them(ferry_bin):
         r = subprocess.run([ferry_bin, "plan", "--synthetic", str(FULL), *args],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and text in r.stderr, (args, r.stderr)
+
+
+def test_the_plan_counts_device_kv_in_the_kv_type(ferry_bin):
+    """Each stage's device KV (its slots' DSA rows) in the plan: int8 latent rows take 516 bytes (512
+    codes + a scale) where f32 takes 2048, for each of the 11 DSA layers, every slot and position."""
+    args = ["--device-memory", "139GiB", "--host-memory", "120GiB", "--ctx", "32768", "--slots", "3"]
+    kv = {}
+    for t in ("f32", "int8"):
+        code, p = plan(ferry_bin, *args, "--kv-type", t)
+        assert p["kv_type"] == t
+        kv[t] = sum(s["device_kv_bytes"] for s in p["stages"])
+    assert kv["f32"] - kv["int8"] == 3 * 32768 * 11 * (2048 - 516)
+    code, p = plan(ferry_bin, *args)
+    assert p["kv_type"] == "int8"  # the CUDA default
+    r = subprocess.run([ferry_bin, "plan", "--synthetic", str(FULL), "--device-memory", "139GiB", "--host-memory",
+                        "120GiB", "--kv-type", "q4"], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "--kv-type: KV type 'q4'" in r.stdout + r.stderr

@@ -40,7 +40,7 @@ namespace {
 
 struct Options {
   std::string model, synthetic, type = "q4_k", backend = "auto", prompt = "512", gen = "128", depth = "0";
-  std::string recipe;
+  std::string recipe, kv_type = "auto";
   uint32_t reps = 3;
   uint64_t seed = 1;
   bool json = false;
@@ -119,7 +119,8 @@ int bench(const Options& o) {
   bo.max_slots = std::max<uint32_t>(1, o.slots);
   bo.max_step_rows = std::max<uint32_t>(max_p, 512) + bo.max_slots;
   bo.max_context = (max_d + std::max(max_p, max_n * o.reps + 8) + 64 + 255) / 256 * 256;
-  Status split_error = config::parse_split(o.split, bo.split);
+  Status split_error = gpu::parse_kv_type_option(o.kv_type, bo);
+  if (!split_error) split_error = config::parse_split(o.split, bo.split);
   if (!split_error && !o.devices.empty()) split_error = config::parse_devices(o.devices, bo.split);
   if (split_error) {
     std::fprintf(stderr, "ferry bench: %s\n", split_error->message.c_str());
@@ -389,6 +390,8 @@ CommandRun add_bench_command(CLI::App& app) {
                   "model/glm5/recipes/maya-l.recipe); --type for the tensors no rule names")
       ->check(CLI::ExistingFile);
   sub->add_option("--backend", o->backend, "auto, cpu or cuda")->capture_default_str();
+  sub->add_option("--kv-type", o->kv_type, "DSA latent rows: f32, f16, int8 or auto (int8 on CUDA, f32 on the CPU)")
+      ->capture_default_str();
   sub->add_option("-p,--n-prompt", o->prompt, "prefill chunk sizes, comma-separated")->capture_default_str();
   sub->add_option("-n,--n-gen", o->gen, "decode lengths, comma-separated")->capture_default_str();
   sub->add_option("-d,--n-depth", o->depth, "tokens already in the sequence, comma-separated")->capture_default_str();

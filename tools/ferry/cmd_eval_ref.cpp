@@ -8,6 +8,12 @@
 // exit 1 below --min-top1 or above --max-kl). This needs only the case's token ids, so --reference
 // may also be a JSON file of ids without logits (an evaluation window of a trained case).
 //
+// `--kv-type f32|f16|int8` stores the DSA latent rows so (default: f32 on the CPU forward pass, int8 on
+// CUDA); `--kv-index-type` the indexer's cached keys and gates (CPU forward pass only: how the choice of
+// f32 for them was measured). `--compare-kv-f32` runs the case a second time with f32 KV on the same
+// backend and compares the two (top-1, mean KL(f32 || kv-type), and on the CPU the DSA selections;
+// exit 1 below --min-top1 or above --max-kl).
+//
 // `--backend cuda`, or `--split` on any backend: runs the case through the model's stages instead
 // (logits only: no DSA selections, no MTP), split as --split and --devices say; with `--compare-cpu`
 // it also runs the CPU forward pass on the same file and requires top-1 agreement >= --min-top1 with
@@ -22,6 +28,7 @@
 #include "model/cpu/glm5_forward.hpp"
 #include "model/glm5/glm5_weights.hpp"
 #include "model/cpu/sampler.hpp"
+#include "config/kv_type.hpp"
 #include "config/memory_options.hpp"
 #include "tools/ferry/bench_experts.hpp"
 #include "tools/ferry/commands.hpp"
@@ -39,6 +46,8 @@ struct Options {
   unsigned threads = 0;
   std::string backend = "cpu";
   bool compare_cpu = false;
+  std::string kv_type = "auto", kv_index_type = "f32";
+  bool compare_kv = false;
   std::string split = "none", devices;
   config::MemoryOptionsText memory;
 };
@@ -77,6 +86,34 @@ Diff compare(const std::vector<float>& a, const std::vector<float>& b, size_t vo
   return d;
 }
 
+// Prefill and decode logits of a run in one table.
+std::vector<float> all_logits(const CaseRun& r) {
+  std::vector<float> a(r.prefill);
+  a.insert(a.end(), r.decode.begin(), r.decode.end());
+  return a;
+}
+
+// `run` (KV in `type`) against `base` (f32 KV): top-1, mean KL and, where both have them, the DSA
+// selections; the verdict against the bounds.
+int report_kv(const Options& o, const CaseRun& base, const CaseRun& run, config::KvType type, size_t vocab) {
+  const Diff d = compare(all_logits(base), all_logits(run), vocab);
+  const double top1 = d.rows ? double(d.top1) / double(d.rows) : 1.0;
+  const double kl = d.rows ? d.kl_sum / double(d.rows) : 0.0;
+  std::printf("vs f32 KV  kv %s: top-1 %zu/%zu (%.2f%%), mean KL %.3e, max|delta| %.3e\n",
+              std::string(config::kv_type_name(type)).c_str(), d.top1, d.rows, 100.0 * top1, kl, d.max_abs);
+  for (const auto& [layer, want] : base.selections) {
+    auto it = run.selections.find(layer);
+    size_t same = 0;
+    if (it != run.selections.end()) {
+      for (size_t pos = 0; pos < want.size() && pos < it->second.size(); ++pos) same += it->second[pos] == want[pos];
+    }
+    std::printf("dsa        layer %s: %zu/%zu queries select the f32-KV run's pools\n", layer.c_str(), same, want.size());
+  }
+  const bool ok = top1 >= o.min_top1 && kl <= o.max_kl;
+  std::printf("%s (top-1 >= %.2f%%, mean KL <= %.3g)\n", ok ? "PASS" : "FAIL", 100.0 * o.min_top1, o.max_kl);
+  return ok ? 0 : 1;
+}
+
 // The CPU forward pass over a model file, with the pieces it needs.
 struct CpuModel {
   std::unique_ptr<model::Glm5Weights> weights;
@@ -97,9 +134,10 @@ std::optional<CpuModel> open_model(const std::string& path, unsigned threads) {
   return m;
 }
 
-int eval_ref_backend(const Options& o, const ReferenceCase& ref) {
+int eval_ref_backend(const Options& o, const ReferenceCase& ref, config::KvType kv) {
   gpu::BackendOptions bo;
   bo.kind = o.backend;
+  bo.kv_type = kv;
   bo.max_slots = 1;
   bo.threads = o.threads;
   bo.max_context = static_cast<uint32_t>(ref.input_ids.size() + ref.decode_tokens.size() + 16);
@@ -148,6 +186,20 @@ int eval_ref_backend(const Options& o, const ReferenceCase& ref) {
                 static_cast<unsigned long long>(c.hits), static_cast<unsigned long long>(c.misses_mapped),
                 static_cast<unsigned long long>(c.misses_uploaded), static_cast<unsigned long long>(c.promotions));
   }
+  if (o.compare_kv) {
+    bo.kv_type = config::KvType::f32;
+    auto base_model = gpu::open_pipeline(o.model, bo);
+    if (!base_model) {
+      std::fprintf(stderr, "ferry eval-ref: %s\n", base_model.error().message.c_str());
+      return 2;
+    }
+    auto base = run_case_pipeline(*base_model->pipeline, ref, chunk, [&] { base_model->rebalance(); });
+    if (!base) {
+      std::fprintf(stderr, "ferry eval-ref: %s\n", base.error().message.c_str());
+      return 2;
+    }
+    return report_kv(o, base.value(), run, kv, ref.vocab);
+  }
   const Diff pre = compare(ref.prefill, run.prefill, ref.vocab);
   const Diff dec = compare(ref.decode, run.decode, ref.vocab);
   if (ref.has_logits) {
@@ -157,14 +209,11 @@ int eval_ref_backend(const Options& o, const ReferenceCase& ref) {
   if (o.compare_cpu) {
     auto cpu = open_model(o.model, o.threads);
     if (!cpu) return 2;
-    const CaseRun base = run_case(*cpu->forward, ref, chunk, false);
-    std::vector<float> a(base.prefill), c(run.prefill);
-    a.insert(a.end(), base.decode.begin(), base.decode.end());
-    c.insert(c.end(), run.decode.begin(), run.decode.end());
-    const Diff d = compare(a, c, ref.vocab);
+    const CaseRun base = run_case(*cpu->forward, ref, chunk, false, config::KvFormats{kv, config::KvType::f32});
+    const Diff d = compare(all_logits(base), all_logits(run), ref.vocab);
     const double top1 = d.rows ? double(d.top1) / double(d.rows) : 1.0;
-    std::printf("vs cpu   top-1 %zu/%zu (%.2f%%), mean KL %.3e, max|delta| %.3e\n", d.top1, d.rows, 100.0 * top1,
-                d.rows ? d.kl_sum / double(d.rows) : 0.0, d.max_abs);
+    std::printf("vs cpu   (both kv %s) top-1 %zu/%zu (%.2f%%), mean KL %.3e, max|delta| %.3e\n",
+                std::string(config::kv_type_name(kv)).c_str(), d.top1, d.rows, 100.0 * top1, d.rows ? d.kl_sum / double(d.rows) : 0.0, d.max_abs);
     const bool ok = top1 >= o.min_top1;
     std::printf("%s (top-1 agreement with the CPU backend >= %.2f%%)\n", ok ? "PASS" : "FAIL", 100.0 * o.min_top1);
     return ok ? 0 : 1;
@@ -182,13 +231,30 @@ int eval_ref(const Options& o) {
     return 2;
   }
   const ReferenceCase& ref = *loaded;
-  const bool compares_models = o.backend == "cpu" ? !o.f32_model.empty() : o.compare_cpu;
+  const bool compares_models = o.compare_kv || (o.backend == "cpu" ? !o.f32_model.empty() : o.compare_cpu);
   if (!ref.has_logits && !compares_models) {
     std::fprintf(stderr, "ferry eval-ref: %s has token ids but no reference logits (no logits_files): use it with %s\n",
                  o.reference.c_str(), o.backend == "cpu" ? "--compare-to-f32" : "--compare-cpu");
     return 2;
   }
-  if (o.backend != "cpu" || o.split != "none" || !o.devices.empty()) return eval_ref_backend(o, ref);
+  auto kind = gpu::resolve_backend_kind(o.backend);
+  if (!kind) {
+    std::fprintf(stderr, "ferry eval-ref: %s\n", kind.error().message.c_str());
+    return 2;
+  }
+  Expected<config::KvType> kv = o.kv_type == "auto" ? gpu::default_kv_type(kind.value()) : config::parse_kv_type(o.kv_type);
+  Expected<config::KvType> kv_index = config::parse_kv_type(o.kv_index_type);
+  if (!kv || !kv_index) {
+    std::fprintf(stderr, "ferry eval-ref: --kv-type/--kv-index-type: %s\n", (!kv ? kv : kv_index).error().message.c_str());
+    return 2;
+  }
+  const bool cpu_forward = o.backend == "cpu" && o.split == "none" && o.devices.empty();
+  if (!cpu_forward && kv_index.value() != config::KvType::f32) {
+    std::fprintf(stderr, "ferry eval-ref: --kv-index-type other than f32 is for the CPU forward pass only\n");
+    return 2;
+  }
+  if (!cpu_forward) return eval_ref_backend(o, ref, kv.value());
+  const config::KvFormats formats{kv.value(), kv_index.value()};
   auto backend = open_model(o.model, o.threads);
   if (!backend) return 2;
   const model::Glm5Hparams& hp = backend->weights->hparams();
@@ -201,10 +267,16 @@ int eval_ref(const Options& o) {
   const size_t chunk = o.chunk == 0 ? P : o.chunk;
   std::printf("case %s: prompt %zu, decode %zu, chunk %zu, %s (cpu, %u threads)\n", ref.name.c_str(), P, S, chunk,
               o.model.c_str(), backend->pool->size());
-  const CaseRun run = run_case(*backend->forward, ref, chunk, true);
+  const CaseRun run = run_case(*backend->forward, ref, chunk, true, formats);
   std::printf("speed    prefill %.1f tokens/s, decode %.1f tokens/s\n", double(P) / std::max(run.prefill_seconds, 1e-9),
               double(S) / std::max(run.decode_seconds, 1e-9));
 
+  if (o.compare_kv) {
+    const CaseRun base = run_case(*backend->forward, ref, chunk, true);
+    std::printf("kv         latent %s, indexer keys/gates %s\n", std::string(config::kv_type_name(formats.latent)).c_str(),
+                std::string(config::kv_type_name(formats.index)).c_str());
+    return report_kv(o, base, run, formats.latent, ref.vocab);
+  }
   if (!o.f32_model.empty()) {
     auto base = open_model(o.f32_model, o.threads);
     if (!base) return 2;
@@ -277,6 +349,11 @@ CommandRun add_eval_ref_command(CLI::App& app) {
   sub->add_option("--threads", o->threads, "worker threads (0: every hardware thread)");
   sub->add_option("--backend", o->backend, "cpu (the forward pass with DSA selections and MTP), cuda or auto")
       ->capture_default_str();
+  sub->add_option("--kv-type", o->kv_type, "DSA latent rows: f32, f16, int8 or auto (int8 on CUDA, f32 on the CPU)")
+      ->capture_default_str();
+  sub->add_option("--kv-index-type", o->kv_index_type, "CPU forward pass: the indexer's cached keys and gates (f32, f16, int8)")
+      ->capture_default_str();
+  sub->add_flag("--compare-kv-f32", o->compare_kv, "also run with f32 KV on the same backend; require top-1 and KL");
   sub->add_flag("--compare-cpu", o->compare_cpu, "with --backend cuda: also run the CPU backend, require top-1 agreement");
   sub->add_option("--split", o->split,
                   "run through pipeline stages: the first layer of each stage after the first (e.g. 2,4), auto or "

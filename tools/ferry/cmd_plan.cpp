@@ -23,6 +23,7 @@ namespace {
 
 struct Options {
   std::string model, synthetic, type = "q4_k", recipe, split = "none", devices, device_memory, host_memory;
+  std::string kv_type = "auto";
   uint32_t slots = 3, ctx = 524288, prefill_chunk = 4096;
   config::MemoryOptionsText memory;
   bool json = false;
@@ -35,6 +36,7 @@ int plan(const Options& o) {
   bo.max_context = o.ctx;
   bo.max_step_rows = o.prefill_chunk + o.slots;
   if (auto e = config::parse_split(o.split, bo.split)) errors.push_back(e->message);
+  if (auto e = gpu::parse_kv_type_option(o.kv_type, bo)) errors.push_back(e->message);
   if (!o.devices.empty()) {
     if (auto e = config::parse_devices(o.devices, bo.split)) errors.push_back(e->message);
   }
@@ -124,6 +126,8 @@ CommandRun add_plan_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--slots", o->slots, "concurrent requests")->capture_default_str();
   sub->add_option("--ctx", o->ctx, "tokens per slot")->capture_default_str();
+  sub->add_option("--kv-type", o->kv_type, "DSA latent rows on the device: f32, f16, int8 or auto (int8)")
+      ->capture_default_str();
   sub->add_option("--prefill-chunk", o->prefill_chunk, "prompt tokens per step")->capture_default_str();
   config::for_each_memory_option(o->memory, [&](const std::string& name, std::string& value, const std::string& help) {
     sub->add_option("--" + name, value, help)->capture_default_str();

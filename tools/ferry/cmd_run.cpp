@@ -21,6 +21,7 @@ struct RunOptions {
   std::string model, prompt_ids, prompt;
   uint32_t n = 16;
   unsigned threads = 0;
+  std::string kv_type = "f32";
   model::SamplingParams sampling;
   bool timing = false;
 };
@@ -62,6 +63,10 @@ int run(RunOptions o) {
   bo.kind = "cpu";
   bo.threads = o.threads;
   bo.max_slots = 1;
+  if (auto e = gpu::parse_kv_type_option(o.kv_type, bo)) {
+    std::fprintf(stderr, "ferry run: %s\n", e->message.c_str());
+    return 2;
+  }
   auto opened = gpu::open_pipeline(o.model, bo);
   if (!opened) {
     std::fprintf(stderr, "ferry run: %s\n", opened.error().message.c_str());
@@ -145,6 +150,7 @@ CommandRun add_run_command(CLI::App& app) {
   });
   sub->add_option("-n,--n-predict", o->n, "tokens to generate");
   sub->add_option("--threads", o->threads, "worker threads (0: every hardware thread)");
+  sub->add_option("--kv-type", o->kv_type, "DSA latent rows: f32, f16 or int8")->capture_default_str();
   sub->add_option("--temperature", o->sampling.temperature, "0: greedy (argmax, ties to the lowest id)");
   sub->add_option("--top-k", o->sampling.top_k, "keep the k most likely tokens (0: off)");
   sub->add_option("--top-p", o->sampling.top_p, "keep the smallest set holding this probability mass");

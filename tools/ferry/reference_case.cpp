@@ -95,12 +95,12 @@ Expected<ReferenceCase> ReferenceCase::load(const std::filesystem::path& path) {
   return c;
 }
 
-CaseRun run_case(model::Glm5Forward& m, const ReferenceCase& ref, size_t chunk, bool with_mtp) {
+CaseRun run_case(model::Glm5Forward& m, const ReferenceCase& ref, size_t chunk, bool with_mtp, config::KvFormats kv) {
   using clock = std::chrono::steady_clock;
   const model::Glm5Hparams& hp = m.hparams();
   const size_t V = hp.vocab_size, D = hp.hidden_size;
   CaseRun out;
-  model::SequenceState state(hp);
+  model::SequenceState state(hp, kv);
   model::SelectionObserver observe = [&](uint32_t layer, size_t, uint32_t pos, std::span<const uint32_t> pools) {
     const std::string key = layer >= hp.n_layers ? "mtp" : std::to_string(layer);
     auto& rows = out.selections[key];

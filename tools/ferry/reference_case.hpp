@@ -40,7 +40,9 @@ struct CaseRun {
   double prefill_seconds = 0, decode_seconds = 0;
 };
 
-CaseRun run_case(model::Glm5Forward& model, const ReferenceCase& ref, size_t chunk, bool with_mtp);
+// `kv`: the DSA caches' row formats (f32: the reference's own).
+CaseRun run_case(model::Glm5Forward& model, const ReferenceCase& ref, size_t chunk, bool with_mtp,
+                 config::KvFormats kv = {});
 
 // The same run through a pipeline of stages (any backend, any split): prompt logits in chunks, then
 // the decode tokens one step at a time, on slot 0. No selections and no MTP (stages return neither).

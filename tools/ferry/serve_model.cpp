@@ -122,6 +122,7 @@ gpu::BackendOptions backend_options(const config::ServeConfig& config) {
   options.max_slots = config.slots.count;
   options.max_step_rows = config.slots.prefill_chunk + config.slots.count;  // one chunk + a decode row per slot
   options.max_context = config.slots.ctx;
+  (void)gpu::parse_kv_type_option(config.slots.kv_type, options);  // validate() checked it
   options.split = config.devices.split;
   options.memory = config.memory;
   options.route_skew = config.model.route_skew;
