@@ -182,7 +182,8 @@ template <> struct Reader<qd::kQ6_K> {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       // q - 32 bytewise: 6-bit values, so the wrapped bytes read as signed int8 are exact.
-      lo[i] = static_cast<int>(__vsub4((w.l[i] & 0x0f0f0f0fu) | (((w.h[i] >> (2 * m)) & 0x03030303u) << 4), 0x20202020u));
+      lo[i] = static_cast<int>(
+          __vsub4((w.l[i] & 0x0f0f0f0fu) | (((w.h[i] >> (2 * m)) & 0x03030303u) << 4), 0x20202020u));
       hi[i] = static_cast<int>(
           __vsub4(((w.l[i] >> 4) & 0x0f0f0f0fu) | (((w.h[i] >> (4 + 2 * m)) & 0x03030303u) << 4), 0x20202020u));
     }
