@@ -66,8 +66,9 @@ struct MatvecArgs {
 };
 inline constexpr uint32_t kMaxMatvecTokens = 8;
 void matvec(const MatvecArgs& a, cudaStream_t stream);
-// Whether matvec() quantizes this call's activations to int16 (Q4_K weights whose inputs fit in
-// shared memory): each x is then rounded to a multiple of amax/32767 of its 32-value block.
+// Whether matvec() quantizes this call's activations to int16 (Q4_K, Q5_K, Q6_K, IQ4_XS or IQ3_S
+// weights in rows of whole 256-blocks, whose inputs fit in shared memory): each x is then rounded
+// to a multiple of amax/32767 of its 32-value block.
 bool matvec_quantizes_activations(const MatvecArgs& a);
 
 // Dequantises rows [row0, row0 + rows) of `w` into dst (row-major fp16, `cols` per row). With dst_lo,

@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <string>
 
 #include "gpu/cuda_check.hpp"
@@ -271,6 +272,24 @@ void launch_dequant(const DevMatrix& w, size_t row0, size_t rows, OutT* dst, __h
     default: throw CudaError("the CUDA backend cannot read weights of ggml type " + std::to_string(t)); \
   }
 
+// The current device's address of g_iq3s_grid for the int16 kernels (another translation unit),
+// cached per device by upload_quant_tables so that matvec() asks nothing of the runtime while a
+// graph is captured.
+const uint32_t* iq3s_grid_address() {
+  static std::atomic<const uint32_t*> cached[64];
+  int dev = 0;
+  FERRY_CUDA(cudaGetDevice(&dev));
+  std::atomic<const uint32_t*>& slot = cached[dev & 63];
+  const uint32_t* p = slot.load(std::memory_order_relaxed);
+  if (p == nullptr) {
+    void* addr = nullptr;
+    FERRY_CUDA(cudaGetSymbolAddress(&addr, qd::g_iq3s_grid));
+    p = static_cast<const uint32_t*>(addr);
+    slot.store(p, std::memory_order_relaxed);
+  }
+  return p;
+}
+
 }  // namespace
 
 bool device_supports(model::GgmlType type) {
@@ -286,13 +305,14 @@ bool device_supports(model::GgmlType type) {
 void upload_quant_tables() {
   FERRY_CUDA(cudaMemcpyToSymbol(qd::g_iq3s_grid, model::kIq3sGrid, sizeof(model::kIq3sGrid)));
   FERRY_CUDA(cudaMemcpyToSymbol(qd::g_iq4nl_values, model::kIq4nlValues, sizeof(model::kIq4nlValues)));
+  iq3s_grid_address();
 }
 
 void matvec(const MatvecArgs& a, cudaStream_t stream) {
   if (a.tokens == 0 || a.groups == 0 || a.w.rows == 0) return;
   if (a.tokens > kMaxMatvecTokens) throw CudaError("matvec: more than 8 tokens");
   if (matvec_quantizes_activations(a)) {
-    launch_matvec_int16(a, stream);
+    launch_matvec_int16(a, a.w.type == model::GgmlType::IQ3_S ? iq3s_grid_address() : nullptr, stream);
     return;
   }
   const int t = kernel_type(a.w);

@@ -1,23 +1,28 @@
-// Decode matrix-vector products of Q4_K weights with the activations quantized to int16.
+// Decode matrix-vector products of K-quant and IQ weights (Q4_K, Q5_K, Q6_K, IQ4_XS, IQ3_S) with the
+// activations quantized to int16.
 //
-// Decoding every 4-bit weight to f32 costs ~4 instructions a weight and reading f32 activations 4
-// bytes a weight from L1: both keep the f32 kernel (matvec.cu) far from the memory bandwidth. Here
-// each block first quantizes its activations into shared memory (one scale per 32 values, plus the
-// exact f32 sum of every 16 values for the Q4_K minimum term), then its warps stream weight rows
-// and multiply 2 weights a dp2a instruction with int32 sums. Shared memory holds x in the order
-// the weight units read it, 80 bytes a unit (64 of values, 16 of scales and sums), so that eight
-// lanes reading eight consecutive units touch every bank once; and each warp requests the next
-// row's weights before it multiplies the current ones, so that its loads are always in flight. int8 activations (llama.cpp's q8_1)
-// would halve that work, but their rounding (up to amax/254 a value) flips the top token of small
-// models against the f32 CPU reference a quarter of the time; int16 rounding (amax/65534) stays at
-// the level of f32 summation order. MatvecArgs::f32_activations keeps the f32 kernel.
+// Decoding every weight to f32 costs ~4 instructions a weight and reading f32 activations 4 bytes a
+// weight from L1: both keep the f32 kernel (matvec.cu) far from the memory bandwidth. Here each
+// block first quantizes its activations into shared memory (one scale per 32 values, plus the exact
+// f32 sum of every 16 values for the K-quant minimum terms), then its warps stream weight rows and
+// multiply 2 weights a dp2a instruction with int32 sums. Every type is read in units of 32 weights,
+// 8 to a 256-column superblock, in two runs of 16 columns (a and b) that each lie in one 32-value
+// block of x. Shared memory holds x in the order the units read it, 80 bytes a unit (64 of values,
+// 16 of scales and sums), so that eight lanes reading eight consecutive units touch every bank
+// once; and each warp requests the next row's weights before it multiplies the current ones, so
+// that its loads are always in flight. int8 activations (llama.cpp's q8_1) would halve that work,
+// but their rounding (up to amax/254 a value) flips the top token of small models against the f32
+// CPU reference a quarter of the time; int16 rounding (amax/65534) stays at the level of f32
+// summation order. MatvecArgs::f32_activations keeps the f32 kernel.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/matvec_int16.hpp"
 #include "gpu/quant_device.cuh"
+#include "model/formats/iq_grids.hpp"
 
 namespace ferry::gpu {
 namespace {
@@ -26,28 +31,36 @@ constexpr int kWarps = 8;
 // Resident blocks per SM the kernels are built for: one token fits 64 registers, more need room.
 __host__ __device__ constexpr int blocks_per_sm(uint32_t nt) { return nt == 1 ? 4 : 2; }
 constexpr size_t kMaxSmem = 48 * 1024;  // without the opt-in, on every architecture
-constexpr uint32_t kQ4KBlockBytes = 144;
 
-// Shared memory of one block: per token, K/32 units of 80 bytes (XUnit values, then XScales).
+// Shared memory of one block: the IQ3_S grid where the type needs it, then per token K/32 units of
+// 80 bytes (XUnit values, then XScales).
 constexpr uint32_t kUnitBytes = 80;
-constexpr size_t smem_bytes(uint32_t nt, uint32_t cols) { return static_cast<size_t>(nt) * (cols / 32) * kUnitBytes; }
+constexpr size_t kGridBytes = sizeof(model::kIq3sGrid);
+size_t grid_bytes(model::GgmlType type) { return type == model::GgmlType::IQ3_S ? kGridBytes : 0; }
+size_t smem_bytes(model::GgmlType type, uint32_t nt, uint32_t cols) {
+  return grid_bytes(type) + static_cast<size_t>(nt) * (cols / 32) * kUnitBytes;
+}
 
 uint32_t padded_tokens(uint32_t tokens) { return tokens <= 1 ? 1 : tokens <= 2 ? 2 : tokens <= 4 ? 4 : 8; }
-
 
 // Lanes that share a row: 32, or 16 / 8 for rows of fewer than 32 / 16 units (a power of two, for
 // the butterfly sum).
 __host__ __device__ constexpr uint32_t lanes_per_row(uint32_t units) { return units >= 32 ? 32 : units >= 16 ? 16 : 8; }
 
-constexpr int kChunk = 4;  // units in flight per lane
-
-// The activations one unit multiplies: int16 values of columns c0.. c0+15 (a) and c0+32.. c0+47 (b).
+// The activations one unit multiplies: int16 values of its runs a (a0, a1) and b (b0, b1).
 struct XUnit {
   int4 a0, a1, b0, b1;
 };
-// Their two block scales and the f32 sums of those two runs of 16 columns.
+// The scales of the two runs' 32-value blocks and the f32 sums of the two runs.
 struct XScales {
   float d_lo, d_hi, s_lo, s_hi;
+};
+
+// What the kernels receive besides MatvecArgs: the device IQ3_S grid (matvec.cu owns it) and the
+// IQ4_NL levels as 16 bytes, for byte permutes.
+struct Tables {
+  const uint32_t* iq3s_grid;
+  uint32_t iq4nl[4];
 };
 
 __device__ __forceinline__ XUnit load_x_unit(const unsigned char* slot) {
@@ -59,7 +72,8 @@ __device__ __forceinline__ XScales load_x_scales(const unsigned char* slot) {
   return {f.x, f.y, f.z, f.w};
 }
 
-// 16 columns: int16 pairs of x (two int4) times the 4 weight bytes of each of 4 words.
+// 16 columns: int16 pairs of x (two int4) times the 4 signed weight bytes of each of 4 words (byte
+// k of word i is column 4i + k).
 __device__ __forceinline__ int dot16(const int4& x0, const int4& x1, const int (&w)[4]) {
   int s = __dp2a_lo(x0.x, w[0], 0);
   s = __dp2a_hi(x0.y, w[0], s);
@@ -71,35 +85,203 @@ __device__ __forceinline__ int dot16(const int4& x0, const int4& x1, const int (
   return __dp2a_hi(x1.w, w[3], s);
 }
 
-// Unit u of a Q4_K row: 16 bytes `w` of quants (low nibbles: columns c0.. of sub-block 2c, high
-// nibbles: the same 16 of sub-block 2c+1) times x, with the block's scales and minimums.
-__device__ __forceinline__ float unit_dot(const uint8_t* blk, uint32_t u, const uint4& w, const XUnit& x,
-                                          const XScales& xs) {
-  const uint32_t c = (u & 7) >> 1;
+// Q4_K / Q5_K: unit j = 2c + h of a superblock holds columns 64c + 16h (run a, of sub-block 2c)
+// and 32 further on (run b, sub-block 2c + 1); the sub-blocks' scales and minimums follow the
+// block's d and dmin.
+__device__ __forceinline__ float k4_dot(const uint8_t* blk, uint32_t c, const int (&lo)[4], const int (&hi)[4],
+                                        const XUnit& x, const XScales& xs) {
   const uint32_t dd = qd::ld_u32(blk);
   int sc1, m1, sc2, m2;
   qd::k4_scale_min(blk + 4, 2 * c, sc1, m1);
   qd::k4_scale_min(blk + 4, 2 * c + 1, sc2, m2);
   const float d = qd::h2f(dd & 0xffff), dmin = qd::h2f(dd >> 16);
-  const int lo[4] = {static_cast<int>(w.x & 0x0f0f0f0fu), static_cast<int>(w.y & 0x0f0f0f0fu),
-                     static_cast<int>(w.z & 0x0f0f0f0fu), static_cast<int>(w.w & 0x0f0f0f0fu)};
-  const int hi[4] = {static_cast<int>((w.x >> 4) & 0x0f0f0f0fu), static_cast<int>((w.y >> 4) & 0x0f0f0f0fu),
-                     static_cast<int>((w.z >> 4) & 0x0f0f0f0fu), static_cast<int>((w.w >> 4) & 0x0f0f0f0fu)};
   const int s1 = dot16(x.a0, x.a1, lo), s2 = dot16(x.b0, x.b1, hi);
   return d * static_cast<float>(sc1) * xs.d_lo * static_cast<float>(s1) +
          d * static_cast<float>(sc2) * xs.d_hi * static_cast<float>(s2) - dmin * static_cast<float>(m1) * xs.s_lo -
          dmin * static_cast<float>(m2) * xs.s_hi;
 }
 
-template <int NT>
-__global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) q4k_int16_kernel(MatvecArgs a) {
-  extern __shared__ __align__(16) unsigned char smem[];
+// Per type: the superblock's bytes, units in flight per lane (fewer where a unit's weights take 8
+// registers), which unit's run (a: high 0, b: high 1) holds piece p (columns 16p..) of a superblock,
+// the weights a lane requests for a unit (W, load) and their product (dot).
+template <int T> struct Reader;
+
+template <> struct Reader<qd::kQ4_K> {
+  static constexpr uint32_t kBlockBytes = 144, kChunk = 4;
+  __device__ static uint32_t unit_of(uint32_t p, uint32_t& high) {
+    high = (p >> 1) & 1;
+    return 2 * (p >> 2) + (p & 1);
+  }
+  using W = uint4;
+  __device__ static W load(const uint8_t* blk, uint32_t j) {
+    return *reinterpret_cast<const uint4*>(blk + 16 + 32 * (j >> 1) + 16 * (j & 1));
+  }
+  __device__ static float dot(const uint8_t* blk, uint32_t j, const W& w, const XUnit& x, const XScales& xs,
+                              const uint32_t*, const Tables&) {
+    const int lo[4] = {static_cast<int>(w.x & 0x0f0f0f0fu), static_cast<int>(w.y & 0x0f0f0f0fu),
+                       static_cast<int>(w.z & 0x0f0f0f0fu), static_cast<int>(w.w & 0x0f0f0f0fu)};
+    const int hi[4] = {static_cast<int>((w.x >> 4) & 0x0f0f0f0fu), static_cast<int>((w.y >> 4) & 0x0f0f0f0fu),
+                       static_cast<int>((w.z >> 4) & 0x0f0f0f0fu), static_cast<int>((w.w >> 4) & 0x0f0f0f0fu)};
+    return k4_dot(blk, j >> 1, lo, hi, x, xs);
+  }
+};
+
+// Q5_K: Q4_K's nibbles at byte 48, their fifth bits in qh (byte 16): bit 2c of qh[16h + l] for
+// run a, bit 2c + 1 for run b.
+template <> struct Reader<qd::kQ5_K> {
+  static constexpr uint32_t kBlockBytes = 176, kChunk = 2;
+  __device__ static uint32_t unit_of(uint32_t p, uint32_t& high) { return Reader<qd::kQ4_K>::unit_of(p, high); }
+  struct W {
+    uint4 q, h;
+  };
+  __device__ static W load(const uint8_t* blk, uint32_t j) {
+    return {*reinterpret_cast<const uint4*>(blk + 48 + 32 * (j >> 1) + 16 * (j & 1)),
+            *reinterpret_cast<const uint4*>(blk + 16 + 16 * (j & 1))};
+  }
+  __device__ static float dot(const uint8_t* blk, uint32_t j, const W& w, const XUnit& x, const XScales& xs,
+                              const uint32_t*, const Tables&) {
+    const uint32_t c = j >> 1;
+    const uint32_t q[4] = {w.q.x, w.q.y, w.q.z, w.q.w}, h[4] = {w.h.x, w.h.y, w.h.z, w.h.w};
+    int lo[4], hi[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      lo[i] = static_cast<int>((q[i] & 0x0f0f0f0fu) | (((h[i] >> (2 * c)) & 0x01010101u) << 4));
+      hi[i] = static_cast<int>(((q[i] >> 4) & 0x0f0f0f0fu) | (((h[i] >> (2 * c + 1)) & 0x01010101u) << 4));
+    }
+    return k4_dot(blk, c, lo, hi, x, xs);
+  }
+};
+
+// Q6_K: unit j = 4n + 2m + h holds columns 128n + 32m + 16h (run a: low nibbles of ql[64n + 32m +
+// 16h + l], bits 2m of qh[32n + 16h + l]) and 64 further on (run b: high nibbles, bits 4 + 2m);
+// one int8 scale a 16 columns. Blocks are 210 bytes, so only 2-byte loads are aligned.
+template <> struct Reader<qd::kQ6_K> {
+  static constexpr uint32_t kBlockBytes = 210, kChunk = 2;
+  __device__ static uint32_t unit_of(uint32_t p, uint32_t& high) {
+    high = (p >> 2) & 1;
+    return 4 * (p >> 3) + (p & 3);
+  }
+  struct W {
+    uint32_t l[4], h[4];
+  };
+  __device__ static W load(const uint8_t* blk, uint32_t j) {
+    const uint8_t* ql = blk + 64 * (j >> 2) + 16 * (j & 3);
+    const uint8_t* qh = blk + 128 + 32 * (j >> 2) + 16 * (j & 1);
+    W w;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      w.l[i] = qd::ld_u32_a2(ql + 4 * i);
+      w.h[i] = qd::ld_u32_a2(qh + 4 * i);
+    }
+    return w;
+  }
+  __device__ static float dot(const uint8_t* blk, uint32_t j, const W& w, const XUnit& x, const XScales& xs,
+                              const uint32_t*, const Tables&) {
+    const uint32_t m = (j >> 1) & 1;
+    int lo[4], hi[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      // q - 32 bytewise: 6-bit values, so the wrapped bytes read as signed int8 are exact.
+      lo[i] = static_cast<int>(
+          __vsub4((w.l[i] & 0x0f0f0f0fu) | (((w.h[i] >> (2 * m)) & 0x03030303u) << 4), 0x20202020u));
+      hi[i] = static_cast<int>(
+          __vsub4(((w.l[i] >> 4) & 0x0f0f0f0fu) | (((w.h[i] >> (4 + 2 * m)) & 0x03030303u) << 4), 0x20202020u));
+    }
+    // One scale a 16 columns: run a is piece 8n + 2m + h, run b four pieces on.
+    const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+    const uint32_t pa = 8 * (j >> 2) + (j & 3);
+    const float d = qd::h2f(qd::ld_u16(blk + 208));
+    const int s1 = dot16(x.a0, x.a1, lo), s2 = dot16(x.b0, x.b1, hi);
+    return d * static_cast<float>(sc[pa]) * xs.d_lo * static_cast<float>(s1) +
+           d * static_cast<float>(sc[pa + 4]) * xs.d_hi * static_cast<float>(s2);
+  }
+};
+
+// IQ4_XS: unit j holds columns 32j.. (run a: low nibbles of qs[16j + l]) and 32j + 16.. (run b:
+// high nibbles), each nibble an index into the IQ4_NL levels; one 6-bit scale a unit.
+template <> struct Reader<qd::kIQ4_XS> {
+  static constexpr uint32_t kBlockBytes = 136, kChunk = 4;
+  __device__ static uint32_t unit_of(uint32_t p, uint32_t& high) {
+    high = p & 1;
+    return p >> 1;
+  }
+  using W = uint4;
+  __device__ static W load(const uint8_t* blk, uint32_t j) {
+    const uint2 q0 = *reinterpret_cast<const uint2*>(blk + 8 + 16 * j);  // blocks are 8-byte aligned
+    const uint2 q1 = *reinterpret_cast<const uint2*>(blk + 16 + 16 * j);
+    return {q0.x, q0.y, q1.x, q1.y};
+  }
+  // The levels of the 4 indices in the low nibbles of idx's bytes: levels 0-7 and 8-15 permuted
+  // by the low 3 bits, chosen between by bit 3.
+  __device__ static int levels(uint32_t idx, const Tables& t) {
+    const uint32_t low3 = idx & 0x07070707u;
+    const uint32_t sel = __byte_perm(low3 | (low3 >> 4), 0, 0x0020);
+    const uint32_t lo = __byte_perm(t.iq4nl[0], t.iq4nl[1], sel), hi = __byte_perm(t.iq4nl[2], t.iq4nl[3], sel);
+    const uint32_t high = ((idx >> 3) & 0x01010101u) * 0xffu;
+    return static_cast<int>((lo & ~high) | (hi & high));
+  }
+  __device__ static float dot(const uint8_t* blk, uint32_t j, const W& w, const XUnit& x, const XScales& xs,
+                              const uint32_t*, const Tables& t) {
+    const uint32_t q[4] = {w.x, w.y, w.z, w.w};
+    int lo[4], hi[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      lo[i] = levels(q[i] & 0x0f0f0f0fu, t);
+      hi[i] = levels((q[i] >> 4) & 0x0f0f0f0fu, t);
+    }
+    const uint32_t scales_h = qd::ld_u16(blk + 2);
+    const int ls = ((blk[4 + j / 2] >> (4 * (j % 2))) & 0xf) | (((scales_h >> (2 * j)) & 3) << 4);
+    const float dl = qd::h2f(qd::ld_u16(blk)) * static_cast<float>(ls - 32);
+    const int s1 = dot16(x.a0, x.a1, lo), s2 = dot16(x.b0, x.b1, hi);
+    return dl * (xs.d_lo * static_cast<float>(s1) + xs.d_hi * static_cast<float>(s2));
+  }
+};
+
+// IQ3_S: unit j holds columns 32j.. in 8 groups of 4, group g a grid entry (qs[8j + g] and bit g of
+// qh[j]) with 4 sign bits from signs[4j..]; runs a and b are groups 0-3 and 4-7. Blocks are 110
+// bytes, so only 2-byte loads are aligned.
+template <> struct Reader<qd::kIQ3_S> {
+  static constexpr uint32_t kBlockBytes = 110, kChunk = 4;
+  __device__ static uint32_t unit_of(uint32_t p, uint32_t& high) { return Reader<qd::kIQ4_XS>::unit_of(p, high); }
+  struct W {
+    uint32_t qs_lo, qs_hi, signs, qh;
+  };
+  __device__ static W load(const uint8_t* blk, uint32_t j) {
+    return {qd::ld_u32_a2(blk + 2 + 8 * j), qd::ld_u32_a2(blk + 6 + 8 * j), qd::ld_u32_a2(blk + 74 + 4 * j),
+            blk[66 + j]};
+  }
+  __device__ static float dot(const uint8_t* blk, uint32_t j, const W& w, const XUnit& x, const XScales& xs,
+                              const uint32_t* grid, const Tables&) {
+    int v[8];
+#pragma unroll
+    for (int g = 0; g < 8; ++g) {
+      const uint32_t qs = ((g < 4 ? w.qs_lo : w.qs_hi) >> (8 * (g & 3))) & 0xff;
+      const uint32_t entry = grid[qs | (((w.qh >> g) & 1) << 8)];
+      // Sign bit k to byte k (the four shifted copies do not overlap), then 0xff in negative bytes:
+      // (e ^ 0xff) - 0xff is -e bytewise.
+      const uint32_t neg = ((((w.signs >> (4 * g)) & 0xf) * 0x00204081u) & 0x01010101u) * 0xffu;
+      v[g] = static_cast<int>(__vsub4(entry ^ neg, neg));
+    }
+    const int a[4] = {v[0], v[1], v[2], v[3]}, b[4] = {v[4], v[5], v[6], v[7]};
+    const float db = qd::h2f(qd::ld_u16(blk)) * static_cast<float>(1 + 2 * ((blk[106 + j / 2] >> (4 * (j % 2))) & 0xf));
+    const int s1 = dot16(x.a0, x.a1, a), s2 = dot16(x.b0, x.b1, b);
+    return db * (xs.d_lo * static_cast<float>(s1) + xs.d_hi * static_cast<float>(s2));
+  }
+};
+
+template <int T, int NT>
+__global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(MatvecArgs a, Tables tables) {
+  using R = Reader<T>;
+  constexpr uint32_t kChunk = R::kChunk;
+  extern __shared__ __align__(16) unsigned char smem_all[];
+  const uint32_t* grid = reinterpret_cast<const uint32_t*>(smem_all);
+  unsigned char* smem = smem_all + (T == qd::kIQ3_S ? kGridBytes : 0);
   const uint32_t K = a.w.cols, units = K / 32, ntok = a.tokens;
   const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const uint32_t g = blockIdx.y;
 
-  // A row's 16-byte units (32 weights each) are spread over `lpr` lanes; narrow rows share a warp.
-  // A warp's work is a list of items: chunks of up to kChunk units per lane, row after row.
+  // A row's units (32 weights each) are spread over `lpr` lanes; narrow rows share a warp. A warp's
+  // work is a list of items: chunks of up to kChunk units per lane, row after row.
   const uint32_t lpr = lanes_per_row(units);
   const uint32_t sub = lane / lpr, sl = lane % lpr, rows_per_warp = 32 / lpr;
   const uint32_t chunks = (units + kChunk * lpr - 1) / (kChunk * lpr);
@@ -108,27 +290,29 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) q4k_int16_kern
   const size_t mat = a.w_group_index ? static_cast<size_t>(a.w_group_index[g]) : g;
   const uint8_t* wbase = a.w_group_ptrs ? a.w_group_ptrs[mat] : a.w.data + mat * a.w_group_bytes;
   auto item_row0 = [&](uint32_t it) { return first_row + (it / chunks) * stride; };
-  auto load_item = [&](uint32_t it, uint4 (&q)[kChunk]) {
+  auto load_item = [&](uint32_t it, typename R::W (&q)[kChunk]) {
     const uint32_t row = item_row0(it) + sub;
     if (row >= a.w.rows) return;
     const uint8_t* wrow = wbase + static_cast<size_t>(row) * a.w.row_bytes;
     const uint32_t u0 = sl + (it % chunks) * kChunk * lpr;
 #pragma unroll
-    for (int i = 0; i < kChunk; ++i) {
+    for (uint32_t i = 0; i < kChunk; ++i) {
       const uint32_t u = u0 + i * lpr;
-      if (u < units) {
-        q[i] = *reinterpret_cast<const uint4*>(wrow + kQ4KBlockBytes * (u >> 3) + 16 + 32 * ((u & 7) >> 1) + 16 * (u & 1));
-      }
+      if (u < units) q[i] = R::load(wrow + R::kBlockBytes * (u >> 3), u & 7);
     }
   };
 
   // The first weights are requested before the activations are quantized.
-  uint4 q[kChunk];
+  typename R::W q[kChunk];
   load_item(0, q);
 
+  if constexpr (T == qd::kIQ3_S) {
+    uint32_t* g_smem = reinterpret_cast<uint32_t*>(smem_all);
+    for (uint32_t i = threadIdx.x; i < kGridBytes / 4; i += blockDim.x) g_smem[i] = tables.iq3s_grid[i];
+  }
+
   // Each thread quantizes 16 values (half of a 32-value block; its neighbour holds the other half)
-  // into one half of one unit's slot: columns 64c + 16h + [0, 16) of a superblock are the low half
-  // of unit 2c + h, columns 64c + 32 + 16h + [0, 16) its high half.
+  // into one half of the slot of the unit whose run they are.
   const float* x = a.x + static_cast<size_t>(g / a.x_group_div) * a.x_group_stride;
   const uint32_t pieces = ntok * (K / 16);
   for (uint32_t base = 0; base < pieces; base += blockDim.x) {
@@ -159,8 +343,8 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) q4k_int16_kern
         packed[k] = (static_cast<uint32_t>(__float2int_rn(v[2 * k] * inv)) & 0xffffu) |
                     (static_cast<uint32_t>(__float2int_rn(v[2 * k + 1] * inv)) << 16);
       }
-      const uint32_t in_sb = p % 16, c = in_sb / 4, high = (in_sb / 2) & 1, h = in_sb & 1;
-      const uint32_t unit = 8 * (p / 16) + 2 * c + h;
+      uint32_t high;
+      const uint32_t unit = 8 * (p / 16) + R::unit_of(p % 16, high);
       unsigned char* slot = smem + (static_cast<size_t>(t) * units + unit) * kUnitBytes;
       uint4* dst = reinterpret_cast<uint4*>(slot + 32 * high);
       dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
@@ -176,28 +360,28 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) q4k_int16_kern
 #pragma unroll
   for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
   for (uint32_t it = 0; item_row0(it) < a.w.rows; ++it) {
-    uint4 next[kChunk];
+    typename R::W next[kChunk];
     load_item(it + 1, next);
     const uint32_t row = item_row0(it) + sub;
     if (row < a.w.rows) {
       const uint8_t* wrow = wbase + static_cast<size_t>(row) * a.w.row_bytes;
       const uint32_t u0 = sl + (it % chunks) * kChunk * lpr;
 #pragma unroll
-      for (int i = 0; i < kChunk; ++i) {
+      for (uint32_t i = 0; i < kChunk; ++i) {
         const uint32_t u = u0 + i * lpr;
         if (u >= units) break;
-        const uint8_t* blk = wrow + kQ4KBlockBytes * (u >> 3);
+        const uint8_t* blk = wrow + R::kBlockBytes * (u >> 3);
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
           if (t < static_cast<int>(ntok)) {
             const unsigned char* slot = smem + (static_cast<size_t>(t) * units + u) * kUnitBytes;
-            acc[t] += unit_dot(blk, u, q[i], load_x_unit(slot), load_x_scales(slot));
+            acc[t] += R::dot(blk, u & 7, q[i], load_x_unit(slot), load_x_scales(slot), grid, tables);
           }
         }
       }
     }
 #pragma unroll
-    for (int i = 0; i < kChunk; ++i) q[i] = next[i];
+    for (uint32_t i = 0; i < kChunk; ++i) q[i] = next[i];
     if (it % chunks != chunks - 1) continue;
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
@@ -211,27 +395,47 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) q4k_int16_kern
   }
 }
 
-}  // namespace
-
-bool matvec_quantizes_activations(const MatvecArgs& a) {
-  const bool aligned = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && a.x_tok_stride % 4 == 0 && a.x_group_stride % 4 == 0;
-  return !a.f32_activations && a.w.type == model::GgmlType::Q4_K && a.w.cols % 256 == 0 && a.tokens >= 1 &&
-         aligned && smem_bytes(padded_tokens(a.tokens), a.w.cols) <= kMaxSmem;
+bool int16_type(model::GgmlType t) {
+  using model::GgmlType;
+  return t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K || t == GgmlType::IQ4_XS ||
+         t == GgmlType::IQ3_S;
 }
 
-void launch_matvec_int16(const MatvecArgs& a, cudaStream_t stream) {
+template <int T>
+void launch(const MatvecArgs& a, const Tables& tables, cudaStream_t stream) {
   const uint32_t nt = padded_tokens(a.tokens);
-  const size_t smem = smem_bytes(nt, a.w.cols);
+  const size_t smem = smem_bytes(a.w.type, nt, a.w.cols);
   const uint32_t rows_per_block = kWarps * (32 / lanes_per_row(a.w.cols / 32));
   // Enough blocks to fill the device once; each block quantizes its input once and loops over rows.
   const uint32_t wanted = (a.w.rows + rows_per_block - 1) / rows_per_block;
   const uint32_t fill = std::max<uint32_t>(1, static_cast<uint32_t>(current_sm_count() * blocks_per_sm(nt)) / a.groups);
   const dim3 grid(std::min(wanted, fill), a.groups);
   switch (nt) {
-    case 1: q4k_int16_kernel<1><<<grid, kWarps * 32, smem, stream>>>(a); break;
-    case 2: q4k_int16_kernel<2><<<grid, kWarps * 32, smem, stream>>>(a); break;
-    case 4: q4k_int16_kernel<4><<<grid, kWarps * 32, smem, stream>>>(a); break;
-    default: q4k_int16_kernel<8><<<grid, kWarps * 32, smem, stream>>>(a); break;
+    case 1: int16_kernel<T, 1><<<grid, kWarps * 32, smem, stream>>>(a, tables); break;
+    case 2: int16_kernel<T, 2><<<grid, kWarps * 32, smem, stream>>>(a, tables); break;
+    case 4: int16_kernel<T, 4><<<grid, kWarps * 32, smem, stream>>>(a, tables); break;
+    default: int16_kernel<T, 8><<<grid, kWarps * 32, smem, stream>>>(a, tables); break;
+  }
+}
+
+}  // namespace
+
+bool matvec_quantizes_activations(const MatvecArgs& a) {
+  const bool aligned = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && a.x_tok_stride % 4 == 0 && a.x_group_stride % 4 == 0;
+  return !a.f32_activations && int16_type(a.w.type) && a.w.cols % 256 == 0 && a.tokens >= 1 && aligned &&
+         smem_bytes(a.w.type, padded_tokens(a.tokens), a.w.cols) <= kMaxSmem;
+}
+
+void launch_matvec_int16(const MatvecArgs& a, const uint32_t* iq3s_grid, cudaStream_t stream) {
+  Tables tables{iq3s_grid, {}};
+  std::memcpy(tables.iq4nl, model::kIq4nlValues, sizeof(tables.iq4nl));
+  switch (a.w.type) {
+    case model::GgmlType::Q4_K: launch<qd::kQ4_K>(a, tables, stream); break;
+    case model::GgmlType::Q5_K: launch<qd::kQ5_K>(a, tables, stream); break;
+    case model::GgmlType::Q6_K: launch<qd::kQ6_K>(a, tables, stream); break;
+    case model::GgmlType::IQ4_XS: launch<qd::kIQ4_XS>(a, tables, stream); break;
+    case model::GgmlType::IQ3_S: launch<qd::kIQ3_S>(a, tables, stream); break;
+    default: throw CudaError("launch_matvec_int16: no int16 kernel for this weight type");
   }
   FERRY_CUDA_LAUNCHED();
 }

@@ -4,6 +4,7 @@
 
 namespace ferry::gpu {
 
-void launch_matvec_int16(const MatvecArgs& a, cudaStream_t stream);
+// iq3s_grid: the device copy of model::kIq3sGrid (read by IQ3_S weights only).
+void launch_matvec_int16(const MatvecArgs& a, const uint32_t* iq3s_grid, cudaStream_t stream);
 
 }  // namespace ferry::gpu

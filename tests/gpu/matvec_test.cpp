@@ -74,6 +74,12 @@ class MatvecTest : public ::testing::TestWithParam<GgmlType> {
   }
 };
 
+// The types matvec() reads with int16 activations (gpu/matvec_int16.cu) where rows are whole 256-blocks.
+bool int16_type(GgmlType t) {
+  return t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K || t == GgmlType::IQ4_XS ||
+         t == GgmlType::IQ3_S;
+}
+
 // Largest error the int16 activation path may add to W[r] . x: every x rounded by at most half a
 // step of its 32-value block (amax / 32767), times |w|.
 double int16_rounding_bound(const float* w, const float* x, size_t cols) {
@@ -132,22 +138,23 @@ TEST_P(MatvecTest, MatchesTheCpuDotProductForEveryTokenCount) {
   const GgmlType type = GetParam();
   std::mt19937 rng(1234 + static_cast<int>(type));
   const size_t cols = model::ggml_type_traits(type).block_elems == 1 ? 520 : 768;
-  const bool q4k = type == GgmlType::Q4_K;
-  check_every_token_count(type, 75, cols, false, q4k ? kMaxMatvecTokens : 0, rng);
-  if (q4k) {
+  const bool int16 = int16_type(type);
+  check_every_token_count(type, 75, cols, false, int16 ? kMaxMatvecTokens : 0, rng);
+  if (int16) {
     check_every_token_count(type, 75, cols, true, 0, rng);
-    // Rows of 152 units (several rounds of loads per lane); 8 tokens no longer fit in shared memory.
-    check_every_token_count(type, 75, 4864, false, 4, rng);
+    // Rows of 152 units (several rounds of loads per lane); 8 tokens no longer fit in shared memory,
+    // nor 4 beside IQ3_S's 2 KiB grid.
+    check_every_token_count(type, 75, 4864, false, type == GgmlType::IQ3_S ? 2 : 4, rng);
   }
 }
 
-// Rows of fewer than 32 units share a warp (and rows of exactly one Q4_K block use 8 lanes).
+// Rows of fewer than 32 units share a warp (and rows of exactly one 256-block use 8 lanes in the int16 path).
 TEST_P(MatvecTest, NarrowRowsShareAWarp) {
   const GgmlType type = GetParam();
   std::mt19937 rng(4321 + static_cast<int>(type));
   const size_t block = model::ggml_type_traits(type).block_elems;
   for (size_t cols : {block == 1 ? size_t{8} : block, block == 1 ? size_t{96} : 3 * block}) {
-    check_every_token_count(type, 37, cols, false, type == GgmlType::Q4_K ? kMaxMatvecTokens : 0, rng);
+    check_every_token_count(type, 37, cols, false, int16_type(type) ? kMaxMatvecTokens : 0, rng);
   }
 }
 
@@ -179,7 +186,7 @@ TEST_P(MatvecTest, GroupedLaunchReadsEachGroupsMatrixAndInput) {
   a.y_group_stride = rows_per;
   a.groups = groups;
   const bool int16 = matvec_quantizes_activations(a);
-  EXPECT_EQ(int16, type == GgmlType::Q4_K);
+  EXPECT_EQ(int16, int16_type(type));
   matvec(a, nullptr);
   std::vector<float> y(groups * rows_per);
   ASSERT_EQ(cudaMemcpy(y.data(), dy.get(), y.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
