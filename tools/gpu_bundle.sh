@@ -47,9 +47,9 @@ if [ -d ../shared/configs ]; then mkdir -p "$out/configs" && cp ../shared/config
 printf '#!/usr/bin/env bash\nbuilt_for="%s"  # the architectures the build has code for\n' "$archs" > "$out/run-gpu-tests.sh"
 cat >> "$out/run-gpu-tests.sh" <<'RUN'
 # Runs on the GPU machine: the cuda-labelled tests, then every reference fixture through
-# `ferry eval-ref --backend cuda` (f32: max |delta| <= 5e-3 vs transformers; q4_k, q8_0 and the two
-# recipes of recipes/ (the user's mixes: IQ3_S / Q5_K / IQ4_XS and Q4_K / Q5_K / Q6_K / Q8_0): top-1
-# agreement with the CPU backend >= 99.5%), the f32 conversions also with no expert pool (each
+# `ferry eval-ref --backend cuda` (f32 weights and KV: max |delta| <= 5e-3 vs transformers; q4_k, q8_0
+# and the two recipes of recipes/ (the user's mixes: IQ3_S / Q5_K / IQ4_XS and Q4_K / Q5_K / Q6_K /
+# Q8_0), with the default KV type: top-1 agreement with the CPU backend >= 99.5%), the f32 conversions also with no expert pool (each
 # prefill miss path) and split into 2, 3 and 4 stages on device 0 (as the fixture's layers allow),
 # then which device code ran: on a GPU whose architecture
 # the build has no code for (the Volta build on a newer GPU), it must be code the driver compiled
@@ -86,7 +86,7 @@ for case_dir in "$here"/fixtures/*/; do
       echo "FAIL convert $case $t"; cat "$work/convert.log"; failed=$((failed + 1)); continue
     fi
     if [ "$t" = f32 ]; then
-      args=(--tolerance 5e-3)
+      args=(--tolerance 5e-3 --kv-type f32)
     else
       args=(--compare-cpu --min-top1 0.995 --threads 8)
     fi
@@ -107,7 +107,7 @@ for case_dir in "$here"/fixtures/*/; do
   for miss in mapped upload; do
     for chunk in 0 7; do
       if "$here/ferry" eval-ref --backend cuda --model "$work/$case-f32.gguf" --reference "$case_dir" --chunk $chunk \
-          --tolerance 5e-3 --expert-pool-cap 1 --miss-path $miss >"$work/eval.log" 2>&1; then
+          --tolerance 5e-3 --kv-type f32 --expert-pool-cap 1 --miss-path $miss >"$work/eval.log" 2>&1; then
         echo "PASS eval-ref $case f32 no pool, $miss, chunk $chunk: $(grep -E 'max\|delta\||^experts' "$work/eval.log" | tr '\n' ' ')"
       else
         echo "FAIL eval-ref $case f32 no pool, $miss, chunk $chunk"; cat "$work/eval.log"; failed=$((failed + 1))
@@ -120,7 +120,7 @@ for case_dir in "$here"/fixtures/*/; do
     [ -n "$layers" ] && [ "$stages" -le "$layers" ] || continue
     split=$(seq 1 $((stages - 1)) | while read -r i; do echo $((i * layers / stages)); done | paste -sd,)
     if "$here/ferry" eval-ref --backend cuda --split "$split" --model "$work/$case-f32.gguf" --reference "$case_dir" \
-        --chunk 7 --tolerance 5e-3 >"$work/eval.log" 2>&1; then
+        --chunk 7 --tolerance 5e-3 --kv-type f32 >"$work/eval.log" 2>&1; then
       echo "PASS eval-ref $case f32 split $split: $(grep -E 'max\|delta\|' "$work/eval.log" | tr '\n' ' ')"
     else
       echo "FAIL eval-ref $case f32 split $split"; cat "$work/eval.log"; failed=$((failed + 1))
