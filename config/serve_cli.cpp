@@ -62,6 +62,10 @@ ServeCli::ServeCli(CLI::App& cmd) : cmd_(cmd) {
   add("slots", "slots", c.slots.count, "concurrent requests")->capture_default_str();
   add("slots", "ctx", c.slots.ctx, "tokens per slot, prompt + completion")->capture_default_str();
   add("slots", "prefill-chunk", c.slots.prefill_chunk, "prompt tokens per step")->capture_default_str();
+  add("slots", "mtp", c.slots.mtp,
+      "speculative decoding with the model's MTP block (greedy requests, CPU backend): auto (drafts per "
+      "acceptance), off, or K drafts a step (1..3)")
+      ->capture_default_str();
   add("slots", "queue-limit", c.slots.queue_limit, "requests waiting for a slot before 429")->capture_default_str();
   add("slots", "retry-after", c.slots.retry_after_s, "seconds, sent as Retry-After with 429 and 503")
       ->capture_default_str();

@@ -224,6 +224,7 @@ Expected<OpenedModel> open_pipeline(const std::filesystem::path& path, const Bac
     model::CpuStageOptions co;
     co.max_slots = o.max_slots;
     co.max_context = context_for(o, hp.context_length);
+    co.mtp = o.mtp;
     auto pipeline = model::Pipeline::make(model::make_cpu_stages(weights, ranges.value(), o.threads, co));
     if (!pipeline) return pipeline.error();
     OpenedModel opened;

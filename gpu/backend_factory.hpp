@@ -32,6 +32,7 @@ struct BackendOptions {
   config::StageSplit split;       // the stages' layers and devices
   config::MemoryConfig memory;    // where routed experts go when the devices cannot hold them
   float route_skew = 0;           // synthetic weights: the routers' preference (ModelConfig::route_skew)
+  bool mtp = false;               // the last stage runs the model's MTP block, when it has one (CPU)
 };
 
 // A model ready to run: its stages, the memory plan they were made from (CUDA), and the policy that
