@@ -229,8 +229,8 @@ std::optional<StepPlan> StepPlanner::plan(TimePoint now, EngineEvents& events) {
     row.tokens.assign(prompt.begin() + prefill->prefilled, prompt.begin() + prefill->prefilled + n);
     row.sample = prefill->prefilled + n == prompt.size();
     row.sampling = prefill->request.sampling;
-    // The prompt's last chunk asks for the first drafts (greedy rows only: drafts verify greedily).
-    if (row.sample && row.sampling.temperature <= 0.0f) row.draft = drafts_for(limits_.mtp, {}, decoding + 1);
+    // The prompt's last chunk asks for the first drafts.
+    if (row.sample) row.draft = drafts_for(limits_.mtp, {}, decoding + 1);
     slot.held.insert(slot.held.end(), row.tokens.begin(), row.tokens.end());
     step.rows.push_back(InFlightRow{index, prefill->request.id, n, row.sample, std::nullopt});
     plan.rows.push_back(std::move(row));

@@ -40,7 +40,7 @@ struct PlannerLimits {
   uint32_t vocab_size = 0;         // token ids must be below it (0: not checked)
   uint32_t max_in_flight = 1;      // steps in flight at once (the pipeline's stages)
   uint32_t micro_batches = 1;      // groups the decoding slots are split into, one group per step
-  MtpSetting mtp;                  // speculative decoding with the MTP block's drafts (greedy rows)
+  MtpSetting mtp;                  // speculative decoding with the MTP block's drafts
 };
 
 // An event for one request's sink (its HTTP bridge), in the order they must be delivered.

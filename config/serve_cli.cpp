@@ -63,7 +63,7 @@ ServeCli::ServeCli(CLI::App& cmd) : cmd_(cmd) {
   add("slots", "ctx", c.slots.ctx, "tokens per slot, prompt + completion")->capture_default_str();
   add("slots", "prefill-chunk", c.slots.prefill_chunk, "prompt tokens per step")->capture_default_str();
   add("slots", "mtp", c.slots.mtp,
-      "speculative decoding with the model's MTP block (greedy requests, CPU backend): auto (drafts per "
+      "speculative decoding with the model's MTP block (CPU backend): auto (drafts per "
       "acceptance), off, or K drafts a step (1..3)")
       ->capture_default_str();
   add("slots", "queue-limit", c.slots.queue_limit, "requests waiting for a slot before 429")->capture_default_str();

@@ -15,11 +15,10 @@ SlotRows SpecDecoder::rows(uint32_t slot, const SamplingParams& sampling, uint32
   r.start = start_;
   r.tokens = feed_;
   r.sampling = sampling;
-  const bool greedy = sampling.temperature <= 0.0f;
-  r.draft = greedy ? k : 0;
+  r.draft = k;
   // After rejections in a row the feed grows by one each: past k + 1 tokens it goes without drafts,
   // which confirms it whole.
-  if (greedy && feed_.size() <= size_t{k} + 1) {
+  if (feed_.size() <= size_t{k} + 1) {
     const size_t v = std::min<size_t>(k, drafts_.size());
     r.tokens.insert(r.tokens.end(), drafts_.begin(), drafts_.begin() + static_cast<ptrdiff_t>(v));
     r.verify = static_cast<uint32_t>(v);

@@ -4,7 +4,8 @@
 // (the last drawn one; after a rejected draft also the kept rows since the verify set's start) and
 // the drafts behind them. Every stage keeps the state at a verify set's start, so a rejection costs
 // no step of its own: the next set starts there again, carrying the rows it keeps (a few more rows in
-// a step cost far less than a step). Greedy only: drafts ride with temperature 0.
+// a step cost far less than a step). Sampled rows verify the same way (SlotRows::verify): the tokens
+// are those of plain decoding with the same seed.
 #include <cstdint>
 #include <vector>
 

@@ -26,9 +26,9 @@ Status validate_rows(std::span<const SlotRows> rows, std::span<const uint32_t> h
       return bad(slot + ": rows start at " + std::to_string(r.start) + " but the slot holds " +
                  std::to_string(held[r.slot]) + " tokens");
     }
-    if (r.verify > 0 && (r.verify >= r.tokens.size() || !r.sample || r.sampling.temperature > 0.0f)) {
-      return bad(slot + ": " + std::to_string(r.verify) + " drafts to verify need a greedy draw and at least one " +
-                 "real token before them (the set has " + std::to_string(r.tokens.size()) + " rows)");
+    if (r.verify > 0 && (r.verify >= r.tokens.size() || !r.sample)) {
+      return bad(slot + ": " + std::to_string(r.verify) + " drafts to verify need a draw and at least one real " +
+                 "token before them (the set has " + std::to_string(r.tokens.size()) + " rows)");
     }
     if (r.draft > 0 && !r.sample) return bad(slot + ": drafts asked for rows that draw no token");
     if (uint64_t{r.start} + r.tokens.size() > limits.context) {

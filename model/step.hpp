@@ -31,9 +31,12 @@ struct SlotRows {
   bool sample = true;       // sample a token from the last row's logits
   SamplingParams sampling;
   // Speculative decoding (model/speculative.hpp). The last `verify` tokens are drafts: the last stage
-  // draws from each of the last verify + 1 rows and accepts drafts while each equals the draw before
-  // it (greedy); the rows after the first rejected draft are not kept, and the slot's next rows start
-  // at this set's `start` again (every stage keeps the state it had there until then).
+  // draws from each of the last verify + 1 rows (as `sampling` says, each at its own position) and
+  // accepts drafts while each equals the draw before it; the rows after the first rejected draft are
+  // not kept, and the slot's next rows start at this set's `start` again (every stage keeps the state
+  // it had there until then). For a draft that is one token (the MTP's argmax) this is the standard
+  // speculative-sampling rule: accepted with probability p(draft), else a draw from p without the
+  // draft, renormalised; and the tokens are those plain decoding draws with the same seed.
   uint32_t verify = 0;
   // Tokens for the MTP block to draft after the drawn one (last stage; needs sample and a model with
   // an MTP block on a stage that runs it).
@@ -62,8 +65,8 @@ struct RowLimits {
 // The rows of one step against the slots' held token counts: a known slot at most once, start 0 or
 // the tokens the slot holds (or, after a verify row set, that set's start: `restart`, per slot, empty
 // or kNoRestart for none), positions inside the context, no more rows than a step takes, token ids
-// inside the vocabulary, drafts to verify only behind a real token of a greedy draw. The error (code
-// invalid_plan) names the slot and the numbers.
+// inside the vocabulary, drafts to verify only behind a real token of a set that draws. The error
+// (code invalid_plan) names the slot and the numbers.
 inline constexpr uint32_t kNoRestart = ~0u;
 Status validate_rows(std::span<const SlotRows> rows, std::span<const uint32_t> held, const RowLimits& limits,
                      std::span<const uint32_t> restart = {});

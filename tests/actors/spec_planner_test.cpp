@@ -1,8 +1,9 @@
 // The planner with MTP drafts (PlannerLimits::mtp): the prompt's last chunk asks for drafts, a decode
 // row set carries them to be verified, accepted drafts come out as tokens in order with the draw after
 // them, a rejection makes the next set start at the same position again with the kept rows, and the
-// counts reach the request's timings and the snapshot. The policy: auto picks K from acceptance and
-// turns drafting off where it does not pay or the batch is large.
+// counts reach the request's timings and the snapshot; sampled requests verify drafts the same way.
+// The policy: auto picks K from acceptance and turns drafting off where it does not pay or the batch
+// is large.
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -83,28 +84,29 @@ TEST(SpecPlanner, DraftsRideInDecodeRowsAndARejectionRestartsAtTheSamePosition) 
   EXPECT_EQ(p.snapshot().slots[0].held_tokens, 9u);  // 4 prompt + 100 101 102 200 201
 }
 
-TEST(SpecPlanner, SampledRequestsDecodeWithoutDrafts) {
+TEST(SpecPlanner, SampledRequestsVerifyDraftsToo) {
   PlannerLimits l;
   l.slots = 1;
   l.ctx = 64;
-  l.mtp = MtpSetting{true, true, 1};
+  l.mtp = MtpSetting{true, false, 1};
   StepPlanner p(l);
   GenerateRequest r;
   r.id = 1;
   r.prompt = {5, 6};
   r.max_tokens = 3;
   r.sampling.temperature = 0.8f;
+  r.sampling.seed = 4;
   p.submit(r, t0);
   EngineEvents ev;
   auto plan = p.plan(t0, ev);
   ASSERT_TRUE(plan);
-  EXPECT_EQ(plan->rows[0].draft, 0u);
-  p.apply(outcome(*plan, 9, 0, {}), t0);
+  EXPECT_EQ(plan->rows[0].draft, 1u);
+  p.apply(outcome(*plan, 9, 0, {10}), t0);
   plan = p.plan(t0, ev);
   ASSERT_TRUE(plan);
-  EXPECT_EQ(plan->rows[0].tokens, std::vector<int32_t>{9});
-  EXPECT_EQ(plan->rows[0].verify, 0u);
-  EXPECT_EQ(plan->rows[0].draft, 0u);
+  EXPECT_EQ(plan->rows[0].tokens, (std::vector<int32_t>{9, 10}));
+  EXPECT_EQ(plan->rows[0].verify, 1u);
+  EXPECT_EQ(plan->rows[0].sampling, r.sampling);
 }
 
 TEST(SpecPolicy, AutoPicksKFromAcceptanceAndStopsWhereItDoesNotPay) {

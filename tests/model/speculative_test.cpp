@@ -2,12 +2,16 @@
 // plain greedy decoding token for token, whatever the drafts (the MTP block's, or planted right and
 // wrong ones to take every accept and reject path), over 1 or 2 stages, K = 1 and 2, with several slots
 // and a chunked prefill in the same steps; the MTP block's drafts through rollbacks equal its drafts
-// from one pass over the kept sequence (its cache holds exactly the confirmed positions).
+// from one pass over the kept sequence (its cache holds exactly the confirmed positions). Sampled:
+// the same tokens as plain sampling with the same seed, and a draft accepted with its probability.
 #include "model/speculative.hpp"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <functional>
+#include <numeric>
 #include <random>
 
 #include "model/cpu/cpu_stage.hpp"
@@ -88,11 +92,12 @@ class SpeculativeTest : public ::testing::Test {
     return res ? (*res)[0] : SlotResult{};
   }
 
-  // Plain greedy: the prompt in one step, then one row a step.
-  std::vector<int32_t> plain(const std::vector<int32_t>& prompt, size_t n) {
+  // Plain decoding (greedy by default): the prompt in one step, then one row a step.
+  std::vector<int32_t> plain(const std::vector<int32_t>& prompt, size_t n, const SamplingParams& sp = {}) {
     auto p = pipeline({{0, spec_model().n_layers}}, false);
     SlotRows r;
     r.tokens = prompt;
+    r.sampling = sp;
     std::vector<int32_t> out{step1(*p, r).sampled};
     while (out.size() < n) {
       r.start = static_cast<uint32_t>(prompt.size() + out.size() - 1);
@@ -104,7 +109,8 @@ class SpeculativeTest : public ::testing::Test {
 
   // Greedy with K drafts a step (the MTP's, or the oracle's), prefill in chunks of `chunk`.
   std::vector<int32_t> speculative(Pipeline& p, uint32_t slot, const std::vector<int32_t>& prompt, size_t n,
-                                   uint32_t k, size_t chunk, const Oracle& oracle, SpecCounts* counts = nullptr) {
+                                   uint32_t k, size_t chunk, const Oracle& oracle, SpecCounts* counts = nullptr,
+                                   const SamplingParams& sp = {}) {
     SlotResult first;
     for (size_t at = 0; at < prompt.size(); at += chunk) {
       SlotRows r;
@@ -113,12 +119,13 @@ class SpeculativeTest : public ::testing::Test {
       r.tokens.assign(prompt.begin() + at, prompt.begin() + std::min(prompt.size(), at + chunk));
       r.sample = at + chunk >= prompt.size();
       r.draft = r.sample ? k : 0;
+      r.sampling = sp;
       first = step1(p, r);
     }
     std::vector<int32_t> out{first.sampled};
     SpecDecoder dec(static_cast<uint32_t>(prompt.size()), first.sampled, oracle ? oracle(out) : first.drafts);
     while (out.size() < n) {
-      const SlotRows r = dec.rows(slot, {}, k);
+      const SlotRows r = dec.rows(slot, sp, k);
       SlotResult res = step1(p, r);
       if (res.sampled < 0) return out;
       const size_t a = std::min(res.accepted, r.verify);
@@ -257,6 +264,76 @@ TEST_F(SpeculativeTest, SlotsAndAChunkedPrefillInOneStepKeepTheirTokens) {
   EXPECT_EQ(o2[0], t2[0]);
 }
 
+// Sampled rows verify drafts by the same rule (accepted while each equals the draw at its position):
+// with the same seed the tokens are exactly those of plain sampling, for the MTP's drafts and planted
+// ones alike, over many seeds.
+TEST_F(SpeculativeTest, SampledDecodingDrawsThePlainSampledTokens) {
+  uint64_t accepted = 0, drafted = 0;
+  for (uint64_t seed = 0; seed < 24; ++seed) {
+    SamplingParams sp;
+    sp.temperature = 0.9f;
+    sp.top_k = 30;
+    sp.top_p = 0.95f;
+    sp.seed = seed;
+    const std::vector<int32_t> truth = plain(prompts_[seed % 3], 12, sp);
+    auto p = pipeline({{0, spec_model().n_layers}}, true);
+    SpecCounts c;
+    EXPECT_EQ(speculative(*p, 0, prompts_[seed % 3], 12, 1, 64, planted(truth, 1), &c, sp), truth) << seed;
+    accepted += c.accepted, drafted += c.drafted;
+    EXPECT_EQ(speculative(*p, 1, prompts_[seed % 3], 12, 2, 9, nullptr, nullptr, sp), truth) << seed;
+  }
+  EXPECT_GT(accepted, 0u);
+  EXPECT_LT(accepted, drafted);
+}
+
+// The rule's acceptance of a one-token draft d is p(d), the sampling distribution's probability of d:
+// over many seeds, the share of accepted drafts is within 4.5 standard deviations of softmax(l / T)[d]
+// (the rule's weights are that softmax to 2^-63), for the likeliest token and a less likely one.
+TEST_F(SpeculativeTest, AcceptanceOfADraftIsItsProbabilityUnderSampling) {
+  const Glm5Hparams hp = spec_model();
+  const std::vector<int32_t>& prompt = prompts_[1];
+  auto p = pipeline({{0, hp.n_layers}}, true);
+  SlotRows r;
+  r.tokens = prompt;
+  r.sample = false;  // the last row's logits: the distribution of the token after the prompt
+  const std::vector<float> logits = step1(*p, r).logits;
+  ASSERT_EQ(logits.size(), hp.vocab_size);
+  // The draft verified is the token after x = the prompt's last: feed the prompt but its last token.
+  const std::vector<int32_t> head(prompt.begin(), prompt.end() - 1);
+  const float T = 1.3f;
+  const float top = *std::max_element(logits.begin(), logits.end());
+  std::vector<double> prob(hp.vocab_size);
+  double sum = 0;
+  for (size_t i = 0; i < prob.size(); ++i) sum += prob[i] = std::exp((logits[i] - top) / T);
+  for (double& x : prob) x /= sum;
+  std::vector<size_t> order(prob.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return prob[a] > prob[b]; });
+  for (size_t rank : {0u, 3u}) {
+    const auto d = static_cast<int32_t>(order[rank]);
+    auto q = pipeline({{0, hp.n_layers}}, true);
+    SlotRows pre;
+    pre.tokens = head;
+    pre.sample = false;
+    step1(*q, pre);
+    const int n = 600;
+    int accepted = 0;
+    for (int seed = 0; seed < n; ++seed) {
+      SlotRows v;
+      v.start = static_cast<uint32_t>(head.size());  // the same start every time: the stage goes back
+      v.tokens = {prompt.back(), d};
+      v.verify = 1;
+      v.sampling.temperature = T;
+      v.sampling.seed = static_cast<uint64_t>(seed);
+      const SlotResult res = step1(*q, v);
+      accepted += static_cast<int>(res.accepted);
+    }
+    const double pd = prob[static_cast<size_t>(d)], sd = std::sqrt(pd * (1 - pd) / n);
+    EXPECT_NEAR(static_cast<double>(accepted) / n, pd, 4.5 * sd) << "rank " << rank << ", p " << pd;
+    EXPECT_GT(pd, 0.01);
+  }
+}
+
 TEST_F(SpeculativeTest, BadSpeculativeRowsAreRefused) {
   auto off = pipeline({{0, spec_model().n_layers}}, false);
   SlotRows r;
@@ -269,9 +346,9 @@ TEST_F(SpeculativeTest, BadSpeculativeRowsAreRefused) {
   r.verify = static_cast<uint32_t>(r.tokens.size());  // no real token before the drafts
   EXPECT_FALSE(p->step({r}));
   r.verify = 1;
-  r.sampling.temperature = 0.7f;  // drafts are verified greedily only
+  r.sample = false;  // drafts to verify need a draw
   EXPECT_FALSE(p->step({r}));
-  r.sampling = {};
+  r.sample = true;
   r.verify = 0;
   ASSERT_TRUE(p->step({r}));
   // A start other than 0 or the tokens held: only after a verify set, at its start.

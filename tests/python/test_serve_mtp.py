@@ -1,7 +1,8 @@
 """`ferry serve --mtp` on the CPU backend (speculative decoding with the MTP block's drafts): greedy
 tokens equal those of `--mtp off`, token for token, with 1 and 3 concurrent requests, prompts prefilled
-in small chunks between the decode steps, one stage or two; the drafts and their acceptance show in
-the response's timings and in /metrics; a bad --mtp is refused naming it."""
+in small chunks between the decode steps, one stage or two, and so do sampled ones with a seed; the
+drafts and their acceptance show in the response's timings and in /metrics; a bad --mtp is refused
+naming it."""
 import concurrent.futures
 import json
 import subprocess
@@ -10,12 +11,14 @@ from ferry_server import FerryServer
 
 PROMPTS = [[11, 12, 13, 14, 15, 16, 17], [400, 401, 402], list(range(50, 90))]
 N = 14
+SAMPLED = {"temperature": 0.9, "top_p": 0.95, "seed": 7}
 
 
-def completions(s, prompts):
+def completions(s, prompts, sampling=None):
     def one(p):
         status, body = s.post("/v1/completions", {"model": "glm-5.3-flash", "prompt": p, "max_tokens": N,
-                                                  "min_tokens": N, "temperature": 0, "return_token_ids": True})
+                                                  "min_tokens": N, "return_token_ids": True,
+                                                  **(sampling or {"temperature": 0})})
         assert status == 200, body
         r = json.loads(body)
         return r["choices"][0]["token_ids"], r["timings"]
@@ -29,6 +32,7 @@ def test_mtp_gives_the_greedy_tokens_of_plain_decoding(ferry_bin, six_layer_mode
     try:
         want = [completions(plain, [p])[0][0] for p in PROMPTS]
         assert [t for t, _ in completions(plain, PROMPTS)] == want
+        sampled = [t for t, _ in completions(plain, PROMPTS, SAMPLED)]
     finally:
         assert plain.stop() == 0
     for args in (["--mtp", "1"], ["--mtp", "auto", "--prefill-chunk", "4"], ["--mtp", "2", "--split", "3"]):
@@ -44,6 +48,8 @@ def test_mtp_gives_the_greedy_tokens_of_plain_decoding(ferry_bin, six_layer_mode
             assert drafted > 0 and 0 <= accepted <= drafted
             assert s.metric("ferry_mtp_draft_tokens_total") >= drafted + alone[0][1]["draft_n"]
             assert s.metric("ferry_mtp_accepted_tokens_total") >= accepted
+            # Sampled requests verify drafts too: the same seed draws the same tokens.
+            assert [t for t, _ in completions(s, PROMPTS, SAMPLED)] == sampled, args
         finally:
             assert s.stop() == 0, args
 
