@@ -115,15 +115,14 @@ Expected<StageOutput> CpuStage::run(const std::vector<SlotRows>& rows, const Han
   return out;
 }
 
-// The final norm over every row, the output head over the rows whose logits are needed (read once
-// per step for every slot: it is the largest matrix), then each slot's draws, the verdict on its
-// drafts and the MTP block's entries and drafts.
+// The final norm over the rows whose logits are needed (every row when the MTP block runs: it reads
+// them all), the output head over the former (read once per step for every slot: it is the largest
+// matrix), then each slot's draws, the verdict on its drafts and the MTP block's entries and drafts.
 std::vector<SlotResult> CpuStage::head(const std::vector<SlotRows>& rows, const float* streams) {
-  const size_t D = hparams().hidden_size, V = hparams().vocab_size;
-  const size_t n_all = total_rows(rows);
-  std::vector<float> hidden;
-  forward_.final_hidden(streams, n_all, hidden);
-  std::vector<float> selected;
+  const size_t D = hparams().hidden_size, V = hparams().vocab_size, width = size_t{hparams().hc_mult} * D;
+  std::vector<float> hidden, selected;  // hidden: every row's, with the MTP block
+  if (mtp_) forward_.final_hidden(streams, total_rows(rows), hidden);
+  std::vector<float> logit_streams;
   std::vector<size_t> first_logit(rows.size(), 0), first_row(rows.size(), 0);
   size_t row = 0, logit_rows = 0;
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -131,13 +130,16 @@ std::vector<SlotResult> CpuStage::head(const std::vector<SlotRows>& rows, const 
     const size_t from = n == 0 ? 0 : rows[i].logits_all ? 0 : n - 1 - rows[i].verify;
     first_logit[i] = logit_rows;
     first_row[i] = row;
-    if (n > 0) {
+    if (n > 0 && mtp_) {
       selected.insert(selected.end(), hidden.begin() + static_cast<ptrdiff_t>((row + from) * D),
                       hidden.begin() + static_cast<ptrdiff_t>((row + n) * D));
-      logit_rows += n - from;
+    } else if (n > 0) {
+      logit_streams.insert(logit_streams.end(), streams + (row + from) * width, streams + (row + n) * width);
     }
+    logit_rows += n - from;
     row += n;
   }
+  if (!mtp_) forward_.final_hidden(logit_streams.data(), logit_rows, selected);
   std::vector<float> logits(logit_rows * V);
   forward_.logits(selected.data(), logit_rows, logits.data());
 
