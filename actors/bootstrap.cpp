@@ -22,6 +22,8 @@ PlannerLimits planner_limits(const config::ServeConfig& config, const model::Pip
   limits.micro_batches = split.micro_batches != 0
                              ? split.micro_batches
                              : static_cast<uint32_t>(config::distinct_devices(split, pipeline.stages().size()));
+  // Drafts where the last stage makes them (validate() checked the text).
+  if (auto mtp = parse_mtp_setting(config.slots.mtp); mtp && pipeline.stages().back()->drafts()) limits.mtp = *mtp;
   return limits;
 }
 

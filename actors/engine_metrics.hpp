@@ -26,6 +26,8 @@ struct EngineMetrics {
   uint64_t prompt_tokens = 0;  // computed prompt tokens (cache hits excluded)
   uint64_t cached_tokens = 0;
   uint64_t generated_tokens = 0;
+  uint64_t draft_tokens = 0;     // MTP drafts verified
+  uint64_t accepted_tokens = 0;  // of them, accepted
   std::vector<uint64_t> finished_by_status = std::vector<uint64_t>(8, 0);  // by RequestStatus
   Histogram step_seconds{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};
   Histogram ttft_seconds{{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}};

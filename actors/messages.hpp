@@ -25,7 +25,7 @@ typename Inspector::result_type inspect(Inspector& f, SamplingParams& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SlotRows& x) {
-  return f(x.slot, x.start, x.tokens, x.logits_all, x.sample, x.sampling);
+  return f(x.slot, x.start, x.tokens, x.logits_all, x.sample, x.sampling, x.verify, x.draft);
 }
 
 template <class Inspector>
@@ -124,6 +124,8 @@ struct RequestTimings {
   double prompt_ms = 0;     // got a slot -> first token (prefill of the uncached prompt)
   double predicted_ms = 0;  // first token -> last token
   double ttft_ms = 0;       // submitted -> first token
+  uint32_t draft_n = 0;           // MTP drafts verified (llama.cpp's names)
+  uint32_t draft_n_accepted = 0;  // of them, accepted
 };
 
 // The terminal event: every request gets exactly one, after its last TokensGenerated.
@@ -187,6 +189,8 @@ struct StageWork {
 struct SampledToken {
   uint32_t slot = 0;
   int32_t token = -1;
+  uint32_t accepted = 0;        // of the row set's drafts to verify (SlotResult)
+  std::vector<int32_t> drafts{};  // the MTP block's drafts after `token`
 };
 
 struct StepOutcome {
@@ -237,6 +241,8 @@ struct EngineSnapshot {
   uint64_t prompt_tokens = 0;      // computed (uncached) prompt tokens
   uint64_t cached_tokens = 0;
   uint64_t generated_tokens = 0;
+  uint64_t draft_tokens = 0;     // MTP drafts verified
+  uint64_t accepted_tokens = 0;  // of them, accepted
   std::vector<uint64_t> finished_by_status;  // indexed by RequestStatus
   HistogramSnapshot step_seconds;
   HistogramSnapshot ttft_seconds;
@@ -399,7 +405,7 @@ typename Inspector::result_type inspect(Inspector& f, RequestUsage& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, RequestTimings& x) {
-  return f(x.queue_ms, x.prompt_ms, x.predicted_ms, x.ttft_ms);
+  return f(x.queue_ms, x.prompt_ms, x.predicted_ms, x.ttft_ms, x.draft_n, x.draft_n_accepted);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, RequestFinished& x) {
@@ -411,7 +417,7 @@ typename Inspector::result_type inspect(Inspector& f, StepPlan& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SampledToken& x) {
-  return f(x.slot, x.token);
+  return f(x.slot, x.token, x.accepted, x.drafts);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StageStatus& x) {
@@ -442,7 +448,7 @@ typename Inspector::result_type inspect(Inspector& f, HistogramSnapshot& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, EngineSnapshot& x) {
   return f(x.slots, x.stages, x.queued, x.queued_requests, x.queue_limit, x.draining, x.failed, x.failure, x.steps, x.prompt_tokens,
-           x.cached_tokens, x.generated_tokens, x.finished_by_status, x.step_seconds, x.ttft_seconds,
+           x.cached_tokens, x.generated_tokens, x.draft_tokens, x.accepted_tokens, x.finished_by_status, x.step_seconds, x.ttft_seconds,
            x.itl_seconds, x.queue_seconds);
 }
 

@@ -113,7 +113,8 @@ caf::result<StepOutcome> run_step(stage_pointer self, StageWork& work) {
   StepOutcome out;
   out.step = plan.step;
   for (size_t i = 0; i < plan.rows.size(); ++i) {
-    if (plan.rows[i].sample) out.sampled.push_back(SampledToken{output->results[i].slot, output->results[i].sampled});
+    model::SlotResult& r = output->results[i];
+    if (plan.rows[i].sample) out.sampled.push_back(SampledToken{r.slot, r.sampled, r.accepted, std::move(r.drafts)});
   }
   out.stages = std::move(work.stages);
   return out;

@@ -201,6 +201,14 @@ std::optional<StepPlan> StepPlanner::plan(TimePoint now, EngineEvents& events) {
   for (const auto& [last, i] : ready) {
     Slot& slot = slots_[i];
     Live& live = live_.at(slot.request);
+    if (live.spec) {
+      model::SlotRows row = live.spec->rows(i, live.request.sampling, drafts_for(limits_.mtp, live.spec->counts(), decoding));
+      slot.held.resize(row.start);
+      slot.held.insert(slot.held.end(), row.tokens.begin(), row.tokens.end());
+      step.rows.push_back(InFlightRow{i, live.request.id, 0, true, row});
+      plan.rows.push_back(std::move(row));
+      continue;
+    }
     model::SlotRows row;
     row.slot = i;
     row.start = static_cast<uint32_t>(slot.held.size());
@@ -208,7 +216,7 @@ std::optional<StepPlan> StepPlanner::plan(TimePoint now, EngineEvents& events) {
     row.sampling = live.request.sampling;
     slot.held.push_back(live.generated.back());
     plan.rows.push_back(std::move(row));
-    step.rows.push_back(InFlightRow{i, live.request.id, 0, true});
+    step.rows.push_back(InFlightRow{i, live.request.id, 0, true, std::nullopt});
   }
   if (prefill != nullptr) {
     const auto index = static_cast<uint32_t>(prefill->slot);
@@ -221,8 +229,10 @@ std::optional<StepPlan> StepPlanner::plan(TimePoint now, EngineEvents& events) {
     row.tokens.assign(prompt.begin() + prefill->prefilled, prompt.begin() + prefill->prefilled + n);
     row.sample = prefill->prefilled + n == prompt.size();
     row.sampling = prefill->request.sampling;
+    // The prompt's last chunk asks for the first drafts.
+    if (row.sample) row.draft = drafts_for(limits_.mtp, {}, decoding + 1);
     slot.held.insert(slot.held.end(), row.tokens.begin(), row.tokens.end());
-    step.rows.push_back(InFlightRow{index, prefill->request.id, n, row.sample});
+    step.rows.push_back(InFlightRow{index, prefill->request.id, n, row.sample, std::nullopt});
     plan.rows.push_back(std::move(row));
   }
   if (plan.rows.empty() && plan.reset_slots.empty()) return std::nullopt;
@@ -269,7 +279,10 @@ EngineEvents StepPlanner::apply(const StepOutcome& outcome, TimePoint now) {
   EngineEvents events;
   k = 0;
   for (const InFlightRow& row : step.rows) {
-    const int32_t token = row.sample ? outcome.sampled[k++].token : -1;
+    const SampledToken* result = row.sample ? &outcome.sampled[k++] : nullptr;
+    if (row.spec && result->accepted < row.spec->verify) {
+      slots_[row.slot].held.resize(row.spec->start);  // the stages go back there with the next rows
+    }
     auto it = live_.find(row.request);
     if (it == live_.end() || it->second.slot != static_cast<int>(row.slot)) continue;  // cancelled meanwhile
     Live& live = it->second;
@@ -278,9 +291,35 @@ EngineEvents StepPlanner::apply(const StepOutcome& outcome, TimePoint now) {
       metrics_.prompt_tokens += row.prompt_tokens;
       if (live.prefilled == live.request.prompt.size()) live.status = RequestStatus::decoding;
     }
-    if (row.sample) take_token(live, token, now, events);
+    if (row.spec) {
+      take_spec(live, row, *result, now, events);
+    } else if (row.sample) {
+      const bool first = live.generated.empty();
+      take_token(live, result->token, now, events);
+      if (first && limits_.mtp.enabled && live_.count(row.request) != 0) {
+        live.spec.emplace(live.prefilled, result->token, result->drafts);
+      }
+    }
   }
   return events;
+}
+
+void StepPlanner::take_spec(Live& live, const InFlightRow& row, const SampledToken& result, TimePoint now,
+                            EngineEvents& events) {
+  model::SlotResult r;
+  r.slot = result.slot;
+  r.sampled = result.token;
+  r.accepted = result.accepted;
+  r.drafts = result.drafts;
+  const model::SpecCounts before = live.spec->counts();
+  const std::vector<int32_t> tokens = live.spec->apply(*row.spec, r);
+  metrics_.draft_tokens += live.spec->counts().drafted - before.drafted;
+  metrics_.accepted_tokens += live.spec->counts().accepted - before.accepted;
+  const RequestId id = live.request.id;
+  for (int32_t t : tokens) {
+    take_token(live, t, now, events);
+    if (live_.count(id) == 0) return;  // it ended: the rest are not its tokens
+  }
 }
 
 void StepPlanner::take_token(Live& live, int32_t token, TimePoint now, EngineEvents& events) {
@@ -362,6 +401,10 @@ RequestFinished StepPlanner::finish(Live& live, RequestStatus status, EndCause c
       done.timings.prompt_ms = ms_between(live.started, live.first_token);
       done.timings.predicted_ms = ms_between(live.first_token, live.last_token);
       done.timings.ttft_ms = ms_between(live.submitted, live.first_token);
+      if (live.spec) {
+        done.timings.draft_n = static_cast<uint32_t>(live.spec->counts().drafted);
+        done.timings.draft_n_accepted = static_cast<uint32_t>(live.spec->counts().accepted);
+      }
     } else {
       done.timings.prompt_ms = ms_between(live.started, now);
     }
@@ -419,6 +462,8 @@ EngineSnapshot StepPlanner::snapshot() const {
   s.prompt_tokens = metrics_.prompt_tokens;
   s.cached_tokens = metrics_.cached_tokens;
   s.generated_tokens = metrics_.generated_tokens;
+  s.draft_tokens = metrics_.draft_tokens;
+  s.accepted_tokens = metrics_.accepted_tokens;
   s.finished_by_status = metrics_.finished_by_status;
   s.step_seconds = metrics_.step_seconds.snapshot();
   s.ttft_seconds = metrics_.ttft_seconds.snapshot();

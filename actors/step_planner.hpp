@@ -24,6 +24,8 @@
 
 #include "actors/engine_metrics.hpp"
 #include "actors/messages.hpp"
+#include "actors/spec_policy.hpp"
+#include "model/speculative.hpp"
 
 namespace ferry::actors {
 
@@ -38,6 +40,7 @@ struct PlannerLimits {
   uint32_t vocab_size = 0;         // token ids must be below it (0: not checked)
   uint32_t max_in_flight = 1;      // steps in flight at once (the pipeline's stages)
   uint32_t micro_batches = 1;      // groups the decoding slots are split into, one group per step
+  MtpSetting mtp;                  // speculative decoding with the MTP block's drafts
 };
 
 // An event for one request's sink (its HTTP bridge), in the order they must be delivered.
@@ -92,6 +95,7 @@ class StepPlanner {
     uint64_t last_step = 0;     // the last step that carried its rows (decode groups take turns)
     bool in_flight = false;     // its rows are in a step not yet applied
     std::vector<int32_t> generated;
+    std::optional<model::SpecDecoder> spec;  // decoding with drafts (from the prompt's last chunk on)
     TimePoint submitted, started, first_token, last_token;
   };
   struct Slot {
@@ -105,6 +109,7 @@ class StepPlanner {
     RequestId request;
     uint32_t prompt_tokens;  // >0: a prefill chunk of this many prompt tokens; 0: a decode row
     bool sample;
+    std::optional<model::SlotRows> spec;  // a speculative decode row set as sent
   };
   struct InFlightStep {
     std::vector<InFlightRow> rows;
@@ -119,6 +124,8 @@ class StepPlanner {
   void admit_queued(TimePoint now, EngineEvents& events);
   uint32_t choose_slot(const std::vector<int32_t>& prompt, bool reuse_prefix) const;
   void take_token(Live& live, int32_t token, TimePoint now, EngineEvents& events);
+  // A speculative row set's result: its confirmed tokens, in order, until the request ends.
+  void take_spec(Live& live, const InFlightRow& row, const SampledToken& result, TimePoint now, EngineEvents& events);
   // A step that failed: its requests end with the error; one that ended a stage ends all of them.
   EngineEvents fail_step(const std::vector<InFlightRow>& rows, const std::string& error, bool fatal, TimePoint now);
   void mark_landed(const std::vector<InFlightRow>& rows);

@@ -64,6 +64,10 @@ ServeCli::ServeCli(CLI::App& cmd) : cmd_(cmd) {
   add("slots", "kv-type", c.slots.kv_type, "DSA latent rows: f32, f16, int8 or auto (int8 on CUDA, f32 on the CPU)")
       ->capture_default_str();
   add("slots", "prefill-chunk", c.slots.prefill_chunk, "prompt tokens per step")->capture_default_str();
+  add("slots", "mtp", c.slots.mtp,
+      "speculative decoding with the model's MTP block (CPU backend): auto (drafts per "
+      "acceptance), off, or K drafts a step (1..3)")
+      ->capture_default_str();
   add("slots", "queue-limit", c.slots.queue_limit, "requests waiting for a slot before 429")->capture_default_str();
   add("slots", "retry-after", c.slots.retry_after_s, "seconds, sent as Retry-After with 429 and 503")
       ->capture_default_str();

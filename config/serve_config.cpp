@@ -84,6 +84,8 @@ std::vector<std::string> validate(const ServeConfig& c) {
   check(c.slots.kv_type == "auto" || parse_kv_type(c.slots.kv_type).ok(),
         bad("kv-type", c.slots.kv_type, "f32, f16, int8 or auto"));
   check(c.slots.prefill_chunk >= 1, bad("prefill-chunk", c.slots.prefill_chunk, "at least 1 token"));
+  check(c.slots.mtp == "auto" || c.slots.mtp == "off" || c.slots.mtp == "1" || c.slots.mtp == "2" || c.slots.mtp == "3",
+        bad("mtp", c.slots.mtp, "auto, off or a draft count 1 to 3"));
   check(c.slots.queue_limit <= 1000000, bad("queue-limit", c.slots.queue_limit, "0 to 1000000 waiting requests"));
   check(c.slots.retry_after_s >= 1 && c.slots.retry_after_s <= 3600, bad("retry-after", c.slots.retry_after_s, "1 to 3600 seconds"));
   check(c.server.drain_timeout_s >= 0 && c.server.drain_timeout_s <= 86400,

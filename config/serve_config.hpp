@@ -57,6 +57,7 @@ struct SlotsConfig {
   uint32_t prefill_chunk = 4096;  // prompt tokens per step, at most one chunk per step
   uint32_t queue_limit = 64;      // requests waiting for a slot before 429
   uint32_t retry_after_s = 1;     // Retry-After sent with 429
+  std::string mtp = "off";        // speculative decoding with the MTP block: auto, off or drafts K (1..3)
 };
 
 struct ServerConfig {

@@ -242,6 +242,7 @@ Expected<OpenedModel> open_pipeline(const std::filesystem::path& path, const Bac
     co.max_slots = o.max_slots;
     co.max_context = context_for(o, hp.context_length);
     co.kv.latent = o.kv_type.value_or(default_kv_type("cpu"));
+    co.mtp = o.mtp;
     auto pipeline = model::Pipeline::make(model::make_cpu_stages(weights, ranges.value(), o.threads, co));
     if (!pipeline) return pipeline.error();
     OpenedModel opened;

@@ -201,6 +201,12 @@ Expected<model::StageOutput> CudaStage::Impl::run(const std::vector<model::SlotR
   const model::RowLimits limits{opt.max_slots, opt.max_context, opt.max_step_rows, first() ? hp.vocab_size : 0};
   if (auto e = model::validate_rows(rows, state->tokens, limits)) return *e;
   for (const model::SlotRows& r : rows) {
+    if (r.verify > 0 || r.draft > 0) {
+      return Error(ErrorCode::unsupported, "slot " + std::to_string(r.slot) +
+                                               ": the CUDA stage does not run the MTP block (drafts or verify rows)");
+    }
+  }
+  for (const model::SlotRows& r : rows) {
     if (r.start == 0 && !r.tokens.empty()) state->zero_slot(r.slot, s());
   }
   if (experts) experts->before_step();

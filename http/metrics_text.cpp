@@ -141,6 +141,9 @@ std::string render_metrics(const ServerContext& ctx, const std::optional<actors:
     w.metric("ferry_prompt_tokens_cached_total", "counter", "prompt tokens reused from a slot's cached prefix",
              static_cast<double>(e.cached_tokens));
     w.metric("ferry_generation_tokens_total", "counter", "tokens generated", static_cast<double>(e.generated_tokens));
+    w.metric("ferry_mtp_draft_tokens_total", "counter", "MTP draft tokens verified", static_cast<double>(e.draft_tokens));
+    w.metric("ferry_mtp_accepted_tokens_total", "counter", "MTP draft tokens accepted",
+             static_cast<double>(e.accepted_tokens));
     w.header("ferry_requests_finished_total", "counter", "requests ended, by how they ended");
     for (size_t i = 0; i < e.finished_by_status.size(); ++i) {
       const auto status = static_cast<actors::RequestStatus>(i);

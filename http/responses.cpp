@@ -52,6 +52,8 @@ bj::object timings_json(const Usage& u) {
   out["predicted_per_second"] = per_second(predicted_n > 1 ? predicted_n - 1 : 0, t.predicted_ms);
   out["queue_ms"] = round_ms(t.queue_ms);
   out["ttft_ms"] = round_ms(t.ttft_ms);
+  out["draft_n"] = t.draft_n;
+  out["draft_n_accepted"] = t.draft_n_accepted;
   return out;
 }
 

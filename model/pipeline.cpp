@@ -49,7 +49,7 @@ Expected<std::vector<SlotResult>> Pipeline::step(const std::vector<SlotRows>& ro
   std::vector<SlotResult> out(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) out[i].slot = rows[i].slot;
   // Pieces: whole slots while they fit, a long slot in consecutive pieces of which only the last
-  // samples (the earlier ones draw greedily and return nothing, unless every row's logits are asked).
+  // samples (the earlier ones return nothing, unless every row's logits are asked).
   std::vector<SlotRows> chunk;
   std::vector<size_t> source;
   std::vector<bool> final_piece;
@@ -60,8 +60,15 @@ Expected<std::vector<SlotResult>> Pipeline::step(const std::vector<SlotRows>& ro
     if (!res) return res.error();
     for (size_t i = 0; i < chunk.size(); ++i) {
       SlotResult& dst = out[source[i]];
-      if (final_piece[i] && rows[source[i]].sample) dst.sampled = (*res)[i].sampled;
-      dst.logits.insert(dst.logits.end(), (*res)[i].logits.begin(), (*res)[i].logits.end());
+      const SlotRows& whole = rows[source[i]];
+      if (final_piece[i] && whole.sample) {
+        dst.sampled = (*res)[i].sampled;
+        dst.accepted = (*res)[i].accepted;
+        dst.drafts = std::move((*res)[i].drafts);
+      }
+      if (final_piece[i] || whole.logits_all) {
+        dst.logits.insert(dst.logits.end(), (*res)[i].logits.begin(), (*res)[i].logits.end());
+      }
     }
     chunk.clear();
     source.clear();
@@ -71,6 +78,15 @@ Expected<std::vector<SlotResult>> Pipeline::step(const std::vector<SlotRows>& ro
   };
   for (size_t i = 0; i < rows.size(); ++i) {
     const SlotRows& r = rows[i];
+    // A verify set goes in one piece: its stages keep the state at its start.
+    if (r.verify > 0 && r.tokens.size() > cap - used) {
+      if (r.tokens.size() > cap) {
+        return Error(ErrorCode::invalid_plan, "slot " + std::to_string(r.slot) + ": a verify set of " +
+                                                  std::to_string(r.tokens.size()) + " rows exceeds a step's " +
+                                                  std::to_string(cap));
+      }
+      if (auto e = flush()) return *e;
+    }
     size_t done = 0;
     while (done < r.tokens.size()) {
       if (used == cap) {
@@ -84,8 +100,12 @@ Expected<std::vector<SlotResult>> Pipeline::step(const std::vector<SlotRows>& ro
       piece.tokens.assign(r.tokens.begin() + static_cast<ptrdiff_t>(done),
                           r.tokens.begin() + static_cast<ptrdiff_t>(done + take));
       piece.logits_all = r.logits_all;
-      piece.sample = last ? r.sample : !r.logits_all;
+      // An earlier piece draws nothing: its last row's token is the next piece's first (the MTP block
+      // pairs them); without logits_all it returns that row's logits, which are dropped.
+      piece.sample = last && r.sample;
       piece.sampling = last ? r.sampling : SamplingParams{};
+      piece.verify = last ? r.verify : 0;
+      piece.draft = last ? r.draft : 0;
       chunk.push_back(std::move(piece));
       source.push_back(i);
       final_piece.push_back(last);

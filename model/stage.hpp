@@ -79,6 +79,8 @@ class Stage {
   virtual const SlotStateLayout& state_layout() const = 0;
 
   virtual StageCounters counters() const = 0;
+  // The last stage runs the model's MTP block: rows may ask for drafts (SlotRows::draft).
+  virtual bool drafts() const { return false; }
   // The stage's expert tiers, when its device holds only some of its routed experts; else null.
   virtual ExpertTier* experts() { return nullptr; }
   virtual std::string describe() const = 0;  // "cpu, 16 threads, layers 0-11" / "cuda:0 NVIDIA H200, ..."

@@ -11,7 +11,8 @@ uint32_t total_rows(std::span<const SlotRows> rows) {
   return static_cast<uint32_t>(n);
 }
 
-Status validate_rows(std::span<const SlotRows> rows, std::span<const uint32_t> held, const RowLimits& limits) {
+Status validate_rows(std::span<const SlotRows> rows, std::span<const uint32_t> held, const RowLimits& limits,
+                     std::span<const uint32_t> restart) {
   auto bad = [](std::string m) { return Error(ErrorCode::invalid_plan, std::move(m)); };
   std::vector<bool> seen(limits.slots, false);
   uint64_t count = 0;
@@ -20,10 +21,16 @@ Status validate_rows(std::span<const SlotRows> rows, std::span<const uint32_t> h
     if (r.slot >= limits.slots) return bad(slot + " does not exist (" + std::to_string(limits.slots) + " slots)");
     if (seen[r.slot]) return bad(slot + " appears twice in one step");
     seen[r.slot] = true;
-    if (r.start != 0 && r.start != held[r.slot]) {
+    const bool restarts = r.slot < restart.size() && restart[r.slot] != kNoRestart && r.start == restart[r.slot];
+    if (r.start != 0 && r.start != held[r.slot] && !restarts) {
       return bad(slot + ": rows start at " + std::to_string(r.start) + " but the slot holds " +
                  std::to_string(held[r.slot]) + " tokens");
     }
+    if (r.verify > 0 && (r.verify >= r.tokens.size() || !r.sample)) {
+      return bad(slot + ": " + std::to_string(r.verify) + " drafts to verify need a draw and at least one real " +
+                 "token before them (the set has " + std::to_string(r.tokens.size()) + " rows)");
+    }
+    if (r.draft > 0 && !r.sample) return bad(slot + ": drafts asked for rows that draw no token");
     if (uint64_t{r.start} + r.tokens.size() > limits.context) {
       return bad(slot + ": position " + std::to_string(uint64_t{r.start} + r.tokens.size()) + " exceeds max_context " +
                  std::to_string(limits.context));

@@ -35,20 +35,51 @@ CpuStage::CpuStage(std::shared_ptr<const Glm5Weights> weights, std::shared_ptr<T
   for (uint32_t i = 0; i < options.max_slots; ++i) {
     slots_.push_back(std::make_unique<SequenceState>(hparams(), layers, last(), options.kv));
   }
+  kept_.resize(options.max_slots);
+  if (options.mtp && last() && forward_.has_mtp()) mtp_.emplace(forward_, options.max_slots);
 }
 
 Status CpuStage::reset_slot(uint32_t slot) {
   if (slot >= slots_.size()) return Error(ErrorCode::invalid_plan, "slot " + std::to_string(slot) + " does not exist");
   slots_[slot]->reset();
+  kept_[slot].reset();
+  if (mtp_) mtp_->reset(slot);
+  return std::nullopt;
+}
+
+Status CpuStage::prepare_rollback(const SlotRows& r) {
+  std::optional<Kept>& kept = kept_[r.slot];
+  if (r.start != 0 && r.start != slots_[r.slot]->tokens()) {
+    // validate_rows let it through: the rows start at the kept verify start.
+    SlotStateImage image = std::move(kept->image);
+    std::vector<float> pending = std::move(kept->mtp_pending);
+    if (auto e = restore_slot(r.slot, image)) return e;  // forgets the kept state
+    if (mtp_) mtp_->set_pending(r.slot, std::move(pending));
+  }
+  kept.reset();
+  if (r.verify == 0) return std::nullopt;
+  auto image = save_slot(r.slot, false);
+  if (!image) return image.error();
+  kept_[r.slot] = Kept{std::move(*image), mtp_ ? mtp_->pending(r.slot) : std::vector<float>{}};
   return std::nullopt;
 }
 
 Expected<StageOutput> CpuStage::run(const std::vector<SlotRows>& rows, const Handoff* in) {
   const auto begin = std::chrono::steady_clock::now();
-  std::vector<uint32_t> held(slots_.size());
-  for (size_t i = 0; i < slots_.size(); ++i) held[i] = slots_[i]->tokens();
+  std::vector<uint32_t> held(slots_.size()), restart(slots_.size(), kNoRestart);
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    held[i] = slots_[i]->tokens();
+    if (kept_[i]) restart[i] = kept_[i]->image.tokens;
+  }
   const RowLimits limits{max_slots(), max_context_, max_step_rows_, first() ? hparams().vocab_size : 0};
-  if (auto e = validate_rows(rows, held, limits)) return *e;
+  if (auto e = validate_rows(rows, held, limits, restart)) return *e;
+  for (const SlotRows& r : rows) {
+    if (r.draft > 0 && last() && !mtp_) {
+      return Error(ErrorCode::invalid_plan, "slot " + std::to_string(r.slot) + " asks for drafts, but " +
+                                                (forward_.has_mtp() ? "this stage does not run the MTP block"
+                                                                    : "the model has no MTP block"));
+    }
+  }
   const uint32_t n = total_rows(rows);
   const size_t width = size_t{hparams().hc_mult} * hparams().hidden_size;
   std::vector<float> streams;
@@ -61,7 +92,11 @@ Expected<StageOutput> CpuStage::run(const std::vector<SlotRows>& rows, const Han
   }
   std::vector<ForwardRows> batch;
   for (const SlotRows& r : rows) {
-    if (r.start == 0) slots_[r.slot]->reset();
+    if (r.start == 0) {
+      slots_[r.slot]->reset();
+      if (mtp_) mtp_->reset(r.slot);
+    }
+    if (auto e = prepare_rollback(r)) return *e;
     if (!r.tokens.empty()) batch.push_back({slots_[r.slot].get(), r.tokens});
   }
   if (first()) forward_.embed_streams(batch, streams);
@@ -81,27 +116,33 @@ Expected<StageOutput> CpuStage::run(const std::vector<SlotRows>& rows, const Han
   return out;
 }
 
-// The final norm and the output head over the rows whose logits are needed, read once per step for
-// every slot (the head is the largest matrix), then each slot's draw.
+// The final norm over the rows whose logits are needed (every row when the MTP block runs: it reads
+// them all), the output head over the former (read once per step for every slot: it is the largest
+// matrix), then each slot's draws, the verdict on its drafts and the MTP block's entries and drafts.
 std::vector<SlotResult> CpuStage::head(const std::vector<SlotRows>& rows, const float* streams) {
   const size_t D = hparams().hidden_size, V = hparams().vocab_size, width = size_t{hparams().hc_mult} * D;
-  std::vector<float> selected;
-  std::vector<size_t> first_logit(rows.size(), 0);
+  std::vector<float> hidden, selected;  // hidden: every row's, with the MTP block
+  if (mtp_) forward_.final_hidden(streams, total_rows(rows), hidden);
+  std::vector<float> logit_streams;
+  std::vector<size_t> first_logit(rows.size(), 0), first_row(rows.size(), 0);
   size_t row = 0, logit_rows = 0;
   for (size_t i = 0; i < rows.size(); ++i) {
     const size_t n = rows[i].tokens.size();
-    const size_t from = n == 0 ? 0 : rows[i].logits_all ? 0 : n - 1;
+    const size_t from = n == 0 ? 0 : rows[i].logits_all ? 0 : n - 1 - rows[i].verify;
     first_logit[i] = logit_rows;
-    if (n > 0) {
-      selected.insert(selected.end(), streams + (row + from) * width, streams + (row + n) * width);
-      logit_rows += n - from;
+    first_row[i] = row;
+    if (n > 0 && mtp_) {
+      selected.insert(selected.end(), hidden.begin() + static_cast<ptrdiff_t>((row + from) * D),
+                      hidden.begin() + static_cast<ptrdiff_t>((row + n) * D));
+    } else if (n > 0) {
+      logit_streams.insert(logit_streams.end(), streams + (row + from) * width, streams + (row + n) * width);
     }
+    logit_rows += n - from;
     row += n;
   }
-  std::vector<float> hidden;
-  forward_.final_hidden(selected.data(), logit_rows, hidden);
+  if (!mtp_) forward_.final_hidden(logit_streams.data(), logit_rows, selected);
   std::vector<float> logits(logit_rows * V);
-  forward_.logits(hidden.data(), logit_rows, logits.data());
+  forward_.logits(selected.data(), logit_rows, logits.data());
 
   std::vector<SlotResult> out(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -109,11 +150,26 @@ std::vector<SlotResult> CpuStage::head(const std::vector<SlotRows>& rows, const 
     out[i].slot = r.slot;
     const size_t n = r.tokens.size();
     if (n == 0) continue;
-    const size_t count = r.logits_all ? n : 1;
+    const size_t count = r.logits_all ? n : 1 + r.verify;
     const float* mine = logits.data() + first_logit[i] * V;
+    size_t kept = n;
     if (r.sample) {
-      const std::span<const float> last_row(mine + (count - 1) * V, V);
-      out[i].sampled = sample_token(last_row, r.sampling, uint64_t{r.start} + n);
+      // Row n - 1 - verify + j draws the token after it; draft j stands where draw j goes.
+      const float* draws = mine + (count - 1 - r.verify) * V;
+      uint32_t a = 0;
+      int32_t y = -1;
+      for (;; ++a) {
+        const std::span<const float> lr(draws + size_t{a} * V, V);
+        y = sample_token(lr, r.sampling, uint64_t{r.start} + n - r.verify + a);
+        if (a == r.verify || r.tokens[n - r.verify + a] != y) break;
+      }
+      out[i].sampled = y;
+      out[i].accepted = a;
+      kept = n - r.verify + a;
+    }
+    if (mtp_) {
+      out[i].drafts = mtp_->extend(*slots_[r.slot], r.slot, r.start, r.tokens, hidden.data() + first_row[i] * D,
+                                   static_cast<uint32_t>(kept), r.sample ? out[i].sampled : -1, r.draft);
     }
     if (returns_logits(r)) out[i].logits.assign(mine, mine + count * V);
   }
@@ -150,6 +206,8 @@ Status CpuStage::restore_slot(uint32_t slot, const SlotStateImage& image) {
   if (slot >= slots_.size()) return Error(ErrorCode::invalid_plan, "slot " + std::to_string(slot) + " does not exist");
   if (auto e = layout_.check(image)) return e;
   SequenceState& state = *slots_[slot];
+  kept_[slot].reset();
+  if (mtp_) mtp_->reset(slot);
   if (image.with_rows) {
     state.reset();
   } else if (state.tokens() < image.tokens || state.mtp_tokens() < image.mtp_tokens) {

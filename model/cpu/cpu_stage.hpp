@@ -4,8 +4,10 @@
 // machines without a GPU serve with, and the ground truth the CUDA stage is checked against. Stages
 // of one model share its mapped weights and one thread pool.
 #include <memory>
+#include <optional>
 #include <vector>
 
+#include "model/cpu/cpu_mtp.hpp"
 #include "model/cpu/glm5_forward.hpp"
 #include "model/cpu/sequence_state.hpp"
 #include "model/cpu/thread_pool.hpp"
@@ -19,6 +21,7 @@ struct CpuStageOptions {
   uint32_t max_context = 0;              // 0: the model's trained context (hparams.context_length)
   uint32_t max_step_rows = 1u << 20;     // the CPU takes steps of any size its memory allows
   config::KvFormats kv;                  // the DSA caches' row formats (f32: the reference)
+  bool mtp = false;                      // the last stage runs the model's MTP block (drafts)
 };
 
 class CpuStage final : public Stage {
@@ -39,11 +42,20 @@ class CpuStage final : public Stage {
   Status restore_slot(uint32_t slot, const SlotStateImage& image) override;
   const SlotStateLayout& state_layout() const override { return layout_; }
   StageCounters counters() const override { return counters_; }
+  bool drafts() const override { return mtp_.has_value(); }
   std::string describe() const override;
 
  private:
   DsaCache& cache_of(SequenceState& state, const StatePartSpec& part);
   std::vector<SlotResult> head(const std::vector<SlotRows>& rows, const float* streams);
+  // Before a slot's rows: back to the state kept at a verify set's start when the rows start there;
+  // a verify set keeps the state at its own start.
+  Status prepare_rollback(const SlotRows& r);
+  // A verify row set's start state, until the slot's next rows.
+  struct Kept {
+    SlotStateImage image;
+    std::vector<float> mtp_pending;
+  };
 
   std::shared_ptr<const Glm5Weights> weights_;
   std::shared_ptr<ThreadPool> pool_;
@@ -51,6 +63,8 @@ class CpuStage final : public Stage {
   Glm5Forward forward_;
   SlotStateLayout layout_;
   std::vector<std::unique_ptr<SequenceState>> slots_;
+  std::vector<std::optional<Kept>> kept_;
+  std::optional<CpuMtp> mtp_;  // on a last stage asked to run the model's MTP block
   uint32_t max_context_ = 0;
   uint32_t max_step_rows_ = 0;
   StageCounters counters_;

@@ -6,7 +6,9 @@
 // memory, the bytes a decoded token reads, and that traffic per second against the device's measured
 // copy bandwidth. With --split the model runs as pipeline stages (several may share a device) and the
 // hand-off bytes and device microseconds per step are reported; with --slots N, "tg N @ d" also runs
-// as N requests decoding at once through the server's own engine (bench_slots.hpp).
+// as N requests decoding at once through the server's own engine (bench_slots.hpp). With --mtp K,
+// "tg N mtpK @ d" decodes N tokens with K MTP drafts a step (model/speculative.hpp), each fed the
+// model's own continuation, and reports the drafts' acceptance.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -23,6 +25,7 @@
 #include "config/memory_options.hpp"
 #include "gpu/backend_factory.hpp"
 #include "model/formats/gguf.hpp"
+#include "model/speculative.hpp"
 #include "tools/ferry/bench_experts.hpp"
 #include "tools/ferry/bench_slots.hpp"
 #include "tools/ferry/commands.hpp"
@@ -47,6 +50,7 @@ struct Options {
   bool measure_bandwidth = true;
   std::string split = "none", devices;
   uint32_t slots = 1, micro_batches = 0;
+  uint32_t mtp = 0;  // drafts a step of "tg N mtpK @ d" (0: not run)
   config::MemoryOptionsText memory;
   float route_skew = 0;
   float temperature = 0.0f, top_p = 1.0f;  // of every step's draw (0: greedy)
@@ -131,6 +135,7 @@ int bench(const Options& o) {
     return 2;
   }
   bo.route_skew = o.route_skew;
+  bo.mtp = o.mtp > 0;
 
   // The ceilings are measured first: the model may leave no device memory for the copies.
   double copy_bw = 0, host_bw = 0;
@@ -276,6 +281,43 @@ int bench(const Options& o) {
                     timed > 0 ? 1000.0 * (c.handoff_ms - before[i].handoff_ms) / timed : 0.0);
       handoffs.push_back(line);
     }
+    if (o.mtp > 0 && failure.empty()) {
+      Result r{"tg" + std::to_string(max_n) + " mtp" + std::to_string(o.mtp) + " @ d" + std::to_string(d), max_n, d,
+               true, {}, 0, std::nullopt};
+      model::SpecCounts total;
+      for (uint32_t rep = 0; rep < o.reps && failure.empty(); ++rep) {
+        back_to_depth();
+        model::SlotRows first{0, d, {tok(rng)}, false, true, {}};
+        first.draft = o.mtp;
+        auto res = b.step({first});
+        if (!res) {
+          failure = res.error().message;
+          break;
+        }
+        model::SpecDecoder dec(d + 1, (*res)[0].sampled, (*res)[0].drafts);
+        uint32_t made = 0;
+        const double t0 = now_s();
+        while (made < max_n) {
+          const model::SlotRows rows = dec.rows(0, {}, o.mtp);
+          res = b.step({rows});
+          om.rebalance();
+          if (!res) {
+            failure = res.error().message;
+            break;
+          }
+          made += static_cast<uint32_t>(dec.apply(rows, (*res)[0]).size());
+        }
+        r.seconds.push_back((now_s() - t0) * max_n / std::max<uint32_t>(made, 1));  // per max_n tokens
+        total.drafted += dec.counts().drafted;
+        total.accepted += dec.counts().accepted;
+        total.steps += dec.counts().steps;
+      }
+      results.push_back(r);
+      std::fprintf(stderr, "  %-18s %10.1f t/s, %llu of %llu drafts accepted, %.2f tokens a step\n", r.test.c_str(),
+                   r.mean_tps(), static_cast<unsigned long long>(total.accepted),
+                   static_cast<unsigned long long>(total.drafted),
+                   total.steps ? static_cast<double>(max_n) * o.reps / static_cast<double>(total.steps) : 0.0);
+    }
     if (o.slots > 1 && failure.empty()) {
       SlotsBench sb;
       sb.slots = o.slots;
@@ -411,6 +453,9 @@ CommandRun add_bench_command(CLI::App& app) {
                   "also decode this many requests at once through the engine's scheduler and stage actors")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
+  sub->add_option("--mtp", o->mtp, "also decode with this many MTP drafts a step (CPU backend; 0: not run)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 3));
   sub->add_option("--micro-batches", o->micro_batches, "with --slots: decode micro-batches (0: one per device)")
       ->capture_default_str();
   config::for_each_memory_option(o->memory, [&](const std::string& name, std::string& value, const std::string& help) {

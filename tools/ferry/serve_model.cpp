@@ -10,6 +10,7 @@
 #include <fstream>
 #include <vector>
 
+#include "actors/spec_policy.hpp"
 #include "config/byte_size.hpp"
 #include "gpu/backend_factory.hpp"
 #include "model/formats/gguf.hpp"
@@ -126,6 +127,8 @@ gpu::BackendOptions backend_options(const config::ServeConfig& config) {
   options.split = config.devices.split;
   options.memory = config.memory;
   options.route_skew = config.model.route_skew;
+  options.mtp = config.slots.mtp != "off";
+  if (options.mtp) options.max_step_rows += config.slots.count * 2 * actors::kMaxDrafts;  // verify sets
   return options;
 }
 
