@@ -138,10 +138,21 @@ struct RequestFinished {
 
 // ---- scheduler <-> stages ----------------------------------------------------------------------
 
-// One step: slots to forget first, then every slot's rows through the model's stages.
+// A prefix-cache checkpoint (kv::PrefixCache's id) and the slot it is saved from or restored into.
+struct CheckpointOp {
+  uint64_t id = 0;
+  uint32_t slot = 0;
+};
+
+// One step, on every stage in this order: checkpoints to drop, slots to save as checkpoints (their
+// state after the earlier steps), slots to forget, checkpoints to restore into slots, then every
+// slot's rows through the model's stages.
 struct StepPlan {
   uint64_t step = 0;
+  std::vector<uint64_t> drop_checkpoints;
+  std::vector<CheckpointOp> save_checkpoints;
   std::vector<uint32_t> reset_slots;
+  std::vector<CheckpointOp> restore_checkpoints;
   std::vector<model::SlotRows> rows;
 };
 
@@ -406,8 +417,12 @@ typename Inspector::result_type inspect(Inspector& f, RequestFinished& x) {
   return f(x.id, x.status, x.cause, x.message, x.usage, x.timings);
 }
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, CheckpointOp& x) {
+  return f(x.id, x.slot);
+}
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepPlan& x) {
-  return f(x.step, x.reset_slots, x.rows);
+  return f(x.step, x.drop_checkpoints, x.save_checkpoints, x.reset_slots, x.restore_checkpoints, x.rows);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SampledToken& x) {

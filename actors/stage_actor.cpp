@@ -57,12 +57,24 @@ ActorReport stage_report(StageState& st, uint64_t mailbox) {
   return r;
 }
 
-Expected<model::StageOutput> run_stage_step(model::Stage& stage, const StepPlan& plan, const model::Handoff* in) {
-  for (uint32_t slot : plan.reset_slots) {
-    if (auto e = stage.reset_slot(slot)) {
-      if (in != nullptr) stage.discard(*in);
-      return *e;
+Expected<model::StageOutput> run_stage_step(model::Stage& stage, kv::CheckpointStore& checkpoints, const StepPlan& plan,
+                                            const model::Handoff* in) {
+  auto before_rows = [&]() -> Status {
+    for (uint64_t id : plan.drop_checkpoints) checkpoints.drop(id);
+    for (const CheckpointOp& op : plan.save_checkpoints) {
+      if (auto e = checkpoints.save(stage, op.slot, op.id)) return e;
     }
+    for (uint32_t slot : plan.reset_slots) {
+      if (auto e = stage.reset_slot(slot)) return e;
+    }
+    for (const CheckpointOp& op : plan.restore_checkpoints) {
+      if (auto e = checkpoints.restore(stage, op.slot, op.id)) return e;
+    }
+    return std::nullopt;
+  };
+  if (auto e = before_rows()) {
+    if (in != nullptr) stage.discard(*in);
+    return *e;
   }
   return stage.run(plan.rows, in);
 }
@@ -100,7 +112,7 @@ caf::result<StepOutcome> run_step(stage_pointer self, StageWork& work) {
                                                   std::to_string(plan.step) + ": " +
                                                   std::string(error_code_name(st.fault->code))));
   }
-  auto output = run_stage_step(*st.stage, plan, work.handoff.get());
+  auto output = run_stage_step(*st.stage, st.checkpoints, plan, work.handoff.get());
   note_counters(st.status, *st.stage);
   if (!output) return answer_error(output.error());
   if (model::ExpertTier* tier = st.stage->experts(); tier != nullptr && st.experts) {
