@@ -3,6 +3,8 @@
 #include <chrono>
 #include <cstdio>
 
+#include <spdlog/spdlog.h>
+
 namespace ferry::actors {
 namespace {
 
@@ -61,14 +63,26 @@ Expected<model::StageOutput> run_stage_step(model::Stage& stage, kv::CheckpointS
                                             const model::Handoff* in) {
   auto before_rows = [&]() -> Status {
     for (uint64_t id : plan.drop_checkpoints) checkpoints.drop(id);
+    // What a checkpoint costs the step that carries it (the stage is busy meanwhile), for the log.
+    auto timed = [&](const char* what, const CheckpointOp& op, auto&& run) -> Status {
+      const auto began = std::chrono::steady_clock::now();
+      if (auto e = run()) return e;
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began).count();
+      if (const model::SlotStateImage* image = checkpoints.find(op.id)) {
+        spdlog::info("{}: checkpoint {} {} slot {} ({} tokens, {:.1f} MiB) in {:.1f} ms",
+                     model::describe_layers(stage.layers()), op.id, what, op.slot, image->tokens,
+                     static_cast<double>(image->data.size() * sizeof(float)) / double(1 << 20), ms);
+      }
+      return std::nullopt;
+    };
     for (const CheckpointOp& op : plan.save_checkpoints) {
-      if (auto e = checkpoints.save(stage, op.slot, op.id)) return e;
+      if (auto e = timed("saved from", op, [&] { return checkpoints.save(stage, op.slot, op.id); })) return e;
     }
     for (uint32_t slot : plan.reset_slots) {
       if (auto e = stage.reset_slot(slot)) return e;
     }
     for (const CheckpointOp& op : plan.restore_checkpoints) {
-      if (auto e = checkpoints.restore(stage, op.slot, op.id)) return e;
+      if (auto e = timed("restored into", op, [&] { return checkpoints.restore(stage, op.slot, op.id); })) return e;
     }
     return std::nullopt;
   };
