@@ -15,9 +15,19 @@ std::optional<kv::CheckpointMatch> CheckpointPlanner::match(std::span<const int3
 }
 
 void CheckpointPlanner::restore(uint32_t slot, const kv::CheckpointMatch& m) {
+  const auto it = unspilled_.find(m.id);
+  const bool rows_here = it != unspilled_.end() && it->second == slot;
+  if (it != unspilled_.end() && !rows_here) {
+    queued_changes_.push_back(RowChange{it->second, 0, true});  // copied out; that slot keeps its rows
+  }
+  queued_changes_.push_back(rows_here ? RowChange{slot, m.tokens, false} : RowChange{slot, 0, true});
   cache_.acquire(m.id);
   cache_.touch(m.id);
   queued_restores_.push_back(CheckpointOp{m.id, slot});
+}
+
+void CheckpointPlanner::replace_rows(uint32_t slot) {
+  if (enabled()) queued_changes_.push_back(RowChange{slot, 0, true});
 }
 
 uint32_t CheckpointPlanner::chunk_end(uint32_t at, uint32_t n, uint32_t chunk) const {
@@ -43,9 +53,53 @@ void CheckpointPlanner::forget_queued(uint32_t slot) {
   std::erase_if(queued_saves_, [slot](const auto& q) { return q.first == slot; });
 }
 
+void CheckpointPlanner::erase(kv::CheckpointId id, StepPlan* plan) {
+  unspilled_.erase(id);
+  if (!cache_.erase(id)) return;
+  // One saved in this very plan is simply not saved (its drop would run before the save).
+  if (plan != nullptr) {
+    auto& saves = plan->save_checkpoints;
+    const auto at = std::find_if(saves.begin(), saves.end(), [id](const CheckpointOp& op) { return op.id == id; });
+    if (at != saves.end()) {
+      saves.erase(at);
+      return;
+    }
+  }
+  queued_drops_.push_back(id);
+}
+
+void CheckpointPlanner::lost_rows(uint32_t slot) {
+  forget_queued(slot);
+  std::vector<kv::CheckpointId> lost;
+  for (const auto& [id, s] : unspilled_) {
+    if (s == slot) lost.push_back(id);
+  }
+  for (kv::CheckpointId id : lost) erase(id, nullptr);
+}
+
 void CheckpointPlanner::release_slot(uint32_t slot) {
   forget_queued(slot);
-  for (kv::CheckpointId id : cache_.erase_slot(slot)) queued_drops_.push_back(id);
+  std::erase_if(queued_changes_, [slot](const RowChange& c) { return c.slot == slot; });
+  for (kv::CheckpointId id : cache_.erase_slot(slot)) {
+    unspilled_.erase(id);
+    queued_drops_.push_back(id);
+  }
+}
+
+void CheckpointPlanner::apply(const RowChange& change, StepPlan& plan, Carried& carried) {
+  std::vector<kv::CheckpointId> past;
+  for (const auto& [id, s] : unspilled_) {
+    const kv::CheckpointInfo* info = cache_.find(id);
+    if (s == change.slot && info != nullptr && info->tokens > change.keep) past.push_back(id);
+  }
+  if (past.empty()) return;
+  if (!change.spill) {
+    for (kv::CheckpointId id : past) erase(id, &plan);
+    return;
+  }
+  for (kv::CheckpointId id : past) unspilled_.erase(id);
+  carried.spills.insert(carried.spills.end(), past.begin(), past.end());
+  plan.spill_checkpoints.push_back(CheckpointSpill{change.slot, std::move(past)});
 }
 
 void CheckpointPlanner::fill(StepPlan& plan) {
@@ -54,17 +108,25 @@ void CheckpointPlanner::fill(StepPlan& plan) {
     const uint64_t bytes = limits_.fixed_bytes + limits_.token_bytes * tokens.size();
     auto in = cache_.insert(std::move(tokens), slot, bytes);
     if (!in) continue;  // already cached, or no room: the allocator answers, nothing is taken
-    queued_drops_.insert(queued_drops_.end(), in->evicted.begin(), in->evicted.end());
+    for (kv::CheckpointId id : in->evicted) {
+      unspilled_.erase(id);
+      queued_drops_.push_back(id);
+    }
+    unspilled_[in->id] = slot;
     plan.save_checkpoints.push_back(CheckpointOp{in->id, slot});
-    carried.saves.push_back(in->id);
   }
   queued_saves_.clear();
+  for (const RowChange& change : queued_changes_) apply(change, plan, carried);
+  queued_changes_.clear();
+  for (const CheckpointOp& op : plan.save_checkpoints) carried.saves.push_back(op.id);
   for (const CheckpointOp& op : queued_restores_) carried.restores.push_back(op.id);
   plan.restore_checkpoints = std::move(queued_restores_);
   queued_restores_.clear();
   plan.drop_checkpoints = std::move(queued_drops_);
   queued_drops_.clear();
-  if (!carried.saves.empty() || !carried.restores.empty()) carried_.emplace(plan.step, std::move(carried));
+  if (!carried.saves.empty() || !carried.restores.empty() || !carried.spills.empty()) {
+    carried_.emplace(plan.step, std::move(carried));
+  }
 }
 
 void CheckpointPlanner::landed(uint64_t step, bool ok) {
@@ -73,9 +135,12 @@ void CheckpointPlanner::landed(uint64_t step, bool ok) {
   for (kv::CheckpointId id : it->second.saves) {
     if (ok) {
       cache_.ready(id);
-    } else if (cache_.erase(id)) {
-      queued_drops_.push_back(id);  // the stages before the failing one may hold it
+    } else {
+      erase(id, nullptr);  // the stages before the failing one may hold it
     }
+  }
+  if (!ok) {
+    for (kv::CheckpointId id : it->second.spills) erase(id, nullptr);  // rows on some stages only
   }
   for (kv::CheckpointId id : it->second.restores) cache_.release(id);
   carried_.erase(it);

@@ -144,13 +144,21 @@ struct CheckpointOp {
   uint32_t slot = 0;
 };
 
+// A slot's rows copied to host RAM once for the checkpoints of its that still rely on them, before
+// the slot is given to another sequence.
+struct CheckpointSpill {
+  uint32_t slot = 0;
+  std::vector<uint64_t> ids;
+};
+
 // One step, on every stage in this order: checkpoints to drop, slots to save as checkpoints (their
-// state after the earlier steps), slots to forget, checkpoints to restore into slots, then every
-// slot's rows through the model's stages.
+// state after the earlier steps, without rows), rows to spill, slots to forget, checkpoints to
+// restore into slots, then every slot's rows through the model's stages.
 struct StepPlan {
   uint64_t step = 0;
   std::vector<uint64_t> drop_checkpoints;
   std::vector<CheckpointOp> save_checkpoints;
+  std::vector<CheckpointSpill> spill_checkpoints;
   std::vector<uint32_t> reset_slots;
   std::vector<CheckpointOp> restore_checkpoints;
   std::vector<model::SlotRows> rows;
@@ -421,8 +429,13 @@ typename Inspector::result_type inspect(Inspector& f, CheckpointOp& x) {
   return f(x.id, x.slot);
 }
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, CheckpointSpill& x) {
+  return f(x.slot, x.ids);
+}
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepPlan& x) {
-  return f(x.step, x.drop_checkpoints, x.save_checkpoints, x.reset_slots, x.restore_checkpoints, x.rows);
+  return f(x.step, x.drop_checkpoints, x.save_checkpoints, x.spill_checkpoints, x.reset_slots, x.restore_checkpoints,
+           x.rows);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SampledToken& x) {

@@ -78,6 +78,13 @@ Expected<model::StageOutput> run_stage_step(model::Stage& stage, kv::CheckpointS
     for (const CheckpointOp& op : plan.save_checkpoints) {
       if (auto e = timed("saved from", op, [&] { return checkpoints.save(stage, op.slot, op.id); })) return e;
     }
+    for (const CheckpointSpill& spill : plan.spill_checkpoints) {
+      if (spill.ids.empty()) continue;
+      const CheckpointOp first{spill.ids.front(), spill.slot};
+      if (auto e = timed("rows spilled for", first, [&] { return checkpoints.spill(stage, spill.slot, spill.ids); })) {
+        return e;
+      }
+    }
     for (uint32_t slot : plan.reset_slots) {
       if (auto e = stage.reset_slot(slot)) return e;
     }

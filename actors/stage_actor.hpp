@@ -39,8 +39,8 @@ stage_actor::behavior_type stage(stage_actor::stateful_pointer<StageState> self,
 // The stage's telemetry (it advances `steps_reported`).
 ActorReport stage_report(StageState& state, uint64_t mailbox);
 
-// The step on one stage, without the actor: the plan's checkpoint drops and saves, resets, restores,
-// then its rows through the stage.
+// The step on one stage, without the actor: the plan's checkpoint drops, saves and spills, resets,
+// restores, then its rows through the stage.
 Expected<model::StageOutput> run_stage_step(model::Stage& stage, kv::CheckpointStore& checkpoints, const StepPlan& plan,
                                             const model::Handoff* in);
 

@@ -168,6 +168,7 @@ void StepPlanner::admit_queued(TimePoint now, EngineEvents& events) {
     Slot& slot = slots_[index];
     if (slot.needs_reset || !live.request.reuse_prefix || !is_prefix(slot.held, live.request.prompt) ||
         slot.held.size() >= live.request.prompt.size()) {
+        checkpoints_.replace_rows(index);
       slot.held.clear();
       slot.needs_reset = false;
       pending_resets_.push_back(index);
@@ -352,7 +353,7 @@ EngineEvents StepPlanner::fail_step(uint64_t step, const std::vector<InFlightRow
   // The stages that ran the step advanced these slots and the others did not: their state is unknown.
   for (const InFlightRow& row : rows) {
     slots_[row.slot].needs_reset = true;
-    checkpoints_.forget_queued(row.slot);
+    checkpoints_.lost_rows(row.slot);
     if (live_.count(row.request) == 0) continue;
     events.push_back(end(row.request, RequestStatus::failed, EndCause::backend_failed, "the backend failed: " + error, now));
   }

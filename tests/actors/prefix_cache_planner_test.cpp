@@ -1,13 +1,16 @@
 // The planner with prefix-cache checkpoints, against a model of the stages: every slot's state is the
-// token sequence it has seen, a checkpoint a copy of one, and a drawn token a function of the whole
-// sequence (as a model's is). Each plan is carried out in the stages' order (drops, saves, resets,
-// restores, rows); a row that does not continue its slot's sequence fails the test. So a wrong restore
-// or a save of the wrong moment shows as different tokens from an uncached run.
+// token sequence it has seen (its rows: one per token), a checkpoint the sequence at its boundary plus,
+// once spilled, a copy of the slot's rows, and a drawn token a function of the whole sequence (as a
+// model's is). Each plan is carried out in the stages' order (drops, saves, spills, resets, restores,
+// rows); a restore without spilled rows into a slot whose rows differ, or a row that does not continue
+// its slot's sequence, fails the test. So a wrong restore, a missing spill or a save of the wrong moment
+// shows, and the drawn tokens must equal an uncached run's.
 #include "actors/step_planner.hpp"
 
 #include <gtest/gtest.h>
 
 #include <map>
+#include <optional>
 #include <numeric>
 
 using namespace ferry::actors;
@@ -17,9 +20,17 @@ namespace {
 TimePoint t0 = Clock::time_point{} + std::chrono::hours(1);
 
 struct ModelStages {
+  struct Checkpoint {
+    std::vector<int32_t> state;
+    std::optional<std::vector<int32_t>> rows;
+  };
   std::map<uint32_t, std::vector<int32_t>> slots;
-  std::map<uint64_t, std::vector<int32_t>> checkpoints;
-  uint32_t restores = 0;
+  std::map<uint64_t, Checkpoint> checkpoints;
+  uint32_t restores = 0, spills = 0;
+
+  static bool is_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+    return a.size() <= b.size() && std::equal(a.begin(), a.end(), b.begin());
+  }
 
   static int32_t draw(const std::vector<int32_t>& seq) {
     uint64_t h = 1469598103934665603ull;
@@ -29,11 +40,23 @@ struct ModelStages {
 
   StepOutcome run(const StepPlan& plan) {
     for (uint64_t id : plan.drop_checkpoints) checkpoints.erase(id);
-    for (const CheckpointOp& op : plan.save_checkpoints) checkpoints[op.id] = slots[op.slot];
+    for (const CheckpointOp& op : plan.save_checkpoints) checkpoints[op.id] = Checkpoint{slots[op.slot], std::nullopt};
+    for (const CheckpointSpill& spill : plan.spill_checkpoints) {
+      ++spills;
+      for (uint64_t id : spill.ids) {
+        if (checkpoints.count(id) == 0) continue;
+        EXPECT_TRUE(is_prefix(checkpoints[id].state, slots[spill.slot])) << "spill of checkpoint " << id;
+        checkpoints[id].rows = slots[spill.slot];
+      }
+    }
     for (uint32_t s : plan.reset_slots) slots[s].clear();
     for (const CheckpointOp& op : plan.restore_checkpoints) {
       EXPECT_EQ(checkpoints.count(op.id), 1u) << "restore of checkpoint " << op.id << " that no stage holds";
-      slots[op.slot] = checkpoints[op.id];
+      const Checkpoint& c = checkpoints[op.id];
+      if (c.rows) slots[op.slot] = *c.rows;
+      EXPECT_TRUE(is_prefix(c.state, slots[op.slot])) << "checkpoint " << op.id << " restored into slot " << op.slot
+                                                      << " without its rows";
+      slots[op.slot] = c.state;
       ++restores;
     }
     StepOutcome out;
@@ -128,6 +151,7 @@ TEST(PrefixCachePlanner, SameRequestAgainComputesOnlyItsLastToken) {
   EXPECT_EQ(again[2].done.usage.cached_tokens, 149u);
   EXPECT_EQ(again[2].tokens, first[1].tokens);
   EXPECT_EQ(stages.restores, 1u);
+  EXPECT_EQ(stages.spills, 0u);  // restored in place: slot 0 still holds the rows
 }
 
 TEST(PrefixCachePlanner, MultiTurnResumesAtTheEndOfGeneration) {
@@ -151,6 +175,7 @@ TEST(PrefixCachePlanner, CheckpointOutlivesItsSlotBeingReused) {
   const auto b = seq(90, 300);
   auto rb = drive(p, stages, {request(2, b)});
   EXPECT_EQ(rb[2].done.usage.cached_tokens, 0u);
+  EXPECT_EQ(stages.spills, 1u);  // A's rows copied out once, for all of A's checkpoints
   // A's next turn diverges from A's answer (a tool result in its place): it resumes from the prompt's
   // checkpoint, one token short of A's prompt.
   const auto a2 = cat(a, seq(40, 700));

@@ -1,9 +1,11 @@
 // Resuming from a prefix-cache checkpoint against a full recompute, for any backend: a prompt is
 // prefilled into slot 0 in chunks, stopping at each checkpoint position to save every stage's state
-// into its kv::CheckpointStore; slot 2 prefills the whole prompt from 0 (the reference); slot 1 holds
-// another sequence, then each checkpoint is restored into it (its rows come along) and the rest of the
-// prompt prefilled there. Logits of every resumed row must equal the reference's within `tolerance`,
-// and greedy decoding must draw the same tokens.
+// into its kv::CheckpointStore; slot 2 prefills the whole prompt from 0 (the reference). Each
+// checkpoint is first restored in place (slot 0 still holds its rows) and the rest of the prompt
+// prefilled there; then slot 0's rows are spilled and slot 0 given to another sequence, and each
+// checkpoint is restored into slot 1, which held yet another sequence (its rows come from the spill).
+// Logits of every resumed row must equal the reference's within `tolerance`, and greedy decoding
+// must draw the same tokens.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -70,20 +72,31 @@ inline void expect_resume_exact(model::Pipeline& p, const std::vector<int32_t>& 
   const auto first = static_cast<int32_t>(std::max_element(last, reference.end()) - last);
   const std::vector<int32_t> want = greedy_tokens(p, 2, n, first, 6);
 
-  for (uint32_t t : stops) {
-    SCOPED_TRACE("resumed at " + std::to_string(t) + " of " + std::to_string(n));
-    ASSERT_FALSE(p.reset_slot(1));
-    std::vector<int32_t> other(prompt.rbegin(), prompt.rend());
-    prefill_logits(p, 1, other, 0, 50, chunk);  // rows of another sequence the restore must replace
-    for (size_t s = 0; s < stores.size(); ++s) ASSERT_FALSE(stores[s].restore(*p.stages()[s], 1, t));
-    const std::vector<float> resumed = prefill_logits(p, 1, prompt, t, n, chunk);
+  auto resume = [&](uint32_t slot, uint32_t t) {
+    for (size_t s = 0; s < stores.size(); ++s) ASSERT_FALSE(stores[s].restore(*p.stages()[s], slot, t));
+    const std::vector<float> resumed = prefill_logits(p, slot, prompt, t, n, chunk);
     ASSERT_EQ(resumed.size(), size_t{n - t} * vocab);
     double worst = 0;
     for (size_t i = 0; i < resumed.size(); ++i) {
       worst = std::max(worst, static_cast<double>(std::abs(resumed[i] - reference[size_t{t} * vocab + i])));
     }
     EXPECT_LE(worst, tolerance);
-    EXPECT_EQ(greedy_tokens(p, 1, n, first, 6), want);
+    EXPECT_EQ(greedy_tokens(p, slot, n, first, 6), want);
+  };
+  for (auto t = stops.rbegin(); t != stops.rend(); ++t) {
+    SCOPED_TRACE("resumed in place at " + std::to_string(*t) + " of " + std::to_string(n));
+    resume(0, *t);
+  }
+  const std::vector<uint64_t> ids(stops.begin(), stops.end());
+  for (size_t s = 0; s < stores.size(); ++s) ASSERT_FALSE(stores[s].spill(*p.stages()[s], 0, ids));
+  const std::vector<int32_t> other(prompt.rbegin(), prompt.rend());
+  ASSERT_FALSE(p.reset_slot(0));
+  prefill_logits(p, 0, other, 0, n, chunk);  // slot 0 now holds another sequence's rows
+  for (uint32_t t : stops) {
+    SCOPED_TRACE("resumed from spilled rows at " + std::to_string(t) + " of " + std::to_string(n));
+    ASSERT_FALSE(p.reset_slot(1));
+    prefill_logits(p, 1, other, 0, 50, chunk);  // rows of another sequence the restore must replace
+    resume(1, t);
   }
 }
 

@@ -1,7 +1,8 @@
 // Checkpoints on the CPU backend: resuming a prompt from a kv::CheckpointStore image gives the logits
 // (f32, <= 1e-4) and greedy tokens of a full recompute, for prefixes ending on and off the prefill
-// chunk and the indexer's pool boundaries, on one stage and split into two; a missing checkpoint is a
-// clear error; dropping frees the image.
+// chunk and the indexer's pool boundaries, in place and from spilled rows into another slot, on one
+// stage and split into two; a missing checkpoint is a clear error; spilled rows are one shared copy;
+// dropping frees the images.
 #include "kv/checkpoint_store.hpp"
 
 #include <gtest/gtest.h>
@@ -110,7 +111,19 @@ TEST_F(CheckpointStoreTest, AMissingCheckpointIsAnErrorAndDropFreesIt) {
   ASSERT_FALSE(store.save(stage, 0, 7));
   ASSERT_NE(store.find(7), nullptr);
   EXPECT_EQ(store.find(7)->tokens, 20u);
-  EXPECT_EQ(store.bytes(), stage.state_layout().image_floats(20, store.find(7)->mtp_tokens, true) * sizeof(float));
+  const uint32_t mtp = store.find(7)->mtp_tokens;
+  const uint64_t fixed = stage.state_layout().image_floats(20, mtp, false) * sizeof(float);
+  EXPECT_EQ(store.bytes(), fixed);  // the rows are still the slot's
+  EXPECT_FALSE(store.spilled(7));
+  testing::prefill_logits(*p, 0, prompt_, 20, 30, 10);
+  ASSERT_FALSE(store.save(stage, 0, 8));
+  const std::vector<uint64_t> both = {7, 8};
+  ASSERT_FALSE(store.spill(stage, 0, both));
+  EXPECT_TRUE(store.spilled(7) && store.spilled(8));
+  // One copy of the slot's 30 rows, shared by both checkpoints.
+  EXPECT_EQ(store.bytes(), fixed + stage.state_layout().image_floats(30, store.find(8)->mtp_tokens, false) * sizeof(float) +
+                               stage.state_layout().image_floats(30, store.find(8)->mtp_tokens, true) * sizeof(float));
+  store.drop(8);
   store.drop(7);
   EXPECT_EQ(store.size(), 0u);
   EXPECT_EQ(store.bytes(), 0u);
