@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <string_view>
 
 #include <spdlog/spdlog.h>
 
@@ -68,7 +69,8 @@ Expected<model::StageOutput> run_stage_step(model::Stage& stage, kv::CheckpointS
       const auto began = std::chrono::steady_clock::now();
       if (auto e = run()) return e;
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began).count();
-      if (const model::SlotStateImage* image = checkpoints.find(op.id)) {
+      const bool spill = std::string_view(what).starts_with("rows");
+      if (const model::SlotStateImage* image = spill ? checkpoints.rows(op.id) : checkpoints.find(op.id)) {
         spdlog::info("{}: checkpoint {} {} slot {} ({} tokens, {:.1f} MiB) in {:.1f} ms",
                      model::describe_layers(stage.layers()), op.id, what, op.slot, image->tokens,
                      static_cast<double>(image->data.size() * sizeof(float)) / double(1 << 20), ms);

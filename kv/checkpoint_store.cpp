@@ -56,9 +56,11 @@ const model::SlotStateImage* CheckpointStore::find(uint64_t id) const {
   return it == entries_.end() ? nullptr : &it->second.state;
 }
 
-bool CheckpointStore::spilled(uint64_t id) const {
+bool CheckpointStore::spilled(uint64_t id) const { return rows(id) != nullptr; }
+
+const model::SlotStateImage* CheckpointStore::rows(uint64_t id) const {
   const auto it = entries_.find(id);
-  return it != entries_.end() && it->second.rows != nullptr;
+  return it == entries_.end() ? nullptr : it->second.rows.get();
 }
 
 }  // namespace ferry::kv

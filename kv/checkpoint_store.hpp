@@ -39,6 +39,8 @@ class CheckpointStore {
   // The checkpoint's fixed state (tokens and size), or null.
   const model::SlotStateImage* find(uint64_t id) const;
   bool spilled(uint64_t id) const;
+  // Its spilled rows (the slot's whole image when it was spilled), or null.
+  const model::SlotStateImage* rows(uint64_t id) const;
 
  private:
   struct Entry {
