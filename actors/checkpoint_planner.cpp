@@ -92,11 +92,22 @@ void CheckpointPlanner::apply(const RowChange& change, StepPlan& plan, Carried& 
     const kv::CheckpointInfo* info = cache_.find(id);
     if (s == change.slot && info != nullptr && info->tokens > change.keep) past.push_back(id);
   }
-  if (past.empty()) return;
   if (!change.spill) {
-    for (kv::CheckpointId id : past) erase(id, &plan);
-    return;
+    // Dropped past the cut, but for those a restore holds (in this plan or in flight): their rows are
+    // copied out instead. A save not yet landed holds one reference of its own and is dropped (the
+    // drop reaches each stage after the save).
+    std::vector<kv::CheckpointId> held;
+    for (kv::CheckpointId id : past) {
+      const kv::CheckpointInfo* info = cache_.find(id);
+      if (info->refs > (info->ready ? 0u : 1u)) {
+        held.push_back(id);
+      } else {
+        erase(id, &plan);
+      }
+    }
+    past = std::move(held);
   }
+  if (past.empty()) return;
   for (kv::CheckpointId id : past) unspilled_.erase(id);
   carried.spills.insert(carried.spills.end(), past.begin(), past.end());
   plan.spill_checkpoints.push_back(CheckpointSpill{change.slot, std::move(past)});

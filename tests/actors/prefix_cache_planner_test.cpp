@@ -286,3 +286,21 @@ TEST(PrefixCachePlanner, AFailedSaveIsNeverMatched) {
   EXPECT_EQ(r[2].done.usage.cached_tokens, 0u);
   EXPECT_EQ(r[2].tokens, uncached(prompt));
 }
+
+TEST(PrefixCachePlanner, ACutKeepsWhatAnotherRequestRestoresInTheSamePlan) {
+  // Slot 0 holds conversation A past two checkpoints; a request resuming at the earlier one and one
+  // resuming at the later one are admitted together: the first cuts slot 0 back, the second's
+  // checkpoint must survive the cut (its rows are copied out) and land in slot 1.
+  StepPlanner p(limits(2));
+  ModelStages stages;
+  const auto a = seq(140, 1);
+  drive(p, stages, {request(1, a)});
+  auto shorter = a;
+  shorter.resize(70);  // resumes at 64
+  auto longer = cat(a, seq(10, 900));  // resumes at 139 or the end of generation
+  auto r = drive(p, stages, {request(2, cat(shorter, seq(5, 700))), request(3, longer)});
+  EXPECT_EQ(r[2].done.usage.cached_tokens, 64u);
+  EXPECT_GE(r[3].done.usage.cached_tokens, 139u);
+  EXPECT_EQ(r[2].tokens, uncached(cat(shorter, seq(5, 700))));
+  EXPECT_EQ(r[3].tokens, uncached(longer));
+}
