@@ -140,11 +140,11 @@ void CheckpointPlanner::fill(StepPlan& plan) {
   }
 }
 
-void CheckpointPlanner::landed(uint64_t step, bool ok) {
+void CheckpointPlanner::landed(uint64_t step, bool ok, std::span<const uint64_t> unsaved) {
   auto it = carried_.find(step);
   if (it == carried_.end()) return;
   for (kv::CheckpointId id : it->second.saves) {
-    if (ok) {
+    if (ok && std::find(unsaved.begin(), unsaved.end(), id) == unsaved.end()) {
       cache_.ready(id);
     } else {
       erase(id, nullptr);  // the stages before the failing one may hold it

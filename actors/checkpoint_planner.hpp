@@ -64,7 +64,8 @@ class CheckpointPlanner {
 
   // Puts the queued drops, saves and restores into `plan`, remembering them for landed().
   void fill(StepPlan& plan);
-  void landed(uint64_t step, bool ok);
+  // The step carrying them landed (ok: every stage ran it; `unsaved`: saves some stage could not make).
+  void landed(uint64_t step, bool ok, std::span<const uint64_t> unsaved = {});
 
   const kv::PrefixCache& cache() const { return cache_; }
 

@@ -201,6 +201,7 @@ struct StageWork {
   std::shared_ptr<const StepPlan> plan;
   std::shared_ptr<const model::Handoff> handoff;  // null into stage 0
   std::vector<StageStatus> stages;
+  std::vector<uint64_t> unsaved;  // checkpoints a stage it passed could not save
 };
 
 struct SampledToken {
@@ -215,6 +216,7 @@ struct StepOutcome {
   ErrorCode code = ErrorCode::internal;
   bool stage_dead = false;            // the error ended the stage: nothing more can run
   std::vector<StageStatus> stages;    // of the stages the step reached
+  std::vector<uint64_t> unsaved_checkpoints;  // saves some stage could not make: not taken
 };
 
 // ---- snapshots for /health, /slots, /metrics --------------------------------------------------
@@ -456,7 +458,7 @@ typename Inspector::result_type inspect(Inspector& f, ExpertMoves& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepOutcome& x) {
-  return f(x.step, x.sampled, x.error, x.code, x.stage_dead, x.stages);
+  return f(x.step, x.sampled, x.error, x.code, x.stage_dead, x.stages, x.unsaved_checkpoints);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SlotSnapshot& x) {

@@ -61,7 +61,7 @@ ActorReport stage_report(StageState& st, uint64_t mailbox) {
 }
 
 Expected<model::StageOutput> run_stage_step(model::Stage& stage, kv::CheckpointStore& checkpoints, const StepPlan& plan,
-                                            const model::Handoff* in) {
+                                            const model::Handoff* in, std::vector<uint64_t>& unsaved) {
   auto before_rows = [&]() -> Status {
     for (uint64_t id : plan.drop_checkpoints) checkpoints.drop(id);
     // What a checkpoint costs the step that carries it (the stage is busy meanwhile), for the log.
@@ -78,7 +78,12 @@ Expected<model::StageOutput> run_stage_step(model::Stage& stage, kv::CheckpointS
       return std::nullopt;
     };
     for (const CheckpointOp& op : plan.save_checkpoints) {
-      if (auto e = timed("saved from", op, [&] { return checkpoints.save(stage, op.slot, op.id); })) return e;
+      if (auto e = timed("saved from", op, [&] { return checkpoints.save(stage, op.slot, op.id); })) {
+        if (ends_stage(e->code)) return e;
+        spdlog::warn("{}: checkpoint {} of slot {} not taken: {}", model::describe_layers(stage.layers()), op.id,
+                     op.slot, e->message);
+        unsaved.push_back(op.id);
+      }
     }
     for (const CheckpointSpill& spill : plan.spill_checkpoints) {
       if (spill.ids.empty()) continue;
@@ -135,7 +140,7 @@ caf::result<StepOutcome> run_step(stage_pointer self, StageWork& work) {
                                                   std::to_string(plan.step) + ": " +
                                                   std::string(error_code_name(st.fault->code))));
   }
-  auto output = run_stage_step(*st.stage, st.checkpoints, plan, work.handoff.get());
+  auto output = run_stage_step(*st.stage, st.checkpoints, plan, work.handoff.get(), work.unsaved);
   note_counters(st.status, *st.stage);
   if (!output) return answer_error(output.error());
   if (model::ExpertTier* tier = st.stage->experts(); tier != nullptr && st.experts) {
@@ -143,7 +148,8 @@ caf::result<StepOutcome> run_step(stage_pointer self, StageWork& work) {
   }
   work.stages.push_back(st.status);
   if (st.next) {
-    return self->delegate(*st.next, step_atom_v, StageWork{work.plan, std::move(output->handoff), std::move(work.stages)});
+    return self->delegate(*st.next, step_atom_v,
+                          StageWork{work.plan, std::move(output->handoff), std::move(work.stages), std::move(work.unsaved)});
   }
   StepOutcome out;
   out.step = plan.step;
@@ -151,6 +157,7 @@ caf::result<StepOutcome> run_step(stage_pointer self, StageWork& work) {
     if (plan.rows[i].sample) out.sampled.push_back(SampledToken{output->results[i].slot, output->results[i].sampled});
   }
   out.stages = std::move(work.stages);
+  out.unsaved_checkpoints = std::move(work.unsaved);
   return out;
 }
 

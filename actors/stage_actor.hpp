@@ -40,8 +40,9 @@ stage_actor::behavior_type stage(stage_actor::stateful_pointer<StageState> self,
 ActorReport stage_report(StageState& state, uint64_t mailbox);
 
 // The step on one stage, without the actor: the plan's checkpoint drops, saves and spills, resets,
-// restores, then its rows through the stage.
+// restores, then its rows through the stage. A save the stage cannot make (a stage that keeps no
+// state, no memory) does not fail the step: its id goes to `unsaved` and the checkpoint is not taken.
 Expected<model::StageOutput> run_stage_step(model::Stage& stage, kv::CheckpointStore& checkpoints, const StepPlan& plan,
-                                            const model::Handoff* in);
+                                            const model::Handoff* in, std::vector<uint64_t>& unsaved);
 
 }  // namespace ferry::actors

@@ -290,7 +290,7 @@ EngineEvents StepPlanner::apply(const StepOutcome& outcome, TimePoint now) {
       return fail_step(outcome.step, step.rows, "the backend returned tokens out of row order", true, now);
     }
   }
-  checkpoints_.landed(outcome.step, true);
+  checkpoints_.landed(outcome.step, true, outcome.unsaved_checkpoints);
   ++metrics_.steps;
   metrics_.step_seconds.observe(ms_between(step.planned, now) / 1000.0);
   EngineEvents events;
