@@ -10,6 +10,24 @@
 
 namespace ferry::actors {
 
+CheckpointLimits checkpoint_limits(const config::SlotsConfig& slots, const model::Pipeline& pipeline) {
+  CheckpointLimits c;
+  c.budget_bytes = static_cast<uint64_t>(slots.checkpoint_budget_gib * double(1ull << 30));
+  c.every = slots.checkpoint_every;
+  // Bytes of a checkpoint over all stages, from their layouts: the fixed parts, and per token the rows
+  // (pool rows spread over their tokens; `span` is a multiple of any pool size).
+  constexpr uint32_t span = 1u << 12;
+  uint64_t fixed = 0, spanned = 0;
+  for (const auto& stage : pipeline.stages()) {
+    const model::SlotStateLayout& layout = stage->state_layout();
+    fixed += layout.image_floats(0, 0, true) * sizeof(float);
+    spanned += layout.image_floats(span, span, true) * sizeof(float);
+  }
+  c.fixed_bytes = fixed;
+  c.token_bytes = (spanned - fixed + span - 1) / span;
+  return c;
+}
+
 PlannerLimits planner_limits(const config::ServeConfig& config, const model::Pipeline& pipeline) {
   PlannerLimits limits;
   limits.slots = config.slots.count;
@@ -24,6 +42,7 @@ PlannerLimits planner_limits(const config::ServeConfig& config, const model::Pip
                              : static_cast<uint32_t>(config::distinct_devices(split, pipeline.stages().size()));
   // Drafts where the last stage makes them (validate() checked the text).
   if (auto mtp = parse_mtp_setting(config.slots.mtp); mtp && pipeline.stages().back()->drafts()) limits.mtp = *mtp;
+  limits.checkpoints = checkpoint_limits(config.slots, pipeline);
   return limits;
 }
 

@@ -38,6 +38,8 @@ struct EngineModel {
 // The scheduler's limits from the configuration and the pipeline: one step in flight per stage, one
 // decode micro-batch per device in use unless --micro-batches says otherwise.
 PlannerLimits planner_limits(const config::ServeConfig& config, const model::Pipeline& pipeline);
+// The prefix cache's checkpoints from --checkpoint-budget / --checkpoint-every and the stages' layouts.
+CheckpointLimits checkpoint_limits(const config::SlotsConfig& slots, const model::Pipeline& pipeline);
 
 // Stage actors run detached (a thread each); `detached_stages` false puts them on the actor system's
 // scheduler like any actor, for the deterministic test scheduler. `admin_hooks` lets the admin

@@ -140,10 +140,29 @@ struct RequestFinished {
 
 // ---- scheduler <-> stages ----------------------------------------------------------------------
 
-// One step: slots to forget first, then every slot's rows through the model's stages.
+// A prefix-cache checkpoint (kv::PrefixCache's id) and the slot it is saved from or restored into.
+struct CheckpointOp {
+  uint64_t id = 0;
+  uint32_t slot = 0;
+};
+
+// A slot's rows copied to host RAM once for the checkpoints of its that still rely on them, before
+// the slot is given to another sequence.
+struct CheckpointSpill {
+  uint32_t slot = 0;
+  std::vector<uint64_t> ids;
+};
+
+// One step, on every stage in this order: checkpoints to drop, slots to save as checkpoints (their
+// state after the earlier steps, without rows), rows to spill, slots to forget, checkpoints to
+// restore into slots, then every slot's rows through the model's stages.
 struct StepPlan {
   uint64_t step = 0;
+  std::vector<uint64_t> drop_checkpoints;
+  std::vector<CheckpointOp> save_checkpoints;
+  std::vector<CheckpointSpill> spill_checkpoints;
   std::vector<uint32_t> reset_slots;
+  std::vector<CheckpointOp> restore_checkpoints;
   std::vector<model::SlotRows> rows;
 };
 
@@ -184,6 +203,7 @@ struct StageWork {
   std::shared_ptr<const StepPlan> plan;
   std::shared_ptr<const model::Handoff> handoff;  // null into stage 0
   std::vector<StageStatus> stages;
+  std::vector<uint64_t> unsaved;  // checkpoints a stage it passed could not save
 };
 
 struct SampledToken {
@@ -200,6 +220,7 @@ struct StepOutcome {
   ErrorCode code = ErrorCode::internal;
   bool stage_dead = false;            // the error ended the stage: nothing more can run
   std::vector<StageStatus> stages;    // of the stages the step reached
+  std::vector<uint64_t> unsaved_checkpoints;  // saves some stage could not make: not taken
 };
 
 // ---- snapshots for /health, /slots, /metrics --------------------------------------------------
@@ -412,8 +433,17 @@ typename Inspector::result_type inspect(Inspector& f, RequestFinished& x) {
   return f(x.id, x.status, x.cause, x.message, x.usage, x.timings);
 }
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, CheckpointOp& x) {
+  return f(x.id, x.slot);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, CheckpointSpill& x) {
+  return f(x.slot, x.ids);
+}
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepPlan& x) {
-  return f(x.step, x.reset_slots, x.rows);
+  return f(x.step, x.drop_checkpoints, x.save_checkpoints, x.spill_checkpoints, x.reset_slots, x.restore_checkpoints,
+           x.rows);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SampledToken& x) {
@@ -434,7 +464,7 @@ typename Inspector::result_type inspect(Inspector& f, ExpertMoves& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepOutcome& x) {
-  return f(x.step, x.sampled, x.error, x.code, x.stage_dead, x.stages);
+  return f(x.step, x.sampled, x.error, x.code, x.stage_dead, x.stages, x.unsaved_checkpoints);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SlotSnapshot& x) {

@@ -60,7 +60,7 @@ void next_steps(scheduler_pointer self) {
     deliver(self, std::move(started));
     if (!plan) break;
     const uint64_t step = plan->step;
-    StageWork work{std::make_shared<const StepPlan>(std::move(*plan)), nullptr, {}};
+    StageWork work{std::make_shared<const StepPlan>(std::move(*plan)), nullptr, {}, {}};
     self->request(st.first_stage, caf::infinite, step_atom_v, std::move(work))
         .then(
             [self](StepOutcome& outcome) {

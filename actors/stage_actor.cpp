@@ -2,6 +2,9 @@
 
 #include <chrono>
 #include <cstdio>
+#include <string_view>
+
+#include <spdlog/spdlog.h>
 
 namespace ferry::actors {
 namespace {
@@ -57,12 +60,49 @@ ActorReport stage_report(StageState& st, uint64_t mailbox) {
   return r;
 }
 
-Expected<model::StageOutput> run_stage_step(model::Stage& stage, const StepPlan& plan, const model::Handoff* in) {
-  for (uint32_t slot : plan.reset_slots) {
-    if (auto e = stage.reset_slot(slot)) {
-      if (in != nullptr) stage.discard(*in);
-      return *e;
+Expected<model::StageOutput> run_stage_step(model::Stage& stage, kv::CheckpointStore& checkpoints, const StepPlan& plan,
+                                            const model::Handoff* in, std::vector<uint64_t>& unsaved) {
+  auto before_rows = [&]() -> Status {
+    for (uint64_t id : plan.drop_checkpoints) checkpoints.drop(id);
+    // What a checkpoint costs the step that carries it (the stage is busy meanwhile), for the log.
+    auto timed = [&](const char* what, const CheckpointOp& op, auto&& run) -> Status {
+      const auto began = std::chrono::steady_clock::now();
+      if (auto e = run()) return e;
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began).count();
+      const bool spill = std::string_view(what).starts_with("rows");
+      if (const model::SlotStateImage* image = spill ? checkpoints.rows(op.id) : checkpoints.find(op.id)) {
+        spdlog::info("{}: checkpoint {} {} slot {} ({} tokens, {:.1f} MiB) in {:.1f} ms",
+                     model::describe_layers(stage.layers()), op.id, what, op.slot, image->tokens,
+                     static_cast<double>(image->data.size() * sizeof(float)) / double(1 << 20), ms);
+      }
+      return std::nullopt;
+    };
+    for (const CheckpointOp& op : plan.save_checkpoints) {
+      if (auto e = timed("saved from", op, [&] { return checkpoints.save(stage, op.slot, op.id); })) {
+        if (ends_stage(e->code)) return e;
+        spdlog::warn("{}: checkpoint {} of slot {} not taken: {}", model::describe_layers(stage.layers()), op.id,
+                     op.slot, e->message);
+        unsaved.push_back(op.id);
+      }
     }
+    for (const CheckpointSpill& spill : plan.spill_checkpoints) {
+      if (spill.ids.empty()) continue;
+      const CheckpointOp first{spill.ids.front(), spill.slot};
+      if (auto e = timed("rows spilled for", first, [&] { return checkpoints.spill(stage, spill.slot, spill.ids); })) {
+        return e;
+      }
+    }
+    for (uint32_t slot : plan.reset_slots) {
+      if (auto e = stage.reset_slot(slot)) return e;
+    }
+    for (const CheckpointOp& op : plan.restore_checkpoints) {
+      if (auto e = timed("restored into", op, [&] { return checkpoints.restore(stage, op.slot, op.id); })) return e;
+    }
+    return std::nullopt;
+  };
+  if (auto e = before_rows()) {
+    if (in != nullptr) stage.discard(*in);
+    return *e;
   }
   return stage.run(plan.rows, in);
 }
@@ -100,7 +140,7 @@ caf::result<StepOutcome> run_step(stage_pointer self, StageWork& work) {
                                                   std::to_string(plan.step) + ": " +
                                                   std::string(error_code_name(st.fault->code))));
   }
-  auto output = run_stage_step(*st.stage, plan, work.handoff.get());
+  auto output = run_stage_step(*st.stage, st.checkpoints, plan, work.handoff.get(), work.unsaved);
   note_counters(st.status, *st.stage);
   if (!output) return answer_error(output.error());
   if (model::ExpertTier* tier = st.stage->experts(); tier != nullptr && st.experts) {
@@ -108,7 +148,8 @@ caf::result<StepOutcome> run_step(stage_pointer self, StageWork& work) {
   }
   work.stages.push_back(st.status);
   if (st.next) {
-    return self->delegate(*st.next, step_atom_v, StageWork{work.plan, std::move(output->handoff), std::move(work.stages)});
+    return self->delegate(*st.next, step_atom_v,
+                          StageWork{work.plan, std::move(output->handoff), std::move(work.stages), std::move(work.unsaved)});
   }
   StepOutcome out;
   out.step = plan.step;
@@ -117,6 +158,7 @@ caf::result<StepOutcome> run_step(stage_pointer self, StageWork& work) {
     if (plan.rows[i].sample) out.sampled.push_back(SampledToken{r.slot, r.sampled, r.accepted, std::move(r.drafts)});
   }
   out.stages = std::move(work.stages);
+  out.unsaved_checkpoints = std::move(work.unsaved);
   return out;
 }
 

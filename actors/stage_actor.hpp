@@ -10,6 +10,7 @@
 #include "actors/protocol.hpp"
 #include "actors/telemetry.hpp"
 #include "config/serve_config.hpp"
+#include "kv/checkpoint_store.hpp"
 #include "model/stage.hpp"
 
 namespace ferry::actors {
@@ -19,6 +20,7 @@ struct StageState {
   std::optional<stage_actor> next;
   std::optional<config::InjectedFault> fault;
   std::optional<expert_cache_actor> experts;  // where a tiered stage reports its routes
+  kv::CheckpointStore checkpoints;            // this stage's part of the prefix cache's checkpoints
   StageStatus status;
   TelemetryPublisher telemetry;
   uint64_t steps_reported = 0;  // status.steps at the last report: more since then means it is working
@@ -37,7 +39,10 @@ stage_actor::behavior_type stage(stage_actor::stateful_pointer<StageState> self,
 // The stage's telemetry (it advances `steps_reported`).
 ActorReport stage_report(StageState& state, uint64_t mailbox);
 
-// The step on one stage, without the actor: the plan's resets, then its rows through the stage.
-Expected<model::StageOutput> run_stage_step(model::Stage& stage, const StepPlan& plan, const model::Handoff* in);
+// The step on one stage, without the actor: the plan's checkpoint drops, saves and spills, resets,
+// restores, then its rows through the stage. A save the stage cannot make (a stage that keeps no
+// state, no memory) does not fail the step: its id goes to `unsaved` and the checkpoint is not taken.
+Expected<model::StageOutput> run_stage_step(model::Stage& stage, kv::CheckpointStore& checkpoints, const StepPlan& plan,
+                                            const model::Handoff* in, std::vector<uint64_t>& unsaved);
 
 }  // namespace ferry::actors

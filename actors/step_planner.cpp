@@ -19,7 +19,8 @@ RequestId event_request(const EngineEvent& e) {
   return std::visit([](const auto& x) { return x.id; }, e);
 }
 
-StepPlanner::StepPlanner(PlannerLimits limits) : limits_(limits), slots_(limits.slots) {}
+StepPlanner::StepPlanner(PlannerLimits limits)
+    : limits_(limits), slots_(limits.slots), checkpoints_(limits.checkpoints) {}
 
 EngineEvents StepPlanner::reject(const GenerateRequest& request, EndCause cause, std::string message,
                                  TimePoint now) {
@@ -109,6 +110,7 @@ std::pair<ReleaseResult, EngineEvents> StepPlanner::release(uint32_t slot, TimeP
   slots_[slot].held.clear();
   slots_[slot].needs_reset = false;
   pending_resets_.push_back(slot);
+  checkpoints_.release_slot(slot);
   result.ok = true;
   return {result, events};
 }
@@ -138,6 +140,22 @@ uint32_t StepPlanner::choose_slot(const std::vector<int32_t>& prompt, bool reuse
   return static_cast<uint32_t>(best);
 }
 
+uint32_t StepPlanner::restore_checkpoint(Live& live, uint32_t chosen) {
+  const std::vector<int32_t>& prompt = live.request.prompt;
+  const Slot& c = slots_[chosen];
+  const size_t held = !c.needs_reset && c.held.size() < prompt.size() && is_prefix(c.held, prompt) ? c.held.size() : 0;
+  const std::optional<kv::CheckpointMatch> m = checkpoints_.match(prompt);
+  if (!m || m->tokens <= held) return chosen;
+  // Into the slot it was taken in when that one is idle (a later step may find its rows there),
+  // else into the chosen one; its rows come with it either way.
+  const uint32_t index = m->slot < slots_.size() && slots_[m->slot].request == 0 ? m->slot : chosen;
+  Slot& slot = slots_[index];
+  slot.held.assign(prompt.begin(), prompt.begin() + m->tokens);
+  slot.needs_reset = false;
+  checkpoints_.restore(index, *m);
+  return index;
+}
+
 void StepPlanner::admit_queued(TimePoint now, EngineEvents& events) {
   auto has_idle = [&] {
     return std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) { return s.request == 0; });
@@ -145,10 +163,12 @@ void StepPlanner::admit_queued(TimePoint now, EngineEvents& events) {
   while (!queue_.empty() && has_idle()) {
     Live& live = live_.at(queue_.front());
     queue_.pop_front();
-    const uint32_t index = choose_slot(live.request.prompt, live.request.reuse_prefix);
+    uint32_t index = choose_slot(live.request.prompt, live.request.reuse_prefix);
+    if (live.request.reuse_prefix) index = restore_checkpoint(live, index);
     Slot& slot = slots_[index];
     if (slot.needs_reset || !live.request.reuse_prefix || !is_prefix(slot.held, live.request.prompt) ||
         slot.held.size() >= live.request.prompt.size()) {
+        checkpoints_.replace_rows(index);
       slot.held.clear();
       slot.needs_reset = false;
       pending_resets_.push_back(index);
@@ -222,7 +242,9 @@ std::optional<StepPlan> StepPlanner::plan(TimePoint now, EngineEvents& events) {
     const auto index = static_cast<uint32_t>(prefill->slot);
     Slot& slot = slots_[index];
     const auto& prompt = prefill->request.prompt;
-    const uint32_t n = std::min<uint32_t>(limits_.prefill_chunk, static_cast<uint32_t>(prompt.size()) - prefill->prefilled);
+    const uint32_t n = checkpoints_.chunk_end(prefill->prefilled, static_cast<uint32_t>(prompt.size()),
+                                              limits_.prefill_chunk) -
+                       prefill->prefilled;
     model::SlotRows row;
     row.slot = index;
     row.start = prefill->prefilled;
@@ -235,7 +257,11 @@ std::optional<StepPlan> StepPlanner::plan(TimePoint now, EngineEvents& events) {
     step.rows.push_back(InFlightRow{index, prefill->request.id, n, row.sample, std::nullopt});
     plan.rows.push_back(std::move(row));
   }
-  if (plan.rows.empty() && plan.reset_slots.empty()) return std::nullopt;
+  checkpoints_.fill(plan);
+  if (plan.rows.empty() && plan.reset_slots.empty() && plan.save_checkpoints.empty() &&
+      plan.restore_checkpoints.empty() && plan.drop_checkpoints.empty()) {
+    return std::nullopt;
+  }
   for (const InFlightRow& row : step.rows) {
     Live& live = live_.at(row.request);
     live.in_flight = true;
@@ -259,11 +285,11 @@ EngineEvents StepPlanner::apply(const StepOutcome& outcome, TimePoint now) {
   const InFlightStep step = std::move(found->second);
   in_flight_.erase(found);
   mark_landed(step.rows);
-  if (!outcome.error.empty()) return fail_step(step.rows, outcome.error, outcome.stage_dead, now);
+  if (!outcome.error.empty()) return fail_step(outcome.step, step.rows, outcome.error, outcome.stage_dead, now);
   size_t expected = 0;
   for (const InFlightRow& row : step.rows) expected += row.sample ? 1 : 0;
   if (outcome.sampled.size() != expected) {
-    return fail_step(step.rows,
+    return fail_step(outcome.step, step.rows,
                      "the backend returned " + std::to_string(outcome.sampled.size()) + " tokens for " +
                          std::to_string(expected) + " sampling rows",
                      true, now);
@@ -271,9 +297,10 @@ EngineEvents StepPlanner::apply(const StepOutcome& outcome, TimePoint now) {
   size_t k = 0;
   for (const InFlightRow& row : step.rows) {
     if (row.sample && outcome.sampled[k++].slot != row.slot) {
-      return fail_step(step.rows, "the backend returned tokens out of row order", true, now);
+      return fail_step(outcome.step, step.rows, "the backend returned tokens out of row order", true, now);
     }
   }
+  checkpoints_.landed(outcome.step, true, outcome.unsaved_checkpoints);
   ++metrics_.steps;
   metrics_.step_seconds.observe(ms_between(step.planned, now) / 1000.0);
   EngineEvents events;
@@ -290,6 +317,10 @@ EngineEvents StepPlanner::apply(const StepOutcome& outcome, TimePoint now) {
       live.prefilled += row.prompt_tokens;
       metrics_.prompt_tokens += row.prompt_tokens;
       if (live.prefilled == live.request.prompt.size()) live.status = RequestStatus::decoding;
+      const auto& prompt = live.request.prompt;
+      if (live.request.reuse_prefix && checkpoints_.boundary(live.prefilled, static_cast<uint32_t>(prompt.size()))) {
+        checkpoints_.want(row.slot, {prompt.begin(), prompt.begin() + live.prefilled});
+      }
     }
     if (row.spec) {
       take_spec(live, row, *result, now, events);
@@ -340,19 +371,28 @@ void StepPlanner::take_token(Live& live, int32_t token, TimePoint now, EngineEve
   events.push_back(TokensGenerated{live.request.id, {token}});
   const auto& stops = live.request.stop_token_ids;
   const size_t n = live.generated.size();
-  if (n >= live.request.min_tokens && std::find(stops.begin(), stops.end(), token) != stops.end()) {
+  const bool stop = n >= live.request.min_tokens && std::find(stops.begin(), stops.end(), token) != stops.end();
+  const bool length = n >= live.request.max_tokens || live.request.prompt.size() + n >= limits_.ctx;
+  // The end of generation: the slot holds prompt + answer but its last token, which the next turn
+  // (the answer appended) extends.
+  if ((stop || length) && live.request.reuse_prefix) {
+    checkpoints_.want(static_cast<uint32_t>(live.slot), slots_[static_cast<size_t>(live.slot)].held);
+  }
+  if (stop) {
     events.push_back(end(live.request.id, RequestStatus::finished_stop, EndCause::none, {}, now));
-  } else if (n >= live.request.max_tokens || live.request.prompt.size() + n >= limits_.ctx) {
+  } else if (length) {
     events.push_back(end(live.request.id, RequestStatus::finished_length, EndCause::none, {}, now));
   }
 }
 
-EngineEvents StepPlanner::fail_step(const std::vector<InFlightRow>& rows, const std::string& error, bool fatal,
-                                    TimePoint now) {
+EngineEvents StepPlanner::fail_step(uint64_t step, const std::vector<InFlightRow>& rows, const std::string& error,
+                                    bool fatal, TimePoint now) {
   EngineEvents events;
+  checkpoints_.landed(step, false);
   // The stages that ran the step advanced these slots and the others did not: their state is unknown.
   for (const InFlightRow& row : rows) {
     slots_[row.slot].needs_reset = true;
+    checkpoints_.lost_rows(row.slot);
     if (live_.count(row.request) == 0) continue;
     events.push_back(end(row.request, RequestStatus::failed, EndCause::backend_failed, "the backend failed: " + error, now));
   }

@@ -22,6 +22,7 @@
 #include <variant>
 #include <vector>
 
+#include "actors/checkpoint_planner.hpp"
 #include "actors/engine_metrics.hpp"
 #include "actors/messages.hpp"
 #include "actors/spec_policy.hpp"
@@ -41,6 +42,7 @@ struct PlannerLimits {
   uint32_t max_in_flight = 1;      // steps in flight at once (the pipeline's stages)
   uint32_t micro_batches = 1;      // groups the decoding slots are split into, one group per step
   MtpSetting mtp;                  // speculative decoding with the MTP block's drafts
+  CheckpointLimits checkpoints;    // the prefix cache's checkpoints (budget 0: none)
 };
 
 // An event for one request's sink (its HTTP bridge), in the order they must be delivered.
@@ -79,6 +81,7 @@ class StepPlanner {
   bool draining() const { return draining_; }
   bool failed() const { return failed_; }
   const std::string& failure() const { return failure_; }
+  const kv::PrefixCache& prefix_cache() const { return checkpoints_.cache(); }
   size_t queued() const { return queue_.size(); }
   // A live request's status; nothing for one that is unknown or has ended.
   std::optional<RequestStatus> status(RequestId id) const;
@@ -127,7 +130,10 @@ class StepPlanner {
   // A speculative row set's result: its confirmed tokens, in order, until the request ends.
   void take_spec(Live& live, const InFlightRow& row, const SampledToken& result, TimePoint now, EngineEvents& events);
   // A step that failed: its requests end with the error; one that ended a stage ends all of them.
-  EngineEvents fail_step(const std::vector<InFlightRow>& rows, const std::string& error, bool fatal, TimePoint now);
+  EngineEvents fail_step(uint64_t step, const std::vector<InFlightRow>& rows, const std::string& error, bool fatal,
+                         TimePoint now);
+  // A checkpoint of a reusable prompt longer than what the chosen slot holds: restored into a slot.
+  uint32_t restore_checkpoint(Live& live, uint32_t chosen);
   void mark_landed(const std::vector<InFlightRow>& rows);
 
   PlannerLimits limits_;
@@ -143,6 +149,7 @@ class StepPlanner {
   bool failed_ = false;
   std::string failure_;
   EngineMetrics metrics_;
+  CheckpointPlanner checkpoints_;
 };
 
 }  // namespace ferry::actors

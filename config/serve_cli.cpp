@@ -71,6 +71,11 @@ ServeCli::ServeCli(CLI::App& cmd) : cmd_(cmd) {
   add("slots", "queue-limit", c.slots.queue_limit, "requests waiting for a slot before 429")->capture_default_str();
   add("slots", "retry-after", c.slots.retry_after_s, "seconds, sent as Retry-After with 429 and 503")
       ->capture_default_str();
+  add("slots", "checkpoint-budget", c.slots.checkpoint_budget_gib,
+      "GiB of host RAM for prefix-cache checkpoints (slot states a later prompt with the same start resumes; 0: none)")
+      ->capture_default_str();
+  add("slots", "checkpoint-every", c.slots.checkpoint_every, "prompt tokens between checkpoints of a long prefill")
+      ->capture_default_str();
 
   add("server", "host", c.server.host, "address to listen on")->capture_default_str();
   add("server", "port", c.server.port, "port to listen on (0: any free port)")->capture_default_str();

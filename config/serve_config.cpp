@@ -88,6 +88,10 @@ std::vector<std::string> validate(const ServeConfig& c) {
         bad("mtp", c.slots.mtp, "auto, off or a draft count 1 to 3"));
   check(c.slots.queue_limit <= 1000000, bad("queue-limit", c.slots.queue_limit, "0 to 1000000 waiting requests"));
   check(c.slots.retry_after_s >= 1 && c.slots.retry_after_s <= 3600, bad("retry-after", c.slots.retry_after_s, "1 to 3600 seconds"));
+  check(std::isfinite(c.slots.checkpoint_budget_gib) && c.slots.checkpoint_budget_gib >= 0 &&
+            c.slots.checkpoint_budget_gib <= 65536,
+        bad("checkpoint-budget", c.slots.checkpoint_budget_gib, "GiB in [0, 65536]"));
+  check(c.slots.checkpoint_every >= 64, bad("checkpoint-every", c.slots.checkpoint_every, "at least 64 tokens"));
   check(c.server.drain_timeout_s >= 0 && c.server.drain_timeout_s <= 86400,
         bad("drain-timeout", c.server.drain_timeout_s, "seconds in [0, 86400]"));
   check(c.server.admin_port == 0 || c.server.admin_port != c.server.port,

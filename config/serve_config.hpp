@@ -58,6 +58,10 @@ struct SlotsConfig {
   uint32_t queue_limit = 64;      // requests waiting for a slot before 429
   uint32_t retry_after_s = 1;     // Retry-After sent with 429
   std::string mtp = "off";        // speculative decoding with the MTP block: auto, off or drafts K (1..3)
+  // The prefix cache: copies of slots' states (KDA state, DSA rows) in host RAM, resumed by a later
+  // request whose prompt starts with the same tokens. 0 GiB: no checkpoints, only what slots hold.
+  double checkpoint_budget_gib = 8;
+  uint32_t checkpoint_every = 4096;  // prompt tokens between checkpoints of a long prefill
 };
 
 struct ServerConfig {

@@ -48,6 +48,12 @@ class RecordingChannel : public ResponseChannel {
 class ReplayStage : public ferry::testing::ScriptedStage {
  public:
   ReplayStage(std::vector<int32_t> script, uint32_t vocab) : ScriptedStage(1, 1024, vocab), script_(std::move(script)) {}
+  // A new sequence starts the script over (its first sampled row need not start at 0: the prefix
+  // cache prefills all but the prompt's last token first).
+  Status reset_slot(uint32_t slot) override {
+    next_ = 0;
+    return ScriptedStage::reset_slot(slot);
+  }
 
  protected:
   int32_t draw(const model::SlotRows& row) override {
