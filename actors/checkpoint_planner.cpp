@@ -117,6 +117,7 @@ void CheckpointPlanner::fill(StepPlan& plan) {
   Carried carried;
   for (auto& [slot, tokens] : queued_saves_) {
     const uint64_t bytes = limits_.fixed_bytes + limits_.token_bytes * tokens.size();
+    const auto count = static_cast<uint32_t>(tokens.size());
     auto in = cache_.insert(std::move(tokens), slot, bytes);
     if (!in) continue;  // already cached, or no room: the allocator answers, nothing is taken
     for (kv::CheckpointId id : in->evicted) {
@@ -124,7 +125,7 @@ void CheckpointPlanner::fill(StepPlan& plan) {
       queued_drops_.push_back(id);
     }
     unspilled_[in->id] = slot;
-    plan.save_checkpoints.push_back(CheckpointOp{in->id, slot});
+    plan.save_checkpoints.push_back(CheckpointOp{in->id, slot, count});
   }
   queued_saves_.clear();
   for (const RowChange& change : queued_changes_) apply(change, plan, carried);

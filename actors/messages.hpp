@@ -144,6 +144,7 @@ struct RequestFinished {
 struct CheckpointOp {
   uint64_t id = 0;
   uint32_t slot = 0;
+  uint32_t tokens = 0;  // a save: the positions the slot must hold (its state is not kept otherwise)
 };
 
 // A slot's rows copied to host RAM once for the checkpoints of its that still rely on them, before

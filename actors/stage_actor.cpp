@@ -78,7 +78,7 @@ Expected<model::StageOutput> run_stage_step(model::Stage& stage, kv::CheckpointS
       return std::nullopt;
     };
     for (const CheckpointOp& op : plan.save_checkpoints) {
-      if (auto e = timed("saved from", op, [&] { return checkpoints.save(stage, op.slot, op.id); })) {
+      if (auto e = timed("saved from", op, [&] { return checkpoints.save(stage, op.slot, op.id, op.tokens); })) {
         if (ends_stage(e->code)) return e;
         spdlog::warn("{}: checkpoint {} of slot {} not taken: {}", model::describe_layers(stage.layers()), op.id,
                      op.slot, e->message);

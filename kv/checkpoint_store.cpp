@@ -5,9 +5,13 @@
 
 namespace ferry::kv {
 
-Status CheckpointStore::save(model::Stage& stage, uint32_t slot, uint64_t id) {
+Status CheckpointStore::save(model::Stage& stage, uint32_t slot, uint64_t id, uint32_t tokens) {
   auto image = stage.save_slot(slot, false);
   if (!image) return image.error();
+  if (image->tokens != tokens) {
+    return Error(ErrorCode::invalid_plan, "slot " + std::to_string(slot) + " holds " + std::to_string(image->tokens) +
+                                              " positions, not the checkpoint's " + std::to_string(tokens));
+  }
   entries_.insert_or_assign(id, Entry{std::move(image.value()), nullptr});
   return std::nullopt;
 }

@@ -23,8 +23,10 @@ namespace ferry::kv {
 
 class CheckpointStore {
  public:
-  // Saves `slot`'s fixed state as checkpoint `id`; its rows stay the slot's until spill().
-  Status save(model::Stage& stage, uint32_t slot, uint64_t id);
+  // Saves `slot`'s fixed state as checkpoint `id` of `tokens` positions; its rows stay the slot's until
+  // spill(). A slot that holds another count (a speculative step left rows past the confirmed ones) is
+  // refused with invalid_plan: the checkpoint is not taken.
+  Status save(model::Stage& stage, uint32_t slot, uint64_t id, uint32_t tokens);
   // Copies `slot`'s rows to host RAM once, for the checkpoints `ids` (all taken in that slot, each a
   // prefix of what it holds now).
   Status spill(model::Stage& stage, uint32_t slot, std::span<const uint64_t> ids);

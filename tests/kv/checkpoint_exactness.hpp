@@ -62,7 +62,7 @@ inline void expect_resume_exact(model::Pipeline& p, const std::vector<int32_t>& 
   uint32_t at = 0;
   for (uint32_t t : stops) {
     for (; at < t; at = std::min(t, at + chunk)) prefill_logits(p, 0, prompt, at, std::min(t, at + chunk), chunk);
-    for (size_t s = 0; s < stores.size(); ++s) ASSERT_FALSE(stores[s].save(*p.stages()[s], 0, t));
+    for (size_t s = 0; s < stores.size(); ++s) ASSERT_FALSE(stores[s].save(*p.stages()[s], 0, t, t));
   }
 
   ASSERT_FALSE(p.reset_slot(2));

@@ -108,7 +108,13 @@ TEST_F(CheckpointStoreTest, AMissingCheckpointIsAnErrorAndDropFreesIt) {
   EXPECT_EQ(missing->code, ErrorCode::invalid_plan);
   EXPECT_NE(missing->message.find("checkpoint 7 is not held"), std::string::npos) << missing->message;
   testing::prefill_logits(*p, 0, prompt_, 0, 20, 20);
-  ASSERT_FALSE(store.save(stage, 0, 7));
+  const Status other_count = store.save(stage, 0, 6, 21);
+  ASSERT_TRUE(other_count);
+  EXPECT_EQ(other_count->code, ErrorCode::invalid_plan);
+  EXPECT_NE(other_count->message.find("holds 20 positions, not the checkpoint's 21"), std::string::npos)
+      << other_count->message;
+  EXPECT_EQ(store.find(6), nullptr);
+  ASSERT_FALSE(store.save(stage, 0, 7, 20));
   ASSERT_NE(store.find(7), nullptr);
   EXPECT_EQ(store.find(7)->tokens, 20u);
   const uint32_t mtp = store.find(7)->mtp_tokens;
@@ -116,7 +122,7 @@ TEST_F(CheckpointStoreTest, AMissingCheckpointIsAnErrorAndDropFreesIt) {
   EXPECT_EQ(store.bytes(), fixed);  // the rows are still the slot's
   EXPECT_FALSE(store.spilled(7));
   testing::prefill_logits(*p, 0, prompt_, 20, 30, 10);
-  ASSERT_FALSE(store.save(stage, 0, 8));
+  ASSERT_FALSE(store.save(stage, 0, 8, 30));
   const std::vector<uint64_t> both = {7, 8};
   ASSERT_FALSE(store.spill(stage, 0, both));
   EXPECT_TRUE(store.spilled(7) && store.spilled(8));

@@ -58,3 +58,31 @@ def test_a_bad_mtp_setting_is_refused(ferry_bin):
     r = subprocess.run([ferry_bin, "serve", "--mtp", "7"], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
     assert "--mtp" in r.stderr and "auto, off" in r.stderr, r.stderr
+
+
+def test_a_turn_resumed_from_a_checkpoint_gives_the_tokens_of_plain_decoding(ferry_bin, six_layer_model):
+    # A speculative request's checkpoints: the next turn (the answer appended), after another request
+    # had the only slot, resumes from one and must draw what plain decoding draws. (A request that ends
+    # on a rejected draft leaves rows past its confirmed ones: that end-of-generation checkpoint is
+    # refused by the stages, and the turn resumes from the prompt's.)
+    def turns(s):
+        first = completions(s, [LONG])[0][0]
+        completions(s, [PROMPTS[1]])  # takes the only slot: the next turn needs the checkpoint
+        status, body = s.post("/v1/completions", {"model": "glm-5.3-flash", "prompt": LONG + first + [300, 301],
+                                                  "max_tokens": N, "min_tokens": N, "return_token_ids": True,
+                                                  "temperature": 0})
+        assert status == 200, body
+        r = json.loads(body)
+        return first, r["choices"][0]["token_ids"], r["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    LONG = list(range(50, 150))  # past the prefix cache's 64-token block
+    results = []
+    for args in ([], ["--mtp", "1"]):
+        s = FerryServer(ferry_bin, "--model", six_layer_model, "--slots", "1", *args)
+        try:
+            results.append(turns(s))
+        finally:
+            assert s.stop() == 0, args
+    (first, second, _), (mtp_first, mtp_second, cached) = results
+    assert (mtp_first, mtp_second) == (first, second)
+    assert cached >= len(LONG) - 1, cached
