@@ -15,38 +15,7 @@
 namespace ferry::model {
 namespace {
 
-Glm5Hparams tiny() {
-  Glm5Hparams hp;
-  hp.vocab_size = 97;
-  hp.hidden_size = 32;
-  hp.n_layers = 5;
-  hp.n_nextn_layers = 1;
-  hp.dense_ffn = 48;
-  hp.moe_ffn = 16;
-  hp.n_experts = 6;
-  hp.n_experts_used = 2;
-  hp.n_group = 3;
-  hp.topk_group = 2;
-  hp.n_heads = 2;
-  hp.q_lora_rank = 24;
-  hp.kv_lora_rank = 16;
-  hp.qk_nope_head_dim = 8;
-  hp.v_head_dim = 12;
-  hp.index_n_heads = 16;
-  hp.index_head_dim = 8;
-  hp.index_topk = 8;
-  hp.index_kpool = 4;
-  hp.kda_heads = 2;
-  hp.kda_head_dim = 8;
-  hp.hc_mult = 4;
-  hp.context_length = 4096;
-  hp.routed_scaling = 2.5f;
-  hp.swiglu_limit = 1.5f;
-  hp.layer_kinds = {LayerKind::kda, LayerKind::dsa, LayerKind::kda, LayerKind::dsa, LayerKind::dsa};
-  hp.ffn_kinds = {FfnKind::dense, FfnKind::moe, FfnKind::moe, FfnKind::moe, FfnKind::moe};
-  hp.indexer_full = {true, true, true, true, false};  // layer 4 reuses layer 3's selection
-  return hp;
-}
+Glm5Hparams tiny() { return testing::five_layer_hparams(); }
 
 class CpuStageTest : public ::testing::Test {
  protected:
