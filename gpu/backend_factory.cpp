@@ -46,6 +46,7 @@ PlanInput plan_input(const model::Glm5Hparams& hp, const TensorBytes& tensor_byt
   in.context = context_for(o, hp.context_length);
   in.step_rows = o.max_step_rows;
   in.kv_type = o.kv_type.value_or(default_kv_type("cuda"));
+  in.checkpoint_bytes = o.checkpoint_bytes;
   return in;
 }
 

@@ -36,6 +36,7 @@ struct BackendOptions {
   float route_skew = 0;           // synthetic weights: the routers' preference (ModelConfig::route_skew)
   std::optional<config::KvType> kv_type;  // DSA latent rows (--kv-type); unset: default_kv_type(backend)
   bool mtp = false;               // the last stage runs the model's MTP block, when it has one (CPU)
+  uint64_t checkpoint_bytes = 0;  // host RAM the prefix cache may take (--checkpoint-budget)
 };
 
 // The latent rows' format when --kv-type is not given: int8 on "cuda", f32 (the reference) on "cpu".

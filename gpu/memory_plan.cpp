@@ -135,10 +135,12 @@ MemoryPlan plan_memory(const PlanInput& in) {
     ++device_index;
   }
 
-  // The host: every expert no pool holds, plus the shadow; within the budget and above the floor.
+  // The host: every expert no pool holds, plus the shadow, and the prefix cache's checkpoints; within
+  // the budgets and above the floor.
   HostPlan& h = plan.host;
   h.available = in.host_available;
   h.floor = b.ram_floor;
+  h.checkpoint_bytes = in.checkpoint_bytes;
   if (plan.tiered()) {
     uint64_t beyond = 0, pooled = 0;
     for (const StagePlan& s : plan.stages) {
@@ -159,14 +161,19 @@ MemoryPlan plan_memory(const PlanInput& in) {
                               format_byte_size(h.store_bytes - *b.host_expert_budget) +
                               ", or give the pools more (--expert-pool-cap)");
     }
-    const uint64_t used = h.store_bytes + h.shadow_bytes;
-    if (used + h.floor > h.available) {
-      plan.problems.push_back("the host expert store (" + format_byte_size(h.store_bytes) + ") and its shadow (" +
-                              format_byte_size(h.shadow_bytes) + ") leave less than --ram-floor " +
-                              format_byte_size(h.floor) + " of the " + format_byte_size(h.available) +
-                              " of RAM available: lower --expert-shadow or --ram-floor, or give the pools more, by " +
-                              format_byte_size(used + h.floor - h.available));
+  }
+  const uint64_t used = h.store_bytes + h.shadow_bytes + h.checkpoint_bytes;
+  if (used > 0 && used + h.floor > h.available) {
+    std::string what = "the prefix cache's --checkpoint-budget (" + format_byte_size(h.checkpoint_bytes) + ")";
+    std::string lower = "lower --checkpoint-budget or --ram-floor";
+    if (plan.tiered()) {
+      what = "the host expert store (" + format_byte_size(h.store_bytes) + "), its shadow (" +
+             format_byte_size(h.shadow_bytes) + ") and " + what;
+      lower = "lower --expert-shadow, --checkpoint-budget or --ram-floor, or give the pools more,";
     }
+    plan.problems.push_back(what + (plan.tiered() ? " leave" : " leaves") + " less than --ram-floor " + format_byte_size(h.floor) + " of the " +
+                            format_byte_size(h.available) + " of RAM available: " + lower + " by " +
+                            format_byte_size(used + h.floor - h.available));
   }
   return plan;
 }
@@ -193,11 +200,12 @@ std::string format_plan(const MemoryPlan& p) {
   std::snprintf(line, sizeof line,
                 "\nKV: latent rows %s, every slot's whole context on the device (in state; no host KV tier yet)\n"
                 "expert: %.2f MiB (largest gate + up + down), %u routed experts in all\n"
-                "host: expert store %.2f GiB (%u slots with the shadow of %.2f GiB), RAM available %.2f GiB, "
-                "floor %.2f GiB\n",
+                "host: expert store %.2f GiB (%u slots with the shadow of %.2f GiB), checkpoints %.2f GiB, "
+                "RAM available %.2f GiB, floor %.2f GiB\n",
                 std::string(config::kv_type_name(p.kv_type)).c_str(), static_cast<double>(p.expert_slot_bytes) / 1048576.0,
                 p.experts_total, gib(p.host.store_bytes),
-                p.host.store_slots, gib(p.host.shadow_bytes), gib(p.host.available), gib(p.host.floor));
+                p.host.store_slots, gib(p.host.shadow_bytes), gib(p.host.checkpoint_bytes), gib(p.host.available),
+                gib(p.host.floor));
   out += line;
   for (const std::string& problem : p.problems) out += "problem: " + problem + "\n";
   return out;
@@ -221,6 +229,7 @@ std::string plan_json(const MemoryPlan& p) {
   for (const std::string& problem : p.problems) problems.push_back(bj::string(problem));
   const bj::object host{{"available", p.host.available}, {"store_bytes", p.host.store_bytes},
                         {"shadow_bytes", p.host.shadow_bytes}, {"store_slots", p.host.store_slots},
+                        {"checkpoint_bytes", p.host.checkpoint_bytes},
                         {"floor", p.host.floor}};
   return bj::serialize(bj::object{{"kv_type", config::kv_type_name(p.kv_type)}, {"expert_slot_bytes", p.expert_slot_bytes}, {"experts_total", p.experts_total},
                                   {"devices", std::move(devices)}, {"stages", std::move(stages)},

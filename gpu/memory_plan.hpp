@@ -2,8 +2,8 @@
 // The memory plan of a run, made before anything large is allocated: per device, the stages' dense
 // weights, their slots' state, their workspace and inbox, the margin kept free, and what is left for
 // routed experts (a pool per stage, or every expert when they fit: no pool at all); on the host, the
-// expert store (the experts no pool holds) and its shadow (copies of pooled experts), against the free
-// RAM and the floor that must stay free. A configuration that cannot fit gets one line per problem,
+// expert store (the experts no pool holds), its shadow (copies of pooled experts) and the prefix
+// cache's checkpoint budget, against the free RAM and the floor that must stay free. A configuration that cannot fit gets one line per problem,
 // naming the budget to change and by how much. Works without the devices (`ferry plan
 // --device-memory ...`), so a machine can be planned before it is booted.
 #include <cstdint>
@@ -29,6 +29,7 @@ struct PlanInput {
   config::MemoryConfig budgets;
   uint32_t slots = 1, context = 1, step_rows = 1;
   config::KvType kv_type = config::KvType::int8;  // the DSA latent rows on the device
+  uint64_t checkpoint_bytes = 0;           // host RAM the prefix cache may take (--checkpoint-budget)
 };
 
 struct StagePlan {
@@ -55,6 +56,7 @@ struct HostPlan {
   uint32_t store_slots = 0;    // host slots: every expert no pool holds, plus the shadow
   uint64_t store_bytes = 0;    // of which the experts no pool holds
   uint64_t shadow_bytes = 0;
+  uint64_t checkpoint_bytes = 0;  // the prefix cache's budget
   uint64_t floor = 0;
 };
 

@@ -56,6 +56,15 @@ def test_budgets_that_cannot_be_kept_are_named(ferry_bin):
     assert any("raise it by" in x and "--host-expert-budget" in x for x in p["problems"]), p
     _, p = plan(ferry_bin, *base, "--host-memory", "40GiB")
     assert any("--ram-floor" in x for x in p["problems"]), p
+    # The prefix cache's budget is host RAM too, with or without an expert store.
+    code, p = plan(ferry_bin, "--device-memory", "8GiB", "--host-memory", "30GiB", "--checkpoint-budget", "12",
+                   config=SMALL)
+    assert code == 1 and p["host"]["checkpoint_bytes"] == 12 << 30, p
+    assert any("--checkpoint-budget (12.00 GiB) leaves less than --ram-floor" in x and "by 2.00 GiB" in x
+               for x in p["problems"]), p["problems"]
+    r = subprocess.run([ferry_bin, "plan", "--synthetic", str(SMALL), "--device-memory", "8GiB", "--checkpoint-budget",
+                        "nan"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--checkpoint-budget: GiB in [0, 65536]" in r.stderr, r.stderr
     _, p = plan(ferry_bin, "--device-memory", "4GiB", "--host-memory", "120GiB")
     assert any("device 0 needs" in x and "lower --ctx or --slots" in x for x in p["problems"]), p
 

@@ -5,6 +5,7 @@
 //   ferry plan --synthetic glm-5.3-flash.json --type q4_k --device-memory 32GiB,32GiB,32GiB,32GiB
 //     --host-memory 128GiB --split 11,23,34 --expert-pool-cap 25.5GiB,26.5GiB,26.5GiB,25.4GiB
 // Exit 1 (with one line per problem) when the configuration cannot fit.
+#include <cmath>
 #include <cstdio>
 #include <numeric>
 
@@ -25,6 +26,7 @@ struct Options {
   std::string model, synthetic, type = "q4_k", recipe, split = "none", devices, device_memory, host_memory;
   std::string kv_type = "auto";
   uint32_t slots = 3, ctx = 524288, prefill_chunk = 4096;
+  double checkpoint_budget_gib = 8;  // as serve's default
   config::MemoryOptionsText memory;
   bool json = false;
 };
@@ -35,6 +37,11 @@ int plan(const Options& o) {
   bo.max_slots = o.slots;
   bo.max_context = o.ctx;
   bo.max_step_rows = o.prefill_chunk + o.slots;
+  if (!(std::isfinite(o.checkpoint_budget_gib) && o.checkpoint_budget_gib >= 0 && o.checkpoint_budget_gib <= 65536)) {
+    errors.push_back("--checkpoint-budget: GiB in [0, 65536], not " + std::to_string(o.checkpoint_budget_gib));
+  } else {
+    bo.checkpoint_bytes = static_cast<uint64_t>(o.checkpoint_budget_gib * 1073741824.0);
+  }
   if (auto e = config::parse_split(o.split, bo.split)) errors.push_back(e->message);
   if (auto e = gpu::parse_kv_type_option(o.kv_type, bo)) errors.push_back(e->message);
   if (!o.devices.empty()) {
@@ -121,6 +128,7 @@ CommandRun add_plan_command(CLI::App& app) {
   sub->add_option("--device-memory", o->device_memory,
                   "memory of devices 0, 1, ... (e.g. 32GiB,32GiB,32GiB,32GiB; default: what the visible GPUs have free)");
   sub->add_option("--host-memory", o->host_memory, "RAM available (default: this machine's MemAvailable)");
+  sub->add_option("--checkpoint-budget", o->checkpoint_budget_gib, "GiB of host RAM for prefix-cache checkpoints (as serve; default 8)");
   sub->add_option("--devices", o->devices, "CUDA devices of the stages (default: every device given)");
   sub->add_option("--split", o->split, "pipeline stages: first layer of each stage after the first, auto or none")
       ->capture_default_str();
