@@ -2,7 +2,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <string_view>
 
 #include <spdlog/spdlog.h>
 
@@ -65,12 +64,12 @@ Expected<model::StageOutput> run_stage_step(model::Stage& stage, kv::CheckpointS
   auto before_rows = [&]() -> Status {
     for (uint64_t id : plan.drop_checkpoints) checkpoints.drop(id);
     // What a checkpoint costs the step that carries it (the stage is busy meanwhile), for the log.
-    auto timed = [&](const char* what, const CheckpointOp& op, auto&& run) -> Status {
+    // `rows`: the log gives the copied rows' image (a spill), else the checkpoint's own.
+    auto timed = [&](const char* what, const CheckpointOp& op, bool rows, auto&& run) -> Status {
       const auto began = std::chrono::steady_clock::now();
       if (auto e = run()) return e;
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began).count();
-      const bool spill = std::string_view(what).starts_with("rows");
-      if (const model::SlotStateImage* image = spill ? checkpoints.rows(op.id) : checkpoints.find(op.id)) {
+      if (const model::SlotStateImage* image = rows ? checkpoints.rows(op.id) : checkpoints.find(op.id)) {
         spdlog::info("{}: checkpoint {} {} slot {} ({} tokens, {:.1f} MiB) in {:.1f} ms",
                      model::describe_layers(stage.layers()), op.id, what, op.slot, image->tokens,
                      static_cast<double>(image->data.size() * sizeof(float)) / double(1 << 20), ms);
@@ -78,7 +77,7 @@ Expected<model::StageOutput> run_stage_step(model::Stage& stage, kv::CheckpointS
       return std::nullopt;
     };
     for (const CheckpointOp& op : plan.save_checkpoints) {
-      if (auto e = timed("saved from", op, [&] { return checkpoints.save(stage, op.slot, op.id, op.tokens); })) {
+      if (auto e = timed("saved from", op, false, [&] { return checkpoints.save(stage, op.slot, op.id, op.tokens); })) {
         if (ends_stage(e->code)) return e;
         spdlog::warn("{}: checkpoint {} of slot {} not taken: {}", model::describe_layers(stage.layers()), op.id,
                      op.slot, e->message);
@@ -88,7 +87,7 @@ Expected<model::StageOutput> run_stage_step(model::Stage& stage, kv::CheckpointS
     for (const CheckpointSpill& spill : plan.spill_checkpoints) {
       if (spill.ids.empty()) continue;
       const CheckpointOp first{spill.ids.front(), spill.slot};
-      if (auto e = timed("rows spilled for", first, [&] { return checkpoints.spill(stage, spill.slot, spill.ids); })) {
+      if (auto e = timed("rows spilled for", first, true, [&] { return checkpoints.spill(stage, spill.slot, spill.ids); })) {
         return e;
       }
     }
@@ -96,7 +95,7 @@ Expected<model::StageOutput> run_stage_step(model::Stage& stage, kv::CheckpointS
       if (auto e = stage.reset_slot(slot)) return e;
     }
     for (const CheckpointOp& op : plan.restore_checkpoints) {
-      if (auto e = timed("restored into", op, [&] { return checkpoints.restore(stage, op.slot, op.id); })) return e;
+      if (auto e = timed("restored into", op, false, [&] { return checkpoints.restore(stage, op.slot, op.id); })) return e;
     }
     return std::nullopt;
   };
