@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <thread>
 
+#include <spdlog/spdlog.h>
+
 #include "actors/expert_cache_actor.hpp"
 #include "actors/memory_plan.hpp"
 #include "actors/scheduler_actor.hpp"
@@ -40,8 +42,17 @@ PlannerLimits planner_limits(const config::ServeConfig& config, const model::Pip
   limits.micro_batches = split.micro_batches != 0
                              ? split.micro_batches
                              : static_cast<uint32_t>(config::distinct_devices(split, pipeline.stages().size()));
-  // Drafts where the last stage makes them (validate() checked the text).
-  if (auto mtp = parse_mtp_setting(config.slots.mtp); mtp && pipeline.stages().back()->drafts()) limits.mtp = *mtp;
+  // Drafts where the last stage makes them (validate() checked the text); asked for elsewhere, said.
+  if (auto mtp = parse_mtp_setting(config.slots.mtp); mtp && mtp->enabled) {
+    const model::Stage& last = *pipeline.stages().back();
+    if (last.drafts()) {
+      limits.mtp = *mtp;
+    } else {
+      spdlog::warn("--mtp {}: speculative decoding is off: the last stage ({}) runs no MTP block (the model has none, "
+                   "or its backend cannot run it yet: only the CPU backend can)",
+                   config.slots.mtp, last.describe());
+    }
+  }
   limits.checkpoints = checkpoint_limits(config.slots, pipeline);
   return limits;
 }

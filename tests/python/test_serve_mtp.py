@@ -86,3 +86,16 @@ def test_a_turn_resumed_from_a_checkpoint_gives_the_tokens_of_plain_decoding(fer
     (first, second, _), (mtp_first, mtp_second, cached) = results
     assert (mtp_first, mtp_second) == (first, second)
     assert cached >= len(LONG) - 1, cached
+
+
+def test_mtp_without_an_mtp_block_is_said_and_decoding_goes_on(ferry_bin):
+    # The embedded default model has no MTP block: --mtp is turned off with a warning naming it.
+    s = FerryServer(ferry_bin, "--mtp", "1")
+    try:
+        status, body = s.post("/v1/completions", {"model": "glm-5.3-flash", "prompt": [11, 12, 13], "max_tokens": 4,
+                                                  "temperature": 0})
+        assert status == 200, body
+        assert json.loads(body)["timings"].get("draft_n", 0) == 0
+        assert "--mtp 1: speculative decoding is off: the last stage" in s.output()
+    finally:
+        assert s.stop() == 0
