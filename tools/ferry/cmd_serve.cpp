@@ -192,7 +192,13 @@ int serve(config::ServeCli& cli) {
   context->backend_name = model.opened.pipeline->describe();
   if (model.opened.plan.tiered()) spdlog::info("memory plan:\n{}", gpu::format_plan(model.opened.plan));
   actors::AdminHooks admin_hooks;
-  admin_hooks.drain = [&signals] { return signals.request_stop(); };
+  // The phase turns to draining before the console's ack goes out, so a request sent after the ack
+  // gets its 503 even when the main thread has not woken yet.
+  admin_hooks.drain = [&signals, context] {
+    if (!signals.request_stop()) return false;
+    context->phase.store(http::ServerPhase::draining, std::memory_order_release);
+    return true;
+  };
   context->engine = actors::spawn_engine(system, config,
                                          {model.opened.pipeline.get(), model.opened.experts, model.opened.expert_stage,
                                           memory_tiers(model.opened.plan)},
