@@ -36,6 +36,7 @@ std::vector<model::SlotResult> Head::results(const std::vector<model::SlotRows>&
   const std::vector<LogitRow>& wants = in.logit_list();
   int32_t* sampled = in.sampled_host();
   std::vector<float> host_logits;
+  std::vector<std::vector<int32_t>> draws(rows.size());  // per row set, in row order
   const size_t V = hp_.vocab_size;
   for (size_t j0 = 0; j0 < wants.size(); j0 += w_.logit_rows) {
     const auto cnt = static_cast<uint32_t>(std::min<size_t>(w_.logit_rows, wants.size() - j0));
@@ -54,8 +55,18 @@ std::vector<model::SlotResult> Head::results(const std::vector<model::SlotRows>&
       model::SlotResult& res = out[wt.source];
       const float* lg = host_logits.data() + size_t{j} * V;
       if (wt.keep) res.logits.insert(res.logits.end(), lg, lg + V);
-      if (wt.draw) res.sampled = sampled[j];
+      if (wt.draw) draws[wt.source].push_back(sampled[j]);
     }
+  }
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (draws[i].empty()) continue;
+    // Drafts are accepted while each equals the draw before it (model/step.hpp: SlotRows::verify).
+    const model::SlotRows& r = rows[i];
+    const size_t n = r.tokens.size();
+    uint32_t a = 0;
+    while (a < r.verify && a + 1 < draws[i].size() && r.tokens[n - r.verify + a] == draws[i][a]) ++a;
+    out[i].sampled = draws[i][a];
+    out[i].accepted = a;
   }
   return out;
 }

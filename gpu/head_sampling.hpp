@@ -25,7 +25,8 @@ class Head {
   // Fetches a decode step's tokens: the host waits for the stream.
   std::vector<model::SlotResult> decode_results(const std::vector<model::SlotRows>& rows, const StepInput& in);
   // Any step: logits in batches of the workspace's logit rows, tokens chosen on the device, logits
-  // copied back for the rows that return them; the host waits for the stream.
+  // copied back for the rows that return them, a verify set's drafts accepted while each equals the
+  // draw before it; the host waits for the stream.
   std::vector<model::SlotResult> results(const std::vector<model::SlotRows>& rows, const StepInput& in);
 
  private:
