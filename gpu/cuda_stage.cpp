@@ -272,7 +272,7 @@ Expected<model::StageOutput> CudaStage::Impl::run(const std::vector<model::SlotR
   const bool graphable = input->decode_only() && g.rows <= kMaxMatvecTokens &&
                          (!last() || (input->logit_list().size() == g.rows && g.rows <= work->logit_rows));
   if (graphable) {
-    graphs.run(g.rows, s(), [&] {
+    graphs.run(DecodeGraphs::shape(g.rows, g.segments, g.max_seg_rows), s(), [&] {
       runner->forward(layers, g, tokens);
       if (last()) head->decode(*input, g.rows);
     });

@@ -61,7 +61,7 @@ StepGeometry StepInput::stage(const std::vector<model::SlotRows>& rows, bool hea
         wants_.push_back({i, g.rows + t, model::returns_logits(r), draw});
       }
     }
-    if (n != 1 || model::returns_logits(r) || r.start == 0) decode_only_ = false;
+    if (n != 1 + r.verify || model::returns_logits(r) || r.start == 0) decode_only_ = false;
     g.max_seg_rows = std::max(g.max_seg_rows, n);
     g.rows += n;
     ++g.segments;

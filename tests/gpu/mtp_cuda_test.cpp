@@ -240,8 +240,17 @@ TEST_F(MtpCudaTest, DraftsEqualTheCpuStageDrafts) {
       auto g = gpu(true, cuts);
       ASSERT_TRUE(g);
       const SpecRun got = speculative(*g, 0, prompts_[1], 24, k, 9, nullptr);
-      EXPECT_EQ(got.tokens, want.tokens) << "K " << k << ", " << cuts.size() + 1 << " stage(s)";
-      EXPECT_EQ(got.drafts, want.drafts) << "K " << k << ", " << cuts.size() + 1 << " stage(s)";
+      const std::string what = "K " + std::to_string(k) + ", " + std::to_string(cuts.size() + 1) + " stage(s)";
+      ASSERT_EQ(got.tokens, want.tokens) << what;
+      // Each draft is an argmax of logits within float rounding of the CPU's: all but a near tie
+      // agree (a wrong block agrees on about 1 in the vocabulary's 97).
+      ASSERT_EQ(got.drafts.size(), want.drafts.size()) << what;
+      size_t same = 0, all = 0;
+      for (size_t i = 0; i < got.drafts.size(); ++i) {
+        ASSERT_EQ(got.drafts[i].size(), want.drafts[i].size()) << what << ", step " << i;
+        for (size_t j = 0; j < got.drafts[i].size(); ++j) same += got.drafts[i][j] == want.drafts[i][j], ++all;
+      }
+      EXPECT_GE(double(same), 0.95 * double(all)) << what << ": " << same << " of " << all << " drafts equal";
       EXPECT_GT(got.counts.drafted, 0u);
     }
   }

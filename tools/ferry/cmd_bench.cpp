@@ -317,6 +317,26 @@ int bench(const Options& o) {
                    r.mean_tps(), static_cast<unsigned long long>(total.accepted),
                    static_cast<unsigned long long>(total.drafted),
                    total.steps ? static_cast<double>(max_n) * o.reps / static_cast<double>(total.steps) : 0.0);
+      // The verify step alone: a token and K drafts from the same start, max_n times (the stages go
+      // back to it before each: the rollback's copies are in the time). Its "t/s" is steps a second.
+      Result v{"verify" + std::to_string(o.mtp + 1) + " @ d" + std::to_string(d), max_n, d, false, {}, 0, std::nullopt};
+      for (uint32_t rep = 0; rep < o.reps && failure.empty(); ++rep) {
+        back_to_depth();
+        model::SlotRows rows{0, d, random_tokens(o.mtp + 1), false, true, {}};
+        rows.verify = o.mtp;
+        const double t0 = now_s();
+        for (uint32_t i = 0; i < max_n && failure.empty(); ++i) {
+          if (auto res = b.step({rows}); !res) failure = res.error().message;
+        }
+        v.seconds.push_back(now_s() - t0);
+      }
+      if (!failure.empty()) break;
+      results.push_back(v);
+      const std::string tg_name = "tg" + std::to_string(max_n) + " @ d" + std::to_string(d);
+      const auto tg_result = std::find_if(results.begin(), results.end(), [&](const Result& x) { return x.test == tg_name; });
+      const double tg_ms = tg_result != results.end() ? tg_result->ms_per_token() : 0.0;
+      std::fprintf(stderr, "  %-18s %10.3f ms a step, %.2fx the tg step (%.3f ms)\n", v.test.c_str(), v.ms_per_token(),
+                   tg_ms > 0 ? v.ms_per_token() / tg_ms : 0.0, tg_ms);
     }
     if (o.slots > 1 && failure.empty()) {
       SlotsBench sb;
@@ -453,7 +473,7 @@ CommandRun add_bench_command(CLI::App& app) {
                   "also decode this many requests at once through the engine's scheduler and stage actors")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
-  sub->add_option("--mtp", o->mtp, "also decode with this many MTP drafts a step (CPU backend; 0: not run)")
+  sub->add_option("--mtp", o->mtp, "also decode with this many MTP drafts a step, and time a verify step of that many drafts (0: not run)")
       ->capture_default_str()
       ->check(CLI::Range(0, 3));
   sub->add_option("--micro-batches", o->micro_batches, "with --slots: decode micro-batches (0: one per device)")
