@@ -112,7 +112,13 @@ Result time_verify(model::Pipeline& b, const std::function<void()>& back_to_dept
            {}, 0, std::nullopt};
   for (uint32_t rep = 0; rep < reps && failure.empty(); ++rep) {
     back_to_depth();
-    model::SlotRows rows{0, d, tokens(drafts + 1), false, true, {}};
+    // A set at position 0 starts its slot over (not a decode step a graph replays): depth 0 is 1.
+    uint32_t at = d;
+    if (at == 0) {
+      if (auto res = b.step({model::SlotRows{0, 0, tokens(1), false, true, {}}}); !res) failure = res.error().message;
+      at = 1;
+    }
+    model::SlotRows rows{0, at, tokens(drafts + 1), false, true, {}};
     rows.verify = drafts;
     rows.draft = draft ? drafts : 0;
     const double t0 = now_s();
