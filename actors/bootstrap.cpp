@@ -48,8 +48,7 @@ PlannerLimits planner_limits(const config::ServeConfig& config, const model::Pip
     if (last.drafts()) {
       limits.mtp = *mtp;
     } else {
-      spdlog::warn("--mtp {}: speculative decoding is off: the last stage ({}) runs no MTP block (the model has none, "
-                   "or its backend cannot run it yet: only the CPU backend can)",
+      spdlog::warn("--mtp {}: speculative decoding is off: the last stage ({}) runs no MTP block (the model has none)",
                    config.slots.mtp, last.describe());
     }
   }

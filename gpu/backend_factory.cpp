@@ -136,6 +136,7 @@ Expected<OpenedModel> cuda_pipeline(const BackendOptions& o, const Source& src, 
     c.kv.latent = o.kv_type.value_or(default_kv_type("cuda"));
     c.max_step_rows = o.max_step_rows;
     c.graphs = o.graphs;
+    c.mtp = o.mtp;
     if (policy_stage[i] >= 0) {
       StageExpertsPlan p;
       p.pooled = placement.pooled[static_cast<size_t>(policy_stage[i])];

@@ -35,7 +35,7 @@ struct BackendOptions {
   config::MemoryConfig memory;    // where routed experts go when the devices cannot hold them
   float route_skew = 0;           // synthetic weights: the routers' preference (ModelConfig::route_skew)
   std::optional<config::KvType> kv_type;  // DSA latent rows (--kv-type); unset: default_kv_type(backend)
-  bool mtp = false;               // the last stage runs the model's MTP block, when it has one (CPU)
+  bool mtp = false;               // the last stage runs the model's MTP block, when it has one
   uint64_t checkpoint_bytes = 0;  // host RAM the prefix cache may take (--checkpoint-budget)
 };
 

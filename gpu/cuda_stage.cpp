@@ -13,8 +13,10 @@
 #include "gpu/handoff.hpp"
 #include "gpu/head_sampling.hpp"
 #include "gpu/layer_runner.hpp"
+#include "gpu/mtp_block.hpp"
 #include "gpu/stage_state.hpp"
 #include "gpu/step_input.hpp"
+#include "gpu/verify_keep.hpp"
 #include "gpu/workspace.hpp"
 #include "model/glm5/glm5_weights.hpp"
 
@@ -44,6 +46,9 @@ struct CudaStage::Impl {
   std::optional<StepInput> input;
   std::optional<LayerRunner> runner;
   std::optional<Head> head;
+  std::optional<DeviceWeights> mtp_weights, mtp_embed;  // loaded, until the MTP block takes them
+  std::unique_ptr<CudaMtp> mtp;
+  std::optional<VerifyKeep> keep;  // with opt.mtp
   DecodeGraphs graphs;
   std::shared_ptr<HandoffLink> in, out;  // from the stage before, to the stage after
   Event computed{false}, sent{false};    // this step's layers done; its hand-off copy done
@@ -61,6 +66,32 @@ struct CudaStage::Impl {
 
   bool first() const { return layers.first == 0; }
   bool last() const { return layers.end == hp.n_layers; }
+  bool runs_mtp() const { return opt.mtp && last() && hp.n_nextn_layers > 0; }
+  // Rows the workspace holds: a step's, and with the MTP block one pending entry per slot more.
+  uint32_t work_rows() const { return opt.max_step_rows + (runs_mtp() ? opt.max_slots : 0); }
+
+  // The MTP block's weights, made by `make` for a range of layers: its layer, and the token
+  // embedding when the block has none of its own and the stage does not embed.
+  void load_mtp(const std::function<DeviceWeights(model::LayerRange)>& make) {
+    if (!runs_mtp()) return;
+    mtp_weights.emplace(make({hp.n_layers, hp.n_layers + 1}));
+    if (mtp_weights->layer(hp.n_layers).m(model::Glm5Tensor::nextn_embed_tokens).empty() && !first()) {
+      mtp_embed.emplace(make({0, 0}));
+    }
+  }
+  // Before a slot's rows: back to the state kept at a verify set's start when the rows start there;
+  // a verify set keeps the state at its own start.
+  void prepare_rollback(const model::SlotRows& r) {
+    if (!keep) return;
+    if (r.start != 0 && r.start != state->tokens[r.slot] && keep->start(r.slot)) {
+      keep->restore(*state, r.slot, s());  // validate_rows let it through: the rows start there
+      if (mtp) mtp->restore(r.slot);
+    }
+    keep->forget(r.slot);
+    if (r.verify == 0) return;
+    keep->save(*state, r.slot, s());
+    if (mtp) mtp->keep(r.slot);
+  }
   cudaStream_t s() const { return compute.get(); }
   uint64_t row_bytes() const { return ModelDims(hp).stream_floats() * sizeof(float); }
 
@@ -91,11 +122,19 @@ struct CudaStage::Impl {
   // Everything but the weights, after them.
   void finish_setup() {
     state.emplace(hp, layers, opt.max_slots, opt.max_context, opt.kv, s());
-    work.emplace(hp, layers, opt.max_step_rows, opt.max_context);
+    const model::LayerRange work_layers{layers.first, runs_mtp() ? hp.n_layers + 1 : layers.end};
+    work.emplace(hp, work_layers, work_rows(), opt.max_context);
     FERRY_CUBLAS(blas::api().set_workspace(cublas, work->cublas_ws, Workspace::kCublasWorkspace));
     input.emplace(opt.max_step_rows);
     runner.emplace(hp, *weights, *state, *work, experts.get(), cublas, s());
     if (last()) head.emplace(hp, *weights, *work, *runner, s());
+    if (opt.mtp) keep.emplace(hp, layers, opt.max_slots);
+    if (mtp_weights) {
+      mtp = std::make_unique<CudaMtp>(hp, std::move(*mtp_weights), std::move(mtp_embed), *weights, *work, cublas,
+                                      opt.max_slots, opt.max_context, work_rows(), opt.kv, s());
+      mtp_weights.reset();
+      mtp_embed.reset();
+    }
     FERRY_CUDA(cudaDeviceSynchronize());
     note_peak();
   }
@@ -164,6 +203,7 @@ Expected<std::unique_ptr<CudaStage>> CudaStage::from_weights(const model::Glm5We
       m.experts = std::make_unique<StageExperts>(m.hp, layers, *source, opt.tiers->host, opt.tiers->plan, m.s(),
                                                  m.copy.get());
     }
+    m.load_mtp([&](model::LayerRange r) { return DeviceWeights::upload(weights, r, true, m.s()); });
   });
   if (!impl) return impl.error();
   return std::unique_ptr<CudaStage>(new CudaStage(std::move(impl.value())));
@@ -181,6 +221,7 @@ Expected<std::unique_ptr<CudaStage>> CudaStage::synthetic(const SyntheticModel& 
       m.experts = std::make_unique<StageExperts>(m.hp, layers, *source, opt.tiers->host, opt.tiers->plan, m.s(),
                                                  m.copy.get());
     }
+    m.load_mtp([&](model::LayerRange r) { return DeviceWeights::synthesize(model, r, true, m.s()); });
   });
   if (!impl) return impl.error();
   return std::unique_ptr<CudaStage>(new CudaStage(std::move(impl.value())));
@@ -199,15 +240,30 @@ Expected<model::StageOutput> CudaStage::Impl::run(const std::vector<model::SlotR
     in->receive(*h, work->R, s());
   }
   const model::RowLimits limits{opt.max_slots, opt.max_context, opt.max_step_rows, first() ? hp.vocab_size : 0};
-  if (auto e = model::validate_rows(rows, state->tokens, limits)) return *e;
+  std::vector<uint32_t> restart(opt.max_slots, model::kNoRestart);
+  for (uint32_t i = 0; keep && i < opt.max_slots; ++i) restart[i] = keep->start(i).value_or(model::kNoRestart);
+  if (auto e = model::validate_rows(rows, state->tokens, limits, restart)) return *e;
   for (const model::SlotRows& r : rows) {
-    if (r.verify > 0 || r.draft > 0) {
-      return Error(ErrorCode::unsupported, "slot " + std::to_string(r.slot) +
-                                               ": the CUDA stage does not run the MTP block (drafts or verify rows)");
+    const std::string slot = "slot " + std::to_string(r.slot);
+    if (r.verify > 0 && !keep) {
+      return Error(ErrorCode::invalid_plan, slot + " has drafts to verify, but the stage was made without --mtp");
+    }
+    if (r.draft > 0 && last() && !mtp) {
+      return Error(ErrorCode::invalid_plan, slot + " asks for drafts, but " +
+                                                (hp.n_nextn_layers > 0 ? "this stage does not run the MTP block"
+                                                                       : "the model has no MTP block"));
+    }
+    if (r.draft > kMaxCudaDrafts) {
+      return Error(ErrorCode::invalid_plan, slot + " asks for " + std::to_string(r.draft) + " drafts, more than " +
+                                                std::to_string(kMaxCudaDrafts));
     }
   }
   for (const model::SlotRows& r : rows) {
-    if (r.start == 0 && !r.tokens.empty()) state->zero_slot(r.slot, s());
+    if (r.start == 0 && !r.tokens.empty()) {
+      state->zero_slot(r.slot, s());
+      if (mtp) mtp->reset(r.slot);
+    }
+    prepare_rollback(r);
   }
   if (experts) experts->before_step();
   const StepGeometry g = input->stage(rows, last(), last() ? work->logit_rows : 1, s());
@@ -216,7 +272,7 @@ Expected<model::StageOutput> CudaStage::Impl::run(const std::vector<model::SlotR
   const bool graphable = input->decode_only() && g.rows <= kMaxMatvecTokens &&
                          (!last() || (input->logit_list().size() == g.rows && g.rows <= work->logit_rows));
   if (graphable) {
-    graphs.run(g.rows, s(), [&] {
+    graphs.run(DecodeGraphs::shape(g.rows, g.segments, g.max_seg_rows), s(), [&] {
       runner->forward(layers, g, tokens);
       if (last()) head->decode(*input, g.rows);
     });
@@ -225,6 +281,7 @@ Expected<model::StageOutput> CudaStage::Impl::run(const std::vector<model::SlotR
     runner->forward(layers, g, tokens);
     if (last()) output.results = head->results(rows, *input);
   }
+  if (mtp) mtp->extend(rows, output.results);
   if (experts) experts->after_step();
   for (const model::SlotRows& r : rows) {
     if (!r.tokens.empty()) state->tokens[r.slot] = r.start + static_cast<uint32_t>(r.tokens.size());
@@ -299,6 +356,8 @@ Status CudaStage::reset_slot(uint32_t slot) {
   try {
     FERRY_CUDA(cudaSetDevice(m.opt.device));
     m.state->zero_slot(slot, m.s());
+    if (m.keep) m.keep->forget(slot);
+    if (m.mtp) m.mtp->reset(slot);
     return std::nullopt;
   } catch (const CudaError& e) {
     Error error(e.code(), e.what());
@@ -325,7 +384,10 @@ Status CudaStage::restore_slot(uint32_t slot, const model::SlotStateImage& image
   if (m.dead) return m.dead;
   try {
     FERRY_CUDA(cudaSetDevice(m.opt.device));
-    return m.state->restore(slot, image, m.s());
+    if (m.keep && slot < m.opt.max_slots) m.keep->forget(slot);
+    if (auto e = m.state->restore(slot, image, m.s())) return e;
+    if (m.mtp) m.mtp->restored(slot, image.tokens, image.with_rows);
+    return std::nullopt;
   } catch (const CudaError& e) {
     Error error(e.code(), e.what());
     if (ends_stage(e.code())) m.dead = error;
@@ -345,6 +407,11 @@ bool CudaStage::synthetic_weights() const { return impl_->synthetic; }
 std::string CudaStage::handoff_path() const { return impl_->out ? impl_->out->path() : std::string(); }
 
 model::ExpertTier* CudaStage::experts() { return impl_->experts.get(); }
+bool CudaStage::drafts() const { return impl_->mtp != nullptr; }
+void CudaStage::record_mtp_logits(bool on) {
+  if (impl_->mtp) impl_->mtp->record_logits(on);
+}
+std::vector<float> CudaStage::take_mtp_logits() { return impl_->mtp ? impl_->mtp->take_logits() : std::vector<float>{}; }
 
 model::StageCounters CudaStage::counters() const {
   impl_->collect_copy_time();
@@ -361,7 +428,8 @@ DeviceMemoryReport CudaStage::memory() const {
   impl_->note_peak();
   const Impl& m = *impl_;
   const uint64_t inbox = m.in ? m.in->capacity() : 0;
-  return {m.weights->bytes(), m.state->bytes(), m.work->bytes() + inbox, m.peak_used};
+  const uint64_t spec = (m.keep ? m.keep->bytes() : 0) + (m.mtp ? m.mtp->bytes() : 0);
+  return {m.weights->bytes(), m.state->bytes() + spec, m.work->bytes() + inbox, m.peak_used};
 }
 
 uint64_t CudaStage::decode_bytes_per_token(uint64_t depth) const {

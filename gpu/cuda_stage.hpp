@@ -40,6 +40,9 @@ struct CudaStageOptions {
   bool graphs = true;             // replay decode steps from CUDA graphs
   config::KvFormats kv;           // DSA row formats: latent f32 | f16 | int8, indexer keys/gates f32
   std::optional<StageExpertTiers> tiers;  // none: every routed expert of the stage on the device
+  // Speculative decoding: every stage keeps a verify set's start state (gpu/verify_keep.hpp); the
+  // last one runs the model's MTP block, when it has one (gpu/mtp_block.hpp).
+  bool mtp = false;
 };
 
 struct DeviceMemoryReport {
@@ -73,7 +76,13 @@ class CudaStage final : public model::Stage {
   const model::SlotStateLayout& state_layout() const override;
   model::StageCounters counters() const override;
   model::ExpertTier* experts() override;
+  bool drafts() const override;
   std::string describe() const override;
+
+  // The MTP block's logits of every entry it makes from now on, for `ferry eval-ref` (with the block
+  // only; rows in the order the entries are made); take_mtp_logits() hands them over.
+  void record_mtp_logits(bool on);
+  std::vector<float> take_mtp_logits();
 
   int device() const;
   std::string device_name() const;

@@ -2,17 +2,17 @@
 
 namespace ferry::gpu {
 
-void DecodeGraphs::run(uint32_t rows, cudaStream_t stream, const std::function<void()>& body) {
+void DecodeGraphs::run(uint64_t shape, cudaStream_t stream, const std::function<void()>& body) {
   if (!enabled_) {
     body();
     return;
   }
-  auto found = graphs_.find(rows);
+  auto found = graphs_.find(shape);
   if (found != graphs_.end()) {
     found->second.launch(stream);
     return;
   }
-  if (seen_[rows]++ == 0) {
+  if (seen_[shape]++ == 0) {
     body();
     return;
   }
@@ -26,7 +26,7 @@ void DecodeGraphs::run(uint32_t rows, cudaStream_t stream, const std::function<v
     if (broken != nullptr) cudaGraphDestroy(broken);
     throw;
   }
-  GraphExec& g = graphs_[rows];
+  GraphExec& g = graphs_[shape];
   g.end_capture(stream);
   g.launch(stream);
 }

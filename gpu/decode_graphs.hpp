@@ -1,8 +1,9 @@
 #pragma once
-// Decode steps replayed from CUDA graphs: one graph per row count, captured on the second step of
-// that size (the first runs eagerly and settles lazy initialisation: cuBLAS heuristics, the kernels'
-// attributes). A graph reads its step's inputs from fixed device buffers (gpu/step_input.hpp), so a
-// replay needs no new arguments.
+// Decode steps replayed from CUDA graphs: one graph per step shape (its rows, segments and longest
+// segment: what the launches' sizes depend on; a verify set is a segment of K + 1 rows), captured on
+// the second step of that shape (the first runs eagerly and settles lazy initialisation: cuBLAS
+// heuristics, the kernels' attributes). A graph reads its step's inputs from fixed device buffers
+// (gpu/step_input.hpp), so a replay needs no new arguments.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -16,14 +17,18 @@ namespace ferry::gpu {
 class DecodeGraphs {
  public:
   explicit DecodeGraphs(bool enabled) : enabled_(enabled) {}
-  // Enqueues `body` on `stream` for a step of `rows` rows: replayed, captured, or run eagerly.
-  void run(uint32_t rows, cudaStream_t stream, const std::function<void()>& body);
+  // A step's shape, as run() takes it.
+  static uint64_t shape(uint32_t rows, uint32_t segments, uint32_t longest_segment) {
+    return uint64_t{rows} | uint64_t{segments} << 16 | uint64_t{longest_segment} << 32;
+  }
+  // Enqueues `body` on `stream` for a step of that shape: replayed, captured, or run eagerly.
+  void run(uint64_t shape, cudaStream_t stream, const std::function<void()>& body);
   size_t captured() const { return graphs_.size(); }
 
  private:
   bool enabled_;
-  std::map<uint32_t, GraphExec> graphs_;
-  std::map<uint32_t, int> seen_;
+  std::map<uint64_t, GraphExec> graphs_;
+  std::map<uint64_t, int> seen_;
 };
 
 }  // namespace ferry::gpu

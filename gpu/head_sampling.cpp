@@ -19,15 +19,28 @@ void Head::decode(const StepInput& in, uint32_t rows) {
 }
 
 std::vector<model::SlotResult> Head::decode_results(const std::vector<model::SlotRows>& rows, const StepInput& in) {
+  const std::vector<LogitRow>& wants = in.logit_list();
   int32_t* sampled = in.sampled_host();
-  FERRY_CUDA(cudaMemcpyAsync(sampled, in.sampled(), rows.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, s_));
+  FERRY_CUDA(cudaMemcpyAsync(sampled, in.sampled(), wants.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, s_));
   FERRY_CUDA(cudaStreamSynchronize(s_));
+  std::vector<std::vector<int32_t>> draws(rows.size());
+  for (size_t j = 0; j < wants.size(); ++j) draws[wants[j].source].push_back(sampled[j]);
   std::vector<model::SlotResult> out(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) {
     out[i].slot = rows[i].slot;
-    out[i].sampled = sampled[i];
+    accept(rows[i], draws[i], out[i]);
   }
   return out;
+}
+
+void Head::accept(const model::SlotRows& r, const std::vector<int32_t>& draws, model::SlotResult& out) {
+  if (draws.empty()) return;
+  // Drafts are accepted while each equals the draw before it (model/step.hpp: SlotRows::verify).
+  const size_t n = r.tokens.size();
+  uint32_t a = 0;
+  while (a < r.verify && a + 1 < draws.size() && r.tokens[n - r.verify + a] == draws[a]) ++a;
+  out.sampled = draws[a];
+  out.accepted = a;
 }
 
 std::vector<model::SlotResult> Head::results(const std::vector<model::SlotRows>& rows, const StepInput& in) {
@@ -36,6 +49,7 @@ std::vector<model::SlotResult> Head::results(const std::vector<model::SlotRows>&
   const std::vector<LogitRow>& wants = in.logit_list();
   int32_t* sampled = in.sampled_host();
   std::vector<float> host_logits;
+  std::vector<std::vector<int32_t>> draws(rows.size());  // per row set, in row order
   const size_t V = hp_.vocab_size;
   for (size_t j0 = 0; j0 < wants.size(); j0 += w_.logit_rows) {
     const auto cnt = static_cast<uint32_t>(std::min<size_t>(w_.logit_rows, wants.size() - j0));
@@ -54,9 +68,10 @@ std::vector<model::SlotResult> Head::results(const std::vector<model::SlotRows>&
       model::SlotResult& res = out[wt.source];
       const float* lg = host_logits.data() + size_t{j} * V;
       if (wt.keep) res.logits.insert(res.logits.end(), lg, lg + V);
-      if (wt.draw) res.sampled = sampled[j];
+      if (wt.draw) draws[wt.source].push_back(sampled[j]);
     }
   }
+  for (size_t i = 0; i < rows.size(); ++i) accept(rows[i], draws[i], out[i]);
   return out;
 }
 

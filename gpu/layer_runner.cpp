@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "gpu/mtp_ops.hpp"
+
 namespace ferry::gpu {
 
 using model::FfnKind;
@@ -362,6 +364,21 @@ void LayerRunner::prefill_experts(uint32_t n, const DevLayer& l, bool upload_mis
   }
   // The host vectors above are read by copies already enqueued: wait before they go away.
   FERRY_CUDA(cudaStreamSynchronize(s_));
+}
+
+void LayerRunner::plain_block(const StepGeometry& g, uint32_t il, float* h) {
+  const DevLayer& l = weights_.layer(il);
+  const size_t n = size_t{g.rows} * d_.D;
+  rms_norm(h, d_.D, l.v(T::attn_norm), g.rows, d_.D, hp_.rms_eps, w_.x, d_.D, s_);
+  dsa_layer(g, l, state_.layer(il));
+  add_in_place(h, w_.y, n, s_);
+  rms_norm(h, d_.D, l.v(T::ffn_norm), g.rows, d_.D, hp_.rms_eps, w_.x, d_.D, s_);
+  if (l.ffn == FfnKind::dense) {
+    dense_ffn(l.m(T::ffn_gate), l.m(T::ffn_up), l.m(T::ffn_down), g.rows, w_.y);
+  } else {
+    moe_layer(g, l, false);
+  }
+  add_in_place(h, w_.y, n, s_);
 }
 
 void LayerRunner::forward(model::LayerRange layers, const StepGeometry& g, const int32_t* tokens) {

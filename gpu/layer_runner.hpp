@@ -26,6 +26,9 @@ class LayerRunner {
   void forward(model::LayerRange layers, const StepGeometry& g, const int32_t* tokens);
   // y[t][ldy] = W x[t] for t < n: the matvec kernels for up to 8 rows, else cuBLAS GEMMs.
   void mm(const DevMatrix& m, const float* x, size_t ldx, uint32_t n, float* y, size_t ldy);
+  // The MTP block's layer `il` (a DSA layer with its FFN) over the residual rows h [rows][D] in place:
+  // a plain pre-norm residual block, without mHC mixers (gpu/mtp_block.hpp).
+  void plain_block(const StepGeometry& g, uint32_t il, float* h);
 
  private:
   void mm_grouped(const DevMatrix& m, uint32_t groups, const float* x, size_t ldx, size_t xg, uint32_t n, float* y,

@@ -38,7 +38,7 @@ StageState::StageState(const model::Glm5Hparams& hp, model::LayerRange layers, u
   auto alloc = [&](uint64_t floats) { return reinterpret_cast<float*>(alloc_bytes(floats * sizeof(float))); };
   for (uint32_t il = layers.first; il < layers.end; ++il) {
     LayerState& l = layers_.emplace_back();
-    if (hp.layer_kinds[il] == model::LayerKind::kda) {
+    if (model::glm5_layer_kind(hp, il) == model::LayerKind::kda) {
       l.conv = alloc(slots * conv_floats_);
       l.recurrent = alloc(slots * recurrent_floats_);
       continue;

@@ -43,8 +43,10 @@ StepGeometry StepInput::stage(const std::vector<model::SlotRows>& rows, bool hea
       h_first[g.rows + t] = static_cast<int32_t>(g.rows);
     }
     if (head) {
-      for (uint32_t t = r.logits_all ? 0 : n - 1; t < n; ++t) {
-        const bool draw = t + 1 == n && r.sample;
+      // A verify set draws from each of its last verify + 1 rows, each at its own position.
+      const uint32_t draws_from = n - 1 - std::min(r.verify, n - 1);
+      for (uint32_t t = r.logits_all ? 0 : draws_from; t < n; ++t) {
+        const bool draw = t >= draws_from && r.sample;
         SampleRow& sr = h_sample[wants_.size()];
         sr = SampleRow{};
         sr.logit_row = static_cast<int32_t>(wants_.size() % logit_batch);
@@ -54,12 +56,12 @@ StepGeometry StepInput::stage(const std::vector<model::SlotRows>& rows, bool hea
           sr.min_p = r.sampling.min_p;
           sr.top_k = r.sampling.top_k;
           sr.seed = r.sampling.seed;
-          sr.position = r.start + n;
+          sr.position = r.start + t + 1;
         }
         wants_.push_back({i, g.rows + t, model::returns_logits(r), draw});
       }
     }
-    if (n != 1 || model::returns_logits(r) || r.start == 0) decode_only_ = false;
+    if (n != 1 + r.verify || model::returns_logits(r) || r.start == 0) decode_only_ = false;
     g.max_seg_rows = std::max(g.max_seg_rows, n);
     g.rows += n;
     ++g.segments;

@@ -42,8 +42,8 @@ class StepInput {
   int32_t* sampled() const { return device_.as<int32_t>() + sampled_at(); }
   int32_t* sampled_host() const { return sampled_host_.as<int32_t>(); }
   const std::vector<LogitRow>& logit_list() const { return wants_; }
-  // Every row set is a single row that samples and returns nothing else, none restarts its slot: a
-  // decode step a captured graph can replay.
+  // Every row set draws from each of its rows and returns nothing else (a row, or a verify set of a
+  // token and its drafts), none restarts its slot: a decode step a captured graph can replay.
   bool decode_only() const { return decode_only_; }
 
  private:

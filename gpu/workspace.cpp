@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "model/glm5/glm5_tensors.hpp"
+
 namespace ferry::gpu {
 
 template <class T>
@@ -17,8 +19,8 @@ Workspace::Workspace(const model::Glm5Hparams& hp, model::LayerRange layers, uin
   const size_t M = rows;
   bool any_kda = false, any_dsa = false, any_moe = false;
   for (uint32_t l = layers.first; l < layers.end; ++l) {
-    (hp.layer_kinds[l] == model::LayerKind::kda ? any_kda : any_dsa) = true;
-    any_moe = any_moe || hp.ffn_kinds[l] == model::FfnKind::moe;
+    (model::glm5_layer_kind(hp, l) == model::LayerKind::kda ? any_kda : any_dsa) = true;
+    any_moe = any_moe || model::glm5_ffn_kind(hp, l) == model::FfnKind::moe;
   }
   max_selected = hp.index_topk / d.kp * d.kp + d.kp;
   R = alloc<float>(M * d.H * d.D);
@@ -76,7 +78,7 @@ Workspace::Workspace(const model::Glm5Hparams& hp, model::LayerRange layers, uin
   wh_elems = size_t{32} << 20;
   wh = alloc<uint16_t>(wh_elems);
   wl = alloc<uint16_t>(wh_elems);
-  if (layers.end == hp.n_layers) {
+  if (layers.end >= hp.n_layers) {  // the last stage; past it, with the MTP block
     logit_rows = static_cast<uint32_t>(std::clamp<size_t>((size_t{128} << 20) / d.V, 8, M));
     xo = alloc<float>(size_t{logit_rows} * d.D);
     logits = alloc<float>(size_t{logit_rows} * d.V);

@@ -22,7 +22,7 @@ SlotStateLayout::SlotStateLayout(const Glm5Hparams& hp, config::LayerRange layer
     }
   };
   for (uint32_t l = layers.first; l < layers.end; ++l) {
-    if (hp.layer_kinds[l] == LayerKind::kda) {
+    if (glm5_layer_kind(hp, l) == LayerKind::kda) {
       parts_.push_back({l, StatePart::kda_conv, StateUnit::fixed, 3 * C * (hp.conv_kernel - 1), false});
       parts_.push_back({l, StatePart::kda_recurrent, StateUnit::fixed,
                         uint64_t{hp.kda_heads} * hp.kda_head_dim * hp.kda_head_dim, false});

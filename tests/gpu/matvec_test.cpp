@@ -1,6 +1,7 @@
 // The block-reading kernels against the CPU reference dequantizer (model/formats/quant.hpp): for every type
-// the device reads, fresh random blocks, every token count the matvec kernels take, grouped launches
-// (per head / per expert), and the fp16/f32 dequantisers. Outputs are poisoned (NaN) before each run.
+// the device reads, fresh random blocks, every token count the matvec kernels take (and 2-4 rows of
+// one launch against the 1-row kernel per row), grouped launches (per head / per expert), and the
+// fp16/f32 dequantisers. Outputs are poisoned (NaN) before each run.
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -201,6 +202,49 @@ TEST_P(MatvecTest, GroupedLaunchReadsEachGroupsMatrixAndInput) {
       const double rounding =
           int16 ? int16_rounding_bound(&w[(ids[g] * rows_per + r) * cols], &x[(g / k) * cols], cols) : 0.0;
       ASSERT_NEAR(y[g * rows_per + r], ref, 1e-5 * mag + 1e-6 + rounding) << "group " << g << " row " << r;
+    }
+  }
+}
+
+// A verify step's products (a token and up to 3 drafts of one slot in one launch, each weight read
+// once for all rows) equal the 1-row decode kernel's on each row alone, to a few f32 roundings: what
+// lets greedy tokens with MTP drafts equal those of plain decoding.
+TEST_P(MatvecTest, RowsOfOneLaunchGiveTheOneRowProducts) {
+  const GgmlType type = GetParam();
+  const size_t rows = 96, cols = 512;
+  std::mt19937 rng(23);
+  const auto data = random_rows(type, rows, cols, rng);
+  Uploaded u = upload(type, data, rows, cols);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  for (uint32_t tokens = 2; tokens <= 4; ++tokens) {
+    std::vector<float> x(tokens * cols);
+    for (float& v : x) v = n(rng);
+    DeviceBuffer dx(x.size() * 4), dy(tokens * rows * 4), d1(tokens * rows * 4);
+    ASSERT_EQ(cudaMemcpy(dx.get(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemset(dy.get(), 0xff, tokens * rows * 4), cudaSuccess);  // NaN
+    ASSERT_EQ(cudaMemset(d1.get(), 0xff, tokens * rows * 4), cudaSuccess);
+    MatvecArgs a;
+    a.w = u.m;
+    a.x = dx.as<float>();
+    a.x_tok_stride = cols;
+    a.y = dy.as<float>();
+    a.y_tok_stride = rows;
+    a.tokens = tokens;
+    matvec(a, nullptr);
+    for (uint32_t t = 0; t < tokens; ++t) {
+      MatvecArgs one = a;
+      one.x = dx.as<float>() + t * cols;
+      one.y = d1.as<float>() + t * rows;
+      one.tokens = 1;
+      ASSERT_EQ(matvec_quantizes_activations(one), matvec_quantizes_activations(a));
+      matvec(one, nullptr);
+    }
+    std::vector<float> y(tokens * rows), y1(tokens * rows);
+    ASSERT_EQ(cudaMemcpy(y.data(), dy.get(), y.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(y1.data(), d1.get(), y1.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (size_t i = 0; i < y.size(); ++i) {
+      ASSERT_NEAR(y[i], y1[i], 1e-6f * std::abs(y1[i]) + 1e-6f) << "token " << i / rows << " row " << i % rows << " of "
+                                                               << tokens;
     }
   }
 }

@@ -1,11 +1,14 @@
-"""`ferry serve --mtp` on the CPU backend (speculative decoding with the MTP block's drafts): greedy
-tokens equal those of `--mtp off`, token for token, with 1 and 3 concurrent requests, prompts prefilled
-in small chunks between the decode steps, one stage or two, and so do sampled ones with a seed; the
-drafts and their acceptance show in the response's timings and in /metrics; a bad --mtp is refused
-naming it."""
+"""`ferry serve --mtp` (speculative decoding with the MTP block's drafts) on the CPU backend, and on
+the CUDA backend with FERRY_TEST_CUDA=1 (skipped elsewhere): greedy tokens equal those of `--mtp off`
+on the same backend, token for token, with 1 and 3 concurrent requests, prompts prefilled in small
+chunks between the decode steps, one stage or two, and so do sampled ones with a seed; the drafts and
+their acceptance show in the response's timings and in /metrics; a bad --mtp is refused naming it."""
 import concurrent.futures
 import json
+import os
 import subprocess
+
+import pytest
 
 from ferry_server import FerryServer
 
@@ -27,8 +30,16 @@ def completions(s, prompts, sampling=None):
         return list(pool.map(one, prompts))
 
 
-def test_mtp_gives_the_greedy_tokens_of_plain_decoding(ferry_bin, six_layer_model):
-    plain = FerryServer(ferry_bin, "--model", six_layer_model)
+BACKENDS = [
+    pytest.param([], id="cpu"),
+    pytest.param(["--backend", "cuda"], id="cuda", marks=pytest.mark.skipif(
+        os.environ.get("FERRY_TEST_CUDA") != "1", reason="set FERRY_TEST_CUDA=1 on a machine with a CUDA GPU")),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mtp_gives_the_greedy_tokens_of_plain_decoding(ferry_bin, six_layer_model, backend):
+    plain = FerryServer(ferry_bin, "--model", six_layer_model, *backend)
     try:
         want = [completions(plain, [p])[0][0] for p in PROMPTS]
         assert [t for t, _ in completions(plain, PROMPTS)] == want
@@ -36,7 +47,7 @@ def test_mtp_gives_the_greedy_tokens_of_plain_decoding(ferry_bin, six_layer_mode
     finally:
         assert plain.stop() == 0
     for args in (["--mtp", "1"], ["--mtp", "auto", "--prefill-chunk", "4"], ["--mtp", "2", "--split", "3"]):
-        s = FerryServer(ferry_bin, "--model", six_layer_model, *args)
+        s = FerryServer(ferry_bin, "--model", six_layer_model, *backend, *args)
         try:
             alone = completions(s, [PROMPTS[0]])
             assert alone[0][0] == want[0], args

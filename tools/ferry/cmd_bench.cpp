@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <cstdio>
 #include <map>
 #include <optional>
@@ -99,6 +100,34 @@ Expected<std::vector<uint32_t>> parse_list(const std::string& s, const char* wha
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// `steps` verify steps of a token and `drafts` drafts of slot 0 from depth d (the stages go back to
+// the set's start before each: the rollback's copies are in the time), with the MTP block's drafts
+// after each when `draft`, `reps` times. Its "t/s" is steps a second.
+Result time_verify(model::Pipeline& b, const std::function<void()>& back_to_depth,
+                   const std::function<std::vector<int32_t>(size_t)>& tokens, uint32_t d, uint32_t drafts, bool draft,
+                   uint32_t steps, uint32_t reps, std::string& failure) {
+  Result r{"verify" + std::to_string(drafts + 1) + (draft ? " mtp" : "") + " @ d" + std::to_string(d), steps, d, false,
+           {}, 0, std::nullopt};
+  for (uint32_t rep = 0; rep < reps && failure.empty(); ++rep) {
+    back_to_depth();
+    // A set at position 0 starts its slot over (not a decode step a graph replays): depth 0 is 1.
+    uint32_t at = d;
+    if (at == 0) {
+      if (auto res = b.step({model::SlotRows{0, 0, tokens(1), false, true, {}}}); !res) failure = res.error().message;
+      at = 1;
+    }
+    model::SlotRows rows{0, at, tokens(drafts + 1), false, true, {}};
+    rows.verify = drafts;
+    rows.draft = draft ? drafts : 0;
+    const double t0 = now_s();
+    for (uint32_t i = 0; i < steps && failure.empty(); ++i) {
+      if (auto res = b.step({rows}); !res) failure = res.error().message;
+    }
+    r.seconds.push_back(now_s() - t0);
+  }
+  return r;
 }
 
 int bench(const Options& o) {
@@ -317,6 +346,25 @@ int bench(const Options& o) {
                    r.mean_tps(), static_cast<unsigned long long>(total.accepted),
                    static_cast<unsigned long long>(total.drafted),
                    total.steps ? static_cast<double>(max_n) * o.reps / static_cast<double>(total.steps) : 0.0);
+      // The verify step alone, then with the MTP block's drafts after it: what a speculative step
+      // costs against the tg step, and the decode rate it gives at the user's acceptance.
+      const Result v = time_verify(b, back_to_depth, random_tokens, d, o.mtp, false, max_n, o.reps, failure);
+      const Result vd = time_verify(b, back_to_depth, random_tokens, d, o.mtp, true, max_n, o.reps, failure);
+      if (!failure.empty()) break;
+      results.push_back(v);
+      results.push_back(vd);
+      const std::string tg_name = "tg" + std::to_string(max_n) + " @ d" + std::to_string(d);
+      const auto tg_result = std::find_if(results.begin(), results.end(), [&](const Result& x) { return x.test == tg_name; });
+      const double tg_ms = tg_result != results.end() ? tg_result->ms_per_token() : 0.0;
+      for (const Result* x : {&v, &vd}) {
+        std::fprintf(stderr, "  %-18s %10.3f ms a step, %.2fx the tg step (%.3f ms)\n", x->test.c_str(), x->ms_per_token(),
+                     tg_ms > 0 ? x->ms_per_token() / tg_ms : 0.0, tg_ms);
+      }
+      // Tokens a step at acceptance p: 1 + p + ... + p^K (drafts accepted in a row, then the draw).
+      constexpr double p = 0.883;
+      const double tokens = (1.0 - std::pow(p, o.mtp + 1)) / (1.0 - p);
+      std::fprintf(stderr, "  at %.1f%% acceptance: %.2f tokens a step, %.1f t/s, %.2fx tg\n", 100.0 * p, tokens,
+                   1000.0 * tokens / vd.ms_per_token(), tg_ms > 0 ? tg_ms * tokens / vd.ms_per_token() : 0.0);
     }
     if (o.slots > 1 && failure.empty()) {
       SlotsBench sb;
@@ -453,7 +501,7 @@ CommandRun add_bench_command(CLI::App& app) {
                   "also decode this many requests at once through the engine's scheduler and stage actors")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
-  sub->add_option("--mtp", o->mtp, "also decode with this many MTP drafts a step (CPU backend; 0: not run)")
+  sub->add_option("--mtp", o->mtp, "also decode with this many MTP drafts a step, and time a verify step of that many drafts (0: not run)")
       ->capture_default_str()
       ->check(CLI::Range(0, 3));
   sub->add_option("--micro-batches", o->micro_batches, "with --slots: decode micro-batches (0: one per device)")

@@ -15,7 +15,8 @@
 // exit 1 below --min-top1 or above --max-kl).
 //
 // `--backend cuda`, or `--split` on any backend: runs the case through the model's stages instead
-// (logits only: no DSA selections, no MTP), split as --split and --devices say; with `--compare-cpu`
+// (logits, and on a CUDA last stage the MTP block's: no DSA selections), split as --split and --devices
+// say; with `--compare-cpu`
 // it also runs the CPU forward pass on the same file and requires top-1 agreement >= --min-top1 with
 // it (the check for quantized files).
 #include <algorithm>
@@ -33,6 +34,9 @@
 #include "tools/ferry/bench_experts.hpp"
 #include "tools/ferry/commands.hpp"
 #include "tools/ferry/reference_case.hpp"
+#if FERRY_HAVE_CUDA
+#include "gpu/cuda_stage.hpp"
+#endif
 
 namespace ferry::cli {
 namespace {
@@ -141,6 +145,7 @@ int eval_ref_backend(const Options& o, const ReferenceCase& ref, config::KvType 
   bo.max_slots = 1;
   bo.threads = o.threads;
   bo.max_context = static_cast<uint32_t>(ref.input_ids.size() + ref.decode_tokens.size() + 16);
+  bo.mtp = !ref.mtp.empty();  // the last stage runs the MTP block: its logits are compared too
   if (auto e = config::parse_split(o.split, bo.split)) {
     std::fprintf(stderr, "ferry eval-ref: %s\n", e->message.c_str());
     return 2;
@@ -170,12 +175,21 @@ int eval_ref_backend(const Options& o, const ReferenceCase& ref, config::KvType 
   const size_t chunk = o.chunk == 0 ? P : o.chunk;
   std::printf("case %s: prompt %zu, decode %zu, chunk %zu, %s (%s)\n", ref.name.c_str(), P, S, chunk, o.model.c_str(),
               b.describe().c_str());
+#if FERRY_HAVE_CUDA
+  // The CUDA MTP block's logits of every entry, in position order (one slot): the reference's rows.
+  auto* mtp_stage = dynamic_cast<gpu::CudaStage*>(b.stages().back().get());
+  if (mtp_stage != nullptr && !mtp_stage->drafts()) mtp_stage = nullptr;
+  if (mtp_stage != nullptr) mtp_stage->record_mtp_logits(true);
+#endif
   auto ran = run_case_pipeline(b, ref, chunk, [&] { opened->rebalance(); });
   if (!ran) {
     std::fprintf(stderr, "ferry eval-ref: %s\n", ran.error().message.c_str());
     return 2;
   }
-  const CaseRun& run = ran.value();
+  CaseRun& run = ran.value();
+#if FERRY_HAVE_CUDA
+  if (mtp_stage != nullptr) run.mtp = mtp_stage->take_mtp_logits();
+#endif
   std::printf("speed    prefill %.1f tokens/s, decode %.1f tokens/s\n", double(P) / std::max(run.prefill_seconds, 1e-9),
               double(S) / std::max(run.decode_seconds, 1e-9));
   if (opened->plan.tiered()) {
@@ -218,7 +232,20 @@ int eval_ref_backend(const Options& o, const ReferenceCase& ref, config::KvType 
     std::printf("%s (top-1 agreement with the CPU backend >= %.2f%%)\n", ok ? "PASS" : "FAIL", 100.0 * o.min_top1);
     return ok ? 0 : 1;
   }
-  const double worst = std::max(pre.max_abs, dec.max_abs);
+  double worst = std::max(pre.max_abs, dec.max_abs);
+  if (!ref.mtp.empty() && run.mtp.empty()) {
+    std::printf("mtp      not compared: the last stage runs no MTP block (the model file has none, or the backend is cpu)\n");
+  } else if (!ref.mtp.empty()) {
+    if (run.mtp.size() != ref.mtp.size()) {
+      std::printf("mtp      %zu rows of logits, the reference has %zu\n", run.mtp.size() / ref.vocab,
+                  ref.mtp.size() / ref.vocab);
+      std::printf("FAIL (the MTP block's entries)\n");
+      return 1;
+    }
+    const Diff m = compare(ref.mtp, run.mtp, ref.vocab);
+    std::printf("mtp      max|delta| %.3e  top-1 %zu/%zu\n", m.max_abs, m.top1, m.rows);
+    worst = std::max(worst, m.max_abs);
+  }
   const bool ok = worst <= o.tolerance;
   std::printf("%s (tolerance %.1e)\n", ok ? "PASS" : "FAIL", o.tolerance);
   return ok ? 0 : 1;

@@ -45,7 +45,8 @@ CaseRun run_case(model::Glm5Forward& model, const ReferenceCase& ref, size_t chu
                  config::KvFormats kv = {});
 
 // The same run through a pipeline of stages (any backend, any split): prompt logits in chunks, then
-// the decode tokens one step at a time, on slot 0. No selections and no MTP (stages return neither).
+// the decode tokens one step at a time, on slot 0. No selections and no MTP logits (stages return
+// neither; eval-ref takes a CUDA last stage's MTP logits from the stage itself).
 // `after_step` runs after every step (the expert policy of a tiered model).
 Expected<CaseRun> run_case_pipeline(model::Pipeline& pipeline, const ReferenceCase& ref, size_t chunk,
                                     const std::function<void()>& after_step = {});
