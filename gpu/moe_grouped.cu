@@ -5,7 +5,9 @@
 // and the activations into the same, then each warp multiplies 16 rows x 32 tokens by WMMA 16x16x16.
 // Each weight is decoded once per token tile of its expert (a chunk of 2,048 rows routes ~57 rows to
 // each of 288 experts: about once per chunk); no dequantised copy is written. Q6_K units span 128
-// columns, so a 64-column k-tile decodes them twice and keeps the half inside it.
+// columns, so a 64-column k-tile decodes them twice and keeps the half inside it. While the tensor
+// cores work on a k-tile, the next one's activations are loaded into registers and its weight lines
+// asked of L2; two blocks share an SM (128 registers a thread), so one decodes while the other multiplies.
 #include <cuda_fp16.h>
 #include <mma.h>
 
@@ -68,20 +70,23 @@ __device__ __forceinline__ void split(float v, __half& hi, __half& lo) {
   lo = __float2half_rn((v - __half2float(hi)) * kHalfLoScale);
 }
 
-// Rows [m0, m0 + BM) x columns [k0, k0 + BK) of one expert's matrix into hi/lo (row-major, LDS
-// apart); what lies beyond its rows or columns is zero.
-template <int T>
-__device__ void load_weights(const uint8_t* w, const GemmArgs& a, uint32_t m0, uint32_t k0, __half* hi, __half* lo,
+// Rows [m0, m0 + BM) x columns [k0, k0 + BK) of each expert matrix w[m] into its hi/lo tiles
+// (row-major, LDS apart; matrix m's at As + 2m and 2m + 1 tiles); what lies beyond the rows or
+// columns is zero. The matrices' units are one work list, so that gate and up keep every thread busy.
+template <int T, int NM>
+__device__ void load_weights(const uint8_t* const (&w)[NM], const GemmArgs& a, uint32_t m0, uint32_t k0, __half* As,
                              const uint32_t* grid, const int8_t* kvalues) {
   using Tr = qd::Traits<T>;
   constexpr uint32_t S = kSpan<T>;
   constexpr uint32_t kUnits = (BK > S ? BK : S) / Tr::UE;  // units of a row the k-tile overlaps
   const uint32_t u_first = k0 / S * S / Tr::UE, units_row = a.cols / Tr::UE;
-  for (uint32_t i = threadIdx.x; i < BM * kUnits; i += kThreads) {
-    const uint32_t r = i / kUnits, u = u_first + i % kUnits;
+  for (uint32_t i = threadIdx.x; i < NM * BM * kUnits; i += kThreads) {
+    const uint32_t m = i / (BM * kUnits), r = i / kUnits % BM, u = u_first + i % kUnits;
     if (m0 + r >= a.rows || u >= units_row) continue;
+    __half* hi = As + (2 * m) * BM * LDS + r * LDS;
+    __half* lo = hi + BM * LDS;
     float v[Tr::UE];
-    qd::decode_unit<T>(w + static_cast<size_t>(m0 + r) * a.row_bytes, u, v, grid, kvalues);
+    qd::decode_unit<T>(w[m] + static_cast<size_t>(m0 + r) * a.row_bytes, u, v, grid, kvalues);
 #pragma unroll
     for (int run = 0; run < Tr::RUNS; ++run) {
       const uint32_t c0 = qd::run_col<T>(u, run);
@@ -89,45 +94,72 @@ __device__ void load_weights(const uint8_t* w, const GemmArgs& a, uint32_t m0, u
       for (int j = 0; j < Tr::RL; ++j) {
         const uint32_t c = c0 + j;
         if (S > BK && (c < k0 || c >= k0 + BK)) continue;
-        split(v[run * Tr::RL + j], hi[r * LDS + c - k0], lo[r * LDS + c - k0]);
+        split(v[run * Tr::RL + j], hi[c - k0], lo[c - k0]);
       }
     }
   }
   if (m0 + BM > a.rows || k0 + BK > a.cols) {
     const __half zero = __float2half_rn(0.0f);
-    for (uint32_t i = threadIdx.x; i < BM * BK; i += kThreads) {
-      const uint32_t r = i / BK, c = i % BK;
-      if (m0 + r >= a.rows || k0 + c >= a.cols) hi[r * LDS + c] = lo[r * LDS + c] = zero;
+    for (uint32_t i = threadIdx.x; i < NM * BM * BK; i += kThreads) {
+      const uint32_t m = i / (BM * BK), r = i / BK % BM, c = i % BK;
+      __half* hi = As + (2 * m) * BM * LDS + r * LDS;
+      if (m0 + r >= a.rows || k0 + c >= a.cols) hi[c] = hi[BM * LDS + c] = zero;
     }
   }
 }
 
-// Columns [k0, k0 + BK) of the tile's activation rows into hi/lo (a token's row LDS apart); rows
-// past the expert's tokens and columns past the matrix are zero. `xrow[i]`: the row of this
-// thread's i-th token (null: none).
-__device__ void load_activations(const float* const (&xrow)[4], const GemmArgs& a, uint32_t k0, __half* hi,
-                                 __half* lo) {
+// Asks L2 for the bytes of the k-tile at k0 of each matrix's rows (the decode of the next k-tile
+// then waits on L2, not on device memory), while the tensor cores work on the current one.
+template <int NM>
+__device__ void prefetch_weights(const uint8_t* const (&w)[NM], const GemmArgs& a, uint32_t m0, uint32_t k0) {
+  const size_t lo = size_t{k0} * a.row_bytes / a.cols / 128 * 128;
+  const size_t end = (size_t{k0} + BK) * a.row_bytes / a.cols + 1;
+  const size_t hi = end < a.row_bytes ? end : a.row_bytes;
+  const uint32_t lines = static_cast<uint32_t>((hi - lo + 127) / 128);
+  for (uint32_t i = threadIdx.x; i < NM * BM * lines; i += kThreads) {
+    const uint32_t m = i / (BM * lines), r = i / lines % BM, l = i % lines;
+    if (m0 + r >= a.rows) continue;
+    const uint8_t* p = w[m] + static_cast<size_t>(m0 + r) * a.row_bytes + lo + 128 * l;
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+  }
+}
+
+// This thread's share of the tile's activations at columns [k0, k0 + BK): four tokens' float4 at
+// column (thread % 16) * 4; rows past the expert's tokens (xrow null) and columns past the matrix
+// are zero.
+__device__ void load_activations(const float* const (&xrow)[4], const GemmArgs& a, uint32_t k0, float4 (&v)[4]) {
+  const uint32_t c = k0 + (threadIdx.x % (BK / 4)) * 4;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (xrow[i] == nullptr || c >= a.cols) continue;
+    const float* src = xrow[i] + c;
+    if (a.x_vec && c + 4 <= a.cols) {
+      v[i] = *reinterpret_cast<const float4*>(src);
+    } else {
+      v[i].x = src[0];
+      if (c + 1 < a.cols) v[i].y = src[1];
+      if (c + 2 < a.cols) v[i].z = src[2];
+      if (c + 3 < a.cols) v[i].w = src[3];
+    }
+  }
+}
+
+// The registers of load_activations into the hi/lo tiles (a token's row LDS apart).
+__device__ void store_activations(const float4 (&v)[4], __half* hi, __half* lo) {
   const uint32_t c = (threadIdx.x % (BK / 4)) * 4;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const uint32_t tok = threadIdx.x / (BK / 4) + i * (kThreads / (BK / 4));
-    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (xrow[i] != nullptr) {
-      const float* src = xrow[i] + k0 + c;
-      if (a.x_vec && k0 + c + 4 <= a.cols) {
-        const float4 q = *reinterpret_cast<const float4*>(src);
-        v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
-      } else {
-        for (uint32_t j = 0; j < 4 && k0 + c + j < a.cols; ++j) v[j] = src[j];
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) split(v[j], hi[tok * LDS + c + j], lo[tok * LDS + c + j]);
+    const uint32_t at = (threadIdx.x / (BK / 4) + i * (kThreads / (BK / 4))) * LDS + c;
+    split(v[i].x, hi[at], lo[at]);
+    split(v[i].y, hi[at + 1], lo[at + 1]);
+    split(v[i].z, hi[at + 2], lo[at + 2]);
+    split(v[i].w, hi[at + 3], lo[at + 3]);
   }
 }
 
 template <int T, int NM>
-__global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GemmArgs a) {
+__global__ void __launch_bounds__(kThreads, 2) grouped_gemm_kernel(GemmArgs a) {
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ uint32_t grid[T == qd::kIQ3_S ? 512 : 1];
   __shared__ int8_t kvalues[16];
@@ -154,6 +186,7 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GemmArgs a) {
   if constexpr (T == qd::kIQ4_XS) {
     if (threadIdx.x < 16) kvalues[threadIdx.x] = a.iq4nl[threadIdx.x];
   }
+  if constexpr (T == qd::kIQ3_S || T == qd::kIQ4_XS) __syncthreads();  // the tables before any decode
   const uint8_t* w[NM];
 #pragma unroll
   for (int m = 0; m < NM; ++m) w[m] = a.table[m] != nullptr ? a.table[m][e] : a.base[m] + e * a.stride[m];
@@ -181,13 +214,16 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GemmArgs a) {
       wm::fill_fragment(acc[m][p][1], 0.0f);
     }
   }
+  float4 xv[4];
+  load_activations(xrow, a, 0, xv);
   for (uint32_t k0 = 0; k0 < a.cols; k0 += BK) {
-#pragma unroll
-    for (int m = 0; m < NM; ++m) {
-      load_weights<T>(w[m], a, m0, k0, As + (m * 2) * BM * LDS, As + (m * 2 + 1) * BM * LDS, grid, kvalues);
-    }
-    load_activations(xrow, a, k0, Bs, Bs + BN * LDS);
+    store_activations(xv, Bs, Bs + BN * LDS);
+    load_weights<T, NM>(w, a, m0, k0, As, grid, kvalues);
     __syncthreads();
+    if (k0 + BK < a.cols) {  // the next k-tile's loads run beside this one's products
+      load_activations(xrow, a, k0 + BK, xv);
+      prefetch_weights<NM>(w, a, m0, k0 + BK);
+    }
 #pragma unroll
     for (uint32_t kk = 0; kk < BK; kk += 16) {
       wm::fragment<wm::matrix_b, 16, 16, 16, __half, wm::col_major> bh[2], bl[2];
