@@ -69,6 +69,13 @@ __device__ __forceinline__ void split(float v, __half& hi, __half& lo) {
   hi = __float2half_rn(v);
   lo = __float2half_rn((v - __half2float(hi)) * kHalfLoScale);
 }
+// split() of two adjacent columns, stored as one 32-bit word each (same values).
+__device__ __forceinline__ void split2(float a, float b, __half* hi, __half* lo) {
+  const __half2 h = __floats2half2_rn(a, b);
+  const float2 f = __half22float2(h);
+  *reinterpret_cast<__half2*>(hi) = h;
+  *reinterpret_cast<__half2*>(lo) = __floats2half2_rn((a - f.x) * kHalfLoScale, (b - f.y) * kHalfLoScale);
+}
 
 // Rows [m0, m0 + BM) x columns [k0, k0 + BK) of each expert matrix w[m] into its hi/lo tiles
 // (row-major, LDS apart; matrix m's at As + 2m and 2m + 1 tiles); what lies beyond the rows or
@@ -90,11 +97,15 @@ __device__ void load_weights(const uint8_t* const (&w)[NM], const GemmArgs& a, u
 #pragma unroll
     for (int run = 0; run < Tr::RUNS; ++run) {
       const uint32_t c0 = qd::run_col<T>(u, run);
+      if constexpr (Tr::RL % 2 == 0) {  // runs start at even columns
 #pragma unroll
-      for (int j = 0; j < Tr::RL; ++j) {
-        const uint32_t c = c0 + j;
-        if (S > BK && (c < k0 || c >= k0 + BK)) continue;
-        split(v[run * Tr::RL + j], hi[c - k0], lo[c - k0]);
+        for (int j = 0; j < Tr::RL; j += 2) {
+          const uint32_t c = c0 + j;
+          if (S > BK && (c < k0 || c >= k0 + BK)) continue;
+          split2(v[run * Tr::RL + j], v[run * Tr::RL + j + 1], hi + c - k0, lo + c - k0);
+        }
+      } else {
+        split(v[run], hi[c0 - k0], lo[c0 - k0]);
       }
     }
   }
@@ -151,10 +162,8 @@ __device__ void store_activations(const float4 (&v)[4], __half* hi, __half* lo) 
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const uint32_t at = (threadIdx.x / (BK / 4) + i * (kThreads / (BK / 4))) * LDS + c;
-    split(v[i].x, hi[at], lo[at]);
-    split(v[i].y, hi[at + 1], lo[at + 1]);
-    split(v[i].z, hi[at + 2], lo[at + 2]);
-    split(v[i].w, hi[at + 3], lo[at + 3]);
+    split2(v[i].x, v[i].y, hi + at, lo + at);
+    split2(v[i].z, v[i].w, hi + at + 2, lo + at + 2);
   }
 }
 
