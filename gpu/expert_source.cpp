@@ -13,11 +13,6 @@ namespace {
 using T = model::Glm5Tensor;
 constexpr T kParts[3] = {T::ffn_gate_exps, T::ffn_up_exps, T::ffn_down_exps};
 
-DevMatrix at(DevMatrix m, const uint8_t* p) {
-  m.data = p;
-  return m;
-}
-
 ExpertShape make_shape(const DevMatrix (&parts)[3]) {
   ExpertShape s;
   s.gate = parts[0];
@@ -102,10 +97,6 @@ class SyntheticExperts final : public ExpertSource {
 };
 
 }  // namespace
-
-DevMatrix ExpertShape::gate_at(const uint8_t* base) const { return at(gate, base); }
-DevMatrix ExpertShape::up_at(const uint8_t* base) const { return at(up, base + up_offset); }
-DevMatrix ExpertShape::down_at(const uint8_t* base) const { return at(down, base + down_offset); }
 
 std::unique_ptr<ExpertSource> file_experts(const model::Glm5Weights& weights) {
   return std::make_unique<FileExperts>(weights);

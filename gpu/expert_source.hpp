@@ -21,10 +21,6 @@ namespace ferry::gpu {
 struct ExpertShape {
   DevMatrix gate, up, down;
   uint64_t up_offset = 0, down_offset = 0, bytes = 0;
-  // The matrices of an expert whose slot starts at `base`.
-  DevMatrix gate_at(const uint8_t* base) const;
-  DevMatrix up_at(const uint8_t* base) const;
-  DevMatrix down_at(const uint8_t* base) const;
 };
 
 class ExpertSource {

@@ -36,6 +36,8 @@ bool device_supports(model::GgmlType type);
 
 // Copies the IQ lookup grids to the current device; once per device before IQ kernels run.
 void upload_quant_tables();
+// The current device's copy of the IQ3_S grid (model::kIq3sGrid), for kernels that read IQ3_S blocks.
+const uint32_t* iq3s_grid_address();
 
 // The code of this build that the current device runs, as the driver loaded it: "sm_90", or "sm_90 from
 // compute_70 PTX" when the driver compiled it from an older architecture's PTX (the Volta build on a
@@ -152,8 +154,6 @@ void moe_combine(const float* expert_out, const int32_t* where, const float* wei
 void count_routes(const int32_t* ids, uint32_t n, uint32_t* counts, cudaStream_t stream);
 // table[index] = value, in stream order (a pointer of an expert table, set without a host buffer).
 void set_table_entry(const uint8_t** table, uint32_t index, const uint8_t* value, cudaStream_t stream);
-// dst[i] = src[index[i]] (rows of n floats).
-void gather_rows(const float* src, const int32_t* index, uint32_t rows, uint32_t n, float* dst, cudaStream_t stream);
 
 // Writes rows' vectors into a per-slot cache: cache[(slot*ctx + pos)*width + c] = src[i*src_stride + c].
 void scatter_to_cache(const float* src, size_t src_stride, RowInfo rows, uint32_t n_rows, uint32_t width,

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/moe_grouped.hpp"
 #include "gpu/mtp_ops.hpp"
 
 namespace ferry::gpu {
@@ -288,82 +289,33 @@ void LayerRunner::decode_experts(uint32_t n, const DevLayer& l) {
   matvec(a, s_);
 }
 
+// The chunk's routes grouped by expert on the device, then one grouped GEMM for gate and up (SwiGLU
+// fused) and one for down over every expert (gpu/moe_grouped.hpp); moe_combine adds them back.
 void LayerRunner::prefill_experts(uint32_t n, const DevLayer& l, bool upload_misses) {
   const ModelDims& z = d_;
-  const uint32_t k = z.k;
-  // The routes come to the host once: rows grouped by expert.
-  int32_t* ids = w_.ids_host.as<int32_t>();
-  FERRY_CUDA(cudaMemcpyAsync(ids, w_.rids, static_cast<size_t>(n) * k * sizeof(int32_t), cudaMemcpyDeviceToHost, s_));
-  FERRY_CUDA(cudaStreamSynchronize(s_));
-  std::vector<uint32_t> count(z.E + 1, 0);
-  for (size_t i = 0; i < static_cast<size_t>(n) * k; ++i) {
-    if (ids[i] < 0 || static_cast<uint32_t>(ids[i]) >= z.E) {
-      throw CudaError("MoE router produced an invalid expert id", ErrorCode::internal);
-    }
-    ++count[static_cast<size_t>(ids[i]) + 1];
-  }
-  std::vector<uint32_t> offset(z.E + 1, 0);
-  for (uint32_t e = 0; e < z.E; ++e) offset[e + 1] = offset[e] + count[e + 1];
-  std::vector<int32_t> gather(static_cast<size_t>(n) * k), where(static_cast<size_t>(n) * k);
-  std::vector<uint32_t> fill(offset.begin(), offset.end() - 1);
-  for (size_t i = 0; i < static_cast<size_t>(n) * k; ++i) {
-    const uint32_t at = fill[static_cast<size_t>(ids[i])]++;
-    gather[at] = static_cast<int32_t>(i / k);
-    where[i] = static_cast<int32_t>(at);
-  }
-  FERRY_CUDA(cudaMemcpyAsync(w_.gather_idx, gather.data(), gather.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s_));
-  FERRY_CUDA(cudaMemcpyAsync(w_.where, where.data(), where.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s_));
-  gather_rows(w_.x, w_.gather_idx, n * k, z.D, w_.xg, s_);
-
-  // Each expert's three matrices: the stacked tensors, or where the tier has it now (pool, staging
-  // buffer, or host memory read by the dequantising kernels).
-  struct Expert {
-    DevMatrix gate, up, down;
-  };
-  std::vector<Expert> experts(z.E);
-  uint64_t hits = 0, uploaded = 0, mapped = 0, bytes_uploaded = 0, bytes_mapped = 0;
-  if (experts_ != nullptr && upload_misses) experts_->wait_staged(l.index);
-  for (uint32_t e = 0; e < z.E; ++e) {
-    const uint32_t c = offset[e + 1] - offset[e];
-    if (c == 0) continue;
-    if (experts_ == nullptr) {
-      experts[e] = {l.m(T::ffn_gate_exps).slice_rows(size_t{e} * z.I, z.I),
-                    l.m(T::ffn_up_exps).slice_rows(size_t{e} * z.I, z.I),
-                    l.m(T::ffn_down_exps).slice_rows(size_t{e} * z.D, z.D)};
-      continue;
-    }
+  const uint32_t routes = n * z.k;
+  const RouteSort sort{w_.expert_offsets, w_.expert_tiles, w_.gather_idx, w_.where};
+  ExpertMatrices gate, up, down;
+  RouteTally tally;
+  if (experts_ == nullptr) {
+    const DevMatrix g = l.m(T::ffn_gate_exps), u = l.m(T::ffn_up_exps), d = l.m(T::ffn_down_exps);
+    gate = {g.slice_rows(0, z.I), g.row_bytes * z.I, nullptr};
+    up = {u.slice_rows(0, z.I), u.row_bytes * z.I, nullptr};
+    down = {d.slice_rows(0, z.D), d.row_bytes * z.D, nullptr};
+  } else {
+    // Experts in the pool, the staging buffer or host memory (read over the bus by the kernels).
+    if (upload_misses) experts_->wait_staged(l.index);
     const ExpertShape& shape = experts_->shape(l.index);
-    const uint8_t* staged = upload_misses ? experts_->staged(l.index, e) : nullptr;
-    const uint8_t* base = staged != nullptr ? staged : experts_->base(l.index, e);
-    experts[e] = {shape.gate_at(base), shape.up_at(base), shape.down_at(base)};
-    if (experts_->pooled(l.index, e)) {
-      hits += c;
-    } else if (staged != nullptr) {
-      uploaded += c, bytes_uploaded += shape.bytes;
-    } else {
-      mapped += c, bytes_mapped += shape.bytes;
-    }
+    const StageExperts::PrefillView v = experts_->prefill_view(l.index, upload_misses);
+    gate = {shape.gate, 0, v.table[0]};
+    up = {shape.up, 0, v.table[1]};
+    down = {shape.down, 0, v.table[2]};
+    tally = v.tally;
   }
-  for (uint32_t e = 0; e < z.E; ++e) {
-    const uint32_t c = offset[e + 1] - offset[e];
-    if (c == 0) continue;
-    const size_t o = offset[e];
-    mm(experts[e].gate, w_.xg + o * z.D, z.D, c, w_.eg + o * z.I, z.I);
-    mm(experts[e].up, w_.xg + o * z.D, z.D, c, w_.eu + o * z.I, z.I);
-  }
-  swiglu(w_.eg, w_.eu, z.I, n * k, z.I, hp_.swiglu_limit, s_);
-  for (uint32_t e = 0; e < z.E; ++e) {
-    const uint32_t c = offset[e + 1] - offset[e];
-    if (c == 0) continue;
-    const size_t o = offset[e];
-    mm(experts[e].down, w_.eg + o * z.I, z.I, c, w_.eo + o * z.D, z.D);
-  }
-  if (experts_ != nullptr) {
-    if (upload_misses) experts_->release_staged(l.index);
-    experts_->note_prefill(hits, uploaded, mapped, bytes_uploaded, bytes_mapped);
-  }
-  // The host vectors above are read by copies already enqueued: wait before they go away.
-  FERRY_CUDA(cudaStreamSynchronize(s_));
+  sort_routes(w_.rids, routes, z.k, z.E, sort, tally, s_);
+  grouped_gemm(gate, &up, w_.x, z.D, w_.gather_idx, sort, routes, z.E, hp_.swiglu_limit, w_.eg, z.I, w_.eu, s_);
+  grouped_gemm(down, nullptr, w_.eg, z.I, nullptr, sort, routes, z.E, 0.0f, w_.eo, z.D, nullptr, s_);
+  if (experts_ != nullptr && upload_misses) experts_->release_staged(l.index);
 }
 
 void LayerRunner::plain_block(const StepGeometry& g, uint32_t il, float* h) {

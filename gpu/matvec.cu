@@ -272,9 +272,11 @@ void launch_dequant(const DevMatrix& w, size_t row0, size_t rows, OutT* dst, __h
     default: throw CudaError("the CUDA backend cannot read weights of ggml type " + std::to_string(t)); \
   }
 
-// The current device's address of g_iq3s_grid for the int16 kernels (another translation unit),
-// cached per device by upload_quant_tables so that matvec() asks nothing of the runtime while a
-// graph is captured.
+}  // namespace
+
+// The current device's address of g_iq3s_grid for the kernels of other translation units, cached
+// per device by upload_quant_tables so that matvec() asks nothing of the runtime while a graph is
+// captured.
 const uint32_t* iq3s_grid_address() {
   static std::atomic<const uint32_t*> cached[64];
   int dev = 0;
@@ -289,8 +291,6 @@ const uint32_t* iq3s_grid_address() {
   }
   return p;
 }
-
-}  // namespace
 
 bool device_supports(model::GgmlType type) {
   switch (static_cast<int>(type)) {

@@ -282,14 +282,6 @@ __global__ void moe_combine_kernel(const float* eo, const int32_t* where, const 
   }
 }
 
-__global__ void gather_rows_kernel(const float* src, const int32_t* index, uint32_t rows, uint32_t n, float* dst) {
-  const size_t total = static_cast<size_t>(rows) * n;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    dst[i] = src[static_cast<size_t>(index[i / n]) * n + i % n];
-  }
-}
-
 __global__ void count_routes_kernel(const int32_t* ids, uint32_t n, uint32_t* counts) {
   for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     atomicAdd(counts + ids[i], 1u);
@@ -373,12 +365,6 @@ void moe_combine(const float* expert_out, const int32_t* where, const float* wei
   if (rows == 0) return;
   moe_combine_kernel<<<grid_for(static_cast<size_t>(rows) * D), 256, 0, stream>>>(expert_out, where, weights, shared,
                                                                                    rows, k, D, y);
-  FERRY_CUDA_LAUNCHED();
-}
-
-void gather_rows(const float* src, const int32_t* index, uint32_t rows, uint32_t n, float* dst, cudaStream_t stream) {
-  if (rows == 0) return;
-  gather_rows_kernel<<<grid_for(static_cast<size_t>(rows) * n), 256, 0, stream>>>(src, index, rows, n, dst);
   FERRY_CUDA_LAUNCHED();
 }
 

@@ -73,6 +73,13 @@ StageExperts::StageExperts(const model::Glm5Hparams& hp, model::LayerRange layer
   for (Staging& s : staging_) {
     if (plan.staging_bytes >= 2 * slot_bytes_) s.buffer = DeviceBuffer(plan.staging_bytes / 2);
   }
+  prefill_region_ = 3 * size_t{experts_} * sizeof(uint8_t*) + (experts_ + 7) / 8 * 8;
+  prefill_host_ = PinnedBuffer(std::max<size_t>(layers_.size(), 1) * prefill_region_);
+  prefill_device_ = DeviceBuffer(prefill_host_.bytes());
+  for (size_t i = 0; i < layers_.size(); ++i) prefill_copied_.push_back(std::make_unique<Event>(false));
+  tally_device_ = DeviceBuffer(5 * sizeof(unsigned long long));
+  tally_host_ = PinnedBuffer(tally_device_.bytes());
+  FERRY_CUDA(cudaMemsetAsync(tally_device_.get(), 0, tally_device_.bytes(), compute_));
   FERRY_CUDA(cudaStreamSynchronize(compute_));
   counters_.pool_slots = static_cast<uint32_t>(plan.pooled.size());
   counters_.pool_used = counters_.pool_slots;
@@ -147,14 +154,31 @@ const uint8_t* StageExperts::staged(uint32_t layer, uint32_t e) const {
   return nullptr;
 }
 
-void StageExperts::note_prefill(uint64_t hits, uint64_t uploaded, uint64_t mapped, uint64_t bytes_uploaded,
-                                uint64_t bytes_mapped) {
-  counters_.routes += hits + uploaded + mapped;
-  counters_.hits += hits;
-  counters_.misses_uploaded += uploaded;
-  counters_.misses_mapped += mapped;
-  counters_.bytes_uploaded += bytes_uploaded;
-  counters_.bytes_mapped += bytes_mapped;
+StageExperts::PrefillView StageExperts::prefill_view(uint32_t layer, bool upload) {
+  const uint32_t i = local(layer);
+  const Layer& l = layers_.at(i);
+  Event& copied = *prefill_copied_[i];
+  FERRY_CUDA(cudaEventSynchronize(copied.get()));  // the previous step's copy of this layer has run
+  uint8_t* host = prefill_host_.as<uint8_t>() + i * prefill_region_;
+  const uint8_t** table = reinterpret_cast<const uint8_t**>(host);
+  uint8_t* category = host + 3 * size_t{experts_} * sizeof(uint8_t*);
+  for (uint32_t e = 0; e < experts_; ++e) {
+    const uint8_t* staged_at = upload ? staged(layer, e) : nullptr;
+    const uint8_t* base = staged_at != nullptr ? staged_at : l.base[e];
+    table[e] = base;
+    table[experts_ + e] = base + l.shape.up_offset;
+    table[2 * experts_ + e] = base + l.shape.down_offset;
+    category[e] = l.slot[e] >= 0 ? 0 : staged_at != nullptr ? 1 : 2;
+  }
+  uint8_t* device = prefill_device_.as<uint8_t>() + i * prefill_region_;
+  FERRY_CUDA(cudaMemcpyAsync(device, host, prefill_region_, cudaMemcpyHostToDevice, compute_));
+  copied.record(compute_);
+  const uint8_t* const* d = reinterpret_cast<const uint8_t* const*>(device);
+  PrefillView v{{d, d + experts_, d + 2 * size_t{experts_}}, {}};
+  v.tally.category = device + 3 * size_t{experts_} * sizeof(uint8_t*);
+  v.tally.expert_bytes = l.shape.bytes;
+  v.tally.counters = tally_device_.as<unsigned long long>();
+  return v;
 }
 
 void StageExperts::after_step() {
@@ -162,6 +186,9 @@ void StageExperts::after_step() {
   FERRY_CUDA(cudaMemcpyAsync(counts_host_.get(), counts_device_.get(), counts_device_.bytes(), cudaMemcpyDeviceToHost,
                              compute_));
   FERRY_CUDA(cudaMemsetAsync(counts_device_.get(), 0, counts_device_.bytes(), compute_));
+  FERRY_CUDA(cudaMemcpyAsync(tally_host_.get(), tally_device_.get(), tally_device_.bytes(), cudaMemcpyDeviceToHost,
+                             compute_));
+  FERRY_CUDA(cudaMemsetAsync(tally_device_.get(), 0, tally_device_.bytes(), compute_));
   counts_copied_.record(compute_);
   counts_pending_ = true;
 }
@@ -184,6 +211,13 @@ void StageExperts::before_step() {
         }
       }
     }
+    const unsigned long long* t = tally_host_.as<unsigned long long>();
+    counters_.routes += t[0] + t[1] + t[2];
+    counters_.hits += t[0];
+    counters_.misses_uploaded += t[1];
+    counters_.misses_mapped += t[2];
+    counters_.bytes_uploaded += t[3];
+    counters_.bytes_mapped += t[4];
     counts_pending_ = false;
   }
   for (Moving& m : moving_) {

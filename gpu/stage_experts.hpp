@@ -23,6 +23,7 @@
 #include "gpu/cuda_memory.hpp"
 #include "gpu/expert_source.hpp"
 #include "gpu/host_expert_store.hpp"
+#include "gpu/moe_grouped.hpp"
 #include "model/expert_tier.hpp"
 #include "model/glm5/glm5_hparams.hpp"
 #include "model/stage.hpp"
@@ -48,9 +49,6 @@ class StageExperts final : public model::ExpertTier {
   const ExpertShape& shape(uint32_t layer) const { return layers_[local(layer)].shape; }
   // The layer's device table of `part` (0 gate, 1 up, 2 down): E pointers, for w_group_ptrs.
   const uint8_t* const* table(uint32_t layer, int part) const;
-  // Where expert `e` of `layer` is read from now, as the compute stream will see it next.
-  const uint8_t* base(uint32_t layer, uint32_t e) const { return layers_[local(layer)].base[e]; }
-  bool pooled(uint32_t layer, uint32_t e) const { return layers_[local(layer)].slot[e] >= 0; }
   // The device histogram the layer's decode routes are counted into (model::RouteCounts).
   uint32_t* route_counts(uint32_t layer) { return counts_device_.as<uint32_t>() + size_t{local(layer)} * experts_; }
 
@@ -62,9 +60,15 @@ class StageExperts final : public model::ExpertTier {
   void wait_staged(uint32_t layer);     // the compute stream waits for the layer's uploads
   void release_staged(uint32_t layer);  // the compute stream is done with them
   const uint8_t* staged(uint32_t layer, uint32_t e) const;
-  // The prefill's own counters (its routes are not the policy's: a long prompt must not push the
-  // experts decode uses out of the pool).
-  void note_prefill(uint64_t hits, uint64_t uploaded, uint64_t mapped, uint64_t bytes_uploaded, uint64_t bytes_mapped);
+  // Prefill: the layer's three tables (gate, up, down) as this chunk reads them (the staged copies
+  // when `upload`, else pool slots and host copies), written on the compute stream, and the tally
+  // sort_routes() fills: the prefill's own counters (its routes are not the policy's: a long prompt
+  // must not push the experts decode uses out of the pool), collected like the route counts.
+  struct PrefillView {
+    const uint8_t* const* table[3];
+    RouteTally tally;
+  };
+  PrefillView prefill_view(uint32_t layer, bool upload);
 
   // Around each step, on the stage's thread: before (collect the last copied counts, advance the
   // moves in progress), after (copy this step's counts out).
@@ -119,6 +123,14 @@ class StageExperts final : public model::ExpertTier {
   std::vector<model::ExpertMove> finished_;
   Staging staging_[2];
   uint32_t next_staging_ = 0;
+  // prefill_view's tables: per MoE layer 3 x E pointers then E class bytes; the host copy of a
+  // layer is rewritten only once its last upload ran.
+  size_t prefill_region_ = 0;
+  PinnedBuffer prefill_host_;
+  DeviceBuffer prefill_device_;
+  std::vector<std::unique_ptr<Event>> prefill_copied_;
+  DeviceBuffer tally_device_;  // RouteTally::counters, copied out with the route counts
+  PinnedBuffer tally_host_;
   model::ExpertTierCounters counters_;
 };
 

@@ -66,10 +66,10 @@ Workspace::Workspace(const model::Glm5Hparams& hp, model::LayerRange layers, uin
     rids = alloc<int32_t>(M * d.k);
     eo = alloc<float>(M * d.k * d.D);
     sh = alloc<float>(M * d.D);
-    xg = alloc<float>(M * d.k * d.D);
     gather_idx = alloc<int32_t>(M * d.k);
     where = alloc<int32_t>(M * d.k);
-    ids_host = PinnedBuffer(M * d.k * sizeof(int32_t));
+    expert_offsets = alloc<uint32_t>(d.E + 1);
+    expert_tiles = alloc<uint32_t>(d.E + 1);
   }
   const size_t max_cols = std::max<size_t>({d.D, d.C, size_t{d.nh} * d.vd, d.F, d.I, d.qlr, d.kvlr, d.nope,
                                             size_t{d.H} * d.D});

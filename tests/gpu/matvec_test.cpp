@@ -17,40 +17,15 @@
 #include "model/formats/half.hpp"
 #include "model/formats/quant.hpp"
 #include "tests/gpu/gpu_test_support.hpp"
+#include "tests/gpu/quant_rows.hpp"
 
 namespace ferry::gpu {
 namespace {
 
+using ferry::testing::dequant;
 using ferry::testing::have_device;
+using ferry::testing::random_rows;
 using model::GgmlType;
-
-// Random blocks of `type`: quantized from random values where ferry has a quantizer, else random
-// bytes with the f16 scale(s) replaced by small finite values.
-std::vector<uint8_t> random_rows(GgmlType type, size_t rows, size_t cols, std::mt19937& rng) {
-  const auto tr = model::ggml_type_traits(type);
-  std::vector<uint8_t> out(*model::ggml_bytes(type, rows * cols));
-  if (model::can_quantize(type)) {
-    std::normal_distribution<float> n(0.0f, 1.0f);
-    std::vector<float> v(rows * cols);
-    for (float& x : v) x = n(rng);
-    model::quantize_row(type, v.data(), out.data(), v.size());
-    return out;
-  }
-  std::uniform_int_distribution<int> byte(0, 255);
-  for (uint8_t& b : out) b = static_cast<uint8_t>(byte(rng));
-  std::uniform_real_distribution<float> scale(0.01f, 0.1f);
-  for (size_t b = 0; b < out.size() / tr.block_bytes; ++b) {
-    const uint16_t d = model::f32_to_fp16(scale(rng));
-    std::memcpy(out.data() + b * tr.block_bytes, &d, 2);  // IQ4_XS and IQ3_S keep d first
-  }
-  return out;
-}
-
-std::vector<float> dequant(GgmlType type, const std::vector<uint8_t>& data, size_t n) {
-  std::vector<float> v(n);
-  model::dequantize_row(type, data.data(), v.data(), n);
-  return v;
-}
 
 struct Uploaded {
   DeviceBuffer buf;

@@ -1,0 +1,426 @@
+// The grouped expert GEMMs of a prefill chunk (gpu/moe_grouped.hpp says what and why).
+//
+// A block: 8 warps, a tile of 64 weight rows x 64 sorted token rows, k-tiles of 64 columns. Per
+// k-tile it decodes the weight rows' units (quant_device.cuh) into fp16 hi/lo tiles in shared memory
+// and the activations into the same, then each warp multiplies 16 rows x 32 tokens by WMMA 16x16x16.
+// Each weight is decoded once per token tile of its expert (a chunk of 2,048 rows routes ~57 rows to
+// each of 288 experts: about once per chunk); no dequantised copy is written. Q6_K units span 128
+// columns, so a 64-column k-tile decodes them twice and keeps the half inside it. While the tensor
+// cores work on a k-tile, the next one's activations are loaded into registers and its weight lines
+// asked of L2; two blocks share an SM (128 registers a thread), so one decodes while the other multiplies.
+#include <cuda_fp16.h>
+#include <mma.h>
+
+#include <algorithm>
+#include <string>
+
+#include "gpu/cuda_check.hpp"
+#include "gpu/moe_grouped.hpp"
+#include "gpu/quant_device.cuh"
+#include "model/formats/iq_grids.hpp"
+
+namespace ferry::gpu {
+namespace {
+
+namespace wm = nvcuda::wmma;
+
+constexpr uint32_t BM = kGroupedTileRows, BN = kGroupedTileTokens, BK = 64;
+constexpr uint32_t LDS = BK + 8;  // fp16 per shared row: 16-byte multiple, rows off the same banks
+constexpr uint32_t LDC = BM + 4;  // f32 per token of the output tile
+constexpr uint32_t kThreads = 256;
+
+// Columns one group of a row's units covers (aligned): the units of a k-tile are those of the
+// groups it overlaps.
+template <int T>
+constexpr uint32_t kSpan = T == qd::kQ6_K ? 128
+                           : (T == qd::kQ4_K || T == qd::kQ5_K) ? 64
+                           : T == qd::kF32Scalar ? 1
+                           : (T == qd::kF32 || T == qd::kF16 || T == qd::kBF16) ? 8
+                                                                               : 32;
+
+struct GemmArgs {
+  const uint8_t* base[2];
+  size_t stride[2];
+  const uint8_t* const* table[2];
+  uint32_t rows, cols;
+  size_t row_bytes;
+  const float* x;
+  size_t ldx;
+  bool x_vec;  // x rows 16-byte aligned: float4 loads
+  const int32_t* gather;
+  const uint32_t* offsets;
+  const uint32_t* tiles;
+  uint32_t E;
+  float* y;
+  size_t ldy;
+  float limit;
+  const uint32_t* iq3s_grid;
+  int8_t iq4nl[16];
+};
+
+template <int NM>
+constexpr size_t smem_bytes() {
+  const size_t tiles = (size_t{NM} * 2 * BM * LDS + 2 * BN * LDS) * sizeof(__half);
+  const size_t out = size_t{NM} * BN * LDC * sizeof(float);
+  return tiles > out ? tiles : out;
+}
+
+__device__ __forceinline__ void split(float v, __half& hi, __half& lo) {
+  hi = __float2half_rn(v);
+  lo = __float2half_rn((v - __half2float(hi)) * kHalfLoScale);
+}
+// split() of two adjacent columns, stored as one 32-bit word each (same values).
+__device__ __forceinline__ void split2(float a, float b, __half* hi, __half* lo) {
+  const __half2 h = __floats2half2_rn(a, b);
+  const float2 f = __half22float2(h);
+  *reinterpret_cast<__half2*>(hi) = h;
+  *reinterpret_cast<__half2*>(lo) = __floats2half2_rn((a - f.x) * kHalfLoScale, (b - f.y) * kHalfLoScale);
+}
+
+// Rows [m0, m0 + BM) x columns [k0, k0 + BK) of each expert matrix w[m] into its hi/lo tiles
+// (row-major, LDS apart; matrix m's at As + 2m and 2m + 1 tiles); what lies beyond the rows or
+// columns is zero. The matrices' units are one work list, so that gate and up keep every thread busy.
+template <int T, int NM>
+__device__ void load_weights(const uint8_t* const (&w)[NM], const GemmArgs& a, uint32_t m0, uint32_t k0, __half* As,
+                             const uint32_t* grid, const int8_t* kvalues) {
+  using Tr = qd::Traits<T>;
+  constexpr uint32_t S = kSpan<T>;
+  constexpr uint32_t kUnits = (BK > S ? BK : S) / Tr::UE;  // units of a row the k-tile overlaps
+  const uint32_t u_first = k0 / S * S / Tr::UE, units_row = a.cols / Tr::UE;
+  for (uint32_t i = threadIdx.x; i < NM * BM * kUnits; i += kThreads) {
+    const uint32_t m = i / (BM * kUnits), r = i / kUnits % BM, u = u_first + i % kUnits;
+    if (m0 + r >= a.rows || u >= units_row) continue;
+    __half* hi = As + (2 * m) * BM * LDS + r * LDS;
+    __half* lo = hi + BM * LDS;
+    float v[Tr::UE];
+    qd::decode_unit<T>(w[m] + static_cast<size_t>(m0 + r) * a.row_bytes, u, v, grid, kvalues);
+#pragma unroll
+    for (int run = 0; run < Tr::RUNS; ++run) {
+      const uint32_t c0 = qd::run_col<T>(u, run);
+      if constexpr (Tr::RL % 2 == 0) {  // runs start at even columns
+#pragma unroll
+        for (int j = 0; j < Tr::RL; j += 2) {
+          const uint32_t c = c0 + j;
+          if (S > BK && (c < k0 || c >= k0 + BK)) continue;
+          split2(v[run * Tr::RL + j], v[run * Tr::RL + j + 1], hi + c - k0, lo + c - k0);
+        }
+      } else {
+        split(v[run], hi[c0 - k0], lo[c0 - k0]);
+      }
+    }
+  }
+  if (m0 + BM > a.rows || k0 + BK > a.cols) {
+    const __half zero = __float2half_rn(0.0f);
+    for (uint32_t i = threadIdx.x; i < NM * BM * BK; i += kThreads) {
+      const uint32_t m = i / (BM * BK), r = i / BK % BM, c = i % BK;
+      __half* hi = As + (2 * m) * BM * LDS + r * LDS;
+      if (m0 + r >= a.rows || k0 + c >= a.cols) hi[c] = hi[BM * LDS + c] = zero;
+    }
+  }
+}
+
+// Asks L2 for the bytes of the k-tile at k0 of each matrix's rows (the decode of the next k-tile
+// then waits on L2, not on device memory), while the tensor cores work on the current one.
+template <int NM>
+__device__ void prefetch_weights(const uint8_t* const (&w)[NM], const GemmArgs& a, uint32_t m0, uint32_t k0) {
+  const size_t lo = size_t{k0} * a.row_bytes / a.cols / 128 * 128;
+  const size_t end = (size_t{k0} + BK) * a.row_bytes / a.cols + 1;
+  const size_t hi = end < a.row_bytes ? end : a.row_bytes;
+  const uint32_t lines = static_cast<uint32_t>((hi - lo + 127) / 128);
+  for (uint32_t i = threadIdx.x; i < NM * BM * lines; i += kThreads) {
+    const uint32_t m = i / (BM * lines), r = i / lines % BM, l = i % lines;
+    if (m0 + r >= a.rows) continue;
+    const uint8_t* p = w[m] + static_cast<size_t>(m0 + r) * a.row_bytes + lo + 128 * l;
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+  }
+}
+
+// This thread's share of the tile's activations at columns [k0, k0 + BK): four tokens' float4 at
+// column (thread % 16) * 4; rows past the expert's tokens (xrow null) and columns past the matrix
+// are zero.
+__device__ void load_activations(const float* const (&xrow)[4], const GemmArgs& a, uint32_t k0, float4 (&v)[4]) {
+  const uint32_t c = k0 + (threadIdx.x % (BK / 4)) * 4;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (xrow[i] == nullptr || c >= a.cols) continue;
+    const float* src = xrow[i] + c;
+    if (a.x_vec && c + 4 <= a.cols) {
+      v[i] = *reinterpret_cast<const float4*>(src);
+    } else {
+      v[i].x = src[0];
+      if (c + 1 < a.cols) v[i].y = src[1];
+      if (c + 2 < a.cols) v[i].z = src[2];
+      if (c + 3 < a.cols) v[i].w = src[3];
+    }
+  }
+}
+
+// The registers of load_activations into the hi/lo tiles (a token's row LDS apart).
+__device__ void store_activations(const float4 (&v)[4], __half* hi, __half* lo) {
+  const uint32_t c = (threadIdx.x % (BK / 4)) * 4;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t at = (threadIdx.x / (BK / 4) + i * (kThreads / (BK / 4))) * LDS + c;
+    split2(v[i].x, v[i].y, hi + at, lo + at);
+    split2(v[i].z, v[i].w, hi + at + 2, lo + at + 2);
+  }
+}
+
+template <int T, int NM>
+__global__ void __launch_bounds__(kThreads, 2) grouped_gemm_kernel(GemmArgs a) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ uint32_t grid[T == qd::kIQ3_S ? 512 : 1];
+  __shared__ int8_t kvalues[16];
+  const uint32_t tile = blockIdx.y;
+  if (tile >= a.tiles[a.E]) return;  // the grid is sized for the most tiles the routes can make
+  // The expert whose tiles hold this one: tiles[lo] <= tile < tiles[hi] throughout.
+  uint32_t lo_e = 0, hi_e = a.E;
+  while (hi_e - lo_e > 1) {
+    const uint32_t mid = (lo_e + hi_e) / 2;
+    if (a.tiles[mid] <= tile) {
+      lo_e = mid;
+    } else {
+      hi_e = mid;
+    }
+  }
+  const uint32_t e = lo_e;
+  const uint32_t t0 = (tile - a.tiles[e]) * BN;
+  const uint32_t first = a.offsets[e] + t0;
+  const uint32_t ntok = min(BN, a.offsets[e + 1] - a.offsets[e] - t0);
+  const uint32_t m0 = blockIdx.x * BM;
+  if constexpr (T == qd::kIQ3_S) {
+    for (uint32_t i = threadIdx.x; i < 512; i += kThreads) grid[i] = a.iq3s_grid[i];
+  }
+  if constexpr (T == qd::kIQ4_XS) {
+    if (threadIdx.x < 16) kvalues[threadIdx.x] = a.iq4nl[threadIdx.x];
+  }
+  if constexpr (T == qd::kIQ3_S || T == qd::kIQ4_XS) __syncthreads();  // the tables before any decode
+  const uint8_t* w[NM];
+#pragma unroll
+  for (int m = 0; m < NM; ++m) w[m] = a.table[m] != nullptr ? a.table[m][e] : a.base[m] + e * a.stride[m];
+  const float* xrow[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t tok = threadIdx.x / (BK / 4) + i * (kThreads / (BK / 4));
+    if (tok < ntok) {
+      const size_t row = a.gather != nullptr ? static_cast<size_t>(a.gather[first + tok]) : first + tok;
+      xrow[i] = a.x + row * a.ldx;
+    } else {
+      xrow[i] = nullptr;
+    }
+  }
+
+  __half* As = reinterpret_cast<__half*>(smem);  // [NM][hi, lo][BM][LDS]
+  __half* Bs = As + NM * 2 * BM * LDS;           // [hi, lo][BN][LDS]
+  const uint32_t warp = threadIdx.x / 32, wr = warp % 4, wt = warp / 4;  // 16 rows x 32 tokens a warp
+  wm::fragment<wm::accumulator, 16, 16, 16, float> acc[NM][2][2];  // [matrix][hi, lo][token half]
+#pragma unroll
+  for (int m = 0; m < NM; ++m) {
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+      wm::fill_fragment(acc[m][p][0], 0.0f);
+      wm::fill_fragment(acc[m][p][1], 0.0f);
+    }
+  }
+  float4 xv[4];
+  load_activations(xrow, a, 0, xv);
+  for (uint32_t k0 = 0; k0 < a.cols; k0 += BK) {
+    store_activations(xv, Bs, Bs + BN * LDS);
+    load_weights<T, NM>(w, a, m0, k0, As, grid, kvalues);
+    __syncthreads();
+    if (k0 + BK < a.cols) {  // the next k-tile's loads run beside this one's products
+      load_activations(xrow, a, k0 + BK, xv);
+      prefetch_weights<NM>(w, a, m0, k0 + BK);
+    }
+#pragma unroll
+    for (uint32_t kk = 0; kk < BK; kk += 16) {
+      wm::fragment<wm::matrix_b, 16, 16, 16, __half, wm::col_major> bh[2], bl[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        wm::load_matrix_sync(bh[j], Bs + (wt * 32 + j * 16) * LDS + kk, LDS);
+        wm::load_matrix_sync(bl[j], Bs + BN * LDS + (wt * 32 + j * 16) * LDS + kk, LDS);
+      }
+#pragma unroll
+      for (int m = 0; m < NM; ++m) {
+        wm::fragment<wm::matrix_a, 16, 16, 16, __half, wm::row_major> ah, al;
+        wm::load_matrix_sync(ah, As + ((m * 2) * BM + wr * 16) * LDS + kk, LDS);
+        wm::load_matrix_sync(al, As + ((m * 2 + 1) * BM + wr * 16) * LDS + kk, LDS);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          wm::mma_sync(acc[m][0][j], ah, bh[j], acc[m][0][j]);
+          wm::mma_sync(acc[m][1][j], ah, bl[j], acc[m][1][j]);
+          wm::mma_sync(acc[m][1][j], al, bh[j], acc[m][1][j]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+  // hi + lo / 2^12 (fragments of one shape share their element layout), through shared memory to
+  // the tile's valid rows and tokens.
+  float* Cs = reinterpret_cast<float*>(smem);  // [NM][BN][LDC]
+#pragma unroll
+  for (int m = 0; m < NM; ++m) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      for (int t = 0; t < acc[m][0][j].num_elements; ++t) acc[m][0][j].x[t] += acc[m][1][j].x[t] * (1.0f / kHalfLoScale);
+      wm::store_matrix_sync(Cs + m * BN * LDC + (wt * 32 + j * 16) * LDC + wr * 16, acc[m][0][j], LDC,
+                            wm::mem_col_major);
+    }
+  }
+  __syncthreads();
+  for (uint32_t i = threadIdx.x; i < BM * BN; i += kThreads) {
+    const uint32_t tok = i / BM, r = i % BM;
+    if (tok >= ntok || m0 + r >= a.rows) continue;
+    float v = Cs[tok * LDC + r];
+    if constexpr (NM == 2) {
+      // swiglu_kernel's arithmetic (gpu/ops.cu), on the same f32 products.
+      const float g = fminf(v, a.limit);
+      const float u = fminf(fmaxf(Cs[BN * LDC + tok * LDC + r], -a.limit), a.limit);
+      v = g / (1.0f + expf(-g)) * u;
+    }
+    a.y[static_cast<size_t>(first + tok) * a.ldy + m0 + r] = v;
+  }
+}
+
+__global__ void __launch_bounds__(1024) sort_routes_kernel(const int32_t* ids, uint32_t routes, uint32_t k, uint32_t E,
+                                                           RouteSort out, RouteTally tally) {
+  __shared__ uint32_t count[kMaxGroupedExperts], fill[kMaxGroupedExperts];
+  for (uint32_t e = threadIdx.x; e < E; e += blockDim.x) count[e] = 0;
+  __syncthreads();
+  for (uint32_t i = threadIdx.x; i < routes; i += blockDim.x) atomicAdd(&count[ids[i]], 1u);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint32_t o = 0, t = 0;
+    for (uint32_t e = 0; e < E; ++e) {
+      out.offsets[e] = o;
+      out.tiles[e] = t;
+      fill[e] = o;
+      o += count[e];
+      t += (count[e] + BN - 1) / BN;
+    }
+    out.offsets[E] = o;
+    out.tiles[E] = t;
+  }
+  __syncthreads();
+  for (uint32_t i = threadIdx.x; i < routes; i += blockDim.x) {
+    const uint32_t at = atomicAdd(&fill[ids[i]], 1u);
+    out.gather[at] = static_cast<int32_t>(i / k);
+    out.where[i] = static_cast<int32_t>(at);
+  }
+  if (tally.counters != nullptr) {
+    for (uint32_t e = threadIdx.x; e < E; e += blockDim.x) {
+      if (count[e] == 0) continue;
+      const uint32_t c = tally.category[e];
+      atomicAdd(tally.counters + c, static_cast<unsigned long long>(count[e]));
+      if (c > 0) atomicAdd(tally.counters + 2 + c, static_cast<unsigned long long>(tally.expert_bytes));
+    }
+  }
+}
+
+template <int T, int NM>
+void launch(const GemmArgs& a, uint32_t row_tiles, uint32_t max_tiles, cudaStream_t s) {
+  constexpr size_t smem = smem_bytes<NM>();
+  FERRY_CUDA(cudaFuncSetAttribute(grouped_gemm_kernel<T, NM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(smem)));
+  grouped_gemm_kernel<T, NM><<<dim3(row_tiles, max_tiles), kThreads, smem, s>>>(a);
+}
+
+template <int NM>
+void dispatch(int type, const GemmArgs& a, uint32_t row_tiles, uint32_t max_tiles, cudaStream_t s) {
+  switch (type) {
+    case qd::kF32: launch<qd::kF32, NM>(a, row_tiles, max_tiles, s); break;
+    case qd::kF32Scalar: launch<qd::kF32Scalar, NM>(a, row_tiles, max_tiles, s); break;
+    case qd::kF16: launch<qd::kF16, NM>(a, row_tiles, max_tiles, s); break;
+    case qd::kBF16: launch<qd::kBF16, NM>(a, row_tiles, max_tiles, s); break;
+    case qd::kQ8_0: launch<qd::kQ8_0, NM>(a, row_tiles, max_tiles, s); break;
+    case qd::kQ4_K: launch<qd::kQ4_K, NM>(a, row_tiles, max_tiles, s); break;
+    case qd::kQ5_K: launch<qd::kQ5_K, NM>(a, row_tiles, max_tiles, s); break;
+    case qd::kQ6_K: launch<qd::kQ6_K, NM>(a, row_tiles, max_tiles, s); break;
+    case qd::kIQ4_XS: launch<qd::kIQ4_XS, NM>(a, row_tiles, max_tiles, s); break;
+    case qd::kIQ3_S: launch<qd::kIQ3_S, NM>(a, row_tiles, max_tiles, s); break;
+    default: throw CudaError("grouped expert GEMM: the CUDA backend cannot read weights of ggml type " + std::to_string(type));
+  }
+}
+
+// The kernel family of `m` (as matvec.cu's kernel_type: f32 rows not a multiple of 8 read by element).
+int family(const DevMatrix& m) {
+  const int t = static_cast<int>(m.type);
+  if (t == qd::kF32 && m.cols % 8 != 0) return qd::kF32Scalar;
+  if ((t == qd::kF16 || t == qd::kBF16) && m.cols % 8 != 0) {
+    throw CudaError("f16/bf16 matrix rows of " + std::to_string(m.cols) + " elements are not a multiple of 8");
+  }
+  return t;
+}
+
+bool same_layout(const DevMatrix& a, const DevMatrix& b) {
+  return a.type == b.type && a.rows == b.rows && a.cols == b.cols && a.row_bytes == b.row_bytes;
+}
+
+}  // namespace
+
+void sort_routes(const int32_t* ids, uint32_t routes, uint32_t k, uint32_t E, const RouteSort& out,
+                 const RouteTally& tally, cudaStream_t stream) {
+  if (E == 0 || E > kMaxGroupedExperts) {
+    throw CudaError("sort_routes: " + std::to_string(E) + " experts (1 to " + std::to_string(kMaxGroupedExperts) +
+                    " supported)");
+  }
+  if (k == 0) throw CudaError("sort_routes: no experts per row");
+  sort_routes_kernel<<<1, 1024, 0, stream>>>(ids, routes, k, E, out, tally);
+  FERRY_CUDA_LAUNCHED();
+}
+
+void grouped_gemm(const ExpertMatrices& w, const ExpertMatrices* up, const float* x, size_t ldx,
+                  const int32_t* gather, const RouteSort& sort, uint32_t routes, uint32_t E, float limit, float* y,
+                  size_t ldy, float* up_scratch, cudaStream_t stream) {
+  if (routes == 0 || w.m.rows == 0) return;
+  if (up != nullptr && !same_layout(w.m, up->m)) {
+    if (up_scratch == nullptr) throw CudaError("grouped_gemm: gate and up differ and no scratch for up");
+    grouped_gemm(w, nullptr, x, ldx, gather, sort, routes, E, limit, y, ldy, nullptr, stream);
+    grouped_gemm(*up, nullptr, x, ldx, gather, sort, routes, E, limit, up_scratch, ldy, nullptr, stream);
+    swiglu(y, up_scratch, ldy, routes, w.m.rows, limit, stream);
+    return;
+  }
+  if (w.table == nullptr && w.m.data == nullptr) throw CudaError("grouped_gemm: no expert weights");
+  GemmArgs a{};
+  a.base[0] = w.m.data;
+  a.stride[0] = w.stride;
+  a.table[0] = w.table;
+  if (up != nullptr) {
+    a.base[1] = up->m.data;
+    a.stride[1] = up->stride;
+    a.table[1] = up->table;
+  }
+  a.rows = w.m.rows;
+  a.cols = w.m.cols;
+  a.row_bytes = w.m.row_bytes;
+  a.x = x;
+  a.ldx = ldx;
+  a.x_vec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && ldx % 4 == 0;
+  a.gather = gather;
+  a.offsets = sort.offsets;
+  a.tiles = sort.tiles;
+  a.E = E;
+  a.y = y;
+  a.ldy = ldy;
+  a.limit = limit;
+  const int t = family(w.m);
+  if (t == qd::kIQ3_S) a.iq3s_grid = iq3s_grid_address();
+  std::copy(model::kIq4nlValues, model::kIq4nlValues + 16, a.iq4nl);
+  // Each expert with c rows makes ceil(c / BN) tiles: at most routes / BN + one per used expert.
+  const size_t max_tiles = (size_t{routes} + BN - 1) / BN + std::min(E, routes);
+  const size_t row_tiles = (size_t{w.m.rows} + BM - 1) / BM;
+  if (max_tiles > 65535 || row_tiles > 0x7fffffffu) {
+    throw CudaError("grouped_gemm: " + std::to_string(routes) + " routes over " + std::to_string(w.m.rows) +
+                    " rows make too large a grid");
+  }
+  if (up != nullptr) {
+    dispatch<2>(t, a, static_cast<uint32_t>(row_tiles), static_cast<uint32_t>(max_tiles), stream);
+  } else {
+    dispatch<1>(t, a, static_cast<uint32_t>(row_tiles), static_cast<uint32_t>(max_tiles), stream);
+  }
+  FERRY_CUDA_LAUNCHED();
+}
+
+}  // namespace ferry::gpu
