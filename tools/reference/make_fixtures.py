@@ -10,7 +10,7 @@ For every case it writes one directory:
   prefill_logits.f32                  prompt_len x vocab, little-endian f32: logits of the whole prompt
   decode_logits.f32                   decode_steps x vocab: logits of each greedy decode step (transformers'
                                       cache), the step's input being decode_tokens[i]
-  mtp_logits.f32                      (serve case) the MTP block's logits, one row per position t < n-1 of
+  mtp_logits.f32                      (cases with an MTP block) the MTP block's logits, one row per position t < n-1 of
                                       prompt + decode tokens, fed the trunk's hidden state at t and token t+1
 
 A case with a `train` entry is trained before the reference is taken: AdamW on next-token loss over the
