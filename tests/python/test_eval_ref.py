@@ -187,7 +187,7 @@ def test_bad_kv_type_is_refused_naming_it(ferry_bin, gguf_dir):
 
 # The trained MTP block's greedy K = 1 acceptance (its draft equals the trunk's next top-1) on the
 # evaluation windows, f32 (measured: see tests/fixtures/glm5/README.md), with room for a few flips.
-MTP_ACCEPT_BOUNDS = {"window_train": 0.40, "window_heldout": 0.16}  # 45.83%, 20.97%
+MTP_ACCEPT_BOUNDS = {"window_train": 0.48, "window_heldout": 0.18}  # 54.17%, 22.91%
 
 
 @pytest.mark.parametrize("window", sorted(MTP_ACCEPT_BOUNDS))

@@ -5,8 +5,8 @@ on text from its training window.
 
 The acceptance bound is not one that holds whatever the code does: drafts from a block that is fed the
 wrong hidden state or token, or that is untrained (serve_tiny's random block: 0 of 25 equal the trunk's
-next top-1 on its case), are next to never accepted; the trained block is accepted on 21 of 36 drafts
-here (58%, measured on the CPU backend), so the bound (30%: 11 drafts) leaves room for near-tie flips,
+next top-1 on its case), are next to never accepted; the trained block is accepted on 25 of 35 drafts
+here (71%, measured on the CPU backend), so the bound (40%: 14 drafts) leaves room for near-tie flips,
 not for a broken draft path."""
 import json
 import pathlib
@@ -16,7 +16,7 @@ from ferry_server import FerryServer
 WINDOW = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "glm5" / "trained_small" / "window_train.json"
 PROMPT = json.loads(WINDOW.read_text())["input_ids"][64:128]
 N = 64
-MIN_ACCEPTED = 0.30
+MIN_ACCEPTED = 0.40
 
 
 def greedy(server):

@@ -111,7 +111,7 @@ CASES = [
                     evals=12, balance_rate=1e-3),
          windows=dict(tokens=512, decode=4),
          # The MTP block (--add-mtp trained_small, on the CPU): trained on the frozen trunk's hidden states.
-         mtp_train=dict(batch=8, seq_len=256, lr=2e-3, warmup_steps=20, weight_decay=0.1, max_seconds=1200,
+         mtp_train=dict(batch=8, seq_len=256, lr=2e-3, warmup_steps=20, weight_decay=0.1, max_seconds=1800,
                         evals=10, balance_rate=1e-3, eval_len=512, eval_windows=4),
          text=dict(vocab_size=4096, hidden_size=256, intermediate_size=256, moe_intermediate_size=256,
                    tie_word_embeddings=True, layer_types=[K, D], mlp_layer_types=["dense", "sparse"],
