@@ -183,3 +183,38 @@ def test_bad_kv_type_is_refused_naming_it(ferry_bin, gguf_dir):
     r = eval_kv(ferry_bin, gguf_dir, FIXTURES / "trained_small", "--kv-type", "q4")
     assert r.returncode == 2
     assert "KV type 'q4' is not one of f32, f16, int8" in r.stderr
+
+
+# The trained MTP block's greedy K = 1 acceptance (its draft equals the trunk's next top-1) on the
+# evaluation windows, f32 (measured: see tests/fixtures/glm5/README.md), with room for a few flips.
+MTP_ACCEPT_BOUNDS = {"window_train": 0.48, "window_heldout": 0.18}  # 54.17%, 22.91%
+
+
+@pytest.mark.parametrize("window", sorted(MTP_ACCEPT_BOUNDS))
+def test_trained_mtp_block_drafts_agree_with_the_trunk(ferry_bin, gguf_dir, window):
+    m = model(ferry_bin, gguf_dir, "trained_small", "f32")
+    r = subprocess.run([ferry_bin, "eval-ref", "--model", str(m), "--reference",
+                        str(FIXTURES / "trained_small" / f"{window}.json"), "--min-mtp-accept",
+                        str(MTP_ACCEPT_BOUNDS[window]), "--threads", "2"], capture_output=True, text=True)
+    print(r.stdout)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "greedy K=1 acceptance on this text" in r.stdout and "PASS (MTP acceptance" in r.stdout
+
+
+def test_mtp_acceptance_bound_fails_for_a_random_block(ferry_bin, gguf_dir):
+    """serve_tiny's MTP block has random weights: its drafts (0 of 25 agree) fail the smallest bound above,
+    while its logits still match transformers'."""
+    m = model(ferry_bin, gguf_dir, "serve_tiny", "f32")
+    r = subprocess.run([ferry_bin, "eval-ref", "--model", str(m), "--reference", str(FIXTURES / "serve_tiny"),
+                        "--min-mtp-accept", str(min(MTP_ACCEPT_BOUNDS.values())), "--threads", "2"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "PASS (tolerance" in r.stdout and "FAIL (MTP acceptance" in r.stdout, r.stdout
+
+
+def test_mtp_acceptance_needs_an_mtp_block(ferry_bin, gguf_dir):
+    m = model(ferry_bin, gguf_dir, "short_decode", "f32")
+    r = subprocess.run([ferry_bin, "eval-ref", "--model", str(m), "--reference", str(FIXTURES / "short_decode"),
+                        "--min-mtp-accept", "0.1"], capture_output=True, text=True)
+    assert r.returncode == 2
+    assert "--min-mtp-accept: " in r.stderr and "has no MTP block" in r.stderr

@@ -8,9 +8,11 @@ import json
 import os
 import subprocess
 
+import numpy as np
 import pytest
 
-from ferry_server import FerryServer
+import glm5_checkpoint as ck
+from ferry_server import REPO, FerryServer
 
 PROMPTS = [[11, 12, 13, 14, 15, 16, 17], [400, 401, 402], list(range(50, 90))]
 N = 14
@@ -99,9 +101,36 @@ def test_a_turn_resumed_from_a_checkpoint_gives_the_tokens_of_plain_decoding(fer
     assert cached >= len(LONG) - 1, cached
 
 
-def test_mtp_without_an_mtp_block_is_said_and_decoding_goes_on(ferry_bin):
-    # The embedded default model has no MTP block: --mtp is turned off with a warning naming it.
-    s = FerryServer(ferry_bin, "--mtp", "1")
+@pytest.fixture(scope="module")
+def trunk_only_model(ferry_bin, tmp_path_factory):
+    """trained_small without its MTP block (the tensors of layer num_hidden_layers left out) at q8_0."""
+    src = REPO / "tests" / "fixtures" / "glm5" / "trained_small"
+    d = tmp_path_factory.mktemp("trunk-only")
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["text_config"].pop("num_nextn_predict_layers", None)
+    (d / "config.json").write_text(json.dumps(cfg))
+    raw = (src / "model.safetensors").read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    mtp = f"{ck.PREFIX}layers.{cfg['text_config']['num_hidden_layers']}."
+    kept = {}
+    for name, info in header.items():
+        if name == "__metadata__" or name.startswith(mtp):
+            continue
+        a, b = info["data_offsets"]
+        bits = np.frombuffer(raw[8 + n + a:8 + n + b], {"BF16": np.uint16, "F32": np.float32}[info["dtype"]])
+        kept[name] = (info["dtype"], bits.reshape(info["shape"]))
+    assert len(kept) < len(header) - 1, "trained_small has no MTP block to leave out"
+    ck.write_safetensors(d / "model.safetensors", kept)
+    out = d / "trunk.gguf"
+    subprocess.run([ferry_bin, "convert", str(d), str(out), "--type", "q8_0", "--tokenizer",
+                    str(REPO / "tests" / "fixtures" / "tokenizer"), "--quiet"], check=True, capture_output=True)
+    return str(out)
+
+
+def test_mtp_without_an_mtp_block_is_said_and_decoding_goes_on(ferry_bin, trunk_only_model):
+    # A model without an MTP block: --mtp is turned off with a warning naming it.
+    s = FerryServer(ferry_bin, "--model", trunk_only_model, "--mtp", "1")
     try:
         status, body = s.post("/v1/completions", {"model": "glm-5.3-flash", "prompt": [11, 12, 13], "max_tokens": 4,
                                                   "temperature": 0})

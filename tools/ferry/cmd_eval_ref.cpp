@@ -14,6 +14,10 @@
 // backend and compares the two (top-1, mean KL(f32 || kv-type), and on the CPU the DSA selections;
 // exit 1 below --min-top1 or above --max-kl).
 //
+// On the CPU forward pass a model with an MTP block also reports how often the block's draft equals the
+// trunk's next top-1 over the case's text (the greedy acceptance of one draft a step); `--min-mtp-accept`
+// bounds it (exit 1 below), and with it a case of token ids only (an evaluation window) is enough.
+//
 // `--backend cuda`, or `--split` on any backend: runs the case through the model's stages instead
 // (logits, and on a CUDA last stage the MTP block's: no DSA selections), split as --split and --devices
 // say; with `--compare-cpu`
@@ -52,6 +56,7 @@ struct Options {
   bool compare_cpu = false;
   std::string kv_type = "auto", kv_index_type = "f32";
   bool compare_kv = false;
+  double min_mtp_accept = -1;  // < 0: no bound (the agreement is reported whenever the model has MTP)
   std::string split = "none", devices;
   config::MemoryOptionsText memory;
 };
@@ -88,6 +93,48 @@ Diff compare(const std::vector<float>& a, const std::vector<float>& b, size_t vo
     d.kl_sum += kl;
   }
   return d;
+}
+
+// The MTP block's drafts on the case's text: row t (fed the trunk's hidden state at t and token t+1)
+// drafts token t+2; plain greedy decoding there picks the trunk's top-1 of row t+1, so the share of rows
+// that agree is the greedy acceptance of one draft a step (K = 1) on this text, teacher-forced.
+// Also against the text's own token t+2 (the case's decode tokens are greedy, a window's are the text).
+struct MtpAgreement {
+  size_t rows = 0, with_trunk = 0, text_rows = 0, with_text = 0;
+};
+
+MtpAgreement mtp_agreement(const CaseRun& run, const ReferenceCase& ref) {
+  MtpAgreement a;
+  const size_t V = ref.vocab, n = ref.input_ids.size() + ref.decode_tokens.size();
+  if (V == 0 || run.mtp.size() != (n - 1) * V) return a;
+  auto token = [&](size_t i) { return i < ref.input_ids.size() ? ref.input_ids[i] : ref.decode_tokens[i - ref.input_ids.size()]; };
+  auto trunk_row = [&](size_t i) {
+    return i < ref.input_ids.size() ? run.prefill.data() + i * V : run.decode.data() + (i - ref.input_ids.size()) * V;
+  };
+  for (size_t t = 0; t + 1 < n; ++t) {
+    const int32_t draft = model::argmax_token(std::span<const float>(run.mtp.data() + t * V, V));
+    ++a.rows;
+    a.with_trunk += draft == model::argmax_token(std::span<const float>(trunk_row(t + 1), V));
+    if (t + 2 < n) {
+      ++a.text_rows;
+      a.with_text += draft == token(t + 2);
+    }
+  }
+  return a;
+}
+
+// Prints the agreement; false when it is below a bound that was asked for.
+bool report_mtp_agreement(const Options& o, const CaseRun& run, const ReferenceCase& ref) {
+  if (run.mtp.empty()) return o.min_mtp_accept < 0;
+  const MtpAgreement a = mtp_agreement(run, ref);
+  const double share = a.rows ? double(a.with_trunk) / double(a.rows) : 0.0;
+  std::printf("mtp      drafts equal the trunk's next top-1 in %zu/%zu rows (%.2f%%: greedy K=1 acceptance on this "
+              "text), the text's token in %zu/%zu\n",
+              a.with_trunk, a.rows, 100.0 * share, a.with_text, a.text_rows);
+  if (o.min_mtp_accept < 0) return true;
+  const bool ok = share >= o.min_mtp_accept;
+  std::printf("%s (MTP acceptance >= %.2f%%)\n", ok ? "PASS" : "FAIL", 100.0 * o.min_mtp_accept);
+  return ok;
 }
 
 // Prefill and decode logits of a run in one table.
@@ -259,9 +306,9 @@ int eval_ref(const Options& o) {
   }
   const ReferenceCase& ref = *loaded;
   const bool compares_models = o.compare_kv || (o.backend == "cpu" ? !o.f32_model.empty() : o.compare_cpu);
-  if (!ref.has_logits && !compares_models) {
+  if (!ref.has_logits && !compares_models && !(o.backend == "cpu" && o.min_mtp_accept >= 0)) {
     std::fprintf(stderr, "ferry eval-ref: %s has token ids but no reference logits (no logits_files): use it with %s\n",
-                 o.reference.c_str(), o.backend == "cpu" ? "--compare-to-f32" : "--compare-cpu");
+                 o.reference.c_str(), o.backend == "cpu" ? "--compare-to-f32 or --min-mtp-accept" : "--compare-cpu");
     return 2;
   }
   auto kind = gpu::resolve_backend_kind(o.backend);
@@ -294,7 +341,7 @@ int eval_ref(const Options& o) {
   const size_t chunk = o.chunk == 0 ? P : o.chunk;
   std::printf("case %s: prompt %zu, decode %zu, chunk %zu, %s (cpu, %u threads)\n", ref.name.c_str(), P, S, chunk,
               o.model.c_str(), backend->pool->size());
-  const CaseRun run = run_case(*backend->forward, ref, chunk, true, formats);
+  const CaseRun run = run_case(*backend->forward, ref, chunk, o.f32_model.empty(), formats);
   std::printf("speed    prefill %.1f tokens/s, decode %.1f tokens/s\n", double(P) / std::max(run.prefill_seconds, 1e-9),
               double(S) / std::max(run.decode_seconds, 1e-9));
 
@@ -327,6 +374,12 @@ int eval_ref(const Options& o) {
     return ok ? 0 : 1;
   }
 
+  if (o.min_mtp_accept >= 0 && run.mtp.empty()) {
+    std::fprintf(stderr, "ferry eval-ref: --min-mtp-accept: %s has no MTP block\n", o.model.c_str());
+    return 2;
+  }
+  const bool accept_ok = report_mtp_agreement(o, run, ref);
+  if (!ref.has_logits) return accept_ok ? 0 : 1;
   const Diff pre = compare(ref.prefill, run.prefill, ref.vocab);
   const Diff dec = compare(ref.decode, run.decode, ref.vocab);
   std::printf("prefill  max|delta| %.3e  top-1 %zu/%zu\n", pre.max_abs, pre.top1, pre.rows);
@@ -352,7 +405,7 @@ int eval_ref(const Options& o) {
   }
   const bool ok = worst <= o.tolerance;
   std::printf("%s (tolerance %.1e)\n", ok ? "PASS" : "FAIL", o.tolerance);
-  return ok ? 0 : 1;
+  return ok && accept_ok ? 0 : 1;
 }
 
 }  // namespace
@@ -380,6 +433,9 @@ CommandRun add_eval_ref_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--kv-index-type", o->kv_index_type, "CPU forward pass: the indexer's cached keys and gates (f32, f16, int8)")
       ->capture_default_str();
+  sub->add_option("--min-mtp-accept", o->min_mtp_accept,
+                  "CPU forward pass: require this share (0..1) of MTP drafts to equal the trunk's next top-1 on the "
+                  "case's text (greedy K=1 acceptance; also takes a case of token ids only)");
   sub->add_flag("--compare-kv-f32", o->compare_kv, "also run with f32 KV on the same backend; require top-1 and KL");
   sub->add_flag("--compare-cpu", o->compare_cpu, "with --backend cuda: also run the CPU backend, require top-1 agreement");
   sub->add_option("--split", o->split,

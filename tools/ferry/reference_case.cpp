@@ -134,7 +134,7 @@ CaseRun run_case(model::Glm5Forward& m, const ReferenceCase& ref, size_t chunk, 
   out.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
   out.decode_seconds = std::chrono::duration<double>(t2 - t1).count();
 
-  if (with_mtp && m.has_mtp() && !ref.mtp.empty()) {
+  if (with_mtp && m.has_mtp() && ref.input_ids.size() + ref.decode_tokens.size() > 1) {
     // Row t: the trunk's hidden state at t and the token at t+1; fed in the same chunks as the prompt.
     std::vector<int32_t> ids(ref.input_ids);
     ids.insert(ids.end(), ref.decode_tokens.begin(), ref.decode_tokens.end());

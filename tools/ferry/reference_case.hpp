@@ -33,7 +33,7 @@ struct ReferenceCase {
 
 // What ferry computed for a case: logits of every prompt row (prefilled in chunks of `chunk`, 0 =
 // whole prompt), of every decode step (the reference's tokens fed one at a time), and of the MTP
-// block over all positions when the model has one and the case asks for it.
+// block over all positions when the model has one and `with_mtp` asks for it.
 struct CaseRun {
   std::vector<float> prefill, decode, mtp;
   std::map<std::string, std::vector<std::vector<uint32_t>>> selections;  // as ReferenceCase's

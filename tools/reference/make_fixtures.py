@@ -10,7 +10,7 @@ For every case it writes one directory:
   prefill_logits.f32                  prompt_len x vocab, little-endian f32: logits of the whole prompt
   decode_logits.f32                   decode_steps x vocab: logits of each greedy decode step (transformers'
                                       cache), the step's input being decode_tokens[i]
-  mtp_logits.f32                      (serve case) the MTP block's logits, one row per position t < n-1 of
+  mtp_logits.f32                      (cases with an MTP block) the MTP block's logits, one row per position t < n-1 of
                                       prompt + decode tokens, fed the trunk's hidden state at t and token t+1
 
 A case with a `train` entry is trained before the reference is taken: AdamW on next-token loss over the
@@ -27,7 +27,12 @@ recompute (logits and DSA selections) and fails loudly otherwise; near-ties in t
 the MoE router are measured, and a case whose tightest margin is below MIN_MARGIN is redrawn with other
 input ids, so that a float32 engine can be held to the reference's selections.
 
+A case with an `mtp_train` entry then gets a trained MTP block, its trunk frozen (mtp_fixture.py); on a case
+already written, `--add-mtp NAME` does that step alone (the trunk trained once on the accelerator, the MTP
+block on a CPU).
+
 Usage: python3 make_fixtures.py --out DIR [--only NAME ...] [--corpus DIR] [--train-seconds S]
+       python3 make_fixtures.py --out DIR --add-mtp NAME [--corpus DIR] [--mtp-seconds S]
 """
 import argparse
 import copy
@@ -105,6 +110,9 @@ CASES = [
          train=dict(batch=16, seq_len=512, lr=2e-3, warmup_steps=50, weight_decay=0.1, max_seconds=180,
                     evals=12, balance_rate=1e-3),
          windows=dict(tokens=512, decode=4),
+         # The MTP block (--add-mtp trained_small, on the CPU): trained on the frozen trunk's hidden states.
+         mtp_train=dict(batch=8, seq_len=256, lr=2e-3, warmup_steps=20, weight_decay=0.1, max_seconds=1800,
+                        evals=10, balance_rate=1e-3, eval_len=512, eval_windows=4),
          text=dict(vocab_size=4096, hidden_size=256, intermediate_size=256, moe_intermediate_size=256,
                    tie_word_embeddings=True, layer_types=[K, D], mlp_layer_types=["dense", "sparse"],
                    num_attention_heads=1, num_key_value_heads=1, q_lora_rank=256, kv_lora_rank=256,
@@ -151,8 +159,9 @@ def persistent_tensors(module):
     return out
 
 
-def randomise(module, gen, hidden, hc_mult, log=None):
-    """Re-draw every parameter with a scale that keeps activations O(1)."""
+def randomise(module, gen, hidden, hc_mult, log=None, only_prefix=None):
+    """Re-draw every parameter (or those whose name starts with only_prefix) with a scale that keeps
+    activations O(1)."""
     def normal(shape, std, mean=0.0):
         return torch.randn(shape, generator=gen, dtype=torch.float64) * std + mean
 
@@ -161,6 +170,8 @@ def randomise(module, gen, hidden, hc_mult, log=None):
 
     tied = module.lm_head.weight is text_model(module).embed_tokens.weight
     for name, t in persistent_tensors(module):
+        if only_prefix is not None and not name.startswith(only_prefix):
+            continue
         shape = tuple(t.shape)
         leaf = name.split(".")[-1]
         if name.endswith("embed_tokens.weight") and not tied:
@@ -537,15 +548,19 @@ def rms(x, w, eps):
 
 
 def mtp_forward(layer, nextn, embed, lm_head, h, next_tokens, eps):
-    e = embed(next_tokens)                                         # [n, D]
+    """h: [n, D] or [B, n, D] trunk hidden states; next_tokens: [n] or [B, n]; logits of the same shape."""
+    batched = h.dim() == 3
+    if not batched:
+        h, next_tokens = h[None], next_tokens[None]
+    e = embed(next_tokens)                                         # [B, n, D]
     x = F.linear(torch.cat([rms(e, nextn["enorm"], eps), rms(h, nextn["hnorm"], eps)], dim=-1),
                  nextn["eh_proj"])
-    mask = torch.ones(1, x.shape[0], dtype=torch.bool)
-    a = layer.self_attn(hidden_states=layer.input_layernorm(x)[None], attention_mask=mask,
-                        past_key_values=None)[0][0]
+    mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+    a = layer.self_attn(hidden_states=layer.input_layernorm(x), attention_mask=mask, past_key_values=None)[0]
     x = x + a
-    x = x + layer.mlp(layer.post_attention_layernorm(x)[None])[0]
-    return lm_head(rms(x, nextn["shared_head_norm"], eps))
+    x = x + layer.mlp(layer.post_attention_layernorm(x))
+    out = lm_head(rms(x, nextn["shared_head_norm"], eps))
+    return out if batched else out[0]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -821,9 +836,19 @@ def save_checkpoint(spec, trunk, big, nextn, n_layers, case_dir):
     to_save.save_pretrained(case_dir)
     if not spec.get("mtp"):
         return
-    # The MTP block: layer n_layers of `big` under the names save_pretrained gives it (no mHC tensors),
-    # plus eh_proj / enorm / hnorm / shared_head.norm. embed_tokens and shared_head.head are not written:
-    # the released checkpoint shares the trunk's (llama.cpp glm5next marks them optional).
+    sd = load_shards(case_dir)
+    sd.update(mtp_tensors(big, nextn, n_layers, dtype))
+    for fn in os.listdir(case_dir):
+        if fn.endswith(".safetensors") or fn.endswith(".safetensors.index.json"):
+            os.remove(os.path.join(case_dir, fn))
+    save_file(sd, os.path.join(case_dir, "model.safetensors"), metadata={"format": "pt"})
+    mark_mtp_config(case_dir)
+
+
+def mtp_tensors(big, nextn, n_layers, dtype):
+    """The MTP block: layer n_layers of `big` under the names save_pretrained gives it (no mHC tensors),
+    plus eh_proj / enorm / hnorm / shared_head.norm. embed_tokens and shared_head.head are not written:
+    the released checkpoint shares the trunk's (llama.cpp glm5next marks them optional)."""
     with tempfile.TemporaryDirectory() as tmp:
         copy.deepcopy(big).to(dtype).save_pretrained(tmp)
         big_sd = load_shards(tmp)
@@ -832,16 +857,14 @@ def save_checkpoint(spec, trunk, big, nextn, n_layers, case_dir):
            and not any(s in k for s in ("hc_attn", "hc_ffn", "attn_hc.", "ffn_hc."))}
     if not mtp:
         raise RuntimeError("no MTP layer tensors found in the saved 1-layer-larger model")
-    mtp[prefix + "eh_proj.weight"] = nextn["eh_proj"].to(dtype).contiguous()
-    mtp[prefix + "enorm.weight"] = nextn["enorm"].to(dtype).contiguous()
-    mtp[prefix + "hnorm.weight"] = nextn["hnorm"].to(dtype).contiguous()
-    mtp[prefix + "shared_head.norm.weight"] = nextn["shared_head_norm"].to(dtype).contiguous()
-    sd = load_shards(case_dir)
-    sd.update(mtp)
-    for fn in os.listdir(case_dir):
-        if fn.endswith(".safetensors") or fn.endswith(".safetensors.index.json"):
-            os.remove(os.path.join(case_dir, fn))
-    save_file(sd, os.path.join(case_dir, "model.safetensors"), metadata={"format": "pt"})
+    mtp[prefix + "eh_proj.weight"] = nextn["eh_proj"].detach().to(dtype).contiguous()
+    mtp[prefix + "enorm.weight"] = nextn["enorm"].detach().to(dtype).contiguous()
+    mtp[prefix + "hnorm.weight"] = nextn["hnorm"].detach().to(dtype).contiguous()
+    mtp[prefix + "shared_head.norm.weight"] = nextn["shared_head_norm"].detach().to(dtype).contiguous()
+    return mtp
+
+
+def mark_mtp_config(case_dir):
     cfg_path = os.path.join(case_dir, "config.json")
     with open(cfg_path) as f:
         cj = json.load(f)
@@ -867,11 +890,31 @@ def main():
                     help="train.npy and heldout.npy from tokenize_corpus.py (cases with a `train` entry)")
     ap.add_argument("--train-seconds", type=float, default=None,
                     help="training time of cases with a `train` entry (default: the case's max_seconds)")
+    ap.add_argument("--add-mtp", nargs="*", default=None, metavar="NAME",
+                    help="train an MTP block for these cases already in --out (an `mtp_train` entry), trunk frozen")
+    ap.add_argument("--mtp-seconds", type=float, default=None,
+                    help="training time of the MTP block (default: the case's mtp_train max_seconds)")
     args = ap.parse_args()
     print(f"transformers {transformers.__version__}, torch {torch.__version__}")
     torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
     os.makedirs(args.out, exist_ok=True)
     failed = []
+
+    def add_mtp(spec):
+        from mtp_fixture import add_trained_mtp
+        if args.mtp_seconds is not None:
+            spec = dict(spec, mtp_train=dict(spec["mtp_train"], max_seconds=args.mtp_seconds))
+        add_trained_mtp(spec, args.out, args.corpus)
+
+    if args.add_mtp is not None:
+        for name in args.add_mtp:
+            spec = next((s for s in CASES if s["name"] == name and "mtp_train" in s), None)
+            if spec is None:
+                sys.exit(f"--add-mtp {name}: no case of that name with an mtp_train entry")
+            print(f"case {name}: MTP block")
+            add_mtp(spec)
+        print("all MTP blocks written")
+        return
     for spec in CASES:
         wanted = spec["name"] in args.only if args.only else "train" not in spec
         if not wanted:
@@ -881,6 +924,8 @@ def main():
             spec = dict(spec, train=dict(spec["train"], max_seconds=args.train_seconds))
         try:
             build_case(spec, args.out, args.corpus)
+            if "mtp_train" in spec:
+                add_mtp(spec)
         except Exception:
             traceback.print_exc()
             failed.append(spec["name"])
