@@ -359,7 +359,7 @@ __global__ void store_latents_kernel(const float* src, size_t src_stride, RowInf
                                      config::KvType type, void* cache, float* scales) {
   const uint32_t r = blockIdx.x;
   const float* x = src + static_cast<size_t>(r) * src_stride;
-  const size_t row = static_cast<size_t>(rows.slot[r]) * ctx + static_cast<size_t>(rows.pos[r]);
+  const size_t row = rows.slot == nullptr ? r : static_cast<size_t>(rows.slot[r]) * ctx + static_cast<size_t>(rows.pos[r]);
   if (type == config::KvType::f32) {
     for (uint32_t c = threadIdx.x; c < width; c += blockDim.x) static_cast<float*>(cache)[row * width + c] = x[c];
     return;

@@ -69,6 +69,14 @@ class HostKvTier {
   // Rows [pos, pos + n) of (slot, layer), row i at src + i * stride. pos may not pass the layer's end;
   // before it, the rows from pos on are invalidated first in every layer (a rewritten prefix).
   Status write(uint32_t slot, uint32_t layer, uint32_t pos, const float* src, uint32_t n, uint64_t stride);
+  // Rows [pos, pos + n) of (slot, layer) for a caller that writes them already encoded (a device
+  // copy): the same checks and invalidation as write(), then the layer holds pos + n rows. `data`
+  // holds n rows of width elements, `scales` (int8, else nullptr) n floats; both contiguous.
+  struct RawRows {
+    void* data = nullptr;
+    float* scales = nullptr;
+  };
+  Expected<RawRows> claim(uint32_t slot, uint32_t layer, uint32_t pos, uint32_t n);
   // Every layer of the slot keeps rows [0, t) (t at or past the end changes nothing).
   void truncate(uint32_t slot, uint32_t t);
   void reset(uint32_t slot) { truncate(slot, 0); }
@@ -78,6 +86,9 @@ class HostKvTier {
   // a fetch copies to the device.
   const void* row_data(uint32_t slot, uint32_t layer, uint32_t pos) const;
   const float* row_scale(uint32_t slot, uint32_t layer, uint32_t pos) const;
+
+  // The whole allocation (for mapping it into a device's address space).
+  void* memory() const { return memory_; }
 
   // Called with (slot, cut) whenever rows from `cut` on are invalidated.
   void on_invalidate(std::function<void(uint32_t slot, uint32_t cut)> listener) { listeners_.push_back(std::move(listener)); }
