@@ -2,8 +2,8 @@
 // The host KV tier: every slot's full logical DSA latent rows, in host memory (pinned on CUDA) within
 // a budget, for the layers of one stage.
 //
-// How the tiers fit the stage and the slot state (design; the first two parts are built, the window
-// is the next step, issue 12):
+// How the tiers fit the stage and the slot state (the CUDA stage's window is gpu/kv_window.hpp, its
+// planning kv/resident_window.hpp):
 // - Rows: one per token per DSA layer, kv_lora_rank wide, in the stage's KV format (config/kv_type.hpp,
 //   kv/kv_codec.hpp). The indexer's pool keys stay on the device whole (context / kpool rows of
 //   index_dim f32: small), so scoring never waits for the host; the per-token indexer keys and gates
@@ -14,9 +14,10 @@
 //   rows here as well as on the device (prefill does it from the copy stream).
 // - Resident window (per DSA layer on the device, `--kv-resident` rows): a ClockPolicy
 //   (kv/clock_policy.hpp) maps (slot, position) keys to window frames. Per step the indexer selects
-//   rows; resident ones are pinned (hits), missing ones are placed (misses) and copied from here on the
-//   copy stream before attention; attention reads frames through a per-row frame table. A context
-//   shorter than the window never evicts: every row stays where it was written.
+//   rows; resident ones are pinned (hits), missing ones are placed (misses) and copied from here
+//   before attention (on the compute stream, by a kernel reading this memory through the device's
+//   view); attention reads frames through a per-row frame table. A context no longer than the window
+//   lives wholly on the device, every row where it was written, and never comes here.
 // - Invalidation, the same on both tiers: write() at a position before a slot's end (a rewritten
 //   prefix) and truncate() drop exactly the rows from the cut on, in every layer, and tell the
 //   listeners (the windows' ClockPolicy::invalidate) the slot and the cut; reset() is a cut at 0.

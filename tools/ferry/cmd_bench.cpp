@@ -51,6 +51,7 @@ struct Options {
   std::string split = "none", devices;
   uint32_t slots = 1, micro_batches = 0;
   uint32_t mtp = 0;  // drafts a step of "tg N mtpK @ d" (0: not run)
+  uint32_t kv_resident = 32768;  // CUDA: latent rows per DSA layer and slot on the device
   config::MemoryOptionsText memory;
   float route_skew = 0;
   float temperature = 0.0f, top_p = 1.0f;  // of every step's draw (0: greedy)
@@ -123,6 +124,7 @@ int bench(const Options& o) {
   bo.max_slots = std::max<uint32_t>(1, o.slots);
   bo.max_step_rows = std::max<uint32_t>(max_p, 512) + bo.max_slots;
   bo.max_context = (max_d + std::max(max_p, max_n * o.reps + 8) + 64 + 255) / 256 * 256;
+  bo.kv_resident = o.kv_resident;
   Status split_error = gpu::parse_kv_type_option(o.kv_type, bo);
   if (!split_error) split_error = config::parse_split(o.split, bo.split);
   if (!split_error && !o.devices.empty()) split_error = config::parse_devices(o.devices, bo.split);
@@ -224,6 +226,7 @@ int bench(const Options& o) {
   std::vector<model::StageCounters> before(b.stages().size());
   std::vector<ExpertRow> expert_rows;
   std::vector<std::string> handoffs;  // per depth and link: bytes and copy time per decode step
+  std::vector<std::string> windows;   // per depth and stage: the resident KV window over the decode tests
   for (uint32_t d : *depths) {
     fill(d);
     for (uint32_t p : *pp) {
@@ -270,6 +273,23 @@ int bench(const Options& o) {
       }
       results.push_back(r);
       std::fprintf(stderr, "  %-18s %10.1f t/s\n", r.test.c_str(), r.mean_tps());
+    }
+    for (size_t i = 0; i < b.stages().size(); ++i) {
+      const model::StageCounters c = b.stages()[i]->counters();
+      if (c.kv_window_rows == 0) continue;
+      const double steps = static_cast<double>(c.steps - before[i].steps);
+      const uint64_t fetched = c.kv_fetched_rows - before[i].kv_fetched_rows, hits = c.kv_hits - before[i].kv_hits;
+      char line[320];
+      std::snprintf(line, sizeof line,
+                    "tg @ d%u, stage %zu: %llu windowed steps of %.0f, %.1f rows and %.0f bytes fetched/step, "
+                    "hit rate %.4f, %llu of %llu window rows resident, host KV %.1f MiB (slot 0)",
+                    d, i, static_cast<unsigned long long>(c.kv_windowed_steps - before[i].kv_windowed_steps), steps,
+                    steps > 0 ? static_cast<double>(fetched) / steps : 0.0,
+                    steps > 0 ? static_cast<double>(c.kv_fetched_bytes - before[i].kv_fetched_bytes) / steps : 0.0,
+                    hits + fetched > 0 ? static_cast<double>(hits) / static_cast<double>(hits + fetched) : 1.0,
+                    static_cast<unsigned long long>(c.kv_resident_rows), static_cast<unsigned long long>(c.kv_window_rows),
+                    c.kv_host_slot_bytes.empty() ? 0.0 : static_cast<double>(c.kv_host_slot_bytes[0]) / 1048576.0);
+      windows.push_back(line);
     }
     for (size_t i = 0; i + 1 < b.stages().size(); ++i) {
       const model::StageCounters c = b.stages()[i]->counters();
@@ -415,6 +435,8 @@ int bench(const Options& o) {
   }
   if (!handoffs.empty()) std::printf("\nhand-off between stages:\n");
   for (const std::string& h : handoffs) std::printf("  %s\n", h.c_str());
+  if (!windows.empty()) std::printf("\nresident KV window (--kv-resident %u):\n", o.kv_resident);
+  for (const std::string& w : windows) std::printf("  %s\n", w.c_str());
   return 0;
 }
 
@@ -433,6 +455,10 @@ CommandRun add_bench_command(CLI::App& app) {
       ->check(CLI::ExistingFile);
   sub->add_option("--backend", o->backend, "auto, cpu or cuda")->capture_default_str();
   sub->add_option("--kv-type", o->kv_type, "DSA latent rows: f32, f16, int8 or auto (int8 on CUDA, f32 on the CPU)")
+      ->capture_default_str();
+  sub->add_option("--kv-resident", o->kv_resident,
+                  "CUDA: DSA latent rows per layer and slot kept on the device; past it a pinned host tier holds the "
+                  "rest (0: the whole context)")
       ->capture_default_str();
   sub->add_option("-p,--n-prompt", o->prompt, "prefill chunk sizes, comma-separated")->capture_default_str();
   sub->add_option("-n,--n-gen", o->gen, "decode lengths, comma-separated")->capture_default_str();
