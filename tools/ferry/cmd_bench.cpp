@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "config/memory_options.hpp"
+#include "kv/random_slot_state.hpp"
 #include "gpu/backend_factory.hpp"
 #include "model/formats/gguf.hpp"
 #include "model/speculative.hpp"
@@ -52,6 +53,7 @@ struct Options {
   uint32_t slots = 1, micro_batches = 0;
   uint32_t mtp = 0;  // drafts a step of "tg N mtpK @ d" (0: not run)
   uint32_t kv_resident = 32768;  // CUDA: latent rows per DSA layer and slot on the device
+  std::string fill = "prefill";  // how a depth is reached: prefill, or random (kv/random_slot_state.hpp)
   config::MemoryOptionsText memory;
   float route_skew = 0;
   float temperature = 0.0f, top_p = 1.0f;  // of every step's draw (0: greedy)
@@ -207,7 +209,13 @@ int bench(const Options& o) {
   std::vector<model::SlotStateImage> at_depth;
   auto fill = [&](uint32_t d) {
     if (auto e = b.reset_slot(0)) failure = e->message;
-    if (d > 0) step(0, random_tokens(d));
+    if (d > 0 && o.fill == "random") {
+      std::vector<model::SlotStateImage> drawn;
+      for (const auto& s : b.stages()) drawn.push_back(kv::random_slot_state(s->state_layout(), d, o.seed + d));
+      if (auto e = b.restore_slot(0, drawn); e && failure.empty()) failure = e->message;
+    } else if (d > 0) {
+      step(0, random_tokens(d));
+    }
     auto image = b.save_slot(0, false);
     if (image) {
       at_depth = std::move(image.value());
@@ -219,7 +227,14 @@ int bench(const Options& o) {
     if (auto e = b.restore_slot(0, at_depth); e && failure.empty()) failure = e->message;
   };
 
+  // A depth reached by drawing its state, not by a prefill, says so in every test name.
+  auto rnd = [&](uint32_t d) { return o.fill == "random" && d > 0 ? std::string(" rnd") : std::string(); };
   std::fprintf(stderr, "ferry bench: %s on %s\n", model_name.c_str(), b.describe().c_str());
+  if (o.fill == "random") {
+    std::fprintf(stderr, "ferry bench: --fill random: each depth's KV rows, indexer keys and KDA state are DRAWN at "
+                         "random (tests marked rnd): decode reads as many rows as at that depth, but the indexer's "
+                         "selections (and a window's hit rate) are not those of real text\n");
+  }
   // Warm-up: one prefill of each size and a few decode steps at depth 0 (cuBLAS heuristics, graphs).
   for (uint32_t p : *pp) step(0, random_tokens(p));
   std::vector<Result> results;
@@ -230,7 +245,7 @@ int bench(const Options& o) {
   for (uint32_t d : *depths) {
     fill(d);
     for (uint32_t p : *pp) {
-      Result r{"pp" + std::to_string(p) + " @ d" + std::to_string(d), p, d, false, {}, 0, std::nullopt};
+      Result r{"pp" + std::to_string(p) + " @ d" + std::to_string(d) + rnd(d), p, d, false, {}, 0, std::nullopt};
       for (uint32_t rep = 0; rep < o.reps; ++rep) {
         back_to_depth();  // every repetition starts from the same depth
         const auto tokens = random_tokens(p);
@@ -249,7 +264,7 @@ int bench(const Options& o) {
     for (int i = 0; i < 2; ++i) t = step(pos++, {t});  // graph capture
     for (size_t i = 0; i < b.stages().size(); ++i) before[i] = b.stages()[i]->counters();
     for (uint32_t n : *tg) {
-      Result r{"tg" + std::to_string(n) + " @ d" + std::to_string(d), n, d, true, {}, 0, std::nullopt};
+      Result r{"tg" + std::to_string(n) + " @ d" + std::to_string(d) + rnd(d), n, d, true, {}, 0, std::nullopt};
       const model::ExpertTierCounters tier_before = expert_counters(b);
       for (uint32_t rep = 0; rep < o.reps; ++rep) {
         const double t0 = now_s();
@@ -459,6 +474,11 @@ CommandRun add_bench_command(CLI::App& app) {
   sub->add_option("--kv-resident", o->kv_resident,
                   "CUDA: DSA latent rows per layer and slot kept on the device; past it a pinned host tier holds the "
                   "rest (0: the whole context)")
+      ->capture_default_str();
+  sub->add_option("--fill", o->fill,
+                  "how each depth is reached: prefill (a real prefill of random tokens) or random (the slot's state "
+                  "drawn at random: deep decode without the prefill; tests marked rnd)")
+      ->check(CLI::IsMember({"prefill", "random"}))
       ->capture_default_str();
   sub->add_option("-p,--n-prompt", o->prompt, "prefill chunk sizes, comma-separated")->capture_default_str();
   sub->add_option("-n,--n-gen", o->gen, "decode lengths, comma-separated")->capture_default_str();
