@@ -420,9 +420,10 @@ void sparse_mla(const SparseMlaArgs& a, cudaStream_t stream) {
   // as far as the scratch holds; many rows (prefill) fill it already.
   uint32_t hg = kMaxHg;
   while (hg > 1 && a.heads % hg != 0) hg /= 2;
-  const uint32_t base_blocks = a.heads / hg * a.rows;
+  const uint32_t plan_rows = std::max(a.rows, a.split_rows);
+  const uint32_t base_blocks = a.heads / hg * plan_rows;
   uint32_t splits = (2 * static_cast<uint32_t>(current_sm_count()) + base_blocks - 1) / base_blocks;
-  splits = std::min({splits, kMaxSplits, a.partial ? a.partial_rows / a.rows : 1u, std::max(a.max_tokens, 1u)});
+  splits = std::min({splits, kMaxSplits, a.partial ? a.partial_rows / plan_rows : 1u, std::max(a.max_tokens, 1u)});
   splits = std::max(splits, 1u);
   auto kernel = sparse_mla_kernel<config::KvType::f32>;
   if (a.latent_type == config::KvType::f16) kernel = sparse_mla_kernel<config::KvType::f16>;

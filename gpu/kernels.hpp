@@ -219,6 +219,9 @@ struct SparseMlaArgs {
   // slots of heads x (rank + 2) floats; without it every block walks its whole selection.
   float* partial = nullptr;
   uint32_t partial_rows = 0;
+  // Rows the split count is chosen for (0: rows): a step attended in groups of its rows (the resident
+  // window) splits each row as the whole step would, so that its sums run in the same order.
+  uint32_t split_rows = 0;
 };
 void sparse_mla(const SparseMlaArgs& a, cudaStream_t stream);
 // Rows of `src` (the step's new latents) into the latent cache in `type` (kv/kv_codec.hpp: the CPU

@@ -221,6 +221,7 @@ void KvWindow::attend(uint32_t il, const LayerState& st, SparseMlaArgs a, cudaSt
     }
     SparseMlaArgs g = a;
     g.rows = last - first;
+    g.split_rows = a.rows;
     g.row.slot = a.row.slot + first;
     g.row.pos = a.row.pos + first;
     if (a.row.seg_first_row != nullptr) g.row.seg_first_row = a.row.seg_first_row + first;

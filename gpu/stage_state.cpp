@@ -107,7 +107,9 @@ void StageState::save_latents(uint32_t il, uint32_t slot, uint32_t n, float* out
   const bool host = window_ && !window_->in_window(slot);
   const auto* base = host ? static_cast<const uint8_t*>(window_->host_rows(slot, il))
                           : static_cast<const uint8_t*>(l.latents) + row0 * w * kv::kv_element_bytes(formats_.latent);
-  const float* scales = host ? window_->host_scales(slot, il) : l.latent_scales + row0;
+  const float* scales = formats_.latent != config::KvType::int8 ? nullptr
+                        : host                                      ? window_->host_scales(slot, il)
+                                                                    : l.latent_scales + row0;
   switch (formats_.latent) {
     case config::KvType::f32:
       FERRY_CUDA(cudaMemcpyAsync(out, base, n * w * 4, cudaMemcpyDefault, stream));
