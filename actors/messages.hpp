@@ -167,6 +167,15 @@ struct StepPlan {
   std::vector<model::SlotRows> rows;
 };
 
+// A stage's resident KV window (model::StageCounters has the meaning of each): all zero where every
+// row stays on the stage's device.
+struct KvWindowStatus {
+  uint64_t window_rows = 0, resident_rows = 0, windowed_steps = 0, hits = 0, fetched_rows = 0, fetched_bytes = 0;
+  uint64_t last_fetched_rows = 0, last_fetched_bytes = 0;
+  std::vector<uint64_t> host_slot_bytes;  // per slot (empty: no host tier)
+  bool operator==(const KvWindowStatus&) const = default;
+};
+
 // What a stage publishes with every step it passes on: who it is and what it has done.
 struct StageStatus {
   uint32_t index = 0;
@@ -181,6 +190,7 @@ struct StageStatus {
   double compute_ms = 0;
   bool tiered = false;                  // the stage keeps a pool of routed experts
   model::ExpertTierCounters experts;    // when tiered
+  KvWindowStatus kv;
   bool operator==(const StageStatus&) const = default;
 };
 
@@ -451,9 +461,14 @@ typename Inspector::result_type inspect(Inspector& f, SampledToken& x) {
   return f(x.slot, x.token, x.accepted, x.drafts);
 }
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, KvWindowStatus& x) {
+  return f(x.window_rows, x.resident_rows, x.windowed_steps, x.hits, x.fetched_rows, x.fetched_bytes,
+           x.last_fetched_rows, x.last_fetched_bytes, x.host_slot_bytes);
+}
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StageStatus& x) {
   return f(x.index, x.layers, x.backend, x.failed, x.failure, x.steps, x.rows, x.handoff_bytes, x.handoff_ms,
-           x.compute_ms, x.tiered, x.experts);
+           x.compute_ms, x.tiered, x.experts, x.kv);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ExpertReport& x) {

@@ -15,6 +15,9 @@ void note_counters(StageStatus& status, model::Stage& stage) {
   status.handoff_bytes = c.handoff_bytes;
   status.handoff_ms = c.handoff_ms;
   status.compute_ms = c.compute_ms;
+  status.kv = {c.kv_window_rows,      c.kv_resident_rows,     c.kv_windowed_steps,     c.kv_hits,
+               c.kv_fetched_rows,     c.kv_fetched_bytes,     c.kv_last_fetched_rows,  c.kv_last_fetched_bytes,
+               c.kv_host_slot_bytes};
   if (model::ExpertTier* tier = stage.experts()) {
     status.tiered = true;
     status.experts = tier->counters();

@@ -63,6 +63,13 @@ ServeCli::ServeCli(CLI::App& cmd) : cmd_(cmd) {
   add("slots", "ctx", c.slots.ctx, "tokens per slot, prompt + completion")->capture_default_str();
   add("slots", "kv-type", c.slots.kv_type, "DSA latent rows: f32, f16, int8 or auto (int8 on CUDA, f32 on the CPU)")
       ->capture_default_str();
+  add("slots", "kv-resident", c.slots.kv_resident,
+      "CUDA: DSA latent rows per layer and slot kept on the device; a longer context keeps the rest in pinned host "
+      "memory (0: the whole context on the device)")
+      ->capture_default_str();
+  add("slots", "kv-host-budget", c.slots.kv_host_budget_gib,
+      "GiB of host RAM the host KV tier may take (0: what slots x ctx need, counted against --ram-floor)")
+      ->capture_default_str();
   add("slots", "prefill-chunk", c.slots.prefill_chunk, "prompt tokens per step")->capture_default_str();
   add("slots", "mtp", c.slots.mtp,
       "speculative decoding with the model's MTP block (CPU backend): auto (drafts per "

@@ -83,6 +83,9 @@ std::vector<std::string> validate(const ServeConfig& c) {
   check(c.slots.ctx >= 16, bad("ctx", c.slots.ctx, "at least 16 tokens per slot"));
   check(c.slots.kv_type == "auto" || parse_kv_type(c.slots.kv_type).ok(),
         bad("kv-type", c.slots.kv_type, "f32, f16, int8 or auto"));
+  check(std::isfinite(c.slots.kv_host_budget_gib) && c.slots.kv_host_budget_gib >= 0 &&
+            c.slots.kv_host_budget_gib <= 65536,
+        bad("kv-host-budget", c.slots.kv_host_budget_gib, "GiB in [0, 65536]"));
   check(c.slots.prefill_chunk >= 1, bad("prefill-chunk", c.slots.prefill_chunk, "at least 1 token"));
   check(c.slots.mtp == "auto" || c.slots.mtp == "off" || c.slots.mtp == "1" || c.slots.mtp == "2" || c.slots.mtp == "3",
         bad("mtp", c.slots.mtp, "auto, off or a draft count 1 to 3"));

@@ -47,6 +47,8 @@ PlanInput plan_input(const model::Glm5Hparams& hp, const TensorBytes& tensor_byt
   in.step_rows = o.max_step_rows;
   in.kv_type = o.kv_type.value_or(default_kv_type("cuda"));
   in.checkpoint_bytes = o.checkpoint_bytes;
+  in.kv_resident = o.kv_resident;
+  in.kv_host_budget = o.kv_host_budget;
   return in;
 }
 
@@ -134,6 +136,7 @@ Expected<OpenedModel> cuda_pipeline(const BackendOptions& o, const Source& src, 
     c.max_slots = o.max_slots;
     c.max_context = context_for(o, hp.context_length);
     c.kv.latent = o.kv_type.value_or(default_kv_type("cuda"));
+    c.kv_resident = o.kv_resident;
     c.max_step_rows = o.max_step_rows;
     c.graphs = o.graphs;
     c.mtp = o.mtp;

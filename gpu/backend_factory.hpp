@@ -37,6 +37,10 @@ struct BackendOptions {
   std::optional<config::KvType> kv_type;  // DSA latent rows (--kv-type); unset: default_kv_type(backend)
   bool mtp = false;               // the last stage runs the model's MTP block, when it has one
   uint64_t checkpoint_bytes = 0;  // host RAM the prefix cache may take (--checkpoint-budget)
+  // CUDA: latent rows per DSA layer and slot kept on the device (--kv-resident); a longer context keeps
+  // the rest in a pinned host tier (gpu/kv_window.hpp). 0: the whole context on the device.
+  uint32_t kv_resident = 32768;
+  std::optional<uint64_t> kv_host_budget;  // --kv-host-budget; unset: what the tier needs, within the RAM floor
 };
 
 // The latent rows' format when --kv-type is not given: int8 on "cuda", f32 (the reference) on "cpu".

@@ -103,13 +103,16 @@ struct CudaStage::Impl {
   // The slots' state is sized for the whole context up front: a context the device cannot hold is
   // refused here, with the numbers, before anything else is allocated.
   Status check_state_fits() {
-    const uint64_t need = StageState::bytes_for(hp, layers, opt.max_slots, opt.max_context, opt.kv.latent);
+    const uint32_t win = opt.kv_resident;
+    const uint64_t need = StageState::bytes_for(hp, layers, opt.max_slots, opt.max_context, opt.kv.latent, win);
     size_t free_b = 0, total_b = 0;
     FERRY_CUDA(cudaMemGetInfo(&free_b, &total_b));
     if (need <= free_b) return std::nullopt;
-    const uint64_t per_token =
-        StageState::bytes_for(hp, layers, 1, 1, opt.kv.latent) - StageState::bytes_for(hp, layers, 1, 0, opt.kv.latent);
-    const uint64_t fixed = StageState::bytes_for(hp, layers, opt.max_slots, 0, opt.kv.latent);
+    // Past the window only the indexer's rows grow with the context: the marginal token's bytes.
+    const uint32_t c = opt.max_context;
+    const uint64_t per_token = StageState::bytes_for(hp, layers, 1, c, opt.kv.latent, win) -
+                               StageState::bytes_for(hp, layers, 1, c - 1, opt.kv.latent, win);
+    const uint64_t fixed = need - per_token * c * opt.max_slots;
     const uint64_t fits = free_b > fixed ? (free_b - fixed) / std::max<uint64_t>(1, per_token * opt.max_slots) : 0;
     return Error(ErrorCode::out_of_memory,
                  model::describe_layers(layers) + " on cuda:" + std::to_string(opt.device) + ": " +
@@ -121,7 +124,7 @@ struct CudaStage::Impl {
 
   // Everything but the weights, after them.
   void finish_setup() {
-    state.emplace(hp, layers, opt.max_slots, opt.max_context, opt.kv, s());
+    state.emplace(hp, layers, opt.max_slots, opt.max_context, opt.kv, s(), opt.kv_resident, opt.max_step_rows);
     const model::LayerRange work_layers{layers.first, runs_mtp() ? hp.n_layers + 1 : layers.end};
     work.emplace(hp, work_layers, work_rows(), opt.max_context);
     FERRY_CUBLAS(blas::api().set_workspace(cublas, work->cublas_ws, Workspace::kCublasWorkspace));
@@ -265,11 +268,12 @@ Expected<model::StageOutput> CudaStage::Impl::run(const std::vector<model::SlotR
     }
     prepare_rollback(r);
   }
+  const bool windowed = state->begin_step(rows, s());  // steps past a slot's window run eagerly
   if (experts) experts->before_step();
   const StepGeometry g = input->stage(rows, last(), last() ? work->logit_rows : 1, s());
   const int32_t* tokens = first() ? input->tokens() : nullptr;
   model::StageOutput output;
-  const bool graphable = input->decode_only() && g.rows <= kMaxMatvecTokens &&
+  const bool graphable = !windowed && input->decode_only() && g.rows <= kMaxMatvecTokens &&
                          (!last() || (input->logit_list().size() == g.rows && g.rows <= work->logit_rows));
   if (graphable) {
     graphs.run(DecodeGraphs::shape(g.rows, g.segments, g.max_seg_rows), s(), [&] {
@@ -415,7 +419,20 @@ std::vector<float> CudaStage::take_mtp_logits() { return impl_->mtp ? impl_->mtp
 
 model::StageCounters CudaStage::counters() const {
   impl_->collect_copy_time();
-  return impl_->counters;
+  model::StageCounters c = impl_->counters;
+  if (const KvWindow* w = impl_->state->window()) {
+    const KvWindowStats k = w->stats(impl_->state->tokens);
+    c.kv_window_rows = k.window_rows;
+    c.kv_resident_rows = k.resident_rows;
+    c.kv_windowed_steps = k.windowed_steps;
+    c.kv_hits = k.hits;
+    c.kv_fetched_rows = k.misses;
+    c.kv_fetched_bytes = k.fetched_bytes;
+    c.kv_last_fetched_rows = k.last_fetched_rows;
+    c.kv_last_fetched_bytes = k.last_fetched_bytes;
+    c.kv_host_slot_bytes = k.host_bytes;
+  }
+  return c;
 }
 
 std::string CudaStage::describe() const {

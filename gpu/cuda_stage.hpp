@@ -39,6 +39,7 @@ struct CudaStageOptions {
   uint32_t max_step_rows = 2048;  // rows of one step (a prefill chunk plus decode rows)
   bool graphs = true;             // replay decode steps from CUDA graphs
   config::KvFormats kv;           // DSA row formats: latent f32 | f16 | int8, indexer keys/gates f32
+  uint32_t kv_resident = 0;       // latent rows per DSA layer and slot on the device (0: the whole context)
   std::optional<StageExpertTiers> tiers;  // none: every routed expert of the stage on the device
   // Speculative decoding: every stage keeps a verify set's start state (gpu/verify_keep.hpp); the
   // last one runs the model's MTP block, when it has one (gpu/mtp_block.hpp).

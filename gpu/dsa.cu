@@ -359,7 +359,7 @@ __global__ void store_latents_kernel(const float* src, size_t src_stride, RowInf
                                      config::KvType type, void* cache, float* scales) {
   const uint32_t r = blockIdx.x;
   const float* x = src + static_cast<size_t>(r) * src_stride;
-  const size_t row = static_cast<size_t>(rows.slot[r]) * ctx + static_cast<size_t>(rows.pos[r]);
+  const size_t row = rows.slot == nullptr ? r : static_cast<size_t>(rows.slot[r]) * ctx + static_cast<size_t>(rows.pos[r]);
   if (type == config::KvType::f32) {
     for (uint32_t c = threadIdx.x; c < width; c += blockDim.x) static_cast<float*>(cache)[row * width + c] = x[c];
     return;
@@ -420,9 +420,10 @@ void sparse_mla(const SparseMlaArgs& a, cudaStream_t stream) {
   // as far as the scratch holds; many rows (prefill) fill it already.
   uint32_t hg = kMaxHg;
   while (hg > 1 && a.heads % hg != 0) hg /= 2;
-  const uint32_t base_blocks = a.heads / hg * a.rows;
+  const uint32_t plan_rows = std::max(a.rows, a.split_rows);
+  const uint32_t base_blocks = a.heads / hg * plan_rows;
   uint32_t splits = (2 * static_cast<uint32_t>(current_sm_count()) + base_blocks - 1) / base_blocks;
-  splits = std::min({splits, kMaxSplits, a.partial ? a.partial_rows / a.rows : 1u, std::max(a.max_tokens, 1u)});
+  splits = std::min({splits, kMaxSplits, a.partial ? a.partial_rows / plan_rows : 1u, std::max(a.max_tokens, 1u)});
   splits = std::max(splits, 1u);
   auto kernel = sparse_mla_kernel<config::KvType::f32>;
   if (a.latent_type == config::KvType::f16) kernel = sparse_mla_kernel<config::KvType::f16>;

@@ -219,10 +219,14 @@ struct SparseMlaArgs {
   // slots of heads x (rank + 2) floats; without it every block walks its whole selection.
   float* partial = nullptr;
   uint32_t partial_rows = 0;
+  // Rows the split count is chosen for (0: rows): a step attended in groups of its rows (the resident
+  // window) splits each row as the whole step would, so that its sums run in the same order.
+  uint32_t split_rows = 0;
 };
 void sparse_mla(const SparseMlaArgs& a, cudaStream_t stream);
 // Rows of `src` (the step's new latents) into the latent cache in `type` (kv/kv_codec.hpp: the CPU
-// backend's encoding, bit for bit from the same floats).
+// backend's encoding, bit for bit from the same floats): row r at slot * ctx + position, or at row r
+// when `rows` has no slots (a staging buffer).
 void store_latents(const float* src, size_t src_stride, RowInfo rows, uint32_t n_rows, uint32_t width, uint32_t ctx,
                    config::KvType type, void* cache, float* scales, cudaStream_t stream);
 

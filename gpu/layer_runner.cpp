@@ -151,7 +151,15 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
   mm(l.m(T::attn_q_b), w_.qr, z.qlr, n, w_.q, static_cast<size_t>(z.nh) * z.nope);
   mm(l.m(T::attn_kv_a_mqa), w_.x, z.D, n, w_.lat, z.kvlr);
   rms_norm(w_.lat, z.kvlr, l.v(T::attn_kv_a_norm), n, z.kvlr, hp_.rms_eps, w_.lat, z.kvlr, s_);
-  store_latents(w_.lat, z.kvlr, g.row, n, z.kvlr, ctx, state_.latent_type(), st.latents, st.latent_scales, s_);
+  // A windowed step (gpu/kv_window.hpp) keeps its new rows in the host tier; otherwise they go to the
+  // slot's rows on the device at their positions.
+  KvWindow* window = state_.window() != nullptr && state_.window()->windowed_step() ? state_.window() : nullptr;
+  if (window != nullptr) {
+    window->store(l.index, w_.lat, z.kvlr, n, s_);
+  } else {
+    store_latents(w_.lat, z.kvlr, g.row, n, z.kvlr, state_.latent_rows(), state_.latent_type(), st.latents,
+                  st.latent_scales, s_);
+  }
   if (l.has_indexer) {
     mm(l.m(T::indexer_attn_q_b), w_.qr, z.qlr, n, w_.kq, static_cast<size_t>(z.ih) * z.id);
     mm(l.m(T::indexer_attn_k), w_.x, z.D, n, w_.kk, z.id);
@@ -193,7 +201,7 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
   ma.rows = n;
   ma.heads = z.nh;
   ma.rank = z.kvlr;
-  ma.ctx = ctx;
+  ma.ctx = state_.latent_rows();
   ma.max_tokens = w_.max_selected;
   ma.scale = 1.0f / std::sqrt(static_cast<float>(z.nope));
   ma.q_lat = w_.q_lat;
@@ -205,7 +213,11 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
   ma.out = w_.o_lat;
   ma.partial = w_.mla_part;
   ma.partial_rows = kMlaPartialRows;
-  sparse_mla(ma, s_);
+  if (window != nullptr) {
+    window->attend(l.index, st, ma, s_);
+  } else {
+    sparse_mla(ma, s_);
+  }
   mm_grouped(l.m(T::attn_v_b), z.nh, w_.o_lat, static_cast<size_t>(z.nh) * z.kvlr, z.kvlr, n, w_.v,
              static_cast<size_t>(z.nh) * z.vd, z.vd);
   mm(l.m(T::attn_output), w_.v, static_cast<size_t>(z.nh) * z.vd, n, w_.y, z.D);

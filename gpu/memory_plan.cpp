@@ -32,6 +32,9 @@ MemoryPlan plan_memory(const PlanInput& in) {
   const config::MemoryConfig& b = in.budgets;
   MemoryPlan plan;
   plan.kv_type = in.kv_type;
+  plan.kv_resident = in.kv_resident;
+  plan.context = in.context;
+  plan.slots = in.slots;
   // Per stage: what it must hold whatever happens to the experts.
   for (size_t i = 0; i < in.ranges.size(); ++i) {
     StagePlan s;
@@ -53,8 +56,10 @@ MemoryPlan plan_memory(const PlanInput& in) {
       }
     }
     plan.experts_total += s.moe_layers * hp.n_experts;
-    s.state_bytes = stage_state_bytes(hp, s.layers, in.slots, in.context, in.kv_type);
+    s.state_bytes = stage_state_bytes(hp, s.layers, in.slots, in.context, in.kv_type, in.kv_resident);
     s.kv_bytes = s.state_bytes - stage_state_bytes(hp, s.layers, in.slots, 0, in.kv_type);
+    s.host_kv_bytes = kv_host_tier_bytes(hp, s.layers, in.slots, in.context, in.kv_type, in.kv_resident);
+    plan.host.kv_bytes += s.host_kv_bytes;
     s.workspace_bytes = stage_workspace_bytes(hp, s.layers, in.step_rows, in.context);
     s.inbox_bytes = first ? 0 : stage_inbox_bytes(hp, in.step_rows);
     plan.stages.push_back(s);
@@ -141,6 +146,13 @@ MemoryPlan plan_memory(const PlanInput& in) {
   h.available = in.host_available;
   h.floor = b.ram_floor;
   h.checkpoint_bytes = in.checkpoint_bytes;
+  h.kv_budget = in.kv_host_budget;
+  if (h.kv_budget && h.kv_bytes > *h.kv_budget) {
+    plan.problems.push_back("the host KV tier needs " + format_byte_size(h.kv_bytes) + " for " +
+                            std::to_string(in.slots) + " slots of " + std::to_string(in.context) + " tokens in " +
+                            std::string(config::kv_type_name(in.kv_type)) + ", more than --kv-host-budget " +
+                            format_byte_size(*h.kv_budget) + ": raise it to at least that, or lower --ctx or --slots");
+  }
   if (plan.tiered()) {
     uint64_t beyond = 0, pooled = 0;
     for (const StagePlan& s : plan.stages) {
@@ -162,16 +174,18 @@ MemoryPlan plan_memory(const PlanInput& in) {
                               ", or give the pools more (--expert-pool-cap)");
     }
   }
-  const uint64_t used = h.store_bytes + h.shadow_bytes + h.checkpoint_bytes;
+  const uint64_t used = h.store_bytes + h.shadow_bytes + h.checkpoint_bytes + h.kv_bytes;
   if (used > 0 && used + h.floor > h.available) {
     std::string what = "the prefix cache's --checkpoint-budget (" + format_byte_size(h.checkpoint_bytes) + ")";
-    std::string lower = "lower --checkpoint-budget or --ram-floor";
+    if (h.kv_bytes > 0) what = "the host KV tier (" + format_byte_size(h.kv_bytes) + ") and " + what;
+    std::string lower = h.kv_bytes > 0 ? "lower --ctx, --slots, --checkpoint-budget or --ram-floor"
+                                       : "lower --checkpoint-budget or --ram-floor";
     if (plan.tiered()) {
       what = "the host expert store (" + format_byte_size(h.store_bytes) + "), its shadow (" +
              format_byte_size(h.shadow_bytes) + ") and " + what;
       lower = "lower --expert-shadow, --checkpoint-budget or --ram-floor, or give the pools more,";
     }
-    plan.problems.push_back(what + (plan.tiered() ? " leave" : " leaves") + " less than --ram-floor " + format_byte_size(h.floor) + " of the " +
+    plan.problems.push_back(what + (plan.tiered() || h.kv_bytes > 0 ? " leave" : " leaves") + " less than --ram-floor " + format_byte_size(h.floor) + " of the " +
                             format_byte_size(h.available) + " of RAM available: " + lower + " by " +
                             format_byte_size(used + h.floor - h.available));
   }
@@ -197,14 +211,25 @@ std::string format_plan(const MemoryPlan& p) {
                   s.resident ? "-" : std::to_string(s.pool_slots).c_str(), gib(s.staging_bytes), gib(s.kv_bytes));
     out += line;
   }
+  if (p.host.kv_bytes > 0) {
+    std::snprintf(line, sizeof line,
+                  "\nKV: latent rows %s; %u rows per DSA layer and slot resident on the device (--kv-resident), "
+                  "every slot's %u in the host KV tier: %.2f GiB pinned (%s); the indexer's keys stay on the device\n",
+                  std::string(config::kv_type_name(p.kv_type)).c_str(), p.kv_resident, p.context, gib(p.host.kv_bytes),
+                  p.host.kv_budget ? ("--kv-host-budget " + format_byte_size(*p.host.kv_budget)).c_str()
+                                   : "no --kv-host-budget: counted against the RAM floor");
+  } else {
+    std::snprintf(line, sizeof line, "\nKV: latent rows %s, every slot's whole context on the device (in state)\n",
+                  std::string(config::kv_type_name(p.kv_type)).c_str());
+  }
+  out += line;
   std::snprintf(line, sizeof line,
-                "\nKV: latent rows %s, every slot's whole context on the device (in state; no host KV tier yet)\n"
                 "expert: %.2f MiB (largest gate + up + down), %u routed experts in all\n"
                 "host: expert store %.2f GiB (%u slots with the shadow of %.2f GiB), checkpoints %.2f GiB, "
-                "RAM available %.2f GiB, floor %.2f GiB\n",
-                std::string(config::kv_type_name(p.kv_type)).c_str(), static_cast<double>(p.expert_slot_bytes) / 1048576.0,
+                "host KV %.2f GiB, RAM available %.2f GiB, floor %.2f GiB\n",
+                static_cast<double>(p.expert_slot_bytes) / 1048576.0,
                 p.experts_total, gib(p.host.store_bytes),
-                p.host.store_slots, gib(p.host.shadow_bytes), gib(p.host.checkpoint_bytes), gib(p.host.available),
+                p.host.store_slots, gib(p.host.shadow_bytes), gib(p.host.checkpoint_bytes), gib(p.host.kv_bytes), gib(p.host.available),
                 gib(p.host.floor));
   out += line;
   for (const std::string& problem : p.problems) out += "problem: " + problem + "\n";
@@ -223,15 +248,16 @@ std::string plan_json(const MemoryPlan& p) {
     stages.push_back(bj::object{{"first_layer", s.layers.first}, {"end_layer", s.layers.end}, {"device", s.device},
                                 {"resident", s.resident}, {"pool_slots", s.pool_slots},
                                 {"staging_bytes", s.staging_bytes}, {"expert_bytes", s.expert_bytes},
-                                {"dense_bytes", s.dense_bytes}, {"state_bytes", s.state_bytes}, {"device_kv_bytes", s.kv_bytes},
+                                {"dense_bytes", s.dense_bytes}, {"state_bytes", s.state_bytes}, {"device_kv_bytes", s.kv_bytes}, {"host_kv_bytes", s.host_kv_bytes},
                                 {"workspace_bytes", s.workspace_bytes + s.inbox_bytes}});
   }
   for (const std::string& problem : p.problems) problems.push_back(bj::string(problem));
   const bj::object host{{"available", p.host.available}, {"store_bytes", p.host.store_bytes},
                         {"shadow_bytes", p.host.shadow_bytes}, {"store_slots", p.host.store_slots},
-                        {"checkpoint_bytes", p.host.checkpoint_bytes},
+                        {"checkpoint_bytes", p.host.checkpoint_bytes}, {"kv_bytes", p.host.kv_bytes},
+                        {"kv_budget", p.host.kv_budget ? bj::value(*p.host.kv_budget) : bj::value(nullptr)},
                         {"floor", p.host.floor}};
-  return bj::serialize(bj::object{{"kv_type", config::kv_type_name(p.kv_type)}, {"expert_slot_bytes", p.expert_slot_bytes}, {"experts_total", p.experts_total},
+  return bj::serialize(bj::object{{"kv_type", config::kv_type_name(p.kv_type)}, {"kv_resident", p.kv_resident}, {"expert_slot_bytes", p.expert_slot_bytes}, {"experts_total", p.experts_total},
                                   {"devices", std::move(devices)}, {"stages", std::move(stages)},
                                   {"host", host}, {"problems", std::move(problems)}});
 }

@@ -8,6 +8,7 @@
 // --device-memory ...`), so a machine can be planned before it is booted.
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,8 @@ struct PlanInput {
   uint32_t slots = 1, context = 1, step_rows = 1;
   config::KvType kv_type = config::KvType::int8;  // the DSA latent rows on the device
   uint64_t checkpoint_bytes = 0;           // host RAM the prefix cache may take (--checkpoint-budget)
+  uint32_t kv_resident = 0;                // device latent rows per DSA layer and slot (0: the whole context)
+  std::optional<uint64_t> kv_host_budget;  // --kv-host-budget (unset: the tier's need, within the RAM floor)
 };
 
 struct StagePlan {
@@ -40,6 +43,7 @@ struct StagePlan {
   uint32_t moe_layers = 0;
   uint64_t state_bytes = 0, workspace_bytes = 0, inbox_bytes = 0;
   uint64_t kv_bytes = 0;       // of state_bytes, the DSA rows of every slot (latents, indexer rows, pool keys)
+  uint64_t host_kv_bytes = 0;  // the pinned host KV tier: every slot's latent rows, when past the window
   bool resident = true;        // every expert on the device, stacked as in the file
   uint32_t pool_slots = 0;     // when not resident: expert slots in the device pool
   uint64_t staging_bytes = 0;  // when not resident: the prefill upload buffers
@@ -57,11 +61,15 @@ struct HostPlan {
   uint64_t store_bytes = 0;    // of which the experts no pool holds
   uint64_t shadow_bytes = 0;
   uint64_t checkpoint_bytes = 0;  // the prefix cache's budget
+  uint64_t kv_bytes = 0;          // the stages' host KV tiers
+  std::optional<uint64_t> kv_budget;  // --kv-host-budget
   uint64_t floor = 0;
 };
 
 struct MemoryPlan {
   config::KvType kv_type = config::KvType::int8;
+  uint32_t kv_resident = 0;        // 0 or >= context: every latent row on the device
+  uint32_t context = 0, slots = 0;
   uint64_t expert_slot_bytes = 0;  // the largest expert (gate + up + down) of the model
   uint32_t experts_total = 0;      // routed experts of the model
   std::vector<StagePlan> stages;

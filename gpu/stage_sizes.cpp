@@ -4,8 +4,20 @@
 
 namespace ferry::gpu {
 
+uint32_t device_latent_rows(uint32_t context, uint32_t resident) {
+  return resident > 0 && resident < context ? resident : context;
+}
+
+uint64_t kv_host_tier_bytes(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t slots, uint32_t context,
+                            config::KvType latent, uint32_t resident) {
+  if (device_latent_rows(context, resident) == context) return 0;
+  uint64_t dsa = 0;
+  for (uint32_t il = layers.first; il < layers.end; ++il) dsa += hp.layer_kinds[il] == model::LayerKind::dsa;
+  return dsa * slots * context * config::kv_row_bytes(latent, hp.kv_lora_rank);
+}
+
 uint64_t stage_state_bytes(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t slots, uint32_t context,
-                           config::KvType latent) {
+                           config::KvType latent, uint32_t resident) {
   const uint64_t kp = std::max<uint32_t>(1, hp.index_kpool);
   uint64_t floats = 0, latent_bytes = 0;
   for (uint32_t il = layers.first; il < layers.end; ++il) {
@@ -14,7 +26,7 @@ uint64_t stage_state_bytes(const model::Glm5Hparams& hp, model::LayerRange layer
                                    uint64_t{hp.kda_heads} * hp.kda_head_dim * hp.kda_head_dim);
       continue;
     }
-    latent_bytes += uint64_t{slots} * context * config::kv_row_bytes(latent, hp.kv_lora_rank);
+    latent_bytes += uint64_t{slots} * device_latent_rows(context, resident) * config::kv_row_bytes(latent, hp.kv_lora_rank);
     if (model::glm5_has_indexer(hp, il)) {
       floats += uint64_t{slots} * (2ull * context + context / kp) * hp.index_head_dim;
     }

@@ -14,9 +14,16 @@
 
 namespace ferry::gpu {
 
-// `latent`: the DSA latent rows' format (the indexer's rows are f32).
+// `latent`: the DSA latent rows' format (the indexer's rows are f32). `resident` (--kv-resident, 0:
+// none): when smaller than `context`, each slot keeps that many latent rows per DSA layer on the device
+// (gpu/kv_window.hpp), the rest in the host tier (kv_host_tier_bytes).
 uint64_t stage_state_bytes(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t slots, uint32_t context,
-                           config::KvType latent = config::KvType::f32);
+                           config::KvType latent = config::KvType::f32, uint32_t resident = 0);
+// Latent rows per slot and DSA layer on the device: the window, or the whole context.
+uint32_t device_latent_rows(uint32_t context, uint32_t resident);
+// Host bytes of the stage's host KV tier (0 without a window: every row on the device).
+uint64_t kv_host_tier_bytes(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t slots, uint32_t context,
+                            config::KvType latent, uint32_t resident);
 uint64_t stage_workspace_bytes(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t rows,
                                uint32_t context);
 // The inbox of a stage that is not the first: one step's streams.

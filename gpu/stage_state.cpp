@@ -11,16 +11,17 @@
 namespace ferry::gpu {
 
 uint64_t StageState::bytes_for(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t slots,
-                               uint32_t context, config::KvType latent) {
-  return stage_state_bytes(hp, layers, slots, context, latent);
+                               uint32_t context, config::KvType latent, uint32_t resident) {
+  return stage_state_bytes(hp, layers, slots, context, latent, resident);
 }
 
 StageState::StageState(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t slots, uint32_t context,
-                       config::KvFormats formats, cudaStream_t stream)
+                       config::KvFormats formats, cudaStream_t stream, uint32_t resident, uint32_t max_rows)
     : tokens(slots, 0),
       first_(layers.first),
       slots_(slots),
       context_(context),
+      latent_rows_(device_latent_rows(context, resident)),
       kpool_(std::max<uint32_t>(1, hp.index_kpool)),
       formats_(formats),
       conv_taps_(std::max<uint32_t>(1, hp.conv_kernel - 1)),
@@ -43,7 +44,7 @@ StageState::StageState(const model::Glm5Hparams& hp, model::LayerRange layers, u
       l.recurrent = alloc(slots * recurrent_floats_);
       continue;
     }
-    const uint64_t rows = uint64_t{slots} * context;
+    const uint64_t rows = uint64_t{slots} * latent_rows_;
     if (formats.latent == config::KvType::int8) {
       l.latents = alloc_bytes(rows * latent_width_);
       l.latent_scales = alloc(rows);
@@ -56,12 +57,28 @@ StageState::StageState(const model::Glm5Hparams& hp, model::LayerRange layers, u
       l.pools = alloc(uint64_t{slots} * (context / kpool_) * index_width_);  // complete pools only: the kernels' stride
     }
   }
+  bool any_dsa = false;
+  for (uint32_t il = layers.first; il < layers.end; ++il) any_dsa = any_dsa || hp.layer_kinds[il] == model::LayerKind::dsa;
+  if (latent_rows_ < context_ && any_dsa) {
+    window_ = std::make_unique<KvWindow>(hp, layers, slots, context, latent_rows_, formats.latent, max_rows);
+  }
   for (uint32_t s = 0; s < slots; ++s) zero_slot(s, stream);
   FERRY_CUDA(cudaStreamSynchronize(stream));
 }
 
+bool StageState::begin_step(const std::vector<model::SlotRows>& rows, cudaStream_t stream) {
+  if (!window_) return false;
+  std::vector<LayerState*> dsa;
+  for (LayerState& l : layers_) {
+    if (l.latents != nullptr) dsa.push_back(&l);
+  }
+  window_->begin_step(rows, tokens, dsa, stream);
+  return window_->windowed_step();
+}
+
 void StageState::zero_slot(uint32_t slot, cudaStream_t stream) {
   tokens[slot] = 0;
+  if (window_) window_->reset(slot);
   for (LayerState& l : layers_) {
     if (l.conv == nullptr) continue;
     FERRY_CUDA(cudaMemsetAsync(l.conv + slot * conv_floats_, 0, conv_floats_ * sizeof(float), stream));
@@ -83,41 +100,55 @@ float* StageState::where(const model::StatePartSpec& p, uint32_t slot) {
   return nullptr;
 }
 
-void StageState::save_latents(const LayerState& l, uint32_t slot, uint32_t n, float* out, cudaStream_t stream) {
-  const uint64_t w = latent_width_, row0 = uint64_t{slot} * context_;
-  const auto* base = static_cast<const uint8_t*>(l.latents);
+void StageState::save_latents(uint32_t il, uint32_t slot, uint32_t n, float* out, cudaStream_t stream) {
+  const LayerState& l = layer(il);
+  const uint64_t w = latent_width_, row0 = uint64_t{slot} * latent_rows_;
+  // A slot out of its window has its rows in the host tier (pinned): the same copies, host to host.
+  const bool host = window_ && !window_->in_window(slot);
+  const auto* base = host ? static_cast<const uint8_t*>(window_->host_rows(slot, il))
+                          : static_cast<const uint8_t*>(l.latents) + row0 * w * kv::kv_element_bytes(formats_.latent);
+  const float* scales = formats_.latent != config::KvType::int8 ? nullptr
+                        : host                                      ? window_->host_scales(slot, il)
+                                                                    : l.latent_scales + row0;
   switch (formats_.latent) {
     case config::KvType::f32:
-      FERRY_CUDA(cudaMemcpyAsync(out, base + row0 * w * 4, n * w * 4, cudaMemcpyDeviceToHost, stream));
+      FERRY_CUDA(cudaMemcpyAsync(out, base, n * w * 4, cudaMemcpyDefault, stream));
       FERRY_CUDA(cudaStreamSynchronize(stream));
       return;
     case config::KvType::f16: {
       std::vector<uint16_t> h(n * w);
-      FERRY_CUDA(cudaMemcpyAsync(h.data(), base + row0 * w * 2, n * w * 2, cudaMemcpyDeviceToHost, stream));
+      FERRY_CUDA(cudaMemcpyAsync(h.data(), base, n * w * 2, cudaMemcpyDefault, stream));
       FERRY_CUDA(cudaStreamSynchronize(stream));
       for (uint64_t i = 0; i < n * w; ++i) out[i] = kv::f16_to_f32(h[i]);
       return;
     }
     case config::KvType::int8: {
       std::vector<int8_t> codes(n * w);
-      std::vector<float> scales(n);
-      FERRY_CUDA(cudaMemcpyAsync(codes.data(), base + row0 * w, n * w, cudaMemcpyDeviceToHost, stream));
-      FERRY_CUDA(cudaMemcpyAsync(scales.data(), l.latent_scales + row0, n * 4, cudaMemcpyDeviceToHost, stream));
+      std::vector<float> row_scales(n);
+      FERRY_CUDA(cudaMemcpyAsync(codes.data(), base, n * w, cudaMemcpyDefault, stream));
+      FERRY_CUDA(cudaMemcpyAsync(row_scales.data(), scales, n * 4, cudaMemcpyDefault, stream));
       FERRY_CUDA(cudaStreamSynchronize(stream));
       for (uint64_t r = 0; r < n; ++r) {
         for (uint64_t c = 0; c < w; ++c) *out++ = static_cast<float>(codes[r * w + c]);
-        *out++ = scales[r];
+        *out++ = row_scales[r];
       }
       return;
     }
   }
 }
 
-Status StageState::restore_latents(const LayerState& l, uint32_t slot, const float* in, uint32_t n, cudaStream_t stream) {
-  const uint64_t w = latent_width_, row0 = uint64_t{slot} * context_;
+Status StageState::restore_latents(uint32_t il, uint32_t slot, const float* in, uint32_t n, cudaStream_t stream) {
+  const LayerState& l = layer(il);
+  const uint64_t w = latent_width_, row0 = uint64_t{slot} * latent_rows_;
   auto* base = static_cast<uint8_t*>(l.latents);
   kv::KvRows rows(formats_.latent, static_cast<uint32_t>(w));  // checks the image and encodes it
   if (auto e = rows.from_image(in, n)) return e;
+  if (n > latent_rows_) {  // more than the window holds: into the host tier (restore() reset the slot)
+    const void* data = formats_.latent == config::KvType::f32   ? static_cast<const void*>(rows.f32_data())
+                       : formats_.latent == config::KvType::f16 ? static_cast<const void*>(rows.f16_data())
+                                                                : static_cast<const void*>(rows.codes());
+    return window_->restore_rows(slot, il, data, rows.scales(), n);
+  }
   switch (formats_.latent) {
     case config::KvType::f32:
       FERRY_CUDA(cudaMemcpyAsync(base + row0 * w * 4, rows.f32_data(), n * w * 4, cudaMemcpyHostToDevice, stream));
@@ -154,7 +185,7 @@ Expected<model::SlotStateImage> StageState::save(uint32_t slot, bool with_rows, 
   std::vector<uint64_t> conv_at;
   layout_.for_each(image, [&](const model::StatePartSpec& p, uint64_t at, uint64_t n) {
     if (p.part == model::StatePart::latent) {
-      save_latents(layer(p.layer), slot, image.tokens, image.data.data() + at, stream);
+      save_latents(p.layer, slot, image.tokens, image.data.data() + at, stream);
       return;
     }
     FERRY_CUDA(cudaMemcpyAsync(image.data.data() + at, where(p, slot), n * sizeof(float), cudaMemcpyDeviceToHost, stream));
@@ -182,13 +213,19 @@ Status StageState::restore(uint32_t slot, const model::SlotStateImage& image, cu
                                               " of a state image without rows");
   }
   // The latent rows first: an image the format cannot hold is refused before anything is copied.
+  // With a window, the slot starts over: in its window when the image fits it, else in the host tier.
+  if (window_ && image.with_rows) {
+    FERRY_CUDA(cudaStreamSynchronize(stream));  // no step still reads the slot's host rows
+    window_->reset(slot);
+  }
   Status bad;
   layout_.for_each(image, [&](const model::StatePartSpec& p, uint64_t at, uint64_t) {
     if (p.part != model::StatePart::latent || bad) return;
-    bad = restore_latents(layer(p.layer), slot, image.data.data() + at, image.tokens, stream);
+    bad = restore_latents(p.layer, slot, image.data.data() + at, image.tokens, stream);
     if (bad) *bad = bad->prefixed("layer " + std::to_string(p.layer) + ": ");
   });
   if (bad) return bad;
+  if (window_ && image.with_rows && image.tokens > latent_rows_) window_->mark_out_of_window(slot);
   std::vector<std::vector<float>> channels;  // the conv parts in the kernels' order, until the copies ran
   layout_.for_each(image, [&](const model::StatePartSpec& p, uint64_t at, uint64_t n) {
     if (p.part == model::StatePart::latent) return;

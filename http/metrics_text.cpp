@@ -165,6 +165,33 @@ std::string render_metrics(const ServerContext& ctx, const std::optional<actors:
     for (const auto& s : e.stages) {
       w.sample("ferry_stage_handoff_bytes_total", static_cast<double>(s.handoff_bytes), stage_label(s));
     }
+    // The resident KV window (gpu/kv_window.hpp): zero where a stage keeps every row on its device.
+    w.header("ferry_stage_kv_window_rows", "gauge", "device latent rows of the stage's resident KV windows");
+    for (const auto& s : e.stages) w.sample("ferry_stage_kv_window_rows", static_cast<double>(s.kv.window_rows), stage_label(s));
+    w.header("ferry_stage_kv_resident_rows", "gauge", "window rows holding a row now");
+    for (const auto& s : e.stages) w.sample("ferry_stage_kv_resident_rows", static_cast<double>(s.kv.resident_rows), stage_label(s));
+    w.header("ferry_stage_kv_hits_total", "counter", "decode selections found in the resident window");
+    for (const auto& s : e.stages) w.sample("ferry_stage_kv_hits_total", static_cast<double>(s.kv.hits), stage_label(s));
+    w.header("ferry_stage_kv_fetched_rows_total", "counter", "latent rows copied from the host KV tier into the window");
+    for (const auto& s : e.stages) w.sample("ferry_stage_kv_fetched_rows_total", static_cast<double>(s.kv.fetched_rows), stage_label(s));
+    w.header("ferry_stage_kv_fetched_bytes_total", "counter", "bytes copied from the host KV tier into the window");
+    for (const auto& s : e.stages) w.sample("ferry_stage_kv_fetched_bytes_total", static_cast<double>(s.kv.fetched_bytes), stage_label(s));
+    w.header("ferry_stage_kv_last_step_fetched_rows", "gauge", "rows the last windowed step fetched");
+    for (const auto& s : e.stages) w.sample("ferry_stage_kv_last_step_fetched_rows", static_cast<double>(s.kv.last_fetched_rows), stage_label(s));
+    w.header("ferry_stage_kv_last_step_fetched_bytes", "gauge", "bytes the last windowed step fetched");
+    for (const auto& s : e.stages) w.sample("ferry_stage_kv_last_step_fetched_bytes", static_cast<double>(s.kv.last_fetched_bytes), stage_label(s));
+    w.header("ferry_stage_kv_hit_ratio", "gauge", "hits / (hits + fetched rows) of the window since start (1 before any)");
+    for (const auto& s : e.stages) {
+      const double all = static_cast<double>(s.kv.hits + s.kv.fetched_rows);
+      w.sample("ferry_stage_kv_hit_ratio", all > 0 ? static_cast<double>(s.kv.hits) / all : 1.0, stage_label(s));
+    }
+    w.header("ferry_stage_kv_host_bytes", "gauge", "host KV tier bytes a slot's rows take on the stage");
+    for (const auto& s : e.stages) {
+      for (size_t i = 0; i < s.kv.host_slot_bytes.size(); ++i) {
+        w.sample("ferry_stage_kv_host_bytes", static_cast<double>(s.kv.host_slot_bytes[i]),
+                 stage_label(s) + ",slot=\"" + std::to_string(i) + "\"");
+      }
+    }
     w.header("ferry_stage_failed", "gauge", "1 for a stage that a device error ended");
     for (const auto& s : e.stages) w.sample("ferry_stage_failed", s.failed ? 1 : 0, stage_label(s));
     if (std::any_of(e.stages.begin(), e.stages.end(), [](const actors::StageStatus& s) { return s.tiered; })) {

@@ -273,8 +273,13 @@ std::string to_json(const HealthReport& x) {
 std::string to_json(const SlotsReport& x) {
   bj::array slots;
   for (const auto& s : x.engine.slots) {
+    // Host KV tier bytes the slot's rows take over the stages (0 where every row is on a device).
+    uint64_t host_kv = 0;
+    for (const auto& st : x.engine.stages) {
+      if (s.index < st.kv.host_slot_bytes.size()) host_kv += st.kv.host_slot_bytes[s.index];
+    }
     bj::object slot{{"id", s.index}, {"state", s.busy ? std::string(actors::status_name(s.status)) : "idle"},
-                    {"held_tokens", s.held_tokens}};
+                    {"held_tokens", s.held_tokens}, {"host_kv_bytes", host_kv}};
     if (s.busy) {
       slot["request"] = s.request;
       slot["prompt_tokens"] = s.prompt_tokens;
@@ -290,6 +295,26 @@ std::string to_json(const SlotsReport& x) {
                  {"draining", x.engine.draining},
                  {"steps", x.engine.steps},
                  {"ttft_seconds", histogram_json(x.engine.ttft_seconds)}};
+  // The resident KV windows over the stages (all zero where every row stays on a device).
+  actors::KvWindowStatus kv;
+  for (const auto& st : x.engine.stages) {
+    kv.window_rows += st.kv.window_rows;
+    kv.resident_rows += st.kv.resident_rows;
+    kv.hits += st.kv.hits;
+    kv.fetched_rows += st.kv.fetched_rows;
+    kv.fetched_bytes += st.kv.fetched_bytes;
+    kv.last_fetched_rows += st.kv.last_fetched_rows;
+    kv.last_fetched_bytes += st.kv.last_fetched_bytes;
+  }
+  const uint64_t looked = kv.hits + kv.fetched_rows;
+  out["kv_window"] = bj::object{{"window_rows", kv.window_rows},
+                                {"resident_rows", kv.resident_rows},
+                                {"hits", kv.hits},
+                                {"fetched_rows", kv.fetched_rows},
+                                {"fetched_bytes", kv.fetched_bytes},
+                                {"last_step_fetched_rows", kv.last_fetched_rows},
+                                {"last_step_fetched_bytes", kv.last_fetched_bytes},
+                                {"hit_rate", looked > 0 ? static_cast<double>(kv.hits) / static_cast<double>(looked) : 1.0}};
   if (x.engine.failed) out["failure"] = x.engine.failure;
   return dump(out);
 }

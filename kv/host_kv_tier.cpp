@@ -70,6 +70,16 @@ uint64_t HostKvTier::slot_bytes(uint32_t slot) const {
 }
 
 Status HostKvTier::write(uint32_t slot, uint32_t layer, uint32_t pos, const float* src, uint32_t n, uint64_t stride) {
+  auto rows = claim(slot, layer, pos, n);
+  if (!rows) return rows.error();
+  for (uint32_t i = 0; i < n; ++i) {
+    encode_row(shape_.type, src + i * stride, shape_.width, data_at(slot, layer, pos + i),
+               shape_.type == KvType::int8 ? scale_at(slot, layer, pos + i) : nullptr);
+  }
+  return std::nullopt;
+}
+
+Expected<HostKvTier::RawRows> HostKvTier::claim(uint32_t slot, uint32_t layer, uint32_t pos, uint32_t n) {
   if (slot >= shape_.slots || layer >= shape_.layers) {
     return Error(ErrorCode::invalid_plan, "host KV tier: slot " + std::to_string(slot) + " layer " +
                                               std::to_string(layer) + " does not exist");
@@ -82,12 +92,8 @@ Status HostKvTier::write(uint32_t slot, uint32_t layer, uint32_t pos, const floa
                                               std::to_string(shape_.max_tokens) + ")");
   }
   if (pos < end) truncate(slot, pos);
-  for (uint32_t i = 0; i < n; ++i) {
-    encode_row(shape_.type, src + i * stride, shape_.width, data_at(slot, layer, pos + i),
-               shape_.type == KvType::int8 ? scale_at(slot, layer, pos + i) : nullptr);
-  }
   tokens_[index(slot, layer)] = pos + n;
-  return std::nullopt;
+  return RawRows{data_at(slot, layer, pos), shape_.type == KvType::int8 ? scale_at(slot, layer, pos) : nullptr};
 }
 
 void HostKvTier::truncate(uint32_t slot, uint32_t t) {

@@ -2,8 +2,8 @@
 // The host KV tier: every slot's full logical DSA latent rows, in host memory (pinned on CUDA) within
 // a budget, for the layers of one stage.
 //
-// How the tiers fit the stage and the slot state (design; the first two parts are built, the window
-// is the next step, issue 12):
+// How the tiers fit the stage and the slot state (the CUDA stage's window is gpu/kv_window.hpp, its
+// planning kv/resident_window.hpp):
 // - Rows: one per token per DSA layer, kv_lora_rank wide, in the stage's KV format (config/kv_type.hpp,
 //   kv/kv_codec.hpp). The indexer's pool keys stay on the device whole (context / kpool rows of
 //   index_dim f32: small), so scoring never waits for the host; the per-token indexer keys and gates
@@ -14,9 +14,10 @@
 //   rows here as well as on the device (prefill does it from the copy stream).
 // - Resident window (per DSA layer on the device, `--kv-resident` rows): a ClockPolicy
 //   (kv/clock_policy.hpp) maps (slot, position) keys to window frames. Per step the indexer selects
-//   rows; resident ones are pinned (hits), missing ones are placed (misses) and copied from here on the
-//   copy stream before attention; attention reads frames through a per-row frame table. A context
-//   shorter than the window never evicts: every row stays where it was written.
+//   rows; resident ones are pinned (hits), missing ones are placed (misses) and copied from here
+//   before attention (on the compute stream, by a kernel reading this memory through the device's
+//   view); attention reads frames through a per-row frame table. A context no longer than the window
+//   lives wholly on the device, every row where it was written, and never comes here.
 // - Invalidation, the same on both tiers: write() at a position before a slot's end (a rewritten
 //   prefix) and truncate() drop exactly the rows from the cut on, in every layer, and tell the
 //   listeners (the windows' ClockPolicy::invalidate) the slot and the cut; reset() is a cut at 0.
@@ -69,6 +70,14 @@ class HostKvTier {
   // Rows [pos, pos + n) of (slot, layer), row i at src + i * stride. pos may not pass the layer's end;
   // before it, the rows from pos on are invalidated first in every layer (a rewritten prefix).
   Status write(uint32_t slot, uint32_t layer, uint32_t pos, const float* src, uint32_t n, uint64_t stride);
+  // Rows [pos, pos + n) of (slot, layer) for a caller that writes them already encoded (a device
+  // copy): the same checks and invalidation as write(), then the layer holds pos + n rows. `data`
+  // holds n rows of width elements, `scales` (int8, else nullptr) n floats; both contiguous.
+  struct RawRows {
+    void* data = nullptr;
+    float* scales = nullptr;
+  };
+  Expected<RawRows> claim(uint32_t slot, uint32_t layer, uint32_t pos, uint32_t n);
   // Every layer of the slot keeps rows [0, t) (t at or past the end changes nothing).
   void truncate(uint32_t slot, uint32_t t);
   void reset(uint32_t slot) { truncate(slot, 0); }
@@ -78,6 +87,9 @@ class HostKvTier {
   // a fetch copies to the device.
   const void* row_data(uint32_t slot, uint32_t layer, uint32_t pos) const;
   const float* row_scale(uint32_t slot, uint32_t layer, uint32_t pos) const;
+
+  // The whole allocation (for mapping it into a device's address space).
+  void* memory() const { return memory_; }
 
   // Called with (slot, cut) whenever rows from `cut` on are invalidated.
   void on_invalidate(std::function<void(uint32_t slot, uint32_t cut)> listener) { listeners_.push_back(std::move(listener)); }

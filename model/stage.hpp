@@ -43,6 +43,15 @@ struct StageCounters {
   uint64_t handoffs_timed = 0;  // of those copies, the ones whose device time is in handoff_ms
   double handoff_ms = 0;
   double compute_ms = 0;        // wall time inside run()
+  // The GPU resident KV window (gpu/kv_window.hpp): all zero where every row stays on the stage's
+  // device (the CPU backend, or a context no larger than --kv-resident).
+  uint64_t kv_window_rows = 0;     // device rows of the windows (DSA layers x slots x --kv-resident)
+  uint64_t kv_resident_rows = 0;   // of those, holding a row now
+  uint64_t kv_windowed_steps = 0;  // steps that ran the windowed path
+  uint64_t kv_hits = 0;            // decode selections found in the window
+  uint64_t kv_fetched_rows = 0, kv_fetched_bytes = 0;            // copied from the host tier into it
+  uint64_t kv_last_fetched_rows = 0, kv_last_fetched_bytes = 0;  // by the last windowed step
+  std::vector<uint64_t> kv_host_slot_bytes;  // per slot: rows the host tier holds (empty: no host tier)
 };
 
 class Stage {

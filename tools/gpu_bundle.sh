@@ -51,7 +51,7 @@ cat >> "$out/run-gpu-tests.sh" <<'RUN'
 # and the two recipes of recipes/ (the user's mixes: IQ3_S / Q5_K / IQ4_XS and Q4_K / Q5_K / Q6_K /
 # Q8_0), with the default KV type: top-1 agreement with the CPU backend >= 99.5%), the f32 conversions also with no expert pool (each
 # prefill miss path) and split into 2, 3 and 4 stages on device 0 (as the fixture's layers allow),
-# then which device code ran: on a GPU whose architecture
+# f32 with a resident KV window smaller than the case (--kv-resident), then which device code ran: on a GPU whose architecture
 # the build has no code for (the Volta build on a newer GPU), it must be code the driver compiled
 # from the embedded PTX. Extra arguments go to the GoogleTest binary.
 # Exit status: the number of failed checks (0 = all passed).
@@ -126,6 +126,27 @@ for case_dir in "$here"/fixtures/*/; do
       echo "FAIL eval-ref $case f32 split $split"; cat "$work/eval.log"; failed=$((failed + 1))
     fi
   done
+  # The resident KV window smaller than the case (issue 12): the rows past it in the host tier, the
+  # prefill reading them there, decode (and chunks of 7) fetching its selections through CLOCK; f32
+  # weights and KV, the same tolerance. Cases whose one row selects more than their length are left out.
+  topk=$(sed -n 's/.*"index_topk": *\([0-9]*\).*/\1/p' "$case_dir/config.json" | head -n 1)
+  kpool=$(sed -n 's/.*"index_kpool": *\([0-9]*\).*/\1/p' "$case_dir/config.json" | head -n 1)
+  length=$(python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print(len(r["input_ids"]) + len(r["decode_tokens"]))' \
+    "$case_dir/reference.json" 2>/dev/null)
+  if [ -n "$topk" ] && [ -n "$kpool" ] && [ -n "$length" ]; then
+    window=$((topk / kpool * kpool + kpool + 4))
+    if [ "$window" -lt "$length" ]; then
+      for chunk in 0 7; do
+        if "$here/ferry" eval-ref --backend cuda --model "$work/$case-f32.gguf" --reference "$case_dir" --chunk $chunk \
+            --tolerance 5e-3 --kv-type f32 --kv-resident "$window" >"$work/eval.log" 2>&1 &&
+            grep -q '^kv window' "$work/eval.log"; then
+          echo "PASS eval-ref $case f32 --kv-resident $window, chunk $chunk: $(grep -E 'max\|delta\||^kv window' "$work/eval.log" | tr '\n' ' ')"
+        else
+          echo "FAIL eval-ref $case f32 --kv-resident $window, chunk $chunk"; cat "$work/eval.log"; failed=$((failed + 1))
+        fi
+      done
+    fi
+  fi
 done
 sm=${kernels%% *}
 if [ -z "$kernels" ]; then

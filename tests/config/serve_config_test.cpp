@@ -68,6 +68,16 @@ TEST(ServeConfig, ConnectionLimitsAndReadDeadline) {
   EXPECT_EQ(errors[1], "--max-connections = 2000000: expected 0 (auto) to 1000000 connections");
 }
 
+TEST(ServeConfig, KvWindowAndHostBudgetDefaultsAndBounds) {
+  ServeConfig c;
+  EXPECT_EQ(c.slots.kv_resident, 32768u);
+  EXPECT_EQ(c.slots.kv_host_budget_gib, 0.0);  // derived
+  c.slots.kv_host_budget_gib = -1;
+  const auto errors = validate(c);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0], "--kv-host-budget = -1: expected GiB in [0, 65536]");
+}
+
 TEST(ServeConfig, KvTypeIsAutoOrAFormat) {
   ServeConfig c;
   EXPECT_EQ(c.slots.kv_type, "auto");

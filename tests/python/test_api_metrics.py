@@ -59,5 +59,11 @@ def test_promtool_check_metrics_is_clean(server):
     assert r.returncode == 0 and r.stdout.strip() == "" and r.stderr.strip() == "", r.stdout + r.stderr
     # Units in the names of what has one.
     for name in ("ferry_step_seconds", "ferry_time_to_first_token_seconds", "ferry_model_size_bytes",
-                 "ferry_stage_handoff_bytes_total", "ferry_admin_clients_dropped_total"):
+                 "ferry_stage_handoff_bytes_total", "ferry_admin_clients_dropped_total",
+                 "ferry_stage_kv_fetched_bytes_total"):
         assert f"# TYPE {name} " in text
+    # The resident KV window's figures exist on the CPU backend too, honestly zero (no window).
+    assert 'ferry_stage_kv_window_rows{stage="0"} 0' in text or "ferry_stage_kv_window_rows{" in text
+    for line in text.splitlines():
+        if line.startswith(("ferry_stage_kv_window_rows{", "ferry_stage_kv_fetched_rows_total{")):
+            assert line.endswith(" 0"), line

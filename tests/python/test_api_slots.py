@@ -20,6 +20,10 @@ def test_slots_report_idle_slots_and_cached_tokens(server):
     assert all(x["state"] == "idle" for x in s["slots"])
     assert max(x["held_tokens"] for x in s["slots"]) >= 6  # 4 prompt + 2 fed back
     assert s["queued"] == 0 and s["draining"] is False
+    # The CPU backend keeps every row in its own caches: no resident window, no host KV tier.
+    assert all(x["host_kv_bytes"] == 0 for x in s["slots"])
+    assert s["kv_window"] == {"window_rows": 0, "resident_rows": 0, "hits": 0, "fetched_rows": 0, "fetched_bytes": 0,
+                              "last_step_fetched_rows": 0, "last_step_fetched_bytes": 0, "hit_rate": 1.0}
 
 
 def test_release_frees_a_slots_cache(server):

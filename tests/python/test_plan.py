@@ -69,6 +69,33 @@ def test_budgets_that_cannot_be_kept_are_named(ferry_bin):
     assert any("device 0 needs" in x and "lower --ctx or --slots" in x for x in p["problems"]), p
 
 
+def test_the_host_kv_tier_is_planned_and_its_budget_refused_naming_the_need(ferry_bin):
+    """Past --kv-resident the device keeps the window, the host every slot's rows (int8: 516 bytes a
+    row, 11 DSA layers); a --kv-host-budget that cannot hold them is a problem naming budget and need."""
+    args = ["--device-memory", "139GiB", "--host-memory", "200GiB", "--ctx", "131072", "--slots", "3"]
+    code, p = plan(ferry_bin, *args, "--kv-resident", "0")
+    assert p["host"]["kv_bytes"] == 0 and p["kv_resident"] == 0
+    all_on_device = sum(s["device_kv_bytes"] for s in p["stages"])
+    code, p = plan(ferry_bin, *args)  # the default window, 32768 rows
+    need = 3 * 131072 * 11 * 516
+    assert p["kv_resident"] == 32768 and p["host"]["kv_bytes"] == need, p["host"]
+    assert sum(s["host_kv_bytes"] for s in p["stages"]) == need
+    assert all_on_device - sum(s["device_kv_bytes"] for s in p["stages"]) == 3 * (131072 - 32768) * 11 * 516
+    assert p["host"]["kv_budget"] is None
+    code, p = plan(ferry_bin, *args, "--kv-host-budget", "2")
+    assert code == 1
+    assert any("the host KV tier needs 2.08 GiB" in x and "more than --kv-host-budget 2.00 GiB" in x
+               for x in p["problems"]), p["problems"]
+    code, p = plan(ferry_bin, *args, "--kv-host-budget", "3")
+    assert code == 0 and p["host"]["kv_budget"] == 3 << 30, p["problems"]
+    # The tier is host RAM with the rest, against the floor.
+    _, p = plan(ferry_bin, *args[:2], "--host-memory", "10GiB", "--ctx", "524288", "--slots", "3")
+    assert any("the host KV tier (8.31 GiB)" in x and "--ram-floor" in x for x in p["problems"]), p["problems"]
+    r = subprocess.run([ferry_bin, "plan", "--synthetic", str(FULL), "--device-memory", "139GiB", "--kv-host-budget",
+                        "-2"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--kv-host-budget: GiB in [0, 65536]" in r.stderr, r.stderr
+
+
 def test_bad_options_fail_naming_them(ferry_bin):
     for args, text in ((["--device-memory", "lots"], "--device-memory"),
                        (["--device-memory", "80GiB", "--expert-pool-cap", "x"], "--expert-pool-cap"),

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "config/memory_options.hpp"
+#include "kv/random_slot_state.hpp"
 #include "gpu/backend_factory.hpp"
 #include "model/formats/gguf.hpp"
 #include "model/speculative.hpp"
@@ -52,6 +53,8 @@ struct Options {
   std::string split = "none", devices;
   uint32_t slots = 1, micro_batches = 0;
   uint32_t mtp = 0;  // drafts a step of "tg N mtpK @ d" (0: not run)
+  uint32_t kv_resident = 32768;  // CUDA: latent rows per DSA layer and slot on the device
+  std::string fill = "prefill";  // how a depth is reached: prefill, or random (kv/random_slot_state.hpp)
   config::MemoryOptionsText memory;
   float route_skew = 0;
   float temperature = 0.0f, top_p = 1.0f;  // of every step's draw (0: greedy)
@@ -152,6 +155,7 @@ int bench(const Options& o) {
   bo.max_slots = std::max<uint32_t>(1, o.slots);
   bo.max_step_rows = std::max<uint32_t>(max_p, 512) + bo.max_slots;
   bo.max_context = (max_d + std::max(max_p, max_n * o.reps + 8) + 64 + 255) / 256 * 256;
+  bo.kv_resident = o.kv_resident;
   Status split_error = gpu::parse_kv_type_option(o.kv_type, bo);
   if (!split_error) split_error = config::parse_split(o.split, bo.split);
   if (!split_error && !o.devices.empty()) split_error = config::parse_devices(o.devices, bo.split);
@@ -234,7 +238,13 @@ int bench(const Options& o) {
   std::vector<model::SlotStateImage> at_depth;
   auto fill = [&](uint32_t d) {
     if (auto e = b.reset_slot(0)) failure = e->message;
-    if (d > 0) step(0, random_tokens(d));
+    if (d > 0 && o.fill == "random") {
+      std::vector<model::SlotStateImage> drawn;
+      for (const auto& s : b.stages()) drawn.push_back(kv::random_slot_state(s->state_layout(), d, o.seed + d));
+      if (auto e = b.restore_slot(0, drawn); e && failure.empty()) failure = e->message;
+    } else if (d > 0) {
+      step(0, random_tokens(d));
+    }
     auto image = b.save_slot(0, false);
     if (image) {
       at_depth = std::move(image.value());
@@ -246,17 +256,25 @@ int bench(const Options& o) {
     if (auto e = b.restore_slot(0, at_depth); e && failure.empty()) failure = e->message;
   };
 
+  // A depth reached by drawing its state, not by a prefill, says so in every test name.
+  auto rnd = [&](uint32_t d) { return o.fill == "random" && d > 0 ? std::string(" rnd") : std::string(); };
   std::fprintf(stderr, "ferry bench: %s on %s\n", model_name.c_str(), b.describe().c_str());
+  if (o.fill == "random") {
+    std::fprintf(stderr, "ferry bench: --fill random: each depth's KV rows, indexer keys and KDA state are DRAWN at "
+                         "random (tests marked rnd): decode reads as many rows as at that depth, but the indexer's "
+                         "selections (and a window's hit rate) are not those of real text\n");
+  }
   // Warm-up: one prefill of each size and a few decode steps at depth 0 (cuBLAS heuristics, graphs).
   for (uint32_t p : *pp) step(0, random_tokens(p));
   std::vector<Result> results;
   std::vector<model::StageCounters> before(b.stages().size());
   std::vector<ExpertRow> expert_rows;
   std::vector<std::string> handoffs;  // per depth and link: bytes and copy time per decode step
+  std::vector<std::string> windows;   // per depth and stage: the resident KV window over the decode tests
   for (uint32_t d : *depths) {
     fill(d);
     for (uint32_t p : *pp) {
-      Result r{"pp" + std::to_string(p) + " @ d" + std::to_string(d), p, d, false, {}, 0, std::nullopt};
+      Result r{"pp" + std::to_string(p) + " @ d" + std::to_string(d) + rnd(d), p, d, false, {}, 0, std::nullopt};
       for (uint32_t rep = 0; rep < o.reps; ++rep) {
         back_to_depth();  // every repetition starts from the same depth
         const auto tokens = random_tokens(p);
@@ -275,7 +293,7 @@ int bench(const Options& o) {
     for (int i = 0; i < 2; ++i) t = step(pos++, {t});  // graph capture
     for (size_t i = 0; i < b.stages().size(); ++i) before[i] = b.stages()[i]->counters();
     for (uint32_t n : *tg) {
-      Result r{"tg" + std::to_string(n) + " @ d" + std::to_string(d), n, d, true, {}, 0, std::nullopt};
+      Result r{"tg" + std::to_string(n) + " @ d" + std::to_string(d) + rnd(d), n, d, true, {}, 0, std::nullopt};
       const model::ExpertTierCounters tier_before = expert_counters(b);
       for (uint32_t rep = 0; rep < o.reps; ++rep) {
         const double t0 = now_s();
@@ -299,6 +317,23 @@ int bench(const Options& o) {
       }
       results.push_back(r);
       std::fprintf(stderr, "  %-18s %10.1f t/s\n", r.test.c_str(), r.mean_tps());
+    }
+    for (size_t i = 0; i < b.stages().size(); ++i) {
+      const model::StageCounters c = b.stages()[i]->counters();
+      if (c.kv_window_rows == 0) continue;
+      const double steps = static_cast<double>(c.steps - before[i].steps);
+      const uint64_t fetched = c.kv_fetched_rows - before[i].kv_fetched_rows, hits = c.kv_hits - before[i].kv_hits;
+      char line[320];
+      std::snprintf(line, sizeof line,
+                    "tg @ d%u, stage %zu: %llu windowed steps of %.0f, %.1f rows and %.0f bytes fetched/step, "
+                    "hit rate %.4f, %llu of %llu window rows resident, host KV %.1f MiB (slot 0)",
+                    d, i, static_cast<unsigned long long>(c.kv_windowed_steps - before[i].kv_windowed_steps), steps,
+                    steps > 0 ? static_cast<double>(fetched) / steps : 0.0,
+                    steps > 0 ? static_cast<double>(c.kv_fetched_bytes - before[i].kv_fetched_bytes) / steps : 0.0,
+                    hits + fetched > 0 ? static_cast<double>(hits) / static_cast<double>(hits + fetched) : 1.0,
+                    static_cast<unsigned long long>(c.kv_resident_rows), static_cast<unsigned long long>(c.kv_window_rows),
+                    c.kv_host_slot_bytes.empty() ? 0.0 : static_cast<double>(c.kv_host_slot_bytes[0]) / 1048576.0);
+      windows.push_back(line);
     }
     for (size_t i = 0; i + 1 < b.stages().size(); ++i) {
       const model::StageCounters c = b.stages()[i]->counters();
@@ -463,6 +498,8 @@ int bench(const Options& o) {
   }
   if (!handoffs.empty()) std::printf("\nhand-off between stages:\n");
   for (const std::string& h : handoffs) std::printf("  %s\n", h.c_str());
+  if (!windows.empty()) std::printf("\nresident KV window (--kv-resident %u):\n", o.kv_resident);
+  for (const std::string& w : windows) std::printf("  %s\n", w.c_str());
   return 0;
 }
 
@@ -481,6 +518,15 @@ CommandRun add_bench_command(CLI::App& app) {
       ->check(CLI::ExistingFile);
   sub->add_option("--backend", o->backend, "auto, cpu or cuda")->capture_default_str();
   sub->add_option("--kv-type", o->kv_type, "DSA latent rows: f32, f16, int8 or auto (int8 on CUDA, f32 on the CPU)")
+      ->capture_default_str();
+  sub->add_option("--kv-resident", o->kv_resident,
+                  "CUDA: DSA latent rows per layer and slot kept on the device; past it a pinned host tier holds the "
+                  "rest (0: the whole context)")
+      ->capture_default_str();
+  sub->add_option("--fill", o->fill,
+                  "how each depth is reached: prefill (a real prefill of random tokens) or random (the slot's state "
+                  "drawn at random: deep decode without the prefill; tests marked rnd)")
+      ->check(CLI::IsMember({"prefill", "random"}))
       ->capture_default_str();
   sub->add_option("-p,--n-prompt", o->prompt, "prefill chunk sizes, comma-separated")->capture_default_str();
   sub->add_option("-n,--n-gen", o->gen, "decode lengths, comma-separated")->capture_default_str();

@@ -55,6 +55,7 @@ struct Options {
   std::string backend = "cpu";
   bool compare_cpu = false;
   std::string kv_type = "auto", kv_index_type = "f32";
+  uint32_t kv_resident = 32768;  // CUDA: latent rows per DSA layer on the device
   bool compare_kv = false;
   double min_mtp_accept = -1;  // < 0: no bound (the agreement is reported whenever the model has MTP)
   std::string split = "none", devices;
@@ -189,6 +190,7 @@ int eval_ref_backend(const Options& o, const ReferenceCase& ref, config::KvType 
   gpu::BackendOptions bo;
   bo.kind = o.backend;
   bo.kv_type = kv;
+  bo.kv_resident = o.kv_resident;
   bo.max_slots = 1;
   bo.threads = o.threads;
   bo.max_context = static_cast<uint32_t>(ref.input_ids.size() + ref.decode_tokens.size() + 16);
@@ -239,6 +241,15 @@ int eval_ref_backend(const Options& o, const ReferenceCase& ref, config::KvType 
 #endif
   std::printf("speed    prefill %.1f tokens/s, decode %.1f tokens/s\n", double(P) / std::max(run.prefill_seconds, 1e-9),
               double(S) / std::max(run.decode_seconds, 1e-9));
+  for (size_t i = 0; i < b.stages().size(); ++i) {
+    const model::StageCounters c = b.stages()[i]->counters();
+    if (c.kv_window_rows == 0) continue;
+    std::printf("kv window stage %zu: --kv-resident %u, %llu windowed steps, %llu rows fetched, %llu hits, %llu of %llu "
+                "window rows resident\n",
+                i, o.kv_resident, static_cast<unsigned long long>(c.kv_windowed_steps),
+                static_cast<unsigned long long>(c.kv_fetched_rows), static_cast<unsigned long long>(c.kv_hits),
+                static_cast<unsigned long long>(c.kv_resident_rows), static_cast<unsigned long long>(c.kv_window_rows));
+  }
   if (opened->plan.tiered()) {
     const model::ExpertTierCounters c = expert_counters(b);
     std::printf("experts  %u pool slots of %u experts: %llu routes, %llu in the pool, %llu read from host memory, "
@@ -430,6 +441,9 @@ CommandRun add_eval_ref_command(CLI::App& app) {
   sub->add_option("--backend", o->backend, "cpu (the forward pass with DSA selections and MTP), cuda or auto")
       ->capture_default_str();
   sub->add_option("--kv-type", o->kv_type, "DSA latent rows: f32, f16, int8 or auto (int8 on CUDA, f32 on the CPU)")
+      ->capture_default_str();
+  sub->add_option("--kv-resident", o->kv_resident,
+                  "CUDA: DSA latent rows per layer kept on the device (smaller than the case: the windowed path)")
       ->capture_default_str();
   sub->add_option("--kv-index-type", o->kv_index_type, "CPU forward pass: the indexer's cached keys and gates (f32, f16, int8)")
       ->capture_default_str();

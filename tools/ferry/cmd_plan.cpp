@@ -27,6 +27,8 @@ struct Options {
   std::string kv_type = "auto";
   uint32_t slots = 3, ctx = 524288, prefill_chunk = 4096;
   double checkpoint_budget_gib = 8;  // as serve's default
+  uint32_t kv_resident = 32768;      // as serve's default
+  double kv_host_budget_gib = 0;     // 0: the host KV tier's need, counted against the RAM floor
   config::MemoryOptionsText memory;
   bool json = false;
 };
@@ -41,6 +43,12 @@ int plan(const Options& o) {
     errors.push_back("--checkpoint-budget: GiB in [0, 65536], not " + std::to_string(o.checkpoint_budget_gib));
   } else {
     bo.checkpoint_bytes = static_cast<uint64_t>(o.checkpoint_budget_gib * 1073741824.0);
+  }
+  bo.kv_resident = o.kv_resident;
+  if (!(std::isfinite(o.kv_host_budget_gib) && o.kv_host_budget_gib >= 0 && o.kv_host_budget_gib <= 65536)) {
+    errors.push_back("--kv-host-budget: GiB in [0, 65536], not " + std::to_string(o.kv_host_budget_gib));
+  } else if (o.kv_host_budget_gib > 0) {
+    bo.kv_host_budget = static_cast<uint64_t>(o.kv_host_budget_gib * 1073741824.0);
   }
   if (auto e = config::parse_split(o.split, bo.split)) errors.push_back(e->message);
   if (auto e = gpu::parse_kv_type_option(o.kv_type, bo)) errors.push_back(e->message);
@@ -135,6 +143,12 @@ CommandRun add_plan_command(CLI::App& app) {
   sub->add_option("--slots", o->slots, "concurrent requests")->capture_default_str();
   sub->add_option("--ctx", o->ctx, "tokens per slot")->capture_default_str();
   sub->add_option("--kv-type", o->kv_type, "DSA latent rows on the device: f32, f16, int8 or auto (int8)")
+      ->capture_default_str();
+  sub->add_option("--kv-resident", o->kv_resident,
+                  "DSA latent rows per layer and slot on the device; the rest in a pinned host tier (0: all on the device)")
+      ->capture_default_str();
+  sub->add_option("--kv-host-budget", o->kv_host_budget_gib,
+                  "GiB of host RAM the host KV tier may take (0: what it needs, counted against --ram-floor)")
       ->capture_default_str();
   sub->add_option("--prefill-chunk", o->prefill_chunk, "prompt tokens per step")->capture_default_str();
   config::for_each_memory_option(o->memory, [&](const std::string& name, std::string& value, const std::string& help) {

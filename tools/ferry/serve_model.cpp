@@ -124,6 +124,10 @@ gpu::BackendOptions backend_options(const config::ServeConfig& config) {
   options.max_step_rows = config.slots.prefill_chunk + config.slots.count;  // one chunk + a decode row per slot
   options.max_context = config.slots.ctx;
   (void)gpu::parse_kv_type_option(config.slots.kv_type, options);  // validate() checked it
+  options.kv_resident = config.slots.kv_resident;
+  if (config.slots.kv_host_budget_gib > 0) {
+    options.kv_host_budget = static_cast<uint64_t>(config.slots.kv_host_budget_gib * 1073741824.0);
+  }
   options.split = config.devices.split;
   options.memory = config.memory;
   options.route_skew = config.model.route_skew;
