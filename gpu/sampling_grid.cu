@@ -6,13 +6,15 @@
 // The barrier spins, so a row's blocks must be resident together: a launch takes at most the blocks
 // the device holds at once, and a vocabulary that needs more takes the one-block path (sampling.cu).
 //
-// A drawn row first takes one histogram of (value - top) / T in 256 buckets of a quarter each. Every
+// A drawn row first takes one histogram of (value - top) / T in 256 buckets of an eighth each. Every
 // cut the rule makes (top-k, top-p, min-p, the draw) keeps an upper set of keys, so the first bucket
 // reaching the first cut's goal bounds the keys that matter. When they fit in one block (kBlockKeys),
-// they are gathered into a list (already during the histogram, for keys within kSpecDepth of the top;
-// else in one more pass), and the row's first block runs the rule on that list alone, in shared
-// memory, with no more barriers: the same selects, with the mass of the keys outside the list added to
-// a total taken over the whole row. Otherwise the row goes on with the radix passes over all blocks.
+// they are gathered into a list (during the histogram already for keys within 16 T of the top, else in
+// one more pass), and the row's first block runs the rule on that list alone, in registers and shared
+// memory, with no more barriers: the same selects, the mass of the keys outside the list added to a
+// total over the whole row. A top-p nucleus too large for that lists only top-p's bucket and the
+// buckets the draw can reach, and selects within one bucket at a time (band_draw). Otherwise the row
+// goes on with the radix passes over all blocks.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -37,10 +39,11 @@ constexpr uint32_t kMaxRows = 8;  // rows of one launch: the scratch holds this 
 // Barriers of one row: the argmax, the value histogram, then either the gather or up to 8 digits of a
 // 63-bit key for each of the three selects (top-k, top-p, the draw) and min-p's.
 constexpr int kPasses = 2 + 3 * 8 + 1;
-constexpr double kBucketsPerUnit = 4.0;  // value histogram buckets per unit of (value - top) / T
-// Keys gathered during the value histogram already: buckets from here up, (value - top) / T > -16.25.
-constexpr int kSpecBucket = 255 - 64;
+constexpr double kBucketsPerUnit = 8.0;  // value histogram buckets per unit of (value - top) / T
+// Keys gathered during the value histogram already: buckets from here up, (value - top) / T > -16.125.
+constexpr int kSpecBucket = 255 - 128;
 constexpr unsigned kAll = 0xffffffffu;
+constexpr int kTallies = 4;  // value-bucket sums a plan takes at once
 
 // One pass's histogram summed over a row's blocks: a block's weight W of a bucket adds W mod 2^32 to lo
 // and W >> 32 to hi (the bucket's weight is lo + hi * 2^32); neither sum can wrap for 2^31 keys.
@@ -58,7 +61,7 @@ struct RowScratch {
   ull list[kBlockKeys];  // the gathered keys, in no order
 };
 
-// The value histogram's bucket of a value: 255 for the top, down by one every quarter of T below it, 0
+// The value histogram's bucket of a value: 255 for the top, down by one every eighth of T below it, 0
 // for the rest (-inf and NaN included). It never decreases with the value, so it never does with the key.
 struct ValueBuckets {
   float top;
@@ -81,13 +84,22 @@ struct Local {
   ull group_w[kThreads], group_k[kThreads];  // a warp's weights and keys, for the lowest lane of a bucket
   uint32_t bucket, bucket_count;
   ull count_before, need_lo, need_hi, only;
-  ull tally_count[3], tally_lo[3], tally_hi[3];
+  ull tally_count[kTallies], tally_lo[kTallies], tally_hi[kTallies];
 };
 
 struct Tally {
   ull count;
   u128 mass;
 };
+
+// Value buckets to gather: `one`, and lo to hi.
+struct Band {
+  int one, lo, hi;
+  __device__ bool has(int b) const { return b == one || (lo <= b && b <= hi); }
+};
+
+// How a drawn row goes on after its value histogram.
+enum class Way { all_blocks, list, band, elsewhere };
 
 // Reads of what other blocks added: from L2, past this SM's L1 (ld.global.cg).
 __device__ uint32_t load_l2(const uint32_t& x) {
@@ -100,6 +112,7 @@ __device__ ull load_l2(const ull& x) {
   asm volatile("ld.global.cg.u64 %0, [%1];" : "=l"(v) : "l"(&x));
   return v;
 }
+__device__ void store_l2(ull& x, ull v) { asm volatile("st.global.cg.u64 [%0], %1;" ::"l"(&x), "l"(v) : "memory"); }
 
 // min-p's weight threshold, as rule::draw_token computes it.
 __device__ uint64_t min_p_threshold(float min_p) {
@@ -174,7 +187,7 @@ class GridRow {
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       const ull k = key_[j];
-      const bool in = k != 0 && k >= lb && (k >> left) == prefix;
+      const bool in = k != 0 && k >= lb && (k >> left) == prefix && ((view_ >> j) & 1u) != 0;
       add_grouped(in ? static_cast<int>((k >> shift) & digit) : -1, by_mass ? w_[j] : 0, k);
     }
     if (local_) {
@@ -269,10 +282,11 @@ class GridRow {
     return load_l2(p.top[0]);
   }
 
-  // The value histogram of a drawn row and the plan it gives (see the top of the file). False: the row
-  // goes on over all its blocks. True: it is drawn from a list, by the first block, which now holds it.
-  __device__ bool shortcut(const SampleRow& row, uint32_t vocab, const rule::KeySpace& ks, const rule::WeightRule& wr,
-                           uint64_t bits) {
+  // The value histogram of a drawn row and the way it goes on (see the top of the file). all_blocks:
+  // the radix passes over all blocks. list / band: the first block now holds the list and draws with
+  // draw_token / band_draw; elsewhere: another block does.
+  __device__ Way shortcut(const SampleRow& row, uint32_t vocab, const rule::KeySpace& ks, const rule::WeightRule& wr,
+                          uint64_t bits) {
     const ValueBuckets vb(wr);
     const uint64_t light = row.min_p > 0.0f ? min_p_threshold(row.min_p) : 0;
     by_mass_ = true;
@@ -286,38 +300,65 @@ class GridRow {
     }
     past = warp_max_u64(past);
     if ((threadIdx.x & 31) == 0 && past != 0) atomicMax(&g_.past, past);
-    gather(vb, ks, kSpecBucket, g_.listed_early);
+    gather(vb, ks, Band{kSpecBucket, kSpecBucket, 255}, g_.listed_early);
     publish(next_pass());
     if (light != 0) past_ = load_l2(g_.past);
 
     // The bucket of the first cut: every key the rule looks at after it is in that bucket or above.
+    const bool top_k = row.top_k > 0 && row.top_k < vocab;
     int cut;
-    if (row.top_k > 0 && row.top_k < vocab) {
+    rule::Choice nucleus;
+    if (top_k) {
       by_mass_ = false;
       cut = static_cast<int>(choose(rule::Goal::exactly(row.top_k)).bucket);
+      by_mass_ = true;
     } else if (row.top_p < 1.0f) {
       const uint64_t tp = row.top_p > 0.0f ? static_cast<uint64_t>(ldexp(static_cast<double>(row.top_p), 32)) : 0;
-      cut = static_cast<int>(choose(rule::Goal{rule::Goal::top_p, tp, 0}).bucket);
+      nucleus = choose(rule::Goal{rule::Goal::top_p, tp, 0});
+      cut = static_cast<int>(nucleus.bucket);
     } else if (light != 0 && past_ != 0) {
       cut = vb(ks.value(past_));  // at most the bucket of any key >= past_
     } else {
       cut = static_cast<int>(choose(rule::Goal{rule::Goal::draw, bits, 0}).bucket);
     }
-    const int from[3] = {0, cut, kSpecBucket};
-    Tally t[3];
+    const int from[kTallies] = {0, cut, kSpecBucket, cut + 1};
+    Tally t[kTallies];
     tally(g_.pass[pass_], from, t);
-    Tally listed;
+    Tally listed{};
+    Way way = Way::list;
     if (cut >= kSpecBucket && t[2].count <= kBlockKeys) {
       listed = t[2];
     } else if (t[1].count <= kBlockKeys) {
-      gather(vb, ks, cut, g_.listed);
+      gather(vb, ks, Band{cut, cut, 255}, g_.listed);
       next_pass();
       barrier();
       listed = t[1];
+    } else if (!top_k && row.top_p < 1.0f && light == 0) {
+      // A nucleus of more keys than a block holds: top-p's key is in bucket `cut`, and the draw's in
+      // the buckets its goal can reach for any total between (keys above cut) + need and (keys of cut
+      // and above). Those buckets are listed when they fit.
+      band_above_ = t[3].mass;
+      band_need_ = nucleus.need;
+      band_cut_ = cut;
+      const u128 cut_mass = t[1].mass - t[3].mass;
+      const u128 least = rule::scale_by_draw(bits, band_above_ + band_need_) + 1;
+      const u128 most = rule::scale_by_draw(bits, band_above_ + cut_mass) + 1;
+      const int hi = static_cast<int>(choose(rule::Goal::exactly(least)).bucket);
+      const int lo = static_cast<int>(choose(rule::Goal::exactly(most)).bucket);
+      const int range[kTallies] = {lo, hi + 1, lo > cut ? cut : 256, lo > cut ? cut + 1 : 256};
+      Tally r[kTallies];
+      tally(g_.pass[pass_], range, r);
+      // The keys of lo..hi, and of cut when it is below lo.
+      listed.count = r[0].count - r[1].count + r[2].count - r[3].count;
+      if (listed.count > kBlockKeys) return Way::all_blocks;
+      gather(vb, ks, Band{cut, lo, hi}, g_.listed);
+      next_pass();
+      barrier();
+      way = Way::band;
     } else {
-      return false;
+      return Way::all_blocks;
     }
-    if (!first_) return true;
+    if (!first_) return Way::elsewhere;
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       const uint32_t i = static_cast<uint32_t>(j * kThreads) + threadIdx.x;
@@ -325,8 +366,79 @@ class GridRow {
     }
     weigh(wr, ks);
     local_ = true;
-    outside_ = t[0].mass - listed.mass;
-    return true;
+    if (way == Way::list) outside_ = t[0].mass - listed.mass;
+    return way;
+  }
+
+  // The draw of a band list (shortcut): the rule's top-p select, then its draw, each within the one
+  // value bucket that holds its key, with the goal left after the buckets above it. The same keys as
+  // draw_token over the whole row, since value buckets are intervals of keys.
+  __device__ uint32_t band_draw(const rule::KeySpace& ks, const rule::WeightRule& wr, uint64_t bits) {
+    const ValueBuckets vb(wr);
+    view(vb, ks, band_cut_);
+    const uint64_t lb = rule::select_key(*this, ks, 0, rule::Goal::exactly(band_need_), true).key;
+    // The weight of cut's keys >= lb: with the buckets above, the total the draw is taken over.
+    ull lo = 0, hi = 0;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      if (((view_ >> j) & 1u) != 0 && key_[j] >= lb) {
+        lo += w_[j] & 0xffffffffull;
+        hi += w_[j] >> 32;
+      }
+    }
+    lo = warp_sum_u64(lo);
+    hi = warp_sum_u64(hi);
+    const unsigned warp = threadIdx.x >> 5;
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) {
+      sh_.group_w[warp] = lo;
+      sh_.group_k[warp] = hi;
+    }
+    __syncthreads();
+    u128 kept = 0;
+    for (int w = 0; w < kThreads / 32; ++w) {
+      kept += static_cast<u128>(sh_.group_w[w]) + (static_cast<u128>(sh_.group_k[w]) << 32);
+    }
+    const u128 want = rule::scale_by_draw(bits, band_above_ + kept) + 1;
+    // The draw's bucket: scanned from the top, cut counting only its keys >= lb.
+    const Pass& p = g_.pass[1];
+    if (threadIdx.x < 32) {
+      const int lane = static_cast<int>(threadIdx.x);
+      u128 m[8];
+      u128 mine = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int b = 255 - 8 * lane - j;
+        m[j] = b > band_cut_ ? static_cast<u128>(load_l2(p.lo[b])) + (static_cast<u128>(load_l2(p.hi[b])) << 32)
+               : b == band_cut_ ? kept
+                                : u128{0};
+        mine += m[j];
+      }
+      u128 incl = mine;
+      for (int o = 1; o < 32; o <<= 1) {
+        const u128 up = shfl_up128(incl, o);
+        if (lane >= o) incl += up;
+      }
+      u128 before = incl - mine;
+      if (before < want && want <= incl) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          if (want <= before + m[j]) {
+            const u128 need = want - before;
+            sh_.bucket = static_cast<uint32_t>(255 - 8 * lane - j);
+            sh_.need_lo = static_cast<ull>(need);
+            sh_.need_hi = static_cast<ull>(need >> 64);
+            break;
+          }
+          before += m[j];
+        }
+      }
+    }
+    __syncthreads();
+    const int d = static_cast<int>(sh_.bucket);
+    const u128 need = (static_cast<u128>(sh_.need_hi) << 64) | sh_.need_lo;
+    view(vb, ks, d);
+    return ks.id(rule::select_key(*this, ks, d == band_cut_ ? lb : 0, rule::Goal::exactly(need), true).key);
   }
 
   // Every pass skips the keys below its lb already.
@@ -354,6 +466,15 @@ class GridRow {
     return g_.pass[pass_];
   }
 
+  // Only the keys of value bucket b take part from now on.
+  __device__ void view(const ValueBuckets& vb, const rule::KeySpace& ks, int b) {
+    view_ = 0;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      if (key_[j] != 0 && vb(ks.value(key_[j])) == b) view_ |= 1u << j;
+    }
+  }
+
   __device__ void clear_local() {
     __syncthreads();  // the previous choice has been read
     for (int b = threadIdx.x; b < 256; b += kThreads) sh_.count[b] = sh_.m0[b] = sh_.m1[b] = sh_.m2[b] = 0;
@@ -374,15 +495,15 @@ class GridRow {
     barrier();
   }
 
-  // Appends the block's keys of value bucket `from` and above to the row's list: one atomic a warp.
+  // Appends the block's keys of the band's value buckets to the row's list: one atomic a warp.
   // A list that would overflow is never read (the histogram counted the same keys).
-  __device__ void gather(const ValueBuckets& vb, const rule::KeySpace& ks, int from, unsigned& counter) {
+  __device__ void gather(const ValueBuckets& vb, const rule::KeySpace& ks, const Band& band, unsigned& counter) {
     const unsigned lane = threadIdx.x & 31;
     unsigned in[kPer];
     unsigned n = 0;
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
-      in[j] = __ballot_sync(kAll, key_[j] != 0 && vb(ks.value(key_[j])) >= from);
+      in[j] = __ballot_sync(kAll, key_[j] != 0 && band.has(vb(ks.value(key_[j]))));
       n += static_cast<unsigned>(__popc(in[j]));
     }
     if (n == 0) return;
@@ -394,25 +515,25 @@ class GridRow {
     for (int j = 0; j < kPer; ++j) {
       if ((in[j] >> lane) & 1u) {
         const unsigned i = at + static_cast<unsigned>(__popc(in[j] & below));
-        if (i < kBlockKeys) __stcg(&g_.list[i], key_[j]);
+        if (i < kBlockKeys) store_l2(g_.list[i], key_[j]);
       }
       at += static_cast<unsigned>(__popc(in[j]));
     }
   }
 
-  // The count and weight of the keys in value buckets from[i] and above, on every thread.
-  __device__ void tally(const Pass& p, const int (&from)[3], Tally (&t)[3]) {
+  // The count and weight of the keys in value buckets from[i] and above (none for 256), on every thread.
+  __device__ void tally(const Pass& p, const int (&from)[kTallies], Tally (&t)[kTallies]) {
     if (threadIdx.x < 32) {
       const int lane = static_cast<int>(threadIdx.x);
-      ull c[3] = {};
-      u128 m[3] = {};
+      ull c[kTallies] = {};
+      u128 m[kTallies] = {};
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const int b = 8 * lane + j;
         const ull cb = load_l2(p.count[b]);
         const u128 mb = static_cast<u128>(load_l2(p.lo[b])) + (static_cast<u128>(load_l2(p.hi[b])) << 32);
 #pragma unroll
-        for (int i = 0; i < 3; ++i) {
+        for (int i = 0; i < kTallies; ++i) {
           if (b >= from[i]) {
             c[i] += cb;
             m[i] += mb;
@@ -420,7 +541,7 @@ class GridRow {
         }
       }
 #pragma unroll
-      for (int i = 0; i < 3; ++i) {
+      for (int i = 0; i < kTallies; ++i) {
         for (int o = 16; o > 0; o >>= 1) {
           c[i] += __shfl_xor_sync(kAll, c[i], o);
           m[i] += shfl_xor128(m[i], o);
@@ -434,7 +555,7 @@ class GridRow {
     }
     __syncthreads();
 #pragma unroll
-    for (int i = 0; i < 3; ++i) {
+    for (int i = 0; i < kTallies; ++i) {
       t[i].count = sh_.tally_count[i];
       t[i].mass = (static_cast<u128>(sh_.tally_hi[i]) << 64) | sh_.tally_lo[i];
     }
@@ -520,6 +641,9 @@ class GridRow {
   u128 outside_ = 0;    // on a list: the weight of the row's keys not in it
   u128 extra_ = 0;      // added to this select's total: outside_ when it covers the whole row
   ull past_ = 0;        // min-p's first_past_lighter over the whole row
+  unsigned view_ = 0xffu;  // bit j: key_[j] takes part (band_draw looks at one value bucket at a time)
+  int band_cut_ = 0;       // a band: top-p's bucket, the weight above it, and the goal left in it
+  u128 band_above_ = 0, band_need_ = 0;
   ull key_[kPer];
   ull w_[kPer] = {};
 };
@@ -538,7 +662,10 @@ __global__ void __launch_bounds__(kThreads) sample_grid_kernel(const float* logi
     const rule::WeightRule wr(ks.value(top), row.temperature);
     ex.weigh(wr, ks);
     const uint64_t bits = rule::draw_bits(row.seed, row.position);
-    if (!ex.shortcut(row, vocab, ks, wr, bits) || part == 0) {
+    const Way way = ex.shortcut(row, vocab, ks, wr, bits);
+    if (way == Way::band) {
+      token = ex.band_draw(ks, wr, bits);
+    } else if (way != Way::elsewhere) {
       token = rule::draw_token(ex, ks, vocab, row.top_k, row.top_p, row.min_p, bits);
     }
   }

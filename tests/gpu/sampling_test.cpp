@@ -2,8 +2,9 @@
 // model::sample_token on the same logits rows: every row kind of tests/model/sampling_cases.hpp
 // (random, peaked, flat, ties, -inf, NaN, +-0, +inf) at vocabularies of 97 to 154880 ids, a grid of
 // (temperature, top-k, top-p, min-p) with seeds and positions, greedy rows among them, and many seeds
-// at serve's settings on the GLM vocabulary; the tokens must be identical. Also prints both paths'
-// times for a decode step's 3 and 8 rows of the GLM vocabulary at common settings.
+// at serve's settings on the GLM vocabulary, and rows built to take each way of the many-block path
+// (a list, a band, all blocks); the tokens must be identical. Also prints both paths' times for a
+// decode step's 3 and 8 rows of the GLM vocabulary at common settings, and each way's.
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
