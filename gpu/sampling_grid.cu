@@ -5,6 +5,16 @@
 // integer weights, so the order the blocks add in changes nothing: the tokens are the CPU's.
 // The barrier spins, so a row's blocks must be resident together: a launch takes at most the blocks
 // the device holds at once, and a vocabulary that needs more takes the one-block path (sampling.cu).
+//
+// A drawn row first takes one histogram of (value - top) / T in 256 buckets of an eighth each. Every
+// cut the rule makes (top-k, top-p, min-p, the draw) keeps an upper set of keys, so the first bucket
+// reaching the first cut's goal bounds the keys that matter. When they fit in one block (kBlockKeys),
+// they are gathered into a list (during the histogram already for keys within 16 T of the top, else in
+// one more pass), and the row's first block runs the rule on that list alone, in registers and shared
+// memory, with no more barriers: the same selects, the mass of the keys outside the list added to a
+// total over the whole row. A top-p nucleus too large for that lists only top-p's bucket and the
+// buckets the draw can reach, and selects within one bucket at a time (band_draw). Otherwise the row
+// goes on with the radix passes over all blocks.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -26,10 +36,14 @@ constexpr int kThreads = 512;
 constexpr int kPer = 8;  // keys a thread holds
 constexpr uint32_t kBlockKeys = uint32_t{kThreads} * kPer;
 constexpr uint32_t kMaxRows = 8;  // rows of one launch: the scratch holds this many
-// Barriers of one row: the argmax, up to 8 digits of a 63-bit key for each of the three selects
-// (top-k, top-p, the draw), and min-p's.
-constexpr int kPasses = 1 + 3 * 8 + 1;
+// Barriers of one row: the argmax, the value histogram, then either the gather or up to 8 digits of a
+// 63-bit key for each of the three selects (top-k, top-p, the draw) and min-p's.
+constexpr int kPasses = 2 + 3 * 8 + 1;
+constexpr double kBucketsPerUnit = 8.0;  // value histogram buckets per unit of (value - top) / T
+// Keys gathered during the value histogram already: buckets from here up, (value - top) / T > -16.125.
+constexpr int kSpecBucket = 255 - 128;
 constexpr unsigned kAll = 0xffffffffu;
+constexpr int kTallies = 4;  // value-bucket sums a plan takes at once
 
 // One pass's histogram summed over a row's blocks: a block's weight W of a bucket adds W mod 2^32 to lo
 // and W >> 32 to hi (the bucket's weight is lo + hi * 2^32); neither sum can wrap for 2^31 keys.
@@ -41,7 +55,23 @@ struct Pass {
 struct RowScratch {
   unsigned arrived;  // blocks at a barrier, over the whole launch
   unsigned exited;
+  unsigned listed_early, listed;  // keys gathered during the value histogram, and after it
+  ull past;  // 1 + the largest key lighter than min-p's threshold (0: none), over the whole row
   Pass pass[kPasses];
+  ull list[kBlockKeys];  // the gathered keys, in no order
+};
+
+// The value histogram's bucket of a value: 255 for the top, down by one every eighth of T below it, 0
+// for the rest (-inf and NaN included). It never decreases with the value, so it never does with the key.
+struct ValueBuckets {
+  float top;
+  double inv_t;
+  __device__ explicit ValueBuckets(const rule::WeightRule& w) : top(w.top), inv_t(w.inv_t) {}
+  __device__ int operator()(float v) const {
+    if (v == top) return 255;
+    const double t = (static_cast<double>(top) - static_cast<double>(v)) * inv_t * kBucketsPerUnit;
+    return t < 255.0 ? 255 - static_cast<int>(t) : 0;
+  }
 };
 
 // A block's histogram. Shared-memory atomics on 64 bits are compare-and-swap loops, slow when many
@@ -54,7 +84,22 @@ struct Local {
   ull group_w[kThreads], group_k[kThreads];  // a warp's weights and keys, for the lowest lane of a bucket
   uint32_t bucket, bucket_count;
   ull count_before, need_lo, need_hi, only;
+  ull tally_count[kTallies], tally_lo[kTallies], tally_hi[kTallies];
 };
+
+struct Tally {
+  ull count;
+  u128 mass;
+};
+
+// Value buckets to gather: `one`, and lo to hi.
+struct Band {
+  int one, lo, hi;
+  __device__ bool has(int b) const { return b == one || (lo <= b && b <= hi); }
+};
+
+// How a drawn row goes on after its value histogram.
+enum class Way { all_blocks, list, band, elsewhere };
 
 // Reads of what other blocks added: from L2, past this SM's L1 (ld.global.cg).
 __device__ uint32_t load_l2(const uint32_t& x) {
@@ -66,6 +111,13 @@ __device__ ull load_l2(const ull& x) {
   ull v;
   asm volatile("ld.global.cg.u64 %0, [%1];" : "=l"(v) : "l"(&x));
   return v;
+}
+__device__ void store_l2(ull& x, ull v) { asm volatile("st.global.cg.u64 [%0], %1;" ::"l"(&x), "l"(v) : "memory"); }
+
+// min-p's weight threshold, as rule::draw_token computes it.
+__device__ uint64_t min_p_threshold(float min_p) {
+  const double f = min_p < 1.0f ? static_cast<double>(min_p) : 1.0;
+  return static_cast<uint64_t>(ceil(ldexp(f, 63)));
 }
 
 __device__ ull warp_max_u64(ull v) {
@@ -85,6 +137,11 @@ __device__ u128 shfl_up128(u128 v, int by) {
   const ull hi = __shfl_up_sync(kAll, static_cast<ull>(v >> 64), by);
   return (static_cast<u128>(hi) << 64) | lo;
 }
+__device__ u128 shfl_xor128(u128 v, int by) {
+  const ull lo = __shfl_xor_sync(kAll, static_cast<ull>(v), by);
+  const ull hi = __shfl_xor_sync(kAll, static_cast<ull>(v >> 64), by);
+  return (static_cast<u128>(hi) << 64) | lo;
+}
 __device__ u128 shfl128(u128 v, int lane) {
   const ull lo = __shfl_sync(kAll, static_cast<ull>(v), lane);
   const ull hi = __shfl_sync(kAll, static_cast<ull>(v >> 64), lane);
@@ -95,7 +152,8 @@ __device__ u128 shfl128(u128 v, int lane) {
 // method, in the same order, so every block passes the same barriers.
 class GridRow {
  public:
-  __device__ GridRow(Local& sh, RowScratch& g, uint32_t blocks, bool first) : sh_(sh), g_(g), blocks_(blocks), first_(first) {}
+  __device__ GridRow(Local& sh, RowScratch& g, uint32_t blocks, bool first, uint32_t bits)
+      : sh_(sh), g_(g), blocks_(blocks), first_(first), bits_(bits) {}
 
   __device__ void load(const float* row, uint32_t vocab, uint32_t begin, const rule::KeySpace& ks) {
 #pragma unroll
@@ -122,28 +180,21 @@ class GridRow {
   }
 
   __device__ void histogram(uint64_t lb, uint64_t prefix, uint32_t left, uint32_t shift, bool by_mass) {
-    Pass& p = next_pass();
     by_mass_ = by_mass;
-    __syncthreads();  // the previous choice has been read
-    for (int b = threadIdx.x; b < 256; b += kThreads) sh_.count[b] = sh_.m0[b] = sh_.m1[b] = sh_.m2[b] = 0;
-    __syncthreads();
+    extra_ = local_ && lb == 0 && left == bits_ ? outside_ : 0;  // a goal over the whole row
+    clear_local();
     const uint64_t digit = (uint64_t{1} << (left - shift)) - 1;
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       const ull k = key_[j];
-      const bool in = k != 0 && k >= lb && (k >> left) == prefix;
+      const bool in = k != 0 && k >= lb && (k >> left) == prefix && ((view_ >> j) & 1u) != 0;
       add_grouped(in ? static_cast<int>((k >> shift) & digit) : -1, by_mass ? w_[j] : 0, k);
     }
-    __syncthreads();
-    for (int b = threadIdx.x; b < 256; b += kThreads) {
-      if (sh_.count[b] == 0) continue;
-      atomicAdd(&p.count[b], sh_.count[b]);
-      if (sh_.m0[b] != 0) atomicAdd(&p.lo[b], ull{sh_.m0[b]});
-      const ull hi = sh_.m1[b] | (ull{sh_.m2[b]} << 32);
-      if (hi != 0) atomicAdd(&p.hi[b], hi);
-      *reinterpret_cast<volatile ull*>(&p.top[b]) = sh_.top[b];  // the one writer when the row's count is 1
+    if (local_) {
+      __syncthreads();
+      return;
     }
-    barrier();
+    publish(next_pass());
   }
 
   // Warp 0 scans the summed buckets from the highest, 8 per lane; the lane holding the goal writes it.
@@ -158,8 +209,15 @@ class GridRow {
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const int b = 255 - 8 * lane - j;
-        c[j] = load_l2(p.count[b]);
-        m[j] = by_mass_ ? static_cast<u128>(load_l2(p.lo[b])) + (static_cast<u128>(load_l2(p.hi[b])) << 32) : u128{c[j]};
+        if (local_) {
+          c[j] = sh_.count[b];
+          m[j] = by_mass_ ? static_cast<u128>(sh_.m0[b]) + (static_cast<u128>(sh_.m1[b]) << 32) +
+                                (static_cast<u128>(sh_.m2[b]) << 64)
+                          : u128{c[j]};
+        } else {
+          c[j] = load_l2(p.count[b]);
+          m[j] = by_mass_ ? static_cast<u128>(load_l2(p.lo[b])) + (static_cast<u128>(load_l2(p.hi[b])) << 32) : u128{c[j]};
+        }
         mine += m[j];
         mine_count += c[j];
       }
@@ -173,7 +231,7 @@ class GridRow {
           incl_count += cu;
         }
       }
-      const u128 want = goal.of(shfl128(incl, 31));
+      const u128 want = goal.of(shfl128(incl, 31) + extra_);
       u128 before = incl - mine;
       ull count_before = incl_count - mine_count;
       if (before < want && want <= incl) {
@@ -187,7 +245,7 @@ class GridRow {
             sh_.count_before = count_before;
             sh_.need_lo = static_cast<ull>(need);
             sh_.need_hi = static_cast<ull>(need >> 64);
-            sh_.only = load_l2(p.top[b]);
+            sh_.only = local_ ? sh_.top[b] : load_l2(p.top[b]);
             break;
           }
           before += m[j];
@@ -207,7 +265,10 @@ class GridRow {
   // Called right after a choice of a bucket holding one key: the histogram kept it.
   __device__ uint64_t only_key(uint64_t, uint64_t, uint32_t) const { return sh_.only; }
 
+  // On a list, the whole row's answer, taken with the value histogram: the largest light key is at or
+  // above lb exactly when some key >= lb is light, and then it is the same key; else both are <= lb.
   __device__ uint64_t first_past_lighter(uint64_t lb, uint64_t threshold) {
+    if (local_) return past_;
     Pass& p = next_pass();
     ull best = 0;
 #pragma unroll
@@ -219,6 +280,165 @@ class GridRow {
     if ((threadIdx.x & 31) == 0 && best != 0) atomicMax(&p.top[0], best);
     barrier();
     return load_l2(p.top[0]);
+  }
+
+  // The value histogram of a drawn row and the way it goes on (see the top of the file). all_blocks:
+  // the radix passes over all blocks. list / band: the first block now holds the list and draws with
+  // draw_token / band_draw; elsewhere: another block does.
+  __device__ Way shortcut(const SampleRow& row, uint32_t vocab, const rule::KeySpace& ks, const rule::WeightRule& wr,
+                          uint64_t bits) {
+    const ValueBuckets vb(wr);
+    const uint64_t light = row.min_p > 0.0f ? min_p_threshold(row.min_p) : 0;
+    by_mass_ = true;
+    clear_local();
+    ull past = 0;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const ull k = key_[j];
+      add_grouped(k != 0 ? vb(ks.value(k)) : -1, w_[j], k);
+      if (k != 0 && w_[j] < light && k + 1 > past) past = k + 1;
+    }
+    past = warp_max_u64(past);
+    if ((threadIdx.x & 31) == 0 && past != 0) atomicMax(&g_.past, past);
+    gather(vb, ks, Band{kSpecBucket, kSpecBucket, 255}, g_.listed_early);
+    publish(next_pass());
+    if (light != 0) past_ = load_l2(g_.past);
+
+    // The bucket of the first cut: every key the rule looks at after it is in that bucket or above.
+    const bool top_k = row.top_k > 0 && row.top_k < vocab;
+    int cut;
+    rule::Choice nucleus;
+    if (top_k) {
+      by_mass_ = false;
+      cut = static_cast<int>(choose(rule::Goal::exactly(row.top_k)).bucket);
+      by_mass_ = true;
+    } else if (row.top_p < 1.0f) {
+      const uint64_t tp = row.top_p > 0.0f ? static_cast<uint64_t>(ldexp(static_cast<double>(row.top_p), 32)) : 0;
+      nucleus = choose(rule::Goal{rule::Goal::top_p, tp, 0});
+      cut = static_cast<int>(nucleus.bucket);
+    } else if (light != 0 && past_ != 0) {
+      cut = vb(ks.value(past_));  // at most the bucket of any key >= past_
+    } else {
+      cut = static_cast<int>(choose(rule::Goal{rule::Goal::draw, bits, 0}).bucket);
+    }
+    const int from[kTallies] = {0, cut, kSpecBucket, cut + 1};
+    Tally t[kTallies];
+    tally(g_.pass[pass_], from, t);
+    Tally listed{};
+    Way way = Way::list;
+    if (cut >= kSpecBucket && t[2].count <= kBlockKeys) {
+      listed = t[2];
+    } else if (t[1].count <= kBlockKeys) {
+      gather(vb, ks, Band{cut, cut, 255}, g_.listed);
+      next_pass();
+      barrier();
+      listed = t[1];
+    } else if (!top_k && row.top_p < 1.0f && light == 0) {
+      // A nucleus of more keys than a block holds: top-p's key is in bucket `cut`, and the draw's in
+      // the buckets its goal can reach for any total between (keys above cut) + need and (keys of cut
+      // and above). Those buckets are listed when they fit.
+      band_above_ = t[3].mass;
+      band_need_ = nucleus.need;
+      band_cut_ = cut;
+      const u128 cut_mass = t[1].mass - t[3].mass;
+      const u128 least = rule::scale_by_draw(bits, band_above_ + band_need_) + 1;
+      const u128 most = rule::scale_by_draw(bits, band_above_ + cut_mass) + 1;
+      const int hi = static_cast<int>(choose(rule::Goal::exactly(least)).bucket);
+      const int lo = static_cast<int>(choose(rule::Goal::exactly(most)).bucket);
+      const int range[kTallies] = {lo, hi + 1, lo > cut ? cut : 256, lo > cut ? cut + 1 : 256};
+      Tally r[kTallies];
+      tally(g_.pass[pass_], range, r);
+      // The keys of lo..hi, and of cut when it is below lo.
+      listed.count = r[0].count - r[1].count + r[2].count - r[3].count;
+      if (listed.count > kBlockKeys) return Way::all_blocks;
+      gather(vb, ks, Band{cut, lo, hi}, g_.listed);
+      next_pass();
+      barrier();
+      way = Way::band;
+    } else {
+      return Way::all_blocks;
+    }
+    if (!first_) return Way::elsewhere;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const uint32_t i = static_cast<uint32_t>(j * kThreads) + threadIdx.x;
+      key_[j] = i < listed.count ? load_l2(g_.list[i]) : 0;
+    }
+    weigh(wr, ks);
+    local_ = true;
+    if (way == Way::list) outside_ = t[0].mass - listed.mass;
+    return way;
+  }
+
+  // The draw of a band list (shortcut): the rule's top-p select, then its draw, each within the one
+  // value bucket that holds its key, with the goal left after the buckets above it. The same keys as
+  // draw_token over the whole row, since value buckets are intervals of keys.
+  __device__ uint32_t band_draw(const rule::KeySpace& ks, const rule::WeightRule& wr, uint64_t bits) {
+    const ValueBuckets vb(wr);
+    view(vb, ks, band_cut_);
+    const uint64_t lb = rule::select_key(*this, ks, 0, rule::Goal::exactly(band_need_), true).key;
+    // The weight of cut's keys >= lb: with the buckets above, the total the draw is taken over.
+    ull lo = 0, hi = 0;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      if (((view_ >> j) & 1u) != 0 && key_[j] >= lb) {
+        lo += w_[j] & 0xffffffffull;
+        hi += w_[j] >> 32;
+      }
+    }
+    lo = warp_sum_u64(lo);
+    hi = warp_sum_u64(hi);
+    const unsigned warp = threadIdx.x >> 5;
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) {
+      sh_.group_w[warp] = lo;
+      sh_.group_k[warp] = hi;
+    }
+    __syncthreads();
+    u128 kept = 0;
+    for (int w = 0; w < kThreads / 32; ++w) {
+      kept += static_cast<u128>(sh_.group_w[w]) + (static_cast<u128>(sh_.group_k[w]) << 32);
+    }
+    const u128 want = rule::scale_by_draw(bits, band_above_ + kept) + 1;
+    // The draw's bucket: scanned from the top, cut counting only its keys >= lb.
+    const Pass& p = g_.pass[1];
+    if (threadIdx.x < 32) {
+      const int lane = static_cast<int>(threadIdx.x);
+      u128 m[8];
+      u128 mine = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int b = 255 - 8 * lane - j;
+        m[j] = b > band_cut_ ? static_cast<u128>(load_l2(p.lo[b])) + (static_cast<u128>(load_l2(p.hi[b])) << 32)
+               : b == band_cut_ ? kept
+                                : u128{0};
+        mine += m[j];
+      }
+      u128 incl = mine;
+      for (int o = 1; o < 32; o <<= 1) {
+        const u128 up = shfl_up128(incl, o);
+        if (lane >= o) incl += up;
+      }
+      u128 before = incl - mine;
+      if (before < want && want <= incl) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          if (want <= before + m[j]) {
+            const u128 need = want - before;
+            sh_.bucket = static_cast<uint32_t>(255 - 8 * lane - j);
+            sh_.need_lo = static_cast<ull>(need);
+            sh_.need_hi = static_cast<ull>(need >> 64);
+            break;
+          }
+          before += m[j];
+        }
+      }
+    }
+    __syncthreads();
+    const int d = static_cast<int>(sh_.bucket);
+    const u128 need = (static_cast<u128>(sh_.need_hi) << 64) | sh_.need_lo;
+    view(vb, ks, d);
+    return ks.id(rule::select_key(*this, ks, d == band_cut_ ? lb : 0, rule::Goal::exactly(need), true).key);
   }
 
   // Every pass skips the keys below its lb already.
@@ -233,6 +453,8 @@ class GridRow {
         g_.pass[0].top[0] = 0;
         g_.arrived = 0;
         g_.exited = 0;
+        g_.listed_early = g_.listed = 0;
+        g_.past = 0;
         __threadfence();
       }
     }
@@ -242,6 +464,101 @@ class GridRow {
   __device__ Pass& next_pass() {
     if (++pass_ >= kPasses) __trap();  // draw_token passes at most kPasses barriers
     return g_.pass[pass_];
+  }
+
+  // Only the keys of value bucket b take part from now on.
+  __device__ void view(const ValueBuckets& vb, const rule::KeySpace& ks, int b) {
+    view_ = 0;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      if (key_[j] != 0 && vb(ks.value(key_[j])) == b) view_ |= 1u << j;
+    }
+  }
+
+  __device__ void clear_local() {
+    __syncthreads();  // the previous choice has been read
+    for (int b = threadIdx.x; b < 256; b += kThreads) sh_.count[b] = sh_.m0[b] = sh_.m1[b] = sh_.m2[b] = 0;
+    __syncthreads();
+  }
+
+  // Adds the block's histogram into the pass's sums, then waits for the row's other blocks.
+  __device__ void publish(Pass& p) {
+    __syncthreads();
+    for (int b = threadIdx.x; b < 256; b += kThreads) {
+      if (sh_.count[b] == 0) continue;
+      atomicAdd(&p.count[b], sh_.count[b]);
+      if (sh_.m0[b] != 0) atomicAdd(&p.lo[b], ull{sh_.m0[b]});
+      const ull hi = sh_.m1[b] | (ull{sh_.m2[b]} << 32);
+      if (hi != 0) atomicAdd(&p.hi[b], hi);
+      *reinterpret_cast<volatile ull*>(&p.top[b]) = sh_.top[b];  // the one writer when the row's count is 1
+    }
+    barrier();
+  }
+
+  // Appends the block's keys of the band's value buckets to the row's list: one atomic a warp.
+  // A list that would overflow is never read (the histogram counted the same keys).
+  __device__ void gather(const ValueBuckets& vb, const rule::KeySpace& ks, const Band& band, unsigned& counter) {
+    const unsigned lane = threadIdx.x & 31;
+    unsigned in[kPer];
+    unsigned n = 0;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      in[j] = __ballot_sync(kAll, key_[j] != 0 && band.has(vb(ks.value(key_[j]))));
+      n += static_cast<unsigned>(__popc(in[j]));
+    }
+    if (n == 0) return;
+    unsigned at = 0;
+    if (lane == 0) at = atomicAdd(&counter, n);
+    at = __shfl_sync(kAll, at, 0);
+    const unsigned below = (1u << lane) - 1;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      if ((in[j] >> lane) & 1u) {
+        const unsigned i = at + static_cast<unsigned>(__popc(in[j] & below));
+        if (i < kBlockKeys) store_l2(g_.list[i], key_[j]);
+      }
+      at += static_cast<unsigned>(__popc(in[j]));
+    }
+  }
+
+  // The count and weight of the keys in value buckets from[i] and above (none for 256), on every thread.
+  __device__ void tally(const Pass& p, const int (&from)[kTallies], Tally (&t)[kTallies]) {
+    if (threadIdx.x < 32) {
+      const int lane = static_cast<int>(threadIdx.x);
+      ull c[kTallies] = {};
+      u128 m[kTallies] = {};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int b = 8 * lane + j;
+        const ull cb = load_l2(p.count[b]);
+        const u128 mb = static_cast<u128>(load_l2(p.lo[b])) + (static_cast<u128>(load_l2(p.hi[b])) << 32);
+#pragma unroll
+        for (int i = 0; i < kTallies; ++i) {
+          if (b >= from[i]) {
+            c[i] += cb;
+            m[i] += mb;
+          }
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kTallies; ++i) {
+        for (int o = 16; o > 0; o >>= 1) {
+          c[i] += __shfl_xor_sync(kAll, c[i], o);
+          m[i] += shfl_xor128(m[i], o);
+        }
+        if (lane == 0) {
+          sh_.tally_count[i] = c[i];
+          sh_.tally_lo[i] = static_cast<ull>(m[i]);
+          sh_.tally_hi[i] = static_cast<ull>(m[i] >> 64);
+        }
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kTallies; ++i) {
+      t[i].count = sh_.tally_count[i];
+      t[i].mass = (static_cast<u128>(sh_.tally_hi[i]) << 64) | sh_.tally_lo[i];
+    }
   }
 
   // Adds key k (bucket b, -1 for none) of every lane. Lanes of one bucket are summed in the warp
@@ -317,8 +634,16 @@ class GridRow {
   RowScratch& g_;
   uint32_t blocks_;
   bool first_;
+  uint32_t bits_;
   int pass_ = 0;
   bool by_mass_ = false;
+  bool local_ = false;  // drawing from the list in registers: no global sums, no barriers
+  u128 outside_ = 0;    // on a list: the weight of the row's keys not in it
+  u128 extra_ = 0;      // added to this select's total: outside_ when it covers the whole row
+  ull past_ = 0;        // min-p's first_past_lighter over the whole row
+  unsigned view_ = 0xffu;  // bit j: key_[j] takes part (band_draw looks at one value bucket at a time)
+  int band_cut_ = 0;       // a band: top-p's bucket, the weight above it, and the goal left in it
+  u128 band_above_ = 0, band_need_ = 0;
   ull key_[kPer];
   ull w_[kPer] = {};
 };
@@ -329,13 +654,20 @@ __global__ void __launch_bounds__(kThreads) sample_grid_kernel(const float* logi
   const uint32_t r = blockIdx.x / blocks, part = blockIdx.x % blocks;
   const SampleRow row = rows[r];
   const rule::KeySpace ks(vocab);
-  GridRow ex(sh, scratch[r], blocks, part == 0);
+  GridRow ex(sh, scratch[r], blocks, part == 0, ks.bits());
   ex.load(logits + static_cast<size_t>(row.logit_row) * vocab, vocab, part * kBlockKeys, ks);
   const ull top = ex.max_key();
   uint32_t token = ks.id(top);
   if (row.temperature > 0.0f) {
-    ex.weigh(rule::WeightRule(ks.value(top), row.temperature), ks);
-    token = rule::draw_token(ex, ks, vocab, row.top_k, row.top_p, row.min_p, rule::draw_bits(row.seed, row.position));
+    const rule::WeightRule wr(ks.value(top), row.temperature);
+    ex.weigh(wr, ks);
+    const uint64_t bits = rule::draw_bits(row.seed, row.position);
+    const Way way = ex.shortcut(row, vocab, ks, wr, bits);
+    if (way == Way::band) {
+      token = ex.band_draw(ks, wr, bits);
+    } else if (way != Way::elsewhere) {
+      token = rule::draw_token(ex, ks, vocab, row.top_k, row.top_p, row.min_p, bits);
+    }
   }
   if (part == 0 && threadIdx.x == 0) out[r] = static_cast<int32_t>(token);
   ex.leave();

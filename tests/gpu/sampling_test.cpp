@@ -2,14 +2,19 @@
 // model::sample_token on the same logits rows: every row kind of tests/model/sampling_cases.hpp
 // (random, peaked, flat, ties, -inf, NaN, +-0, +inf) at vocabularies of 97 to 154880 ids, a grid of
 // (temperature, top-k, top-p, min-p) with seeds and positions, greedy rows among them, and many seeds
-// at serve's settings on the GLM vocabulary; the tokens must be identical. Also prints both paths'
-// times for a decode step's 3 and 8 rows of the GLM vocabulary at common settings.
+// at serve's settings on the GLM vocabulary, and rows built to take each way of the many-block path
+// (a list, a band, all blocks); the tokens must be identical. Also prints both paths' times for a
+// decode step's 3 and 8 rows of the GLM vocabulary at common settings, and each way's.
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu/cuda_memory.hpp"
@@ -174,6 +179,98 @@ TEST(DeviceSampler, ManySeedsOnTheGlmVocabularyMatchTheCpu) {
         << p.min_p << " seed " << p.seed << " position " << batch[j].position;
   }
   std::printf("vocab %u: %zu drawn tokens identical\n", vocab, batch.size());
+}
+
+// Rows that take each way of the many-block sampler on the GLM vocabulary: few keys near the top (the
+// list gathered during the value histogram), a cut deeper than that list but over few keys (the list
+// gathered after it), a nucleus of most of the vocabulary (flat, wide: every block to the end), ties
+// across value buckets, a tie at the top.
+std::vector<std::pair<std::string, std::vector<float>>> path_rows(uint32_t vocab) {
+  std::mt19937 rng(29);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<std::pair<std::string, std::vector<float>>> rows;
+  auto add = [&](std::string name, auto make) {
+    std::vector<float> r(vocab);
+    for (uint32_t i = 0; i < vocab; ++i) r[i] = make(i);
+    rows.emplace_back(std::move(name), std::move(r));
+  };
+  add("few near the top", [&](uint32_t i) { return i % 509 == 7 ? 5.0f + normal(rng) : normal(rng) - 30.0f; });
+  // 3,872 ids: half near 0, half near -20, the rest -inf; top-k 3000 and top-p 0.99999 cut in the deep half.
+  add("deep few", [&](uint32_t i) {
+    if (i % 40 != 0) return -INFINITY;
+    return i < vocab / 2 ? normal(rng) : -20.0f + 0.1f * normal(rng);
+  });
+  add("flat", [&](uint32_t) { return 0.5f; });
+  add("wide", [&](uint32_t) { return 0.3f * normal(rng); });
+  add("ties", [&](uint32_t) { return std::round(2.0f * normal(rng)) / 2.0f; });
+  add("top tie", [&](uint32_t i) { return i == 1234 || i == 99999 ? 6.0f : normal(rng); });
+  return rows;
+}
+
+TEST(DeviceSampler, EveryWayOfTheManyBlockPathDrawsTheCpuTokens) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  const uint32_t vocab = 154880;
+  const auto cases = path_rows(vocab);
+  std::vector<std::vector<float>> rows;
+  for (const auto& c : cases) rows.push_back(c.second);
+  DeviceRows dev(rows, vocab);
+  struct Cut {
+    uint32_t top_k;
+    float top_p, min_p;
+  };
+  const Cut cuts[] = {{0, 0.95f, 0.0f},  {1, 1.0f, 0.0f},   {3000, 1.0f, 0.0f}, {3000, 0.95f, 0.0f},
+                      {0, 1.0f, 0.05f},  {0, 0.9f, 0.05f},  {0, 0.99999f, 0.0f}, {0, 1.0f, 0.0f},
+                      {40, 0.95f, 0.1f}, {0, 1.0f, 0.999f}};
+  std::vector<SamplingParams> params;
+  for (float t : {0.4f, 1.0f}) {
+    for (const Cut& c : cuts) {
+      for (uint64_t s = 0; s < 4; ++s) {
+        SamplingParams p;
+        p.temperature = t;
+        p.top_k = c.top_k;
+        p.top_p = c.top_p;
+        p.min_p = c.min_p;
+        p.seed = 0x9e3779b97f4a7c15ull * (s + 1) + c.top_k;
+        params.push_back(p);
+      }
+    }
+  }
+  size_t compared = 0;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    std::vector<SampleRow> batch;
+    for (const SamplingParams& p : params) {
+      for (uint32_t pos : {5u, 77777u}) batch.push_back(device_row(static_cast<int32_t>(r), p, pos));
+    }
+    // Three rows a launch (all of a decode step's on the H200), then each row on its own.
+    const std::vector<int32_t> got = dev.sample(batch);
+    for (size_t j = 0; j < batch.size(); ++j) {
+      const SamplingParams& p = params[j / 2];
+      const int32_t want = model::sample_token(rows[r], p, batch[j].position);
+      const int32_t alone = j % 7 == 0 ? dev.sample({batch[j]})[0] : want;
+      ASSERT_EQ(got[j], want) << cases[r].first << " T " << p.temperature << " top_k " << p.top_k << " top_p "
+                              << p.top_p << " min_p " << p.min_p << " seed " << p.seed << " position "
+                              << batch[j].position;
+      ASSERT_EQ(alone, want) << cases[r].first << " T " << p.temperature << " top_k " << p.top_k << ", one row";
+      ++compared;
+    }
+  }
+  std::printf("vocab %u, every way of the many-block path: %zu drawn tokens identical\n", vocab, compared);
+  // The time of each way, 3 rows of one kind a launch, at T 0.4 / top-p 0.95 unless said.
+  struct Timed {
+    const char* name;
+    int32_t row;
+    uint32_t top_k;
+  };
+  for (const Timed& t : {Timed{"list during the histogram (few near the top)", 0, 0},
+                         Timed{"list after it (deep few, top-k 3000)", 1, 3000},
+                         Timed{"all blocks to the end (wide)", 3, 0}}) {
+    SamplingParams p;
+    p.temperature = 0.4f;
+    p.top_p = 0.95f;
+    p.top_k = t.top_k;
+    const std::vector<SampleRow> batch(3, device_row(t.row, p, 100));
+    std::printf("3 rows of %u, %-46s %8.1f us\n", vocab, t.name, 1000.0f * dev.time(batch, 20, Path::grid));
+  }
 }
 
 TEST(DeviceSampler, GlmRowsMatchTheCpuAndReportTheirTime) {
