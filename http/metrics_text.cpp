@@ -157,29 +157,31 @@ std::string render_metrics(const ServerContext& ctx, const std::optional<actors:
     w.histogram("ferry_time_to_first_token_seconds", "request submitted to its first token", e.ttft_seconds);
     w.histogram("ferry_inter_token_latency_seconds", "time between consecutive tokens of a request", e.itl_seconds);
     w.histogram("ferry_queue_wait_seconds", "time a request waited for a slot", e.queue_seconds);
-    w.header("ferry_stage_steps_total", "counter", "steps each pipeline stage ran");
-    for (const auto& s : e.stages) w.sample("ferry_stage_steps_total", static_cast<double>(s.steps), stage_label(s));
-    w.header("ferry_stage_rows_total", "counter", "rows each pipeline stage ran");
-    for (const auto& s : e.stages) w.sample("ferry_stage_rows_total", static_cast<double>(s.rows), stage_label(s));
-    w.header("ferry_stage_handoff_bytes_total", "counter", "bytes each stage handed to the next");
-    for (const auto& s : e.stages) {
-      w.sample("ferry_stage_handoff_bytes_total", static_cast<double>(s.handoff_bytes), stage_label(s));
-    }
+    // One sample per stage under one header.
+    const auto per_stage = [&](const char* name, const char* type, const char* help, auto value) {
+      w.header(name, type, help);
+      for (const auto& s : e.stages) w.sample(name, static_cast<double>(value(s)), stage_label(s));
+    };
+    using Stage = actors::StageStatus;
+    per_stage("ferry_stage_steps_total", "counter", "steps each pipeline stage ran", [](const Stage& s) { return s.steps; });
+    per_stage("ferry_stage_rows_total", "counter", "rows each pipeline stage ran", [](const Stage& s) { return s.rows; });
+    per_stage("ferry_stage_handoff_bytes_total", "counter", "bytes each stage handed to the next",
+              [](const Stage& s) { return s.handoff_bytes; });
     // The resident KV window (gpu/kv_window.hpp): zero where a stage keeps every row on its device.
-    w.header("ferry_stage_kv_window_rows", "gauge", "device latent rows of the stage's resident KV windows");
-    for (const auto& s : e.stages) w.sample("ferry_stage_kv_window_rows", static_cast<double>(s.kv.window_rows), stage_label(s));
-    w.header("ferry_stage_kv_resident_rows", "gauge", "window rows holding a row now");
-    for (const auto& s : e.stages) w.sample("ferry_stage_kv_resident_rows", static_cast<double>(s.kv.resident_rows), stage_label(s));
-    w.header("ferry_stage_kv_hits_total", "counter", "decode selections found in the resident window");
-    for (const auto& s : e.stages) w.sample("ferry_stage_kv_hits_total", static_cast<double>(s.kv.hits), stage_label(s));
-    w.header("ferry_stage_kv_fetched_rows_total", "counter", "latent rows copied from the host KV tier into the window");
-    for (const auto& s : e.stages) w.sample("ferry_stage_kv_fetched_rows_total", static_cast<double>(s.kv.fetched_rows), stage_label(s));
-    w.header("ferry_stage_kv_fetched_bytes_total", "counter", "bytes copied from the host KV tier into the window");
-    for (const auto& s : e.stages) w.sample("ferry_stage_kv_fetched_bytes_total", static_cast<double>(s.kv.fetched_bytes), stage_label(s));
-    w.header("ferry_stage_kv_last_step_fetched_rows", "gauge", "rows the last windowed step fetched");
-    for (const auto& s : e.stages) w.sample("ferry_stage_kv_last_step_fetched_rows", static_cast<double>(s.kv.last_fetched_rows), stage_label(s));
-    w.header("ferry_stage_kv_last_step_fetched_bytes", "gauge", "bytes the last windowed step fetched");
-    for (const auto& s : e.stages) w.sample("ferry_stage_kv_last_step_fetched_bytes", static_cast<double>(s.kv.last_fetched_bytes), stage_label(s));
+    per_stage("ferry_stage_kv_window_rows", "gauge", "device latent rows of the stage's resident KV windows",
+              [](const Stage& s) { return s.kv.window_rows; });
+    per_stage("ferry_stage_kv_resident_rows", "gauge", "window rows holding a row now",
+              [](const Stage& s) { return s.kv.resident_rows; });
+    per_stage("ferry_stage_kv_hits_total", "counter", "decode selections found in the resident window",
+              [](const Stage& s) { return s.kv.hits; });
+    per_stage("ferry_stage_kv_fetched_rows_total", "counter", "latent rows copied from the host KV tier into the window",
+              [](const Stage& s) { return s.kv.fetched_rows; });
+    per_stage("ferry_stage_kv_fetched_bytes_total", "counter", "bytes copied from the host KV tier into the window",
+              [](const Stage& s) { return s.kv.fetched_bytes; });
+    per_stage("ferry_stage_kv_last_step_fetched_rows", "gauge", "rows the last windowed step fetched",
+              [](const Stage& s) { return s.kv.last_fetched_rows; });
+    per_stage("ferry_stage_kv_last_step_fetched_bytes", "gauge", "bytes the last windowed step fetched",
+              [](const Stage& s) { return s.kv.last_fetched_bytes; });
     w.header("ferry_stage_kv_hit_ratio", "gauge", "hits / (hits + fetched rows) of the window since start (1 before any)");
     for (const auto& s : e.stages) {
       const double all = static_cast<double>(s.kv.hits + s.kv.fetched_rows);
@@ -192,8 +194,8 @@ std::string render_metrics(const ServerContext& ctx, const std::optional<actors:
                  stage_label(s) + ",slot=\"" + std::to_string(i) + "\"");
       }
     }
-    w.header("ferry_stage_failed", "gauge", "1 for a stage that a device error ended");
-    for (const auto& s : e.stages) w.sample("ferry_stage_failed", s.failed ? 1 : 0, stage_label(s));
+    per_stage("ferry_stage_failed", "gauge", "1 for a stage that a device error ended",
+              [](const Stage& s) { return s.failed ? 1 : 0; });
     if (std::any_of(e.stages.begin(), e.stages.end(), [](const actors::StageStatus& s) { return s.tiered; })) {
       w.header("ferry_expert_routes_total", "counter", "routed (row, expert) pairs of tiered stages, by where the expert was");
       for (const auto& s : e.stages) {
