@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/decode_fusion.hpp"
 #include "gpu/moe_grouped.hpp"
 #include "gpu/mtp_ops.hpp"
 
@@ -85,6 +86,12 @@ void LayerRunner::mm_grouped(const DevMatrix& m, uint32_t groups, const float* x
   }
 }
 
+void LayerRunner::mm_same_input(const SameInputProduct* ps, uint32_t count, const float* x, size_t ldx, uint32_t n,
+                                size_t ldy) {
+  if (matvec_same_input(ps, count, x, ldx, n, ldy, s_)) return;
+  for (uint32_t i = 0; i < count; ++i) mm(*ps[i].m, x, ldx, n, ps[i].y, ldy);
+}
+
 void LayerRunner::mhc_site(const StepGeometry& g, const DevMatrix& fn, const float* base, const float* scale,
                            const float* norm_w) {
   mm(fn, w_.R, static_cast<size_t>(d_.H) * d_.D, g.rows, w_.mix, d_.mix);
@@ -109,9 +116,9 @@ void LayerRunner::mhc_site(const StepGeometry& g, const DevMatrix& fn, const flo
 void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState& st) {
   const ModelDims& z = d_;
   const uint32_t n = g.rows;
-  mm(l.m(T::attn_q), w_.x, z.D, n, w_.qkv_raw, 3 * z.C);
-  mm(l.m(T::attn_k), w_.x, z.D, n, w_.qkv_raw + z.C, 3 * z.C);
-  mm(l.m(T::attn_v), w_.x, z.D, n, w_.qkv_raw + 2 * z.C, 3 * z.C);
+  const SameInputProduct qkv[] = {
+      {&l.m(T::attn_q), w_.qkv_raw}, {&l.m(T::attn_k), w_.qkv_raw + z.C}, {&l.m(T::attn_v), w_.qkv_raw + 2 * z.C}};
+  mm_same_input(qkv, 3, w_.x, z.D, n, 3 * z.C);
   KdaArgs a;
   a.row = g.row;
   a.seg = g.seg;
@@ -125,7 +132,9 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   a.conv_w = l.conv;
   a.conv_state = st.conv;
   kda_conv(a, s_);
-  mm(l.m(T::ssm_f_a), w_.x, z.D, n, w_.fa, z.kda_hd);
+  // The gate's low-rank input (g_a) with f_a's: both read x.
+  const SameInputProduct fa_ga[] = {{&l.m(T::ssm_f_a), w_.fa}, {&l.m(T::ssm_g_a), w_.ga}};
+  mm_same_input(fa_ga, 2, w_.x, z.D, n, z.kda_hd);
   mm(l.m(T::ssm_f_b), w_.fa, z.kda_hd, n, w_.f, z.C);
   mm(l.m(T::ssm_beta), w_.x, z.D, n, w_.beta, z.kda_nh);
   a.f = w_.f;
@@ -136,7 +145,6 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   a.state = st.recurrent;
   a.out = w_.o;
   kda_recurrent(a, s_);
-  mm(l.m(T::ssm_g_a), w_.x, z.D, n, w_.ga, z.kda_hd);
   mm(l.m(T::ssm_g_b), w_.ga, z.kda_hd, n, w_.gate, z.C);
   gated_rms_norm(w_.o, w_.gate, l.v(T::ssm_norm), n, z.kda_nh, z.kda_hd, hp_.rms_eps, w_.z, s_);
   mm(l.m(T::attn_output), w_.z, z.C, n, w_.y, z.D);
@@ -213,8 +221,18 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
 
 void LayerRunner::dense_ffn(const DevMatrix& gate, const DevMatrix& up, const DevMatrix& down, uint32_t n, float* y) {
   const uint32_t F = gate.rows;
-  mm(gate, w_.x, d_.D, n, w_.eg, F);
-  mm(up, w_.x, d_.D, n, w_.eu, F);
+  const SameInputProduct gate_up[] = {{&gate, w_.eg}, {&up, w_.eu}};
+  mm_same_input(gate_up, 2, w_.x, d_.D, n, F);
+  if (n <= kMaxMatvecTokens) {
+    MatvecArgs a;
+    a.w = down;
+    a.x_tok_stride = F;
+    a.y = y;
+    a.y_tok_stride = d_.D;
+    a.tokens = n;
+    matvec_swiglu(a, w_.eg, w_.eu, F, n, F, hp_.swiglu_limit, s_);
+    return;
+  }
   swiglu(w_.eg, w_.eu, F, n, F, hp_.swiglu_limit, s_);
   mm(down, w_.eg, F, n, y, d_.D);
 }
@@ -268,25 +286,33 @@ void LayerRunner::decode_experts(uint32_t n, const DevLayer& l) {
     up = l.m(T::ffn_up_exps).slice_rows(0, z.I);
     down = l.m(T::ffn_down_exps).slice_rows(0, z.D);
   }
+  // Gate and up of every (row, expert) pair in one launch where their shapes agree, SwiGLU in the
+  // down launch's input (gpu/decode_fusion.hpp).
   a.w = gate;
   a.w_group_bytes = gate.bytes();
   a.w_group_ptrs = experts_ != nullptr ? experts_->table(l.index, 0) : nullptr;
   a.y = w_.eg;
-  matvec(a, s_);
-  a.w = up;
-  a.w_group_ptrs = experts_ != nullptr ? experts_->table(l.index, 1) : nullptr;
-  a.y = w_.eu;
-  matvec(a, s_);
-  swiglu(w_.eg, w_.eu, z.I, n * k, z.I, hp_.swiglu_limit, s_);
+  const MatvecPart up_part{up.data, experts_ != nullptr ? experts_->table(l.index, 1) : nullptr, w_.eu};
+  if (same_matrix_shape(gate, up)) {
+    a.parts = 2;
+    a.more[0] = up_part;
+    matvec(a, s_);
+    a.parts = 1;
+  } else {
+    matvec(a, s_);
+    a.w = up;
+    a.w_group_ptrs = up_part.group_ptrs;
+    a.y = w_.eu;
+    matvec(a, s_);
+  }
   a.w = down;
   a.w_group_bytes = down.bytes();
   a.w_group_ptrs = experts_ != nullptr ? experts_->table(l.index, 2) : nullptr;
-  a.x = w_.eg;
   a.x_group_stride = z.I;
   a.x_group_div = 1;
   a.y = w_.eo;
   a.y_group_stride = z.D;
-  matvec(a, s_);
+  matvec_swiglu(a, w_.eg, w_.eu, z.I, n * k, z.I, hp_.swiglu_limit, s_);
 }
 
 // The chunk's routes grouped by expert on the device, then one grouped GEMM for gate and up (SwiGLU

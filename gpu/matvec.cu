@@ -311,7 +311,30 @@ void upload_quant_tables() {
 void matvec(const MatvecArgs& a, cudaStream_t stream) {
   if (a.tokens == 0 || a.groups == 0 || a.w.rows == 0) return;
   if (a.tokens > kMaxMatvecTokens) throw CudaError("matvec: more than 8 tokens");
-  if (matvec_quantizes_activations(a)) {
+  if (a.parts < 1 || a.parts > kMaxMatvecParts) throw CudaError("matvec: parts must be 1 to 3");
+  for (uint32_t p = 1; p < a.parts; ++p) {
+    const MatvecPart& m = a.more[p - 1];
+    if (m.y == nullptr || (m.data == nullptr && m.group_ptrs == nullptr)) {
+      throw CudaError("matvec: part " + std::to_string(p) + " has no weights or no output");
+    }
+  }
+  const bool int16 = matvec_quantizes_activations(a);
+  if (a.x_up != nullptr && !int16) throw CudaError("matvec: a SwiGLU input needs the int16-activation path");
+  if (a.parts > 1 && !int16) {
+    // The f32-activation kernels take one matrix a launch.
+    for (uint32_t p = 0; p < a.parts; ++p) {
+      MatvecArgs one = a;
+      one.parts = 1;
+      if (p > 0) {
+        one.w.data = a.more[p - 1].data;
+        one.w_group_ptrs = a.more[p - 1].group_ptrs;
+        one.y = a.more[p - 1].y;
+      }
+      matvec(one, stream);
+    }
+    return;
+  }
+  if (int16) {
     launch_matvec_int16(a, a.w.type == model::GgmlType::IQ3_S ? iq3s_grid_address() : nullptr, stream);
     return;
   }
