@@ -6,7 +6,7 @@ bool same_matrix_shape(const DevMatrix& a, const DevMatrix& b) {
   return a.type == b.type && a.rows == b.rows && a.cols == b.cols && a.row_bytes == b.row_bytes;
 }
 
-bool matvec_same_input(const SameInputProduct* ps, uint32_t count, const float* x, size_t ldx, uint32_t n, size_t ldy,
+bool matvec_products(const MatvecProduct* ps, uint32_t count, const float* x, size_t ldx, uint32_t n, size_t ldy,
                        cudaStream_t stream) {
   if (count == 0 || count > kMaxMatvecParts || n == 0 || n > kMaxMatvecTokens) return false;
   for (uint32_t i = 1; i < count; ++i) {
@@ -15,13 +15,13 @@ bool matvec_same_input(const SameInputProduct* ps, uint32_t count, const float* 
   if (ps[0].m->rows == 0) return true;
   MatvecArgs a;
   a.w = *ps[0].m;
-  a.x = x;
   a.x_tok_stride = ldx;
   a.y = ps[0].y;
   a.y_tok_stride = ldy;
   a.tokens = n;
   a.parts = count;
-  for (uint32_t i = 1; i < count; ++i) a.more[i - 1] = {ps[i].m->data, nullptr, ps[i].y};
+  a.x = ps[0].x != nullptr ? ps[0].x : x;
+  for (uint32_t i = 1; i < count; ++i) a.more[i - 1] = {ps[i].m->data, nullptr, ps[i].y, ps[i].x};
   matvec(a, stream);
   return true;
 }

@@ -1,6 +1,6 @@
 #pragma once
-// Decode products launched together (issue 15): matrices of one shape that read the same input (KDA
-// q/k/v, the gate and up of an FFN or of the routed experts) as the parts of one matvec launch, and
+// Decode products launched together (issue 15): matrices of one shape (KDA q/k/v, the gate and up of
+// an FFN or of the routed experts, KDA's f_b and g_b) as the parts of one matvec launch, and
 // the down projection reading SwiGLU(gate, up) itself. Fewer, fuller kernels a token; each output is
 // the bits the separate launches gave (the same lanes sum the same units).
 #include <cstdint>
@@ -9,15 +9,16 @@
 
 namespace ferry::gpu {
 
-struct SameInputProduct {
+struct MatvecProduct {
   const DevMatrix* m;
   float* y;
+  const float* x = nullptr;  // null: the call's x
 };
 
-// y_i[t][ldy] = M_i x[t] for t < n as one launch, when n <= kMaxMatvecTokens, count <= kMaxMatvecParts
+// y_i[t][ldy] = M_i x_i[t] for t < n as one launch (x_i rows ldx apart), when n <= kMaxMatvecTokens, count <= kMaxMatvecParts
 // and every M_i has M_0's type, rows, columns and row bytes; returns false (and launches nothing)
 // otherwise, for the caller's per-matrix path.
-bool matvec_same_input(const SameInputProduct* ps, uint32_t count, const float* x, size_t ldx, uint32_t n, size_t ldy,
+bool matvec_products(const MatvecProduct* ps, uint32_t count, const float* x, size_t ldx, uint32_t n, size_t ldy,
                        cudaStream_t stream);
 
 // Whether gate and up (of an FFN or of every expert) can be the parts of one launch.

@@ -48,12 +48,14 @@ std::string kernel_image();
 int current_sm_count();
 
 // y[t][r] = W[r] . x[t] for one matrix or a batch of groups (heads, experts).
-// A further matrix of MatvecArgs::w's shape (type, rows, columns) that reads the same x, in the same
-// launch: its weights (data, or per-group pointers as w_group_ptrs) and its output (y's strides).
+// A further matrix of MatvecArgs::w's shape (type, rows, columns) in the same launch: its weights
+// (data, or per-group pointers as w_group_ptrs), its output (y's strides) and its input (x's
+// strides; null: the same x).
 struct MatvecPart {
   const uint8_t* data = nullptr;
   const uint8_t* const* group_ptrs = nullptr;
   float* y = nullptr;
+  const float* x = nullptr;
 };
 inline constexpr uint32_t kMaxMatvecParts = 3;
 

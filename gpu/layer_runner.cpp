@@ -86,10 +86,10 @@ void LayerRunner::mm_grouped(const DevMatrix& m, uint32_t groups, const float* x
   }
 }
 
-void LayerRunner::mm_same_input(const SameInputProduct* ps, uint32_t count, const float* x, size_t ldx, uint32_t n,
+void LayerRunner::mm_products(const MatvecProduct* ps, uint32_t count, const float* x, size_t ldx, uint32_t n,
                                 size_t ldy) {
-  if (matvec_same_input(ps, count, x, ldx, n, ldy, s_)) return;
-  for (uint32_t i = 0; i < count; ++i) mm(*ps[i].m, x, ldx, n, ps[i].y, ldy);
+  if (matvec_products(ps, count, x, ldx, n, ldy, s_)) return;
+  for (uint32_t i = 0; i < count; ++i) mm(*ps[i].m, ps[i].x != nullptr ? ps[i].x : x, ldx, n, ps[i].y, ldy);
 }
 
 void LayerRunner::mhc_site(const StepGeometry& g, const DevMatrix& fn, const float* base, const float* scale,
@@ -116,9 +116,9 @@ void LayerRunner::mhc_site(const StepGeometry& g, const DevMatrix& fn, const flo
 void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState& st) {
   const ModelDims& z = d_;
   const uint32_t n = g.rows;
-  const SameInputProduct qkv[] = {
+  const MatvecProduct qkv[] = {
       {&l.m(T::attn_q), w_.qkv_raw}, {&l.m(T::attn_k), w_.qkv_raw + z.C}, {&l.m(T::attn_v), w_.qkv_raw + 2 * z.C}};
-  mm_same_input(qkv, 3, w_.x, z.D, n, 3 * z.C);
+  mm_products(qkv, 3, w_.x, z.D, n, 3 * z.C);
   KdaArgs a;
   a.row = g.row;
   a.seg = g.seg;
@@ -133,9 +133,11 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   a.conv_state = st.conv;
   kda_conv(a, s_);
   // The gate's low-rank input (g_a) with f_a's: both read x.
-  const SameInputProduct fa_ga[] = {{&l.m(T::ssm_f_a), w_.fa}, {&l.m(T::ssm_g_a), w_.ga}};
-  mm_same_input(fa_ga, 2, w_.x, z.D, n, z.kda_hd);
-  mm(l.m(T::ssm_f_b), w_.fa, z.kda_hd, n, w_.f, z.C);
+  const MatvecProduct fa_ga[] = {{&l.m(T::ssm_f_a), w_.fa}, {&l.m(T::ssm_g_a), w_.ga}};
+  mm_products(fa_ga, 2, w_.x, z.D, n, z.kda_hd);
+  // Both low-rank expansions (f_b of f_a's output, g_b of g_a's) before the recurrence.
+  const MatvecProduct fb_gb[] = {{&l.m(T::ssm_f_b), w_.f, w_.fa}, {&l.m(T::ssm_g_b), w_.gate, w_.ga}};
+  mm_products(fb_gb, 2, nullptr, z.kda_hd, n, z.C);
   mm(l.m(T::ssm_beta), w_.x, z.D, n, w_.beta, z.kda_nh);
   a.f = w_.f;
   a.dt_bias = l.v(T::ssm_dt_bias);
@@ -145,7 +147,6 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   a.state = st.recurrent;
   a.out = w_.o;
   kda_recurrent(a, s_);
-  mm(l.m(T::ssm_g_b), w_.ga, z.kda_hd, n, w_.gate, z.C);
   gated_rms_norm(w_.o, w_.gate, l.v(T::ssm_norm), n, z.kda_nh, z.kda_hd, hp_.rms_eps, w_.z, s_);
   mm(l.m(T::attn_output), w_.z, z.C, n, w_.y, z.D);
 }
@@ -162,10 +163,10 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
   store_latents(w_.lat, z.kvlr, g.row, n, z.kvlr, ctx, state_.latent_type(), st.latents, st.latent_scales, s_);
   if (l.has_indexer) {
     mm(l.m(T::indexer_attn_q_b), w_.qr, z.qlr, n, w_.kq, static_cast<size_t>(z.ih) * z.id);
-    mm(l.m(T::indexer_attn_k), w_.x, z.D, n, w_.kk, z.id);
+    const MatvecProduct k_gate[] = {{&l.m(T::indexer_attn_k), w_.kk}, {&l.m(T::indexer_compressor_gate), w_.gs}};
+    mm_products(k_gate, 2, w_.x, z.D, n, z.id);
     layer_norm(w_.kk, z.id, l.v(T::indexer_k_norm), l.v(T::indexer_k_norm_bias), n, z.id, hp_.index_norm_eps, w_.kk,
                z.id, s_);
-    mm(l.m(T::indexer_compressor_gate), w_.x, z.D, n, w_.gs, z.id);
     mm(l.m(T::indexer_proj), w_.x, z.D, n, w_.iw, z.ih);
     scatter_to_cache(w_.kk, z.id, g.row, n, z.id, ctx, st.keys, s_);
     scatter_to_cache(w_.gs, z.id, g.row, n, z.id, ctx, st.gates, s_);
@@ -221,8 +222,8 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
 
 void LayerRunner::dense_ffn(const DevMatrix& gate, const DevMatrix& up, const DevMatrix& down, uint32_t n, float* y) {
   const uint32_t F = gate.rows;
-  const SameInputProduct gate_up[] = {{&gate, w_.eg}, {&up, w_.eu}};
-  mm_same_input(gate_up, 2, w_.x, d_.D, n, F);
+  const MatvecProduct gate_up[] = {{&gate, w_.eg}, {&up, w_.eu}};
+  mm_products(gate_up, 2, w_.x, d_.D, n, F);
   if (n <= kMaxMatvecTokens) {
     MatvecArgs a;
     a.w = down;

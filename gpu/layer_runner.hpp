@@ -35,7 +35,7 @@ class LayerRunner {
   void mm_grouped(const DevMatrix& m, uint32_t groups, const float* x, size_t ldx, size_t xg, uint32_t n, float* y,
                   size_t ldy, size_t yg);
   // Products of matrices over the same x: one decode launch where their shapes agree, else mm() each.
-  void mm_same_input(const SameInputProduct* ps, uint32_t count, const float* x, size_t ldx, uint32_t n, size_t ldy);
+  void mm_products(const MatvecProduct* ps, uint32_t count, const float* x, size_t ldx, uint32_t n, size_t ldy);
   void mhc_site(const StepGeometry& g, const DevMatrix& fn, const float* base, const float* scale, const float* norm_w);
   void kda_layer(const StepGeometry& g, const DevLayer& l, LayerState& st);
   void dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState& st);

@@ -21,6 +21,7 @@
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/matvec_int16.hpp"
+#include "gpu/matvec_part.cuh"
 #include "gpu/quant_device.cuh"
 #include "gpu/swiglu.cuh"
 #include "model/formats/iq_grids.hpp"
@@ -288,14 +289,9 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
   const uint32_t chunks = (units + kChunk * lpr - 1) / (kChunk * lpr);
   const uint32_t first_row = (blockIdx.x * kWarps + warp) * rows_per_warp;
   const uint32_t stride = gridDim.x * kWarps * rows_per_warp;
-  const size_t mat = a.w_group_index ? static_cast<size_t>(a.w_group_index[g]) : g;
-  // Part blockIdx.z of a grouped launch: its own weights and output, the same x.
-  const uint32_t part = blockIdx.z;
-  const MatvecPart& more = a.more[part > 0 ? part - 1 : 0];
-  const uint8_t* const* group_ptrs = part == 0 ? a.w_group_ptrs : more.group_ptrs;
-  const uint8_t* wdata = part == 0 ? a.w.data : more.data;
-  float* y = part == 0 ? a.y : more.y;
-  const uint8_t* wbase = group_ptrs ? group_ptrs[mat] : wdata + mat * a.w_group_bytes;
+  const MatvecPartView view = matvec_part_view(a, g);
+  const uint8_t* wbase = view.w;
+  float* y = view.y;
   auto item_row0 = [&](uint32_t it) { return first_row + (it / chunks) * stride; };
   auto load_item = [&](uint32_t it, typename R::W (&q)[kChunk]) {
     const uint32_t row = item_row0(it) + sub;
@@ -328,8 +324,8 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
     float v[16];
     float amax = 0.0f, sum = 0.0f;
     if (valid) {
-      const size_t at = static_cast<size_t>(g / a.x_group_div) * a.x_group_stride + t * a.x_tok_stride + 16 * p;
-      const float4* src = reinterpret_cast<const float4*>(a.x + at);
+      const size_t at = t * a.x_tok_stride + 16 * p;
+      const float4* src = reinterpret_cast<const float4*>(view.x + at);
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const float4 f = src[k];
@@ -338,7 +334,8 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
       if (a.x_up != nullptr) {
         // The down projection's input, SwiGLU of the gate and up products, made here once a block
         // instead of by a kernel of its own.
-        const float4* up = reinterpret_cast<const float4*>(a.x_up + at);
+        const float4* up = reinterpret_cast<const float4*>(
+            a.x_up + static_cast<size_t>(g / a.x_group_div) * a.x_group_stride + at);
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           const float4 u = up[k];
@@ -442,8 +439,11 @@ void launch(const MatvecArgs& a, const Tables& tables, cudaStream_t stream) {
 }  // namespace
 
 bool matvec_quantizes_activations(const MatvecArgs& a) {
-  const bool aligned = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(a.x_up) % 16 == 0 &&
-                       a.x_tok_stride % 4 == 0 && a.x_group_stride % 4 == 0;
+  bool aligned = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(a.x_up) % 16 == 0 &&
+                 a.x_tok_stride % 4 == 0 && a.x_group_stride % 4 == 0;
+  for (uint32_t p = 1; p < a.parts && p < kMaxMatvecParts; ++p) {
+    aligned = aligned && reinterpret_cast<uintptr_t>(a.more[p - 1].x) % 16 == 0;
+  }
   return !a.f32_activations && int16_type(a.w.type) && a.w.cols % 256 == 0 && a.tokens >= 1 && aligned &&
          smem_bytes(a.w.type, padded_tokens(a.tokens), a.w.cols) <= kMaxSmem;
 }

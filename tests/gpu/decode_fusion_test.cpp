@@ -1,6 +1,6 @@
 // The grouped decode launches (gpu/decode_fusion.hpp) against the launches they replace: matrices of
-// one shape over the same input as the parts of one launch give the separate launches' bits (plain,
-// per expert by index, per expert through a pointer table), and the down projection reading
+// one shape as the parts of one launch give the separate launches' bits (over one input or each its
+// own, per expert by index, per expert through a pointer table), and the down projection reading
 // SwiGLU(gate, up) itself gives swiglu() then matvec(); both also against a double-precision CPU dot
 // product at matvec_test's tolerance. Outputs are poisoned (NaN) before each run.
 #if FERRY_HAVE_CUDA
@@ -12,6 +12,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu/cuda_memory.hpp"
@@ -123,10 +124,10 @@ TEST_P(DecodeFusionTest, PartsOfOneLaunchGiveTheSeparateLaunchesBits) {
     for (uint32_t n : {1u, 2u, 3u, 8u}) {
       const auto x = normal(n * cols, rng);
       DeviceBuffer dx = to_device(x), fused = poisoned(3 * rows * n), apart = poisoned(3 * rows * n);
-      const SameInputProduct ps[] = {{&q.m, fused.as<float>()},
+      const MatvecProduct ps[] = {{&q.m, fused.as<float>()},
                                      {&k.m, fused.as<float>() + rows},
                                      {&v.m, fused.as<float>() + 2 * rows}};
-      ASSERT_TRUE(matvec_same_input(ps, 3, dx.as<float>(), cols, n, 3 * rows, nullptr));
+      ASSERT_TRUE(matvec_products(ps, 3, dx.as<float>(), cols, n, 3 * rows, nullptr));
       const Matrices* ms[] = {&q, &k, &v};
       for (int p = 0; p < 3; ++p) {
         MatvecArgs a;
@@ -154,15 +155,57 @@ TEST_P(DecodeFusionTest, PartsOfOneLaunchGiveTheSeparateLaunchesBits) {
   }
 }
 
+// KDA's f_b and g_b: two matrices, each over its own input (narrow rows: 128 columns where the type
+// allows, else one 256-block).
+TEST_P(DecodeFusionTest, PartsWithTheirOwnInputs) {
+  const GgmlType type = GetParam();
+  std::mt19937 rng(616 + static_cast<int>(type));
+  const size_t rows = 96, cols = model::ggml_type_traits(type).block_elems <= 32 ? 128 : 256;
+  Matrices f = random_matrices(type, rows, cols, rng), g = random_matrices(type, rows, cols, rng);
+  for (uint32_t n : {1u, 4u}) {
+    const auto xf = normal(n * cols, rng), xg = normal(n * cols, rng);
+    DeviceBuffer dxf = to_device(xf), dxg = to_device(xg);
+    DeviceBuffer yf = poisoned(rows * n), yg = poisoned(rows * n), af = poisoned(rows * n), ag = poisoned(rows * n);
+    const MatvecProduct ps[] = {{&f.m, yf.as<float>(), dxf.as<float>()}, {&g.m, yg.as<float>(), dxg.as<float>()}};
+    ASSERT_TRUE(matvec_products(ps, 2, nullptr, cols, n, rows, nullptr));
+    const std::pair<const Matrices*, std::pair<const DeviceBuffer*, const DeviceBuffer*>> apart[] = {
+        {&f, {&dxf, &af}}, {&g, {&dxg, &ag}}};
+    for (const auto& [m, io] : apart) {
+      MatvecArgs a;
+      a.w = m->m;
+      a.x = io.first->as<float>();
+      a.x_tok_stride = cols;
+      a.y = io.second->as<float>();
+      a.y_tok_stride = rows;
+      a.tokens = n;
+      matvec(a, nullptr);
+    }
+    const auto hf = to_host(yf, rows * n), hg = to_host(yg, rows * n);
+    const auto haf = to_host(af, rows * n), hag = to_host(ag, rows * n);
+    const bool int16 = is_int16_type(type);
+    for (uint32_t t = 0; t < n; ++t) {
+      for (size_t r = 0; r < rows; ++r) {
+        const size_t at = t * rows + r;
+        ASSERT_EQ(hf[at], haf[at]) << "f token " << t << " row " << r;
+        ASSERT_EQ(hg[at], hag[at]) << "g token " << t << " row " << r;
+        ASSERT_NEAR(hf[at], dot(&f.w[r * cols], &xf[t * cols], cols),
+                    tolerance(&f.w[r * cols], &xf[t * cols], cols, int16));
+        ASSERT_NEAR(hg[at], dot(&g.w[r * cols], &xg[t * cols], cols),
+                    tolerance(&g.w[r * cols], &xg[t * cols], cols, int16));
+      }
+    }
+  }
+}
+
 // Shapes that differ are not grouped: the caller's per-matrix path runs instead.
 TEST_P(DecodeFusionTest, MatricesOfOtherShapesAreNotGrouped) {
   const GgmlType type = GetParam();
   std::mt19937 rng(9);
   Matrices a = random_matrices(type, 40, 256, rng), b = random_matrices(type, 41, 256, rng);
   DeviceBuffer dx = to_device(normal(256, rng)), dy = poisoned(81);
-  const SameInputProduct ps[] = {{&a.m, dy.as<float>()}, {&b.m, dy.as<float>() + 40}};
-  EXPECT_FALSE(matvec_same_input(ps, 2, dx.as<float>(), 256, 1, 81, nullptr));
-  EXPECT_FALSE(matvec_same_input(ps, 1, dx.as<float>(), 256, kMaxMatvecTokens + 1, 81, nullptr));
+  const MatvecProduct ps[] = {{&a.m, dy.as<float>()}, {&b.m, dy.as<float>() + 40}};
+  EXPECT_FALSE(matvec_products(ps, 2, dx.as<float>(), 256, 1, 81, nullptr));
+  EXPECT_FALSE(matvec_products(ps, 1, dx.as<float>(), 256, kMaxMatvecTokens + 1, 81, nullptr));
 }
 
 // The routed experts' gate and up: (token, expert) groups by a device index, the experts read through
