@@ -48,14 +48,16 @@ std::string kernel_image();
 int current_sm_count();
 
 // y[t][r] = W[r] . x[t] for one matrix or a batch of groups (heads, experts).
-// A further matrix of MatvecArgs::w's shape (type, rows, columns) in the same launch: its weights
-// (data, or per-group pointers as w_group_ptrs), its output (y's strides) and its input (x's
-// strides; null: the same x).
+// A further matrix of MatvecArgs::w's type and columns in the same launch: its weights (data, or
+// per-group pointers as w_group_ptrs), its output (y's group stride), its input (x's strides; null:
+// the same x), its rows and its output's token stride (0: w's, y_tok_stride).
 struct MatvecPart {
   const uint8_t* data = nullptr;
   const uint8_t* const* group_ptrs = nullptr;
   float* y = nullptr;
   const float* x = nullptr;
+  uint32_t rows = 0;
+  size_t y_tok_stride = 0;
 };
 inline constexpr uint32_t kMaxMatvecParts = 3;
 

@@ -89,7 +89,9 @@ void LayerRunner::mm_grouped(const DevMatrix& m, uint32_t groups, const float* x
 void LayerRunner::mm_products(const MatvecProduct* ps, uint32_t count, const float* x, size_t ldx, uint32_t n,
                                 size_t ldy) {
   if (matvec_products(ps, count, x, ldx, n, ldy, s_)) return;
-  for (uint32_t i = 0; i < count; ++i) mm(*ps[i].m, ps[i].x != nullptr ? ps[i].x : x, ldx, n, ps[i].y, ldy);
+  for (uint32_t i = 0; i < count; ++i) {
+    mm(*ps[i].m, ps[i].x != nullptr ? ps[i].x : x, ldx, n, ps[i].y, ps[i].ldy != 0 ? ps[i].ldy : ldy);
+  }
 }
 
 void LayerRunner::mhc_site(const StepGeometry& g, const DevMatrix& fn, const float* base, const float* scale,
@@ -132,13 +134,13 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   a.conv_w = l.conv;
   a.conv_state = st.conv;
   kda_conv(a, s_);
-  // The gate's low-rank input (g_a) with f_a's: both read x.
-  const MatvecProduct fa_ga[] = {{&l.m(T::ssm_f_a), w_.fa}, {&l.m(T::ssm_g_a), w_.ga}};
-  mm_products(fa_ga, 2, w_.x, z.D, n, z.kda_hd);
+  // The gate's low-rank input (g_a) and beta with f_a's: all read x.
+  const MatvecProduct fa_ga_beta[] = {
+      {&l.m(T::ssm_f_a), w_.fa}, {&l.m(T::ssm_g_a), w_.ga}, {&l.m(T::ssm_beta), w_.beta, nullptr, z.kda_nh}};
+  mm_products(fa_ga_beta, 3, w_.x, z.D, n, z.kda_hd);
   // Both low-rank expansions (f_b of f_a's output, g_b of g_a's) before the recurrence.
   const MatvecProduct fb_gb[] = {{&l.m(T::ssm_f_b), w_.f, w_.fa}, {&l.m(T::ssm_g_b), w_.gate, w_.ga}};
   mm_products(fb_gb, 2, nullptr, z.kda_hd, n, z.C);
-  mm(l.m(T::ssm_beta), w_.x, z.D, n, w_.beta, z.kda_nh);
   a.f = w_.f;
   a.dt_bias = l.v(T::ssm_dt_bias);
   a.a = l.v(T::ssm_a);
@@ -155,10 +157,13 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
   const ModelDims& z = d_;
   const uint32_t n = g.rows;
   const uint32_t ctx = state_.context();
-  mm(l.m(T::attn_q_a), w_.x, z.D, n, w_.qa, z.qlr);
+  // Everything that reads x, in two launches: q_a, kv_a and the indexer's weights; its k and gate.
+  const MatvecProduct from_x[] = {{&l.m(T::attn_q_a), w_.qa},
+                                  {&l.m(T::attn_kv_a_mqa), w_.lat, nullptr, z.kvlr},
+                                  {&l.m(T::indexer_proj), w_.iw, nullptr, z.ih}};
+  mm_products(from_x, l.has_indexer ? 3 : 2, w_.x, z.D, n, z.qlr);
   rms_norm(w_.qa, z.qlr, l.v(T::attn_q_a_norm), n, z.qlr, hp_.rms_eps, w_.qr, z.qlr, s_);
   mm(l.m(T::attn_q_b), w_.qr, z.qlr, n, w_.q, static_cast<size_t>(z.nh) * z.nope);
-  mm(l.m(T::attn_kv_a_mqa), w_.x, z.D, n, w_.lat, z.kvlr);
   rms_norm(w_.lat, z.kvlr, l.v(T::attn_kv_a_norm), n, z.kvlr, hp_.rms_eps, w_.lat, z.kvlr, s_);
   store_latents(w_.lat, z.kvlr, g.row, n, z.kvlr, ctx, state_.latent_type(), st.latents, st.latent_scales, s_);
   if (l.has_indexer) {
@@ -167,7 +172,6 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
     mm_products(k_gate, 2, w_.x, z.D, n, z.id);
     layer_norm(w_.kk, z.id, l.v(T::indexer_k_norm), l.v(T::indexer_k_norm_bias), n, z.id, hp_.index_norm_eps, w_.kk,
                z.id, s_);
-    mm(l.m(T::indexer_proj), w_.x, z.D, n, w_.iw, z.ih);
     scatter_to_cache(w_.kk, z.id, g.row, n, z.id, ctx, st.keys, s_);
     scatter_to_cache(w_.gs, z.id, g.row, n, z.id, ctx, st.gates, s_);
     IndexerArgs ia;

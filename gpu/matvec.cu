@@ -64,9 +64,9 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecArgs a) {
   const uint32_t row = WPR > 1 ? blockIdx.x * (kWarps / WPR) + warp / WPR
                                : (blockIdx.x * kWarps + warp) * (32 / lpr) + lane_all / lpr;
   const uint32_t g = blockIdx.y;
-  const bool live = row < a.w.rows;
-  if (WPR == 1 && (blockIdx.x * kWarps + warp) * (32 / lpr) >= a.w.rows) return;
   const MatvecPartView view = matvec_part_view(a, g);
+  const bool live = row < view.rows;
+  if (WPR == 1 && (blockIdx.x * kWarps + warp) * (32 / lpr) >= view.rows) return;
   const uint8_t* wrow = view.w + static_cast<size_t>(live ? row : 0) * a.w.row_bytes;
   const float* x = view.x;
   const uint32_t ntok = a.tokens;
@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecArgs a) {
     float* y = view.y + static_cast<size_t>(g) * a.y_group_stride + row;
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
-      if (t < static_cast<int>(ntok)) y[t * a.y_tok_stride] = acc[t];
+      if (t < static_cast<int>(ntok)) y[t * view.y_tok_stride] = acc[t];
     }
   }
 }
@@ -225,7 +225,7 @@ template <int T, int WPR>
 void launch_matvec_split(const MatvecArgs& a, cudaStream_t s) {
   const uint32_t rows_per_block =
       WPR > 1 ? kWarps / WPR : kWarps * (32 / lanes_per_row(a.w.cols / qd::Traits<T>::UE));
-  const dim3 grid((a.w.rows + rows_per_block - 1) / rows_per_block, a.groups, a.parts);
+  const dim3 grid((matvec_max_rows(a) + rows_per_block - 1) / rows_per_block, a.groups, a.parts);
   const dim3 block(kWarps * 32);
   if (a.tokens <= 1) {
     matvec_kernel<T, 1, WPR><<<grid, block, 0, s>>>(a);
@@ -241,7 +241,7 @@ void launch_matvec_split(const MatvecArgs& a, cudaStream_t s) {
 // Fewer than ~1000 warps of rows cannot keep the memory system busy: then 8 warps share each row.
 template <int T>
 void launch_matvec(const MatvecArgs& a, cudaStream_t s) {
-  const uint64_t row_warps = static_cast<uint64_t>(a.w.rows) * a.groups * a.parts;
+  const uint64_t row_warps = matvec_total_rows(a) * a.groups;
   const uint64_t units = a.w.cols / qd::Traits<T>::UE;
   if (row_warps < 1024 && units >= 256) {
     launch_matvec_split<T, 8>(a, s);

@@ -295,7 +295,7 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
   auto item_row0 = [&](uint32_t it) { return first_row + (it / chunks) * stride; };
   auto load_item = [&](uint32_t it, typename R::W (&q)[kChunk]) {
     const uint32_t row = item_row0(it) + sub;
-    if (row >= a.w.rows) return;
+    if (row >= view.rows) return;
     const uint8_t* wrow = wbase + static_cast<size_t>(row) * a.w.row_bytes;
     const uint32_t u0 = sl + (it % chunks) * kChunk * lpr;
 #pragma unroll
@@ -376,11 +376,11 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
   float acc[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
-  for (uint32_t it = 0; item_row0(it) < a.w.rows; ++it) {
+  for (uint32_t it = 0; item_row0(it) < view.rows; ++it) {
     typename R::W next[kChunk];
     load_item(it + 1, next);
     const uint32_t row = item_row0(it) + sub;
-    if (row < a.w.rows) {
+    if (row < view.rows) {
       const uint8_t* wrow = wbase + static_cast<size_t>(row) * a.w.row_bytes;
       const uint32_t u0 = sl + (it % chunks) * kChunk * lpr;
 #pragma unroll
@@ -405,8 +405,8 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
       float s = acc[t];
       for (uint32_t o = lpr / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
       acc[t] = 0.0f;
-      if (row < a.w.rows && sl == 0 && t < static_cast<int>(ntok)) {
-        y[static_cast<size_t>(g) * a.y_group_stride + row + t * a.y_tok_stride] = s;
+      if (row < view.rows && sl == 0 && t < static_cast<int>(ntok)) {
+        y[static_cast<size_t>(g) * a.y_group_stride + row + t * view.y_tok_stride] = s;
       }
     }
   }
@@ -424,7 +424,7 @@ void launch(const MatvecArgs& a, const Tables& tables, cudaStream_t stream) {
   const size_t smem = smem_bytes(a.w.type, nt, a.w.cols);
   const uint32_t rows_per_block = kWarps * (32 / lanes_per_row(a.w.cols / 32));
   // Enough blocks to fill the device once; each block quantizes its input once and loops over rows.
-  const uint32_t wanted = (a.w.rows + rows_per_block - 1) / rows_per_block;
+  const uint32_t wanted = (matvec_max_rows(a) + rows_per_block - 1) / rows_per_block;
   const uint32_t fill =
       std::max<uint32_t>(1, static_cast<uint32_t>(current_sm_count() * blocks_per_sm(nt)) / (a.groups * a.parts));
   const dim3 grid(std::min(wanted, fill), a.groups, a.parts);

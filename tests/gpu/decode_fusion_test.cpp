@@ -197,15 +197,65 @@ TEST_P(DecodeFusionTest, PartsWithTheirOwnInputs) {
   }
 }
 
-// Shapes that differ are not grouped: the caller's per-matrix path runs instead.
-TEST_P(DecodeFusionTest, MatricesOfOtherShapesAreNotGrouped) {
+// The DSA layer's products of x: three matrices of other row counts (q_a, kv_a, the indexer's
+// weights), each output with its own token stride.
+TEST_P(DecodeFusionTest, PartsOfOtherRowCountsAndStrides) {
+  const GgmlType type = GetParam();
+  std::mt19937 rng(88 + static_cast<int>(type));
+  const size_t cols = 512;
+  const size_t rows[3] = {75, 20, 130};
+  Matrices ms[3] = {random_matrices(type, rows[0], cols, rng), random_matrices(type, rows[1], cols, rng),
+                    random_matrices(type, rows[2], cols, rng)};
+  for (uint32_t n : {1u, 3u}) {
+    const auto x = normal(n * cols, rng);
+    DeviceBuffer dx = to_device(x);
+    std::vector<DeviceBuffer> fused, apart;
+    for (size_t r : rows) {
+      fused.push_back(poisoned(r * n));
+      apart.push_back(poisoned(r * n));
+    }
+    const MatvecProduct ps[] = {{&ms[0].m, fused[0].as<float>()},
+                                {&ms[1].m, fused[1].as<float>(), nullptr, rows[1]},
+                                {&ms[2].m, fused[2].as<float>(), nullptr, rows[2]}};
+    ASSERT_TRUE(matvec_products(ps, 3, dx.as<float>(), cols, n, rows[0], nullptr));
+    for (int p = 0; p < 3; ++p) {
+      MatvecArgs a;
+      a.w = ms[p].m;
+      a.x = dx.as<float>();
+      a.x_tok_stride = cols;
+      a.y = apart[p].as<float>();
+      a.y_tok_stride = rows[p];
+      a.tokens = n;
+      matvec(a, nullptr);
+    }
+    const bool int16 = is_int16_type(type);
+    for (int p = 0; p < 3; ++p) {
+      const auto yf = to_host(fused[p], rows[p] * n), ya = to_host(apart[p], rows[p] * n);
+      for (uint32_t t = 0; t < n; ++t) {
+        for (size_t r = 0; r < rows[p]; ++r) {
+          const size_t at = t * rows[p] + r;
+          ASSERT_EQ(yf[at], ya[at]) << "part " << p << " token " << t << " row " << r;
+          const float* w = &ms[p].w[r * cols];
+          ASSERT_NEAR(yf[at], dot(w, &x[t * cols], cols), tolerance(w, &x[t * cols], cols, int16));
+        }
+      }
+    }
+  }
+}
+
+// Rows of other lengths or types are not grouped, nor more than 8 tokens: the caller's per-matrix
+// path runs instead.
+TEST_P(DecodeFusionTest, OtherRowFormatsAreNotGrouped) {
   const GgmlType type = GetParam();
   std::mt19937 rng(9);
-  Matrices a = random_matrices(type, 40, 256, rng), b = random_matrices(type, 41, 256, rng);
-  DeviceBuffer dx = to_device(normal(256, rng)), dy = poisoned(81);
-  const MatvecProduct ps[] = {{&a.m, dy.as<float>()}, {&b.m, dy.as<float>() + 40}};
-  EXPECT_FALSE(matvec_products(ps, 2, dx.as<float>(), 256, 1, 81, nullptr));
-  EXPECT_FALSE(matvec_products(ps, 1, dx.as<float>(), 256, kMaxMatvecTokens + 1, 81, nullptr));
+  Matrices a = random_matrices(type, 40, 256, rng), b = random_matrices(type, 40, 512, rng);
+  Matrices c = random_matrices(type == GgmlType::Q8_0 ? GgmlType::F32 : GgmlType::Q8_0, 40, 256, rng);
+  DeviceBuffer dx = to_device(normal(512, rng)), dy = poisoned(120);
+  const MatvecProduct ab[] = {{&a.m, dy.as<float>()}, {&b.m, dy.as<float>() + 40}};
+  const MatvecProduct ac[] = {{&a.m, dy.as<float>()}, {&c.m, dy.as<float>() + 40}};
+  EXPECT_FALSE(matvec_products(ab, 2, dx.as<float>(), 256, 1, 80, nullptr));
+  EXPECT_FALSE(matvec_products(ac, 2, dx.as<float>(), 256, 1, 80, nullptr));
+  EXPECT_FALSE(matvec_products(ab, 1, dx.as<float>(), 256, kMaxMatvecTokens + 1, 80, nullptr));
 }
 
 // The routed experts' gate and up: (token, expert) groups by a device index, the experts read through
