@@ -48,6 +48,19 @@ std::string kernel_image();
 int current_sm_count();
 
 // y[t][r] = W[r] . x[t] for one matrix or a batch of groups (heads, experts).
+// A further matrix of MatvecArgs::w's type and columns in the same launch: its weights (data, or
+// per-group pointers as w_group_ptrs), its output (y's group stride), its input (x's strides; null:
+// the same x), its rows and its output's token stride (0: w's, y_tok_stride).
+struct MatvecPart {
+  const uint8_t* data = nullptr;
+  const uint8_t* const* group_ptrs = nullptr;
+  float* y = nullptr;
+  const float* x = nullptr;
+  uint32_t rows = 0;
+  size_t y_tok_stride = 0;
+};
+inline constexpr uint32_t kMaxMatvecParts = 3;
+
 struct MatvecArgs {
   DevMatrix w;
   size_t w_group_bytes = 0;             // offset between groups' matrices
@@ -65,6 +78,13 @@ struct MatvecArgs {
   uint32_t tokens = 1;                  // 1..kMaxMatvecTokens
   uint32_t groups = 1;
   bool f32_activations = false;         // keep x in f32 even where the int16 path applies
+  // Parts 1.. of a grouped launch (q/k/v, gate/up): part p > 0 is more[p - 1].
+  uint32_t parts = 1;
+  MatvecPart more[kMaxMatvecParts - 1];
+  // When set, the input is SwiGLU(x, x_up) as swiglu() computes it (x_up has x's strides): the down
+  // projection reads the gate and up products. Only where matvec_quantizes_activations() holds.
+  const float* x_up = nullptr;
+  float swiglu_limit = 0.0f;
 };
 inline constexpr uint32_t kMaxMatvecTokens = 8;
 void matvec(const MatvecArgs& a, cudaStream_t stream);

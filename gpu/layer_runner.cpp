@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/decode_fusion.hpp"
 #include "gpu/moe_grouped.hpp"
 #include "gpu/mtp_ops.hpp"
 
@@ -85,6 +86,14 @@ void LayerRunner::mm_grouped(const DevMatrix& m, uint32_t groups, const float* x
   }
 }
 
+void LayerRunner::mm_products(const MatvecProduct* ps, uint32_t count, const float* x, size_t ldx, uint32_t n,
+                                size_t ldy) {
+  if (matvec_products(ps, count, x, ldx, n, ldy, s_)) return;
+  for (uint32_t i = 0; i < count; ++i) {
+    mm(*ps[i].m, ps[i].x != nullptr ? ps[i].x : x, ldx, n, ps[i].y, ps[i].ldy != 0 ? ps[i].ldy : ldy);
+  }
+}
+
 void LayerRunner::mhc_site(const StepGeometry& g, const DevMatrix& fn, const float* base, const float* scale,
                            const float* norm_w) {
   mm(fn, w_.R, static_cast<size_t>(d_.H) * d_.D, g.rows, w_.mix, d_.mix);
@@ -109,9 +118,9 @@ void LayerRunner::mhc_site(const StepGeometry& g, const DevMatrix& fn, const flo
 void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState& st) {
   const ModelDims& z = d_;
   const uint32_t n = g.rows;
-  mm(l.m(T::attn_q), w_.x, z.D, n, w_.qkv_raw, 3 * z.C);
-  mm(l.m(T::attn_k), w_.x, z.D, n, w_.qkv_raw + z.C, 3 * z.C);
-  mm(l.m(T::attn_v), w_.x, z.D, n, w_.qkv_raw + 2 * z.C, 3 * z.C);
+  const MatvecProduct qkv[] = {
+      {&l.m(T::attn_q), w_.qkv_raw}, {&l.m(T::attn_k), w_.qkv_raw + z.C}, {&l.m(T::attn_v), w_.qkv_raw + 2 * z.C}};
+  mm_products(qkv, 3, w_.x, z.D, n, 3 * z.C);
   KdaArgs a;
   a.row = g.row;
   a.seg = g.seg;
@@ -125,9 +134,13 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   a.conv_w = l.conv;
   a.conv_state = st.conv;
   kda_conv(a, s_);
-  mm(l.m(T::ssm_f_a), w_.x, z.D, n, w_.fa, z.kda_hd);
-  mm(l.m(T::ssm_f_b), w_.fa, z.kda_hd, n, w_.f, z.C);
-  mm(l.m(T::ssm_beta), w_.x, z.D, n, w_.beta, z.kda_nh);
+  // The gate's low-rank input (g_a) and beta with f_a's: all read x.
+  const MatvecProduct fa_ga_beta[] = {
+      {&l.m(T::ssm_f_a), w_.fa}, {&l.m(T::ssm_g_a), w_.ga}, {&l.m(T::ssm_beta), w_.beta, nullptr, z.kda_nh}};
+  mm_products(fa_ga_beta, 3, w_.x, z.D, n, z.kda_hd);
+  // Both low-rank expansions (f_b of f_a's output, g_b of g_a's) before the recurrence.
+  const MatvecProduct fb_gb[] = {{&l.m(T::ssm_f_b), w_.f, w_.fa}, {&l.m(T::ssm_g_b), w_.gate, w_.ga}};
+  mm_products(fb_gb, 2, nullptr, z.kda_hd, n, z.C);
   a.f = w_.f;
   a.dt_bias = l.v(T::ssm_dt_bias);
   a.a = l.v(T::ssm_a);
@@ -136,8 +149,6 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   a.state = st.recurrent;
   a.out = w_.o;
   kda_recurrent(a, s_);
-  mm(l.m(T::ssm_g_a), w_.x, z.D, n, w_.ga, z.kda_hd);
-  mm(l.m(T::ssm_g_b), w_.ga, z.kda_hd, n, w_.gate, z.C);
   gated_rms_norm(w_.o, w_.gate, l.v(T::ssm_norm), n, z.kda_nh, z.kda_hd, hp_.rms_eps, w_.z, s_);
   mm(l.m(T::attn_output), w_.z, z.C, n, w_.y, z.D);
 }
@@ -146,10 +157,13 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
   const ModelDims& z = d_;
   const uint32_t n = g.rows;
   const uint32_t ctx = state_.context();
-  mm(l.m(T::attn_q_a), w_.x, z.D, n, w_.qa, z.qlr);
+  // Everything that reads x, in two launches: q_a, kv_a and the indexer's weights; its k and gate.
+  const MatvecProduct from_x[] = {{&l.m(T::attn_q_a), w_.qa},
+                                  {&l.m(T::attn_kv_a_mqa), w_.lat, nullptr, z.kvlr},
+                                  {&l.m(T::indexer_proj), w_.iw, nullptr, z.ih}};
+  mm_products(from_x, l.has_indexer ? 3 : 2, w_.x, z.D, n, z.qlr);
   rms_norm(w_.qa, z.qlr, l.v(T::attn_q_a_norm), n, z.qlr, hp_.rms_eps, w_.qr, z.qlr, s_);
   mm(l.m(T::attn_q_b), w_.qr, z.qlr, n, w_.q, static_cast<size_t>(z.nh) * z.nope);
-  mm(l.m(T::attn_kv_a_mqa), w_.x, z.D, n, w_.lat, z.kvlr);
   rms_norm(w_.lat, z.kvlr, l.v(T::attn_kv_a_norm), n, z.kvlr, hp_.rms_eps, w_.lat, z.kvlr, s_);
   // A windowed step (gpu/kv_window.hpp) keeps its new rows in the host tier; otherwise they go to the
   // slot's rows on the device at their positions.
@@ -162,11 +176,10 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
   }
   if (l.has_indexer) {
     mm(l.m(T::indexer_attn_q_b), w_.qr, z.qlr, n, w_.kq, static_cast<size_t>(z.ih) * z.id);
-    mm(l.m(T::indexer_attn_k), w_.x, z.D, n, w_.kk, z.id);
+    const MatvecProduct k_gate[] = {{&l.m(T::indexer_attn_k), w_.kk}, {&l.m(T::indexer_compressor_gate), w_.gs}};
+    mm_products(k_gate, 2, w_.x, z.D, n, z.id);
     layer_norm(w_.kk, z.id, l.v(T::indexer_k_norm), l.v(T::indexer_k_norm_bias), n, z.id, hp_.index_norm_eps, w_.kk,
                z.id, s_);
-    mm(l.m(T::indexer_compressor_gate), w_.x, z.D, n, w_.gs, z.id);
-    mm(l.m(T::indexer_proj), w_.x, z.D, n, w_.iw, z.ih);
     scatter_to_cache(w_.kk, z.id, g.row, n, z.id, ctx, st.keys, s_);
     scatter_to_cache(w_.gs, z.id, g.row, n, z.id, ctx, st.gates, s_);
     IndexerArgs ia;
@@ -225,8 +238,18 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
 
 void LayerRunner::dense_ffn(const DevMatrix& gate, const DevMatrix& up, const DevMatrix& down, uint32_t n, float* y) {
   const uint32_t F = gate.rows;
-  mm(gate, w_.x, d_.D, n, w_.eg, F);
-  mm(up, w_.x, d_.D, n, w_.eu, F);
+  const MatvecProduct gate_up[] = {{&gate, w_.eg}, {&up, w_.eu}};
+  mm_products(gate_up, 2, w_.x, d_.D, n, F);
+  if (n <= kMaxMatvecTokens) {
+    MatvecArgs a;
+    a.w = down;
+    a.x_tok_stride = F;
+    a.y = y;
+    a.y_tok_stride = d_.D;
+    a.tokens = n;
+    matvec_swiglu(a, w_.eg, w_.eu, F, n, F, hp_.swiglu_limit, s_);
+    return;
+  }
   swiglu(w_.eg, w_.eu, F, n, F, hp_.swiglu_limit, s_);
   mm(down, w_.eg, F, n, y, d_.D);
 }
@@ -280,25 +303,33 @@ void LayerRunner::decode_experts(uint32_t n, const DevLayer& l) {
     up = l.m(T::ffn_up_exps).slice_rows(0, z.I);
     down = l.m(T::ffn_down_exps).slice_rows(0, z.D);
   }
+  // Gate and up of every (row, expert) pair in one launch where their shapes agree, SwiGLU in the
+  // down launch's input (gpu/decode_fusion.hpp).
   a.w = gate;
   a.w_group_bytes = gate.bytes();
   a.w_group_ptrs = experts_ != nullptr ? experts_->table(l.index, 0) : nullptr;
   a.y = w_.eg;
-  matvec(a, s_);
-  a.w = up;
-  a.w_group_ptrs = experts_ != nullptr ? experts_->table(l.index, 1) : nullptr;
-  a.y = w_.eu;
-  matvec(a, s_);
-  swiglu(w_.eg, w_.eu, z.I, n * k, z.I, hp_.swiglu_limit, s_);
+  const MatvecPart up_part{up.data, experts_ != nullptr ? experts_->table(l.index, 1) : nullptr, w_.eu};
+  if (same_matrix_shape(gate, up)) {
+    a.parts = 2;
+    a.more[0] = up_part;
+    matvec(a, s_);
+    a.parts = 1;
+  } else {
+    matvec(a, s_);
+    a.w = up;
+    a.w_group_ptrs = up_part.group_ptrs;
+    a.y = w_.eu;
+    matvec(a, s_);
+  }
   a.w = down;
   a.w_group_bytes = down.bytes();
   a.w_group_ptrs = experts_ != nullptr ? experts_->table(l.index, 2) : nullptr;
-  a.x = w_.eg;
   a.x_group_stride = z.I;
   a.x_group_div = 1;
   a.y = w_.eo;
   a.y_group_stride = z.D;
-  matvec(a, s_);
+  matvec_swiglu(a, w_.eg, w_.eu, z.I, n * k, z.I, hp_.swiglu_limit, s_);
 }
 
 // The chunk's routes grouped by expert on the device, then one grouped GEMM for gate and up (SwiGLU

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "gpu/cuda_blas.hpp"
+#include "gpu/decode_fusion.hpp"
 #include "gpu/device_weights.hpp"
 #include "gpu/stage_experts.hpp"
 #include "gpu/stage_state.hpp"
@@ -33,6 +34,8 @@ class LayerRunner {
  private:
   void mm_grouped(const DevMatrix& m, uint32_t groups, const float* x, size_t ldx, size_t xg, uint32_t n, float* y,
                   size_t ldy, size_t yg);
+  // Products of matrices over the same x: one decode launch where their shapes agree, else mm() each.
+  void mm_products(const MatvecProduct* ps, uint32_t count, const float* x, size_t ldx, uint32_t n, size_t ldy);
   void mhc_site(const StepGeometry& g, const DevMatrix& fn, const float* base, const float* scale, const float* norm_w);
   void kda_layer(const StepGeometry& g, const DevLayer& l, LayerState& st);
   void dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState& st);

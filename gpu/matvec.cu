@@ -10,6 +10,8 @@
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/matvec_int16.hpp"
+#include "gpu/matvec_part.cuh"
+#include "gpu/matvec_wide.hpp"
 #include "gpu/quant_device.cuh"
 #include "model/formats/iq_grids.hpp"
 
@@ -62,12 +64,11 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecArgs a) {
   const uint32_t row = WPR > 1 ? blockIdx.x * (kWarps / WPR) + warp / WPR
                                : (blockIdx.x * kWarps + warp) * (32 / lpr) + lane_all / lpr;
   const uint32_t g = blockIdx.y;
-  const bool live = row < a.w.rows;
-  if (WPR == 1 && (blockIdx.x * kWarps + warp) * (32 / lpr) >= a.w.rows) return;
-  const size_t mat = a.w_group_index ? static_cast<size_t>(a.w_group_index[g]) : g;
-  const uint8_t* wbase = a.w_group_ptrs ? a.w_group_ptrs[mat] : a.w.data + mat * a.w_group_bytes;
-  const uint8_t* wrow = wbase + static_cast<size_t>(live ? row : 0) * a.w.row_bytes;
-  const float* x = a.x + static_cast<size_t>(g / a.x_group_div) * a.x_group_stride;
+  const MatvecPartView view = matvec_part_view(a, g);
+  const bool live = row < view.rows;
+  if (WPR == 1 && (blockIdx.x * kWarps + warp) * (32 / lpr) >= view.rows) return;
+  const uint8_t* wrow = view.w + static_cast<size_t>(live ? row : 0) * a.w.row_bytes;
+  const float* x = view.x;
   const uint32_t ntok = a.tokens;
 
   float acc[NT];
@@ -121,10 +122,10 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecArgs a) {
     }
   }
   if (lane == 0 && live) {
-    float* y = a.y + static_cast<size_t>(g) * a.y_group_stride + row;
+    float* y = view.y + static_cast<size_t>(g) * a.y_group_stride + row;
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
-      if (t < static_cast<int>(ntok)) y[t * a.y_tok_stride] = acc[t];
+      if (t < static_cast<int>(ntok)) y[t * view.y_tok_stride] = acc[t];
     }
   }
 }
@@ -224,7 +225,7 @@ template <int T, int WPR>
 void launch_matvec_split(const MatvecArgs& a, cudaStream_t s) {
   const uint32_t rows_per_block =
       WPR > 1 ? kWarps / WPR : kWarps * (32 / lanes_per_row(a.w.cols / qd::Traits<T>::UE));
-  const dim3 grid((a.w.rows + rows_per_block - 1) / rows_per_block, a.groups);
+  const dim3 grid((matvec_max_rows(a) + rows_per_block - 1) / rows_per_block, a.groups, a.parts);
   const dim3 block(kWarps * 32);
   if (a.tokens <= 1) {
     matvec_kernel<T, 1, WPR><<<grid, block, 0, s>>>(a);
@@ -240,7 +241,7 @@ void launch_matvec_split(const MatvecArgs& a, cudaStream_t s) {
 // Fewer than ~1000 warps of rows cannot keep the memory system busy: then 8 warps share each row.
 template <int T>
 void launch_matvec(const MatvecArgs& a, cudaStream_t s) {
-  const uint64_t row_warps = static_cast<uint64_t>(a.w.rows) * a.groups;
+  const uint64_t row_warps = matvec_total_rows(a) * a.groups;
   const uint64_t units = a.w.cols / qd::Traits<T>::UE;
   if (row_warps < 1024 && units >= 256) {
     launch_matvec_split<T, 8>(a, s);
@@ -311,14 +312,27 @@ void upload_quant_tables() {
 void matvec(const MatvecArgs& a, cudaStream_t stream) {
   if (a.tokens == 0 || a.groups == 0 || a.w.rows == 0) return;
   if (a.tokens > kMaxMatvecTokens) throw CudaError("matvec: more than 8 tokens");
-  if (matvec_quantizes_activations(a)) {
+  if (a.parts < 1 || a.parts > kMaxMatvecParts) throw CudaError("matvec: parts must be 1 to 3");
+  for (uint32_t p = 1; p < a.parts; ++p) {
+    const MatvecPart& m = a.more[p - 1];
+    if (m.y == nullptr || (m.data == nullptr && m.group_ptrs == nullptr)) {
+      throw CudaError("matvec: part " + std::to_string(p) + " has no weights or no output");
+    }
+  }
+  const bool int16 = matvec_quantizes_activations(a);
+  if (a.x_up != nullptr && !int16) throw CudaError("matvec: a SwiGLU input needs the int16-activation path");
+  if (int16) {
     launch_matvec_int16(a, a.w.type == model::GgmlType::IQ3_S ? iq3s_grid_address() : nullptr, stream);
+    return;
+  }
+  if (matvec_wide_applies(a, current_sm_count())) {
+    launch_matvec_wide(a, stream);
     return;
   }
   const int t = kernel_type(a.w);
   if (t != qd::kF32Scalar) {
-    const bool aligned = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && a.x_tok_stride % 4 == 0 &&
-                         a.x_group_stride % 4 == 0;
+    bool aligned = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && a.x_tok_stride % 4 == 0 && a.x_group_stride % 4 == 0;
+    for (uint32_t p = 1; p < a.parts; ++p) aligned = aligned && reinterpret_cast<uintptr_t>(a.more[p - 1].x) % 16 == 0;
     if (!aligned) throw CudaError("matvec: activations not 16-byte aligned");
   }
   #define CALL(T) launch_matvec<T>(a, stream)

@@ -21,7 +21,9 @@
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/matvec_int16.hpp"
+#include "gpu/matvec_part.cuh"
 #include "gpu/quant_device.cuh"
+#include "gpu/swiglu.cuh"
 #include "model/formats/iq_grids.hpp"
 
 namespace ferry::gpu {
@@ -287,12 +289,13 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
   const uint32_t chunks = (units + kChunk * lpr - 1) / (kChunk * lpr);
   const uint32_t first_row = (blockIdx.x * kWarps + warp) * rows_per_warp;
   const uint32_t stride = gridDim.x * kWarps * rows_per_warp;
-  const size_t mat = a.w_group_index ? static_cast<size_t>(a.w_group_index[g]) : g;
-  const uint8_t* wbase = a.w_group_ptrs ? a.w_group_ptrs[mat] : a.w.data + mat * a.w_group_bytes;
+  const MatvecPartView view = matvec_part_view(a, g);
+  const uint8_t* wbase = view.w;
+  float* y = view.y;
   auto item_row0 = [&](uint32_t it) { return first_row + (it / chunks) * stride; };
   auto load_item = [&](uint32_t it, typename R::W (&q)[kChunk]) {
     const uint32_t row = item_row0(it) + sub;
-    if (row >= a.w.rows) return;
+    if (row >= view.rows) return;
     const uint8_t* wrow = wbase + static_cast<size_t>(row) * a.w.row_bytes;
     const uint32_t u0 = sl + (it % chunks) * kChunk * lpr;
 #pragma unroll
@@ -313,7 +316,6 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
 
   // Each thread quantizes 16 values (half of a 32-value block; its neighbour holds the other half)
   // into one half of the slot of the unit whose run they are.
-  const float* x = a.x + static_cast<size_t>(g / a.x_group_div) * a.x_group_stride;
   const uint32_t pieces = ntok * (K / 16);
   for (uint32_t base = 0; base < pieces; base += blockDim.x) {
     const uint32_t i = base + threadIdx.x;
@@ -322,11 +324,26 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
     float v[16];
     float amax = 0.0f, sum = 0.0f;
     if (valid) {
-      const float4* src = reinterpret_cast<const float4*>(x + t * a.x_tok_stride + 16 * p);
+      const size_t at = t * a.x_tok_stride + 16 * p;
+      const float4* src = reinterpret_cast<const float4*>(view.x + at);
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const float4 f = src[k];
         v[4 * k] = f.x, v[4 * k + 1] = f.y, v[4 * k + 2] = f.z, v[4 * k + 3] = f.w;
+      }
+      if (a.x_up != nullptr) {
+        // The down projection's input, SwiGLU of the gate and up products, made here once a block
+        // instead of by a kernel of its own.
+        const float4* up = reinterpret_cast<const float4*>(
+            a.x_up + static_cast<size_t>(g / a.x_group_div) * a.x_group_stride + at);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float4 u = up[k];
+          v[4 * k] = swiglu_value(v[4 * k], u.x, a.swiglu_limit);
+          v[4 * k + 1] = swiglu_value(v[4 * k + 1], u.y, a.swiglu_limit);
+          v[4 * k + 2] = swiglu_value(v[4 * k + 2], u.z, a.swiglu_limit);
+          v[4 * k + 3] = swiglu_value(v[4 * k + 3], u.w, a.swiglu_limit);
+        }
       }
 #pragma unroll
       for (int k = 0; k < 16; ++k) {
@@ -359,11 +376,11 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
   float acc[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
-  for (uint32_t it = 0; item_row0(it) < a.w.rows; ++it) {
+  for (uint32_t it = 0; item_row0(it) < view.rows; ++it) {
     typename R::W next[kChunk];
     load_item(it + 1, next);
     const uint32_t row = item_row0(it) + sub;
-    if (row < a.w.rows) {
+    if (row < view.rows) {
       const uint8_t* wrow = wbase + static_cast<size_t>(row) * a.w.row_bytes;
       const uint32_t u0 = sl + (it % chunks) * kChunk * lpr;
 #pragma unroll
@@ -388,8 +405,8 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
       float s = acc[t];
       for (uint32_t o = lpr / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
       acc[t] = 0.0f;
-      if (row < a.w.rows && sl == 0 && t < static_cast<int>(ntok)) {
-        a.y[static_cast<size_t>(g) * a.y_group_stride + row + t * a.y_tok_stride] = s;
+      if (row < view.rows && sl == 0 && t < static_cast<int>(ntok)) {
+        y[static_cast<size_t>(g) * a.y_group_stride + row + t * view.y_tok_stride] = s;
       }
     }
   }
@@ -407,9 +424,10 @@ void launch(const MatvecArgs& a, const Tables& tables, cudaStream_t stream) {
   const size_t smem = smem_bytes(a.w.type, nt, a.w.cols);
   const uint32_t rows_per_block = kWarps * (32 / lanes_per_row(a.w.cols / 32));
   // Enough blocks to fill the device once; each block quantizes its input once and loops over rows.
-  const uint32_t wanted = (a.w.rows + rows_per_block - 1) / rows_per_block;
-  const uint32_t fill = std::max<uint32_t>(1, static_cast<uint32_t>(current_sm_count() * blocks_per_sm(nt)) / a.groups);
-  const dim3 grid(std::min(wanted, fill), a.groups);
+  const uint32_t wanted = (matvec_max_rows(a) + rows_per_block - 1) / rows_per_block;
+  const uint32_t fill =
+      std::max<uint32_t>(1, static_cast<uint32_t>(current_sm_count() * blocks_per_sm(nt)) / (a.groups * a.parts));
+  const dim3 grid(std::min(wanted, fill), a.groups, a.parts);
   switch (nt) {
     case 1: int16_kernel<T, 1><<<grid, kWarps * 32, smem, stream>>>(a, tables); break;
     case 2: int16_kernel<T, 2><<<grid, kWarps * 32, smem, stream>>>(a, tables); break;
@@ -421,7 +439,11 @@ void launch(const MatvecArgs& a, const Tables& tables, cudaStream_t stream) {
 }  // namespace
 
 bool matvec_quantizes_activations(const MatvecArgs& a) {
-  const bool aligned = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && a.x_tok_stride % 4 == 0 && a.x_group_stride % 4 == 0;
+  bool aligned = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(a.x_up) % 16 == 0 &&
+                 a.x_tok_stride % 4 == 0 && a.x_group_stride % 4 == 0;
+  for (uint32_t p = 1; p < a.parts && p < kMaxMatvecParts; ++p) {
+    aligned = aligned && reinterpret_cast<uintptr_t>(a.more[p - 1].x) % 16 == 0;
+  }
   return !a.f32_activations && int16_type(a.w.type) && a.w.cols % 256 == 0 && a.tokens >= 1 && aligned &&
          smem_bytes(a.w.type, padded_tokens(a.tokens), a.w.cols) <= kMaxSmem;
 }

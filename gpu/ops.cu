@@ -6,6 +6,7 @@
 #include "gpu/block_reduce.cuh"
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernels.hpp"
+#include "gpu/swiglu.cuh"
 
 namespace ferry::gpu {
 namespace {
@@ -177,9 +178,7 @@ __global__ void swiglu_kernel(float* gate, const float* up, size_t stride, uint3
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const size_t at = (i / n) * stride + i % n;
-    const float g = fminf(gate[at], limit);
-    const float u = fminf(fmaxf(up[at], -limit), limit);
-    gate[at] = g / (1.0f + expf(-g)) * u;
+    gate[at] = swiglu_value(gate[at], up[at], limit);
   }
 }
 
