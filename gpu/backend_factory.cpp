@@ -31,6 +31,11 @@ Expected<std::vector<model::LayerRange>> ranges_for(const BackendOptions& o, con
   return ranges;
 }
 
+// The largest step a GPU stage plans for: the verify sets widen it only when the model can draft.
+uint32_t step_rows_for(const BackendOptions& o, const model::Glm5Hparams& hp) {
+  return o.max_step_rows + (o.mtp && hp.n_nextn_layers > 0 ? o.verify_rows : 0);
+}
+
 PlanInput plan_input(const model::Glm5Hparams& hp, const TensorBytes& tensor_bytes, const BackendOptions& o,
                      const std::vector<model::LayerRange>& ranges, std::vector<uint64_t> device_memory,
                      uint64_t host_available) {
@@ -44,7 +49,8 @@ PlanInput plan_input(const model::Glm5Hparams& hp, const TensorBytes& tensor_byt
   in.budgets = o.memory;
   in.slots = o.max_slots;
   in.context = context_for(o, hp.context_length);
-  in.step_rows = o.max_step_rows;
+  in.step_rows = step_rows_for(o, hp);
+  in.mtp = o.mtp;
   in.kv_type = o.kv_type.value_or(default_kv_type("cuda"));
   in.checkpoint_bytes = o.checkpoint_bytes;
   in.kv_resident = o.kv_resident;
@@ -137,7 +143,7 @@ Expected<OpenedModel> cuda_pipeline(const BackendOptions& o, const Source& src, 
     c.max_context = context_for(o, hp.context_length);
     c.kv.latent = o.kv_type.value_or(default_kv_type("cuda"));
     c.kv_resident = o.kv_resident;
-    c.max_step_rows = o.max_step_rows;
+    c.max_step_rows = step_rows_for(o, hp);
     c.graphs = o.graphs;
     c.mtp = o.mtp;
     if (policy_stage[i] >= 0) {

@@ -36,6 +36,7 @@ struct BackendOptions {
   float route_skew = 0;           // synthetic weights: the routers' preference (ModelConfig::route_skew)
   std::optional<config::KvType> kv_type;  // DSA latent rows (--kv-type); unset: default_kv_type(backend)
   bool mtp = false;               // the last stage runs the model's MTP block, when it has one
+  uint32_t verify_rows = 0;       // with mtp, and a model with an MTP block: rows a step's verify sets add
   uint64_t checkpoint_bytes = 0;  // host RAM the prefix cache may take (--checkpoint-budget)
   // CUDA: latent rows per DSA layer and slot kept on the device (--kv-resident); a longer context keeps
   // the rest in a pinned host tier (gpu/kv_window.hpp). 0: the whole context on the device.

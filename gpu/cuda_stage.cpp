@@ -48,7 +48,7 @@ struct CudaStage::Impl {
   std::optional<Head> head;
   std::optional<DeviceWeights> mtp_weights, mtp_embed;  // loaded, until the MTP block takes them
   std::unique_ptr<CudaMtp> mtp;
-  std::optional<VerifyKeep> keep;  // with opt.mtp
+  std::optional<VerifyKeep> keep;  // with opt.mtp, when the model has an MTP block (only it drafts)
   DecodeGraphs graphs;
   std::shared_ptr<HandoffLink> in, out;  // from the stage before, to the stage after
   Event computed{false}, sent{false};    // this step's layers done; its hand-off copy done
@@ -68,7 +68,7 @@ struct CudaStage::Impl {
   bool last() const { return layers.end == hp.n_layers; }
   bool runs_mtp() const { return opt.mtp && last() && hp.n_nextn_layers > 0; }
   // Rows the workspace holds: a step's, and with the MTP block one pending entry per slot more.
-  uint32_t work_rows() const { return opt.max_step_rows + (runs_mtp() ? opt.max_slots : 0); }
+  uint32_t work_rows() const { return mtp_work_rows(opt.max_step_rows, opt.max_slots, runs_mtp()); }
 
   // The MTP block's weights, made by `make` for a range of layers: its layer, and the token
   // embedding when the block has none of its own and the stage does not embed.
@@ -131,7 +131,7 @@ struct CudaStage::Impl {
     input.emplace(opt.max_step_rows);
     runner.emplace(hp, *weights, *state, *work, experts.get(), cublas, s());
     if (last()) head.emplace(hp, *weights, *work, *runner, s());
-    if (opt.mtp) keep.emplace(hp, layers, opt.max_slots);
+    if (opt.mtp && hp.n_nextn_layers > 0) keep.emplace(hp, layers, opt.max_slots);
     if (mtp_weights) {
       mtp = std::make_unique<CudaMtp>(hp, std::move(*mtp_weights), std::move(mtp_embed), *weights, *work, cublas,
                                       opt.max_slots, opt.max_context, work_rows(), opt.kv, s());

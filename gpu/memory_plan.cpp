@@ -21,7 +21,7 @@ uint64_t saturating_sub(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
 
 }  // namespace
 
-uint64_t DevicePlan::free() const { return saturating_sub(memory, dense + experts + state + workspace + margin); }
+uint64_t DevicePlan::free() const { return saturating_sub(memory, dense + experts + state + workspace + margin + mtp); }
 
 bool MemoryPlan::tiered() const {
   return std::any_of(stages.begin(), stages.end(), [](const StagePlan& s) { return !s.resident; });
@@ -35,6 +35,8 @@ MemoryPlan plan_memory(const PlanInput& in) {
   plan.kv_resident = in.kv_resident;
   plan.context = in.context;
   plan.slots = in.slots;
+  plan.mtp_requested = in.mtp;
+  plan.mtp_block = hp.n_nextn_layers > 0;
   // Per stage: what it must hold whatever happens to the experts.
   for (size_t i = 0; i < in.ranges.size(); ++i) {
     StagePlan s;
@@ -62,6 +64,10 @@ MemoryPlan plan_memory(const PlanInput& in) {
     plan.host.kv_bytes += s.host_kv_bytes;
     s.workspace_bytes = stage_workspace_bytes(hp, s.layers, in.step_rows, in.context);
     s.inbox_bytes = first ? 0 : stage_inbox_bytes(hp, in.step_rows);
+    if (in.mtp && plan.mtp_block) {
+      if (last) s.mtp = mtp_stage_bytes(hp, in.tensor_bytes, s.layers, in.slots, in.context, in.step_rows, in.kv_type);
+      else s.mtp.keep = verify_keep_bytes(hp, s.layers, in.slots);
+    }
     plan.stages.push_back(s);
   }
 
@@ -81,17 +87,20 @@ MemoryPlan plan_memory(const PlanInput& in) {
       d.dense += s.dense_bytes;
       d.state += s.state_bytes;
       d.workspace += s.workspace_bytes + s.inbox_bytes;
+      d.mtp += s.mtp.total();
       experts += s.expert_bytes;
       moe_layers += s.moe_layers;
     }
-    const uint64_t fixed = d.dense + d.state + d.workspace + d.margin;
+    const uint64_t fixed = d.dense + d.state + d.workspace + d.mtp + d.margin;
     const std::string name = "device " + std::to_string(device);
     if (fixed > d.memory) {
+      const std::string mtp = d.mtp == 0 ? "" : ", the MTP block (" + format_byte_size(d.mtp) + ", --mtp)";
       plan.problems.push_back(name + " needs " + format_byte_size(fixed) + " for its dense weights (" +
                               format_byte_size(d.dense) + "), slot state (" + format_byte_size(d.state) +
-                              ") and workspace (" + format_byte_size(d.workspace) + ") with the " +
+                              "), workspace (" + format_byte_size(d.workspace) + ")" + mtp + " with the " +
                               format_byte_size(d.margin) + " margin, and has " + format_byte_size(d.memory) +
-                              ": lower --ctx or --slots, or split the layers over more devices (short by " +
+                              ": lower --ctx or --slots" + (d.mtp == 0 ? "" : ", turn --mtp off") +
+                              ", or split the layers over more devices (short by " +
                               format_byte_size(fixed - d.memory) + ")");
     }
     const uint64_t room = saturating_sub(d.memory, fixed);
@@ -196,11 +205,17 @@ std::string format_plan(const MemoryPlan& p) {
   std::string out;
   char line[512];
   auto gib = [](uint64_t b) { return static_cast<double>(b) / 1073741824.0; };
-  out += "| device | memory | dense | experts | state | workspace | margin | free |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n";
+  const bool mtp = p.mtp_requested && p.mtp_block;  // an MTP column only then: without it the table is as before
+  out += mtp ? "| device | memory | dense | experts | state | workspace | MTP | margin | free |\n"
+               "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+             : "| device | memory | dense | experts | state | workspace | margin | free |\n"
+               "| --- | --- | --- | --- | --- | --- | --- | --- |\n";
   for (const DevicePlan& d : p.devices) {
-    std::snprintf(line, sizeof line, "| %d | %.2f GiB | %.2f GiB | %.2f GiB | %.2f GiB | %.2f GiB | %.2f GiB | %.2f GiB |\n",
-                  d.device, gib(d.memory), gib(d.dense), gib(d.experts), gib(d.state), gib(d.workspace), gib(d.margin),
-                  gib(d.free()));
+    char mtp_cell[32] = "";
+    if (mtp) std::snprintf(mtp_cell, sizeof mtp_cell, " %.2f GiB |", gib(d.mtp));
+    std::snprintf(line, sizeof line, "| %d | %.2f GiB | %.2f GiB | %.2f GiB | %.2f GiB | %.2f GiB |%s %.2f GiB | %.2f GiB |\n",
+                  d.device, gib(d.memory), gib(d.dense), gib(d.experts), gib(d.state), gib(d.workspace), mtp_cell,
+                  gib(d.margin), gib(d.free()));
     out += line;
   }
   out += "\n| stage | layers | device | experts | pool slots | staging | device KV |\n| --- | --- | --- | --- | --- | --- | --- |\n";
@@ -232,6 +247,23 @@ std::string format_plan(const MemoryPlan& p) {
                 p.host.store_slots, gib(p.host.shadow_bytes), gib(p.host.checkpoint_bytes), gib(p.host.kv_bytes), gib(p.host.available),
                 gib(p.host.floor));
   out += line;
+  if (mtp) {
+    for (size_t i = 0; i < p.stages.size(); ++i) {
+      const MtpBytes& m = p.stages[i].mtp;
+      if (m.weights > 0) {
+        std::snprintf(line, sizeof line,
+                      "MTP block (stage %zu, device %d): weights %.2f GiB (its routed experts all resident), "
+                      "state %.2f GiB, keep %.2f GiB, workspace %.2f GiB: %.2f GiB in all\n",
+                      i, p.stages[i].device, gib(m.weights), gib(m.state), gib(m.keep), gib(m.workspace), gib(m.total()));
+      } else {
+        std::snprintf(line, sizeof line, "MTP verify keep (stage %zu, device %d): %.2f GiB\n", i, p.stages[i].device,
+                      gib(m.keep));
+      }
+      out += line;
+    }
+  } else if (p.mtp_requested) {
+    out += "MTP: the model has no MTP block: --mtp has no effect\n";
+  }
   for (const std::string& problem : p.problems) out += "problem: " + problem + "\n";
   return out;
 }
@@ -242,14 +274,17 @@ std::string plan_json(const MemoryPlan& p) {
   for (const DevicePlan& d : p.devices) {
     devices.push_back(bj::object{{"device", d.device}, {"memory", d.memory}, {"dense", d.dense}, {"experts", d.experts},
                                  {"state", d.state}, {"workspace", d.workspace}, {"margin", d.margin},
-                                 {"free", d.free()}});
+                                 {"mtp", d.mtp}, {"free", d.free()}});
   }
   for (const StagePlan& s : p.stages) {
     stages.push_back(bj::object{{"first_layer", s.layers.first}, {"end_layer", s.layers.end}, {"device", s.device},
                                 {"resident", s.resident}, {"pool_slots", s.pool_slots},
                                 {"staging_bytes", s.staging_bytes}, {"expert_bytes", s.expert_bytes},
                                 {"dense_bytes", s.dense_bytes}, {"state_bytes", s.state_bytes}, {"device_kv_bytes", s.kv_bytes}, {"host_kv_bytes", s.host_kv_bytes},
-                                {"workspace_bytes", s.workspace_bytes + s.inbox_bytes}});
+                                {"workspace_bytes", s.workspace_bytes + s.inbox_bytes},
+                                {"mtp", bj::object{{"weights", s.mtp.weights}, {"state", s.mtp.state},
+                                                   {"keep", s.mtp.keep}, {"workspace", s.mtp.workspace},
+                                                   {"total", s.mtp.total()}}}});
   }
   for (const std::string& problem : p.problems) problems.push_back(bj::string(problem));
   const bj::object host{{"available", p.host.available}, {"store_bytes", p.host.store_bytes},
@@ -258,6 +293,7 @@ std::string plan_json(const MemoryPlan& p) {
                         {"kv_budget", p.host.kv_budget ? bj::value(*p.host.kv_budget) : bj::value(nullptr)},
                         {"floor", p.host.floor}};
   return bj::serialize(bj::object{{"kv_type", config::kv_type_name(p.kv_type)}, {"kv_resident", p.kv_resident}, {"expert_slot_bytes", p.expert_slot_bytes}, {"experts_total", p.experts_total},
+                                  {"mtp", bj::object{{"requested", p.mtp_requested}, {"block", p.mtp_block}}},
                                   {"devices", std::move(devices)}, {"stages", std::move(stages)},
                                   {"host", host}, {"problems", std::move(problems)}});
 }

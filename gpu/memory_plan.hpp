@@ -1,6 +1,7 @@
 #pragma once
 // The memory plan of a run, made before anything large is allocated: per device, the stages' dense
-// weights, their slots' state, their workspace and inbox, the margin kept free, and what is left for
+// weights, their slots' state, their workspace and inbox, with --mtp the MTP block and verify keeps
+// (gpu/mtp_sizes.hpp), the margin kept free, and what is left for
 // routed experts (a pool per stage, or every expert when they fit: no pool at all); on the host, the
 // expert store (the experts no pool holds), its shadow (copies of pooled experts) and the prefix
 // cache's checkpoint budget, against the free RAM and the floor that must stay free. A configuration that cannot fit gets one line per problem,
@@ -14,6 +15,7 @@
 
 #include "config/kv_type.hpp"
 #include "config/serve_config.hpp"
+#include "gpu/mtp_sizes.hpp"
 #include "model/glm5/glm5_hparams.hpp"
 #include "model/glm5/glm5_tensors.hpp"
 #include "model/stage.hpp"
@@ -33,6 +35,7 @@ struct PlanInput {
   uint64_t checkpoint_bytes = 0;           // host RAM the prefix cache may take (--checkpoint-budget)
   uint32_t kv_resident = 0;                // device latent rows per DSA layer and slot (0: the whole context)
   std::optional<uint64_t> kv_host_budget;  // --kv-host-budget (unset: the tier's need, within the RAM floor)
+  bool mtp = false;                        // --mtp on: the MTP block on the last stage, a verify keep on each
 };
 
 struct StagePlan {
@@ -47,11 +50,13 @@ struct StagePlan {
   bool resident = true;        // every expert on the device, stacked as in the file
   uint32_t pool_slots = 0;     // when not resident: expert slots in the device pool
   uint64_t staging_bytes = 0;  // when not resident: the prefill upload buffers
+  MtpBytes mtp;                // with --mtp and an MTP block: the keep on each stage, the rest on the last
 };
 
 struct DevicePlan {
   int device = 0;
   uint64_t memory = 0, dense = 0, experts = 0, state = 0, workspace = 0, margin = 0;
+  uint64_t mtp = 0;  // its stages' MtpBytes, in all
   uint64_t free() const;
 };
 
@@ -72,6 +77,8 @@ struct MemoryPlan {
   uint32_t context = 0, slots = 0;
   uint64_t expert_slot_bytes = 0;  // the largest expert (gate + up + down) of the model
   uint32_t experts_total = 0;      // routed experts of the model
+  bool mtp_requested = false;      // --mtp on
+  bool mtp_block = false;          // the model has an MTP block (else --mtp has no effect here)
   std::vector<StagePlan> stages;
   std::vector<DevicePlan> devices;
   HostPlan host;

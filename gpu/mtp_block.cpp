@@ -9,6 +9,8 @@
 
 namespace ferry::gpu {
 
+static_assert(sizeof(SampleRow) == kSampleRowBytes, "gpu/mtp_sizes.hpp counts the greedy rows with kSampleRowBytes");
+
 using T = model::Glm5Tensor;
 
 CudaMtp::CudaMtp(const model::Glm5Hparams& hp, DeviceWeights block, std::optional<DeviceWeights> embed,

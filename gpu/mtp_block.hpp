@@ -18,15 +18,13 @@
 #include "gpu/cuda_memory.hpp"
 #include "gpu/device_weights.hpp"
 #include "gpu/layer_runner.hpp"
+#include "gpu/mtp_sizes.hpp"  // kMaxCudaDrafts; what the plan counts for the block
 #include "gpu/stage_state.hpp"
 #include "gpu/step_input.hpp"
 #include "gpu/workspace.hpp"
 #include "model/step.hpp"
 
 namespace ferry::gpu {
-
-// Drafts a slot may ask for in one step on the CUDA stage.
-inline constexpr uint32_t kMaxCudaDrafts = 8;
 
 class CudaMtp {
  public:

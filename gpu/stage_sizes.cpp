@@ -21,7 +21,7 @@ uint64_t stage_state_bytes(const model::Glm5Hparams& hp, model::LayerRange layer
   const uint64_t kp = std::max<uint32_t>(1, hp.index_kpool);
   uint64_t floats = 0, latent_bytes = 0;
   for (uint32_t il = layers.first; il < layers.end; ++il) {
-    if (hp.layer_kinds[il] == model::LayerKind::kda) {
+    if (model::glm5_layer_kind(hp, il) == model::LayerKind::kda) {
       floats += uint64_t{slots} * (3ull * hp.kda_heads * hp.kda_head_dim * (hp.conv_kernel - 1) +
                                    uint64_t{hp.kda_heads} * hp.kda_head_dim * hp.kda_head_dim);
       continue;
@@ -40,9 +40,9 @@ uint64_t stage_workspace_bytes(const model::Glm5Hparams& hp, model::LayerRange l
   const uint64_t kp = std::max<uint32_t>(1, hp.index_kpool), nh = hp.n_heads, kvlr = hp.kv_lora_rank;
   const uint64_t k = hp.n_experts_used, I = hp.moe_ffn, E = hp.n_experts, S = uint64_t{hp.moe_ffn} * hp.n_shared_experts;
   bool any_kda = false, any_dsa = false, any_moe = false;
-  for (uint32_t l = layers.first; l < layers.end; ++l) {
-    (hp.layer_kinds[l] == model::LayerKind::kda ? any_kda : any_dsa) = true;
-    any_moe = any_moe || hp.ffn_kinds[l] == model::FfnKind::moe;
+  for (uint32_t l = layers.first; l < layers.end; ++l) {  // past the trunk: the MTP block's layer
+    (model::glm5_layer_kind(hp, l) == model::LayerKind::kda ? any_kda : any_dsa) = true;
+    any_moe = any_moe || model::glm5_ffn_kind(hp, l) == model::FfnKind::moe;
   }
   const uint64_t selected = hp.index_topk / kp * kp + kp;
   uint64_t b = 4 * M * (H * D + 2 * D + mix + H + H * H);
@@ -59,7 +59,7 @@ uint64_t stage_workspace_bytes(const model::Glm5Hparams& hp, model::LayerRange l
   const uint64_t max_cols = std::max<uint64_t>({D, C, nh * hp.v_head_dim, uint64_t{hp.dense_ffn}, I,
                                                 uint64_t{hp.q_lora_rank}, kvlr, uint64_t{hp.qk_nope_head_dim}, H * D});
   b += 2 * 2 * M * max_cols + 2 * 2 * (uint64_t{32} << 20);  // fp16 staging of the prefill GEMMs
-  if (layers.end == hp.n_layers) {
+  if (layers.end >= hp.n_layers) {  // the last stage; past it, with the MTP block
     const uint64_t logit_rows = std::clamp<uint64_t>((uint64_t{128} << 20) / hp.vocab_size, 8, M);
     b += 4 * logit_rows * (D + hp.vocab_size) + kSampleScratchBytes;
   }

@@ -1,7 +1,6 @@
 #include "gpu/verify_keep.hpp"
 
-#include <algorithm>
-
+#include "gpu/mtp_sizes.hpp"
 #include "model/glm5/glm5_tensors.hpp"
 
 namespace ferry::gpu {
@@ -11,13 +10,9 @@ VerifyKeep::VerifyKeep(const model::Glm5Hparams& hp, model::LayerRange layers, u
       conv_floats_(3ull * hp.kda_heads * hp.kda_head_dim * (hp.conv_kernel - 1)),
       recurrent_floats_(uint64_t{hp.kda_heads} * hp.kda_head_dim * hp.kda_head_dim),
       start_(slots) {
-  uint32_t kda_layers = 0;
-  for (uint32_t il = layers.first; il < layers.end; ++il) {
-    kda_.push_back(model::glm5_layer_kind(hp, il) == model::LayerKind::kda);
-    kda_layers += kda_.back();
-  }
-  slot_floats_ = uint64_t{kda_layers} * (conv_floats_ + recurrent_floats_);
-  buffer_ = DeviceBuffer(std::max<uint64_t>(16, uint64_t{slots} * slot_floats_ * sizeof(float)));
+  for (uint32_t il = layers.first; il < layers.end; ++il) kda_.push_back(model::glm5_layer_kind(hp, il) == model::LayerKind::kda);
+  slot_floats_ = verify_keep_slot_floats(hp, layers);
+  buffer_ = DeviceBuffer(verify_keep_bytes(hp, layers, slots));  // as the memory plan counts it
 }
 
 void VerifyKeep::copy(StageState& state, uint32_t slot, bool to_keep, cudaStream_t stream) {

@@ -121,3 +121,109 @@ def test_the_plan_counts_device_kv_in_the_kv_type(ferry_bin):
     r = subprocess.run([ferry_bin, "plan", "--synthetic", str(FULL), "--device-memory", "139GiB", "--host-memory",
                         "120GiB", "--kv-type", "q4"], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "--kv-type: KV type 'q4'" in r.stdout + r.stderr
+
+
+def _q4k_bytes(*dims, keep_f32=False):
+    """Bytes of a synthetic --type q4_k tensor: f32 where the catalogue keeps it so, q4_k where its rows
+    are whole 256-blocks, else q8_0 (32-blocks of 34 bytes)."""
+    n = 1
+    for d in dims:
+        n *= d
+    if keep_f32:
+        return 4 * n
+    if dims[0] % 256 == 0:
+        return n // 256 * 144
+    assert dims[0] % 32 == 0
+    return n // 32 * 34
+
+
+def _mtp_expected(c, slots, ctx, step_rows, stages):
+    """The MTP block's device bytes from the config's shapes: one DSA layer with a full indexer, an MoE
+    FFN with every routed expert, the nextn projections and (synthetic) its own embedding and head; a
+    DSA layer's state in int8 rows for every slot's whole context; the block's row buffers; and each
+    stage's verify keep (every slot's KDA conv + recurrent state)."""
+    D, V, qlr, kvlr = c["hidden_size"], c["vocab_size"], c["q_lora_rank"], c["kv_lora_rank"]
+    nh, nope, vd = c["num_attention_heads"], c["qk_nope_head_dim"], c["v_head_dim"]
+    ih, idim, kp = c["index_n_heads"], c["index_head_dim"], c["index_kpool"]
+    E, I, S = c["n_routed_experts"], c["moe_intermediate_size"], c["moe_intermediate_size"] * c["n_shared_experts"]
+    q, f32 = _q4k_bytes, lambda *d: _q4k_bytes(*d, keep_f32=True)
+    experts = q(D, I, E) + q(D, I, E) + q(I, D, E)
+    weights = (f32(D) + q(D, qlr) + f32(qlr) + q(qlr, nh * nope) + q(D, kvlr) + f32(kvlr) + q(nope, kvlr, nh) +
+               q(kvlr, vd, nh) + q(nh * vd, D) +
+               q(qlr, ih * idim) + q(D, idim) + f32(idim) + f32(idim) + f32(D, ih) + q(D, idim) + f32(idim, kp) +
+               f32(D) + f32(D, E) + f32(E) + experts + q(D, S) + q(D, S) + q(S, D) +
+               q(2 * D, D) + 3 * f32(D) + 2 * q(D, V))
+    M = step_rows + slots  # the workspace's rows: a step's, and a pending entry per slot
+    buffers = 4 * M + 4 * 6 * M * D + 4 * 3 * slots * D + 4 * 8 * slots + 32 * min(max((128 << 20) // V, 8), M)
+    state = slots * ctx * (kvlr + 4) + 4 * slots * (2 * ctx + ctx // kp) * idim + buffers
+    nk, hd, K = c["linear_num_heads"], c["linear_head_dim"], c["linear_conv_kernel_dim"]
+    kda_slot = 4 * (3 * nk * hd * (K - 1) + nk * hd * hd)
+    keep = [slots * kda_slot * sum(c["layer_types"][l] == "linear_attention" for l in range(a, b)) for a, b in stages]
+    return experts, weights, state, keep
+
+
+def test_mtp_counts_the_block_on_the_last_stage_and_the_pools_get_that_much_less(ferry_bin):
+    """--mtp 1 on the released shape: the last stage's device holds the MTP block (weights with all 288
+    routed experts, its DSA state for every slot's context, its row buffers, the workspace's pending
+    rows) and every stage a verify keep, all as computed here from the config; the devices' pools get
+    exactly that much less than with --mtp off at the same step width (serve widens a step by the
+    verify sets: 2 * 3 rows a slot)."""
+    c = json.loads(FULL.read_text())["text_config"]
+    slots, ctx, chunk = 3, 32768, 2048
+    args = ["--device-memory", "32GiB,32GiB,32GiB,32GiB", "--host-memory", "400GiB", "--split", "11,23,34",
+            "--ctx", str(ctx), "--slots", str(slots)]
+    verify = slots * 2 * 3
+    _, on = plan(ferry_bin, *args, "--prefill-chunk", str(chunk), "--mtp", "1")
+    _, off = plan(ferry_bin, *args, "--prefill-chunk", str(chunk + verify), "--mtp", "off")
+    _, plain = plan(ferry_bin, *args, "--prefill-chunk", str(chunk + verify))
+    assert off == plain  # --mtp off changes nothing
+    assert on["mtp"] == {"requested": True, "block": True} and not on["problems"], on["problems"]
+    stages = [(s["first_layer"], s["end_layer"]) for s in on["stages"]]
+    experts, weights, state, keep = _mtp_expected(c, slots, ctx, chunk + slots + verify, stages)
+    assert experts > 4e9 and weights - experts < 1 << 30  # ~4 GB of routed experts; the rest under 1 GiB
+    last = on["stages"][-1]["mtp"]
+    assert last["weights"] == weights and last["state"] == state, last
+    assert [s["mtp"]["keep"] for s in on["stages"]] == keep
+    assert all(s["mtp"]["weights"] == s["mtp"]["state"] == s["mtp"]["workspace"] == 0 for s in on["stages"][:-1])
+    # The workspace's extra: one row a slot more (its cost per row from two --mtp off plans a row apart,
+    # less the inbox's row: the pending entries are not handed over).
+    _, wider = plan(ferry_bin, *args, "--prefill-chunk", str(chunk + verify + 1))
+    per_row = wider["stages"][-1]["workspace_bytes"] - off["stages"][-1]["workspace_bytes"] - 4 * c["hc_mult"] * c["hidden_size"]
+    assert last["workspace"] == slots * per_row
+    assert last["total"] == weights + state + keep[-1] + slots * per_row
+    for d_on, d_off, s_on, s_off in zip(on["devices"], off["devices"], on["stages"], off["stages"]):
+        assert d_on["mtp"] == s_on["mtp"]["total"]
+        for k in ("dense", "state", "workspace", "margin"):
+            assert d_on[k] == d_off[k], k
+        assert d_on["experts"] + d_on["free"] == d_off["experts"] + d_off["free"] - d_on["mtp"]
+        lost = s_off["pool_slots"] - s_on["pool_slots"]
+        assert d_on["mtp"] // on["expert_slot_bytes"] <= lost <= d_on["mtp"] // on["expert_slot_bytes"] + 1
+    # A last device with room for its stage but not for the MTP block too: refused, naming it.
+    small = ["--device-memory", "32GiB,32GiB,32GiB,10GiB", *args[2:], "--prefill-chunk", str(chunk)]
+    code, p = plan(ferry_bin, *small)
+    assert code == 0, p["problems"]
+    code, p = plan(ferry_bin, *small, "--mtp", "auto")
+    assert code == 1
+    assert any(x.startswith("device 3 needs") and "the MTP block (" in x and "--mtp off" in x for x in p["problems"]), p
+    r = subprocess.run([ferry_bin, "plan", "--synthetic", str(FULL), "--device-memory", "139GiB", "--mtp", "5"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--mtp 5" in r.stderr, r.stderr
+    r = subprocess.run([ferry_bin, "plan", "--synthetic", str(FULL), *args, "--mtp", "1"],
+                       capture_output=True, text=True, timeout=60)
+    assert "MTP block (stage 3, device 3): weights" in r.stdout and "| MTP |" in r.stdout, r.stdout
+
+
+def test_mtp_on_a_model_without_an_mtp_block_counts_nothing(ferry_bin, tmp_path):
+    config = json.loads(SMALL.read_text())
+    config.setdefault("text_config", config)["num_nextn_predict_layers"] = 0
+    no_block = tmp_path / "config.json"
+    no_block.write_text(json.dumps(config))
+    base = ["--device-memory", "8GiB", "--host-memory", "30GiB"]
+    _, on = plan(ferry_bin, *base, "--mtp", "1", config=no_block)
+    _, off = plan(ferry_bin, *base, config=no_block)
+    assert on["mtp"] == {"requested": True, "block": False}
+    on["mtp"]["requested"] = False
+    assert on == off
+    r = subprocess.run([ferry_bin, "plan", "--synthetic", str(no_block), *base, "--mtp", "1"],
+                       capture_output=True, text=True, timeout=60)
+    assert "the model has no MTP block: --mtp has no effect" in r.stdout, r.stdout

@@ -4,11 +4,15 @@
 // the GPUs when told their memory:
 //   ferry plan --synthetic glm-5.3-flash.json --type q4_k --device-memory 32GiB,32GiB,32GiB,32GiB
 //     --host-memory 128GiB --split 11,23,34 --expert-pool-cap 25.5GiB,26.5GiB,26.5GiB,25.4GiB
+// With --mtp (auto or K, as serve) the last stage's device also holds the MTP block (its weights with
+// every routed expert, its slots' state, the workspace's extra rows) and every stage a verify keep, and
+// a step is wider by the verify sets: the expert pools get that much less.
 // Exit 1 (with one line per problem) when the configuration cannot fit.
 #include <cmath>
 #include <cstdio>
 #include <numeric>
 
+#include "actors/spec_policy.hpp"
 #include "config/byte_size.hpp"
 #include "config/memory_options.hpp"
 #include "gpu/backend_factory.hpp"
@@ -25,6 +29,7 @@ namespace {
 struct Options {
   std::string model, synthetic, type = "q4_k", recipe, split = "none", devices, device_memory, host_memory;
   std::string kv_type = "auto";
+  std::string mtp = "off";
   uint32_t slots = 3, ctx = 524288, prefill_chunk = 4096;
   double checkpoint_budget_gib = 8;  // as serve's default
   uint32_t kv_resident = 32768;      // as serve's default
@@ -39,6 +44,12 @@ int plan(const Options& o) {
   bo.max_slots = o.slots;
   bo.max_context = o.ctx;
   bo.max_step_rows = o.prefill_chunk + o.slots;
+  if (auto m = actors::parse_mtp_setting(o.mtp); !m) {
+    errors.push_back(m.error().message);
+  } else {
+    bo.mtp = m->enabled;
+    bo.verify_rows = o.slots * 2 * actors::kMaxDrafts;  // as serve
+  }
   if (!(std::isfinite(o.checkpoint_budget_gib) && o.checkpoint_budget_gib >= 0 && o.checkpoint_budget_gib <= 65536)) {
     errors.push_back("--checkpoint-budget: GiB in [0, 65536], not " + std::to_string(o.checkpoint_budget_gib));
   } else {
@@ -151,6 +162,10 @@ CommandRun add_plan_command(CLI::App& app) {
                   "GiB of host RAM the host KV tier may take (0: what it needs, counted against --ram-floor)")
       ->capture_default_str();
   sub->add_option("--prefill-chunk", o->prefill_chunk, "prompt tokens per step")->capture_default_str();
+  sub->add_option("--mtp", o->mtp,
+                  "auto, off or K drafts (as serve): count the MTP block on the last stage's device (weights with "
+                  "every routed expert, slot state, verify keep, workspace rows); no effect on a model without one")
+      ->capture_default_str();
   config::for_each_memory_option(o->memory, [&](const std::string& name, std::string& value, const std::string& help) {
     sub->add_option("--" + name, value, help)->capture_default_str();
   });

@@ -133,7 +133,7 @@ gpu::BackendOptions backend_options(const config::ServeConfig& config) {
   options.route_skew = config.model.route_skew;
   options.mtp = config.slots.mtp != "off";
   options.checkpoint_bytes = static_cast<uint64_t>(config.slots.checkpoint_budget_gib * 1073741824.0);
-  if (options.mtp) options.max_step_rows += config.slots.count * 2 * actors::kMaxDrafts;  // verify sets
+  options.verify_rows = config.slots.count * 2 * actors::kMaxDrafts;  // with --mtp, on a model with an MTP block
   return options;
 }
 
