@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Build small random glm5_next checkpoints and their transformers reference outputs.
 
+(Over STYLE's ~800 lines on purpose: the case table and the reference checks it runs on every case are one
+recipe that must change together; the trained MTP block, which is separable, lives in mtp_fixture.py.)
+
 Runs on a machine with torch and transformers >= 5.17 (the accelerator machine); CPU only, float64.
 For every case it writes one directory:
 
