@@ -193,23 +193,42 @@ def body(prompt, max_tokens):
     return b
 
 
-def stream(server, label, prompt, max_tokens, timeout):
-    server.timeout = max(1.0, timeout)
-    return server.stream("/v1/completions", body(prompt, max_tokens), label, prompt_tokens=len(prompt))
-
-
-def streams_at_once(server, labels, prompts, max_tokens, timeout):
-    out = [None] * len(prompts)
+def streams_at_once(server, labels, prompts, max_tokens, limit):
+    """Streams the prompts at once. Past `limit` seconds the slots still busy are released (which ends
+    their requests): the second value then says how far their prefill had come, else it is None."""
+    out = [bench_serve.Stream(label, len(p)) for label, p in zip(labels, prompts)]
 
     def run(i):
-        s = bench_serve.Server(f"http://{server.host}:{server.port}", timeout=max(1.0, timeout))
-        out[i] = s.stream("/v1/completions", body(prompts[i], max_tokens), labels[i], prompt_tokens=len(prompts[i]))
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+        s = bench_serve.Server(f"http://{server.host}:{server.port}", timeout=3600)
+        s.stream("/v1/completions", body(prompts[i], max_tokens), labels[i], prompt_tokens=len(prompts[i]), s=out[i])
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(prompts))]
+    t0 = time.monotonic()
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
-    return out
+        t.join(max(0.0, limit - (time.monotonic() - t0)))
+    if not any(t.is_alive() for t in threads):
+        return out, None
+    busy = [x for x in slots_report(server).get("slots", []) if x.get("state") != "idle"]
+    took = time.monotonic() - t0
+    stopped = "; ".join(f"slot {x['id']} {x.get('state')}: {fmt_int(x.get('prefilled_tokens'))} of "
+                        f"{fmt_int(x.get('prompt_tokens'))} prefilled, {fmt_int(x.get('generated_tokens'))} out"
+                        for x in busy) + f" after {took:.1f} s"
+    done = sum(x.get("prefilled_tokens", 0) for x in busy) + sum(len(p) for p, s in zip(prompts, out) if s.token_times)
+    stopped += f" ({done / took:,.0f} prompt tokens/s over the phase)"
+    for x in busy:
+        server.request("POST", f"/slots/{x['id']}?action=release", timeout=60)
+    for t in threads:
+        t.join(30)
+    return out, stopped
+
+
+def stream(server, label, prompt, max_tokens, limit, c):
+    ss, stopped = streams_at_once(server, [label], [prompt], max_tokens, limit)
+    if stopped:
+        c.expect(False, f"{label}: out of time: {stopped}")
+        c.row(f"{label}: out of time", "FAIL", stopped)
+    return ss[0]
 
 
 def decode_tps(s, warmup):
@@ -259,19 +278,23 @@ def stream_ok(c, s, tokens, finish, what):
 # ---- phases -----------------------------------------------------------------------------------------
 
 class Run:
-    def __init__(self, a, c, srv, prompts):
+    def __init__(self, a, c, srv, prompts, started):
         self.a, self.c, self.srv, self.server, self.prompts = a, c, srv, srv.server, prompts
-        self.started = time.monotonic()
+        self.started = started
         self.prefill_rate = None  # tokens/s of the single prompt, for the time left
 
     def left(self):
         return self.a.deadline - (time.monotonic() - self.started)
 
+    def limit(self):
+        """Time a long phase may take: what is left less what the short phases after it need."""
+        return max(1.0, self.left() - self.a.reserve)
+
     def single(self):
         a, c = self.a, self.c
         before = window_counts(self.server)
         p = self.prompts.make(a.prompt)
-        s = stream(self.server, "single", p, a.tokens, self.left())
+        s = stream(self.server, "single", p, a.tokens, self.limit(), c)
         ok = stream_ok(c, s, a.tokens, "length", f"single {a.prompt:,}-token prompt")
         rate = hit_rate(before, window_counts(self.server))
         self.prefill_rate = prefill_tps(s)
@@ -288,7 +311,7 @@ class Run:
         extra = a.ctx - a.length_tail - len(p)
         if not c.expect(extra > 0, f"length: --ctx {a.ctx} leaves no room past the {len(p)}-token prompt"):
             return
-        s = stream(self.server, "length", p + self.prompts.make(extra), None, self.left())
+        s = stream(self.server, "length", p + self.prompts.make(extra), None, self.limit(), c)
         ok = stream_ok(c, s, a.length_tail, "length", f"length: a {a.ctx - a.length_tail:,}-token prompt without max_tokens")
         u = s.usage or {}
         ok = c.expect(u.get("total_tokens") == a.ctx, f"length: total_tokens {u.get('total_tokens')}, expected {a.ctx}") and ok
@@ -302,12 +325,12 @@ class Run:
         for d in sorted(a.depths, reverse=True):
             if d + 1 >= len(p):
                 continue
-            s = stream(self.server, f"depth{d}", p[:d + 1], a.tokens, self.left())
+            s = stream(self.server, f"depth{d}", p[:d + 1], a.tokens, self.limit(), c)
             stream_ok(c, s, a.tokens, "length", f"depth {d:,}")
             res[d] = s.record() | {"decode_tps": decode_tps(s, a.warmup)}
             c.row(f"decode t/s at depth {d:,}", fmt(res[d]["decode_tps"], 1),
                   f"{fmt_int(s.cached())} of {d + 1:,} cached, TTFT {fmt(s.ttft(), 2)} s")
-        s = stream(self.server, "depth0", self.prompts.make(a.short_prompt), a.tokens, self.left())
+        s = stream(self.server, "depth0", self.prompts.make(a.short_prompt), a.tokens, self.limit(), c)
         stream_ok(c, s, a.tokens, "length", f"short {a.short_prompt}-token prompt")
         res[0] = s.record() | {"decode_tps": decode_tps(s, a.warmup)}
         single = c.data.get("single", {}).get("decode_tps")
@@ -337,7 +360,10 @@ class Run:
         prompts = [self.prompts.make(n3) for _ in range(a.slots)]
         labels = [f"slot{i + 1}" for i in range(a.slots)]
         t0 = time.monotonic()
-        ss = streams_at_once(self.server, labels, prompts, a.tokens, self.left())
+        ss, stopped = streams_at_once(self.server, labels, prompts, a.tokens, self.limit())
+        if stopped:
+            c.expect(False, f"three: out of time: {stopped}")
+            c.row(f"{a.slots} slots x {n3:,} at once", "FAIL", f"out of time: {stopped}")
         wall = time.monotonic() - t0
         ok = all([stream_ok(c, s, a.tokens, "length", f"three: {s.label}") for s in ss])
         ttfts = sorted(s.ttft() or 0 for s in ss)
@@ -352,7 +378,9 @@ class Run:
     def decode3(self, prompts):
         a, c = self.a, self.c
         before = window_counts(self.server)
-        ss = streams_at_once(self.server, [f"again{i + 1}" for i in range(len(prompts))], prompts, a.tokens, self.left())
+        ss, stopped = streams_at_once(self.server, [f"again{i + 1}" for i in range(len(prompts))], prompts, a.tokens,
+                                      self.left())
+        c.expect(stopped is None, f"decode3: out of time: {stopped}")
         ok = all([stream_ok(c, s, a.tokens, "length", f"decode3: {s.label}") for s in ss])
         rate = hit_rate(before, window_counts(self.server))
         per = None
@@ -429,12 +457,22 @@ def budget_case(a, c, folder, need_bytes):
 
 
 def bench_case(a, c, rate, left):
-    need = sum(a.bench_depths) / rate * 1.5 + 20 if rate else None
-    if need is None or need > left:
-        c.row("ferry bench decode at depths", "skipped", f"needs ~{fmt(need, 0)} s, {left:.0f} s left")
+    """`ferry bench` decode after a real prefill at the first of --bench-depths that the time left
+    holds at `rate` (each depth is prefilled from empty; 15 s for the start and warm-up)."""
+    depths, need = [], 15.0
+    for d in a.bench_depths:
+        if not rate or need + 1.5 * d / rate > left:
+            break
+        depths.append(d)
+        need += 1.5 * d / rate
+    skipped = a.bench_depths[len(depths):]
+    if skipped:
+        c.row("ferry bench decode at depths " + ", ".join(f"{d:,}" for d in skipped), "skipped",
+              f"{left:.0f} s left; at {fmt(rate, 0)} t/s prefill they need more")
+    if not depths:
         return
     cmd = [a.ferry, "bench", *model_args(a), "--backend", a.backend, "--kv-resident", str(a.kv_resident), "-p", "512",
-           "-n", "32", "-r", "1", "-d", ",".join(str(d) for d in a.bench_depths), "--no-bandwidth"]
+           "-n", "32", "-r", "1", "-d", ",".join(str(d) for d in depths), "--no-bandwidth"]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=max(5, left - 5))
     except subprocess.TimeoutExpired:
@@ -442,11 +480,10 @@ def bench_case(a, c, rate, left):
         return
     rows = [x for x in p.stdout.splitlines() if re.match(r"\|\s*tg32 @ d\d+", x)]
     c.data["bench"] = {"cmd": cmd, "rc": p.returncode, "rows": rows}
-    c.expect(p.returncode == 0 and len(rows) == len(a.bench_depths),
-             f"ferry bench exited {p.returncode}: {p.stderr.strip()[-300:]}")
+    c.expect(p.returncode == 0 and len(rows) == len(depths), f"ferry bench exited {p.returncode}: {p.stderr.strip()[-300:]}")
     for x in rows:
         cells = [y.strip() for y in x.strip("|").split("|")]
-        c.row(f"ferry bench {cells[0]}", f"{cells[1]} t/s", "real prefill to the depth, -p 512 -n 32 -r 1")
+        c.row(f"ferry bench {cells[0]}", f"{cells[1]} t/s", "a real prefill to the depth; -p 512 -n 32 -r 1")
 
 
 # ---- main -------------------------------------------------------------------------------------------
@@ -523,12 +560,12 @@ def main(argv=None):
                  f"--ctx {a.ctx} not taken: /v1/models says max_model_len {info.get('max_model_len')}")
         c.row("slots served (max_model_len)", f"{a.slots} x {fmt_int(info.get('max_model_len'))}",
               f"device memory at start {device_memory_mib(srv.proc.pid)} (nvidia-smi)")
-        run = Run(a, c, srv, bench_serve.Prompts(server, info["id"], a.seed, a.id_range))
+        run = Run(a, c, srv, bench_serve.Prompts(server, info["id"], a.seed, a.id_range), started)
         p = run.single()
         if p is not None:
             run.length(p)
             run.depths(p)
-        prompts = run.three()
+        prompts = run.three() if run.prefill_rate else None
         if prompts is not None:
             run.decode3(prompts)
         run.after(pl)
