@@ -69,6 +69,8 @@ class Check:
 
     def row(self, what, figure, note=""):
         self.rows.append((what, figure, note))
+        sys.stderr.write(f"long_context_check: {what}: {figure}{' (' + note + ')' if note else ''}\n")
+        sys.stderr.flush()
 
 
 # ---- the server -------------------------------------------------------------------------------------
@@ -450,12 +452,16 @@ class Run:
             c.row(f"refused: {what}", "pass" if ok else "FAIL", f"HTTP {status}: {msg[:120]}")
 
 
-def budget_case(a, c, folder, need_bytes):
+def budget_case(a, c, folder, need_bytes, left):
     """A --kv-host-budget below the tier's need: serve must exit non-zero before listening, naming it."""
     budget = max(need_bytes / 4, 2**20) / 2**30
     log = os.path.join(folder, "budget.log")
-    p = subprocess.run(serve_cmd(a, "--kv-host-budget", f"{budget:.6f}"), stdout=open(log, "w"),
-                       stderr=subprocess.STDOUT, timeout=120)
+    try:
+        p = subprocess.run(serve_cmd(a, "--kv-host-budget", f"{budget:.6f}"), stdout=open(log, "w"),
+                           stderr=subprocess.STDOUT, timeout=max(5.0, left))
+    except subprocess.TimeoutExpired:
+        c.expect(False, f"budget: serve with --kv-host-budget {budget:.4f} GiB still ran after {max(5.0, left):.0f} s")
+        return
     out = open(log, errors="replace").read()
     named = "--kv-host-budget" in out and "host KV tier" in out
     ok = c.expect(p.returncode != 0 and named and "cannot serve" in out,
@@ -597,7 +603,7 @@ def main(argv=None):
     if a.host_budget_case == "on" or (a.host_budget_case == "auto" and a.backend == "cuda"):
         need = sum(s["host_kv_bytes"] for s in pl["stages"]) if pl else 0
         if c.expect(need > 0, "budget: ferry plan reports no host KV tier to refuse a budget for"):
-            budget_case(a, c, folder, need)
+            budget_case(a, c, folder, need, a.deadline - (time.monotonic() - started))
     else:
         c.row("refused at start: --kv-host-budget", "n/a", f"the {a.backend} backend has no host KV tier")
     if a.bench_depths:
