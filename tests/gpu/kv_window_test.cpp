@@ -178,7 +178,8 @@ TEST_F(KvWindowTest, GraphedWindowedDecodeOfSeveralSlotsGivesTheAllResidentLogit
     };
     const std::vector<int32_t> a(prompt_.begin(), prompt_.begin() + 60), b(prompt_.begin() + 60, prompt_.begin() + 100),
         c(prompt_.begin() + 100, prompt_.begin() + 110);
-    take(step(p, {SlotRows{0, 0, a, true, false, {}}, SlotRows{2, 0, b, true, false, {}}, SlotRows{1, 0, c, true, false, {}}}));
+    take(step(p, {SlotRows{0, 0, a, true, false, {}}, SlotRows{2, 0, b, true, false, {}}}));
+    take(step(p, {SlotRows{1, 0, c, true, false, {}}}));  // in its window: not a windowed step
     uint32_t at0 = 60, at1 = 10, at2 = 40;
     for (uint32_t i = 0; i < 8; ++i) {
       take(step(p, {SlotRows{0, at0++, {prompt_[i]}, true, false, {}}}));
