@@ -40,7 +40,7 @@ __device__ void thread_range(uint32_t n, uint32_t& begin, uint32_t& end) {
 __global__ void __launch_bounds__(kPlanThreads) plan_window_kernel(WindowPlanArgs a) {
   extern __shared__ uint32_t cand[];  // [stride]: the frames a row's misses take, in order
   __shared__ PlanScan::TempStorage tmp;
-  __shared__ uint32_t s_hand, s_last;
+  __shared__ uint32_t s_hand, s_last, s_free;
   const WindowTables& t = a.t;
   const uint32_t F = t.frames;
   const uint32_t row0 = blockIdx.x;
@@ -80,21 +80,26 @@ __global__ void __launch_bounds__(kPlanThreads) plan_window_kernel(WindowPlanArg
         ++miss;
       }
     }
-    if (threadIdx.x == 0) s_hand = t.hand[slot];
+    if (threadIdx.x == 0) {
+      s_hand = t.hand[slot];
+      s_free = F - min(F, t.resident[slot]);
+    }
     uint32_t k = 0;
     const uint32_t miss_first = block_prefix(miss, k, tmp);
     if (k == 0) continue;
-    // Free frames, lowest first.
-    uint32_t n_free = 0;
-    for (uint32_t f = f0; f < f1; ++f) n_free += frame_pos[f] < 0;
-    uint32_t total_free = 0;
-    uint32_t j = block_prefix(n_free, total_free, tmp);
-    for (uint32_t f = f0; f < f1; ++f) {
-      if (frame_pos[f] >= 0) continue;
-      if (j < k) cand[j] = f;
-      ++j;
+    // Free frames, lowest first (a full window, the usual case, skips the pass: the count says so).
+    uint32_t total_free = 0, j = 0;
+    if (s_free > 0) {
+      uint32_t n_free = 0;
+      for (uint32_t f = f0; f < f1; ++f) n_free += frame_pos[f] < 0;
+      j = block_prefix(n_free, total_free, tmp);
+      for (uint32_t f = f0; f < f1; ++f) {
+        if (frame_pos[f] >= 0) continue;
+        if (j < k) cand[j] = f;
+        ++j;
+      }
+      __syncthreads();  // cand[] before the misses read it
     }
-    __syncthreads();  // cand[] before the misses read it
     uint32_t avail = min(k, total_free);
     if (k > total_free) {
       const uint32_t want = k - total_free, h = s_hand;
