@@ -8,18 +8,21 @@
 // that takes some slot past its window is a windowed step, for every slot in it: each such slot's
 // rows are copied to the host tier once (flush) and handed to CLOCK. In a windowed step, per DSA layer,
 // - the step's new rows are encoded once on the device, into a staging buffer, and copied from there
-//   into the host tier (the compute stream orders them before anything reads them);
+//   into the host tier (the compute stream orders them before anything reads them), or, in a step
+//   planned on the device, written there by the encoding kernel through the tier's device view;
 // - decode (up to kMaxMatvecTokens rows) whose rows of one slot select at most the window together:
 //   planned on the device (gpu/window_planner.hpp: hits and misses, CLOCK evictions, no host sync),
 //   the missing rows copied from the host tier into their frames by a kernel, the sparse attention
-//   reads the window through the planned row table; the new rows are written into the host tier
-//   through its device view. Nothing depends on the host's view of the step: it can be captured;
+//   reads the window through the planned row table. Nothing in it depends on the host's view of the
+//   step (the host tier's bookkeeping is done in begin_step): it can be captured;
 // - other decode steps: the indexer's selection is read back and planned on the host by the same
 //   rule (kv::ResidentWindow, the slots' state moved over from the device and back), one attention
 //   launch per group of rows the window holds at once;
 // - prefill (more rows): the sparse attention reads the selected rows from the host tier directly
 //   (mapped memory; one chunk selects far more rows than a window holds).
 // Both read the same encoded bytes the all-resident path would: with f32 rows the logits are the same.
+// The counters of the device planner are copied to pinned memory at a step's end; stats() reads that
+// copy without waiting (the stage's actor asks for them after every step).
 // The indexer's keys, gates and pool keys stay on the device for the whole context.
 #include <cuda_runtime_api.h>
 
