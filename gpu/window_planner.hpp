@@ -1,8 +1,8 @@
 #pragma once
 // The device side of the resident window's CLOCK (gpu/kv_window.hpp uses it; the rule and the kernels
 // are gpu/window_plan.cu): per DSA layer and slot the tables position -> frame (int32 per position of
-// the context: 4 B a token and DSA layer, counted in the memory plan: gpu/stage_sizes.hpp), frame -> position, reference
-// bits, pins and the hand, and the counters, all on the device. A windowed decode step plans there
+// the context: 4 B a token and DSA layer, in the memory plan: gpu/stage_sizes.hpp), frame ->
+// position, reference bits, pins, the hand and the resident count, and the counters, all on the device. A windowed decode step plans there
 // with no host sync (and can be captured); a step whose rows of one slot select more than the window
 // pins at once is planned on the host (kv::ResidentWindow, the same rule): to_host() and from_host()
 // move the slots' state across around it.

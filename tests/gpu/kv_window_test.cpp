@@ -185,7 +185,8 @@ TEST_F(KvWindowTest, GraphedWindowedDecodeOfSeveralSlotsGivesTheAllResidentLogit
       take(step(p, {SlotRows{0, at0++, {prompt_[i]}, true, false, {}}}));
       take(step(p, {SlotRows{2, at2++, {prompt_[20 + i]}, true, false, {}}}));
       if (i >= 4) {
-        take(step(p, {SlotRows{0, at0++, {prompt_[40 + i]}, true, false, {}}, SlotRows{1, at1++, {prompt_[i]}, true, false, {}}}));
+        take(step(p, {SlotRows{0, at0++, {prompt_[40 + i]}, true, false, {}},
+                      SlotRows{1, at1++, {prompt_[i]}, true, false, {}}}));
       }
     }
   }
