@@ -268,15 +268,18 @@ Expected<model::StageOutput> CudaStage::Impl::run(const std::vector<model::SlotR
     }
     prepare_rollback(r);
   }
-  const bool windowed = state->begin_step(rows, s());  // steps past a slot's window run eagerly
+  // A windowed step can be captured when the device plans it (gpu/kv_window.hpp); its graphs are
+  // apart from the in-window steps' of the same shape.
+  const bool windowed = state->begin_step(rows, s());
+  const bool window_graphable = !windowed || state->window()->device_planned();
   if (experts) experts->before_step();
   const StepGeometry g = input->stage(rows, last(), last() ? work->logit_rows : 1, s());
   const int32_t* tokens = first() ? input->tokens() : nullptr;
   model::StageOutput output;
-  const bool graphable = !windowed && input->decode_only() && g.rows <= kMaxMatvecTokens &&
+  const bool graphable = window_graphable && input->decode_only() && g.rows <= kMaxMatvecTokens &&
                          (!last() || (input->logit_list().size() == g.rows && g.rows <= work->logit_rows));
   if (graphable) {
-    graphs.run(DecodeGraphs::shape(g.rows, g.segments, g.max_seg_rows), s(), [&] {
+    graphs.run(DecodeGraphs::shape(g.rows, g.segments, g.max_seg_rows, windowed), s(), [&] {
       runner->forward(layers, g, tokens);
       if (last()) head->decode(*input, g.rows);
     });

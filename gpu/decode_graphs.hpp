@@ -18,8 +18,9 @@ class DecodeGraphs {
  public:
   explicit DecodeGraphs(bool enabled) : enabled_(enabled) {}
   // A step's shape, as run() takes it.
-  static uint64_t shape(uint32_t rows, uint32_t segments, uint32_t longest_segment) {
-    return uint64_t{rows} | uint64_t{segments} << 16 | uint64_t{longest_segment} << 32;
+  // `windowed`: a step past the resident KV window (planned on the device), whose launches differ.
+  static uint64_t shape(uint32_t rows, uint32_t segments, uint32_t longest_segment, bool windowed = false) {
+    return uint64_t{rows} | uint64_t{segments} << 16 | uint64_t{longest_segment} << 32 | uint64_t{windowed} << 63;
   }
   // Enqueues `body` on `stream` for a step of that shape: replayed, captured, or run eagerly.
   void run(uint64_t shape, cudaStream_t stream, const std::function<void()>& body);

@@ -76,7 +76,9 @@ KvWindow::KvWindow(const model::Glm5Hparams& hp, model::LayerRange layers, uint3
   }
   tier_->on_invalidate([this](uint32_t slot, uint32_t cut) {
     for (kv::ResidentWindow& w : windows_) w.invalidate(slot, cut);
+    cuts_.emplace_back(slot, cut);  // the device's tables at the next step, in stream order
   });
+  planner_ = std::make_unique<WindowPlanner>(static_cast<uint32_t>(windows_.size()), slots, resident, context, nullptr);
   const uint64_t plan_rows = uint64_t{kMaxMatvecTokens} * max_selected_;
   staging_ = DeviceBuffer(std::max<uint64_t>(uint64_t{max_rows} * row_bytes_, 16));
   staging_scales_ = DeviceBuffer(std::max<uint64_t>(uint64_t{max_rows} * sizeof(float), 16));
@@ -91,27 +93,38 @@ KvWindow::KvWindow(const model::Glm5Hparams& hp, model::LayerRange layers, uint3
 
 KvWindow::~KvWindow() = default;
 
+void KvWindow::apply_cuts(cudaStream_t stream) {
+  for (const auto& [slot, cut] : cuts_) planner_->invalidate(slot, cut, stream);
+  cuts_.clear();
+}
+
 const uint8_t* KvWindow::device_view(const void* host) const {
   return tier_device_ + (static_cast<const uint8_t*>(host) - static_cast<const uint8_t*>(tier_->memory()));
 }
 
 void KvWindow::begin_step(const std::vector<model::SlotRows>& rows, const std::vector<uint32_t>& tokens,
                           const std::vector<LayerState*>& dsa_state, cudaStream_t stream) {
+  apply_cuts(stream);
   windowed_ = false;
   row_slot_.clear();
   segments_.clear();
-  uint32_t row = 0;
+  step_slots_.clear();
+  uint32_t row = 0, longest = 0;
   for (const model::SlotRows& r : rows) {
     const auto n = static_cast<uint32_t>(r.tokens.size());
     if (n == 0) continue;
     segments_.push_back({r.slot, r.start, n, row});
+    step_slots_.push_back(r.slot);
     row_slot_.insert(row_slot_.end(), n, static_cast<int32_t>(r.slot));
     row += n;
+    longest = std::max(longest, n);
     if (!in_window(r.slot) || uint64_t{r.start} + n > resident_) windowed_ = true;
   }
   if (!windowed_) return;
+  // The device plans a step when each slot's rows can be pinned together (kv::ResidentWindow's
+  // groups are then the whole step): a function of the step's shape, so a graph's key holds it.
+  device_planned_ = row <= kMaxMatvecTokens && uint64_t{longest} * max_selected_ <= resident_;
   ++counts_.windowed_steps;
-  counts_.last_fetched_rows = counts_.last_fetched_bytes = 0;
   for (const Segment& seg : segments_) {
     if (!in_window(seg.slot)) continue;
     // The slot's rows before this step, in its windows at their positions, go to the host tier.
@@ -129,25 +142,56 @@ void KvWindow::begin_step(const std::vector<model::SlotRows>& rows, const std::v
                                      cudaMemcpyDeviceToHost, stream));
         }
       }
-      windows_[L].adopt_identity(seg.slot, keep);
+      apply_cuts(stream);  // the claim's own cut comes before the adoption
+      planner_->adopt_identity(static_cast<uint32_t>(L), seg.slot, keep, stream);
     }
     in_window_[seg.slot] = 0;
   }
+  // The step's new rows: their places in the host tier (a rewritten prefix invalidates what followed).
+  claimed_.clear();
+  for (size_t L = 0; L < windows_.size(); ++L) {
+    for (const Segment& seg : segments_) {
+      auto claimed = tier_->claim(seg.slot, static_cast<uint32_t>(L), seg.start, seg.len);
+      if (!claimed) throw CudaError("resident KV window: " + claimed.error().message, ErrorCode::internal);
+      claimed_.push_back(claimed.value());
+    }
+  }
+  apply_cuts(stream);
+  last_on_device_ = device_planned_;
+  if (device_planned_) {
+    planner_->begin_step(stream);
+  } else {
+    counts_.last_fetched_rows = counts_.last_fetched_bytes = 0;
+  }
+  planner_->publish(stream);  // what the flush and the cuts changed, for a step that plans nothing
 }
 
-void KvWindow::store(uint32_t il, const float* src, size_t ld, uint32_t n, cudaStream_t stream) {
-  if (n > max_rows_) throw CudaError("resident KV window: a step of " + std::to_string(n) + " rows", ErrorCode::internal);
+void KvWindow::store(uint32_t il, const float* src, size_t ld, RowInfo rows, uint32_t n, cudaStream_t stream) {
+  if (n > max_rows_ || n != row_slot_.size()) {
+    throw CudaError("resident KV window: a step of " + std::to_string(n) + " rows", ErrorCode::internal);
+  }
   const uint32_t L = ordinal(il);
+  if (device_planned_) {
+    // Into the host tier through its device view, at each row's (slot, position) on the device:
+    // the same launch serves every replay of a captured step.
+    const kv::HostKvShape& shape = tier_->shape();
+    auto* data = const_cast<uint8_t*>(device_view(tier_->row_data(0, L, 0)));
+    float* scales = type_ == config::KvType::int8
+                        ? reinterpret_cast<float*>(const_cast<uint8_t*>(device_view(tier_->row_scale(0, L, 0))))
+                        : nullptr;
+    store_latents(src, ld, rows, n, width_, shape.layers * shape.max_tokens, type_, data, scales, stream);
+    return;
+  }
   auto* data = staging_.as<uint8_t>();
   auto* scales = staging_scales_.as<float>();
   store_latents(src, ld, RowInfo{}, n, width_, 0, type_, data, scales, stream);  // row r of the step at row r
-  for (const Segment& seg : segments_) {
-    auto claimed = tier_->claim(seg.slot, L, seg.start, seg.len);
-    if (!claimed) throw CudaError("resident KV window: " + claimed.error().message, ErrorCode::internal);
-    FERRY_CUDA(cudaMemcpyAsync(claimed.value().data, data + uint64_t{seg.first_row} * row_bytes_, seg.len * row_bytes_,
+  for (size_t k = 0; k < segments_.size(); ++k) {
+    const Segment& seg = segments_[k];
+    const kv::HostKvTier::RawRows& claimed = claimed_[L * segments_.size() + k];
+    FERRY_CUDA(cudaMemcpyAsync(claimed.data, data + uint64_t{seg.first_row} * row_bytes_, seg.len * row_bytes_,
                                cudaMemcpyDeviceToHost, stream));
-    if (claimed.value().scales != nullptr) {
-      FERRY_CUDA(cudaMemcpyAsync(claimed.value().scales, scales + seg.first_row, seg.len * sizeof(float),
+    if (claimed.scales != nullptr) {
+      FERRY_CUDA(cudaMemcpyAsync(claimed.scales, scales + seg.first_row, seg.len * sizeof(float),
                                  cudaMemcpyDeviceToHost, stream));
     }
   }
@@ -170,12 +214,66 @@ void KvWindow::attend(uint32_t il, const LayerState& st, SparseMlaArgs a, cudaSt
     sparse_mla(a, stream);
     return;
   }
+  if (device_planned_) {
+    attend_on_device(L, st, a, stream);
+  } else {
+    attend_on_host(L, st, a, stream);
+  }
+  if (L + 1 == windows_.size()) planner_->publish(stream);  // the step's counters, for stats()
+}
+
+WindowCopy KvWindow::fetch_copy(const LayerState& st) const {
+  WindowCopy c;
+  c.src = device_view(tier_->memory());
+  c.src_scales = type_ == config::KvType::int8 ? reinterpret_cast<const float*>(device_view(tier_->row_scale(0, 0, 0)))
+                                               : nullptr;
+  c.dst = static_cast<uint8_t*>(st.latents);
+  c.dst_scales = st.latent_scales;
+  c.row_bytes = row_bytes_;
+  return c;
+}
+
+void KvWindow::attend_on_device(uint32_t L, const LayerState& st, const SparseMlaArgs& a, cudaStream_t stream) {
+  const kv::HostKvShape& shape = tier_->shape();
+  WindowPlanArgs p;
+  p.t = planner_->tables(L);
+  p.row_slot = a.row.slot;
+  p.row_first = a.row.seg_first_row;
+  p.rows = a.rows;
+  p.tokens = a.tokens;
+  p.counts = a.counts;
+  p.stride = max_selected_;
+  p.rows_out = frames_dev_.as<int32_t>();
+  p.fetches = fetch_dev_.as<uint32_t>();
+  p.fetch_count = reinterpret_cast<uint32_t*>(p.fetches + (fetch_dev_.bytes() / sizeof(uint32_t) - 1));
+  p.fetch_capacity = static_cast<uint32_t>((fetch_dev_.bytes() / sizeof(uint32_t) - 1) / 2);
+  p.tier_slot_rows = shape.layers * shape.max_tokens;
+  p.tier_row0 = L * shape.max_tokens;
+  p.counts_out = planner_->counts();
+  if (p.row_first == nullptr) throw CudaError("resident KV window: the step's rows have no segments", ErrorCode::internal);
+  plan_window(p, stream);
+  WindowCopy c = fetch_copy(st);
+  c.entries = p.fetches;
+  c.n = std::min<uint32_t>(p.fetch_capacity, a.rows * max_selected_);
+  c.count = p.fetch_count;
+  copy_window_rows(c, stream);
+  SparseMlaArgs g = a;
+  g.tokens = p.rows_out;
+  g.ctx = 0;  // the table holds window rows
+  g.latents = st.latents;
+  g.latent_scales = st.latent_scales;
+  sparse_mla(g, stream);
+}
+
+void KvWindow::attend_on_host(uint32_t L, const LayerState& st, const SparseMlaArgs& a, cudaStream_t stream) {
+  const kv::HostKvShape& shape = tier_->shape();
   const uint32_t n = a.rows, stride = max_selected_;
   auto* selected = selected_host_.as<int32_t>();
   auto* counts = counts_host_.as<int32_t>();
   FERRY_CUDA(cudaMemcpyAsync(selected, a.tokens, uint64_t{n} * stride * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
   FERRY_CUDA(cudaMemcpyAsync(counts, a.counts, n * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
-  FERRY_CUDA(cudaStreamSynchronize(stream));
+  kv::ResidentWindow& window = windows_[L];
+  planner_->to_host(L, step_slots_, window, stream);  // synchronizes the stream
   queries_.clear();
   for (uint32_t r = 0; r < n; ++r) {
     queries_.push_back({static_cast<uint32_t>(row_slot_[r]), selected + uint64_t{r} * stride, counts[r]});
@@ -184,12 +282,11 @@ void KvWindow::attend(uint32_t il, const LayerState& st, SparseMlaArgs a, cudaSt
   auto* frames = frames_host_.as<int32_t>();
   auto* entries = fetch_host_.as<uint32_t>();
   const uint64_t capacity = fetch_host_.bytes() / (2 * sizeof(uint32_t));
-  kv::ResidentWindow& window = windows_[L];
   const uint32_t row_stride = shape.layers * shape.max_tokens;
   for (uint32_t first = 0; first < n;) {
     const size_t f0 = fetches_.size();
     auto end = window.plan(queries_, first, frames, stride, fetches_);
-    if (!end) throw CudaError("layer " + std::to_string(il) + ": " + end.error().message, end.error().code);
+    if (!end) throw CudaError("layer " + std::to_string(first_ + L) + ": " + end.error().message, end.error().code);
     const uint32_t last = end.value();
     const size_t f1 = fetches_.size();
     if (f1 > capacity) throw CudaError("resident KV window: fetch list overflow", ErrorCode::internal);
@@ -205,19 +302,14 @@ void KvWindow::attend(uint32_t il, const LayerState& st, SparseMlaArgs a, cudaSt
       uint32_t* entries_dev = fetch_dev_.as<uint32_t>() + 2 * f0;
       FERRY_CUDA(cudaMemcpyAsync(entries_dev, entries + 2 * f0, (f1 - f0) * 2 * sizeof(uint32_t),
                                  cudaMemcpyHostToDevice, stream));
-      WindowCopy c;
-      c.src = device_view(tier_->memory());
-      c.src_scales = type_ == config::KvType::int8 ? reinterpret_cast<const float*>(device_view(tier_->row_scale(0, 0, 0)))
-                                                   : nullptr;
-      c.dst = static_cast<uint8_t*>(st.latents);
-      c.dst_scales = st.latent_scales;
+      WindowCopy c = fetch_copy(st);
       c.entries = entries_dev;
       c.n = static_cast<uint32_t>(f1 - f0);
-      c.row_bytes = row_bytes_;
       copy_window_rows(c, stream);
-      counts_.fetched_bytes += (f1 - f0) * (row_bytes_ + (c.src_scales ? sizeof(float) : 0));
+      const uint64_t bytes = (f1 - f0) * (row_bytes_ + (c.src_scales ? sizeof(float) : 0));
+      counts_.fetched_bytes += bytes;
       counts_.last_fetched_rows += f1 - f0;
-      counts_.last_fetched_bytes += (f1 - f0) * (row_bytes_ + (c.src_scales ? sizeof(float) : 0));
+      counts_.last_fetched_bytes += bytes;
     }
     SparseMlaArgs g = a;
     g.rows = last - first;
@@ -236,11 +328,13 @@ void KvWindow::attend(uint32_t il, const LayerState& st, SparseMlaArgs a, cudaSt
     window.end_group();
     first = last;
   }
+  planner_->from_host(L, step_slots_, window, stream);
 }
 
 void KvWindow::reset(uint32_t slot) {
   tier_->reset(slot);
   for (kv::ResidentWindow& w : windows_) w.reset(slot);
+  cuts_.emplace_back(slot, 0);  // also when the tier held nothing to cut
   in_window_[slot] = 1;
 }
 
@@ -259,12 +353,28 @@ KvWindowStats KvWindow::stats(const std::vector<uint32_t>& tokens) const {
   KvWindowStats s = counts_;
   s.window_rows = uint64_t{resident_} * slots_ * windows_.size();
   for (const kv::ResidentWindow& w : windows_) {
-    const kv::WindowCounters c = w.counters();
+    const kv::WindowCounters c = w.counters();  // the steps planned on the host
     s.hits += c.hits;
     s.misses += c.misses;
-    for (uint32_t slot = 0; slot < slots_; ++slot) {
-      s.resident_rows += in_window(slot) ? std::min(tokens[slot], resident_) : w.resident(slot);
-    }
+  }
+  const WindowCounts d = planner_->published_counts();  // as of the last windowed step's end
+  const uint64_t fetch_bytes = row_bytes_ + (type_ == config::KvType::int8 ? sizeof(float) : 0);
+  s.hits += d.hits;
+  s.misses += d.misses;
+  s.fetched_bytes += d.misses * fetch_bytes;
+  s.planner_errors = d.errors;
+  if (d.errors > 0) {
+    throw CudaError("resident KV window: the device planner met " + std::to_string(d.errors) +
+                        " selected rows it could not place (out of range, or more than the window pins)",
+                    ErrorCode::internal);
+  }
+  if (last_on_device_) {
+    s.last_fetched_rows = d.step_fetched;
+    s.last_fetched_bytes = d.step_fetched * fetch_bytes;
+  }
+  const std::vector<uint64_t> resident = planner_->published_resident();
+  for (uint32_t slot = 0; slot < slots_; ++slot) {
+    s.resident_rows += in_window(slot) ? uint64_t{std::min(tokens[slot], resident_)} * windows_.size() : resident[slot];
   }
   for (uint32_t slot = 0; slot < slots_; ++slot) s.host_bytes[slot] = tier_->slot_bytes(slot);
   s.host_capacity = tier_->capacity_bytes();

@@ -8,25 +8,34 @@
 // that takes some slot past its window is a windowed step, for every slot in it: each such slot's
 // rows are copied to the host tier once (flush) and handed to CLOCK. In a windowed step, per DSA layer,
 // - the step's new rows are encoded once on the device, into a staging buffer, and copied from there
-//   into the host tier (the compute stream orders them before anything reads them);
-// - decode (up to kMaxMatvecTokens rows): the indexer's selection is read back, planned on the host
-//   (kv::ResidentWindow: hits and misses, CLOCK evictions), the missing rows copied from the host tier
-//   into their window rows by a kernel, and the sparse attention reads the window through the planned
-//   row table, one launch per group of rows the window holds at once;
+//   into the host tier (the compute stream orders them before anything reads them), or, in a step
+//   planned on the device, written there by the encoding kernel through the tier's device view;
+// - decode (up to kMaxMatvecTokens rows) whose rows of one slot select at most the window together:
+//   planned on the device (gpu/window_planner.hpp: hits and misses, CLOCK evictions, no host sync),
+//   the missing rows copied from the host tier into their frames by a kernel, the sparse attention
+//   reads the window through the planned row table. Nothing in it depends on the host's view of the
+//   step (the host tier's bookkeeping is done in begin_step): it can be captured;
+// - other decode steps: the indexer's selection is read back and planned on the host by the same
+//   rule (kv::ResidentWindow, the slots' state moved over from the device and back), one attention
+//   launch per group of rows the window holds at once;
 // - prefill (more rows): the sparse attention reads the selected rows from the host tier directly
 //   (mapped memory; one chunk selects far more rows than a window holds).
 // Both read the same encoded bytes the all-resident path would: with f32 rows the logits are the same.
+// The counters of the device planner are copied to pinned memory at a step's end; stats() reads that
+// copy without waiting (the stage's actor asks for them after every step).
 // The indexer's keys, gates and pool keys stay on the device for the whole context.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "config/kv_type.hpp"
 #include "gpu/cuda_memory.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/window_copy.hpp"
+#include "gpu/window_planner.hpp"
 #include "kv/host_kv_tier.hpp"
 #include "kv/resident_window.hpp"
 #include "model/glm5/glm5_hparams.hpp"
@@ -43,6 +52,7 @@ struct KvWindowStats {
   uint64_t windowed_steps = 0;    // steps that ran the windowed path
   uint64_t hits = 0, misses = 0;  // decode selections found resident / fetched
   uint64_t fetched_bytes = 0;     // copied from the host tier into the windows
+  uint64_t planner_errors = 0;    // device plans that met a position out of range (0 unless a bug)
   uint64_t last_fetched_rows = 0, last_fetched_bytes = 0;  // of the last windowed decode step
   uint64_t host_read_rows = 0;    // prefill query rows that read their selections from the host tier (per step)
   std::vector<uint64_t> host_bytes;  // per slot: rows the host tier holds
@@ -65,13 +75,16 @@ class KvWindow {
   uint32_t resident() const { return resident_; }
   bool in_window(uint32_t slot) const { return in_window_[slot] != 0; }
   bool windowed_step() const { return windowed_; }
+  // A windowed step planned on the device (no host sync: graphable).
+  bool device_planned() const { return windowed_ && device_planned_; }
 
   // Before a step's layers: whether it is windowed, and the flush of the slots it hands to CLOCK
   // (their rows before the step's start, from the windows in `layers_state` to the host tier).
   void begin_step(const std::vector<model::SlotRows>& rows, const std::vector<uint32_t>& tokens,
                   const std::vector<LayerState*>& dsa_state, cudaStream_t stream);
-  // A windowed step's new rows of DSA layer `il` (src: n rows `ld` floats apart): encoded, to the host tier.
-  void store(uint32_t il, const float* src, size_t ld, uint32_t n, cudaStream_t stream);
+  // A windowed step's new rows of DSA layer `il` (src: n rows `ld` floats apart, at `rows`): encoded,
+  // to the host tier.
+  void store(uint32_t il, const float* src, size_t ld, RowInfo rows, uint32_t n, cudaStream_t stream);
   // A windowed step's sparse attention of layer `il` (`a` as for sparse_mla over the window).
   void attend(uint32_t il, const LayerState& st, SparseMlaArgs a, cudaStream_t stream);
 
@@ -91,6 +104,10 @@ class KvWindow {
  private:
   uint32_t ordinal(uint32_t il) const { return ordinal_[il - first_]; }
   const uint8_t* device_view(const void* host) const;
+  void apply_cuts(cudaStream_t stream);
+  void attend_on_device(uint32_t L, const LayerState& st, const SparseMlaArgs& a, cudaStream_t stream);
+  void attend_on_host(uint32_t L, const LayerState& st, const SparseMlaArgs& a, cudaStream_t stream);
+  WindowCopy fetch_copy(const LayerState& st) const;
 
   uint32_t first_, slots_, resident_, width_, max_selected_;
   config::KvType type_;
@@ -100,13 +117,17 @@ class KvWindow {
   const uint8_t* tier_device_ = nullptr;  // the tier's memory as the device addresses it
   std::vector<kv::ResidentWindow> windows_;  // per DSA layer
   std::vector<uint8_t> in_window_;           // per slot
-  bool windowed_ = false;
+  std::unique_ptr<WindowPlanner> planner_;
+  std::vector<std::pair<uint32_t, uint32_t>> cuts_;  // (slot, cut) invalidations not yet on the device
+  bool windowed_ = false, device_planned_ = false, last_on_device_ = false;
   // The step's rows and segments (host copies of what StepInput uploads).
   std::vector<int32_t> row_slot_;
   struct Segment {
     uint32_t slot, start, len, first_row;
   };
   std::vector<Segment> segments_;
+  std::vector<uint32_t> step_slots_;
+  std::vector<kv::HostKvTier::RawRows> claimed_;  // per (DSA layer, segment): where store() writes
   // Staging of one step's encoded rows; the decode plan's buffers.
   DeviceBuffer staging_, staging_scales_, frames_dev_, fetch_dev_;
   PinnedBuffer selected_host_, counts_host_, frames_host_, fetch_host_;

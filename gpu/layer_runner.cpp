@@ -169,7 +169,7 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
   // slot's rows on the device at their positions.
   KvWindow* window = state_.window() != nullptr && state_.window()->windowed_step() ? state_.window() : nullptr;
   if (window != nullptr) {
-    window->store(l.index, w_.lat, z.kvlr, n, s_);
+    window->store(l.index, w_.lat, z.kvlr, g.row, n, s_);
   } else {
     store_latents(w_.lat, z.kvlr, g.row, n, z.kvlr, state_.latent_rows(), state_.latent_type(), st.latents,
                   st.latent_scales, s_);

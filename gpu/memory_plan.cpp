@@ -62,6 +62,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
     s.kv_bytes = s.state_bytes - stage_state_bytes(hp, s.layers, in.slots, 0, in.kv_type);
     s.host_kv_bytes = kv_host_tier_bytes(hp, s.layers, in.slots, in.context, in.kv_type, in.kv_resident);
     plan.host.kv_bytes += s.host_kv_bytes;
+    plan.kv_table_bytes += kv_window_table_bytes(hp, s.layers, in.slots, in.context, in.kv_resident);
     s.workspace_bytes = stage_workspace_bytes(hp, s.layers, in.step_rows, in.context);
     s.inbox_bytes = first ? 0 : stage_inbox_bytes(hp, in.step_rows);
     if (in.mtp && plan.mtp_block) {
@@ -229,10 +230,12 @@ std::string format_plan(const MemoryPlan& p) {
   if (p.host.kv_bytes > 0) {
     std::snprintf(line, sizeof line,
                   "\nKV: latent rows %s; %u rows per DSA layer and slot resident on the device (--kv-resident), "
-                  "every slot's %u in the host KV tier: %.2f GiB pinned (%s); the indexer's keys stay on the device\n",
+                  "every slot's %u in the host KV tier: %.2f GiB pinned (%s); the indexer's keys stay on the device, "
+                  "and the window's position tables (4 B a token and DSA layer): %.2f GiB of state\n",
                   std::string(config::kv_type_name(p.kv_type)).c_str(), p.kv_resident, p.context, gib(p.host.kv_bytes),
                   p.host.kv_budget ? ("--kv-host-budget " + format_byte_size(*p.host.kv_budget)).c_str()
-                                   : "no --kv-host-budget: counted against the RAM floor");
+                                   : "no --kv-host-budget: counted against the RAM floor",
+                  gib(p.kv_table_bytes));
   } else {
     std::snprintf(line, sizeof line, "\nKV: latent rows %s, every slot's whole context on the device (in state)\n",
                   std::string(config::kv_type_name(p.kv_type)).c_str());
@@ -292,7 +295,7 @@ std::string plan_json(const MemoryPlan& p) {
                         {"checkpoint_bytes", p.host.checkpoint_bytes}, {"kv_bytes", p.host.kv_bytes},
                         {"kv_budget", p.host.kv_budget ? bj::value(*p.host.kv_budget) : bj::value(nullptr)},
                         {"floor", p.host.floor}};
-  return bj::serialize(bj::object{{"kv_type", config::kv_type_name(p.kv_type)}, {"kv_resident", p.kv_resident}, {"expert_slot_bytes", p.expert_slot_bytes}, {"experts_total", p.experts_total},
+  return bj::serialize(bj::object{{"kv_type", config::kv_type_name(p.kv_type)}, {"kv_resident", p.kv_resident}, {"kv_table_bytes", p.kv_table_bytes}, {"expert_slot_bytes", p.expert_slot_bytes}, {"experts_total", p.experts_total},
                                   {"mtp", bj::object{{"requested", p.mtp_requested}, {"block", p.mtp_block}}},
                                   {"devices", std::move(devices)}, {"stages", std::move(stages)},
                                   {"host", host}, {"problems", std::move(problems)}});

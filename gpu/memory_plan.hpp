@@ -75,6 +75,7 @@ struct MemoryPlan {
   config::KvType kv_type = config::KvType::int8;
   uint32_t kv_resident = 0;        // 0 or >= context: every latent row on the device
   uint32_t context = 0, slots = 0;
+  uint64_t kv_table_bytes = 0;     // of the stages' state: the resident window's planner tables
   uint64_t expert_slot_bytes = 0;  // the largest expert (gate + up + down) of the model
   uint32_t experts_total = 0;      // routed experts of the model
   bool mtp_requested = false;      // --mtp on

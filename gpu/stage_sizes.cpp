@@ -16,6 +16,15 @@ uint64_t kv_host_tier_bytes(const model::Glm5Hparams& hp, model::LayerRange laye
   return dsa * slots * context * config::kv_row_bytes(latent, hp.kv_lora_rank);
 }
 
+uint64_t kv_window_table_bytes(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t slots,
+                               uint32_t context, uint32_t resident) {
+  const uint32_t frames = device_latent_rows(context, resident);
+  if (frames == context) return 0;
+  uint64_t dsa = 0;
+  for (uint32_t il = layers.first; il < layers.end; ++il) dsa += hp.layer_kinds[il] == model::LayerKind::dsa;
+  return dsa * slots * (uint64_t{context} * 4 + uint64_t{frames} * 6 + 8);
+}
+
 uint64_t stage_state_bytes(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t slots, uint32_t context,
                            config::KvType latent, uint32_t resident) {
   const uint64_t kp = std::max<uint32_t>(1, hp.index_kpool);
@@ -31,7 +40,7 @@ uint64_t stage_state_bytes(const model::Glm5Hparams& hp, model::LayerRange layer
       floats += uint64_t{slots} * (2ull * context + context / kp) * hp.index_head_dim;
     }
   }
-  return floats * sizeof(float) + latent_bytes;
+  return floats * sizeof(float) + latent_bytes + kv_window_table_bytes(hp, layers, slots, context, resident);
 }
 
 uint64_t stage_workspace_bytes(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t rows,

@@ -24,6 +24,10 @@ uint32_t device_latent_rows(uint32_t context, uint32_t resident);
 // Host bytes of the stage's host KV tier (0 without a window: every row on the device).
 uint64_t kv_host_tier_bytes(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t slots, uint32_t context,
                             config::KvType latent, uint32_t resident);
+// Device bytes of the resident window's planner tables (gpu/window_planner.hpp; part of the state): per
+// DSA layer and slot 4 B a token of the context (position -> frame) and 6 B a window row; 0 without a window.
+uint64_t kv_window_table_bytes(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t slots,
+                               uint32_t context, uint32_t resident);
 uint64_t stage_workspace_bytes(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t rows,
                                uint32_t context);
 // The inbox of a stage that is not the first: one step's streams.

@@ -16,6 +16,8 @@ struct WindowCopy {
   float* dst_scales = nullptr;
   const uint32_t* entries = nullptr;  // [n][2]: source row, window row
   uint32_t n = 0;
+  // When set, the rows to copy are the first *count of the n entries (a count the device wrote).
+  const uint32_t* count = nullptr;
   uint64_t row_bytes = 0;
 };
 void copy_window_rows(const WindowCopy& c, cudaStream_t stream);

@@ -1,11 +1,14 @@
 #include "kv/clock_policy.hpp"
 
+#include <algorithm>
+#include <functional>
+
 namespace ferry::kv {
 
 ClockPolicy::ClockPolicy(uint32_t frames)
     : frame_key_(frames, kFree), referenced_(frames, 0), pinned_(frames, 0) {
   free_.reserve(frames);
-  for (uint32_t f = frames; f > 0; --f) free_.push_back(f - 1);  // frame 0 first
+  for (uint32_t f = 0; f < frames; ++f) free_.push_back(f);  // ascending: already a min-heap
 }
 
 uint32_t ClockPolicy::lookup(uint64_t key) {
@@ -24,6 +27,7 @@ uint32_t ClockPolicy::lookup(uint64_t key) {
 ClockPolicy::Placement ClockPolicy::place(uint64_t key) {
   Placement p;
   if (!free_.empty()) {
+    std::pop_heap(free_.begin(), free_.end(), std::greater<>());
     p.frame = free_.back();
     free_.pop_back();
   } else {
@@ -67,6 +71,7 @@ void ClockPolicy::invalidate(uint32_t slot, uint32_t from) {
     frame_key_[f] = kFree;
     referenced_[f] = 0;
     free_.push_back(f);
+    std::push_heap(free_.begin(), free_.end(), std::greater<>());
     ++counters_.invalidated;
   }
 }
@@ -74,6 +79,32 @@ void ClockPolicy::invalidate(uint32_t slot, uint32_t from) {
 std::optional<uint64_t> ClockPolicy::key_of(uint32_t frame) const {
   if (frame >= frames() || frame_key_[frame] == kFree) return std::nullopt;
   return frame_key_[frame];
+}
+
+void ClockPolicy::export_slot(int32_t* positions, uint8_t* referenced) const {
+  for (uint32_t f = 0; f < frames(); ++f) {
+    positions[f] = frame_key_[f] == kFree ? -1 : static_cast<int32_t>(key_position(frame_key_[f]));
+    referenced[f] = referenced_[f];
+  }
+}
+
+bool ClockPolicy::import_slot(uint32_t slot, const int32_t* positions, const uint8_t* referenced, uint32_t hand) {
+  const uint32_t n = frames();
+  if (hand >= n && n > 0) return false;
+  std::unordered_map<uint64_t, uint32_t> where;
+  for (uint32_t f = 0; f < n; ++f) {
+    if (positions[f] >= 0 && !where.emplace(row_key(slot, static_cast<uint32_t>(positions[f])), f).second) return false;
+  }
+  end_step();
+  where_ = std::move(where);
+  free_.clear();
+  for (uint32_t f = 0; f < n; ++f) {
+    frame_key_[f] = positions[f] < 0 ? kFree : row_key(slot, static_cast<uint32_t>(positions[f]));
+    referenced_[f] = positions[f] < 0 ? 0 : referenced[f];
+    if (positions[f] < 0) free_.push_back(f);  // ascending: a min-heap
+  }
+  hand_ = hand;
+  return true;
 }
 
 }  // namespace ferry::kv

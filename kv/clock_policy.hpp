@@ -7,7 +7,9 @@
 // Each step first pins the rows it needs (lookup of a resident row, place of a missing one); a pinned
 // frame is never chosen as a victim, so every row one step attends to is resident at once. The hand
 // sweeps the frames: a referenced frame loses its bit and is passed over, the first unreferenced,
-// unpinned one is evicted. end_step() unpins.
+// unpinned one is evicted. end_step() unpins. Free frames are taken lowest first, before any sweep.
+// The device planner (gpu/window_plan.cu) follows the same rule on its own tables; export_slot() and
+// import_slot() move a slot's state between them.
 #include <cstdint>
 #include <optional>
 #include <unordered_map>
@@ -50,12 +52,19 @@ class ClockPolicy {
   void invalidate(uint32_t slot, uint32_t from);
   // The key a frame holds, if any.
   std::optional<uint64_t> key_of(uint32_t frame) const;
+  uint32_t hand() const { return hand_; }
+
+  // The state between steps (nothing pinned) of a clock that holds one slot's rows: per frame the
+  // position it holds (-1: free) and its reference bit, and the hand. import_slot() replaces the
+  // frames and the hand (the counters stay); it refuses a position held twice or a hand out of range.
+  void export_slot(int32_t* positions, uint8_t* referenced) const;
+  bool import_slot(uint32_t slot, const int32_t* positions, const uint8_t* referenced, uint32_t hand);
 
  private:
   static constexpr uint64_t kFree = ~uint64_t{0};
   std::vector<uint64_t> frame_key_;  // kFree when empty
   std::vector<uint8_t> referenced_, pinned_;
-  std::vector<uint32_t> free_;
+  std::vector<uint32_t> free_;  // a min-heap: the lowest free frame first
   std::vector<uint32_t> pinned_list_;
   std::unordered_map<uint64_t, uint32_t> where_;
   uint32_t hand_ = 0;

@@ -25,14 +25,21 @@ Expected<uint32_t> ResidentWindow::plan(const std::vector<Query>& queries, uint3
     ClockPolicy& clock = clocks_[row.slot];
     touched_[row.slot] = 1;
     int32_t* out = rows_out + size_t{q} * stride;
+    // First the row's hits are pinned, then its misses placed in selection order: a miss never
+    // evicts a row the same row selected (the device planner's order, gpu/window_plan.cu).
     for (int32_t i = 0; i < row.count; ++i) {
       if (row.positions[i] < 0) {
         return Error(ErrorCode::internal, "resident window: query row " + std::to_string(q) + " selected position " +
                                               std::to_string(row.positions[i]));
       }
+      const uint32_t frame = clock.lookup(row_key(row.slot, static_cast<uint32_t>(row.positions[i])));
+      out[i] = frame == ClockPolicy::kNone ? -1 : static_cast<int32_t>(row.slot * frames_ + frame);
+    }
+    for (int32_t i = 0; i < row.count; ++i) {
+      if (out[i] >= 0) continue;
       const auto pos = static_cast<uint32_t>(row.positions[i]);
       const uint64_t key = row_key(row.slot, pos);
-      uint32_t frame = clock.lookup(key);
+      uint32_t frame = clock.lookup(key);  // a position the row selected twice
       if (frame == ClockPolicy::kNone) {
         const ClockPolicy::Placement p = clock.place(key);
         if (p.frame == ClockPolicy::kNone) {

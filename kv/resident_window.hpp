@@ -54,6 +54,8 @@ class ResidentWindow {
   void adopt_identity(uint32_t slot, uint32_t n);
   // Rows of `slot` at positions >= from are gone (a truncated or rewritten slot).
   void invalidate(uint32_t slot, uint32_t from) { clocks_[slot].invalidate(slot, from); }
+  // The slot's clock, for moving its state to and from the device planner.
+  ClockPolicy& clock(uint32_t slot) { return clocks_[slot]; }
 
  private:
   uint32_t frames_;

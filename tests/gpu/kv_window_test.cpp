@@ -1,8 +1,9 @@
 // The GPU resident KV window (gpu/kv_window.hpp) against the all-resident stage on the same random
 // model: with a window of 24 rows per DSA layer and slot (one query row selects up to 12) and prompts
 // of 150 tokens, prefill (the host-tier reads), chunked prefill and decode (CLOCK, fetches from the
-// host tier), several slots in one step, and a slot saved out of its window and restored give the
-// same logits bit for bit: the same encoded rows are read in the same order (f32 and int8 rows).
+// host tier; planned on the device, graphed or not, or on the host for a chunk of 5 rows), several
+// slots in one step, a slot saved out of its window and restored, and a rollback give the same
+// logits bit for bit: the same encoded rows are read in the same order (f32 and int8 rows).
 #if FERRY_HAVE_CUDA
 #include <gtest/gtest.h>
 
@@ -44,8 +45,9 @@ class KvWindowTest : public ::testing::Test {
     if (!path_.empty()) std::filesystem::remove(path_);
   }
 
-  std::unique_ptr<Pipeline> open(uint32_t resident, config::KvType latent = config::KvType::f32) {
+  std::unique_ptr<Pipeline> open(uint32_t resident, config::KvType latent = config::KvType::f32, bool graphs = true) {
     CudaStageOptions go;
+    go.graphs = graphs;
     go.kv.latent = latent;
     go.kv_resident = resident;
     go.max_slots = 3;
@@ -151,6 +153,69 @@ TEST_F(KvWindowTest, SlotsInOneStepAndARestoredSlotGiveTheAllResidentLogits) {
     ASSERT_FALSE(p->stages()[0]->restore_slot(1, image.value()));
     for (uint32_t i = 0; i < 6; ++i) {
       auto d = step(*p, {SlotRows{1, 106 + i, {a[10 + i]}, true, false, {}}});
+      out.insert(out.end(), d[0].logits.begin(), d[0].logits.end());
+    }
+  }
+  ASSERT_EQ(want.size(), got.size());
+  EXPECT_EQ(want, got);
+}
+
+// Decode steps past the window are planned on the device and captured: one-row steps of slot 0 and
+// slot 2 replay the same graph (the slot comes from the device), a step of slots 0 and 1 hands slot 1
+// (in its window until then) to CLOCK. Graphs on and off give the all-resident logits.
+TEST_F(KvWindowTest, GraphedWindowedDecodeOfSeveralSlotsGivesTheAllResidentLogits) {
+  auto all = open(0);
+  auto graphed = open(kWindow);
+  model::Stage* gs = stage_;
+  auto eager = open(kWindow, config::KvType::f32, false);
+  ASSERT_TRUE(all && graphed && eager);
+  std::vector<std::vector<float>> out(3);
+  Pipeline* pipes[] = {all.get(), graphed.get(), eager.get()};
+  for (int k = 0; k < 3; ++k) {
+    Pipeline& p = *pipes[k];
+    auto take = [&](const std::vector<model::SlotResult>& res) {
+      for (const auto& r : res) out[k].insert(out[k].end(), r.logits.begin(), r.logits.end());
+    };
+    const std::vector<int32_t> a(prompt_.begin(), prompt_.begin() + 60), b(prompt_.begin() + 60, prompt_.begin() + 100),
+        c(prompt_.begin() + 100, prompt_.begin() + 110);
+    take(step(p, {SlotRows{0, 0, a, true, false, {}}, SlotRows{2, 0, b, true, false, {}}}));
+    take(step(p, {SlotRows{1, 0, c, true, false, {}}}));  // in its window: not a windowed step
+    uint32_t at0 = 60, at1 = 10, at2 = 40;
+    for (uint32_t i = 0; i < 8; ++i) {
+      take(step(p, {SlotRows{0, at0++, {prompt_[i]}, true, false, {}}}));
+      take(step(p, {SlotRows{2, at2++, {prompt_[20 + i]}, true, false, {}}}));
+      if (i >= 4) {
+        take(step(p, {SlotRows{0, at0++, {prompt_[40 + i]}, true, false, {}},
+                      SlotRows{1, at1++, {prompt_[i]}, true, false, {}}}));
+      }
+    }
+  }
+  ASSERT_EQ(out[0].size(), out[1].size());
+  EXPECT_EQ(out[0], out[1]) << "graphs on";
+  EXPECT_EQ(out[0], out[2]) << "graphs off";
+  const model::StageCounters c = gs->counters();
+  EXPECT_GT(c.kv_hits, 0u);
+  EXPECT_GT(c.kv_fetched_rows, 0u);
+}
+
+// A slot rolled back past its window (an image without rows) rewrites positions its frames held:
+// the cut frees them on the device tables, or the attention would read the old rows.
+TEST_F(KvWindowTest, ARollbackPastTheWindowDropsTheFramesAfterTheCut) {
+  auto all = open(0);
+  auto win = open(kWindow);
+  ASSERT_TRUE(all && win);
+  std::vector<float> want, got;
+  for (Pipeline* p : {all.get(), win.get()}) {
+    std::vector<float>& out = p == all.get() ? want : got;
+    const std::vector<int32_t> a(prompt_.begin(), prompt_.begin() + 80);
+    step(*p, {SlotRows{0, 0, a, true, false, {}}});
+    for (uint32_t i = 0; i < 4; ++i) step(*p, {SlotRows{0, 80 + i, {prompt_[i]}, true, false, {}}});
+    auto image = p->stages()[0]->save_slot(0, false);
+    ASSERT_TRUE(image) << image.error().message;
+    for (uint32_t i = 0; i < 6; ++i) step(*p, {SlotRows{0, 84 + i, {prompt_[10 + i]}, true, false, {}}});
+    ASSERT_FALSE(p->stages()[0]->restore_slot(0, image.value()));
+    for (uint32_t i = 0; i < 6; ++i) {
+      auto d = step(*p, {SlotRows{0, 84 + i, {prompt_[30 + i]}, true, false, {}}});
       out.insert(out.end(), d[0].logits.begin(), d[0].logits.end());
     }
   }

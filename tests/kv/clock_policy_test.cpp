@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <vector>
+
 namespace ferry::kv {
 namespace {
 
@@ -70,6 +72,43 @@ TEST(ClockPolicy, InvalidatesExactlyTheSlotsRowsFromTheCut) {
   EXPECT_TRUE(c.place(row_key(1, 4)).evicted.has_value());
   c.invalidate(2, 0);  // a reset
   for (uint32_t pos = 0; pos < 4; ++pos) EXPECT_EQ(c.lookup(row_key(2, pos)), ClockPolicy::kNone);
+}
+
+TEST(ClockPolicy, FreedFramesAreTakenLowestFirst) {
+  ClockPolicy c(6);
+  for (uint32_t pos = 0; pos < 6; ++pos) c.place(row_key(0, pos));
+  c.end_step();
+  c.invalidate(0, 4);  // frames 4, 5
+  c.invalidate(0, 1);  // frames 1, 2, 3
+  for (uint32_t want : {1u, 2u, 3u, 4u, 5u}) EXPECT_EQ(c.place(row_key(0, 10 + want)).frame, want);
+}
+
+TEST(ClockPolicy, ExportedStateImportsIntoAnotherClockThatThenChoosesAlike) {
+  ClockPolicy a(5), b(5);
+  for (uint32_t pos = 0; pos < 5; ++pos) a.place(row_key(3, pos));
+  a.end_step();
+  a.lookup(row_key(3, 1));
+  a.place(row_key(3, 7));  // every bit set (1 pinned): the second sweep takes frame 0
+  a.end_step();
+  a.invalidate(3, 4);  // positions 4 and 7: frames 4 and 0
+  std::vector<int32_t> pos(5);
+  std::vector<uint8_t> ref(5);
+  a.export_slot(pos.data(), ref.data());
+  EXPECT_EQ(pos, (std::vector<int32_t>{-1, 1, 2, 3, -1}));
+  ASSERT_TRUE(b.import_slot(3, pos.data(), ref.data(), a.hand()));
+  EXPECT_EQ(b.resident(), 3u);
+  for (uint32_t next = 20; next < 30; ++next) {
+    const auto pa = a.place(row_key(3, next)), pb = b.place(row_key(3, next));
+    EXPECT_EQ(pa.frame, pb.frame) << next;
+    EXPECT_EQ(pa.evicted, pb.evicted) << next;
+    if (next % 3 == 0) {
+      a.end_step();
+      b.end_step();
+    }
+  }
+  const std::vector<int32_t> twice{1, 1, -1, -1, -1};
+  EXPECT_FALSE(b.import_slot(3, twice.data(), ref.data(), 0));  // a position held twice
+  EXPECT_FALSE(b.import_slot(3, pos.data(), ref.data(), 5));    // the hand past the frames
 }
 
 }  // namespace

@@ -99,6 +99,28 @@ TEST(ResidentWindow, AdoptedRowsAreHitsInPlaceAndInvalidationDropsThem) {
   EXPECT_EQ(w.counters().hits, 4u);  // kept across the reset
 }
 
+TEST(ResidentWindow, ARowsMissesNeverEvictTheRowsOwnHits) {
+  ResidentWindow w(1, 4);
+  std::vector<WindowFetch> fetches;
+  std::vector<int32_t> table(4);
+  const std::vector<int32_t> first{0, 1, 2, 3}, second{4};
+  ASSERT_TRUE(w.plan({{0, first.data(), 4}}, 0, table.data(), 4, fetches));
+  w.end_group();
+  ASSERT_TRUE(w.plan({{0, second.data(), 1}}, 0, table.data(), 1, fetches));  // clears every bit, takes frame 0
+  w.end_group();
+  // The hand is at frame 1 (position 1, no bit): placed first, 9 would take it from 1, which the same
+  // row selects; 1 is pinned first and 9 takes frame 2.
+  const std::vector<int32_t> next{9, 1};
+  fetches.clear();
+  ASSERT_TRUE(w.plan({{0, next.data(), 2}}, 0, table.data(), 2, fetches));
+  w.end_group();
+  ASSERT_EQ(fetches.size(), 1u);
+  EXPECT_EQ(fetches[0].position, 9u);
+  EXPECT_EQ(table[0], 2);
+  EXPECT_EQ(table[1], 1);
+  EXPECT_EQ(w.counters().hits, 1u);
+}
+
 TEST(ResidentWindow, ANegativePositionIsAnError) {
   ResidentWindow w(1, 4);
   const std::vector<int32_t> a{-1};

@@ -70,8 +70,8 @@ def test_budgets_that_cannot_be_kept_are_named(ferry_bin):
 
 
 def test_the_host_kv_tier_is_planned_and_its_budget_refused_naming_the_need(ferry_bin):
-    """Past --kv-resident the device keeps the window, the host every slot's rows (int8: 516 bytes a
-    row, 11 DSA layers); a --kv-host-budget that cannot hold them is a problem naming budget and need."""
+    """Past --kv-resident the device keeps the window and its planner's tables, the host every slot's
+    rows (int8: 516 bytes a row, 11 DSA layers); a --kv-host-budget that cannot hold them is a problem naming budget and need."""
     args = ["--device-memory", "139GiB", "--host-memory", "200GiB", "--ctx", "131072", "--slots", "3"]
     code, p = plan(ferry_bin, *args, "--kv-resident", "0")
     assert p["host"]["kv_bytes"] == 0 and p["kv_resident"] == 0
@@ -80,7 +80,10 @@ def test_the_host_kv_tier_is_planned_and_its_budget_refused_naming_the_need(ferr
     need = 3 * 131072 * 11 * 516
     assert p["kv_resident"] == 32768 and p["host"]["kv_bytes"] == need, p["host"]
     assert sum(s["host_kv_bytes"] for s in p["stages"]) == need
-    assert all_on_device - sum(s["device_kv_bytes"] for s in p["stages"]) == 3 * (131072 - 32768) * 11 * 516
+    # The window's planner tables stay on the device: 4 B a token and 6 B a window row, per DSA layer and slot.
+    tables = 3 * 11 * (131072 * 4 + 32768 * 6 + 8)
+    assert p["kv_table_bytes"] == tables, p["kv_table_bytes"]
+    assert all_on_device - sum(s["device_kv_bytes"] for s in p["stages"]) == 3 * (131072 - 32768) * 11 * 516 - tables
     assert p["host"]["kv_budget"] is None
     code, p = plan(ferry_bin, *args, "--kv-host-budget", "2")
     assert code == 1
