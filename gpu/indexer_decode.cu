@@ -58,9 +58,9 @@ __global__ void __launch_bounds__(kScoreThreads) decode_score_kernel(IndexerArgs
   float* kq = keys + static_cast<size_t>(kTile) * hd;  // [G][H][hd + 1]
   float* w = kq + static_cast<size_t>(G) * H * ld;      // [G][H]
   const float wscale = rsqrtf(static_cast<float>(H));
+  __syncthreads();  // s_rows written
   for (uint32_t g = 0; g < G; ++g) {
     const uint32_t r = s_rows[g];
-    __syncthreads();  // s_rows written
     const float* q = a.q + static_cast<size_t>(r) * H * hd;
     for (uint32_t i = threadIdx.x; i < H * hd; i += blockDim.x) kq[(g * H + i / hd) * ld + i % hd] = q[i];
     for (uint32_t h = threadIdx.x; h < H; h += blockDim.x) w[g * H + h] = a.w[static_cast<size_t>(r) * H + h] * wscale;
@@ -170,7 +170,9 @@ __global__ void __launch_bounds__(kSelectThreads) decode_select_kernel(IndexerAr
         for (int j = 0; j < kSelectPer; ++j) {
           const uint32_t bin = j < valid && (key[j] & mask) == prefix ? (key[j] >> shift) & 255u : kNoBin;
           const unsigned peers = __match_any_sync(0xffffffffu, bin);
-          if (bin != kNoBin && (__ffs(peers) - 1) == static_cast<int>(lane)) atomicAdd(&hist[bin], __popc(peers));
+          if (bin != kNoBin && (__ffs(peers) - 1) == static_cast<int>(lane)) {
+            atomicAdd(&hist[bin], static_cast<uint32_t>(__popc(peers)));
+          }
         }
       }
       __syncthreads();
