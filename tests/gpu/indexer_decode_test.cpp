@@ -43,8 +43,9 @@ class Step {
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> u(-1.0f, 1.0f), unit(0.0f, 1.0f);
     for (float& v : q_h_) v = u(rng);
-    for (size_t i = 0; i < w_h_.size(); ++i) w_h_[i] = (i / s.heads) % 2 == 0 ? u(rng) : 0.05f + unit(rng);
-    // Rows 1, 4, 7 take slot 1; the others slot 0, at depths from all the pools down.
+    // Even rows weigh every head positively (scores >= 0: the zero keys tie at 0.0), odd rows by
+    // either sign. Rows 1, 4, 7 take slot 1, the others slot 0, at depths from all the pools down.
+    for (size_t i = 0; i < w_h_.size(); ++i) w_h_[i] = (i / s.heads) % 2 == 0 ? 0.05f + unit(rng) : u(rng);
     for (uint32_t r = 0; r < s.rows; ++r) {
       slot_h_.push_back(r % 3 == 1 ? 1 : 0);
       const uint32_t nv = std::max<uint32_t>(1, s.pools - (r * 7919u) % (s.pools / 3 + 1));
@@ -151,7 +152,7 @@ class Step {
       sum += w * std::max(dot * scale, 0.0);
       mag += std::fabs(w) * dmag * scale;
     }
-    return {sum, 1e-5 * mag};
+    return {sum, 3e-5 * mag};
   }
   bool zero_key(uint32_t r, uint32_t p) const {
     const float* k = pools_h_.data() + (static_cast<size_t>(slot_h_[r]) * max_pools() + p) * s_.dim;
