@@ -53,6 +53,7 @@ __global__ void __launch_bounds__(kScoreThreads) decode_score_kernel(IndexerArgs
     nv_max = max(nv_max, nv);
     ++G;
   }
+  if (static_cast<int>(blockIdx.x) * kTile >= nv_max) return;  // no tile here (the grid is for the context)
   const uint32_t H = a.heads, hd = a.head_dim, ld = hd + 1, hd4 = hd / 4;
   float* keys = reinterpret_cast<float*>(smem4);
   float* kq = keys + static_cast<size_t>(kTile) * hd;  // [G][H][hd + 1]
