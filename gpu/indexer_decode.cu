@@ -122,36 +122,34 @@ constexpr int kSelectPer = 8;                            // keys a thread holds,
 constexpr int kSelectChunk = kSelectThreads * kSelectPer;  // keys of a row the block holds at once
 constexpr uint32_t kNoBin = 0xffffffffu;
 
-// The keys of pools base + threadIdx.x * kSelectPer + j, j < kSelectPer, and how many are visible.
-__device__ __forceinline__ int load_keys(const float* sc, int base, int nv, uint32_t (&key)[kSelectPer]) {
-  const int p0 = base + static_cast<int>(threadIdx.x) * kSelectPer;
+// Keys base + threadIdx.x * kSelectPer + j (j < kSelectPer) of n, and how many of them exist.
+template <class KeyAt>
+__device__ __forceinline__ int load_keys(const KeyAt& key_at, int base, int n, uint32_t (&key)[kSelectPer]) {
+  const int i0 = base + static_cast<int>(threadIdx.x) * kSelectPer;
 #pragma unroll
-  for (int j = 0; j < kSelectPer; ++j) key[j] = p0 + j < nv ? order_key(sc[p0 + j]) : 0u;
-  return max(0, min(kSelectPer, nv - p0));
+  for (int j = 0; j < kSelectPer; ++j) key[j] = i0 + j < n ? key_at(i0 + j) : 0u;
+  return max(0, min(kSelectPer, n - i0));
 }
 
-// One block a row. The radix passes count the keys matching the prefix so far into 256 bins (equal
-// bins of a warp added at once: the ReLU puts many scores on exactly 0.0), warp 0 finds the bin of the
-// K-th key from the top; then the pools above the threshold and the first `remaining` equal ones in
-// index order are listed by two block scans a chunk.
-__global__ void __launch_bounds__(kSelectThreads) decode_select_kernel(IndexerArgs a) {
+// The top K of n keys key_at(i) (ties: the lower i first) on the whole block: emit(j, i) for the j-th
+// selected in increasing i; returns how many (min(K, n)), to every thread. The radix passes count the
+// keys matching the prefix so far into 256 bins (equal bins of a warp added at once: the ReLU puts
+// many scores on exactly 0.0), warp 0 finds the bin of the K-th key from the top; then the keys above
+// the threshold and the first `remaining` equal ones in index order are listed by two block scans a
+// chunk. n <= kSelectChunk keeps the keys in registers; more are read again each pass.
+template <class KeyAt, class Emit>
+__device__ int block_top_k(int n, int K, const KeyAt& key_at, const Emit& emit) {
   using Scan = cub::BlockScan<int, kSelectThreads>;
   __shared__ typename Scan::TempStorage scan_tmp;
   __shared__ uint32_t hist[256];
   __shared__ uint32_t s_prefix, s_mask, s_remaining;
   __shared__ int s_taken, s_eq_seen;
-  const uint32_t r = blockIdx.x;
-  const int pos = a.row.pos[r];
-  const int kp = static_cast<int>(a.kpool);
-  const int nv = (pos + 1) / kp;
-  const int K = min(static_cast<int>(a.topk) / kp, nv);
-  const float* sc = a.scores + static_cast<size_t>(r) * (a.ctx / a.kpool);
-  int32_t* toks = a.tokens + static_cast<size_t>(r) * a.max_tokens;
   const uint32_t lane = threadIdx.x & 31;
-  const bool one_chunk = nv <= kSelectChunk;
+  K = min(K, n);
+  const bool one_chunk = n <= kSelectChunk;
   uint32_t key[kSelectPer];
-  int valid = one_chunk ? load_keys(sc, 0, nv, key) : 0;
-
+  int valid = one_chunk ? load_keys(key_at, 0, n, key) : 0;
+  __syncthreads();  // a previous call's reads of the shared state are done
   if (threadIdx.x == 0) {
     s_prefix = 0;
     s_mask = 0;
@@ -159,14 +157,14 @@ __global__ void __launch_bounds__(kSelectThreads) decode_select_kernel(IndexerAr
     s_taken = 0;
     s_eq_seen = 0;
   }
-  const bool all = K >= nv;
+  const bool all = K >= n;
   if (!all) {
     for (int shift = 24; shift >= 0; shift -= 8) {
       for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
       __syncthreads();
       const uint32_t prefix = s_prefix, mask = s_mask;
-      for (int base = 0; base < nv; base += kSelectChunk) {
-        if (!one_chunk) valid = load_keys(sc, base, nv, key);
+      for (int base = 0; base < n; base += kSelectChunk) {
+        if (!one_chunk) valid = load_keys(key_at, base, n, key);
 #pragma unroll
         for (int j = 0; j < kSelectPer; ++j) {
           const uint32_t bin = j < valid && (key[j] & mask) == prefix ? (key[j] >> shift) & 255u : kNoBin;
@@ -209,8 +207,8 @@ __global__ void __launch_bounds__(kSelectThreads) decode_select_kernel(IndexerAr
   __syncthreads();
   const uint32_t thr = s_prefix;
   const int eq_wanted = static_cast<int>(s_remaining);
-  for (int base = 0; base < nv; base += kSelectChunk) {
-    if (!one_chunk) valid = load_keys(sc, base, nv, key);
+  for (int base = 0; base < n; base += kSelectChunk) {
+    if (!one_chunk) valid = load_keys(key_at, base, n, key);
     int eq_n = 0;
 #pragma unroll
     for (int j = 0; j < kSelectPer; ++j) eq_n += (!all && j < valid && key[j] == thr) ? 1 : 0;
@@ -230,12 +228,10 @@ __global__ void __launch_bounds__(kSelectThreads) decode_select_kernel(IndexerAr
     int at, taken_here;
     Scan(scan_tmp).ExclusiveSum(take_n, at, taken_here);
     int j_out = s_taken + at;
-    const int p0 = base + static_cast<int>(threadIdx.x) * kSelectPer;
+    const int i0 = base + static_cast<int>(threadIdx.x) * kSelectPer;
 #pragma unroll
     for (int j = 0; j < kSelectPer; ++j) {
-      if (!take[j]) continue;
-      for (int i = 0; i < kp; ++i) toks[j_out * kp + i] = (p0 + j) * kp + i;
-      ++j_out;
+      if (take[j]) emit(j_out++, i0 + j);
     }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -244,14 +240,89 @@ __global__ void __launch_bounds__(kSelectThreads) decode_select_kernel(IndexerAr
     }
     __syncthreads();
   }
-  if (threadIdx.x == 0) {
-    int count = s_taken * kp;
-    if (a.select_tail) {
-      const int tail = (pos + 1) % kp;
-      for (int i = 0; i < tail; ++i) toks[count++] = pos + 1 - tail + i;
-    }
-    a.counts[r] = count;
+  return s_taken;
+}
+
+struct RowSelect {
+  int pos, nv, K;
+  const float* scores;
+  int32_t* tokens;
+};
+__device__ __forceinline__ RowSelect row_select(const IndexerArgs& a, uint32_t r) {
+  const int pos = a.row.pos[r], kp = static_cast<int>(a.kpool);
+  const int nv = (pos + 1) / kp;
+  return {pos, nv, min(static_cast<int>(a.topk) / kp, nv), a.scores + static_cast<size_t>(r) * (a.ctx / a.kpool),
+          a.tokens + static_cast<size_t>(r) * a.max_tokens};
+}
+
+// The row's selected pools (`taken` of them, already in tokens) followed by its visible tail.
+__device__ __forceinline__ void finish_row(const IndexerArgs& a, uint32_t r, const RowSelect& s, int taken) {
+  if (threadIdx.x != 0) return;
+  const int kp = static_cast<int>(a.kpool);
+  int count = taken * kp;
+  if (a.select_tail) {
+    const int tail = (s.pos + 1) % kp;
+    for (int i = 0; i < tail; ++i) s.tokens[count++] = s.pos + 1 - tail + i;
   }
+  a.counts[r] = count;
+}
+
+// One block a row over all its visible pools.
+__global__ void __launch_bounds__(kSelectThreads) decode_select_kernel(IndexerArgs a) {
+  const uint32_t r = blockIdx.x;
+  const RowSelect s = row_select(a, r);
+  const int kp = static_cast<int>(a.kpool);
+  const int taken = block_top_k(
+      s.nv, s.K, [&](int i) { return order_key(s.scores[i]); },
+      [&](int j, int p) {
+        for (int i = 0; i < kp; ++i) s.tokens[j * kp + i] = p * kp + i;
+      });
+  finish_row(a, r, s, taken);
+}
+
+// Rows deeper than a chunk, in two launches. First, block (b, r) lists the top K of chunk b of row r's
+// pools (K of the whole row: the row's top K under (score, then lower index) are among its chunks'),
+// in increasing index, into the scratch at list (r, b): kSelectCap keys then kSelectCap pools.
+struct SelectLists {
+  uint32_t* base;
+  uint32_t chunks, cap;  // lists a row, entries a list
+  __device__ __forceinline__ uint32_t* keys(uint32_t r, uint32_t b) const {
+    return base + (static_cast<size_t>(r) * chunks + b) * 2 * cap;
+  }
+  __device__ __forceinline__ uint32_t* pools(uint32_t r, uint32_t b) const { return keys(r, b) + cap; }
+};
+
+__global__ void __launch_bounds__(kSelectThreads) chunk_select_kernel(IndexerArgs a, SelectLists lists) {
+  const uint32_t b = blockIdx.x, r = blockIdx.y;
+  const RowSelect s = row_select(a, r);
+  const int p0 = static_cast<int>(b) * kSelectChunk;
+  if (p0 >= s.nv) return;
+  uint32_t* keys = lists.keys(r, b);
+  uint32_t* pools = lists.pools(r, b);
+  block_top_k(
+      min(kSelectChunk, s.nv - p0), s.K, [&](int i) { return order_key(s.scores[p0 + i]); },
+      [&](int j, int i) {
+        keys[j] = order_key(s.scores[p0 + i]);
+        pools[j] = static_cast<uint32_t>(p0 + i);
+      });
+}
+
+// Then one block a row selects from its lists, concatenated in chunk order (so in increasing pool
+// index): every list but the last holds min(K, kSelectChunk) entries, the last min(K, its pools).
+__global__ void __launch_bounds__(kSelectThreads) merge_select_kernel(IndexerArgs a, SelectLists lists) {
+  const uint32_t r = blockIdx.x;
+  const RowSelect s = row_select(a, r);
+  const int kp = static_cast<int>(a.kpool);
+  const int chunks = (s.nv + kSelectChunk - 1) / kSelectChunk;
+  const int E = max(min(s.K, kSelectChunk), 1);  // entries of a full chunk's list
+  const int n = chunks == 0 ? 0 : (chunks - 1) * min(s.K, kSelectChunk) + min(s.K, s.nv - (chunks - 1) * kSelectChunk);
+  const int taken = block_top_k(
+      n, s.K, [&](int i) { return lists.keys(r, static_cast<uint32_t>(i / E))[i % E]; },
+      [&](int j, int i) {
+        const int p = static_cast<int>(lists.pools(r, static_cast<uint32_t>(i / E))[i % E]);
+        for (int t = 0; t < kp; ++t) s.tokens[j * kp + t] = p * kp + t;
+      });
+  finish_row(a, r, s, taken);
 }
 
 int optin_smem() {
@@ -289,6 +360,20 @@ void indexer_decode_scores(const IndexerArgs& a, cudaStream_t stream) {
 
 void indexer_decode_select(const IndexerArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
+  // Contexts of more than one chunk of pools select on a block per chunk, then merge the chunks' lists,
+  // when the budget is small enough for the lists to be fewer keys and the scratch holds them.
+  const uint32_t cap = a.topk / a.kpool;
+  const uint32_t chunks = (a.ctx / a.kpool + kSelectChunk - 1) / kSelectChunk;
+  const size_t need = static_cast<size_t>(a.rows) * chunks * 2 * cap * sizeof(uint32_t);
+  if (chunks > 1 && cap >= 1 && cap <= kSelectChunk / 2 && a.select_scratch != nullptr &&
+      need <= a.select_scratch_bytes) {
+    const SelectLists lists{static_cast<uint32_t*>(a.select_scratch), chunks, cap};
+    chunk_select_kernel<<<dim3(chunks, a.rows), kSelectThreads, 0, stream>>>(a, lists);
+    FERRY_CUDA_LAUNCHED();
+    merge_select_kernel<<<a.rows, kSelectThreads, 0, stream>>>(a, lists);
+    FERRY_CUDA_LAUNCHED();
+    return;
+  }
   decode_select_kernel<<<a.rows, kSelectThreads, 0, stream>>>(a);
   FERRY_CUDA_LAUNCHED();
 }

@@ -4,7 +4,8 @@
 // apart and together, at different depths) and 100 to 140,000 pools, the scores must be bit for bit
 // the per-row kernels', the selections (tokens and counts) identical, and equal to
 // model::select_pools + expand_selection on the same scores; the scores are also checked against a
-// double-precision sum on a sample of pools. Prints both paths' times per pool count (not asserted).
+// double-precision sum on a sample of pools; the selection both on a block a row and per chunk then
+// merged (with a scratch). Prints the paths' times per pool count (not asserted).
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -75,9 +76,12 @@ class Step {
     scores_ = DeviceBuffer(s.rows * max_pools * sizeof(float));
     tokens_ = DeviceBuffer(s.rows * max_tokens_ * sizeof(int32_t));
     counts_ = DeviceBuffer(s.rows * sizeof(int32_t));
+    const size_t chunks = (max_pools + 8191) / 8192;
+    scratch_ = DeviceBuffer(s.rows * chunks * 2 * (s.topk / kKpool) * sizeof(uint32_t));
   }
 
-  IndexerArgs args() const {
+  // With `scratch`, deep rows select per chunk and merge (indexer_decode_select).
+  IndexerArgs args(bool scratch) const {
     IndexerArgs a;
     a.row.slot = slot_.as<int32_t>();
     a.row.pos = pos_.as<int32_t>();
@@ -95,6 +99,10 @@ class Step {
     a.tokens = tokens_.as<int32_t>();
     a.counts = counts_.as<int32_t>();
     a.max_tokens = max_tokens_;
+    if (scratch) {
+      a.select_scratch = scratch_.get();
+      a.select_scratch_bytes = scratch_.bytes();
+    }
     return a;
   }
 
@@ -102,11 +110,11 @@ class Step {
     std::vector<float> scores;
     std::vector<int32_t> tokens, counts;
   };
-  Out run(bool decode) {
+  Out run(bool decode, bool scratch) {
     EXPECT_EQ(cudaMemset(scores_.get(), 0xff, scores_.bytes()), cudaSuccess);
     EXPECT_EQ(cudaMemset(tokens_.get(), 0xff, tokens_.bytes()), cudaSuccess);
     EXPECT_EQ(cudaMemset(counts_.get(), 0xff, counts_.bytes()), cudaSuccess);
-    launch(decode, nullptr);
+    launch(decode, scratch, nullptr);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     Out o{std::vector<float>(scores_.bytes() / sizeof(float)), std::vector<int32_t>(tokens_.bytes() / sizeof(int32_t)),
           std::vector<int32_t>(s_.rows)};
@@ -116,13 +124,13 @@ class Step {
     return o;
   }
   // Microseconds per step of scores and selection, the median of `reps` after a warm-up.
-  float time_us(bool decode, int reps) {
+  float time_us(bool decode, bool scratch, int reps) {
     Stream st;
     Event e0, e1;
     std::vector<float> ms;
     for (int i = 0; i <= reps; ++i) {
       e0.record(st.get());
-      launch(decode, st.get());
+      launch(decode, scratch, st.get());
       e1.record(st.get());
       st.synchronize();
       if (i > 0) ms.push_back(e1.since(e0));
@@ -166,8 +174,8 @@ class Step {
     EXPECT_EQ(cudaMemcpy(b.get(), v.data(), b.bytes(), cudaMemcpyHostToDevice), cudaSuccess);
     return b;
   }
-  void launch(bool decode, cudaStream_t st) {
-    const IndexerArgs a = args();
+  void launch(bool decode, bool scratch, cudaStream_t st) {
+    const IndexerArgs a = args(scratch);
     if (decode) {
       ASSERT_TRUE(indexer_decode_fits(a));
       indexer_decode_scores(a, st);
@@ -182,17 +190,24 @@ class Step {
   uint32_t ctx_, max_tokens_;
   std::vector<float> pools_h_, q_h_, w_h_;
   std::vector<int32_t> slot_h_, pos_h_;
-  DeviceBuffer pools_, q_, w_, slot_, pos_, scores_, tokens_, counts_;
+  DeviceBuffer pools_, q_, w_, slot_, pos_, scores_, tokens_, counts_, scratch_;
 };
+
+void check_against(const Step& step, const Step::Out& ref, const Step::Out& got, bool scratch);
 
 void check_step(const Shape& s, bool ties, uint32_t seed) {
   SCOPED_TRACE(::testing::Message() << "rows " << s.rows << " pools " << s.pools << " heads " << s.heads << " dim "
                                     << s.dim << " topk " << s.topk << (ties ? " ties" : ""));
   Step step(s, ties, seed);
-  const Step::Out ref = step.run(false), got = step.run(true);
+  const Step::Out ref = step.run(false, false);
+  for (bool scratch : {false, true}) check_against(step, ref, step.run(true, scratch), scratch);
+}
+
+void check_against(const Step& step, const Step::Out& ref, const Step::Out& got, bool scratch) {
+  const Shape& s = step.shape();
   const uint32_t K = s.topk / kKpool;
   for (uint32_t r = 0; r < s.rows; ++r) {
-    SCOPED_TRACE(::testing::Message() << "row " << r);
+    SCOPED_TRACE(::testing::Message() << "row " << r << (scratch ? ", chunked selection" : ", one block a row"));
     const uint32_t nv = step.visible(r);
     const float* sr = ref.scores.data() + static_cast<size_t>(r) * step.max_pools();
     const float* sg = got.scores.data() + static_cast<size_t>(r) * step.max_pools();
@@ -245,9 +260,11 @@ TEST(IndexerDecode, Timing) {
   for (uint32_t rows : {1u, 8u}) {
     for (uint32_t pools : {8192u, 32768u, 131072u}) {
       Step step({rows, pools, 32, 128, 2048}, true, 7);
-      const float by_row = step.time_us(false, 5), decode = step.time_us(true, 5);
-      std::printf("indexer scores+select, %u rows, %u pools: per-row kernels %.1f us, decode kernels %.1f us\n", rows,
-                  pools, static_cast<double>(by_row), static_cast<double>(decode));
+      const float by_row = step.time_us(false, false, 5), one = step.time_us(true, false, 5),
+                  chunked = step.time_us(true, true, 5);
+      std::printf("indexer scores+select, %u rows, %u pools: per-row kernels %.1f us, decode kernels %.1f us "
+                  "(selection on a block a row: %.1f us)\n",
+                  rows, pools, static_cast<double>(by_row), static_cast<double>(chunked), static_cast<double>(one));
     }
   }
 }
