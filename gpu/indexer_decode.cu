@@ -282,7 +282,7 @@ __global__ void __launch_bounds__(kSelectThreads) decode_select_kernel(IndexerAr
 
 // Rows deeper than a chunk, in two launches. First, block (b, r) lists the top K of chunk b of row r's
 // pools (K of the whole row: the row's top K under (score, then lower index) are among its chunks'),
-// in increasing index, into the scratch at list (r, b): kSelectCap keys then kSelectCap pools.
+// in increasing index, into the scratch at list (r, b): `cap` order keys, then `cap` pool indices.
 struct SelectLists {
   uint32_t* base;
   uint32_t chunks, cap;  // lists a row, entries a list
