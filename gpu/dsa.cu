@@ -12,6 +12,7 @@
 
 #include "gpu/block_reduce.cuh"
 #include "gpu/cuda_check.hpp"
+#include "gpu/indexer_decode.hpp"
 #include "gpu/kernels.hpp"
 #include "kv/kv_codec.hpp"
 
@@ -398,6 +399,17 @@ void indexer_pool_keys(const IndexerArgs& a, cudaStream_t stream) {
 
 void indexer_select(const IndexerArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
+  if (indexer_decode_fits(a)) {
+    indexer_decode_scores(a, stream);
+    indexer_decode_select(a, stream);
+  } else {
+    indexer_scores_by_row(a, stream);
+    indexer_select_by_row(a, stream);
+  }
+}
+
+void indexer_scores_by_row(const IndexerArgs& a, cudaStream_t stream) {
+  if (a.rows == 0) return;
   const uint32_t max_pools = a.ctx / a.kpool;
   const size_t smem = (static_cast<size_t>(a.heads) * (a.head_dim + 1) + a.heads) * sizeof(float);
   if (smem > 48 * 1024) {
@@ -406,6 +418,10 @@ void indexer_select(const IndexerArgs& a, cudaStream_t stream) {
   const dim3 grid((max_pools + kPoolChunk - 1) / kPoolChunk, a.rows);
   pool_score_kernel<<<grid, 256, smem, stream>>>(a);
   FERRY_CUDA_LAUNCHED();
+}
+
+void indexer_select_by_row(const IndexerArgs& a, cudaStream_t stream) {
+  if (a.rows == 0) return;
   select_kernel<<<a.rows, kSelectThreads, 0, stream>>>(a);
   FERRY_CUDA_LAUNCHED();
 }

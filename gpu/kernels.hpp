@@ -220,6 +220,10 @@ struct IndexerArgs {
   int32_t* tokens = nullptr;          // [rows][max_tokens] selected positions out
   int32_t* counts = nullptr;          // [rows]
   uint32_t max_tokens = 0;            // topk + kpool - 1 (or more)
+  // Device memory free while the selection runs; decode steps deeper than 8,192 pools select in two
+  // launches through it when it is large enough (gpu/indexer_decode.hpp), else in one.
+  void* select_scratch = nullptr;
+  size_t select_scratch_bytes = 0;
 };
 void indexer_pool_keys(const IndexerArgs& a, cudaStream_t stream);
 void indexer_select(const IndexerArgs& a, cudaStream_t stream);
