@@ -6,6 +6,7 @@
 #include "gpu/block_reduce.cuh"
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernels.hpp"
+#include "gpu/mhc_decode.hpp"
 #include "gpu/swiglu.cuh"
 
 namespace ferry::gpu {
@@ -319,6 +320,12 @@ void layer_norm(const float* x, size_t x_stride, const float* w, const float* b,
 }
 
 void mhc_pre(const MhcArgs& a, cudaStream_t stream) {
+  if (a.rows == 0) return;
+  if (a.rows <= kMhcClusterMaxRows && mhc_pre_clustered(a, stream)) return;
+  mhc_pre_one_block(a, stream);
+}
+
+void mhc_pre_one_block(const MhcArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
   if (a.H > kMaxHc) throw CudaError("mHC with more than 8 streams");
   if (a.D % 4 != 0) throw CudaError("mHC: hidden size " + std::to_string(a.D) + " is not a multiple of 4");
