@@ -183,87 +183,76 @@ __global__ void swiglu_kernel(float* gate, const float* up, size_t stride, uint3
   }
 }
 
-// One warp per row. Ties (equal scores) go to the lower expert / group index.
-__global__ void moe_route_kernel(RouterArgs a) {
-  constexpr int kMaxE = 1024;
-  __shared__ float s_sig[4][kMaxE], s_choice[4][kMaxE];
-  const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const uint32_t row = blockIdx.x * 4 + warp;
-  if (row >= a.rows) return;
-  float* sig = s_sig[warp];
-  float* choice = s_choice[warp];
-  const float* lg = a.logits + static_cast<size_t>(row) * a.E;
-  for (uint32_t e = lane; e < a.E; e += 32) {
-    sig[e] = 1.0f / (1.0f + expf(-lg[e]));
-    choice[e] = sig[e] + a.bias[e];
+// One block a row, one thread an expert (E <= 1024). Each expert's place in the CPU's order (higher
+// choice first, ties to the lower index: model::HigherValueFirst) is the count of experts before it,
+// found by every thread at once instead of k rounds of an arg-max; the groups rule the same way.
+// Weights as model::route_token makes them: the chosen sigmoids summed in f64 in rank order.
+__global__ void __launch_bounds__(1024) moe_route_kernel(RouterArgs a) {
+  constexpr uint32_t kMaxE = 1024, kMaxGroups = 64, kMaxK = 32;
+  __shared__ float choice[kMaxE];
+  __shared__ float group_score[kMaxGroups];
+  __shared__ bool kept[kMaxGroups];
+  __shared__ int32_t top_id[kMaxK];
+  __shared__ float top_s[kMaxK];
+  const uint32_t row = blockIdx.x, e = threadIdx.x;
+  const bool mine = e < a.E;
+  float sig = 0.0f, ch = -INFINITY;
+  if (mine) {
+    sig = 1.0f / (1.0f + expf(-a.logits[static_cast<size_t>(row) * a.E + e]));
+    ch = sig + a.bias[e];
+    choice[e] = ch;
   }
-  __syncwarp();
-  const uint32_t per_group = a.E / a.n_group;
-  if (a.topk_group < a.n_group) {
-    // Group score: the sum of its two best choice scores; groups not kept are masked out.
-    if (lane == 0) {
-      float gs[64];
-      bool keep[64];
-      for (uint32_t g = 0; g < a.n_group; ++g) {
-        float b1 = -INFINITY, b2 = -INFINITY;
-        for (uint32_t e = g * per_group; e < (g + 1) * per_group; ++e) {
-          const float v = choice[e];
-          if (v > b1) {
-            b2 = b1;
-            b1 = v;
-          } else if (v > b2) {
-            b2 = v;
-          }
-        }
-        gs[g] = b1 + b2;
-        keep[g] = false;
-      }
-      for (uint32_t k = 0; k < a.topk_group; ++k) {
-        int best = -1;
-        for (uint32_t g = 0; g < a.n_group; ++g) {
-          if (!keep[g] && (best < 0 || gs[g] > gs[best])) best = static_cast<int>(g);
-        }
-        keep[best] = true;
-      }
-      for (uint32_t g = 0; g < a.n_group; ++g) {
-        if (!keep[g]) {
-          for (uint32_t e = g * per_group; e < (g + 1) * per_group; ++e) choice[e] = -INFINITY;
+  if (e < kMaxK) {  // NaN scores leave places unfilled: a valid expert there, not garbage
+    top_id[e] = 0;
+    top_s[e] = 0.0f;
+  }
+  __syncthreads();
+  // The place of v at index i among n values: how many come before it in the CPU's order.
+  auto place = [](const float* vals, uint32_t n, float v, uint32_t i) {
+    uint32_t before = 0;
+#pragma unroll 8
+    for (uint32_t j = 0; j < n; ++j) before += (vals[j] > v || (vals[j] == v && j < i)) ? 1u : 0u;
+    return before;
+  };
+  if (a.n_group > 1 && a.topk_group < a.n_group) {
+    // A group's score is the sum of its two best choices; experts of groups not kept are masked out.
+    const uint32_t per = a.E / a.n_group;
+    if (e < a.n_group) {
+      float b1 = -INFINITY, b2 = -INFINITY;
+      for (uint32_t i = e * per; i < (e + 1) * per; ++i) {
+        const float v = choice[i];
+        if (v > b1) {
+          b2 = b1;
+          b1 = v;
+        } else if (v > b2) {
+          b2 = v;
         }
       }
+      group_score[e] = b1 + b2;
     }
-    __syncwarp();
+    __syncthreads();
+    if (e < a.n_group) kept[e] = place(group_score, a.n_group, group_score[e], e) < a.topk_group;
+    __syncthreads();
+    if (mine && !kept[e / per]) {
+      ch = -INFINITY;
+      choice[e] = ch;
+    }
+    __syncthreads();
   }
-  float wsum = 0.0f;
-  for (uint32_t k = 0; k < a.k; ++k) {
-    float best = -INFINITY;
-    int best_e = 0x7fffffff;
-    for (uint32_t e = lane; e < a.E; e += 32) {
-      if (choice[e] > best) {
-        best = choice[e];
-        best_e = static_cast<int>(e);
-      }
+  if (mine) {
+    const uint32_t r = place(choice, a.E, ch, e);
+    if (r < a.k) {
+      top_id[r] = static_cast<int32_t>(e);
+      top_s[r] = sig;
     }
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-      const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
-      if (ob > best || (ob == best && oe < best_e)) {
-        best = ob;
-        best_e = oe;
-      }
-    }
-    if (best_e == 0x7fffffff) best_e = 0;  // fewer candidates than k (all masked): never in practice
-    if (lane == 0) {
-      a.ids[row * a.k + k] = best_e;
-      a.weights[row * a.k + k] = sig[best_e];
-      choice[best_e] = -INFINITY;
-    }
-    wsum += sig[best_e];
-    __syncwarp();
   }
-  if (lane < a.k) {
-    float w = a.weights[row * a.k + lane];
-    if (a.norm_topk_prob) w /= (wsum + 1e-20f);
-    a.weights[row * a.k + lane] = w * a.scaling;
+  __syncthreads();
+  if (e < a.k) {
+    double sum = 0.0;
+    for (uint32_t j = 0; j < a.k; ++j) sum += top_s[j];
+    const float denom = a.norm_topk_prob ? static_cast<float>(sum) + 1e-20f : 1.0f;
+    a.ids[row * a.k + e] = top_id[e];
+    a.weights[row * a.k + e] = top_s[e] / denom * a.scaling;
   }
 }
 
@@ -359,10 +348,13 @@ void swiglu(float* gate, const float* up, size_t stride, uint32_t rows, uint32_t
 
 void moe_route(const RouterArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
-  if (a.E > 1024 || a.k > 32 || a.n_group > 64 || a.n_group == 0 || a.E % a.n_group != 0) {
-    throw CudaError("MoE router: unsupported expert count / top-k / groups");
+  if (a.E == 0 || a.E > 1024 || a.k == 0 || a.k > 32 || a.k > a.E || a.n_group > 64 || a.n_group == 0 ||
+      a.E % a.n_group != 0 || a.topk_group == 0) {
+    throw CudaError("MoE router: unsupported shape: " + std::to_string(a.E) + " experts, top " + std::to_string(a.k) +
+                    ", " + std::to_string(a.topk_group) + " of " + std::to_string(a.n_group) +
+                    " groups (at most 1,024 experts, top 32, 64 groups; groups divide the experts)");
   }
-  moe_route_kernel<<<(a.rows + 3) / 4, 128, 0, stream>>>(a);
+  moe_route_kernel<<<a.rows, (a.E + 31) / 32 * 32, 0, stream>>>(a);
   FERRY_CUDA_LAUNCHED();
 }
 
