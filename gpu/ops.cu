@@ -149,9 +149,10 @@ __global__ void mhc_post_kernel(float* streams, const float* y, const float* pos
     for (uint32_t h = 0; h < H; ++h) old[h] = R[h * D];
     const float yv = y[i];
     const float* c = comb + r * H * H;
+    // Explicit fmas: gpu/mhc_decode.cu's fused post makes the same bits.
     for (uint32_t h2 = 0; h2 < H; ++h2) {
       float v = post[r * H + h2] * yv;
-      for (uint32_t h = 0; h < H; ++h) v += c[h * H + h2] * old[h];
+      for (uint32_t h = 0; h < H; ++h) v = __fmaf_rn(c[h * H + h2], old[h], v);
       R[h2 * D] = v;
     }
   }
@@ -310,7 +311,7 @@ void layer_norm(const float* x, size_t x_stride, const float* w, const float* b,
 
 void mhc_pre(const MhcArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
-  if (a.rows <= kMhcClusterMaxRows && mhc_pre_clustered(a, stream)) return;
+  if (mhc_pre_clustered(a, stream)) return;
   mhc_pre_one_block(a, stream);
 }
 
