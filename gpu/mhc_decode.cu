@@ -1,10 +1,13 @@
-// mhc_pre for decode rows on sm90+: a cluster of 8 blocks a row. The one-block kernel (gpu/ops.cu)
-// reads a row's H streams twice on one SM and runs the coefficients on one warp while the rest wait;
-// here each block holds a slice of the streams in registers, sums the slice's Gram matrix
-// (G[h][h'] = sum_d R[h][d] R[h'][d], in f64), and the cluster adds the slices' sums through
+// One mHC site for decode rows on sm90+, a cluster of 8 blocks a row. The one-block kernel
+// (gpu/ops.cu) reads a row's H streams twice on one SM and runs the coefficients on one warp while the
+// rest wait; here each block reads a slice of the streams once (kept in registers and shared memory),
+// sums the slice's Gram matrix (G[h][h'] = sum_d R[h][d] R[h'][d], in f64) and, when it makes the
+// mixing logits itself, the slice's part of fn @ streams; the cluster adds the slices' sums through
 // distributed shared memory. trace(G) is the row's sum of squares (the 1/rms), and pre^T G pre the
 // collapsed stream's (its RMSNorm), so no block reads the streams a second time. Every block then
 // computes the coefficients (the same inputs in the same order: the same bits), and its slice of x.
+// The post of the site before is local to a slice too (each column mixes only its own H values), so
+// it runs first in the same launch.
 #include <cooperative_groups.h>
 
 #include <array>
