@@ -186,7 +186,8 @@ __global__ void swiglu_kernel(float* gate, const float* up, size_t stride, uint3
 
 // One block a row, one thread an expert (E <= 1024). Each expert's place in the CPU's order (higher
 // choice first, ties to the lower index: model::HigherValueFirst) is the count of experts before it,
-// found by every thread at once instead of k rounds of an arg-max; the groups rule the same way.
+// found by every thread at once instead of k rounds of an arg-max (first within its warp, then among
+// the warps' top k); the groups rule the same way.
 // Weights as model::route_token makes them: the chosen sigmoids summed in f64 in rank order.
 __global__ void __launch_bounds__(1024) moe_route_kernel(RouterArgs a) {
   constexpr uint32_t kMaxE = 1024, kMaxGroups = 64, kMaxK = 32;
@@ -195,6 +196,9 @@ __global__ void __launch_bounds__(1024) moe_route_kernel(RouterArgs a) {
   __shared__ bool kept[kMaxGroups];
   __shared__ int32_t top_id[kMaxK];
   __shared__ float top_s[kMaxK];
+  __shared__ float cand_v[kMaxE];
+  __shared__ uint32_t cand_e[kMaxE];
+  __shared__ uint32_t n_cand;
   const uint32_t row = blockIdx.x, e = threadIdx.x;
   const bool mine = e < a.E;
   float sig = 0.0f, ch = -INFINITY;
@@ -207,6 +211,7 @@ __global__ void __launch_bounds__(1024) moe_route_kernel(RouterArgs a) {
     top_id[e] = 0;
     top_s[e] = 0.0f;
   }
+  if (e == 0) n_cand = 0;
   __syncthreads();
   // The place of v at index i among n values: how many come before it in the CPU's order.
   auto place = [](const float* vals, uint32_t n, float v, uint32_t i) {
@@ -240,8 +245,25 @@ __global__ void __launch_bounds__(1024) moe_route_kernel(RouterArgs a) {
     }
     __syncthreads();
   }
-  if (mine) {
-    const uint32_t r = place(choice, a.E, ch, e);
+  // An expert of the top k is among its warp's top k, and every expert before it is too: so the
+  // places among the warps' top k (the candidates) are the places among all, for the first k.
+  uint32_t in_warp = 0;
+  for (uint32_t j = 0; j < 32; ++j) {
+    const float o = __shfl_sync(0xffffffffu, ch, j);
+    const uint32_t oe = (e & ~31u) + j;
+    in_warp += (o > ch || (o == ch && oe < e)) ? 1u : 0u;
+  }
+  const bool candidate = mine && in_warp < a.k;
+  if (candidate) {
+    const uint32_t slot = atomicAdd(&n_cand, 1u);  // any order: a place depends only on the values
+    cand_v[slot] = ch;
+    cand_e[slot] = e;
+  }
+  __syncthreads();
+  if (candidate) {
+    uint32_t r = 0;
+    const uint32_t nc = n_cand;
+    for (uint32_t j = 0; j < nc; ++j) r += (cand_v[j] > ch || (cand_v[j] == ch && cand_e[j] < e)) ? 1u : 0u;
     if (r < a.k) {
       top_id[r] = static_cast<int32_t>(e);
       top_s[r] = sig;
