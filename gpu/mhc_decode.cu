@@ -13,6 +13,7 @@
 #include <array>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 
 #include "gpu/block_reduce.cuh"
 #include "gpu/cuda_check.hpp"
@@ -301,10 +302,10 @@ bool mhc_pre_clustered(const MhcArgs& a, cudaStream_t stream) {
 bool mhc_post_pre(const MhcPostPre& p, cudaStream_t stream) {
   const MhcArgs& a = p.pre;
   const DevMatrix& fn = *p.fn;
-  if (fn.type != model::GgmlType::F32 || fn.rows != kMix || fn.cols != kH * a.D || fn.row_bytes != size_t{fn.cols} * 4 ||
-      !cluster_applies(a)) {
-    return false;
-  }
+  const bool f32_mixer =
+      fn.type == model::GgmlType::F32 && fn.rows == kMix && fn.cols == kH * a.D && fn.row_bytes == size_t{fn.cols} * 4;
+  const bool aligned = reinterpret_cast<uintptr_t>(fn.data) % 16 == 0 && reinterpret_cast<uintptr_t>(p.y) % 16 == 0;
+  if (!f32_mixer || !aligned || !cluster_applies(a)) return false;
   ClusterArgs f;
   f.a = a;
   f.a.mix = nullptr;

@@ -23,7 +23,7 @@ void mhc_pre_one_block(const MhcArgs& a, cudaStream_t stream);
 // logits fn @ streams (pre.mix is not read), then mhc_pre's outputs into pre.x / pre.post / pre.comb
 // (which may be post_in / comb_in: they are read first). fn is the site's [(2+H)*H][H*D] mixer.
 // Returns false (launching nothing) where mhc_pre_clustered would, or when fn is not f32 of that
-// shape: the caller then runs mhc_post, the product and mhc_pre.
+// shape or fn / y are not 16-byte aligned: the caller then runs mhc_post, the product and mhc_pre.
 struct MhcPostPre {
   MhcArgs pre;
   const DevMatrix* fn = nullptr;
