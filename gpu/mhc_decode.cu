@@ -26,19 +26,22 @@ namespace cg = cooperative_groups;
 
 constexpr uint32_t kBlocks = 8;  // a row's cluster (the portable maximum)
 constexpr uint32_t kH = 4;       // GLM's hc_mult; other stream counts take the one-block kernel
-constexpr uint32_t kPairs = kH * (kH + 1) / 2;
+// [[maybe_unused]]: kPairs, dot4 and coefficients serve only the sm90 kernel body, which a pre-sm90
+// pass leaves out.
+[[maybe_unused]] constexpr uint32_t kPairs = kH * (kH + 1) / 2;
 constexpr uint32_t kMix = (2 + kH) * kH;
 constexpr uint32_t kMaxThreads = 1024;
 constexpr uint32_t kMaxPer = 256;  // float4 columns a block: D <= 8,192
 
-__device__ __forceinline__ double dot4(float4 a, float4 b) {
+[[maybe_unused]] __device__ __forceinline__ double dot4(float4 a, float4 b) {
   return double(a.x) * b.x + double(a.y) * b.y + double(a.z) * b.z + double(a.w) * b.w;
 }
 
 // The coefficients of one row on one warp, each lane one entry of comb (H*H <= 32), the row and
 // column sums gathered by shuffles: the one-block kernel's operations (ops.cu mhc_coefficients, the
 // CPU's order and precision) on registers instead of shared memory.
-__device__ void coefficients(const MhcArgs& a, const float* m, float inv, uint32_t row, bool write, float* pre) {
+[[maybe_unused]] __device__ void coefficients(const MhcArgs& a, const float* m, float inv, uint32_t row, bool write,
+                                              float* pre) {
   static_assert(kH * kH <= 32 && 32 % kH == 0, "one comb entry a lane; source lanes stay below 32");
   const uint32_t lane = threadIdx.x & 31, HH = kH * kH;
   if (lane < kH) {
