@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "gpu/decode_fusion.hpp"
+#include "gpu/mhc_decode.hpp"
 #include "gpu/moe_grouped.hpp"
 #include "gpu/mtp_ops.hpp"
 
@@ -95,8 +96,7 @@ void LayerRunner::mm_products(const MatvecProduct* ps, uint32_t count, const flo
 }
 
 void LayerRunner::mhc_site(const StepGeometry& g, const DevMatrix& fn, const float* base, const float* scale,
-                           const float* norm_w) {
-  mm(fn, w_.R, static_cast<size_t>(d_.H) * d_.D, g.rows, w_.mix, d_.mix);
+                           const float* norm_w, bool post_first) {
   MhcArgs a;
   a.streams = w_.R;
   a.mix = w_.mix;
@@ -112,6 +112,16 @@ void LayerRunner::mhc_site(const StepGeometry& g, const DevMatrix& fn, const flo
   a.x = w_.x;
   a.post = w_.post;
   a.comb = w_.comb;
+  MhcPostPre fused;
+  fused.pre = a;
+  fused.fn = &fn;
+  fused.streams = w_.R;
+  fused.y = post_first ? w_.y : nullptr;
+  fused.post_in = w_.post;
+  fused.comb_in = w_.comb;
+  if (mhc_post_pre(fused, s_)) return;
+  if (post_first) mhc_post(w_.R, w_.y, w_.post, w_.comb, g.rows, d_.H, d_.D, s_);
+  mm(fn, w_.R, static_cast<size_t>(d_.H) * d_.D, g.rows, w_.mix, d_.mix);
   mhc_pre(a, s_);
 }
 
@@ -392,24 +402,27 @@ void LayerRunner::forward(model::LayerRange layers, const StepGeometry& g, const
   if (upload) {
     for (; staged < std::min<size_t>(2, moe.size()); ++staged) experts_->stage_layer(moe[staged]);
   }
+  // Each sublayer's mhc_post runs with the next site (one launch where gpu/mhc_decode applies); the
+  // last one after the loop.
+  bool post_pending = false;
   for (uint32_t il = layers.first; il < layers.end; ++il) {
     const DevLayer& l = weights_.layer(il);
-    mhc_site(g, l.m(T::hc_attn_fn), l.v(T::hc_attn_base), l.v(T::hc_attn_scale), l.v(T::attn_norm));
+    mhc_site(g, l.m(T::hc_attn_fn), l.v(T::hc_attn_base), l.v(T::hc_attn_scale), l.v(T::attn_norm), post_pending);
     if (l.kind == LayerKind::kda) {
       kda_layer(g, l, state_.layer(il));
     } else {
       dsa_layer(g, l, state_.layer(il));
     }
-    mhc_post(w_.R, w_.y, w_.post, w_.comb, g.rows, d_.H, d_.D, s_);
-    mhc_site(g, l.m(T::hc_ffn_fn), l.v(T::hc_ffn_base), l.v(T::hc_ffn_scale), l.v(T::ffn_norm));
+    mhc_site(g, l.m(T::hc_ffn_fn), l.v(T::hc_ffn_base), l.v(T::hc_ffn_scale), l.v(T::ffn_norm), true);
     if (l.ffn == FfnKind::dense) {
       dense_ffn(l.m(T::ffn_gate), l.m(T::ffn_up), l.m(T::ffn_down), g.rows, w_.y);
     } else {
       moe_layer(g, l, upload);
       if (upload && staged < moe.size()) experts_->stage_layer(moe[staged++]);
     }
-    mhc_post(w_.R, w_.y, w_.post, w_.comb, g.rows, d_.H, d_.D, s_);
+    post_pending = true;
   }
+  if (post_pending) mhc_post(w_.R, w_.y, w_.post, w_.comb, g.rows, d_.H, d_.D, s_);
 }
 
 }  // namespace ferry::gpu

@@ -36,7 +36,9 @@ class LayerRunner {
                   size_t ldy, size_t yg);
   // Products of matrices over the same x: one decode launch where their shapes agree, else mm() each.
   void mm_products(const MatvecProduct* ps, uint32_t count, const float* x, size_t ldx, uint32_t n, size_t ldy);
-  void mhc_site(const StepGeometry& g, const DevMatrix& fn, const float* base, const float* scale, const float* norm_w);
+  // One mHC site; post_first: the previous sublayer's mhc_post (its y, post, comb) goes first.
+  void mhc_site(const StepGeometry& g, const DevMatrix& fn, const float* base, const float* scale, const float* norm_w,
+                bool post_first);
   void kda_layer(const StepGeometry& g, const DevLayer& l, LayerState& st);
   void dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState& st);
   void dense_ffn(const DevMatrix& gate, const DevMatrix& up, const DevMatrix& down, uint32_t n, float* y);

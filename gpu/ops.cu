@@ -6,6 +6,7 @@
 #include "gpu/block_reduce.cuh"
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernels.hpp"
+#include "gpu/mhc_decode.hpp"
 #include "gpu/swiglu.cuh"
 
 namespace ferry::gpu {
@@ -148,9 +149,10 @@ __global__ void mhc_post_kernel(float* streams, const float* y, const float* pos
     for (uint32_t h = 0; h < H; ++h) old[h] = R[h * D];
     const float yv = y[i];
     const float* c = comb + r * H * H;
+    // Explicit fmas: gpu/mhc_decode.cu's fused post makes the same bits.
     for (uint32_t h2 = 0; h2 < H; ++h2) {
       float v = post[r * H + h2] * yv;
-      for (uint32_t h = 0; h < H; ++h) v += c[h * H + h2] * old[h];
+      for (uint32_t h = 0; h < H; ++h) v = __fmaf_rn(c[h * H + h2], old[h], v);
       R[h2 * D] = v;
     }
   }
@@ -182,87 +184,98 @@ __global__ void swiglu_kernel(float* gate, const float* up, size_t stride, uint3
   }
 }
 
-// One warp per row. Ties (equal scores) go to the lower expert / group index.
-__global__ void moe_route_kernel(RouterArgs a) {
-  constexpr int kMaxE = 1024;
-  __shared__ float s_sig[4][kMaxE], s_choice[4][kMaxE];
-  const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const uint32_t row = blockIdx.x * 4 + warp;
-  if (row >= a.rows) return;
-  float* sig = s_sig[warp];
-  float* choice = s_choice[warp];
-  const float* lg = a.logits + static_cast<size_t>(row) * a.E;
-  for (uint32_t e = lane; e < a.E; e += 32) {
-    sig[e] = 1.0f / (1.0f + expf(-lg[e]));
-    choice[e] = sig[e] + a.bias[e];
+// One block a row, one thread an expert (E <= 1024). Each expert's place in the CPU's order (higher
+// choice first, ties to the lower index: model::HigherValueFirst) is the count of experts before it,
+// found by every thread at once instead of k rounds of an arg-max (first within its warp, then among
+// the warps' top k); the groups rule the same way.
+// Weights as model::route_token makes them: the chosen sigmoids summed in f64 in rank order.
+__global__ void __launch_bounds__(1024) moe_route_kernel(RouterArgs a) {
+  constexpr uint32_t kMaxE = 1024, kMaxGroups = 64, kMaxK = 32;
+  __shared__ float choice[kMaxE];
+  __shared__ float group_score[kMaxGroups];
+  __shared__ bool kept[kMaxGroups];
+  __shared__ int32_t top_id[kMaxK];
+  __shared__ float top_s[kMaxK];
+  __shared__ float cand_v[kMaxE];
+  __shared__ uint32_t cand_e[kMaxE];
+  __shared__ uint32_t n_cand;
+  const uint32_t row = blockIdx.x, e = threadIdx.x;
+  const bool mine = e < a.E;
+  float sig = 0.0f, ch = -INFINITY;
+  if (mine) {
+    sig = 1.0f / (1.0f + expf(-a.logits[static_cast<size_t>(row) * a.E + e]));
+    ch = sig + a.bias[e];
+    choice[e] = ch;
   }
-  __syncwarp();
-  const uint32_t per_group = a.E / a.n_group;
-  if (a.topk_group < a.n_group) {
-    // Group score: the sum of its two best choice scores; groups not kept are masked out.
-    if (lane == 0) {
-      float gs[64];
-      bool keep[64];
-      for (uint32_t g = 0; g < a.n_group; ++g) {
-        float b1 = -INFINITY, b2 = -INFINITY;
-        for (uint32_t e = g * per_group; e < (g + 1) * per_group; ++e) {
-          const float v = choice[e];
-          if (v > b1) {
-            b2 = b1;
-            b1 = v;
-          } else if (v > b2) {
-            b2 = v;
-          }
-        }
-        gs[g] = b1 + b2;
-        keep[g] = false;
-      }
-      for (uint32_t k = 0; k < a.topk_group; ++k) {
-        int best = -1;
-        for (uint32_t g = 0; g < a.n_group; ++g) {
-          if (!keep[g] && (best < 0 || gs[g] > gs[best])) best = static_cast<int>(g);
-        }
-        keep[best] = true;
-      }
-      for (uint32_t g = 0; g < a.n_group; ++g) {
-        if (!keep[g]) {
-          for (uint32_t e = g * per_group; e < (g + 1) * per_group; ++e) choice[e] = -INFINITY;
-        }
-      }
-    }
-    __syncwarp();
+  if (e < kMaxK) {  // NaN scores leave places unfilled: a valid expert there, not garbage
+    top_id[e] = 0;
+    top_s[e] = 0.0f;
   }
-  float wsum = 0.0f;
-  for (uint32_t k = 0; k < a.k; ++k) {
-    float best = -INFINITY;
-    int best_e = 0x7fffffff;
-    for (uint32_t e = lane; e < a.E; e += 32) {
-      if (choice[e] > best) {
-        best = choice[e];
-        best_e = static_cast<int>(e);
+  if (e == 0) n_cand = 0;
+  __syncthreads();
+  // The place of v at index i among n values: how many come before it in the CPU's order.
+  auto place = [](const float* vals, uint32_t n, float v, uint32_t i) {
+    uint32_t before = 0;
+#pragma unroll 8
+    for (uint32_t j = 0; j < n; ++j) before += (vals[j] > v || (vals[j] == v && j < i)) ? 1u : 0u;
+    return before;
+  };
+  if (a.n_group > 1 && a.topk_group < a.n_group) {
+    // A group's score is the sum of its two best choices; experts of groups not kept are masked out.
+    const uint32_t per = a.E / a.n_group;
+    if (e < a.n_group) {
+      float b1 = -INFINITY, b2 = -INFINITY;
+      for (uint32_t i = e * per; i < (e + 1) * per; ++i) {
+        const float v = choice[i];
+        if (v > b1) {
+          b2 = b1;
+          b1 = v;
+        } else if (v > b2) {
+          b2 = v;
+        }
       }
+      group_score[e] = b1 + b2;
     }
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-      const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
-      if (ob > best || (ob == best && oe < best_e)) {
-        best = ob;
-        best_e = oe;
-      }
+    __syncthreads();
+    if (e < a.n_group) kept[e] = place(group_score, a.n_group, group_score[e], e) < a.topk_group;
+    __syncthreads();
+    if (mine && !kept[e / per]) {
+      ch = -INFINITY;
+      choice[e] = ch;
     }
-    if (best_e == 0x7fffffff) best_e = 0;  // fewer candidates than k (all masked): never in practice
-    if (lane == 0) {
-      a.ids[row * a.k + k] = best_e;
-      a.weights[row * a.k + k] = sig[best_e];
-      choice[best_e] = -INFINITY;
-    }
-    wsum += sig[best_e];
-    __syncwarp();
+    __syncthreads();
   }
-  if (lane < a.k) {
-    float w = a.weights[row * a.k + lane];
-    if (a.norm_topk_prob) w /= (wsum + 1e-20f);
-    a.weights[row * a.k + lane] = w * a.scaling;
+  // An expert of the top k is among its warp's top k, and every expert before it is too: so the
+  // places among the warps' top k (the candidates) are the places among all, for the first k.
+  uint32_t in_warp = 0;
+  for (uint32_t j = 0; j < 32; ++j) {
+    const float o = __shfl_sync(0xffffffffu, ch, j);
+    const uint32_t oe = (e & ~31u) + j;
+    in_warp += (o > ch || (o == ch && oe < e)) ? 1u : 0u;
+  }
+  const bool candidate = mine && in_warp < a.k;
+  if (candidate) {
+    const uint32_t slot = atomicAdd(&n_cand, 1u);  // any order: a place depends only on the values
+    cand_v[slot] = ch;
+    cand_e[slot] = e;
+  }
+  __syncthreads();
+  if (candidate) {
+    uint32_t r = 0;
+    const uint32_t nc = n_cand;
+    for (uint32_t j = 0; j < nc; ++j) r += (cand_v[j] > ch || (cand_v[j] == ch && cand_e[j] < e)) ? 1u : 0u;
+    if (r < a.k) {
+      top_id[r] = static_cast<int32_t>(e);
+      top_s[r] = sig;
+    }
+  }
+  __syncthreads();
+  if (e < a.k) {
+    double sum = 0.0;
+    for (uint32_t j = 0; j < a.k; ++j) sum += top_s[j];
+    const float denom = a.norm_topk_prob ? static_cast<float>(sum) + 1e-20f : 1.0f;
+    a.ids[row * a.k + e] = top_id[e];
+    a.weights[row * a.k + e] = top_s[e] / denom * a.scaling;
   }
 }
 
@@ -320,6 +333,12 @@ void layer_norm(const float* x, size_t x_stride, const float* w, const float* b,
 
 void mhc_pre(const MhcArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
+  if (mhc_pre_clustered(a, stream)) return;
+  mhc_pre_one_block(a, stream);
+}
+
+void mhc_pre_one_block(const MhcArgs& a, cudaStream_t stream) {
+  if (a.rows == 0) return;
   if (a.H > kMaxHc) throw CudaError("mHC with more than 8 streams");
   if (a.D % 4 != 0) throw CudaError("mHC: hidden size " + std::to_string(a.D) + " is not a multiple of 4");
   const size_t smem = a.D * sizeof(float);
@@ -352,10 +371,13 @@ void swiglu(float* gate, const float* up, size_t stride, uint32_t rows, uint32_t
 
 void moe_route(const RouterArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
-  if (a.E > 1024 || a.k > 32 || a.n_group > 64 || a.n_group == 0 || a.E % a.n_group != 0) {
-    throw CudaError("MoE router: unsupported expert count / top-k / groups");
+  if (a.E == 0 || a.E > 1024 || a.k == 0 || a.k > 32 || a.k > a.E || a.n_group > 64 || a.n_group == 0 ||
+      a.E % a.n_group != 0 || a.topk_group == 0) {
+    throw CudaError("MoE router: unsupported shape: " + std::to_string(a.E) + " experts, top " + std::to_string(a.k) +
+                    ", " + std::to_string(a.topk_group) + " of " + std::to_string(a.n_group) +
+                    " groups (at most 1,024 experts, top 32, 64 groups; groups divide the experts)");
   }
-  moe_route_kernel<<<(a.rows + 3) / 4, 128, 0, stream>>>(a);
+  moe_route_kernel<<<a.rows, (a.E + 31) / 32 * 32, 0, stream>>>(a);
   FERRY_CUDA_LAUNCHED();
 }
 

@@ -1,0 +1,37 @@
+#pragma once
+// mhc_pre for decode rows (issue 15): a cluster of blocks a row instead of one block (gpu/ops.cu),
+// and the same kernel with the site's mixer product and the post of the site before in one launch.
+#include "gpu/kernels.hpp"
+
+namespace ferry::gpu {
+
+// Rows up to which mhc_pre takes the cluster kernel; above it the one-block kernel fills the device.
+inline constexpr uint32_t kMhcClusterMaxRows = 256;
+
+// Launches mhc_pre as 8 blocks a row, each reading its slice of the H streams once (the 1/rms and
+// the collapsed stream's norm both come from the slices' Gram sums, in f64), when the kernels were
+// built for sm90+ and the shape fits (H = 4, D a multiple of 4 and at most 8,192, rows <=
+// kMhcClusterMaxRows); returns false (launching nothing) otherwise. Same coefficients as the
+// one-block kernel for the same 1/rms (the same operations in the same order); the 1/rms and the
+// norm differ in rounding only.
+bool mhc_pre_clustered(const MhcArgs& a, cudaStream_t stream);
+// The one-block-a-row kernel, whatever the rows (mhc_pre picks; the tests compare the two).
+void mhc_pre_one_block(const MhcArgs& a, cudaStream_t stream);
+
+// One mHC site in one launch: when y is set, first the post of the site before (streams[h'] =
+// post_in[h'] * y + sum_h comb_in[h][h'] * streams[h], in place: mhc_post's bits); then the mixing
+// logits fn @ streams (pre.mix is not read), then mhc_pre's outputs into pre.x / pre.post / pre.comb
+// (which may be post_in / comb_in: they are read first). fn is the site's [(2+H)*H][H*D] mixer.
+// Returns false (launching nothing) where mhc_pre_clustered would, or when fn is not f32 of that
+// shape or fn / y are not 16-byte aligned: the caller then runs mhc_post, the product and mhc_pre.
+struct MhcPostPre {
+  MhcArgs pre;
+  const DevMatrix* fn = nullptr;
+  float* streams = nullptr;        // pre.streams, writable
+  const float* y = nullptr;        // [rows][D]; null: no post before this site
+  const float* post_in = nullptr;  // [rows][H]
+  const float* comb_in = nullptr;  // [rows][H*H]
+};
+bool mhc_post_pre(const MhcPostPre& p, cudaStream_t stream);
+
+}  // namespace ferry::gpu
