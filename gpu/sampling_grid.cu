@@ -226,7 +226,6 @@ class GridRow {
   // Warp 0 scans the summed buckets from the highest, 8 per lane; the lane holding the goal writes it.
   __device__ rule::Choice choose(const rule::Goal& goal) {
     const Pass& p = g_.pass[pass_];
-    __syncthreads();  // the previous choice has been read by every thread
     if (threadIdx.x < 32) {
       const int lane = static_cast<int>(threadIdx.x);
       u128 m[8];
@@ -383,6 +382,7 @@ class GridRow {
       const u128 least = rule::scale_by_draw(bits, band_above_ + band_need_) + 1;
       const u128 most = rule::scale_by_draw(bits, band_above_ + cut_mass) + 1;
       const int hi = static_cast<int>(choose(rule::Goal::exactly(least)).bucket);
+      __syncthreads();  // every thread has read that choice
       const int lo = static_cast<int>(choose(rule::Goal::exactly(most)).bucket);
       const int range[kTallies] = {lo, hi + 1, lo > cut ? cut : 256, lo > cut ? cut + 1 : 256};
       Tally r[kTallies];
@@ -490,6 +490,7 @@ class GridRow {
     if (blocks_ > kCountedBlocks || !one_value(cut)) return false;
     const bool by_mass = by_mass_;
     const rule::BucketDraw d = rule::bucket_draw(*this, vocab, row.top_k, row.top_p, row.min_p, bits, first_);
+    __syncthreads();
     by_mass_ = by_mass;
     walked_ = d.key;
     return d.ok;
@@ -498,16 +499,18 @@ class GridRow {
 
   // The walk's executor, over the value histogram (pass 1) summed over the row's blocks.
   __device__ rule::Choice scan(const rule::Goal& goal, bool by_mass, int low, u128 low_measure) {
+    __syncthreads();  // the previous choice has been read: scans follow one another
     by_mass_ = by_mass;
     const u128 extra = extra_;
     extra_ = 0;
-    if (threadIdx.x == 0) {  // choose reads them after its first barrier, and they are reset after its last
+    if (threadIdx.x == 0) {
       sh_.floor = low;
       sh_.floor_lo = static_cast<ull>(low_measure);
       sh_.floor_hi = static_cast<ull>(low_measure >> 64);
     }
+    __syncthreads();
     const rule::Choice c = choose(goal);
-    if (threadIdx.x == 0) sh_.floor = -1;
+    if (threadIdx.x == 0) sh_.floor = -1;  // seen by the next choose: walk ends with a barrier
     extra_ = extra;
     return c;
   }
