@@ -14,7 +14,11 @@
 // memory, with no more barriers: the same selects, the mass of the keys outside the list added to a
 // total over the whole row. A top-p nucleus too large for that lists only top-p's bucket and the
 // buckets the draw can reach, and selects within one bucket at a time (band_draw). Otherwise the row
-// goes on with the radix passes over all blocks.
+// goes on with the radix passes over all blocks, unless each of its cuts falls in a value bucket of one
+// value (rows of ties): then the first block decides the row from the value histogram alone
+// (model/cpu/sampling_buckets.hpp), finding the i-th id of a run of ties from per-block counts of its
+// bucket and one read of the block's logits. Over 800 lines: one kernel's executor, its parts share
+// its registers and shared memory.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -23,6 +27,7 @@
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/sample_scratch.hpp"
+#include "model/cpu/sampling_buckets.hpp"
 #include "model/cpu/sampling_rule.hpp"
 
 namespace ferry::gpu {
@@ -39,11 +44,11 @@ constexpr uint32_t kMaxRows = 8;  // rows of one launch: the scratch holds this 
 // Barriers of one row: the argmax, the value histogram, then either the gather or up to 8 digits of a
 // 63-bit key for each of the three selects (top-k, top-p, the draw) and min-p's.
 constexpr int kPasses = 2 + 3 * 8 + 1;
-constexpr double kBucketsPerUnit = 8.0;  // value histogram buckets per unit of (value - top) / T
 // Keys gathered during the value histogram already: buckets from here up, (value - top) / T > -16.125.
 constexpr int kSpecBucket = 255 - 128;
 constexpr unsigned kAll = 0xffffffffu;
 constexpr int kTallies = 4;  // value-bucket sums a plan takes at once
+constexpr uint32_t kCountedBlocks = 64;  // blocks of a row whose value-bucket counts are kept (the walk)
 
 // One pass's histogram summed over a row's blocks: a block's weight W of a bucket adds W mod 2^32 to lo
 // and W >> 32 to hi (the bucket's weight is lo + hi * 2^32); neither sum can wrap for 2^31 keys.
@@ -59,20 +64,13 @@ struct RowScratch {
   ull past;  // 1 + the largest key lighter than min-p's threshold (0: none), over the whole row
   Pass pass[kPasses];
   ull list[kBlockKeys];  // the gathered keys, in no order
+  // Of the value histogram: per bucket the largest value's order bits and the smallest's complement
+  // (maxima, so that zero is empty), and each block's count (at most kBlockKeys).
+  uint32_t vmax[256], vlow[256];
+  uint16_t block_count[kCountedBlocks][256];
 };
 
-// The value histogram's bucket of a value: 255 for the top, down by one every eighth of T below it, 0
-// for the rest (-inf and NaN included). It never decreases with the value, so it never does with the key.
-struct ValueBuckets {
-  float top;
-  double inv_t;
-  __device__ explicit ValueBuckets(const rule::WeightRule& w) : top(w.top), inv_t(w.inv_t) {}
-  __device__ int operator()(float v) const {
-    if (v == top) return 255;
-    const double t = (static_cast<double>(top) - static_cast<double>(v)) * inv_t * kBucketsPerUnit;
-    return t < 255.0 ? 255 - static_cast<int>(t) : 0;
-  }
-};
+using rule::ValueBuckets;
 
 // A block's histogram. Shared-memory atomics on 64 bits are compare-and-swap loops, slow when many
 // warps hit one bucket, so a bucket's weight is a 96-bit number in three 32-bit words (m0 low) added
@@ -81,9 +79,20 @@ struct Local {
   uint32_t count[256];
   uint32_t m0[256], m1[256], m2[256];
   ull top[256];
+  uint32_t vmax[256], vlow[256];  // the value histogram's value range per bucket, as in RowScratch
   ull group_w[kThreads], group_k[kThreads];  // a warp's weights and keys, for the lowest lane of a bucket
   uint32_t bucket, bucket_count;
   ull count_before, need_lo, need_hi, only;
+  uint32_t nth_block, warp_total[kThreads / 32];  // nth_key
+  ull nth_rank, nth_key;
+  // Read by the bucket walk only, so kept here rather than in registers: the row's logits, a drawn
+  // row's weight rule, and choose's floor (buckets below it count nothing, it counts floor_measure).
+  const float* row;
+  uint32_t vocab;
+  float wr_top;
+  double wr_inv_t;
+  int floor;
+  ull floor_lo, floor_hi;
   ull tally_count[kTallies], tally_lo[kTallies], tally_hi[kTallies];
 };
 
@@ -99,7 +108,7 @@ struct Band {
 };
 
 // How a drawn row goes on after its value histogram.
-enum class Way { all_blocks, list, band, elsewhere };
+enum class Way { all_blocks, list, band, buckets, elsewhere };
 
 // Reads of what other blocks added: from L2, past this SM's L1 (ld.global.cg).
 __device__ uint32_t load_l2(const uint32_t& x) {
@@ -110,6 +119,11 @@ __device__ uint32_t load_l2(const uint32_t& x) {
 __device__ ull load_l2(const ull& x) {
   ull v;
   asm volatile("ld.global.cg.u64 %0, [%1];" : "=l"(v) : "l"(&x));
+  return v;
+}
+__device__ uint16_t load_l2(const uint16_t& x) {
+  unsigned short v;
+  asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(&x));
   return v;
 }
 __device__ void store_l2(ull& x, ull v) { asm volatile("st.global.cg.u64 [%0], %1;" ::"l"(&x), "l"(v) : "memory"); }
@@ -124,6 +138,13 @@ __device__ ull warp_max_u64(ull v) {
   for (int o = 16; o > 0; o >>= 1) {
     const ull other = __shfl_xor_sync(kAll, v, o);
     v = other > v ? other : v;
+  }
+  return v;
+}
+__device__ ull warp_min_u64(ull v) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const ull other = __shfl_xor_sync(kAll, v, o);
+    v = other < v ? other : v;
   }
   return v;
 }
@@ -156,6 +177,11 @@ class GridRow {
       : sh_(sh), g_(g), blocks_(blocks), first_(first), bits_(bits) {}
 
   __device__ void load(const float* row, uint32_t vocab, uint32_t begin, const rule::KeySpace& ks) {
+    if (threadIdx.x == 0) {  // read after max_key's barrier
+      sh_.row = row;
+      sh_.vocab = vocab;
+      sh_.floor = -1;
+    }
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       const uint32_t i = begin + static_cast<uint32_t>(j * kThreads) + threadIdx.x;
@@ -188,13 +214,13 @@ class GridRow {
     for (int j = 0; j < kPer; ++j) {
       const ull k = key_[j];
       const bool in = k != 0 && k >= lb && (k >> left) == prefix && ((view_ >> j) & 1u) != 0;
-      add_grouped(in ? static_cast<int>((k >> shift) & digit) : -1, by_mass ? w_[j] : 0, k);
+      add_grouped(in ? static_cast<int>((k >> shift) & digit) : -1, by_mass ? w_[j] : 0, k, false);
     }
     if (local_) {
       __syncthreads();
       return;
     }
-    publish(next_pass());
+    publish(next_pass(), false);
   }
 
   // Warp 0 scans the summed buckets from the highest, 8 per lane; the lane holding the goal writes it.
@@ -217,6 +243,12 @@ class GridRow {
         } else {
           c[j] = load_l2(p.count[b]);
           m[j] = by_mass_ ? static_cast<u128>(load_l2(p.lo[b])) + (static_cast<u128>(load_l2(p.hi[b])) << 32) : u128{c[j]};
+        }
+        if (b < sh_.floor) {
+          c[j] = 0;
+          m[j] = 0;
+        } else if (b == sh_.floor) {
+          m[j] = (static_cast<u128>(sh_.floor_hi) << 64) | sh_.floor_lo;
         }
         mine += m[j];
         mine_count += c[j];
@@ -295,13 +327,17 @@ class GridRow {
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       const ull k = key_[j];
-      add_grouped(k != 0 ? vb(ks.value(k)) : -1, w_[j], k);
+      add_grouped(k != 0 ? vb(ks.value(k)) : -1, w_[j], k, true);
       if (k != 0 && w_[j] < light && k + 1 > past) past = k + 1;
     }
     past = warp_max_u64(past);
     if ((threadIdx.x & 31) == 0 && past != 0) atomicMax(&g_.past, past);
     gather(vb, ks, Band{kSpecBucket, kSpecBucket, 255}, g_.listed_early);
-    publish(next_pass());
+    if (threadIdx.x == 0) {  // read after publish's barrier
+      sh_.wr_top = wr.top;
+      sh_.wr_inv_t = wr.inv_t;
+    }
+    publish(next_pass(), true);
     if (light != 0) past_ = load_l2(g_.past);
 
     // The bucket of the first cut: every key the rule looks at after it is in that bucket or above.
@@ -328,6 +364,8 @@ class GridRow {
     Way way = Way::list;
     if (cut >= kSpecBucket && t[2].count <= kBlockKeys) {
       listed = t[2];
+    } else if (walk(row, vocab, bits, cut)) {
+      return first_ ? Way::buckets : Way::elsewhere;
     } else if (t[1].count <= kBlockKeys) {
       gather(vb, ks, Band{cut, cut, 255}, g_.listed);
       next_pass();
@@ -344,6 +382,7 @@ class GridRow {
       const u128 least = rule::scale_by_draw(bits, band_above_ + band_need_) + 1;
       const u128 most = rule::scale_by_draw(bits, band_above_ + cut_mass) + 1;
       const int hi = static_cast<int>(choose(rule::Goal::exactly(least)).bucket);
+      __syncthreads();  // every thread has read that choice
       const int lo = static_cast<int>(choose(rule::Goal::exactly(most)).bucket);
       const int range[kTallies] = {lo, hi + 1, lo > cut ? cut : 256, lo > cut ? cut + 1 : 256};
       Tally r[kTallies];
@@ -444,6 +483,105 @@ class GridRow {
   // Every pass skips the keys below its lb already.
   __device__ void narrow(uint64_t, uint64_t) {}
 
+  // The bucket walk (model/cpu/sampling_buckets.hpp) when the first cut's value bucket holds one value:
+  // the first block finds the keys, the others only plan, with the same answer, so all of them leave
+  // for the radix passes together when it does not hold.
+  __device__ bool walk(const SampleRow& row, uint32_t vocab, uint64_t bits, int cut) {
+    if (blocks_ > kCountedBlocks || !one_value(cut)) return false;
+    const bool by_mass = by_mass_;
+    const rule::BucketDraw d = rule::bucket_draw(*this, vocab, row.top_k, row.top_p, row.min_p, bits, first_);
+    __syncthreads();
+    by_mass_ = by_mass;
+    walked_ = d.key;
+    return d.ok;
+  }
+  __device__ uint64_t walked() const { return walked_; }
+
+  // The walk's executor, over the value histogram (pass 1) summed over the row's blocks.
+  __device__ rule::Choice scan(const rule::Goal& goal, bool by_mass, int low, u128 low_measure) {
+    __syncthreads();  // the previous choice has been read: scans follow one another
+    by_mass_ = by_mass;
+    const u128 extra = extra_;
+    extra_ = 0;
+    if (threadIdx.x == 0) {
+      sh_.floor = low;
+      sh_.floor_lo = static_cast<ull>(low_measure);
+      sh_.floor_hi = static_cast<ull>(low_measure >> 64);
+    }
+    __syncthreads();
+    const rule::Choice c = choose(goal);
+    if (threadIdx.x == 0) sh_.floor = -1;  // seen by the next choose: walk ends with a barrier
+    extra_ = extra;
+    return c;
+  }
+  __device__ uint64_t count(int b) const { return load_l2(g_.pass[1].count[b]); }
+  __device__ u128 mass(int b) const {
+    return static_cast<u128>(load_l2(g_.pass[1].lo[b])) + (static_cast<u128>(load_l2(g_.pass[1].hi[b])) << 32);
+  }
+  __device__ bool one_value(int b) const {
+    return load_l2(g_.pass[1].count[b]) != 0 && load_l2(g_.vmax[b]) == ~load_l2(g_.vlow[b]);
+  }
+  __device__ uint64_t weight(int b) const { return weight_rule()(rule::order_value(load_l2(g_.vmax[b]))); }
+  __device__ uint64_t past() const { return past_; }
+  __device__ int bucket_of(uint64_t key) const {
+    return ValueBuckets(weight_rule())(rule::order_value(static_cast<uint32_t>(key >> (bits_ - 32))));
+  }
+
+  // The i-th largest key of one-value bucket b (1-based): the i-th lowest id of its value. The block
+  // holding it from the per-block counts of b, then its rank there from the block's logits. Every
+  // thread of the first block calls it.
+  __device__ uint64_t nth_key(int b, uint64_t i) {
+    __syncthreads();  // the previous answer has been read
+    if (threadIdx.x < 32) {
+      const uint32_t lane = threadIdx.x, p0 = 2 * lane, p1 = p0 + 1;
+      const ull c0 = p0 < blocks_ ? load_l2(g_.block_count[p0][b]) : 0;
+      const ull c1 = p1 < blocks_ ? load_l2(g_.block_count[p1][b]) : 0;
+      ull incl = c0 + c1;
+      for (int o = 1; o < 32; o <<= 1) {
+        const ull up = __shfl_up_sync(kAll, incl, o);
+        if (static_cast<int>(lane) >= o) incl += up;
+      }
+      const ull before = incl - c0 - c1;
+      if (before < i && i <= incl) {
+        const bool second = i > before + c0;
+        sh_.nth_block = second ? p1 : p0;
+        sh_.nth_rank = i - before - (second ? c0 : 0);
+      }
+    }
+    __syncthreads();
+    const uint32_t vbits = load_l2(g_.vmax[b]);
+    const uint64_t rank = sh_.nth_rank;
+    const uint32_t first_id = sh_.nth_block * kBlockKeys + threadIdx.x * kPer;
+    const float* row = sh_.row;
+    const uint32_t vocab = sh_.vocab;
+    unsigned match = 0;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const uint32_t id = first_id + static_cast<uint32_t>(j);
+      if (id < vocab && rule::order_bits(row[id]) == vbits) match |= 1u << j;
+    }
+    const auto c = static_cast<unsigned>(__popc(match));
+    const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    unsigned incl = c;
+    for (int o = 1; o < 32; o <<= 1) {
+      const unsigned up = __shfl_up_sync(kAll, incl, o);
+      if (static_cast<int>(lane) >= o) incl += up;
+    }
+    if (lane == 31) sh_.warp_total[warp] = incl;
+    __syncthreads();
+    uint64_t before = incl - c;
+    for (unsigned w = 0; w < warp; ++w) before += sh_.warp_total[w];
+    if (before < rank && rank <= before + c) {
+      unsigned m = match;
+      for (uint64_t k = rank - before; k > 1; --k) m &= m - 1;  // drop the lower matches
+      const uint32_t id = first_id + static_cast<uint32_t>(__ffs(m) - 1);
+      const ull id_mask = (ull{1} << (bits_ - 32)) - 1;
+      sh_.nth_key = (ull{vbits} << (bits_ - 32)) | (id_mask - id);
+    }
+    __syncthreads();
+    return sh_.nth_key;
+  }
+
   // The last block of the row to leave resets what the next launch expects zero.
   __device__ void leave() {
     __syncthreads();
@@ -461,6 +599,12 @@ class GridRow {
   }
 
  private:
+  __device__ rule::WeightRule weight_rule() const {
+    rule::WeightRule w(sh_.wr_top, 1.0f);
+    w.inv_t = sh_.wr_inv_t;
+    return w;
+  }
+
   __device__ Pass& next_pass() {
     if (++pass_ >= kPasses) __trap();  // draw_token passes at most kPasses barriers
     return g_.pass[pass_];
@@ -477,15 +621,27 @@ class GridRow {
 
   __device__ void clear_local() {
     __syncthreads();  // the previous choice has been read
-    for (int b = threadIdx.x; b < 256; b += kThreads) sh_.count[b] = sh_.m0[b] = sh_.m1[b] = sh_.m2[b] = 0;
+    for (int b = threadIdx.x; b < 256; b += kThreads) {
+      sh_.count[b] = sh_.m0[b] = sh_.m1[b] = sh_.m2[b] = 0;
+      sh_.vmax[b] = sh_.vlow[b] = 0;
+    }
     __syncthreads();
   }
 
-  // Adds the block's histogram into the pass's sums, then waits for the row's other blocks.
-  __device__ void publish(Pass& p) {
+  // Adds the block's histogram into the pass's sums, then waits for the row's other blocks. The value
+  // histogram also keeps each bucket's value range and this block's counts.
+  __device__ void publish(Pass& p, bool value_pass) {
     __syncthreads();
     for (int b = threadIdx.x; b < 256; b += kThreads) {
+      const uint32_t part = blockIdx.x % blocks_;
+      if (value_pass && part < kCountedBlocks) {
+        *reinterpret_cast<volatile uint16_t*>(&g_.block_count[part][b]) = static_cast<uint16_t>(sh_.count[b]);
+      }
       if (sh_.count[b] == 0) continue;
+      if (value_pass) {
+        atomicMax(&g_.vmax[b], sh_.vmax[b]);
+        atomicMax(&g_.vlow[b], sh_.vlow[b]);
+      }
       atomicAdd(&p.count[b], sh_.count[b]);
       if (sh_.m0[b] != 0) atomicAdd(&p.lo[b], ull{sh_.m0[b]});
       const ull hi = sh_.m1[b] | (ull{sh_.m2[b]} << 32);
@@ -563,14 +719,16 @@ class GridRow {
 
   // Adds key k (bucket b, -1 for none) of every lane. Lanes of one bucket are summed in the warp
   // first, since the first digits put most of a row in a few buckets: a whole-warp bucket by shuffles,
-  // smaller groups by their lowest lane reading its peers' weights from shared memory.
-  __device__ void add_grouped(int b, ull w, ull k) {
+  // smaller groups by their lowest lane reading its peers' weights from shared memory. `ranged` also
+  // keeps the bucket's value range.
+  __device__ void add_grouped(int b, ull w, ull k, bool ranged) {
     if (__ballot_sync(kAll, b >= 0) == 0) return;
     const unsigned peers = __match_any_sync(kAll, b);
     const int lane = static_cast<int>(threadIdx.x & 31);
     if (__all_sync(kAll, peers == kAll)) {  // every lane in bucket b
       const ull lo = warp_sum_u64(w & 0xffffffffull), hi = warp_sum_u64(w >> 32), top = warp_max_u64(k);
-      if (lane == 0) add_local(b, 32, lo, hi, top);
+      const ull low = ranged ? warp_min_u64(k) : k;
+      if (lane == 0) add_local(b, 32, lo, hi, top, low, ranged);
       return;
     }
     const unsigned base = threadIdx.x & ~31u;
@@ -578,23 +736,29 @@ class GridRow {
     sh_.group_k[threadIdx.x] = k;
     __syncwarp();
     if (b >= 0 && lane == __ffs(peers) - 1) {
-      ull lo = 0, hi = 0, top = 0;
+      ull lo = 0, hi = 0, top = 0, low = ~0ull;
       for (unsigned m = peers; m != 0; m &= m - 1) {
         const unsigned i = base + static_cast<unsigned>(__ffs(m) - 1);
         const ull wi = sh_.group_w[i], ki = sh_.group_k[i];
         lo += wi & 0xffffffffull;
         hi += wi >> 32;
         top = ki > top ? ki : top;
+        low = ki < low ? ki : low;
       }
-      add_local(b, static_cast<uint32_t>(__popc(peers)), lo, hi, top);
+      add_local(b, static_cast<uint32_t>(__popc(peers)), lo, hi, top, low, ranged);
     }
     __syncwarp();
   }
 
-  // Adds `count` keys of weight lo + hi * 2^32 (lo, hi < 2^37) and one of their keys to bucket b.
-  __device__ void add_local(int b, uint32_t count, ull lo, ull hi, ull top) {
+  // Adds `count` keys of weight lo + hi * 2^32 (lo, hi < 2^37) and one of their keys to bucket b; when
+  // `ranged`, their largest and smallest value too (top, low: their largest and smallest key).
+  __device__ void add_local(int b, uint32_t count, ull lo, ull hi, ull top, ull low, bool ranged) {
     atomicAdd(&sh_.count[b], count);
     sh_.top[b] = top;
+    if (ranged) {
+      atomicMax(&sh_.vmax[b], static_cast<uint32_t>(top >> (bits_ - 32)));
+      atomicMax(&sh_.vlow[b], ~static_cast<uint32_t>(low >> (bits_ - 32)));
+    }
     if ((lo | hi) == 0) return;
     const auto v0 = static_cast<uint32_t>(lo);
     const ull rest = (lo >> 32) + hi;
@@ -614,6 +778,7 @@ class GridRow {
       for (int b = threadIdx.x; b < 256; b += kThreads) {
         n.count[b] = 0;
         n.lo[b] = n.hi[b] = n.top[b] = 0;
+        if (pass_ == 0) g_.vmax[b] = g_.vlow[b] = 0;  // the value histogram's ranges, too
       }
     }
     // The block's writes are ordered before thread 0's release by the block barrier, and the other
@@ -635,6 +800,7 @@ class GridRow {
   uint32_t blocks_;
   bool first_;
   uint32_t bits_;
+  ull walked_ = 0;  // the bucket walk's key
   int pass_ = 0;
   bool by_mass_ = false;
   bool local_ = false;  // drawing from the list in registers: no global sums, no barriers
@@ -665,6 +831,8 @@ __global__ void __launch_bounds__(kThreads) sample_grid_kernel(const float* logi
     const Way way = ex.shortcut(row, vocab, ks, wr, bits);
     if (way == Way::band) {
       token = ex.band_draw(ks, wr, bits);
+    } else if (way == Way::buckets) {
+      token = ks.id(ex.walked());
     } else if (way != Way::elsewhere) {
       token = rule::draw_token(ex, ks, vocab, row.top_k, row.top_p, row.min_p, bits);
     }

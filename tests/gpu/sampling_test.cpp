@@ -3,7 +3,7 @@
 // (random, peaked, flat, ties, -inf, NaN, +-0, +inf) at vocabularies of 97 to 154880 ids, a grid of
 // (temperature, top-k, top-p, min-p) with seeds and positions, greedy rows among them, and many seeds
 // at serve's settings on the GLM vocabulary, and rows built to take each way of the many-block path
-// (a list, a band, all blocks); the tokens must be identical. Also prints both paths' times for a
+// (a list, a band, all blocks, the bucket walk of rows of ties); the tokens must be identical. Also prints both paths' times for a
 // decode step's 3 and 8 rows of the GLM vocabulary at common settings, and each way's.
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -270,6 +270,74 @@ TEST(DeviceSampler, EveryWayOfTheManyBlockPathDrawsTheCpuTokens) {
     p.top_k = t.top_k;
     const std::vector<SampleRow> batch(3, device_row(t.row, p, 100));
     std::printf("3 rows of %u, %-46s %8.1f us\n", vocab, t.name, 1000.0f * dev.time(batch, 20, Path::grid));
+  }
+}
+
+// Rows of ties on the GLM vocabulary, which take the bucket walk (model/cpu/sampling_buckets.hpp; its
+// CPU test shows the walk holding on rows and cuts of these kinds): one value over half the ids (every block), a
+// run of one value cut exactly at its end, one before and one past it, min-p with ties.
+TEST(DeviceSampler, TiesTakeTheBucketWalkAndDrawTheCpuTokens) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  const uint32_t vocab = 154880;
+  std::mt19937 rng(43);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<std::vector<float>> rows(3, std::vector<float>(vocab));
+  const char* names[] = {"ties", "one value over half", "two values"};
+  for (uint32_t i = 0; i < vocab; ++i) {
+    rows[0][i] = std::round(2.0f * normal(rng)) / 2.0f;
+    rows[1][i] = i % 2 == 0 ? 1.0f : -8.0f - std::floor(4.0f * std::abs(normal(rng)));
+    rows[2][i] = i % 3 == 0 ? 2.0f : i % 3 == 1 ? 1.5f : -INFINITY;
+  }
+  DeviceRows dev(rows, vocab);
+  const uint32_t run = (vocab + 2) / 3;  // the ids of the top value of "two values"
+  struct Cut {
+    uint32_t top_k;
+    float top_p, min_p;
+  };
+  const Cut cuts[] = {{0, 0.95f, 0.0f}, {40, 1.0f, 0.0f},     {run, 1.0f, 0.0f},  {run - 1, 1.0f, 0.0f},
+                      {run + 1, 0.7f, 0.0f}, {0, 1.0f, 0.7f}, {0, 0.9f, 0.05f}, {2 * run, 0.95f, 0.1f}};
+  size_t compared = 0;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    std::vector<SampleRow> batch;
+    std::vector<SamplingParams> params;
+    for (float t : {0.4f, 1.0f}) {
+      for (const Cut& c : cuts) {
+        for (uint64_t s = 0; s < 2; ++s) {
+          SamplingParams p;
+          p.temperature = t;
+          p.top_k = c.top_k;
+          p.top_p = c.top_p;
+          p.min_p = c.min_p;
+          p.seed = 0x2545f4914f6cdd1dull * (s + 1) + c.top_k;
+          params.push_back(p);
+          for (uint32_t pos : {9u, 65537u}) batch.push_back(device_row(static_cast<int32_t>(r), p, pos));
+        }
+      }
+    }
+    const std::vector<int32_t> got = dev.sample(batch);
+    for (size_t j = 0; j < batch.size(); ++j) {
+      const SamplingParams& p = params[j / 2];
+      ASSERT_EQ(got[j], model::sample_token(rows[r], p, batch[j].position))
+          << names[r] << " T " << p.temperature << " top_k " << p.top_k << " top_p " << p.top_p << " min_p "
+          << p.min_p << " seed " << p.seed << " position " << batch[j].position;
+      ++compared;
+    }
+  }
+  std::printf("vocab %u, rows of ties (the bucket walk): %zu drawn tokens identical\n", vocab, compared);
+  struct Timed {
+    const char* name;
+    int32_t row;
+    float temperature;
+    uint32_t top_k;
+  };
+  for (const Timed& t : {Timed{"ties, T 1, top-p 0.95", 0, 1.0f, 0}, Timed{"ties, T 0.4, top-p 0.95", 0, 0.4f, 0},
+                         Timed{"two values, T 1, top-k at the run's end", 2, 1.0f, run}}) {
+    SamplingParams p;
+    p.temperature = t.temperature;
+    p.top_p = t.top_k == 0 ? 0.95f : 1.0f;
+    p.top_k = t.top_k;
+    const std::vector<SampleRow> batch(3, device_row(t.row, p, 100));
+    std::printf("3 rows of %u, bucket walk: %-40s %8.1f us\n", vocab, t.name, 1000.0f * dev.time(batch, 20, Path::grid));
   }
 }
 
