@@ -121,6 +121,7 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   const MatvecProduct qkv[] = {
       {&l.m(T::attn_q), w_.qkv_raw}, {&l.m(T::attn_k), w_.qkv_raw + z.C}, {&l.m(T::attn_v), w_.qkv_raw + 2 * z.C}};
   mm_products(qkv, 3, w_.x, z.D, n, 3 * z.C);
+  mark(OpGroup::kda_proj);
   KdaArgs a;
   a.row = g.row;
   a.seg = g.seg;
@@ -134,6 +135,7 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   a.conv_w = l.conv;
   a.conv_state = st.conv;
   kda_conv(a, s_);
+  mark(OpGroup::kda_conv);
   // The gate's low-rank input (g_a) and beta with f_a's: all read x.
   const MatvecProduct fa_ga_beta[] = {
       {&l.m(T::ssm_f_a), w_.fa}, {&l.m(T::ssm_g_a), w_.ga}, {&l.m(T::ssm_beta), w_.beta, nullptr, z.kda_nh}};
@@ -141,6 +143,7 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   // Both low-rank expansions (f_b of f_a's output, g_b of g_a's) before the recurrence.
   const MatvecProduct fb_gb[] = {{&l.m(T::ssm_f_b), w_.f, w_.fa}, {&l.m(T::ssm_g_b), w_.gate, w_.ga}};
   mm_products(fb_gb, 2, nullptr, z.kda_hd, n, z.C);
+  mark(OpGroup::kda_proj);
   a.f = w_.f;
   a.dt_bias = l.v(T::ssm_dt_bias);
   a.a = l.v(T::ssm_a);
@@ -150,7 +153,9 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   a.out = w_.o;
   kda_recurrent(a, s_);
   gated_rms_norm(w_.o, w_.gate, l.v(T::ssm_norm), n, z.kda_nh, z.kda_hd, hp_.rms_eps, w_.z, s_);
+  mark(OpGroup::kda_recurrence);
   mm(l.m(T::attn_output), w_.z, z.C, n, w_.y, z.D);
+  mark(OpGroup::kda_out);
 }
 
 void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState& st) {
@@ -174,6 +179,7 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
     store_latents(w_.lat, z.kvlr, g.row, n, z.kvlr, state_.latent_rows(), state_.latent_type(), st.latents,
                   st.latent_scales, s_);
   }
+  mark(OpGroup::dsa_proj);
   if (l.has_indexer) {
     mm(l.m(T::indexer_attn_q_b), w_.qr, z.qlr, n, w_.kq, static_cast<size_t>(z.ih) * z.id);
     const MatvecProduct k_gate[] = {{&l.m(T::indexer_attn_k), w_.kk}, {&l.m(T::indexer_compressor_gate), w_.gs}};
@@ -182,6 +188,7 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
                z.id, s_);
     scatter_to_cache(w_.kk, z.id, g.row, n, z.id, ctx, st.keys, s_);
     scatter_to_cache(w_.gs, z.id, g.row, n, z.id, ctx, st.gates, s_);
+    mark(OpGroup::indexer_proj);
     IndexerArgs ia;
     ia.row = g.row;
     ia.seg = g.seg;
@@ -206,9 +213,11 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
     ia.max_tokens = w_.max_selected;
     indexer_pool_keys(ia, s_);
     indexer_select(ia, s_);
+    mark(OpGroup::indexer_select);
   }
   mm_grouped(l.m(T::attn_k_b), z.nh, w_.q, static_cast<size_t>(z.nh) * z.nope, z.nope, n, w_.q_lat,
              static_cast<size_t>(z.nh) * z.kvlr, z.kvlr);
+  mark(OpGroup::dsa_proj);
   SparseMlaArgs ma;
   ma.row = g.row;
   ma.rows = n;
@@ -231,9 +240,11 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
   } else {
     sparse_mla(ma, s_);
   }
+  mark(OpGroup::sparse_mla);
   mm_grouped(l.m(T::attn_v_b), z.nh, w_.o_lat, static_cast<size_t>(z.nh) * z.kvlr, z.kvlr, n, w_.v,
              static_cast<size_t>(z.nh) * z.vd, z.vd);
   mm(l.m(T::attn_output), w_.v, static_cast<size_t>(z.nh) * z.vd, n, w_.y, z.D);
+  mark(OpGroup::dsa_out);
 }
 
 void LayerRunner::dense_ffn(const DevMatrix& gate, const DevMatrix& up, const DevMatrix& down, uint32_t n, float* y) {
@@ -271,15 +282,20 @@ void LayerRunner::moe_layer(const StepGeometry& g, const DevLayer& l, bool uploa
   ra.ids = w_.rids;
   ra.weights = w_.rweights;
   moe_route(ra, s_);
+  mark(OpGroup::moe_router);
   const bool shared = !l.m(T::ffn_gate_shexp).empty();
-  if (shared) dense_ffn(l.m(T::ffn_gate_shexp), l.m(T::ffn_up_shexp), l.m(T::ffn_down_shexp), n, w_.sh);
+  if (shared) {
+    dense_ffn(l.m(T::ffn_gate_shexp), l.m(T::ffn_up_shexp), l.m(T::ffn_down_shexp), n, w_.sh);
+    mark(OpGroup::moe_shared);
+  }
   if (n <= kMaxMatvecTokens) {
     decode_experts(n, l);
     moe_combine(w_.eo, nullptr, w_.rweights, shared ? w_.sh : nullptr, n, z.k, z.D, w_.y, s_);
-    return;
+  } else {
+    prefill_experts(n, l, upload_misses);
+    moe_combine(w_.eo, w_.where, w_.rweights, shared ? w_.sh : nullptr, n, z.k, z.D, w_.y, s_);
   }
-  prefill_experts(n, l, upload_misses);
-  moe_combine(w_.eo, w_.where, w_.rweights, shared ? w_.sh : nullptr, n, z.k, z.D, w_.y, s_);
+  mark(OpGroup::moe_experts);
 }
 
 void LayerRunner::decode_experts(uint32_t n, const DevLayer& l) {
@@ -377,7 +393,10 @@ void LayerRunner::plain_block(const StepGeometry& g, uint32_t il, float* h) {
 }
 
 void LayerRunner::forward(model::LayerRange layers, const StepGeometry& g, const int32_t* tokens) {
-  if (tokens != nullptr) embed_rows(weights_.token_embd, tokens, g.rows, w_.R, d_.H, s_);
+  if (tokens != nullptr) {
+    embed_rows(weights_.token_embd, tokens, g.rows, w_.R, d_.H, s_);
+    mark(OpGroup::embed);
+  }
   // A prefill chunk that uploads its missing experts stages each MoE layer's two ahead of use, so that
   // the copies run beside the layers before it.
   std::vector<uint32_t> moe;
@@ -392,20 +411,25 @@ void LayerRunner::forward(model::LayerRange layers, const StepGeometry& g, const
   for (uint32_t il = layers.first; il < layers.end; ++il) {
     const DevLayer& l = weights_.layer(il);
     mhc_site(g, l.m(T::hc_attn_fn), l.v(T::hc_attn_base), l.v(T::hc_attn_scale), l.v(T::attn_norm));
+    mark(OpGroup::mhc_pre);
     if (l.kind == LayerKind::kda) {
       kda_layer(g, l, state_.layer(il));
     } else {
       dsa_layer(g, l, state_.layer(il));
     }
     mhc_post(w_.R, w_.y, w_.post, w_.comb, g.rows, d_.H, d_.D, s_);
+    mark(OpGroup::mhc_post);
     mhc_site(g, l.m(T::hc_ffn_fn), l.v(T::hc_ffn_base), l.v(T::hc_ffn_scale), l.v(T::ffn_norm));
+    mark(OpGroup::mhc_pre);
     if (l.ffn == FfnKind::dense) {
       dense_ffn(l.m(T::ffn_gate), l.m(T::ffn_up), l.m(T::ffn_down), g.rows, w_.y);
+      mark(OpGroup::dense_ffn);
     } else {
       moe_layer(g, l, upload);
       if (upload && staged < moe.size()) experts_->stage_layer(moe[staged++]);
     }
     mhc_post(w_.R, w_.y, w_.post, w_.comb, g.rows, d_.H, d_.D, s_);
+    mark(OpGroup::mhc_post);
   }
 }
 
