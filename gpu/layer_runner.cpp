@@ -42,14 +42,17 @@ void LayerRunner::mm(const DevMatrix& m, const float* x, size_t ldx, uint32_t n,
                                    static_cast<int>(m.cols), &one, reinterpret_cast<const float*>(m.data),
                                    static_cast<int>(m.row_bytes / 4), x, static_cast<int>(ldx), &zero, y,
                                    static_cast<int>(ldy)));
+    mark(OpPart::gemm);
     return;
   }
   float_to_half(x, ldx, n, m.cols, w_.xh, s_, w_.xl);
+  mark(OpPart::convert);
   const size_t chunk = std::max<size_t>(1, w_.wh_elems / m.cols);
   const float lo = 1.0f / kHalfLoScale;
   for (size_t r0 = 0; r0 < m.rows; r0 += chunk) {
     const size_t rows = std::min<size_t>(chunk, m.rows - r0);
     dequantize_to_half(m, r0, rows, w_.wh, s_, w_.wl);
+    mark(OpPart::convert);
     auto gemm = [&](const void* a, const void* b, const float* alpha, const float* beta) {
       FERRY_CUBLAS(blas::api().gemm_ex(cublas_, blas::op_t, blas::op_n, static_cast<int>(rows), static_cast<int>(n),
                                        static_cast<int>(m.cols), alpha, a, CUDA_R_16F, static_cast<int>(m.cols), b,
@@ -59,6 +62,7 @@ void LayerRunner::mm(const DevMatrix& m, const float* x, size_t ldx, uint32_t n,
     gemm(w_.wh, w_.xh, &one, &zero);
     gemm(w_.wh, w_.xl, &lo, &one);
     gemm(w_.wl, w_.xh, &lo, &one);
+    mark(OpPart::gemm);
   }
 }
 

@@ -42,6 +42,9 @@ class LayerRunner {
   void mark(OpGroup g) {
     if (times_ != nullptr) times_->mark(g, s_);
   }
+  void mark(OpPart p) {
+    if (times_ != nullptr) times_->part(p, s_);
+  }
   void mhc_site(const StepGeometry& g, const DevMatrix& fn, const float* base, const float* scale, const float* norm_w);
   void kda_layer(const StepGeometry& g, const DevLayer& l, LayerState& st);
   void dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState& st);

@@ -1,6 +1,7 @@
 #include "gpu/op_times.hpp"
 
 #include <cstdio>
+#include <utility>
 
 namespace ferry::gpu {
 
@@ -35,7 +36,12 @@ double OpTimeTotals::total_ms() const {
 }
 
 void OpTimeTotals::add(const OpTimeTotals& o) {
-  for (size_t i = 0; i < kOpGroups; ++i) ms[i] += o.ms[i], marks[i] += o.marks[i];
+  for (size_t i = 0; i < kOpGroups; ++i) {
+    ms[i] += o.ms[i];
+    gemm_ms[i] += o.gemm_ms[i];
+    convert_ms[i] += o.convert_ms[i];
+    marks[i] += o.marks[i];
+  }
   steps += o.steps;
 }
 
@@ -43,17 +49,22 @@ std::string format_op_times(const OpTimeTotals& t, const std::string& what) {
   const double steps = t.steps > 0 ? t.steps : 1;
   const double total = t.total_ms() / steps;
   std::string out = what + " (" + std::to_string(t.steps) + " steps; CUDA events on the compute stream):\n";
-  char line[128];
-  std::snprintf(line, sizeof line, "  %-16s %10s %7s %8s\n", "op group", "ms a step", "share", "marks");
+  char line[160];
+  std::snprintf(line, sizeof line, "  %-16s %10s %7s %10s %10s %8s\n", "op group", "ms a step", "share", "cuBLAS ms",
+                "fp16 ms", "marks");
   out += line;
+  double gemm = 0, convert = 0;
   for (size_t i = 0; i < kOpGroups; ++i) {
+    gemm += t.gemm_ms[i] / steps;
+    convert += t.convert_ms[i] / steps;
     if (t.marks[i] == 0) continue;
     const double ms = t.ms[i] / steps;
-    std::snprintf(line, sizeof line, "  %-16s %10.3f %6.1f%% %8.1f\n", op_group_name(static_cast<OpGroup>(i)), ms,
-                  total > 0 ? 100.0 * ms / total : 0.0, static_cast<double>(t.marks[i]) / steps);
+    std::snprintf(line, sizeof line, "  %-16s %10.3f %6.1f%% %10.3f %10.3f %8.1f\n",
+                  op_group_name(static_cast<OpGroup>(i)), ms, total > 0 ? 100.0 * ms / total : 0.0,
+                  t.gemm_ms[i] / steps, t.convert_ms[i] / steps, static_cast<double>(t.marks[i]) / steps);
     out += line;
   }
-  std::snprintf(line, sizeof line, "  %-16s %10.3f\n", "total", total);
+  std::snprintf(line, sizeof line, "  %-16s %10.3f %7s %10.3f %10.3f\n", "total", total, "", gemm, convert);
   out += line;
   return out;
 }
@@ -65,30 +76,43 @@ Event& OpTimes::event(size_t i) {
 
 void OpTimes::begin(cudaStream_t s) {
   used_ = 0;
+  grouped_ = 0;
   event(used_++).record(s);
 }
 
-void OpTimes::mark(OpGroup g, cudaStream_t s) {
+void OpTimes::record(OpPart p, cudaStream_t s) {
   if (used_ == 0) begin(s);
   event(used_).record(s);
-  if (groups_.size() < used_) groups_.resize(used_);
-  groups_[used_ - 1] = g;
+  if (tags_.size() < used_) tags_.resize(used_);
+  tags_[used_ - 1] = Interval{OpGroup::count, p, false};
   ++used_;
 }
 
+void OpTimes::mark(OpGroup g, cudaStream_t s) {
+  record(OpPart::other, s);
+  tags_[used_ - 2].ends_group = true;
+  for (size_t i = grouped_; i + 1 < used_; ++i) tags_[i].group = g;
+  grouped_ = used_ - 1;
+}
+
+void OpTimes::part(OpPart p, cudaStream_t s) { record(p, s); }
+
 void OpTimes::finish() {
-  if (used_ < 2) {
-    used_ = 0;
-    return;
-  }
-  FERRY_CUDA(cudaEventSynchronize(events_[used_ - 1].get()));
-  for (size_t i = 1; i < used_; ++i) {
-    const size_t g = static_cast<size_t>(groups_[i - 1]);
-    totals_.ms[g] += events_[i].since(events_[i - 1]);
-    ++totals_.marks[g];
+  const size_t used = std::exchange(used_, 0);
+  const size_t grouped = std::exchange(grouped_, 0);
+  if (grouped == 0) return;
+  FERRY_CUDA(cudaEventSynchronize(events_[used - 1].get()));
+  // Parts after the step's last group mark belong to no group: nothing marks them, none are charged.
+  for (size_t i = 0; i < grouped; ++i) {
+    const Interval& t = tags_[i];
+    const size_t g = static_cast<size_t>(t.group);
+    const float ms = events_[i + 1].since(events_[i]);
+    totals_.ms[g] += ms;
+    if (t.part == OpPart::gemm) totals_.gemm_ms[g] += ms;
+    if (t.part == OpPart::convert) totals_.convert_ms[g] += ms;
+    if (t.ends_group) ++totals_.marks[g];
   }
   ++totals_.steps;
-  used_ = 0;
 }
 
 OpTimeTotals OpTimes::take() {

@@ -1,8 +1,10 @@
 #pragma once
 // A per-op time breakdown of a stage's eager steps (`ferry bench --op-times`): CUDA events recorded on
 // the compute stream at the end of each op group; the time from one mark to the next is charged to
-// the group the later mark names. Decode graphs are never marked (events in a capture do not time).
-// Off (no OpTimes attached to the runner), the layer code pays one null check a group.
+// the group the later mark names. Inside a group, the cuBLAS products mark their parts too (the
+// fp16 conversions of x and of the weights, the GEMMs), so that a group's time splits into those and
+// the rest. Decode graphs are never marked (events in a capture do not time). Off (no OpTimes
+// attached to the runner), the layer code pays one null check a group or part.
 #include <cuda_runtime_api.h>
 
 #include <array>
@@ -37,8 +39,14 @@ enum class OpGroup : uint8_t {
 constexpr size_t kOpGroups = static_cast<size_t>(OpGroup::count);
 const char* op_group_name(OpGroup g);
 
+// What an interval inside a group was: the large-row products' conversions to fp16 (x, and the
+// weights dequantised per call), their GEMMs (cuBLAS, fp16 or f32), or anything else.
+enum class OpPart : uint8_t { other, convert, gemm };
+
 struct OpTimeTotals {
-  std::array<double, kOpGroups> ms{};
+  std::array<double, kOpGroups> ms{};          // the whole group
+  std::array<double, kOpGroups> gemm_ms{};     // of which cuBLAS GEMMs
+  std::array<double, kOpGroups> convert_ms{};  // of which fp16 conversions
   std::array<uint64_t, kOpGroups> marks{};
   uint32_t steps = 0;
   double total_ms() const;
@@ -52,8 +60,11 @@ class OpTimes {
  public:
   // Starts a step's marks on stream `s` (the device current when the events were first made).
   void begin(cudaStream_t s);
-  // Charges the time since the previous mark (or begin) to `g`.
+  // Charges the time since the previous group mark (or begin) to `g`, with its parts.
   void mark(OpGroup g, cudaStream_t s);
+  // Ends a part of the group under way: the time since the previous mark or part is `p` (convert or
+  // gemm; the rest of a group is `other`).
+  void part(OpPart p, cudaStream_t s);
   // Waits for the step's last mark and adds its intervals to the totals; a step without marks adds
   // nothing.
   void finish();
@@ -61,11 +72,18 @@ class OpTimes {
   OpTimeTotals take();
 
  private:
+  struct Interval {
+    OpGroup group = OpGroup::count;  // count: its group's mark is still to come
+    OpPart part = OpPart::other;
+    bool ends_group = false;  // a group mark ends it
+  };
   Event& event(size_t i);
+  void record(OpPart p, cudaStream_t s);
 
-  std::deque<Event> events_;                   // reused from step to step
-  std::deque<OpGroup> groups_;                 // groups_[i]: the group events_[i + 1] ends
-  size_t used_ = 0;                            // events recorded this step
+  std::deque<Event> events_;     // reused from step to step
+  std::deque<Interval> tags_;    // tags_[i]: what ran from events_[i] to events_[i + 1]
+  size_t used_ = 0;              // events recorded this step
+  size_t grouped_ = 0;           // intervals before it have their group
   OpTimeTotals totals_;
 };
 

@@ -105,7 +105,18 @@ TEST_F(OpTimesTest, APrefillMarksEveryGroupItsLayersHaveAndKeepsTheLogits) {
   EXPECT_EQ(marks(t, OpGroup::moe_experts), moe);
   EXPECT_TRUE(marks(t, OpGroup::moe_shared) == 0 || marks(t, OpGroup::moe_shared) == moe);
   EXPECT_EQ(marks(t, OpGroup::head), 1u);
+  // 40 rows take the cuBLAS path: the projections' groups have GEMMs and fp16 conversions (Q8_0
+  // weights), the groups without products none; parts never exceed their group.
+  for (OpGroup g : {OpGroup::kda_proj, OpGroup::kda_out, OpGroup::dsa_proj, OpGroup::dsa_out, OpGroup::dense_ffn}) {
+    EXPECT_GT(t.gemm_ms[static_cast<size_t>(g)], 0.0) << op_group_name(g);
+    EXPECT_GT(t.convert_ms[static_cast<size_t>(g)], 0.0) << op_group_name(g);
+  }
+  for (OpGroup g : {OpGroup::embed, OpGroup::mhc_post, OpGroup::kda_conv, OpGroup::kda_recurrence,
+                    OpGroup::indexer_select, OpGroup::sparse_mla}) {
+    EXPECT_EQ(t.gemm_ms[static_cast<size_t>(g)] + t.convert_ms[static_cast<size_t>(g)], 0.0) << op_group_name(g);
+  }
   for (size_t i = 0; i < kOpGroups; ++i) {
+    EXPECT_LE(t.gemm_ms[i] + t.convert_ms[i], t.ms[i] * (1 + 1e-6) + 1e-9) << op_group_name(static_cast<OpGroup>(i));
     EXPECT_GE(t.ms[i], 0.0) << op_group_name(static_cast<OpGroup>(i));
     if (t.marks[i] == 0) {
       EXPECT_EQ(t.ms[i], 0.0) << op_group_name(static_cast<OpGroup>(i));
@@ -148,6 +159,8 @@ TEST(OpTimesTotals, AddSumsGroupsAndSteps) {
   a.steps = 1;
   b.ms[static_cast<size_t>(OpGroup::head)] = 0.5;
   b.ms[static_cast<size_t>(OpGroup::sparse_mla)] = 2.0;
+  a.gemm_ms[static_cast<size_t>(OpGroup::head)] = 0.25;
+  a.convert_ms[static_cast<size_t>(OpGroup::head)] = 0.5;
   b.marks[static_cast<size_t>(OpGroup::head)] = 1;
   b.marks[static_cast<size_t>(OpGroup::sparse_mla)] = 3;
   b.steps = 1;
@@ -157,7 +170,10 @@ TEST(OpTimesTotals, AddSumsGroupsAndSteps) {
   EXPECT_DOUBLE_EQ(a.total_ms(), 4.0);
   EXPECT_EQ(a.marks[static_cast<size_t>(OpGroup::sparse_mla)], 3u);
   const std::string table = format_op_times(a, "x");
-  EXPECT_NE(table.find("head                  1.000   50.0%      1.0"), std::string::npos) << table;
+  EXPECT_DOUBLE_EQ(a.gemm_ms[static_cast<size_t>(OpGroup::head)], 0.25);
+  // Per step (2): head 1.0 ms, 50% of 2.0, 0.125 cuBLAS, 0.25 fp16, 1 mark.
+  EXPECT_NE(table.find("head                  1.000   50.0%      0.125      0.250      1.0"), std::string::npos)
+      << table;
 }
 
 }  // namespace
