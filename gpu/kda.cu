@@ -82,19 +82,49 @@ __global__ void qk_norm_kernel(KdaArgs a) {
 // and each thread's two dot products are chains of 32, not 128), the P partial sums added by
 // shuffles (the same sums in every lane, so all of them take the same delta). A block has DK
 // threads, one per element of a token's k, q and decay, and loads the next token's while it
-// multiplies the current one: the loop is bound by the arithmetic, not by memory latency.
+// multiplies the current one: the loop is bound by the arithmetic, not by memory latency. A lane
+// reads its group's k, q and decay as float4s into registers (k once for both products): 3 * RP / 4
+// shared loads a token, which would otherwise be as many as its multiply-adds.
 template <int DK>
 struct RecurrentShape {
   static constexpr int RP = DK < 32 ? DK : 32;  // state rows a thread holds
   static constexpr int P = DK / RP;             // lanes a column
   static constexpr int CB = DK / P;             // columns a block (blockDim.x = CB * P = DK)
-  static constexpr int LD = RP + 1;             // a lane group's stride in shared memory: no bank conflicts
+  // A lane group's stride in shared memory: 4 banks apart (the P groups' float4 reads do not
+  // conflict), and 16-byte aligned.
+  static constexpr int LD = P > 1 ? RP + 4 : RP;
+};
+
+// N floats (a multiple of 4) from 16-byte aligned shared memory into registers.
+template <int N>
+__device__ __forceinline__ void load_row(const float* src, float* dst) {
+#pragma unroll
+  for (int i = 0; i < N / 4; ++i) {
+    const float4 v = reinterpret_cast<const float4*>(src)[i];
+    dst[4 * i] = v.x, dst[4 * i + 1] = v.y, dst[4 * i + 2] = v.z, dst[4 * i + 3] = v.w;
+  }
+}
+
+// One token's inputs to a recurrence thread: element e of k, q and f, column j of v, the head's beta
+// (thread 0 only), before any activation.
+struct TokenInputs {
+  float k = 0.0f, q = 0.0f, f = 0.0f, v = 0.0f, beta = 0.0f;
+  __device__ __forceinline__ void load(const KdaArgs& a, size_t row, uint32_t he, uint32_t hj, uint32_t h,
+                                       bool with_beta) {
+    const size_t C = static_cast<size_t>(a.heads) * a.head_dim;
+    const float* qkv = a.qkv + row * 3 * C;
+    k = qkv[C + he];
+    q = qkv[he];
+    f = a.f[row * C + he];
+    v = qkv[2 * C + hj];
+    if (with_beta) beta = a.beta[row * a.heads + h];
+  }
 };
 
 template <int DK>
 __global__ void __launch_bounds__(DK) recurrent_kernel(KdaArgs a) {
   using S = RecurrentShape<DK>;
-  __shared__ float sk[S::P * S::LD], sq[S::P * S::LD], sdec[S::P * S::LD];
+  __shared__ __align__(16) float sk[S::P * S::LD], sq[S::P * S::LD], sdec[S::P * S::LD];
   __shared__ float sbeta;
   const uint32_t h = blockIdx.x, s = blockIdx.y, e = threadIdx.x;
   const uint32_t p = e % S::P, j = blockIdx.z * S::CB + e / S::P;
@@ -110,28 +140,20 @@ __global__ void __launch_bounds__(DK) recurrent_kernel(KdaArgs a) {
   const float rate = -a.a[h];  // exp(A_log)
   const float dt_bias = a.dt_bias[h * DK + e];
   // This token's inputs, loaded one token ahead.
-  float k_e = 0.0f, q_e = 0.0f, f_e = 0.0f, v_j = 0.0f, b = 0.0f;
-  auto load = [&](size_t row) {
-    const float* qkv = a.qkv + row * 3 * C;
-    k_e = qkv[C + h * DK + e];
-    q_e = qkv[h * DK + e];
-    f_e = a.f[row * C + h * DK + e];
-    v_j = qkv[2 * C + h * DK + j];
-    if (e == 0) b = a.beta[row * a.heads + h];
-  };
-  if (len > 0) load(first);
+  TokenInputs in;
+  if (len > 0) in.load(a, first, h * DK + e, h * DK + j, h, e == 0);
   for (uint32_t t = 0; t < len; ++t) {
     const size_t row = first + t;
-    sk[se] = k_e;
-    sq[se] = q_e;
-    sdec[se] = expf(a.lower_bound / (1.0f + expf(-rate * (f_e + dt_bias))));
-    if (e == 0) sbeta = 1.0f / (1.0f + expf(-b));
-    const float v = v_j;
+    sk[se] = in.k;
+    sq[se] = in.q;
+    sdec[se] = expf(a.lower_bound / (1.0f + expf(-rate * (in.f + dt_bias))));
+    if (e == 0) sbeta = 1.0f / (1.0f + expf(-in.beta));
+    const float v = in.v;
     __syncthreads();
-    if (t + 1 < len) load(row + 1);
-    const float* k = sk + p * S::LD;
-    const float* q = sq + p * S::LD;
-    const float* dec = sdec + p * S::LD;
+    if (t + 1 < len) in.load(a, row + 1, h * DK + e, h * DK + j, h, e == 0);
+    float k[S::RP], q[S::RP], dec[S::RP];
+    load_row<S::RP>(sk + p * S::LD, k);
+    load_row<S::RP>(sdec + p * S::LD, dec);
     float kv = 0.0f;
 #pragma unroll
     for (int i = 0; i < S::RP; ++i) {
@@ -141,6 +163,7 @@ __global__ void __launch_bounds__(DK) recurrent_kernel(KdaArgs a) {
 #pragma unroll
     for (int m = 1; m < S::P; m <<= 1) kv += __shfl_xor_sync(0xffffffffu, kv, m);
     const float delta = sbeta * (v - kv);
+    load_row<S::RP>(sq + p * S::LD, q);
     float o = 0.0f;
 #pragma unroll
     for (int i = 0; i < S::RP; ++i) {
