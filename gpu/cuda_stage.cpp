@@ -50,6 +50,8 @@ struct CudaStage::Impl {
   std::unique_ptr<CudaMtp> mtp;
   std::optional<VerifyKeep> keep;  // with opt.mtp, when the model has an MTP block (only it drafts)
   DecodeGraphs graphs;
+  OpTimes op_times;
+  bool time_ops = false;
   std::shared_ptr<HandoffLink> in, out;  // from the stage before, to the stage after
   Event computed{false}, sent{false};    // this step's layers done; its hand-off copy done
   Event copy_begin, copy_end;            // times the last hand-off copy
@@ -278,6 +280,7 @@ Expected<model::StageOutput> CudaStage::Impl::run(const std::vector<model::SlotR
   model::StageOutput output;
   const bool graphable = window_graphable && input->decode_only() && g.rows <= kMaxMatvecTokens &&
                          (!last() || (input->logit_list().size() == g.rows && g.rows <= work->logit_rows));
+  runner->set_op_times(nullptr);  // a step that threw may have left its timer attached
   if (graphable) {
     graphs.run(DecodeGraphs::shape(g.rows, g.segments, g.max_seg_rows, windowed), s(), [&] {
       runner->forward(layers, g, tokens);
@@ -285,8 +288,16 @@ Expected<model::StageOutput> CudaStage::Impl::run(const std::vector<model::SlotR
     });
     if (last()) output.results = head->decode_results(rows, *input);
   } else {
+    OpTimes* times = time_ops ? &op_times : nullptr;
+    if (times != nullptr) times->begin(s());
+    runner->set_op_times(times);
     runner->forward(layers, g, tokens);
     if (last()) output.results = head->results(rows, *input);
+    runner->set_op_times(nullptr);
+    if (times != nullptr) {
+      if (last()) times->mark(OpGroup::head, s());
+      times->finish();
+    }
   }
   if (mtp) mtp->extend(rows, output.results);
   if (experts) experts->after_step();
@@ -418,6 +429,8 @@ bool CudaStage::drafts() const { return impl_->mtp != nullptr; }
 void CudaStage::record_mtp_logits(bool on) {
   if (impl_->mtp) impl_->mtp->record_logits(on);
 }
+void CudaStage::time_ops(bool on) { impl_->time_ops = on; }
+OpTimeTotals CudaStage::take_op_times() { return impl_->op_times.take(); }
 std::vector<float> CudaStage::take_mtp_logits() { return impl_->mtp ? impl_->mtp->take_logits() : std::vector<float>{}; }
 
 model::StageCounters CudaStage::counters() const {

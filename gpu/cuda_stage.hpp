@@ -16,6 +16,7 @@
 
 #include "gpu/device_weights.hpp"
 #include "gpu/host_expert_store.hpp"
+#include "gpu/op_times.hpp"
 #include "gpu/stage_experts.hpp"
 #include "model/stage.hpp"
 
@@ -84,6 +85,10 @@ class CudaStage final : public model::Stage {
   // only; rows in the order the entries are made); take_mtp_logits() hands them over.
   void record_mtp_logits(bool on);
   std::vector<float> take_mtp_logits();
+  // Per-op times of every eager step from now on (gpu/op_times.hpp; decode graphs are not timed);
+  // take_op_times() hands over the totals since the last call.
+  void time_ops(bool on);
+  OpTimeTotals take_op_times();
 
   int device() const;
   std::string device_name() const;

@@ -214,17 +214,23 @@ struct LatentRows {
 constexpr int kMaxHg = 8;       // heads per block
 constexpr uint32_t kMaxSplits = 16;  // blocks one row's selection is split over
 
+// Tokens a split's scores hold in shared memory: its share of max_tokens, rounded up to 4 so that
+// each head's scores start 16-byte aligned (the value loop reads them as float4s).
+__host__ __device__ __forceinline__ uint32_t split_capacity(uint32_t max_tokens, uint32_t splits) {
+  return ((max_tokens + splits - 1) / splits + 3) & ~3u;
+}
+
 // Attention of `hg` heads of row r over split z of the row's selected tokens (flash-decoding): the
 // scores, their maximum m and sum l of exp(score - m), and sum_i exp(s_i - m) latent_i. With one split
 // the block writes the normalised output; otherwise (m, l, unnormalised sum) go to a.partial and
 // mla_merge_kernel combines the splits.
 template <config::KvType T>
 __global__ void sparse_mla_kernel(SparseMlaArgs a, uint32_t hg, uint32_t splits) {
-  extern __shared__ float smem[];
+  extern __shared__ __align__(16) float smem[];
   __shared__ float s_max[kMaxHg], s_sum[kMaxHg];
   const uint32_t r = blockIdx.y, h0 = blockIdx.x * hg, z = blockIdx.z;
   const uint32_t R = a.rank;
-  const uint32_t per = (a.max_tokens + splits - 1) / splits;  // shared-memory capacity of a split
+  const uint32_t per = split_capacity(a.max_tokens, splits);  // shared-memory capacity of a split
   float* sq = smem;               // [hg][R]
   float* ss = smem + hg * R;      // [hg][per]
   int32_t* toks = reinterpret_cast<int32_t*>(ss + hg * per);  // [per]
@@ -295,17 +301,32 @@ __global__ void sparse_mla_kernel(SparseMlaArgs a, uint32_t hg, uint32_t splits)
     float acc[kMaxHg];
 #pragma unroll
     for (int hh = 0; hh < kMaxHg; ++hh) acc[hh] = 0.0f;
-    // Eight independent latent loads in flight per step: the loop is bound by memory latency.
+    // Eight independent latent loads in flight per step: the loop is bound by memory latency. Each
+    // head's eight weights come as two float4s (its scores start 16-byte aligned when hg * R is a
+    // multiple of 4): a quarter of the shared loads, the same products in the same order.
     int i = 0;
+    const bool vec_ss = (hg * R) % 4 == 0;
     for (; i + 8 <= cnt; i += 8) {
       float v[8];
 #pragma unroll
       for (int u = 0; u < 8; ++u) v[u] = lat.load(row0 + static_cast<size_t>(toks[i + u]), c);
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
+      if (vec_ss) {
 #pragma unroll
         for (int hh = 0; hh < kMaxHg; ++hh) {
-          if (hh < static_cast<int>(hg)) acc[hh] += ss[hh * per + i + u] * v[u];
+          if (hh >= static_cast<int>(hg)) continue;
+          const float4 w0 = *reinterpret_cast<const float4*>(ss + hh * per + i);
+          const float4 w1 = *reinterpret_cast<const float4*>(ss + hh * per + i + 4);
+          const float w[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+          for (int u = 0; u < 8; ++u) acc[hh] += w[u] * v[u];
+        }
+      } else {
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+#pragma unroll
+          for (int hh = 0; hh < kMaxHg; ++hh) {
+            if (hh < static_cast<int>(hg)) acc[hh] += ss[hh * per + i + u] * v[u];
+          }
         }
       }
     }
@@ -445,7 +466,7 @@ void sparse_mla(const SparseMlaArgs& a, cudaStream_t stream) {
   if (a.latent_type == config::KvType::f16) kernel = sparse_mla_kernel<config::KvType::f16>;
   if (a.latent_type == config::KvType::int8) kernel = sparse_mla_kernel<config::KvType::int8>;
   auto need = [&](uint32_t g) {
-    const size_t per = (a.max_tokens + splits - 1) / splits;
+    const size_t per = split_capacity(a.max_tokens, splits);
     return static_cast<size_t>(g) * (a.rank + per) * sizeof(float) + per * sizeof(int32_t);
   };
   while (hg > 1 && need(hg) > static_cast<size_t>(limit)) hg /= 2;

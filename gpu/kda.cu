@@ -1,10 +1,10 @@
 // KDA (Kimi delta attention) on the device: the short causal convolution with its per-slot state,
 // the q/k L2 norms, the gated delta-rule recurrence and the gated RMSNorm of its output.
 //
-// The recurrence runs token by token for decode and prefill alike (one block per head and slot
-// segment, one thread per value column holding that column of the 128x128 state in registers): it is
-// the exact recurrent form, so prefill and decode agree to the bit, and a 2048-token chunk costs
-// ~1M multiply-adds per thread, a few milliseconds per layer.
+// The recurrence runs token by token for decode and prefill alike (a head's 128x128 state in the
+// registers of 4 blocks of 128 threads, recurrent_kernel says how): it is the exact recurrent form,
+// so prefill and decode agree to the bit, and a 2048-token chunk costs ~260K multiply-adds per
+// thread.
 #include <algorithm>
 
 #include "gpu/block_reduce.cuh"
@@ -76,53 +76,107 @@ __global__ void qk_norm_kernel(KdaArgs a) {
   for (uint32_t i = lane; i < a.head_dim; i += 32) x[i] = is_q ? (x[i] * scale) * qs : x[i] * scale;
 }
 
-// Column j of a head's state evolves on its own (decay by row, then the delta rule through k, v_j):
-// each thread keeps one column in registers, and a block of up to 32 threads owns a slice of the
-// columns, so that a decode step spreads over heads x DK/32 blocks instead of one block per head.
+// Column j of a head's state evolves on its own (decay by row, then the delta rule through k, v_j).
+// A block owns a slice of CB columns of one head; each column's DK rows are split over P lanes of
+// RP rows each, held in registers (P = 4 at DK = 128: a head spreads over 4 blocks of 128 threads,
+// and each thread's two dot products are chains of 32, not 128), the P partial sums added by
+// shuffles (the same sums in every lane, so all of them take the same delta). A block has DK
+// threads, one per element of a token's k, q and decay, and loads the next token's while it
+// multiplies the current one: the loop is bound by the arithmetic, not by memory latency. A lane
+// reads its group's k, q and decay as float4s into registers (k once for both products): 3 * RP / 4
+// shared loads a token, which would otherwise be as many as its multiply-adds.
 template <int DK>
-__global__ void __launch_bounds__(DK < 32 ? DK : 32) recurrent_kernel(KdaArgs a) {
-  __shared__ float sk[DK], sq[DK], sdec[DK];
+struct RecurrentShape {
+  static constexpr int RP = DK < 32 ? DK : 32;  // state rows a thread holds
+  static constexpr int P = DK / RP;             // lanes a column
+  static constexpr int CB = DK / P;             // columns a block (blockDim.x = CB * P = DK)
+  // A lane group's stride in shared memory: 4 banks apart (the P groups' float4 reads do not
+  // conflict), and 16-byte aligned.
+  static constexpr int LD = P > 1 ? RP + 4 : RP;
+};
+
+// N floats (a multiple of 4) from 16-byte aligned shared memory into registers.
+template <int N>
+__device__ __forceinline__ void load_row(const float* src, float* dst) {
+#pragma unroll
+  for (int i = 0; i < N / 4; ++i) {
+    const float4 v = reinterpret_cast<const float4*>(src)[i];
+    dst[4 * i] = v.x, dst[4 * i + 1] = v.y, dst[4 * i + 2] = v.z, dst[4 * i + 3] = v.w;
+  }
+}
+
+// One token's inputs to a recurrence thread: element e of k, q and f, column j of v, the head's beta
+// (thread 0 only), before any activation.
+struct TokenInputs {
+  float k = 0.0f, q = 0.0f, f = 0.0f, v = 0.0f, beta = 0.0f;
+  __device__ __forceinline__ void load(const KdaArgs& a, size_t row, uint32_t he, uint32_t hj, uint32_t h,
+                                       bool with_beta) {
+    const size_t C = static_cast<size_t>(a.heads) * a.head_dim;
+    const float* qkv = a.qkv + row * 3 * C;
+    k = qkv[C + he];
+    q = qkv[he];
+    f = a.f[row * C + he];
+    v = qkv[2 * C + hj];
+    if (with_beta) beta = a.beta[row * a.heads + h];
+  }
+};
+
+template <int DK>
+__global__ void __launch_bounds__(DK) recurrent_kernel(KdaArgs a) {
+  using S = RecurrentShape<DK>;
+  __shared__ __align__(16) float sk[S::P * S::LD], sq[S::P * S::LD], sdec[S::P * S::LD];
   __shared__ float sbeta;
-  const uint32_t h = blockIdx.x, s = blockIdx.y, j = blockIdx.z * blockDim.x + threadIdx.x;
+  const uint32_t h = blockIdx.x, s = blockIdx.y, e = threadIdx.x;
+  const uint32_t p = e % S::P, j = blockIdx.z * S::CB + e / S::P;
+  const uint32_t se = (e / S::RP) * S::LD + e % S::RP;  // where element e of k, q and decay goes
   const uint32_t C = a.heads * DK;
   const size_t slot = static_cast<size_t>(a.seg.slot[s]);
   const uint32_t len = static_cast<uint32_t>(a.seg.len[s]);
   const size_t first = static_cast<size_t>(a.seg.first_row[s]);
-  float* state = a.state + (slot * a.heads + h) * DK * DK;
-  float st[DK];
+  float* state = a.state + ((slot * a.heads + h) * DK + p * S::RP) * DK + j;
+  float st[S::RP];
 #pragma unroll
-  for (int i = 0; i < DK; ++i) st[i] = state[i * DK + j];
+  for (int i = 0; i < S::RP; ++i) st[i] = state[static_cast<size_t>(i) * DK];
   const float rate = -a.a[h];  // exp(A_log)
+  const float dt_bias = a.dt_bias[h * DK + e];
+  // This token's inputs, loaded one token ahead.
+  TokenInputs in;
+  if (len > 0) in.load(a, first, h * DK + e, h * DK + j, h, e == 0);
   for (uint32_t t = 0; t < len; ++t) {
     const size_t row = first + t;
-    const float* qkv = a.qkv + row * 3 * C;
-    for (uint32_t i = threadIdx.x; i < DK; i += blockDim.x) {
-      sk[i] = qkv[C + h * DK + i];
-      sq[i] = qkv[h * DK + i];
-      const float gpre = a.f[row * C + h * DK + i] + a.dt_bias[h * DK + i];
-      sdec[i] = expf(a.lower_bound / (1.0f + expf(-rate * gpre)));
-    }
-    if (threadIdx.x == 0) sbeta = 1.0f / (1.0f + expf(-a.beta[row * a.heads + h]));
+    sk[se] = in.k;
+    sq[se] = in.q;
+    sdec[se] = expf(a.lower_bound / (1.0f + expf(-rate * (in.f + dt_bias))));
+    if (e == 0) sbeta = 1.0f / (1.0f + expf(-in.beta));
+    const float v = in.v;
     __syncthreads();
-    const float v = qkv[2 * C + h * DK + j];
+    if (t + 1 < len) in.load(a, row + 1, h * DK + e, h * DK + j, h, e == 0);
+    float k[S::RP], q[S::RP], dec[S::RP];
+    load_row<S::RP>(sk + p * S::LD, k);
+    load_row<S::RP>(sdec + p * S::LD, dec);
     float kv = 0.0f;
 #pragma unroll
-    for (int i = 0; i < DK; ++i) {
-      st[i] *= sdec[i];
-      kv += st[i] * sk[i];
+    for (int i = 0; i < S::RP; ++i) {
+      st[i] *= dec[i];
+      kv += st[i] * k[i];
     }
+#pragma unroll
+    for (int m = 1; m < S::P; m <<= 1) kv += __shfl_xor_sync(0xffffffffu, kv, m);
     const float delta = sbeta * (v - kv);
+    load_row<S::RP>(sq + p * S::LD, q);
     float o = 0.0f;
 #pragma unroll
-    for (int i = 0; i < DK; ++i) {
-      st[i] += sk[i] * delta;
-      o += st[i] * sq[i];
+    for (int i = 0; i < S::RP; ++i) {
+      st[i] += k[i] * delta;
+      o += st[i] * q[i];
     }
-    a.out[row * C + h * DK + j] = o;
+#pragma unroll
+    for (int m = 1; m < S::P; m <<= 1) o += __shfl_xor_sync(0xffffffffu, o, m);
+    if (p == 0) a.out[row * C + h * DK + j] = o;
     __syncthreads();
   }
 #pragma unroll
-  for (int i = 0; i < DK; ++i) state[i * DK + j] = st[i];
+  for (int i = 0; i < S::RP; ++i) state[static_cast<size_t>(i) * DK] = st[i];
 }
 
 __global__ void gated_norm_kernel(const float* o, const float* gate, const float* w, uint32_t rows, uint32_t heads,
@@ -159,14 +213,16 @@ void kda_conv(const KdaArgs& a, cudaStream_t stream) {
 
 void kda_recurrent(const KdaArgs& a, cudaStream_t stream) {
   if (a.segments == 0) return;
-  const uint32_t threads = std::min<uint32_t>(a.head_dim, 32);
-  const dim3 grid(a.heads, a.segments, a.head_dim / threads);
+  // Blocks of DK threads, each CB columns of a head: DK / CB blocks a head and segment.
+  auto launch = [&](auto kernel, int cb) {
+    kernel<<<dim3(a.heads, a.segments, a.head_dim / cb), a.head_dim, 0, stream>>>(a);
+  };
   switch (a.head_dim) {
-    case 8: recurrent_kernel<8><<<grid, threads, 0, stream>>>(a); break;
-    case 16: recurrent_kernel<16><<<grid, threads, 0, stream>>>(a); break;
-    case 32: recurrent_kernel<32><<<grid, threads, 0, stream>>>(a); break;
-    case 64: recurrent_kernel<64><<<grid, threads, 0, stream>>>(a); break;
-    case 128: recurrent_kernel<128><<<grid, threads, 0, stream>>>(a); break;
+    case 8: launch(recurrent_kernel<8>, RecurrentShape<8>::CB); break;
+    case 16: launch(recurrent_kernel<16>, RecurrentShape<16>::CB); break;
+    case 32: launch(recurrent_kernel<32>, RecurrentShape<32>::CB); break;
+    case 64: launch(recurrent_kernel<64>, RecurrentShape<64>::CB); break;
+    case 128: launch(recurrent_kernel<128>, RecurrentShape<128>::CB); break;
     default: throw CudaError("KDA: head dim " + std::to_string(a.head_dim) + " is not 8, 16, 32, 64 or 128");
   }
   FERRY_CUDA_LAUNCHED();

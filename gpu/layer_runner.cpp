@@ -43,14 +43,17 @@ void LayerRunner::mm(const DevMatrix& m, const float* x, size_t ldx, uint32_t n,
                                    static_cast<int>(m.cols), &one, reinterpret_cast<const float*>(m.data),
                                    static_cast<int>(m.row_bytes / 4), x, static_cast<int>(ldx), &zero, y,
                                    static_cast<int>(ldy)));
+    mark(OpPart::gemm);
     return;
   }
   float_to_half(x, ldx, n, m.cols, w_.xh, s_, w_.xl);
+  mark(OpPart::convert);
   const size_t chunk = std::max<size_t>(1, w_.wh_elems / m.cols);
   const float lo = 1.0f / kHalfLoScale;
   for (size_t r0 = 0; r0 < m.rows; r0 += chunk) {
     const size_t rows = std::min<size_t>(chunk, m.rows - r0);
     dequantize_to_half(m, r0, rows, w_.wh, s_, w_.wl);
+    mark(OpPart::convert);
     auto gemm = [&](const void* a, const void* b, const float* alpha, const float* beta) {
       FERRY_CUBLAS(blas::api().gemm_ex(cublas_, blas::op_t, blas::op_n, static_cast<int>(rows), static_cast<int>(n),
                                        static_cast<int>(m.cols), alpha, a, CUDA_R_16F, static_cast<int>(m.cols), b,
@@ -60,6 +63,7 @@ void LayerRunner::mm(const DevMatrix& m, const float* x, size_t ldx, uint32_t n,
     gemm(w_.wh, w_.xh, &one, &zero);
     gemm(w_.wh, w_.xl, &lo, &one);
     gemm(w_.wl, w_.xh, &lo, &one);
+    mark(OpPart::gemm);
   }
 }
 
@@ -119,10 +123,17 @@ void LayerRunner::mhc_site(const StepGeometry& g, const DevMatrix& fn, const flo
   fused.y = post_first ? w_.y : nullptr;
   fused.post_in = w_.post;
   fused.comb_in = w_.comb;
-  if (mhc_post_pre(fused, s_)) return;
-  if (post_first) mhc_post(w_.R, w_.y, w_.post, w_.comb, g.rows, d_.H, d_.D, s_);
+  if (mhc_post_pre(fused, s_)) {
+    mark(OpGroup::mhc_pre);  // the fused launch: the post's time counts as the site's
+    return;
+  }
+  if (post_first) {
+    mhc_post(w_.R, w_.y, w_.post, w_.comb, g.rows, d_.H, d_.D, s_);
+    mark(OpGroup::mhc_post);
+  }
   mm(fn, w_.R, static_cast<size_t>(d_.H) * d_.D, g.rows, w_.mix, d_.mix);
   mhc_pre(a, s_);
+  mark(OpGroup::mhc_pre);
 }
 
 void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState& st) {
@@ -131,6 +142,7 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   const MatvecProduct qkv[] = {
       {&l.m(T::attn_q), w_.qkv_raw}, {&l.m(T::attn_k), w_.qkv_raw + z.C}, {&l.m(T::attn_v), w_.qkv_raw + 2 * z.C}};
   mm_products(qkv, 3, w_.x, z.D, n, 3 * z.C);
+  mark(OpGroup::kda_proj);
   KdaArgs a;
   a.row = g.row;
   a.seg = g.seg;
@@ -144,6 +156,7 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   a.conv_w = l.conv;
   a.conv_state = st.conv;
   kda_conv(a, s_);
+  mark(OpGroup::kda_conv);
   // The gate's low-rank input (g_a) and beta with f_a's: all read x.
   const MatvecProduct fa_ga_beta[] = {
       {&l.m(T::ssm_f_a), w_.fa}, {&l.m(T::ssm_g_a), w_.ga}, {&l.m(T::ssm_beta), w_.beta, nullptr, z.kda_nh}};
@@ -151,6 +164,7 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   // Both low-rank expansions (f_b of f_a's output, g_b of g_a's) before the recurrence.
   const MatvecProduct fb_gb[] = {{&l.m(T::ssm_f_b), w_.f, w_.fa}, {&l.m(T::ssm_g_b), w_.gate, w_.ga}};
   mm_products(fb_gb, 2, nullptr, z.kda_hd, n, z.C);
+  mark(OpGroup::kda_proj);
   a.f = w_.f;
   a.dt_bias = l.v(T::ssm_dt_bias);
   a.a = l.v(T::ssm_a);
@@ -160,7 +174,9 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   a.out = w_.o;
   kda_recurrent(a, s_);
   gated_rms_norm(w_.o, w_.gate, l.v(T::ssm_norm), n, z.kda_nh, z.kda_hd, hp_.rms_eps, w_.z, s_);
+  mark(OpGroup::kda_recurrence);
   mm(l.m(T::attn_output), w_.z, z.C, n, w_.y, z.D);
+  mark(OpGroup::kda_out);
 }
 
 void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState& st) {
@@ -184,6 +200,7 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
     store_latents(w_.lat, z.kvlr, g.row, n, z.kvlr, state_.latent_rows(), state_.latent_type(), st.latents,
                   st.latent_scales, s_);
   }
+  mark(OpGroup::dsa_proj);
   if (l.has_indexer) {
     mm(l.m(T::indexer_attn_q_b), w_.qr, z.qlr, n, w_.kq, static_cast<size_t>(z.ih) * z.id);
     const MatvecProduct k_gate[] = {{&l.m(T::indexer_attn_k), w_.kk}, {&l.m(T::indexer_compressor_gate), w_.gs}};
@@ -192,6 +209,7 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
                z.id, s_);
     scatter_to_cache(w_.kk, z.id, g.row, n, z.id, ctx, st.keys, s_);
     scatter_to_cache(w_.gs, z.id, g.row, n, z.id, ctx, st.gates, s_);
+    mark(OpGroup::indexer_proj);
     IndexerArgs ia;
     ia.row = g.row;
     ia.seg = g.seg;
@@ -219,9 +237,11 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
     ia.select_scratch_bytes = size_t{kMlaPartialRows} * z.nh * (z.kvlr + 2) * sizeof(float);
     indexer_pool_keys(ia, s_);
     indexer_select(ia, s_);
+    mark(OpGroup::indexer_select);
   }
   mm_grouped(l.m(T::attn_k_b), z.nh, w_.q, static_cast<size_t>(z.nh) * z.nope, z.nope, n, w_.q_lat,
              static_cast<size_t>(z.nh) * z.kvlr, z.kvlr);
+  mark(OpGroup::dsa_proj);
   SparseMlaArgs ma;
   ma.row = g.row;
   ma.rows = n;
@@ -244,9 +264,11 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
   } else {
     sparse_mla(ma, s_);
   }
+  mark(OpGroup::sparse_mla);
   mm_grouped(l.m(T::attn_v_b), z.nh, w_.o_lat, static_cast<size_t>(z.nh) * z.kvlr, z.kvlr, n, w_.v,
              static_cast<size_t>(z.nh) * z.vd, z.vd);
   mm(l.m(T::attn_output), w_.v, static_cast<size_t>(z.nh) * z.vd, n, w_.y, z.D);
+  mark(OpGroup::dsa_out);
 }
 
 void LayerRunner::dense_ffn(const DevMatrix& gate, const DevMatrix& up, const DevMatrix& down, uint32_t n, float* y) {
@@ -284,15 +306,20 @@ void LayerRunner::moe_layer(const StepGeometry& g, const DevLayer& l, bool uploa
   ra.ids = w_.rids;
   ra.weights = w_.rweights;
   moe_route(ra, s_);
+  mark(OpGroup::moe_router);
   const bool shared = !l.m(T::ffn_gate_shexp).empty();
-  if (shared) dense_ffn(l.m(T::ffn_gate_shexp), l.m(T::ffn_up_shexp), l.m(T::ffn_down_shexp), n, w_.sh);
+  if (shared) {
+    dense_ffn(l.m(T::ffn_gate_shexp), l.m(T::ffn_up_shexp), l.m(T::ffn_down_shexp), n, w_.sh);
+    mark(OpGroup::moe_shared);
+  }
   if (n <= kMaxMatvecTokens) {
     decode_experts(n, l);
     moe_combine(w_.eo, nullptr, w_.rweights, shared ? w_.sh : nullptr, n, z.k, z.D, w_.y, s_);
-    return;
+  } else {
+    prefill_experts(n, l, upload_misses);
+    moe_combine(w_.eo, w_.where, w_.rweights, shared ? w_.sh : nullptr, n, z.k, z.D, w_.y, s_);
   }
-  prefill_experts(n, l, upload_misses);
-  moe_combine(w_.eo, w_.where, w_.rweights, shared ? w_.sh : nullptr, n, z.k, z.D, w_.y, s_);
+  mark(OpGroup::moe_experts);
 }
 
 void LayerRunner::decode_experts(uint32_t n, const DevLayer& l) {
@@ -390,7 +417,10 @@ void LayerRunner::plain_block(const StepGeometry& g, uint32_t il, float* h) {
 }
 
 void LayerRunner::forward(model::LayerRange layers, const StepGeometry& g, const int32_t* tokens) {
-  if (tokens != nullptr) embed_rows(weights_.token_embd, tokens, g.rows, w_.R, d_.H, s_);
+  if (tokens != nullptr) {
+    embed_rows(weights_.token_embd, tokens, g.rows, w_.R, d_.H, s_);
+    mark(OpGroup::embed);
+  }
   // A prefill chunk that uploads its missing experts stages each MoE layer's two ahead of use, so that
   // the copies run beside the layers before it.
   std::vector<uint32_t> moe;
@@ -416,13 +446,17 @@ void LayerRunner::forward(model::LayerRange layers, const StepGeometry& g, const
     mhc_site(g, l.m(T::hc_ffn_fn), l.v(T::hc_ffn_base), l.v(T::hc_ffn_scale), l.v(T::ffn_norm), true);
     if (l.ffn == FfnKind::dense) {
       dense_ffn(l.m(T::ffn_gate), l.m(T::ffn_up), l.m(T::ffn_down), g.rows, w_.y);
+      mark(OpGroup::dense_ffn);
     } else {
       moe_layer(g, l, upload);
       if (upload && staged < moe.size()) experts_->stage_layer(moe[staged++]);
     }
     post_pending = true;
   }
-  if (post_pending) mhc_post(w_.R, w_.y, w_.post, w_.comb, g.rows, d_.H, d_.D, s_);
+  if (post_pending) {
+    mhc_post(w_.R, w_.y, w_.post, w_.comb, g.rows, d_.H, d_.D, s_);
+    mark(OpGroup::mhc_post);
+  }
 }
 
 }  // namespace ferry::gpu

@@ -9,6 +9,7 @@
 #include "gpu/cuda_blas.hpp"
 #include "gpu/decode_fusion.hpp"
 #include "gpu/device_weights.hpp"
+#include "gpu/op_times.hpp"
 #include "gpu/stage_experts.hpp"
 #include "gpu/stage_state.hpp"
 #include "gpu/step_input.hpp"
@@ -30,12 +31,20 @@ class LayerRunner {
   // The MTP block's layer `il` (a DSA layer with its FFN) over the residual rows h [rows][D] in place:
   // a plain pre-norm residual block, without mHC mixers (gpu/mtp_block.hpp).
   void plain_block(const StepGeometry& g, uint32_t il, float* h);
+  // Marks the end of each op group on `t` from now on (eager steps only: gpu/op_times.hpp); null: none.
+  void set_op_times(OpTimes* t) { times_ = t; }
 
  private:
   void mm_grouped(const DevMatrix& m, uint32_t groups, const float* x, size_t ldx, size_t xg, uint32_t n, float* y,
                   size_t ldy, size_t yg);
   // Products of matrices over the same x: one decode launch where their shapes agree, else mm() each.
   void mm_products(const MatvecProduct* ps, uint32_t count, const float* x, size_t ldx, uint32_t n, size_t ldy);
+  void mark(OpGroup g) {
+    if (times_ != nullptr) times_->mark(g, s_);
+  }
+  void mark(OpPart p) {
+    if (times_ != nullptr) times_->part(p, s_);
+  }
   // One mHC site; post_first: the previous sublayer's mhc_post (its y, post, comb) goes first.
   void mhc_site(const StepGeometry& g, const DevMatrix& fn, const float* base, const float* scale, const float* norm_w,
                 bool post_first);
@@ -56,6 +65,7 @@ class LayerRunner {
   StageExperts* experts_;
   blas::Handle cublas_;
   cudaStream_t s_;
+  OpTimes* times_ = nullptr;
 };
 
 }  // namespace ferry::gpu

@@ -137,7 +137,50 @@ __device__ __forceinline__ void split_half(float v, __half& hi, __half& lo) {
   lo = __float2half_rn((v - __half2float(hi)) * kLoScale);
 }
 
-template <int T, class OutT>
+// A run of RL consecutive outputs of one unit. With kVec (16-byte aligned outputs), 16-byte stores:
+// a warp's store then fills whole sectors, where element-wise stores write 2 bytes a lane at a
+// lane stride of a run (32 sectors an instruction). The same values either way.
+template <int RL, bool kVec>
+__device__ __forceinline__ void store_run(const float* v, __half* hi_out, __half* lo_out) {
+  if constexpr (kVec && RL % 8 == 0) {
+#pragma unroll
+    for (int g = 0; g < RL / 8; ++g) {
+      uint32_t hw[4], lw[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        __half h0, l0, h1, l1;
+        split_half(v[8 * g + 2 * k], h0, l0);
+        split_half(v[8 * g + 2 * k + 1], h1, l1);
+        hw[k] = __half_as_ushort(h0) | (static_cast<uint32_t>(__half_as_ushort(h1)) << 16);
+        lw[k] = __half_as_ushort(l0) | (static_cast<uint32_t>(__half_as_ushort(l1)) << 16);
+      }
+      reinterpret_cast<uint4*>(hi_out)[g] = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+      if (lo_out) reinterpret_cast<uint4*>(lo_out)[g] = make_uint4(lw[0], lw[1], lw[2], lw[3]);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < RL; ++k) {
+      __half hi, lo;
+      split_half(v[k], hi, lo);
+      hi_out[k] = hi;
+      if (lo_out) lo_out[k] = lo;
+    }
+  }
+}
+template <int RL, bool kVec>
+__device__ __forceinline__ void store_run(const float* v, float* out, __half*) {
+  if constexpr (kVec && RL % 4 == 0) {
+#pragma unroll
+    for (int g = 0; g < RL / 4; ++g) {
+      reinterpret_cast<float4*>(out)[g] = make_float4(v[4 * g], v[4 * g + 1], v[4 * g + 2], v[4 * g + 3]);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < RL; ++k) out[k] = v[k];
+  }
+}
+
+template <int T, class OutT, bool kVec>
 __global__ void dequant_kernel(const uint8_t* data, size_t row_bytes, uint32_t cols, size_t row0, size_t rows,
                                OutT* dst, __half* dst_lo) {
   using Tr = qd::Traits<T>;
@@ -156,17 +199,7 @@ __global__ void dequant_kernel(const uint8_t* data, size_t row_bytes, uint32_t c
 #pragma unroll
     for (int run = 0; run < Tr::RUNS; ++run) {
       const uint32_t c0 = qd::run_col<T>(u, run);
-#pragma unroll
-      for (int k = 0; k < Tr::RL; ++k) {
-        if constexpr (sizeof(OutT) == 2) {
-          __half hi, lo;
-          split_half(v[run * Tr::RL + k], hi, lo);
-          out[c0 + k] = hi;
-          if (dst_lo) dst_lo[r * cols + c0 + k] = lo;
-        } else {
-          out[c0 + k] = v[run * Tr::RL + k];
-        }
-      }
+      store_run<Tr::RL, kVec>(v + run * Tr::RL, out + c0, dst_lo ? dst_lo + r * cols + c0 : nullptr);
     }
   }
 }
@@ -254,7 +287,14 @@ template <int T, class OutT>
 void launch_dequant(const DevMatrix& w, size_t row0, size_t rows, OutT* dst, __half* lo, cudaStream_t s) {
   const size_t units = rows * (w.cols / qd::Traits<T>::UE);
   const unsigned blocks = static_cast<unsigned>(std::min<size_t>((units + 255) / 256, 65535));
-  dequant_kernel<T, OutT><<<blocks, 256, 0, s>>>(w.data, w.row_bytes, w.cols, row0, rows, dst, lo);
+  // Runs start at multiples of 8 columns: 16-byte stores where the outputs and their rows are aligned.
+  const bool vec = reinterpret_cast<uintptr_t>(dst) % 16 == 0 && reinterpret_cast<uintptr_t>(lo) % 16 == 0 &&
+                   w.cols % 8 == 0;
+  if (vec) {
+    dequant_kernel<T, OutT, true><<<blocks, 256, 0, s>>>(w.data, w.row_bytes, w.cols, row0, rows, dst, lo);
+  } else {
+    dequant_kernel<T, OutT, false><<<blocks, 256, 0, s>>>(w.data, w.row_bytes, w.cols, row0, rows, dst, lo);
+  }
 }
 
 // Expands CALL(T) for the kernel family `t` (a switch, so that each family is instantiated once).

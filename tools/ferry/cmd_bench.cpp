@@ -50,6 +50,7 @@ struct Options {
   uint64_t seed = 1;
   bool json = false;
   bool measure_bandwidth = true;
+  bool op_times = false;  // CUDA: per-op times of the timed prefill steps (gpu/op_times.hpp)
   std::string split = "none", devices;
   uint32_t slots = 1, micro_batches = 0;
   uint32_t mtp = 0;  // drafts a step of "tg N mtpK @ d" (0: not run)
@@ -271,10 +272,32 @@ int bench(const Options& o) {
   std::vector<ExpertRow> expert_rows;
   std::vector<std::string> handoffs;  // per depth and link: bytes and copy time per decode step
   std::vector<std::string> windows;   // per depth and stage: the resident KV window over the decode tests
+  std::vector<std::string> op_tables;  // --op-times: per pp test, the breakdown of its timed steps
+  // --op-times: on or off for every CUDA stage; off, the stages' totals summed.
+  auto time_ops = [&](bool on, const std::string& test) {
+#if FERRY_HAVE_CUDA
+    gpu::OpTimeTotals sum;
+    bool any = false;
+    for (const auto& s : b.stages()) {
+      auto* cs = dynamic_cast<gpu::CudaStage*>(s.get());
+      if (cs == nullptr) continue;
+      any = true;
+      cs->time_ops(on);
+      const gpu::OpTimeTotals t = cs->take_op_times();
+      if (on) continue;
+      sum.add(t);
+      sum.steps = t.steps;  // every stage times each step once
+    }
+    if (!on && any) op_tables.push_back(gpu::format_op_times(sum, test + ", ms a chunk summed over the stages"));
+#else
+    (void)on, (void)test;
+#endif
+  };
   for (uint32_t d : *depths) {
     fill(d);
     for (uint32_t p : *pp) {
       Result r{"pp" + std::to_string(p) + " @ d" + std::to_string(d) + rnd(d), p, d, false, {}, 0, std::nullopt};
+      if (o.op_times) time_ops(true, r.test);
       for (uint32_t rep = 0; rep < o.reps; ++rep) {
         back_to_depth();  // every repetition starts from the same depth
         const auto tokens = random_tokens(p);
@@ -282,6 +305,7 @@ int bench(const Options& o) {
         step(d, tokens);
         r.seconds.push_back(now_s() - t0);
       }
+      if (o.op_times) time_ops(false, r.test);
       results.push_back(r);
       std::fprintf(stderr, "  %-18s %10.1f t/s\n", r.test.c_str(), r.mean_tps());
     }
@@ -500,6 +524,8 @@ int bench(const Options& o) {
   for (const std::string& h : handoffs) std::printf("  %s\n", h.c_str());
   if (!windows.empty()) std::printf("\nresident KV window (--kv-resident %u):\n", o.kv_resident);
   for (const std::string& w : windows) std::printf("  %s\n", w.c_str());
+  if (o.op_times && op_tables.empty()) std::printf("\n--op-times: no CUDA stage, nothing timed\n");
+  for (const std::string& t : op_tables) std::printf("\n%s", t.c_str());
   return 0;
 }
 
@@ -559,6 +585,9 @@ CommandRun add_bench_command(CLI::App& app) {
                   "with --synthetic: routers prefer experts by a stable random rank, choice score -S*ln(rank) (0: none)")
       ->capture_default_str();
   sub->add_flag("--json", o->json, "print the results as JSON");
+  sub->add_flag("--op-times", o->op_times,
+                "CUDA: time each op group of the timed prefill steps with events on the compute stream and print "
+                "the breakdown a chunk (the repetitions' mean)");
   sub->add_flag("!--no-bandwidth", o->measure_bandwidth, "skip the copy-bandwidth measurement");
   return [o] { return bench(*o); };
 }
