@@ -16,7 +16,8 @@
 // - prefill (more rows): the sparse attention reads the selected rows from the host tier directly
 //   (mapped memory; one chunk selects far more rows than a window holds).
 // Both read the same encoded bytes the all-resident path would: with f32 rows the logits are the same.
-// The indexer's keys, gates and pool keys stay on the device for the whole context.
+// The indexer's pool keys stay on the device for the whole context, its keys and gates in a ring of
+// a step's rows (gpu/stage_sizes.hpp, index_key_rows).
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
