@@ -106,14 +106,16 @@ struct CudaStage::Impl {
   // refused here, with the numbers, before anything else is allocated.
   Status check_state_fits() {
     const uint32_t win = opt.kv_resident;
-    const uint64_t need = StageState::bytes_for(hp, layers, opt.max_slots, opt.max_context, opt.kv.latent, win);
+    const uint32_t step = opt.max_step_rows;
+    const uint64_t need = StageState::bytes_for(hp, layers, opt.max_slots, opt.max_context, opt.kv.latent, win, step);
     size_t free_b = 0, total_b = 0;
     FERRY_CUDA(cudaMemGetInfo(&free_b, &total_b));
     if (need <= free_b) return std::nullopt;
-    // Past the window only the indexer's rows grow with the context: the marginal token's bytes.
-    const uint32_t c = opt.max_context;
-    const uint64_t per_token = StageState::bytes_for(hp, layers, 1, c, opt.kv.latent, win) -
-                               StageState::bytes_for(hp, layers, 1, c - 1, opt.kv.latent, win);
+    // Past the window only the pool keys grow with the context: the marginal token's bytes, over a pool.
+    const uint32_t c = opt.max_context, span = std::min(c, std::max<uint32_t>(1, hp.index_kpool));
+    const uint64_t per_token = (StageState::bytes_for(hp, layers, 1, c, opt.kv.latent, win, step) -
+                                StageState::bytes_for(hp, layers, 1, c - span, opt.kv.latent, win, step) + span - 1) /
+                               span;
     const uint64_t fixed = need - per_token * c * opt.max_slots;
     const uint64_t fits = free_b > fixed ? (free_b - fixed) / std::max<uint64_t>(1, per_token * opt.max_slots) : 0;
     return Error(ErrorCode::out_of_memory,

@@ -32,17 +32,17 @@ __global__ void pool_key_kernel(IndexerArgs a) {
   for (uint32_t c = threadIdx.x; c < hd; c += blockDim.x) {
     float mx = -INFINITY;
     for (int i = 0; i < kp; ++i) {
-      const size_t at = (slot * a.ctx + static_cast<size_t>(p * kp + i)) * hd + c;
+      const size_t at = (slot * a.key_rows + static_cast<uint32_t>(p * kp + i) % a.key_rows) * hd + c;
       mx = fmaxf(mx, a.gate_cache[at] + a.ape[i * hd + c]);
     }
     float sum = 0.0f;
     for (int i = 0; i < kp; ++i) {
-      const size_t at = (slot * a.ctx + static_cast<size_t>(p * kp + i)) * hd + c;
+      const size_t at = (slot * a.key_rows + static_cast<uint32_t>(p * kp + i) % a.key_rows) * hd + c;
       sum += expf(a.gate_cache[at] + a.ape[i * hd + c] - mx);
     }
     float key = 0.0f;
     for (int i = 0; i < kp; ++i) {
-      const size_t at = (slot * a.ctx + static_cast<size_t>(p * kp + i)) * hd + c;
+      const size_t at = (slot * a.key_rows + static_cast<uint32_t>(p * kp + i) % a.key_rows) * hd + c;
       key += (expf(a.gate_cache[at] + a.ape[i * hd + c] - mx) / sum) * a.kk_cache[at];
     }
     a.pool_cache[(slot * (a.ctx / a.kpool) + p) * hd + c] = key;
@@ -413,6 +413,12 @@ void store_latents(const float* src, size_t src_stride, RowInfo rows, uint32_t n
 
 void indexer_pool_keys(const IndexerArgs& a, cudaStream_t stream) {
   if (a.segments == 0) return;
+  // A segment's new pools read from kpool - 1 positions before it to its end: all in the ring.
+  if (a.key_rows < std::min(a.ctx, a.max_rows_per_segment + a.kpool - 1)) {
+    throw CudaError("indexer: a segment of " + std::to_string(a.max_rows_per_segment) + " rows needs " +
+                    std::to_string(a.max_rows_per_segment + a.kpool - 1) + " rows of keys, the ring holds " +
+                    std::to_string(a.key_rows));
+  }
   const dim3 grid(a.max_rows_per_segment / a.kpool + 1, a.segments);
   pool_key_kernel<<<grid, std::min<uint32_t>(a.head_dim, 256), 0, stream>>>(a);
   FERRY_CUDA_LAUNCHED();

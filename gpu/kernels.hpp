@@ -175,7 +175,8 @@ void count_routes(const int32_t* ids, uint32_t n, uint32_t* counts, cudaStream_t
 // table[index] = value, in stream order (a pointer of an expert table, set without a host buffer).
 void set_table_entry(const uint8_t** table, uint32_t index, const uint8_t* value, cudaStream_t stream);
 
-// Writes rows' vectors into a per-slot cache: cache[(slot*ctx + pos)*width + c] = src[i*src_stride + c].
+// Writes rows' vectors into a per-slot cache of `ctx` rows per slot, a ring:
+// cache[(slot*ctx + pos % ctx)*width + c] = src[i*src_stride + c].
 void scatter_to_cache(const float* src, size_t src_stride, RowInfo rows, uint32_t n_rows, uint32_t width,
                       uint32_t ctx, float* cache, cudaStream_t stream);
 
@@ -210,8 +211,9 @@ struct IndexerArgs {
   uint32_t rows = 0, segments = 0, max_rows_per_segment = 0;
   uint32_t heads = 0, head_dim = 0, kpool = 1, topk = 0, ctx = 0;
   bool select_tail = true;
-  const float* kk_cache = nullptr;    // [slots][ctx][head_dim]
-  const float* gate_cache = nullptr;  // [slots][ctx][head_dim]
+  uint32_t key_rows = 0;              // rows per slot of kk_cache and gate_cache, a ring (position % key_rows)
+  const float* kk_cache = nullptr;    // [slots][key_rows][head_dim]
+  const float* gate_cache = nullptr;  // [slots][key_rows][head_dim]
   const float* ape = nullptr;         // [kpool][head_dim]
   float* pool_cache = nullptr;        // [slots][ctx/kpool][head_dim]
   const float* q = nullptr;           // [rows][heads*head_dim]

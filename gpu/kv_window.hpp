@@ -23,7 +23,8 @@
 // Both read the same encoded bytes the all-resident path would: with f32 rows the logits are the same.
 // The counters of the device planner are copied to pinned memory at a step's end; stats() reads that
 // copy without waiting (the stage's actor asks for them after every step).
-// The indexer's keys, gates and pool keys stay on the device for the whole context.
+// The indexer's pool keys stay on the device for the whole context, its keys and gates in a ring of
+// a step's rows (gpu/stage_sizes.hpp, index_key_rows).
 #include <cuda_runtime_api.h>
 
 #include <cstdint>

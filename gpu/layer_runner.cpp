@@ -207,8 +207,8 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
     mm_products(k_gate, 2, w_.x, z.D, n, z.id);
     layer_norm(w_.kk, z.id, l.v(T::indexer_k_norm), l.v(T::indexer_k_norm_bias), n, z.id, hp_.index_norm_eps, w_.kk,
                z.id, s_);
-    scatter_to_cache(w_.kk, z.id, g.row, n, z.id, ctx, st.keys, s_);
-    scatter_to_cache(w_.gs, z.id, g.row, n, z.id, ctx, st.gates, s_);
+    scatter_to_cache(w_.kk, z.id, g.row, n, z.id, state_.key_rows(), st.keys, s_);
+    scatter_to_cache(w_.gs, z.id, g.row, n, z.id, state_.key_rows(), st.gates, s_);
     mark(OpGroup::indexer_proj);
     IndexerArgs ia;
     ia.row = g.row;
@@ -221,6 +221,7 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
     ia.kpool = hp_.index_kpool;
     ia.topk = hp_.index_topk;
     ia.ctx = ctx;
+    ia.key_rows = state_.key_rows();
     ia.select_tail = hp_.index_select_tail;
     ia.kk_cache = st.keys;
     ia.gate_cache = st.gates;

@@ -58,7 +58,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
       }
     }
     plan.experts_total += s.moe_layers * hp.n_experts;
-    s.state_bytes = stage_state_bytes(hp, s.layers, in.slots, in.context, in.kv_type, in.kv_resident);
+    s.state_bytes = stage_state_bytes(hp, s.layers, in.slots, in.context, in.kv_type, in.kv_resident, in.step_rows);
     s.kv_bytes = s.state_bytes - stage_state_bytes(hp, s.layers, in.slots, 0, in.kv_type);
     s.host_kv_bytes = kv_host_tier_bytes(hp, s.layers, in.slots, in.context, in.kv_type, in.kv_resident);
     plan.host.kv_bytes += s.host_kv_bytes;
@@ -230,8 +230,9 @@ std::string format_plan(const MemoryPlan& p) {
   if (p.host.kv_bytes > 0) {
     std::snprintf(line, sizeof line,
                   "\nKV: latent rows %s; %u rows per DSA layer and slot resident on the device (--kv-resident), "
-                  "every slot's %u in the host KV tier: %.2f GiB pinned (%s); the indexer's keys stay on the device, "
-                  "and the window's position tables (4 B a token and DSA layer): %.2f GiB of state\n",
+                  "every slot's %u in the host KV tier: %.2f GiB pinned (%s); the indexer's pool keys stay on the device, "
+                  "its per-token keys and gates in a ring of a step's rows, and the window's position tables (4 B a token "
+                  "and DSA layer): %.2f GiB of state\n",
                   std::string(config::kv_type_name(p.kv_type)).c_str(), p.kv_resident, p.context, gib(p.host.kv_bytes),
                   p.host.kv_budget ? ("--kv-host-budget " + format_byte_size(*p.host.kv_budget)).c_str()
                                    : "no --kv-host-budget: counted against the RAM floor",

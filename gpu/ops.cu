@@ -310,7 +310,7 @@ __global__ void scatter_to_cache_kernel(const float* src, size_t src_stride, Row
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const size_t r = i / width, c = i % width;
-    const size_t at = (static_cast<size_t>(rows.slot[r]) * ctx + rows.pos[r]) * width + c;
+    const size_t at = (static_cast<size_t>(rows.slot[r]) * ctx + static_cast<uint32_t>(rows.pos[r]) % ctx) * width + c;
     cache[at] = src[r * src_stride + c];
   }
 }

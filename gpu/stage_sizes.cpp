@@ -25,8 +25,13 @@ uint64_t kv_window_table_bytes(const model::Glm5Hparams& hp, model::LayerRange l
   return dsa * slots * (uint64_t{context} * 4 + uint64_t{frames} * 6 + 8);
 }
 
+uint32_t index_key_rows(uint32_t context, uint32_t kpool, uint32_t step_rows) {
+  if (step_rows == 0) return context;
+  return static_cast<uint32_t>(std::min<uint64_t>(context, uint64_t{std::max<uint32_t>(1, kpool)} - 1 + step_rows));
+}
+
 uint64_t stage_state_bytes(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t slots, uint32_t context,
-                           config::KvType latent, uint32_t resident) {
+                           config::KvType latent, uint32_t resident, uint32_t step_rows) {
   const uint64_t kp = std::max<uint32_t>(1, hp.index_kpool);
   uint64_t floats = 0, latent_bytes = 0;
   for (uint32_t il = layers.first; il < layers.end; ++il) {
@@ -37,7 +42,8 @@ uint64_t stage_state_bytes(const model::Glm5Hparams& hp, model::LayerRange layer
     }
     latent_bytes += uint64_t{slots} * device_latent_rows(context, resident) * config::kv_row_bytes(latent, hp.kv_lora_rank);
     if (model::glm5_has_indexer(hp, il)) {
-      floats += uint64_t{slots} * (2ull * context + context / kp) * hp.index_head_dim;
+      const uint64_t key_rows = index_key_rows(context, static_cast<uint32_t>(kp), step_rows);
+      floats += uint64_t{slots} * (2 * key_rows + context / kp) * hp.index_head_dim;
     }
   }
   return floats * sizeof(float) + latent_bytes + kv_window_table_bytes(hp, layers, slots, context, resident);

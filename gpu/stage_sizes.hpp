@@ -17,8 +17,19 @@ namespace ferry::gpu {
 // `latent`: the DSA latent rows' format (the indexer's rows are f32). `resident` (--kv-resident, 0:
 // none): when smaller than `context`, each slot keeps that many latent rows per DSA layer on the device
 // (gpu/kv_window.hpp), the rest in the host tier (kv_host_tier_bytes).
+// `step_rows` (0: unbounded) sizes the ring of the indexer's per-token keys and gates
+// (index_key_rows).
 uint64_t stage_state_bytes(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t slots, uint32_t context,
-                           config::KvType latent = config::KvType::f32, uint32_t resident = 0);
+                           config::KvType latent = config::KvType::f32, uint32_t resident = 0,
+                           uint32_t step_rows = 0);
+// Rows per slot and indexer layer of the per-token keys and gates on the device, a ring (position %
+// rows): a step of at most `step_rows` rows makes the pools its rows complete, and the earliest of
+// them starts at most kpool - 1 positions before the step; nothing else reads a token's key (the
+// scores read pool keys). A rollback goes back at most to a step's start (a verify set's), so the
+// ring still holds what it needs; a restore brings the incomplete pool's keys with the image
+// (model/slot_state.hpp). `step_rows` 0 (the MTP block, whose restore keeps its own rows past any
+// step): every position.
+uint32_t index_key_rows(uint32_t context, uint32_t kpool, uint32_t step_rows);
 // Latent rows per slot and DSA layer on the device: the window, or the whole context.
 uint32_t device_latent_rows(uint32_t context, uint32_t resident);
 // Host bytes of the stage's host KV tier (0 without a window: every row on the device).

@@ -11,8 +11,8 @@
 namespace ferry::gpu {
 
 uint64_t StageState::bytes_for(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t slots,
-                               uint32_t context, config::KvType latent, uint32_t resident) {
-  return stage_state_bytes(hp, layers, slots, context, latent, resident);
+                               uint32_t context, config::KvType latent, uint32_t resident, uint32_t max_rows) {
+  return stage_state_bytes(hp, layers, slots, context, latent, resident, max_rows);
 }
 
 StageState::StageState(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t slots, uint32_t context,
@@ -22,6 +22,7 @@ StageState::StageState(const model::Glm5Hparams& hp, model::LayerRange layers, u
       slots_(slots),
       context_(context),
       latent_rows_(device_latent_rows(context, resident)),
+      key_rows_(index_key_rows(context, hp.index_kpool, max_rows)),
       kpool_(std::max<uint32_t>(1, hp.index_kpool)),
       formats_(formats),
       conv_taps_(std::max<uint32_t>(1, hp.conv_kernel - 1)),
@@ -52,8 +53,8 @@ StageState::StageState(const model::Glm5Hparams& hp, model::LayerRange layers, u
       l.latents = alloc_bytes(rows * config::kv_row_bytes(formats.latent, latent_width_));
     }
     if (model::glm5_has_indexer(hp, il)) {
-      l.keys = alloc(uint64_t{slots} * context * index_width_);
-      l.gates = alloc(uint64_t{slots} * context * index_width_);
+      l.keys = alloc(uint64_t{slots} * key_rows_ * index_width_);
+      l.gates = alloc(uint64_t{slots} * key_rows_ * index_width_);
       l.pools = alloc(uint64_t{slots} * (context / kpool_) * index_width_);  // complete pools only: the kernels' stride
     }
   }
@@ -88,16 +89,34 @@ void StageState::zero_slot(uint32_t slot, cudaStream_t stream) {
 
 float* StageState::where(const model::StatePartSpec& p, uint32_t slot) {
   LayerState& l = layer(p.layer);
-  const uint64_t rows = uint64_t{slot} * context_;
   switch (p.part) {
     case model::StatePart::kda_conv: return l.conv + slot * conv_floats_;
     case model::StatePart::kda_recurrent: return l.recurrent + slot * recurrent_floats_;
     case model::StatePart::latent: return nullptr;  // not floats: save_latents / restore_latents
-    case model::StatePart::index_key: return l.keys + rows * index_width_;
-    case model::StatePart::index_gate: return l.gates + rows * index_width_;
+    case model::StatePart::index_key:
+    case model::StatePart::index_gate: return nullptr;  // a ring: copy_tail
     case model::StatePart::pool_key: return l.pools + uint64_t{slot} * (context_ / kpool_) * index_width_;
   }
   return nullptr;
+}
+
+void StageState::copy_tail(const model::StatePartSpec& p, uint32_t slot, uint32_t tokens, float* out, const float* in,
+                           cudaStream_t stream) {
+  LayerState& l = layer(p.layer);
+  float* ring = (p.part == model::StatePart::index_key ? l.keys : l.gates) + uint64_t{slot} * key_rows_ * index_width_;
+  const uint32_t tail = tokens % kpool_;
+  // Positions [tokens - tail, tokens) at position % key_rows: one run, or two where the ring wraps.
+  for (uint32_t done = 0; done < tail;) {
+    const uint32_t at = (tokens - tail + done) % key_rows_, n = std::min(tail - done, key_rows_ - at);
+    float* dev = ring + uint64_t{at} * index_width_;
+    const uint64_t offset = uint64_t{done} * index_width_, bytes = uint64_t{n} * index_width_ * sizeof(float);
+    if (out != nullptr) {
+      FERRY_CUDA(cudaMemcpyAsync(out + offset, dev, bytes, cudaMemcpyDeviceToHost, stream));
+    } else {
+      FERRY_CUDA(cudaMemcpyAsync(dev, in + offset, bytes, cudaMemcpyHostToDevice, stream));
+    }
+    done += n;
+  }
 }
 
 void StageState::save_latents(uint32_t il, uint32_t slot, uint32_t n, float* out, cudaStream_t stream) {
@@ -188,6 +207,10 @@ Expected<model::SlotStateImage> StageState::save(uint32_t slot, bool with_rows, 
       save_latents(p.layer, slot, image.tokens, image.data.data() + at, stream);
       return;
     }
+    if (p.unit == model::StateUnit::tail) {
+      copy_tail(p, slot, image.tokens, image.data.data() + at, nullptr, stream);
+      return;
+    }
     FERRY_CUDA(cudaMemcpyAsync(image.data.data() + at, where(p, slot), n * sizeof(float), cudaMemcpyDeviceToHost, stream));
     if (p.part == model::StatePart::kda_conv) conv_at.push_back(at);
   });
@@ -229,6 +252,10 @@ Status StageState::restore(uint32_t slot, const model::SlotStateImage& image, cu
   std::vector<std::vector<float>> channels;  // the conv parts in the kernels' order, until the copies ran
   layout_.for_each(image, [&](const model::StatePartSpec& p, uint64_t at, uint64_t n) {
     if (p.part == model::StatePart::latent) return;
+    if (p.unit == model::StateUnit::tail) {  // the image's data outlives the synchronize below
+      copy_tail(p, slot, image.tokens, nullptr, image.data.data() + at, stream);
+      return;
+    }
     const float* src = image.data.data() + at;
     if (p.part == model::StatePart::kda_conv) {
       std::vector<float>& c = channels.emplace_back(conv_floats_);

@@ -16,8 +16,8 @@ SlotStateLayout::SlotStateLayout(const Glm5Hparams& hp, config::LayerRange layer
   auto dsa = [&](uint32_t layer, bool mtp) {
     parts_.push_back({layer, StatePart::latent, StateUnit::token, latent, mtp});
     if (glm5_has_indexer(hp, layer)) {
-      parts_.push_back({layer, StatePart::index_key, StateUnit::token, index, mtp});
-      parts_.push_back({layer, StatePart::index_gate, StateUnit::token, index, mtp});
+      parts_.push_back({layer, StatePart::index_key, StateUnit::tail, index, mtp});
+      parts_.push_back({layer, StatePart::index_gate, StateUnit::tail, index, mtp});
       parts_.push_back({layer, StatePart::pool_key, StateUnit::pool, hp.index_head_dim, mtp});
     }
   };
@@ -41,6 +41,7 @@ uint64_t SlotStateLayout::part_floats(const StatePartSpec& p, uint32_t tokens, u
     case StateUnit::fixed: return p.width;
     case StateUnit::token: return p.width * t;
     case StateUnit::pool: return p.width * (t / kpool_);
+    case StateUnit::tail: return p.width * (t % kpool_);
   }
   return 0;
 }
@@ -48,7 +49,7 @@ uint64_t SlotStateLayout::part_floats(const StatePartSpec& p, uint32_t tokens, u
 uint64_t SlotStateLayout::image_floats(uint32_t tokens, uint32_t mtp_tokens, bool with_rows) const {
   uint64_t n = 0;
   for (const StatePartSpec& p : parts_) {
-    if (with_rows || p.unit == StateUnit::fixed) n += part_floats(p, tokens, mtp_tokens);
+    if (with_rows || in_every_image(p)) n += part_floats(p, tokens, mtp_tokens);
   }
   return n;
 }
@@ -57,7 +58,7 @@ void SlotStateLayout::for_each(const SlotStateImage& image,
                                const std::function<void(const StatePartSpec&, uint64_t, uint64_t)>& f) const {
   uint64_t at = 0;
   for (const StatePartSpec& p : parts_) {
-    if (!image.with_rows && p.unit != StateUnit::fixed) continue;
+    if (!image.with_rows && !in_every_image(p)) continue;
     const uint64_t n = part_floats(p, image.tokens, image.mtp_tokens);
     f(p, at, n);
     at += n;

@@ -194,8 +194,13 @@ Expected<SlotStateImage> CpuStage::save_slot(uint32_t slot, bool with_rows) {
       case StatePart::kda_conv: std::copy_n(state.kda(p.layer).conv.data(), n, out); break;
       case StatePart::kda_recurrent: std::copy_n(state.kda(p.layer).s.data(), n, out); break;
       case StatePart::latent: cache_of(state, p).latent.to_image(0, n / p.width, out); break;
-      case StatePart::index_key: cache_of(state, p).index_k.to_image(0, n / p.width, out); break;
-      case StatePart::index_gate: cache_of(state, p).index_gate.to_image(0, n / p.width, out); break;
+      case StatePart::index_key:
+      case StatePart::index_gate: {  // the incomplete pool's rows: the image's last n / width positions
+        const DsaCache& cache = cache_of(state, p);
+        const size_t tail = n / p.width, from = (p.mtp ? image.mtp_tokens : image.tokens) - tail - cache.keys_from;
+        (p.part == StatePart::index_key ? cache.index_k : cache.index_gate).to_image(from, tail, out);
+        break;
+      }
       case StatePart::pool_key: std::copy_n(cache_of(state, p).pool_keys.data(), n, out); break;
     }
   });
@@ -227,8 +232,13 @@ Status CpuStage::restore_slot(uint32_t slot, const SlotStateImage& image) {
       case StatePart::kda_conv: assign(state.kda(p.layer).conv); break;
       case StatePart::kda_recurrent: assign(state.kda(p.layer).s); break;
       case StatePart::latent: rows(cache_of(state, p).latent); break;
-      case StatePart::index_key: rows(cache_of(state, p).index_k); break;
-      case StatePart::index_gate: rows(cache_of(state, p).index_gate); break;
+      case StatePart::index_key:
+      case StatePart::index_gate: {
+        DsaCache& cache = cache_of(state, p);
+        rows(p.part == StatePart::index_key ? cache.index_k : cache.index_gate);
+        cache.keys_from = (p.mtp ? image.mtp_tokens : image.tokens) - n / p.width;  // the incomplete pool's start
+        break;
+      }
       case StatePart::pool_key: assign(cache_of(state, p).pool_keys); break;
     }
   });

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 #include <stdexcept>
+#include <string>
 
 #include "model/glm5/glm5_weights.hpp"
 
@@ -14,6 +15,7 @@ void DsaCache::reset() {
   latent.clear();
   index_k.clear();
   index_gate.clear();
+  keys_from = 0;
   pool_keys.clear();
 }
 
@@ -22,9 +24,13 @@ void DsaCache::set_tokens(size_t t, size_t kpool) {
     tokens = t;
     return;
   }
+  if (t < keys_from) {
+    throw std::logic_error("DSA cache cut back to " + std::to_string(t) + " tokens, before its first indexer key at " +
+                           std::to_string(keys_from));
+  }
   latent.truncate(t);
-  index_k.truncate(t);
-  index_gate.truncate(t);
+  index_k.truncate(std::min(index_k.rows(), t - keys_from));
+  index_gate.truncate(std::min(index_gate.rows(), t - keys_from));
   pool_keys.resize(std::min(pool_keys.size(), t / kpool * index_k.width()));
   tokens = t;
 }
@@ -110,9 +116,10 @@ void dsa_layer(const DsaConfig& c, const Glm5LayerWeights& w, const float* x, si
       std::vector<float> keys(kp * id), gates(kp * id);
       for (size_t p = cache.pool_keys.size() / id; p < complete; ++p) {
         for (size_t i = 0; i < kp; ++i) {
-          const float* k = cache.index_k.row(p * kp + i, keys.data() + i * id);
+          const size_t row = p * kp + i - cache.keys_from;
+          const float* k = cache.index_k.row(row, keys.data() + i * id);
           if (k != keys.data() + i * id) std::copy_n(k, id, keys.data() + i * id);
-          const float* g = cache.index_gate.row(p * kp + i, gates.data() + i * id);
+          const float* g = cache.index_gate.row(row, gates.data() + i * id);
           if (g != gates.data() + i * id) std::copy_n(g, id, gates.data() + i * id);
         }
         cache.pool_keys.resize((p + 1) * id);

@@ -48,12 +48,14 @@ struct DsaCache {
       : latent(formats.latent, kv_lora_rank), index_k(formats.index, index_dim), index_gate(formats.index, index_dim) {}
   size_t tokens = 0;
   kv::KvRows latent;              // tokens x kv_lora_rank
-  kv::KvRows index_k;             // tokens x index_dim (empty in a layer without an indexer)
-  kv::KvRows index_gate;          // tokens x index_dim
+  kv::KvRows index_k;             // (tokens - keys_from) x index_dim (empty in a layer without an indexer)
+  kv::KvRows index_gate;          // (tokens - keys_from) x index_dim
+  size_t keys_from = 0;           // the position of index_k's first row: a restore brings only the
+                                  // incomplete pool's (model/slot_state.hpp), a pool boundary
   std::vector<float> pool_keys;   // (tokens / kpool) x index_dim: keys of the complete pools
   void reset();
-  // Holds `t` tokens: fewer than now keeps the first t (and the pools they complete); otherwise the
-  // rows must already be there (a restore filled them).
+  // Holds `t` tokens: fewer than now keeps the first t (and the pools they complete; t must not be
+  // before keys_from); otherwise the rows must already be there (a restore filled them).
   void set_tokens(size_t t, size_t kpool);
 };
 

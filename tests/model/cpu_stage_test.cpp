@@ -159,6 +159,61 @@ TEST_F(CpuStageTest, RestoreThenContinueEqualsNeverSaved) {
   EXPECT_EQ(e->code, ErrorCode::invalid_plan);
 }
 
+// The indexer's keys and gates travel as the incomplete pool's rows only, in every image (with rows or
+// without): 30 tokens with kpool 4 carry 2 rows of each, 28 none. A checkpoint without rows taken mid
+// pool goes back into its slot after the slot ran far past it, and a slot restored from rows (holding
+// only that tail of keys) saves again and continues: each as if never saved.
+TEST_F(CpuStageTest, ImagesCarryTheIncompletePoolsKeysAndRestoreMidPool) {
+  const uint32_t kp = tiny().index_kpool;
+  ASSERT_EQ(kp, 4u);
+  auto p = split({2});
+  ASSERT_TRUE(p);
+  const SlotStateLayout& layout = p->stages().back()->state_layout();
+  uint64_t keys_at_30 = 0, keys_at_28 = 0, pools_at_30 = 0;
+  for (const StatePartSpec& part : layout.parts()) {
+    if (part.part == StatePart::index_key || part.part == StatePart::index_gate) {
+      EXPECT_EQ(part.unit, StateUnit::tail);
+      keys_at_30 += layout.part_floats(part, 30, 0), keys_at_28 += layout.part_floats(part, 28, 0);
+    }
+    if (part.part == StatePart::pool_key) pools_at_30 += layout.part_floats(part, 30, 0);
+  }
+  EXPECT_GT(keys_at_30, 0u);
+  EXPECT_EQ(keys_at_28, 0u);
+  EXPECT_EQ(keys_at_30 % (30 % kp), 0u);
+  EXPECT_EQ(layout.image_floats(30, 0, false), layout.image_floats(0, 0, false) + keys_at_30);
+  EXPECT_GT(pools_at_30, 0u);
+
+  const std::vector<int32_t> head(prompt_.begin(), prompt_.begin() + 30), tail(prompt_.begin() + 30, prompt_.end());
+  run(*p, 0, head, 7);
+  auto at_30 = p->save_slot(0, false);
+  auto whole_30 = p->save_slot(0, true);
+  ASSERT_TRUE(at_30 && whole_30);
+  const std::vector<float> never = run(*p, 0, tail, 9, 30);
+  auto whole_75 = p->save_slot(0, true);
+  ASSERT_TRUE(whole_75);
+  // Slot 0 ran to 75; back to 30 without rows.
+  ASSERT_FALSE(p->restore_slot(0, at_30.value()));
+  EXPECT_EQ(never, run(*p, 0, tail, 9, 30));
+  // Slot 1 from rows, 5 tokens on (35: mid pool again), saved and restored into slot 2.
+  ASSERT_FALSE(p->restore_slot(1, whole_30.value()));
+  const std::vector<int32_t> five(tail.begin(), tail.begin() + 5), rest(tail.begin() + 5, tail.end());
+  run(*p, 1, five, 5, 30);
+  auto whole_35 = p->save_slot(1, true);
+  ASSERT_TRUE(whole_35);
+  ASSERT_FALSE(p->restore_slot(2, whole_35.value()));
+  const size_t V = tiny().vocab_size;
+  const std::vector<float> never_rest(never.begin() + 5 * V, never.end());
+  EXPECT_LT(max_diff(never_rest, run(*p, 2, rest, 6, 35)), 2e-5f);
+  EXPECT_LT(max_diff(never_rest, run(*p, 1, rest, 40, 35)), 2e-5f);
+  // What slot 2 holds at 75 (its pools made from keys that came through two images) is slot 0's.
+  auto again_75 = p->save_slot(2, true);
+  ASSERT_TRUE(again_75);
+  for (size_t i = 0; i < whole_75->size(); ++i) {
+    EXPECT_EQ((*whole_75)[i].tokens, (*again_75)[i].tokens);
+    EXPECT_LT(max_diff((*whole_75)[i].data, (*again_75)[i].data), 2e-5f) << "stage " << i;
+  }
+}
+
 // With f16 or int8 rows (latents and indexer rows) the state image holds the rows as stored: a restored
 // slot continues bit for bit as if never saved, and the image of an int8 latent row is its codes and
 // its scale.

@@ -99,6 +99,25 @@ def test_the_host_kv_tier_is_planned_and_its_budget_refused_naming_the_need(ferr
     assert r.returncode == 2 and "--kv-host-budget: GiB in [0, 65536]" in r.stderr, r.stderr
 
 
+def test_device_kv_past_the_window_grows_only_by_the_pool_keys(ferry_bin):
+    """Past --kv-resident the device keeps the window's latent rows, every complete pool's key (128 f32
+    per 4 tokens and DSA layer) and the indexer's per-token keys and gates in a ring of a step's rows
+    (kpool - 1 + prefill chunk + slots), not ctx of them: doubling the context adds the pool keys and
+    the window's position table (4 B a token and DSA layer) only, and all resident the keys and gates
+    are the ring's."""
+    args = ["--device-memory", "139GiB", "--host-memory", "200GiB", "--slots", "3"]
+    kv = {}
+    for ctx in (262144, 524288):
+        code, p = plan(ferry_bin, *args, "--ctx", str(ctx))
+        kv[ctx] = sum(s["device_kv_bytes"] for s in p["stages"])
+    added = 3 * (524288 - 262144) * 11
+    assert kv[524288] - kv[262144] == added // 4 * 128 * 4 + added * 4
+    ring = 3 + 4096 + 3  # kpool - 1, the default prefill chunk, a decode row per slot
+    code, p = plan(ferry_bin, *args, "--ctx", "32768", "--kv-resident", "0", "--kv-type", "f32")
+    latent, pools, keys = 3 * 32768 * 11 * 2048, 3 * 32768 // 4 * 11 * 512, 3 * ring * 11 * 2 * 512
+    assert sum(s["device_kv_bytes"] for s in p["stages"]) == latent + pools + keys
+
+
 def test_bad_options_fail_naming_them(ferry_bin):
     for args, text in ((["--device-memory", "lots"], "--device-memory"),
                        (["--device-memory", "80GiB", "--expert-pool-cap", "x"], "--expert-pool-cap"),
