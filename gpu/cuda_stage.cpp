@@ -134,7 +134,7 @@ struct CudaStage::Impl {
     if (opt.mtp && hp.n_nextn_layers > 0) keep.emplace(hp, layers, opt.max_slots);
     if (mtp_weights) {
       mtp = std::make_unique<CudaMtp>(hp, std::move(*mtp_weights), std::move(mtp_embed), *weights, *work, cublas,
-                                      opt.max_slots, opt.max_context, work_rows(), opt.kv, s());
+                                      opt.max_slots, opt.max_context, work_rows(), opt.kv, opt.graphs, s());
       mtp_weights.reset();
       mtp_embed.reset();
     }
