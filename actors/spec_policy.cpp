@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 
 namespace ferry::actors {
@@ -21,11 +22,11 @@ Expected<MtpSetting> parse_mtp_setting(const std::string& text) {
 }
 
 uint32_t drafts_for(const MtpSetting& mtp, const model::SpecCounts& counts, size_t decoding_slots,
-                    const StepCosts& costs) {
+                    const StepCosts* costs) {
   if (!mtp.enabled || decoding_slots > kMaxSpeculatingSlots) return 0;
   if (!mtp.adaptive) return mtp.drafts;
   const auto base = static_cast<uint32_t>(std::max<size_t>(1, decoding_slots));
-  if (!costs.ms(base)) return 0;  // plain steps first: what a draft costs is measured against them
+  if (costs != nullptr && !costs->ms(base)) return 0;  // plain steps first: drafts are measured against them
   const double p = counts.drafted >= kAcceptanceWarmup
                        ? static_cast<double>(counts.accepted) / static_cast<double>(counts.drafted)
                        : kAssumedAcceptance;
@@ -35,7 +36,8 @@ uint32_t drafts_for(const MtpSetting& mtp, const model::SpecCounts& counts, size
   for (uint32_t k = 1; k <= kMaxDrafts; ++k) {
     term *= p;
     tokens += term;
-    const double cost = costs.ratio(base * (k + 1), base).value_or(1.0 + kVerifyRowCost * k);
+    const std::optional<double> measured = costs != nullptr ? costs->ratio(base * (k + 1), base) : std::nullopt;
+    const double cost = measured.value_or(1.0 + kVerifyRowCost * k);
     const double rate = tokens / cost;
     if (rate > best_rate) best = k, best_rate = rate;
   }

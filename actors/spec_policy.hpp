@@ -32,8 +32,8 @@ inline constexpr double kAssumedAcceptance = 0.75;
 Expected<MtpSetting> parse_mtp_setting(const std::string& text);
 
 // Drafts for a slot's next step (`decoding_slots` decoding, this one included): 0 turns speculation
-// off for it.
+// off for it. Null `costs`: none can be measured (micro-batched steps overlap), every K at the goal's.
 uint32_t drafts_for(const MtpSetting& mtp, const model::SpecCounts& counts, size_t decoding_slots,
-                    const StepCosts& costs);
+                    const StepCosts* costs);
 
 }  // namespace ferry::actors

@@ -223,7 +223,7 @@ std::optional<StepPlan> StepPlanner::plan(TimePoint now, EngineEvents& events) {
     Slot& slot = slots_[i];
     Live& live = live_.at(slot.request);
     if (live.spec) {
-      model::SlotRows row = live.spec->rows(i, live.request.sampling, drafts_for(limits_.mtp, live.spec->counts(), decoding, costs_));
+      model::SlotRows row = live.spec->rows(i, live.request.sampling, drafts_for(limits_.mtp, live.spec->counts(), decoding, measured_costs()));
       slot.held.resize(row.start);
       slot.held.insert(slot.held.end(), row.tokens.begin(), row.tokens.end());
       step.rows.push_back(InFlightRow{i, live.request.id, 0, true, row});
@@ -253,7 +253,7 @@ std::optional<StepPlan> StepPlanner::plan(TimePoint now, EngineEvents& events) {
     row.sample = prefill->prefilled + n == prompt.size();
     row.sampling = prefill->request.sampling;
     // The prompt's last chunk asks for the first drafts.
-    if (row.sample) row.draft = drafts_for(limits_.mtp, {}, decoding + 1, costs_);
+    if (row.sample) row.draft = drafts_for(limits_.mtp, {}, decoding + 1, measured_costs());
     slot.held.insert(slot.held.end(), row.tokens.begin(), row.tokens.end());
     step.rows.push_back(InFlightRow{index, prefill->request.id, n, row.sample, std::nullopt});
     plan.rows.push_back(std::move(row));

@@ -137,6 +137,9 @@ class StepPlanner {
   uint32_t restore_checkpoint(Live& live, uint32_t chosen);
   void mark_landed(const std::vector<InFlightRow>& rows);
   void record_cost(const InFlightStep& step, TimePoint now);
+  // The step costs --mtp auto weighs drafts by; none where micro-batched steps overlap (no step
+  // runs alone to be timed).
+  const StepCosts* measured_costs() const { return limits_.micro_batches > 1 ? nullptr : &costs_; }
 
   PlannerLimits limits_;
   std::unordered_map<RequestId, Live> live_;

@@ -415,6 +415,7 @@ bool CudaStage::drafts() const { return impl_->mtp != nullptr; }
 void CudaStage::record_mtp_logits(bool on) {
   if (impl_->mtp) impl_->mtp->record_logits(on);
 }
+size_t CudaStage::mtp_graphs() const { return impl_->mtp ? impl_->mtp->graphs() : 0; }
 std::vector<float> CudaStage::take_mtp_logits() { return impl_->mtp ? impl_->mtp->take_logits() : std::vector<float>{}; }
 
 model::StageCounters CudaStage::counters() const {

@@ -84,6 +84,8 @@ class CudaStage final : public model::Stage {
   // only; rows in the order the entries are made); take_mtp_logits() hands them over.
   void record_mtp_logits(bool on);
   std::vector<float> take_mtp_logits();
+  // CUDA graphs the MTP block's pass and drafting replay from (0 without the block or graphs).
+  size_t mtp_graphs() const;
 
   int device() const;
   std::string device_name() const;

@@ -62,6 +62,8 @@ class CudaMtp {
   std::vector<float> take_logits() { return std::move(recorded_); }
 
   uint64_t bytes() const;
+  // The graphs captured so far (the pass's and the drafting's shapes).
+  size_t graphs() const { return pass_graphs_.captured() + draft_graphs_.captured(); }
 
  private:
   struct Kept {

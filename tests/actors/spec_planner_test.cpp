@@ -121,6 +121,12 @@ StepCosts planted(const std::map<uint32_t, double>& ms) {
   return c;
 }
 
+// --mtp auto's drafts for `slots` decoding slots at those counts, with those step times measured.
+uint32_t auto_k(const ferry::model::SpecCounts& c, size_t slots, const std::map<uint32_t, double>& ms) {
+  const StepCosts costs = planted(ms);
+  return drafts_for(MtpSetting{true, true, 1}, c, slots, &costs);
+}
+
 TEST(StepCosts, SkipTheWarmUpThenAverage) {
   StepCosts c;
   c.record(1, 50.0);  // eager, then the graph's capture
@@ -147,38 +153,41 @@ TEST(StepCosts, SkipTheWarmUpThenAverage) {
 TEST(SpecPolicy, AutoPicksKFromAcceptanceAndMeasuredCosts) {
   const MtpSetting a{true, true, 1};
   ferry::model::SpecCounts c;
+  const StepCosts none;
   // No plain step measured yet: none drafts (plain steps are the measure of a draft's cost).
-  EXPECT_EQ(drafts_for(a, c, 1, StepCosts{}), 0u);
-  EXPECT_EQ(drafts_for(MtpSetting{true, false, 2}, c, 1, StepCosts{}), 2u);  // a fixed K stays
+  EXPECT_EQ(drafts_for(a, c, 1, &none), 0u);
+  EXPECT_EQ(drafts_for(MtpSetting{true, false, 2}, c, 1, &none), 2u);  // a fixed K stays
   // Only the plain step measured: each K at the goal's cost, the assumed acceptance pays.
-  EXPECT_GE(drafts_for(a, c, 1, planted({{1, 3.2}})), 1u);
+  EXPECT_GE(auto_k(c, 1, {{1, 3.2}}), 1u);
   c.drafted = 1000, c.accepted = 883;
   // The H200's 12-layer figures (gpu/PERF.md): 1 row 3.20 ms, 2 rows 4.75, 4 rows 7.41. K = 2 (3
   // rows) is not measured: at the goal's 1.2x it looks best, so auto tries it.
-  EXPECT_EQ(drafts_for(a, c, 1, planted({{1, 3.2}, {2, 4.75}, {4, 7.41}})), 2u);
+  EXPECT_EQ(auto_k(c, 1, {{1, 3.2}, {2, 4.75}, {4, 7.41}}), 2u);
   // Measured too (1.9x): 1 + 3 drafts pays most (3.35 tokens for 2.32x).
-  EXPECT_EQ(drafts_for(a, c, 1, planted({{1, 3.2}, {2, 4.75}, {3, 6.1}, {4, 7.41}})), 3u);
+  EXPECT_EQ(auto_k(c, 1, {{1, 3.2}, {2, 4.75}, {3, 6.1}, {4, 7.41}}), 3u);
   // Rows near their byte floor: K = 3 at 88% acceptance.
-  EXPECT_EQ(drafts_for(a, c, 1, planted({{1, 3.2}, {2, 3.5}, {3, 3.8}, {4, 4.1}})), kMaxDrafts);
+  EXPECT_EQ(auto_k(c, 1, {{1, 3.2}, {2, 3.5}, {3, 3.8}, {4, 4.1}}), kMaxDrafts);
   // Drafts that cost a full step each do not pay at any acceptance below 1: drafting stops.
   const StepCosts dear = planted({{1, 3.2}, {2, 6.4}, {3, 9.6}, {4, 12.8}});
-  EXPECT_EQ(drafts_for(a, c, 1, dear), 0u);
+  EXPECT_EQ(drafts_for(a, c, 1, &dear), 0u);
   c.accepted = 990;
-  EXPECT_EQ(drafts_for(a, c, 1, dear), 0u);
+  EXPECT_EQ(drafts_for(a, c, 1, &dear), 0u);
   // Low acceptance: even cheap rows do not pay for K > 1, nor at 5% for any K.
   const StepCosts cheap = planted({{1, 3.2}, {2, 3.5}, {3, 3.8}, {4, 4.1}});
   c.accepted = 150;
-  EXPECT_EQ(drafts_for(a, c, 1, cheap), 1u);
+  EXPECT_EQ(drafts_for(a, c, 1, &cheap), 1u);
   c.accepted = 50;
-  EXPECT_EQ(drafts_for(a, c, 1, cheap), 0u);
+  EXPECT_EQ(drafts_for(a, c, 1, &cheap), 0u);
   // Two slots decoding: their 2-row step against their 4-row one (1 draft each).
   c.accepted = 883;
-  EXPECT_EQ(drafts_for(a, c, 2, planted({{1, 3.2}})), 0u);  // their plain step not measured yet
-  EXPECT_EQ(drafts_for(a, c, 2, planted({{1, 3.2}, {2, 3.4}})), kMaxDrafts);  // the wider ones not: the goal's
-  EXPECT_EQ(drafts_for(a, c, 2, planted({{2, 3.4}, {4, 6.8}, {6, 10.2}, {8, 13.6}})), 0u);
+  EXPECT_EQ(auto_k(c, 2, {{1, 3.2}}), 0u);  // their plain step not measured yet
+  EXPECT_EQ(auto_k(c, 2, {{1, 3.2}, {2, 3.4}}), kMaxDrafts);  // the wider ones not: the goal's
+  EXPECT_EQ(auto_k(c, 2, {{2, 3.4}, {4, 6.8}, {6, 10.2}, {8, 13.6}}), 0u);
+  // Nothing measurable (micro-batched steps): every K at the goal's cost, as before measuring.
+  EXPECT_EQ(drafts_for(a, c, 1, nullptr), kMaxDrafts);
   c.accepted = 95, c.drafted = 100;
-  EXPECT_EQ(drafts_for(a, c, kMaxSpeculatingSlots + 1, cheap), 0u);  // a large batch
-  EXPECT_EQ(drafts_for(MtpSetting{}, c, 1, cheap), 0u);
+  EXPECT_EQ(drafts_for(a, c, kMaxSpeculatingSlots + 1, &cheap), 0u);  // a large batch
+  EXPECT_EQ(drafts_for(MtpSetting{}, c, 1, &cheap), 0u);
   EXPECT_FALSE(parse_mtp_setting("4"));
   EXPECT_FALSE(parse_mtp_setting("on"));
   EXPECT_TRUE(parse_mtp_setting("auto")->adaptive);
