@@ -218,11 +218,12 @@ std::optional<StepPlan> StepPlanner::plan(TimePoint now, EngineEvents& events) {
   std::sort(ready.begin(), ready.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
   InFlightStep step;
   step.planned = now;
+  step.alone = in_flight_.empty();
   for (const auto& [last, i] : ready) {
     Slot& slot = slots_[i];
     Live& live = live_.at(slot.request);
     if (live.spec) {
-      model::SlotRows row = live.spec->rows(i, live.request.sampling, drafts_for(limits_.mtp, live.spec->counts(), decoding));
+      model::SlotRows row = live.spec->rows(i, live.request.sampling, drafts_for(limits_.mtp, live.spec->counts(), decoding, measured_costs()));
       slot.held.resize(row.start);
       slot.held.insert(slot.held.end(), row.tokens.begin(), row.tokens.end());
       step.rows.push_back(InFlightRow{i, live.request.id, 0, true, row});
@@ -252,7 +253,7 @@ std::optional<StepPlan> StepPlanner::plan(TimePoint now, EngineEvents& events) {
     row.sample = prefill->prefilled + n == prompt.size();
     row.sampling = prefill->request.sampling;
     // The prompt's last chunk asks for the first drafts.
-    if (row.sample) row.draft = drafts_for(limits_.mtp, {}, decoding + 1);
+    if (row.sample) row.draft = drafts_for(limits_.mtp, {}, decoding + 1, measured_costs());
     slot.held.insert(slot.held.end(), row.tokens.begin(), row.tokens.end());
     step.rows.push_back(InFlightRow{index, prefill->request.id, n, row.sample, std::nullopt});
     plan.rows.push_back(std::move(row));
@@ -279,6 +280,18 @@ void StepPlanner::mark_landed(const std::vector<InFlightRow>& rows) {
   }
 }
 
+// A decode-only step that ran alone: its time by its rows (a verify set's drafts included), what
+// --mtp auto weighs drafts by.
+void StepPlanner::record_cost(const InFlightStep& step, TimePoint now) {
+  if (!step.alone || step.rows.empty()) return;
+  uint32_t rows = 0;
+  for (const InFlightRow& row : step.rows) {
+    if (row.prompt_tokens > 0) return;
+    rows += row.spec ? static_cast<uint32_t>(row.spec->tokens.size()) : 1;
+  }
+  costs_.record(rows, ms_between(step.planned, now));
+}
+
 EngineEvents StepPlanner::apply(const StepOutcome& outcome, TimePoint now) {
   auto found = in_flight_.find(outcome.step);
   if (found == in_flight_.end()) return {};  // not ours: ignore
@@ -303,6 +316,7 @@ EngineEvents StepPlanner::apply(const StepOutcome& outcome, TimePoint now) {
   checkpoints_.landed(outcome.step, true, outcome.unsaved_checkpoints);
   ++metrics_.steps;
   metrics_.step_seconds.observe(ms_between(step.planned, now) / 1000.0);
+  record_cost(step, now);
   EngineEvents events;
   k = 0;
   for (const InFlightRow& row : step.rows) {

@@ -117,6 +117,7 @@ class StepPlanner {
   struct InFlightStep {
     std::vector<InFlightRow> rows;
     TimePoint planned;
+    bool alone = false;  // no other step in flight when planned: plan to outcome is its own time
   };
 
   // The terminal event of `live` (frees its slot); end() also forgets the live request.
@@ -135,6 +136,10 @@ class StepPlanner {
   // A checkpoint of a reusable prompt longer than what the chosen slot holds: restored into a slot.
   uint32_t restore_checkpoint(Live& live, uint32_t chosen);
   void mark_landed(const std::vector<InFlightRow>& rows);
+  void record_cost(const InFlightStep& step, TimePoint now);
+  // The step costs --mtp auto weighs drafts by; none where micro-batched steps overlap (no step
+  // runs alone to be timed).
+  const StepCosts* measured_costs() const { return limits_.micro_batches > 1 ? nullptr : &costs_; }
 
   PlannerLimits limits_;
   std::unordered_map<RequestId, Live> live_;
@@ -150,6 +155,7 @@ class StepPlanner {
   std::string failure_;
   EngineMetrics metrics_;
   CheckpointPlanner checkpoints_;
+  StepCosts costs_;  // decode steps' times by rows, for --mtp auto
 };
 
 }  // namespace ferry::actors

@@ -138,7 +138,7 @@ struct CudaStage::Impl {
     if (opt.mtp && hp.n_nextn_layers > 0) keep.emplace(hp, layers, opt.max_slots);
     if (mtp_weights) {
       mtp = std::make_unique<CudaMtp>(hp, std::move(*mtp_weights), std::move(mtp_embed), *weights, *work, cublas,
-                                      opt.max_slots, opt.max_context, work_rows(), opt.kv, s());
+                                      opt.max_slots, opt.max_context, work_rows(), opt.kv, opt.graphs, s());
       mtp_weights.reset();
       mtp_embed.reset();
     }
@@ -433,6 +433,7 @@ void CudaStage::record_mtp_logits(bool on) {
 }
 void CudaStage::time_ops(bool on) { impl_->time_ops = on; }
 OpTimeTotals CudaStage::take_op_times() { return impl_->op_times.take(); }
+size_t CudaStage::mtp_graphs() const { return impl_->mtp ? impl_->mtp->graphs() : 0; }
 std::vector<float> CudaStage::take_mtp_logits() { return impl_->mtp ? impl_->mtp->take_logits() : std::vector<float>{}; }
 
 model::StageCounters CudaStage::counters() const {

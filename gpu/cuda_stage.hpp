@@ -89,6 +89,8 @@ class CudaStage final : public model::Stage {
   // take_op_times() hands over the totals since the last call.
   void time_ops(bool on);
   OpTimeTotals take_op_times();
+  // CUDA graphs the MTP block's pass and drafting replay from (0 without the block or graphs).
+  size_t mtp_graphs() const;
 
   int device() const;
   std::string device_name() const;

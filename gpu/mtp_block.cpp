@@ -15,7 +15,7 @@ using T = model::Glm5Tensor;
 
 CudaMtp::CudaMtp(const model::Glm5Hparams& hp, DeviceWeights block, std::optional<DeviceWeights> embed,
                  const DeviceWeights& trunk, Workspace& work, blas::Handle cublas, uint32_t slots, uint32_t context,
-                 uint32_t max_rows, config::KvFormats kv, cudaStream_t stream)
+                 uint32_t max_rows, config::KvFormats kv, bool graphs, cudaStream_t stream)
     : hp_(hp),
       D_(hp.hidden_size),
       V_(hp.vocab_size),
@@ -30,7 +30,9 @@ CudaMtp::CudaMtp(const model::Glm5Hparams& hp, DeviceWeights block, std::optiona
       output_norm_(trunk.output_norm),
       input_(max_rows),
       pending_valid_(slots, false),
-      kept_(slots) {
+      kept_(slots),
+      pass_graphs_(graphs),
+      draft_graphs_(graphs) {
   const DevLayer& l = weights_.layer(hp.n_layers);
   if (l.kind != model::LayerKind::dsa) throw CudaError("the MTP block is not a DSA layer", ErrorCode::unsupported);
   // The fp16 staging of the prefill GEMMs holds H*D columns: eh_proj reads 2*D.
@@ -136,6 +138,30 @@ void CudaMtp::record(uint32_t rows) {
   }
 }
 
+void CudaMtp::draft(const std::vector<uint32_t>& counts, const std::vector<StepGeometry>& gs) {
+  int32_t* ids = ids_.as<int32_t>();
+  const auto body = [&] {
+    argmax(sel_.as<float>(), counts[0], ids);
+    for (size_t j = 1; j < counts.size(); ++j) {
+      block(gs[j - 1], ids + (j - 1) * slots_, j == 1 ? sel_.as<float>() : out_.as<float>(), counts[j]);
+      argmax(out_.as<float>(), counts[j], ids + j * slots_);
+    }
+  };
+  // The shape: the slots drafting a j-th token, a byte each (they only fall with j); one graph per
+  // shape where every pass is of decode rows.
+  uint64_t shape = 0;
+  bool graphable = counts.size() <= 8;
+  for (size_t j = 0; j < counts.size() && graphable; ++j) {
+    graphable = counts[j] <= kMaxMatvecTokens;
+    shape |= uint64_t{counts[j]} << (8 * j);
+  }
+  if (graphable) {
+    draft_graphs_.run(shape, s_, body);
+  } else {
+    body();
+  }
+}
+
 void CudaMtp::extend(const std::vector<model::SlotRows>& rows, std::vector<model::SlotResult>& results) {
   const size_t D = D_;
   const uint32_t total = model::total_rows(rows);
@@ -211,7 +237,14 @@ void CudaMtp::extend(const std::vector<model::SlotRows>& rows, std::vector<model
   }
   if (pass.empty()) return;
   const StepGeometry g = input_.stage(pass, false, 1, s_);
-  block(g, input_.tokens(), h_.as<float>(), entry_rows);
+  // Steps of decode rows replay the pass from a graph (its launches depend on the rows' shape only);
+  // a prefill's entries run eagerly, as the trunk's do.
+  const auto pass_body = [&] { block(g, input_.tokens(), h_.as<float>(), entry_rows); };
+  if (entry_rows <= kMaxMatvecTokens) {
+    pass_graphs_.run(DecodeGraphs::shape(g.rows, g.segments, g.max_seg_rows), s_, pass_body);
+  } else {
+    pass_body();
+  }
   if (record_) record(entry_rows);
   if (drafting.empty()) return;
 
@@ -222,9 +255,10 @@ void CudaMtp::extend(const std::vector<model::SlotRows>& rows, std::vector<model
     FERRY_CUDA(cudaMemcpyAsync(sel_.as<float>() + size_t{k} * D, out_.as<float>() + size_t{drafting[k].last} * D,
                                row_bytes, cudaMemcpyDeviceToDevice, s_));
   }
-  int32_t* ids = ids_.as<int32_t>();
-  argmax(sel_.as<float>(), count, ids);
   const uint32_t most = drafting.front().draft;
+  // Each further draft's rows staged first (their uploads precede the drafting in stream order).
+  std::vector<uint32_t> counts{count};
+  std::vector<StepGeometry> gs;
   for (uint32_t j = 1; j < most; ++j) {
     // The block fed its own output and draft: entries past the kept ones, dropped below.
     std::vector<model::SlotRows> more;
@@ -232,11 +266,11 @@ void CudaMtp::extend(const std::vector<model::SlotRows>& rows, std::vector<model
       if (d.draft <= j) break;
       more.push_back(model::SlotRows{d.slot, d.entries + j - 1, {0}, false, false, {}});
     }
-    const auto cnt = static_cast<uint32_t>(more.size());
-    const StepGeometry gj = draft_input_[j - 1]->stage(more, false, 1, s_);
-    block(gj, ids + size_t{j - 1} * slots_, j == 1 ? sel_.as<float>() : out_.as<float>(), cnt);
-    argmax(out_.as<float>(), cnt, ids + size_t{j} * slots_);
+    counts.push_back(static_cast<uint32_t>(more.size()));
+    gs.push_back(draft_input_[j - 1]->stage(more, false, 1, s_));
   }
+  draft(counts, gs);
+  int32_t* ids = ids_.as<int32_t>();
   int32_t* host = ids_host_.as<int32_t>();
   FERRY_CUDA(cudaMemcpyAsync(host, ids, size_t{most} * slots_ * sizeof(int32_t), cudaMemcpyDeviceToHost, s_));
   FERRY_CUDA(cudaStreamSynchronize(s_));

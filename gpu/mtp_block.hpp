@@ -6,7 +6,10 @@
 // slots in one pass, and for each slot that drew a token and asks for drafts, the argmax of the
 // block's logits after its last entry; a further draft feeds the block its own output and leaves no
 // entry. The block's DSA layer runs through the stage's LayerRunner code over its own weights, state
-// (DSA rows and indexer pools per slot, like a layer's) and the stage's workspace.
+// (DSA rows and indexer pools per slot, like a layer's) and the stage's workspace. With `graphs`, the
+// block's pass over a step's entries and the drafting after it (argmax, further drafts) replay from
+// CUDA graphs by their shapes (gpu/decode_graphs.hpp), as the trunk's decode steps do: their inputs
+// are the block's fixed buffers, staged before the replay.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -16,6 +19,7 @@
 
 #include "gpu/cuda_blas.hpp"
 #include "gpu/cuda_memory.hpp"
+#include "gpu/decode_graphs.hpp"
 #include "gpu/device_weights.hpp"
 #include "gpu/layer_runner.hpp"
 #include "gpu/mtp_sizes.hpp"  // kMaxCudaDrafts; what the plan counts for the block
@@ -33,7 +37,7 @@ class CudaMtp {
   // it. The workspace must cover the block's layer and max_rows rows. Throws CudaError.
   CudaMtp(const model::Glm5Hparams& hp, DeviceWeights block, std::optional<DeviceWeights> embed,
           const DeviceWeights& trunk, Workspace& work, blas::Handle cublas, uint32_t slots, uint32_t context,
-          uint32_t max_rows, config::KvFormats kv, cudaStream_t stream);
+          uint32_t max_rows, config::KvFormats kv, bool graphs, cudaStream_t stream);
   CudaMtp(const CudaMtp&) = delete;
   CudaMtp& operator=(const CudaMtp&) = delete;
 
@@ -58,6 +62,8 @@ class CudaMtp {
   std::vector<float> take_logits() { return std::move(recorded_); }
 
   uint64_t bytes() const;
+  // The graphs captured so far (the pass's and the drafting's shapes).
+  size_t graphs() const { return pass_graphs_.captured() + draft_graphs_.captured(); }
 
  private:
   struct Kept {
@@ -70,6 +76,9 @@ class CudaMtp {
   // Argmax of the head over `rows` rows of x into ids (device).
   void argmax(const float* x, uint32_t rows, int32_t* ids);
   void record(uint32_t rows);
+  // The drafting after the pass: the argmax of sel_ for `counts[0]` slots, then per further draft j
+  // the block over counts[j] slots' own outputs (geometry gs[j - 1]) and its argmax.
+  void draft(const std::vector<uint32_t>& counts, const std::vector<StepGeometry>& gs);
 
   const model::Glm5Hparams& hp_;
   uint32_t D_, V_;
@@ -89,6 +98,7 @@ class CudaMtp {
   PinnedBuffer ids_host_;
   std::vector<bool> pending_valid_;
   std::vector<std::optional<Kept>> kept_;
+  DecodeGraphs pass_graphs_, draft_graphs_;
   bool record_ = false;
   std::vector<float> recorded_;
 };

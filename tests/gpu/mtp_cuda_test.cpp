@@ -11,7 +11,10 @@
 
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "gpu/cuda_stage.hpp"
 #include "gpu/mtp_block.hpp"
@@ -271,6 +274,36 @@ TEST_F(MtpCudaTest, GreedyWithDraftsEqualsPlainGreedy) {
       EXPECT_GT(run.counts.accepted, 0u) << what;
       EXPECT_LT(run.counts.accepted, run.counts.drafted) << what;  // both paths taken
     }
+  }
+}
+
+// The block's pass and its drafting replay from CUDA graphs once a shape repeats, with the tokens
+// and drafts of the same stage run eagerly (graphs off).
+TEST_F(MtpCudaTest, ThePassAndTheDraftsReplayFromGraphs) {
+  for (uint32_t k : {1u, 3u}) {
+    SpecRun runs[2];
+    size_t graphs[2] = {};
+    for (int on = 0; on < 2; ++on) {
+      CudaStageOptions o;
+      o.max_slots = 3;
+      o.max_context = 512;
+      o.max_step_rows = 96;
+      o.mtp = true;
+      o.graphs = on == 1;
+      auto s = CudaStage::from_weights(*weights_, LayerRange{0, hp_.n_layers}, o);
+      ASSERT_TRUE(s) << s.error().message;
+      std::shared_ptr<CudaStage> stage = std::move(s.value());
+      auto p = Pipeline::make(std::vector<std::shared_ptr<model::Stage>>{stage});
+      ASSERT_TRUE(p) << p.error().message;
+      runs[on] = speculative(*p.value(), 0, prompts_[1], 24, k, 64, nullptr);
+      graphs[on] = stage->mtp_graphs();
+    }
+    const std::string what = "K " + std::to_string(k);
+    EXPECT_EQ(graphs[0], 0u) << what;
+    EXPECT_GE(graphs[1], 2u) << what;  // a pass's shape and a drafting's at least
+    EXPECT_EQ(runs[1].tokens, runs[0].tokens) << what;
+    EXPECT_EQ(runs[1].drafts, runs[0].drafts) << what;
+    EXPECT_GT(runs[1].counts.drafted, 0u) << what;
   }
 }
 
