@@ -125,7 +125,9 @@ void LayerRunner::mhc_site(const StepGeometry& g, const DevMatrix& fn, const flo
   fused.post_in = w_.post;
   fused.comb_in = w_.comb;
   if (mhc_post_pre(fused, s_)) {
-    mark(OpGroup::mhc_pre);  // the fused launch: the post's time counts as the site's
+    // One launch did both: its time counts as the pre's; the post is still marked (with no time of its own).
+    mark(OpGroup::mhc_pre);
+    if (post_first) mark(OpGroup::mhc_post);
     return;
   }
   if (post_first) {
