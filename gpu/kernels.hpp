@@ -85,14 +85,6 @@ struct MatvecArgs {
   // projection reads the gate and up products. Only where matvec_quantizes_activations() holds.
   const float* x_up = nullptr;
   float swiglu_limit = 0.0f;
-  // When set, groups whose tokens are rows named on the device (gpu/moe_decode.hpp: an expert over
-  // the step's rows routed to it): group g has min(tok_count[g], tokens) tokens (0: it does
-  // nothing), token t reads x row tok_x[g * tokens + t] (x_tok_stride apart) and writes y row
-  // tok_y[g * tokens + t] (y_tok_stride apart); set x_group_stride and y_group_stride to 0. Only
-  // where matvec_quantizes_activations() holds.
-  const int32_t* tok_count = nullptr;
-  const int32_t* tok_x = nullptr;
-  const int32_t* tok_y = nullptr;
 };
 inline constexpr uint32_t kMaxMatvecTokens = 8;
 void matvec(const MatvecArgs& a, cudaStream_t stream);

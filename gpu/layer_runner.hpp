@@ -53,7 +53,7 @@ class LayerRunner {
   void dense_ffn(const DevMatrix& gate, const DevMatrix& up, const DevMatrix& down, uint32_t n, float* y);
   void moe_layer(const StepGeometry& g, const DevLayer& l, bool upload_misses);
   // The routed experts of a decode step (up to 8 rows): every (row, expert) pair one group of a launch.
-  const int32_t* decode_experts(uint32_t n, const DevLayer& l);
+  void decode_experts(uint32_t n, const DevLayer& l);
   // A prefill chunk's: rows grouped by expert on the host, one GEMM triple per expert.
   void prefill_experts(uint32_t n, const DevLayer& l, bool upload_misses);
 

@@ -361,12 +361,6 @@ void matvec(const MatvecArgs& a, cudaStream_t stream) {
   }
   const bool int16 = matvec_quantizes_activations(a);
   if (a.x_up != nullptr && !int16) throw CudaError("matvec: a SwiGLU input needs the int16-activation path");
-  if ((a.tok_count != nullptr || a.tok_x != nullptr || a.tok_y != nullptr) && !int16) {
-    throw CudaError("matvec: tokens named on the device need the int16-activation path");
-  }
-  if ((a.tok_count != nullptr) != (a.tok_x != nullptr) || (a.tok_x != nullptr) != (a.tok_y != nullptr)) {
-    throw CudaError("matvec: tok_count, tok_x and tok_y are set together");
-  }
   if (int16) {
     launch_matvec_int16(a, a.w.type == model::GgmlType::IQ3_S ? iq3s_grid_address() : nullptr, stream);
     return;

@@ -278,14 +278,9 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
   extern __shared__ __align__(16) unsigned char smem_all[];
   const uint32_t* grid = reinterpret_cast<const uint32_t*>(smem_all);
   unsigned char* smem = smem_all + (T == qd::kIQ3_S ? kGridBytes : 0);
-  const uint32_t g = blockIdx.y;
-  // Tokens named on the device (MatvecArgs::tok_count): the group's own count, its rows' indices.
-  const uint32_t ntok = a.tok_count != nullptr ? min(static_cast<uint32_t>(a.tok_count[g]), a.tokens) : a.tokens;
-  if (ntok == 0) return;
-  const int32_t* tok_x = a.tok_x != nullptr ? a.tok_x + static_cast<size_t>(g) * a.tokens : nullptr;
-  const int32_t* tok_y = a.tok_y != nullptr ? a.tok_y + static_cast<size_t>(g) * a.tokens : nullptr;
-  const uint32_t K = a.w.cols, units = K / 32;
+  const uint32_t K = a.w.cols, units = K / 32, ntok = a.tokens;
   const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const uint32_t g = blockIdx.y;
 
   // A row's units (32 weights each) are spread over `lpr` lanes; narrow rows share a warp. A warp's
   // work is a list of items: chunks of up to kChunk units per lane, row after row.
@@ -329,7 +324,7 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
     float v[16];
     float amax = 0.0f, sum = 0.0f;
     if (valid) {
-      const size_t at = static_cast<size_t>(tok_x != nullptr ? tok_x[t] : t) * a.x_tok_stride + 16 * p;
+      const size_t at = t * a.x_tok_stride + 16 * p;
       const float4* src = reinterpret_cast<const float4*>(view.x + at);
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
@@ -379,14 +374,8 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
   __syncthreads();
 
   float acc[NT];
-  size_t y_at[NT];  // each token's output row
 #pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    acc[t] = 0.0f;
-    y_at[t] = static_cast<size_t>(g) * a.y_group_stride +
-              (tok_y != nullptr && t < static_cast<int>(ntok) ? static_cast<size_t>(tok_y[t]) : static_cast<size_t>(t)) *
-                  view.y_tok_stride;
-  }
+  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
   for (uint32_t it = 0; item_row0(it) < view.rows; ++it) {
     typename R::W next[kChunk];
     load_item(it + 1, next);
@@ -417,7 +406,7 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
       for (uint32_t o = lpr / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
       acc[t] = 0.0f;
       if (row < view.rows && sl == 0 && t < static_cast<int>(ntok)) {
-        y[y_at[t] + row] = s;
+        y[static_cast<size_t>(g) * a.y_group_stride + row + t * view.y_tok_stride] = s;
       }
     }
   }
