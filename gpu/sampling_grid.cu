@@ -91,6 +91,8 @@ struct Local {
   ull count_before, need_lo, need_hi, only;
   uint32_t nth_block, warp_total[kThreads / 32];  // nth_key
   ull nth_rank, nth_key;
+  uint32_t pick_count[256];  // choose: the measures of warp 0's buckets
+  ull pick_lo[256], pick_hi[256];
   uint32_t rank_n;  // select_in: the bucket's keys gathered, and the key found with its measure
   ull sel_key, sel_n, sel_lo, sel_hi;
   // Read by the bucket walk only, so kept here rather than in registers: the row's logits, a drawn
@@ -236,30 +238,35 @@ class GridRow {
     const Pass& p = g_.pass[scan_value_ ? 1 : pass_];
     if (threadIdx.x < 32) {
       const int lane = static_cast<int>(threadIdx.x);
-      u128 m[8];
-      uint32_t c[8];
       u128 mine = 0;
       ull mine_count = 0;
+      // The lane's buckets are kept in shared memory for the one lane that looks again (registers
+      // here would be live across the whole kernel's allocation).
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const int b = 255 - 8 * lane - j;
+        uint32_t c;
+        u128 m;
         if (local) {
-          c[j] = sh_.count[b];
-          m[j] = by_mass_ ? static_cast<u128>(sh_.m0[b]) + (static_cast<u128>(sh_.m1[b]) << 32) +
-                                (static_cast<u128>(sh_.m2[b]) << 64)
-                          : u128{c[j]};
+          c = sh_.count[b];
+          m = by_mass_ ? static_cast<u128>(sh_.m0[b]) + (static_cast<u128>(sh_.m1[b]) << 32) +
+                             (static_cast<u128>(sh_.m2[b]) << 64)
+                       : u128{c};
         } else {
-          c[j] = load_l2(p.count[b]);
-          m[j] = by_mass_ ? static_cast<u128>(load_l2(p.lo[b])) + (static_cast<u128>(load_l2(p.hi[b])) << 32) : u128{c[j]};
+          c = load_l2(p.count[b]);
+          m = by_mass_ ? static_cast<u128>(load_l2(p.lo[b])) + (static_cast<u128>(load_l2(p.hi[b])) << 32) : u128{c};
         }
         if (b < sh_.floor) {
-          c[j] = 0;
-          m[j] = 0;
+          c = 0;
+          m = 0;
         } else if (b == sh_.floor) {
-          m[j] = (static_cast<u128>(sh_.floor_hi) << 64) | sh_.floor_lo;
+          m = (static_cast<u128>(sh_.floor_hi) << 64) | sh_.floor_lo;
         }
-        mine += m[j];
-        mine_count += c[j];
+        sh_.pick_count[b] = c;
+        sh_.pick_lo[b] = static_cast<ull>(m);
+        sh_.pick_hi[b] = static_cast<ull>(m >> 64);
+        mine += m;
+        mine_count += c;
       }
       u128 incl = mine;
       ull incl_count = mine_count;
@@ -275,21 +282,21 @@ class GridRow {
       u128 before = incl - mine;
       ull count_before = incl_count - mine_count;
       if (before < want && want <= incl) {
-#pragma unroll
         for (int j = 0; j < 8; ++j) {
-          if (want <= before + m[j]) {
-            const int b = 255 - 8 * lane - j;
+          const int b = 255 - 8 * lane - j;
+          const u128 m = (static_cast<u128>(sh_.pick_hi[b]) << 64) | sh_.pick_lo[b];
+          if (want <= before + m) {
             const u128 need = want - before;
             sh_.bucket = static_cast<uint32_t>(b);
-            sh_.bucket_count = c[j];
+            sh_.bucket_count = sh_.pick_count[b];
             sh_.count_before = count_before;
             sh_.need_lo = static_cast<ull>(need);
             sh_.need_hi = static_cast<ull>(need >> 64);
             sh_.only = local ? sh_.top[b] : load_l2(p.top[b]);
             break;
           }
-          before += m[j];
-          count_before += c[j];
+          before += m;
+          count_before += sh_.pick_count[b];
         }
       }
     }
@@ -426,17 +433,34 @@ class GridRow {
   }
   __device__ uint64_t walked() const { return walked_; }
 
-  // list_draw's select within value bucket b, all of whose keys the first block holds: a bucket of up
-  // to kRankKeys keys gathered in shared memory, each key's count and weight over those at or above
-  // it counted by one thread; a larger one by select_key's radix passes over its keys alone.
+  // list_draw's select within value bucket b, all of whose keys the first block holds. The radix
+  // passes of select_key on this block, but from the first bit where b's values differ (the value
+  // histogram's range of b) and only while the keys left hold more than kRankKeys: those are
+  // gathered in shared memory and each key's count and weight over those at or above it counted by
+  // one thread. Any digits give the same key: it is the one where the goal is reached.
   __device__ rule::Within select_in(int b, uint64_t lb, u128 need, bool by_mass) {
-    const rule::KeySpace ks(sh_.vocab);
-    view(ValueBuckets(weight_rule()), ks, b);
-    rule::Within s;
-    if (load_l2(g_.pass[1].count[b]) > kRankKeys) {
-      s.key = rule::select_key(*this, ks, lb, rule::Goal::exactly(need), by_mass).key;
-      s.at = measure_view(s.key);
-      return s;
+    view(ValueBuckets(weight_rule()), rule::KeySpace(sh_.vocab), b);
+    const uint32_t vhi = load_l2(g_.vmax[b]), vlo = ~load_l2(g_.vlow[b]);
+    const auto common = static_cast<uint32_t>(__clz(static_cast<int>(vhi ^ vlo)));
+    uint32_t left = bits_ - common;  // keys of b agree above bit `left`
+    uint64_t prefix = common == 0 ? 0 : vhi >> (32 - common);
+    uint64_t count = load_l2(g_.pass[1].count[b]);  // at least the keys left
+    int passes = 0;
+    while (count > kRankKeys) {
+      const uint32_t shift = left > 8 ? left - 8 : 0;
+      histogram(lb, prefix, left, shift, by_mass);
+      const rule::Choice c = choose(rule::Goal::exactly(need));
+      prefix = (prefix << (left - shift)) | c.bucket;
+      need = c.need;
+      left = shift;
+      count = c.count;
+      ++passes;
+      if (count == 1) {
+        rule::Within s;
+        s.key = left > 0 ? sh_.only : prefix;
+        s.at = measure_view(s.key);
+        return s;
+      }
     }
     __syncthreads();  // the previous users of group_k / group_w and sel_* are done
     if (threadIdx.x == 0) {
@@ -446,7 +470,7 @@ class GridRow {
     __syncthreads();
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
-      if (((view_ >> j) & 1u) != 0 && key_[j] >= lb) {
+      if (((view_ >> j) & 1u) != 0 && key_[j] >= lb && (key_[j] >> left) == prefix) {
         const unsigned i = atomicAdd(&sh_.rank_n, 1u);
         if (i < kRankKeys) {
           sh_.group_k[i] = key_[j];
@@ -456,7 +480,7 @@ class GridRow {
     }
     __syncthreads();
     const unsigned m = sh_.rank_n;
-    if (m > kRankKeys) __trap();  // the histogram counted at most kRankKeys keys in b
+    if (m > kRankKeys) __trap();  // the histograms counted at most kRankKeys keys left
     if (threadIdx.x < m) {
       const ull k = sh_.group_k[threadIdx.x], wk = sh_.group_w[threadIdx.x];
       ull n = 0;
@@ -476,8 +500,13 @@ class GridRow {
       }
     }
     __syncthreads();
-    if (sh_.sel_key == 0) __trap();  // a goal beyond the bucket's keys: the list missed some
+    if (sh_.sel_key == 0) __trap();  // a goal beyond the keys left: the list missed some
+    rule::Within s;
     s.key = sh_.sel_key;
+    if (passes > 0) {  // counted among the keys left, not the bucket's
+      s.at = measure_view(s.key);
+      return s;
+    }
     s.at.n = sh_.sel_n;
     s.at.mass = (static_cast<u128>(sh_.sel_hi) << 64) | sh_.sel_lo;
     return s;
