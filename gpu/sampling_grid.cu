@@ -11,9 +11,10 @@
 // reaching the first cut's goal bounds the keys that matter. When they fit in one block (kBlockKeys),
 // they are gathered into a list (during the histogram already for keys within 16 T of the top, else in
 // one more pass), and the row's first block runs the rule on that list alone, in registers and shared
-// memory, with no more barriers: the same selects, the mass of the keys outside the list added to a
-// total over the whole row. A top-p nucleus too large for that lists only top-p's bucket and the
-// buckets the draw can reach, and selects within one bucket at a time (band_draw). Otherwise the row
+// memory, with no more barriers (model/cpu/sampling_list.hpp): each select finds its value bucket in
+// the histogram and its key within that bucket, by counting ranks for a bucket of few keys, else by
+// radix passes over the bucket's keys. A top-p nucleus too large for that lists only top-p's bucket
+// and the buckets the draw can reach (a band), which are all the walk looks in. Otherwise the row
 // goes on with the radix passes over all blocks, unless each of its cuts falls in a value bucket of one
 // value (rows of ties): then the first block decides the row from the value histogram alone
 // (model/cpu/sampling_buckets.hpp), finding the i-th id of a run of ties from per-block counts of its
@@ -28,6 +29,7 @@
 #include "gpu/kernels.hpp"
 #include "gpu/sample_scratch.hpp"
 #include "model/cpu/sampling_buckets.hpp"
+#include "model/cpu/sampling_list.hpp"
 #include "model/cpu/sampling_rule.hpp"
 
 namespace ferry::gpu {
@@ -49,6 +51,10 @@ constexpr int kSpecBucket = 255 - 128;
 constexpr unsigned kAll = 0xffffffffu;
 constexpr int kTallies = 4;  // value-bucket sums a plan takes at once
 constexpr uint32_t kCountedBlocks = 64;  // blocks of a row whose value-bucket counts are kept (the walk)
+// A list's value bucket of up to this many keys is ordered by counting (each key against all), more by
+// the radix passes: the counting is one pass of m steps a key, the passes ~4 block barriers each.
+constexpr uint32_t kRankKeys = 128;
+static_assert(kRankKeys <= kThreads, "a counted bucket takes one thread a key");
 
 // One pass's histogram summed over a row's blocks: a block's weight W of a bucket adds W mod 2^32 to lo
 // and W >> 32 to hi (the bucket's weight is lo + hi * 2^32); neither sum can wrap for 2^31 keys.
@@ -85,6 +91,10 @@ struct Local {
   ull count_before, need_lo, need_hi, only;
   uint32_t nth_block, warp_total[kThreads / 32];  // nth_key
   ull nth_rank, nth_key;
+  uint32_t pick_count[256];  // choose: the measures of warp 0's buckets
+  ull pick_lo[256], pick_hi[256];
+  uint32_t rank_n;  // select_in: the bucket's keys gathered, and the key found with its measure
+  ull sel_key, sel_n, sel_lo, sel_hi;
   // Read by the bucket walk only, so kept here rather than in registers: the row's logits, a drawn
   // row's weight rule, and choose's floor (buckets below it count nothing, it counts floor_measure).
   const float* row;
@@ -108,7 +118,7 @@ struct Band {
 };
 
 // How a drawn row goes on after its value histogram.
-enum class Way { all_blocks, list, band, buckets, elsewhere };
+enum class Way { all_blocks, list, buckets, elsewhere };
 
 // Reads of what other blocks added: from L2, past this SM's L1 (ld.global.cg).
 __device__ uint32_t load_l2(const uint32_t& x) {
@@ -207,7 +217,6 @@ class GridRow {
 
   __device__ void histogram(uint64_t lb, uint64_t prefix, uint32_t left, uint32_t shift, bool by_mass) {
     by_mass_ = by_mass;
-    extra_ = local_ && lb == 0 && left == bits_ ? outside_ : 0;  // a goal over the whole row
     clear_local();
     const uint64_t digit = (uint64_t{1} << (left - shift)) - 1;
 #pragma unroll
@@ -225,33 +234,39 @@ class GridRow {
 
   // Warp 0 scans the summed buckets from the highest, 8 per lane; the lane holding the goal writes it.
   __device__ rule::Choice choose(const rule::Goal& goal) {
-    const Pass& p = g_.pass[pass_];
+    const bool local = local_ && !scan_value_;
+    const Pass& p = g_.pass[scan_value_ ? 1 : pass_];
     if (threadIdx.x < 32) {
       const int lane = static_cast<int>(threadIdx.x);
-      u128 m[8];
-      uint32_t c[8];
       u128 mine = 0;
       ull mine_count = 0;
+      // The lane's buckets are kept in shared memory for the one lane that looks again (registers
+      // here would be live across the whole kernel's allocation).
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const int b = 255 - 8 * lane - j;
-        if (local_) {
-          c[j] = sh_.count[b];
-          m[j] = by_mass_ ? static_cast<u128>(sh_.m0[b]) + (static_cast<u128>(sh_.m1[b]) << 32) +
-                                (static_cast<u128>(sh_.m2[b]) << 64)
-                          : u128{c[j]};
+        uint32_t c;
+        u128 m;
+        if (local) {
+          c = sh_.count[b];
+          m = by_mass_ ? static_cast<u128>(sh_.m0[b]) + (static_cast<u128>(sh_.m1[b]) << 32) +
+                             (static_cast<u128>(sh_.m2[b]) << 64)
+                       : u128{c};
         } else {
-          c[j] = load_l2(p.count[b]);
-          m[j] = by_mass_ ? static_cast<u128>(load_l2(p.lo[b])) + (static_cast<u128>(load_l2(p.hi[b])) << 32) : u128{c[j]};
+          c = load_l2(p.count[b]);
+          m = by_mass_ ? static_cast<u128>(load_l2(p.lo[b])) + (static_cast<u128>(load_l2(p.hi[b])) << 32) : u128{c};
         }
         if (b < sh_.floor) {
-          c[j] = 0;
-          m[j] = 0;
+          c = 0;
+          m = 0;
         } else if (b == sh_.floor) {
-          m[j] = (static_cast<u128>(sh_.floor_hi) << 64) | sh_.floor_lo;
+          m = (static_cast<u128>(sh_.floor_hi) << 64) | sh_.floor_lo;
         }
-        mine += m[j];
-        mine_count += c[j];
+        sh_.pick_count[b] = c;
+        sh_.pick_lo[b] = static_cast<ull>(m);
+        sh_.pick_hi[b] = static_cast<ull>(m >> 64);
+        mine += m;
+        mine_count += c;
       }
       u128 incl = mine;
       ull incl_count = mine_count;
@@ -263,25 +278,25 @@ class GridRow {
           incl_count += cu;
         }
       }
-      const u128 want = goal.of(shfl128(incl, 31) + extra_);
+      const u128 want = goal.of(shfl128(incl, 31));
       u128 before = incl - mine;
       ull count_before = incl_count - mine_count;
       if (before < want && want <= incl) {
-#pragma unroll
         for (int j = 0; j < 8; ++j) {
-          if (want <= before + m[j]) {
-            const int b = 255 - 8 * lane - j;
+          const int b = 255 - 8 * lane - j;
+          const u128 m = (static_cast<u128>(sh_.pick_hi[b]) << 64) | sh_.pick_lo[b];
+          if (want <= before + m) {
             const u128 need = want - before;
             sh_.bucket = static_cast<uint32_t>(b);
-            sh_.bucket_count = c[j];
+            sh_.bucket_count = sh_.pick_count[b];
             sh_.count_before = count_before;
             sh_.need_lo = static_cast<ull>(need);
             sh_.need_hi = static_cast<ull>(need >> 64);
-            sh_.only = local_ ? sh_.top[b] : load_l2(p.top[b]);
+            sh_.only = local ? sh_.top[b] : load_l2(p.top[b]);
             break;
           }
-          before += m[j];
-          count_before += c[j];
+          before += m;
+          count_before += sh_.pick_count[b];
         }
       }
     }
@@ -297,10 +312,8 @@ class GridRow {
   // Called right after a choice of a bucket holding one key: the histogram kept it.
   __device__ uint64_t only_key(uint64_t, uint64_t, uint32_t) const { return sh_.only; }
 
-  // On a list, the whole row's answer, taken with the value histogram: the largest light key is at or
-  // above lb exactly when some key >= lb is light, and then it is the same key; else both are <= lb.
+  // min-p's pass over all blocks (list_draw takes the whole row's answer from the value histogram).
   __device__ uint64_t first_past_lighter(uint64_t lb, uint64_t threshold) {
-    if (local_) return past_;
     Pass& p = next_pass();
     ull best = 0;
 #pragma unroll
@@ -315,8 +328,8 @@ class GridRow {
   }
 
   // The value histogram of a drawn row and the way it goes on (see the top of the file). all_blocks:
-  // the radix passes over all blocks. list / band: the first block now holds the list and draws with
-  // draw_token / band_draw; elsewhere: another block does.
+  // the radix passes over all blocks. list: the first block now holds the list (all keys of the value
+  // buckets list_draw looks in) and draws with list_draw; elsewhere: another block does.
   __device__ Way shortcut(const SampleRow& row, uint32_t vocab, const rule::KeySpace& ks, const rule::WeightRule& wr,
                           uint64_t bits) {
     const ValueBuckets vb(wr);
@@ -357,30 +370,26 @@ class GridRow {
     } else {
       cut = static_cast<int>(choose(rule::Goal{rule::Goal::draw, bits, 0}).bucket);
     }
-    const int from[kTallies] = {0, cut, kSpecBucket, cut + 1};
+    const int from[kTallies] = {cut, kSpecBucket, cut + 1, 256};  // 256: none
     Tally t[kTallies];
     tally(g_.pass[pass_], from, t);
-    Tally listed{};
-    Way way = Way::list;
-    if (cut >= kSpecBucket && t[2].count <= kBlockKeys) {
-      listed = t[2];
+    ull listed = 0;  // keys in the list
+    if (cut >= kSpecBucket && t[1].count <= kBlockKeys) {
+      listed = t[1].count;
     } else if (walk(row, vocab, bits, cut)) {
       return first_ ? Way::buckets : Way::elsewhere;
-    } else if (t[1].count <= kBlockKeys) {
+    } else if (t[0].count <= kBlockKeys) {
       gather(vb, ks, Band{cut, cut, 255}, g_.listed);
       next_pass();
       barrier();
-      listed = t[1];
+      listed = t[0].count;
     } else if (!top_k && row.top_p < 1.0f && light == 0) {
       // A nucleus of more keys than a block holds: top-p's key is in bucket `cut`, and the draw's in
       // the buckets its goal can reach for any total between (keys above cut) + need and (keys of cut
       // and above). Those buckets are listed when they fit.
-      band_above_ = t[3].mass;
-      band_need_ = nucleus.need;
-      band_cut_ = cut;
-      const u128 cut_mass = t[1].mass - t[3].mass;
-      const u128 least = rule::scale_by_draw(bits, band_above_ + band_need_) + 1;
-      const u128 most = rule::scale_by_draw(bits, band_above_ + cut_mass) + 1;
+      const u128 above = t[2].mass, cut_mass = t[0].mass - t[2].mass;
+      const u128 least = rule::scale_by_draw(bits, above + nucleus.need) + 1;
+      const u128 most = rule::scale_by_draw(bits, above + cut_mass) + 1;
       const int hi = static_cast<int>(choose(rule::Goal::exactly(least)).bucket);
       __syncthreads();  // every thread has read that choice
       const int lo = static_cast<int>(choose(rule::Goal::exactly(most)).bucket);
@@ -388,12 +397,11 @@ class GridRow {
       Tally r[kTallies];
       tally(g_.pass[pass_], range, r);
       // The keys of lo..hi, and of cut when it is below lo.
-      listed.count = r[0].count - r[1].count + r[2].count - r[3].count;
-      if (listed.count > kBlockKeys) return Way::all_blocks;
+      listed = r[0].count - r[1].count + r[2].count - r[3].count;
+      if (listed > kBlockKeys) return Way::all_blocks;
       gather(vb, ks, Band{cut, lo, hi}, g_.listed);
       next_pass();
       barrier();
-      way = Way::band;
     } else {
       return Way::all_blocks;
     }
@@ -401,83 +409,11 @@ class GridRow {
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       const uint32_t i = static_cast<uint32_t>(j * kThreads) + threadIdx.x;
-      key_[j] = i < listed.count ? load_l2(g_.list[i]) : 0;
+      key_[j] = i < listed ? load_l2(g_.list[i]) : 0;
     }
     weigh(wr, ks);
     local_ = true;
-    if (way == Way::list) outside_ = t[0].mass - listed.mass;
-    return way;
-  }
-
-  // The draw of a band list (shortcut): the rule's top-p select, then its draw, each within the one
-  // value bucket that holds its key, with the goal left after the buckets above it. The same keys as
-  // draw_token over the whole row, since value buckets are intervals of keys.
-  __device__ uint32_t band_draw(const rule::KeySpace& ks, const rule::WeightRule& wr, uint64_t bits) {
-    const ValueBuckets vb(wr);
-    view(vb, ks, band_cut_);
-    const uint64_t lb = rule::select_key(*this, ks, 0, rule::Goal::exactly(band_need_), true).key;
-    // The weight of cut's keys >= lb: with the buckets above, the total the draw is taken over.
-    ull lo = 0, hi = 0;
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      if (((view_ >> j) & 1u) != 0 && key_[j] >= lb) {
-        lo += w_[j] & 0xffffffffull;
-        hi += w_[j] >> 32;
-      }
-    }
-    lo = warp_sum_u64(lo);
-    hi = warp_sum_u64(hi);
-    const unsigned warp = threadIdx.x >> 5;
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) {
-      sh_.group_w[warp] = lo;
-      sh_.group_k[warp] = hi;
-    }
-    __syncthreads();
-    u128 kept = 0;
-    for (int w = 0; w < kThreads / 32; ++w) {
-      kept += static_cast<u128>(sh_.group_w[w]) + (static_cast<u128>(sh_.group_k[w]) << 32);
-    }
-    const u128 want = rule::scale_by_draw(bits, band_above_ + kept) + 1;
-    // The draw's bucket: scanned from the top, cut counting only its keys >= lb.
-    const Pass& p = g_.pass[1];
-    if (threadIdx.x < 32) {
-      const int lane = static_cast<int>(threadIdx.x);
-      u128 m[8];
-      u128 mine = 0;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int b = 255 - 8 * lane - j;
-        m[j] = b > band_cut_ ? static_cast<u128>(load_l2(p.lo[b])) + (static_cast<u128>(load_l2(p.hi[b])) << 32)
-               : b == band_cut_ ? kept
-                                : u128{0};
-        mine += m[j];
-      }
-      u128 incl = mine;
-      for (int o = 1; o < 32; o <<= 1) {
-        const u128 up = shfl_up128(incl, o);
-        if (lane >= o) incl += up;
-      }
-      u128 before = incl - mine;
-      if (before < want && want <= incl) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          if (want <= before + m[j]) {
-            const u128 need = want - before;
-            sh_.bucket = static_cast<uint32_t>(255 - 8 * lane - j);
-            sh_.need_lo = static_cast<ull>(need);
-            sh_.need_hi = static_cast<ull>(need >> 64);
-            break;
-          }
-          before += m[j];
-        }
-      }
-    }
-    __syncthreads();
-    const int d = static_cast<int>(sh_.bucket);
-    const u128 need = (static_cast<u128>(sh_.need_hi) << 64) | sh_.need_lo;
-    view(vb, ks, d);
-    return ks.id(rule::select_key(*this, ks, d == band_cut_ ? lb : 0, rule::Goal::exactly(need), true).key);
+    return Way::list;
   }
 
   // Every pass skips the keys below its lb already.
@@ -497,21 +433,106 @@ class GridRow {
   }
   __device__ uint64_t walked() const { return walked_; }
 
+  // list_draw's select within value bucket b, all of whose keys the first block holds. The radix
+  // passes of select_key on this block, but from the first bit where b's values differ (the value
+  // histogram's range of b) and only while the keys left hold more than kRankKeys: those are
+  // gathered in shared memory and each key's count and weight over those at or above it counted by
+  // one thread. Any digits give the same key: it is the one where the goal is reached.
+  __device__ rule::Within select_in(int b, uint64_t lb, u128 need, bool by_mass) {
+    view(ValueBuckets(weight_rule()), rule::KeySpace(sh_.vocab), b);
+    const uint32_t vhi = load_l2(g_.vmax[b]), vlo = ~load_l2(g_.vlow[b]);
+    const auto common = static_cast<uint32_t>(__clz(static_cast<int>(vhi ^ vlo)));
+    uint32_t left = bits_ - common;  // keys of b agree above bit `left`
+    uint64_t prefix = common == 0 ? 0 : vhi >> (32 - common);
+    uint64_t count = load_l2(g_.pass[1].count[b]);  // at least the keys left
+    int passes = 0;
+    while (count > kRankKeys) {
+      const uint32_t shift = left > 8 ? left - 8 : 0;
+      histogram(lb, prefix, left, shift, by_mass);
+      const rule::Choice c = choose(rule::Goal::exactly(need));
+      prefix = (prefix << (left - shift)) | c.bucket;
+      need = c.need;
+      left = shift;
+      count = c.count;
+      ++passes;
+      if (count == 1) {
+        rule::Within s;
+        s.key = left > 0 ? sh_.only : prefix;
+        s.at = measure_view(s.key);
+        return s;
+      }
+    }
+    __syncthreads();  // the previous users of group_k / group_w and sel_* are done
+    if (threadIdx.x == 0) {
+      sh_.rank_n = 0;
+      sh_.sel_key = 0;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      if (((view_ >> j) & 1u) != 0 && key_[j] >= lb && (key_[j] >> left) == prefix) {
+        const unsigned i = atomicAdd(&sh_.rank_n, 1u);
+        if (i < kRankKeys) {
+          sh_.group_k[i] = key_[j];
+          sh_.group_w[i] = w_[j];
+        }
+      }
+    }
+    __syncthreads();
+    const unsigned m = sh_.rank_n;
+    if (m > kRankKeys) __trap();  // the histograms counted at most kRankKeys keys left
+    if (threadIdx.x < m) {
+      const ull k = sh_.group_k[threadIdx.x], wk = sh_.group_w[threadIdx.x];
+      ull n = 0;
+      u128 c = 0;
+      for (unsigned i = 0; i < m; ++i) {
+        if (sh_.group_k[i] >= k) {
+          ++n;
+          c += sh_.group_w[i];
+        }
+      }
+      // Keys are distinct, so one of them is where the goal is reached.
+      if (by_mass ? (c - wk < need && need <= c) : u128{n} == need) {
+        sh_.sel_key = k;
+        sh_.sel_n = n;
+        sh_.sel_lo = static_cast<ull>(c);
+        sh_.sel_hi = static_cast<ull>(c >> 64);
+      }
+    }
+    __syncthreads();
+    if (sh_.sel_key == 0) __trap();  // a goal beyond the keys left: the list missed some
+    rule::Within s;
+    s.key = sh_.sel_key;
+    if (passes > 0) {  // counted among the keys left, not the bucket's
+      s.at = measure_view(s.key);
+      return s;
+    }
+    s.at.n = sh_.sel_n;
+    s.at.mass = (static_cast<u128>(sh_.sel_hi) << 64) | sh_.sel_lo;
+    return s;
+  }
+
+  // list_draw's measure of value bucket b's keys >= lb.
+  __device__ rule::Measure measure_in(int b, uint64_t lb) {
+    view(ValueBuckets(weight_rule()), rule::KeySpace(sh_.vocab), b);
+    return measure_view(lb);
+  }
+
   // The walk's executor, over the value histogram (pass 1) summed over the row's blocks.
   __device__ rule::Choice scan(const rule::Goal& goal, bool by_mass, int low, u128 low_measure) {
     __syncthreads();  // the previous choice has been read: scans follow one another
     by_mass_ = by_mass;
-    const u128 extra = extra_;
-    extra_ = 0;
     if (threadIdx.x == 0) {
       sh_.floor = low;
       sh_.floor_lo = static_cast<ull>(low_measure);
       sh_.floor_hi = static_cast<ull>(low_measure >> 64);
     }
     __syncthreads();
+    scan_value_ = true;
     const rule::Choice c = choose(goal);
-    if (threadIdx.x == 0) sh_.floor = -1;  // seen by the next choose: walk ends with a barrier
-    extra_ = extra;
+    scan_value_ = false;
+    // Seen by the next choose: the walk ends with a barrier, select_in's passes begin with one.
+    if (threadIdx.x == 0) sh_.floor = -1;
     return c;
   }
   __device__ uint64_t count(int b) const { return load_l2(g_.pass[1].count[b]); }
@@ -608,6 +629,36 @@ class GridRow {
   __device__ Pass& next_pass() {
     if (++pass_ >= kPasses) __trap();  // draw_token passes at most kPasses barriers
     return g_.pass[pass_];
+  }
+
+  // The count and weight of the keys in view and >= lb, on every thread.
+  __device__ rule::Measure measure_view(uint64_t lb) {
+    ull n = 0, lo = 0, hi = 0;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      if (((view_ >> j) & 1u) != 0 && key_[j] >= lb) {
+        ++n;
+        lo += w_[j] & 0xffffffffull;
+        hi += w_[j] >> 32;
+      }
+    }
+    n = warp_sum_u64(n);
+    lo = warp_sum_u64(lo);
+    hi = warp_sum_u64(hi);
+    const unsigned warp = threadIdx.x >> 5;
+    __syncthreads();  // the previous users of group_w / group_k / warp_total are done
+    if ((threadIdx.x & 31) == 0) {
+      sh_.group_w[warp] = lo;
+      sh_.group_k[warp] = hi;
+      sh_.warp_total[warp] = static_cast<uint32_t>(n);
+    }
+    __syncthreads();
+    rule::Measure m;
+    for (unsigned w = 0; w < kThreads / 32; ++w) {
+      m.n += sh_.warp_total[w];
+      m.mass += static_cast<u128>(sh_.group_w[w]) + (static_cast<u128>(sh_.group_k[w]) << 32);
+    }
+    return m;
   }
 
   // Only the keys of value bucket b take part from now on.
@@ -804,12 +855,9 @@ class GridRow {
   int pass_ = 0;
   bool by_mass_ = false;
   bool local_ = false;  // drawing from the list in registers: no global sums, no barriers
-  u128 outside_ = 0;    // on a list: the weight of the row's keys not in it
-  u128 extra_ = 0;      // added to this select's total: outside_ when it covers the whole row
+  bool scan_value_ = false;  // choose scans the value histogram (pass 1), also on a list
   ull past_ = 0;        // min-p's first_past_lighter over the whole row
-  unsigned view_ = 0xffu;  // bit j: key_[j] takes part (band_draw looks at one value bucket at a time)
-  int band_cut_ = 0;       // a band: top-p's bucket, the weight above it, and the goal left in it
-  u128 band_above_ = 0, band_need_ = 0;
+  unsigned view_ = 0xffu;  // bit j: key_[j] takes part (select_in looks at one value bucket at a time)
   ull key_[kPer];
   ull w_[kPer] = {};
 };
@@ -829,11 +877,11 @@ __global__ void __launch_bounds__(kThreads) sample_grid_kernel(const float* logi
     ex.weigh(wr, ks);
     const uint64_t bits = rule::draw_bits(row.seed, row.position);
     const Way way = ex.shortcut(row, vocab, ks, wr, bits);
-    if (way == Way::band) {
-      token = ex.band_draw(ks, wr, bits);
+    if (way == Way::list) {
+      token = ks.id(rule::list_draw(ex, vocab, row.top_k, row.top_p, row.min_p, bits));
     } else if (way == Way::buckets) {
       token = ks.id(ex.walked());
-    } else if (way != Way::elsewhere) {
+    } else if (way == Way::all_blocks) {
       token = rule::draw_token(ex, ks, vocab, row.top_k, row.top_p, row.min_p, bits);
     }
   }

@@ -184,7 +184,8 @@ TEST(DeviceSampler, ManySeedsOnTheGlmVocabularyMatchTheCpu) {
 // Rows that take each way of the many-block sampler on the GLM vocabulary: few keys near the top (the
 // list gathered during the value histogram), a cut deeper than that list but over few keys (the list
 // gathered after it), a nucleus of most of the vocabulary (flat, wide: every block to the end), ties
-// across value buckets, a tie at the top.
+// across value buckets, a tie at the top, and 128 / 129 distinct keys within T / 8 of the top (one
+// value bucket of a list: its keys ordered by counting, one more by radix passes).
 std::vector<std::pair<std::string, std::vector<float>>> path_rows(uint32_t vocab) {
   std::mt19937 rng(29);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -204,6 +205,11 @@ std::vector<std::pair<std::string, std::vector<float>>> path_rows(uint32_t vocab
   add("wide", [&](uint32_t) { return 0.3f * normal(rng); });
   add("ties", [&](uint32_t) { return std::round(2.0f * normal(rng)) / 2.0f; });
   add("top tie", [&](uint32_t i) { return i == 1234 || i == 99999 ? 6.0f : normal(rng); });
+  for (uint32_t n : {128u, 129u}) {
+    add(std::to_string(n) + " in the top bucket", [&, n](uint32_t i) {
+      return i % 1201 == 3 && i / 1201 < n ? 5.0f - 1e-4f * static_cast<float>(i / 1201) : normal(rng) - 30.0f;
+    });
+  }
   return rows;
 }
 
@@ -263,7 +269,9 @@ TEST(DeviceSampler, EveryWayOfTheManyBlockPathDrawsTheCpuTokens) {
   };
   for (const Timed& t : {Timed{"list during the histogram (few near the top)", 0, 0},
                          Timed{"list after it (deep few, top-k 3000)", 1, 3000},
-                         Timed{"all blocks to the end (wide)", 3, 0}}) {
+                         Timed{"all blocks to the end (wide)", 3, 0},
+                         Timed{"list, 128 keys in one bucket (counted)", 6, 0},
+                         Timed{"list, 129 keys in one bucket (radix passes)", 7, 0}}) {
     SamplingParams p;
     p.temperature = 0.4f;
     p.top_p = 0.95f;
