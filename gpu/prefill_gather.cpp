@@ -43,6 +43,7 @@ PrefillGather::PrefillGather(uint32_t slots, uint32_t context, uint32_t capacity
   }
   FERRY_CUDA(cudaMemset(map_.get(), 0xff, map_.bytes()));  // every (slot, position) unclaimed
   FERRY_CUDA(cudaMemset(counters_.get(), 0, counters_.bytes()));
+  FERRY_CUDA(cudaDeviceSynchronize());  // before any stream (a non-blocking one too) uses them
   std::memset(totals_host_.get(), 0, totals_host_.bytes());
 }
 

@@ -39,7 +39,8 @@ class PrefillGather {
     WindowTables window;  // the layer's planner tables (pos_frame, frames)
     const uint8_t* window_rows = nullptr;
     const float* window_scales = nullptr;
-    const uint8_t* tier = nullptr;  // the host tier's device view; row (slot, p) at slot * tier_slot_rows + tier_row0 + p
+    // The host tier's device view: row (slot, p) at slot * tier_slot_rows + tier_row0 + p.
+    const uint8_t* tier = nullptr;
     const float* tier_scales = nullptr;
     uint32_t tier_slot_rows = 0, tier_row0 = 0;
   };

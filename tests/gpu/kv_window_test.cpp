@@ -229,7 +229,8 @@ TEST_F(KvWindowTest, ARollbackPastTheWindowDropsTheFramesAfterTheCut) {
 // Prefill chunks past the window gather their selections' union into a staging of --kv-resident rows
 // (gpu/prefill_gather.hpp). A window of 100: the chunks [74, 111) and [111, 148) find the positions
 // before 74 in the window's frames (adopted when the slot left it), the rest in the host tier. A
-// window of 24 (two rows' selections): every chunk, windowed from the first, is split into groups. f32 and int8 rows, the all-resident logits bit for bit; the timing line is for the log.
+// window of 24 (two rows' selections): every chunk, windowed from the first, is split into groups.
+// f32 and int8 rows, the all-resident logits bit for bit; the timing line is for the log.
 TEST_F(KvWindowTest, ChunkedPrefillPastTheWindowGathersTheUnionAndGivesTheAllResidentLogits) {
   for (config::KvType t : {config::KvType::f32, config::KvType::int8}) {
     auto all = open(0, t);
@@ -263,7 +264,8 @@ TEST_F(KvWindowTest, ChunkedPrefillPastTheWindowGathersTheUnionAndGivesTheAllRes
       }
       std::printf("[ timing ] prefill 150 rows in chunks of 37 + 6 decode, %s, window %u: %.2f ms windowed, %.2f ms "
                   "all-resident; %llu staging rows (%llu from the host tier) in %llu groups\n",
-                  std::string(config::kv_type_name(t)).c_str(), resident, std::chrono::duration<double, std::milli>(t2 - t1).count(),
+                  std::string(config::kv_type_name(t)).c_str(), resident,
+                  std::chrono::duration<double, std::milli>(t2 - t1).count(),
                   std::chrono::duration<double, std::milli>(t1 - t0).count(),
                   static_cast<unsigned long long>(c.rows),
                   static_cast<unsigned long long>(c.tier_rows),
@@ -290,7 +292,8 @@ TEST_F(KvWindowTest, PrefillOfSeveralSlotsInOneStepPastTheWindowGivesTheAllResid
     take(step(*p, {SlotRows{0, 0, a, true, true, {}}, SlotRows{2, 0, b, true, true, {}}}));
     take(step(*p, {SlotRows{2, 45, b2, true, true, {}}, SlotRows{0, 50, a2, true, true, {}}}));
     for (uint32_t i = 0; i < 4; ++i) {
-      take(step(*p, {SlotRows{0, 80 + i, {prompt_[i]}, true, false, {}}, SlotRows{2, 70 + i, {prompt_[9 + i]}, true, false, {}}}));
+      take(step(*p, {SlotRows{0, 80 + i, {prompt_[i]}, true, false, {}},
+                     SlotRows{2, 70 + i, {prompt_[9 + i]}, true, false, {}}}));
     }
   }
   ASSERT_EQ(want.size(), got.size());
@@ -318,11 +321,13 @@ TEST_F(KvWindowTest, PrefillPastTheWindowAfterARollbackAndARestoreGivesTheAllRes
       ASSERT_TRUE(image) << image.error().message;
       step(*p, {SlotRows{0, 63, std::vector<int32_t>(prompt_.begin() + 70, prompt_.begin() + 90), true, false, {}}});
       ASSERT_FALSE(p->stages()[0]->restore_slot(0, image.value()));
-      take(step(*p, {SlotRows{0, 63, std::vector<int32_t>(prompt_.begin() + 100, prompt_.begin() + 130), true, true, {}}}));
+      const std::vector<int32_t> rewrite(prompt_.begin() + 100, prompt_.begin() + 130);
+      take(step(*p, {SlotRows{0, 63, rewrite, true, true, {}}}));
       auto rows = p->stages()[0]->save_slot(0, true);
       ASSERT_TRUE(rows) << rows.error().message;
       ASSERT_FALSE(p->stages()[0]->restore_slot(1, rows.value()));
-      take(step(*p, {SlotRows{1, 93, std::vector<int32_t>(prompt_.begin() + 20, prompt_.begin() + 40), true, true, {}}}));
+      const std::vector<int32_t> more(prompt_.begin() + 20, prompt_.begin() + 40);
+      take(step(*p, {SlotRows{1, 93, more, true, true, {}}}));
       take(step(*p, {SlotRows{1, 113, {prompt_[5]}, true, false, {}}}));
     }
     ASSERT_EQ(want.size(), got.size());
