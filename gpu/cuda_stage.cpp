@@ -454,6 +454,17 @@ model::StageCounters CudaStage::counters() const {
   return c;
 }
 
+CudaStage::PrefillGatherCounts CudaStage::prefill_gather_counts() const {
+  PrefillGatherCounts c;
+  if (const KvWindow* w = impl_->state->window()) {
+    const KvWindowStats k = w->stats(impl_->state->tokens);
+    c.groups = k.prefill_groups;
+    c.rows = k.prefill_rows;
+    c.tier_rows = k.prefill_tier_rows;
+  }
+  return c;
+}
+
 std::string CudaStage::describe() const {
   const Impl& m = *impl_;
   return "cuda:" + std::to_string(m.opt.device) + " " + m.name + " (kernels " + m.kernels + ", cuBLAS " +

@@ -91,6 +91,12 @@ class CudaStage final : public model::Stage {
   OpTimeTotals take_op_times();
   // CUDA graphs the MTP block's pass and drafting replay from (0 without the block or graphs).
   size_t mtp_graphs() const;
+  // Prefill past the resident window (gpu/prefill_gather.hpp; all 0 without one): attention launches
+  // over the staging (groups of a step's rows, per DSA layer), rows gathered there, of them from the host tier.
+  struct PrefillGatherCounts {
+    uint64_t groups = 0, rows = 0, tier_rows = 0;
+  };
+  PrefillGatherCounts prefill_gather_counts() const;
 
   int device() const;
   std::string device_name() const;

@@ -79,6 +79,8 @@ KvWindow::KvWindow(const model::Glm5Hparams& hp, model::LayerRange layers, uint3
     cuts_.emplace_back(slot, cut);  // the device's tables at the next step, in stream order
   });
   planner_ = std::make_unique<WindowPlanner>(static_cast<uint32_t>(windows_.size()), slots, resident, context, nullptr);
+  gather_ = std::make_unique<PrefillGather>(slots, context, resident, max_rows, max_selected_, row_bytes_,
+                                            type == config::KvType::int8);
   const uint64_t plan_rows = uint64_t{kMaxMatvecTokens} * max_selected_;
   staging_ = DeviceBuffer(std::max<uint64_t>(uint64_t{max_rows} * row_bytes_, 16));
   staging_scales_ = DeviceBuffer(std::max<uint64_t>(uint64_t{max_rows} * sizeof(float), 16));
@@ -204,14 +206,18 @@ void KvWindow::attend(uint32_t il, const LayerState& st, SparseMlaArgs a, cudaSt
   }
   const kv::HostKvShape& shape = tier_->shape();
   if (a.rows > kMaxMatvecTokens) {
-    // Row (slot, L, pos) of the tier is (slot * layers + L) * max_tokens + pos: layer L's rows of
-    // slot s start slot * layers * max_tokens rows after its slot 0's.
-    a.latents = device_view(tier_->row_data(0, L, 0));
-    a.latent_scales = type_ == config::KvType::int8 ? reinterpret_cast<const float*>(device_view(tier_->row_scale(0, L, 0)))
-                                                    : nullptr;
-    a.ctx = shape.layers * shape.max_tokens;
-    if (L == 0) counts_.host_read_rows += a.rows;
-    sparse_mla(a, stream);
+    // Row (slot, L, pos) of the tier is (slot * layers + L) * max_tokens + pos.
+    PrefillGather::Source src;
+    src.window = planner_->tables(L);
+    src.window_rows = static_cast<const uint8_t*>(st.latents);
+    src.window_scales = st.latent_scales;
+    src.tier = device_view(tier_->memory());
+    src.tier_scales = type_ == config::KvType::int8
+                          ? reinterpret_cast<const float*>(device_view(tier_->row_scale(0, 0, 0)))
+                          : nullptr;
+    src.tier_slot_rows = shape.layers * shape.max_tokens;
+    src.tier_row0 = L * shape.max_tokens;
+    gather_->attend(a, src, stream);
     return;
   }
   if (device_planned_) {
@@ -368,6 +374,14 @@ KvWindowStats KvWindow::stats(const std::vector<uint32_t>& tokens) const {
                         " selected rows it could not place (out of range, or more than the window pins)",
                     ErrorCode::internal);
   }
+  const PrefillGather::Counts g = gather_->counts();
+  if (g.errors > 0) {
+    throw CudaError("resident KV window: a prefill selected " + std::to_string(g.errors) + " positions out of range",
+                    ErrorCode::internal);
+  }
+  s.prefill_groups = g.groups;
+  s.prefill_rows = g.rows;
+  s.prefill_tier_rows = g.tier_rows;
   if (last_on_device_) {
     s.last_fetched_rows = d.step_fetched;
     s.last_fetched_bytes = d.step_fetched * fetch_bytes;

@@ -18,8 +18,9 @@
 // - other decode steps: the indexer's selection is read back and planned on the host by the same
 //   rule (kv::ResidentWindow, the slots' state moved over from the device and back), one attention
 //   launch per group of rows the window holds at once;
-// - prefill (more rows): the sparse attention reads the selected rows from the host tier directly
-//   (mapped memory; one chunk selects far more rows than a window holds).
+// - prefill (more rows): the union of a group of the chunk's selections is gathered once into a
+//   staging area on the device, from the window's frames or the host tier (gpu/prefill_gather.hpp),
+//   and the sparse attention reads it there.
 // Both read the same encoded bytes the all-resident path would: with f32 rows the logits are the same.
 // The counters of the device planner are copied to pinned memory at a step's end; stats() reads that
 // copy without waiting (the stage's actor asks for them after every step).
@@ -35,6 +36,7 @@
 #include "config/kv_type.hpp"
 #include "gpu/cuda_memory.hpp"
 #include "gpu/kernels.hpp"
+#include "gpu/prefill_gather.hpp"
 #include "gpu/window_copy.hpp"
 #include "gpu/window_planner.hpp"
 #include "kv/host_kv_tier.hpp"
@@ -55,7 +57,9 @@ struct KvWindowStats {
   uint64_t fetched_bytes = 0;     // copied from the host tier into the windows
   uint64_t planner_errors = 0;    // device plans that met a position out of range (0 unless a bug)
   uint64_t last_fetched_rows = 0, last_fetched_bytes = 0;  // of the last windowed decode step
-  uint64_t host_read_rows = 0;    // prefill query rows that read their selections from the host tier (per step)
+  // Prefill (gpu/prefill_gather.hpp): attention launches over a staging, staging rows copied and of
+  // those from the host tier (the rest from the window's frames).
+  uint64_t prefill_groups = 0, prefill_rows = 0, prefill_tier_rows = 0;
   std::vector<uint64_t> host_bytes;  // per slot: rows the host tier holds
   uint64_t host_capacity = 0;
 };
@@ -119,6 +123,7 @@ class KvWindow {
   std::vector<kv::ResidentWindow> windows_;  // per DSA layer
   std::vector<uint8_t> in_window_;           // per slot
   std::unique_ptr<WindowPlanner> planner_;
+  std::unique_ptr<PrefillGather> gather_;
   std::vector<std::pair<uint32_t, uint32_t>> cuts_;  // (slot, cut) invalidations not yet on the device
   bool windowed_ = false, device_planned_ = false, last_on_device_ = false;
   // The step's rows and segments (host copies of what StepInput uploads).

@@ -25,6 +25,20 @@ uint64_t kv_window_table_bytes(const model::Glm5Hparams& hp, model::LayerRange l
   return dsa * slots * (uint64_t{context} * 4 + uint64_t{frames} * 6 + 8);
 }
 
+uint64_t kv_prefill_gather_bytes(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t slots,
+                                 uint32_t context, config::KvType latent, uint32_t resident, uint32_t step_rows) {
+  const uint32_t frames = device_latent_rows(context, resident);
+  bool any_dsa = false;
+  for (uint32_t il = layers.first; il < layers.end; ++il) any_dsa = any_dsa || hp.layer_kinds[il] == model::LayerKind::dsa;
+  if (frames == context || !any_dsa) return 0;
+  const uint64_t kp = std::max<uint32_t>(1, hp.index_kpool), stride = hp.index_topk / kp * kp + kp;
+  const uint64_t scale = latent == config::KvType::int8 ? 4 : 0;  // kv_row_bytes counts int8's scale
+  const uint64_t data = config::kv_row_bytes(latent, hp.kv_lora_rank) - scale;
+  auto buffer = [](uint64_t bytes) { return std::max<uint64_t>(bytes, 16); };  // as the gather's DeviceBuffers
+  return buffer(uint64_t{slots} * context * 4) + buffer(uint64_t{frames} * 4) + buffer(uint64_t{frames} * data) +
+         buffer(uint64_t{frames} * scale) + buffer(uint64_t{std::max<uint32_t>(step_rows, 1)} * stride * 4) + 24;
+}
+
 uint32_t index_key_rows(uint32_t context, uint32_t kpool, uint32_t step_rows) {
   if (step_rows == 0) return context;
   return static_cast<uint32_t>(std::min<uint64_t>(context, uint64_t{std::max<uint32_t>(1, kpool)} - 1 + step_rows));
@@ -46,7 +60,8 @@ uint64_t stage_state_bytes(const model::Glm5Hparams& hp, model::LayerRange layer
       floats += uint64_t{slots} * (2 * key_rows + context / kp) * hp.index_head_dim;
     }
   }
-  return floats * sizeof(float) + latent_bytes + kv_window_table_bytes(hp, layers, slots, context, resident);
+  return floats * sizeof(float) + latent_bytes + kv_window_table_bytes(hp, layers, slots, context, resident) +
+         kv_prefill_gather_bytes(hp, layers, slots, context, latent, resident, step_rows);
 }
 
 uint64_t stage_workspace_bytes(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t rows,

@@ -39,6 +39,11 @@ uint64_t kv_host_tier_bytes(const model::Glm5Hparams& hp, model::LayerRange laye
 // DSA layer and slot 4 B a token of the context (position -> frame) and 6 B a window row; 0 without a window.
 uint64_t kv_window_table_bytes(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t slots,
                                uint32_t context, uint32_t resident);
+// Device bytes of the prefill gather past the window (gpu/prefill_gather.hpp; part of the state): a
+// staging of `resident` rows (and their keys), 4 B a token of the context per slot (the claims) and
+// a step's rewritten selections; 0 without a window.
+uint64_t kv_prefill_gather_bytes(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t slots,
+                                 uint32_t context, config::KvType latent, uint32_t resident, uint32_t step_rows);
 uint64_t stage_workspace_bytes(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t rows,
                                uint32_t context);
 // The inbox of a stage that is not the first: one step's streams.

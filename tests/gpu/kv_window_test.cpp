@@ -7,7 +7,10 @@
 #if FERRY_HAVE_CUDA
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdio>
 #include <random>
+#include <string>
 
 #include "gpu/cuda_stage.hpp"
 #include "model/glm5/glm5_weights.hpp"
@@ -94,7 +97,7 @@ class KvWindowTest : public ::testing::Test {
   std::filesystem::path path_;
   std::shared_ptr<const model::Glm5Weights> weights_;
   std::vector<int32_t> prompt_;
-  model::Stage* stage_ = nullptr;
+  CudaStage* stage_ = nullptr;
 };
 
 TEST_F(KvWindowTest, PrefillAndDecodePastTheWindowGiveTheAllResidentLogits) {
@@ -221,6 +224,115 @@ TEST_F(KvWindowTest, ARollbackPastTheWindowDropsTheFramesAfterTheCut) {
   }
   ASSERT_EQ(want.size(), got.size());
   EXPECT_EQ(want, got);
+}
+
+// Prefill chunks past the window gather their selections' union into a staging of --kv-resident rows
+// (gpu/prefill_gather.hpp). A window of 100: the chunks [74, 111) and [111, 148) find the positions
+// before 74 in the window's frames (adopted when the slot left it), the rest in the host tier. A
+// window of 24 (two rows' selections): every chunk, windowed from the first, is split into groups.
+// f32 and int8 rows, the all-resident logits bit for bit; the timing line is for the log.
+TEST_F(KvWindowTest, ChunkedPrefillPastTheWindowGathersTheUnionAndGivesTheAllResidentLogits) {
+  for (config::KvType t : {config::KvType::f32, config::KvType::int8}) {
+    auto all = open(0, t);
+    for (uint32_t resident : {100u, kWindow}) {
+      auto win = open(resident, t);
+      ASSERT_TRUE(all && win);
+      CudaStage* ws = stage_;
+      const auto t0 = std::chrono::steady_clock::now();
+      const std::vector<float> want = run(*all, 0, prompt_, 37, 6);
+      const auto t1 = std::chrono::steady_clock::now();
+      const std::vector<float> got = run(*win, 0, prompt_, 37, 6);
+      const auto t2 = std::chrono::steady_clock::now();
+      ASSERT_EQ(want.size(), got.size());
+      size_t differ = 0;
+      for (size_t i = 0; i < want.size(); ++i) differ += want[i] != got[i];
+      EXPECT_EQ(differ, 0u) << config::kv_type_name(t) << " window " << resident;
+      const CudaStage::PrefillGatherCounts c = ws->prefill_gather_counts();
+      EXPECT_GT(c.rows, 0u);
+      EXPECT_GT(c.tier_rows, 0u);  // the chunk's own rows, at least
+      if (resident == kWindow) {
+        EXPECT_EQ(c.tier_rows, c.rows);  // windowed from the first chunk: no frames yet
+      } else {
+        EXPECT_LT(c.tier_rows, c.rows);  // positions before 74 from the window's frames
+      }
+      // Windowed chunks of 37 rows: 2 (window 100) or 4 (window 24) a DSA layer, more groups when split.
+      const uint64_t chunks = resident == kWindow ? 4 : 2;
+      if (resident == kWindow) {
+        EXPECT_GT(c.groups, 3 * chunks);
+      } else {
+        EXPECT_GE(c.groups, 3 * chunks);
+      }
+      std::printf("[ timing ] prefill 150 rows in chunks of 37 + 6 decode, %s, window %u: %.2f ms windowed, %.2f ms "
+                  "all-resident; %llu staging rows (%llu from the host tier) in %llu groups\n",
+                  std::string(config::kv_type_name(t)).c_str(), resident,
+                  std::chrono::duration<double, std::milli>(t2 - t1).count(),
+                  std::chrono::duration<double, std::milli>(t1 - t0).count(),
+                  static_cast<unsigned long long>(c.rows),
+                  static_cast<unsigned long long>(c.tier_rows),
+                  static_cast<unsigned long long>(c.groups));
+    }
+  }
+}
+
+// Two slots' prefill chunks in one step past the window (one union over both slots' positions), then
+// each slot's next chunk and decode of both: the all-resident logits.
+TEST_F(KvWindowTest, PrefillOfSeveralSlotsInOneStepPastTheWindowGivesTheAllResidentLogits) {
+  auto all = open(0);
+  auto win = open(40);
+  ASSERT_TRUE(all && win);
+  CudaStage* ws = stage_;
+  std::vector<float> want, got;
+  for (Pipeline* p : {all.get(), win.get()}) {
+    std::vector<float>& out = p == all.get() ? want : got;
+    auto take = [&](const std::vector<model::SlotResult>& res) {
+      for (const auto& r : res) out.insert(out.end(), r.logits.begin(), r.logits.end());
+    };
+    const std::vector<int32_t> a(prompt_.begin(), prompt_.begin() + 50), b(prompt_.begin() + 50, prompt_.begin() + 95),
+        a2(prompt_.begin() + 95, prompt_.begin() + 125), b2(prompt_.begin() + 125, prompt_.begin() + 150);
+    take(step(*p, {SlotRows{0, 0, a, true, true, {}}, SlotRows{2, 0, b, true, true, {}}}));
+    take(step(*p, {SlotRows{2, 45, b2, true, true, {}}, SlotRows{0, 50, a2, true, true, {}}}));
+    for (uint32_t i = 0; i < 4; ++i) {
+      take(step(*p, {SlotRows{0, 80 + i, {prompt_[i]}, true, false, {}},
+                     SlotRows{2, 70 + i, {prompt_[9 + i]}, true, false, {}}}));
+    }
+  }
+  ASSERT_EQ(want.size(), got.size());
+  EXPECT_EQ(want, got);
+  EXPECT_GT(ws->prefill_gather_counts().rows, 0u);
+}
+
+// Prefill past the window after a rollback (an image without rows: positions past it rewritten by a
+// chunk) and into a slot restored from another's image (its rows in the host tier): the cut frees the
+// frames the chunk rewrites, the gather reads the restored rows. The all-resident logits.
+TEST_F(KvWindowTest, PrefillPastTheWindowAfterARollbackAndARestoreGivesTheAllResidentLogits) {
+  for (config::KvType t : {config::KvType::f32, config::KvType::int8}) {
+    auto all = open(0, t);
+    auto win = open(kWindow, t);
+    ASSERT_TRUE(all && win);
+    std::vector<float> want, got;
+    for (Pipeline* p : {all.get(), win.get()}) {
+      std::vector<float>& out = p == all.get() ? want : got;
+      auto take = [&](const std::vector<model::SlotResult>& res) {
+        for (const auto& r : res) out.insert(out.end(), r.logits.begin(), r.logits.end());
+      };
+      step(*p, {SlotRows{0, 0, std::vector<int32_t>(prompt_.begin(), prompt_.begin() + 60), true, false, {}}});
+      for (uint32_t i = 0; i < 3; ++i) step(*p, {SlotRows{0, 60 + i, {prompt_[i]}, true, false, {}}});
+      auto image = p->stages()[0]->save_slot(0, false);
+      ASSERT_TRUE(image) << image.error().message;
+      step(*p, {SlotRows{0, 63, std::vector<int32_t>(prompt_.begin() + 70, prompt_.begin() + 90), true, false, {}}});
+      ASSERT_FALSE(p->stages()[0]->restore_slot(0, image.value()));
+      const std::vector<int32_t> rewrite(prompt_.begin() + 100, prompt_.begin() + 130);
+      take(step(*p, {SlotRows{0, 63, rewrite, true, true, {}}}));
+      auto rows = p->stages()[0]->save_slot(0, true);
+      ASSERT_TRUE(rows) << rows.error().message;
+      ASSERT_FALSE(p->stages()[0]->restore_slot(1, rows.value()));
+      const std::vector<int32_t> more(prompt_.begin() + 20, prompt_.begin() + 40);
+      take(step(*p, {SlotRows{1, 93, more, true, true, {}}}));
+      take(step(*p, {SlotRows{1, 113, {prompt_[5]}, true, false, {}}}));
+    }
+    ASSERT_EQ(want.size(), got.size());
+    EXPECT_EQ(want, got) << config::kv_type_name(t);
+  }
 }
 
 TEST_F(KvWindowTest, AWindowSmallerThanOneRowsSelectionIsRefused) {

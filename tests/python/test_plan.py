@@ -83,7 +83,11 @@ def test_the_host_kv_tier_is_planned_and_its_budget_refused_naming_the_need(ferr
     # The window's planner tables stay on the device: 4 B a token and 6 B a window row, per DSA layer and slot.
     tables = 3 * 11 * (131072 * 4 + 32768 * 6 + 8)
     assert p["kv_table_bytes"] == tables, p["kv_table_bytes"]
-    assert all_on_device - sum(s["device_kv_bytes"] for s in p["stages"]) == 3 * (131072 - 32768) * 11 * 516 - tables
+    # The prefill gather (gpu/prefill_gather.hpp), once a stage: a claim per token and slot, a staging of
+    # the window's rows (int8 data, scales, keys) and a step's rewritten selections (4,099 rows x 2,052).
+    gather = 3 * 131072 * 4 + 32768 * (512 + 4 + 4) + 4099 * 2052 * 4 + 24
+    assert all_on_device - sum(s["device_kv_bytes"] for s in p["stages"]) == \
+        3 * (131072 - 32768) * 11 * 516 - tables - gather
     assert p["host"]["kv_budget"] is None
     code, p = plan(ferry_bin, *args, "--kv-host-budget", "2")
     assert code == 1
@@ -103,7 +107,8 @@ def test_device_kv_past_the_window_grows_only_by_the_pool_keys(ferry_bin):
     """Past --kv-resident the device keeps the window's latent rows, every complete pool's key (128 f32
     per 4 tokens and DSA layer) and the indexer's per-token keys and gates in a ring of a step's rows
     (kpool - 1 + prefill chunk + slots), not ctx of them: doubling the context adds the pool keys and
-    the window's position table (4 B a token and DSA layer) only, and all resident the keys and gates
+    the window's position table (4 B a token and DSA layer) and the prefill gather's claims (4 B a
+    token) only, and all resident the keys and gates
     are the ring's."""
     args = ["--device-memory", "139GiB", "--host-memory", "200GiB", "--slots", "3"]
     kv = {}
@@ -111,7 +116,8 @@ def test_device_kv_past_the_window_grows_only_by_the_pool_keys(ferry_bin):
         code, p = plan(ferry_bin, *args, "--ctx", str(ctx))
         kv[ctx] = sum(s["device_kv_bytes"] for s in p["stages"])
     added = 3 * (524288 - 262144) * 11
-    assert kv[524288] - kv[262144] == added // 4 * 128 * 4 + added * 4
+    gather_claims = 3 * (524288 - 262144) * 4  # the prefill gather's, 4 B a token and slot (one stage)
+    assert kv[524288] - kv[262144] == added // 4 * 128 * 4 + added * 4 + gather_claims
     ring = 3 + 4096 + 3  # kpool - 1, the default prefill chunk, a decode row per slot
     code, p = plan(ferry_bin, *args, "--ctx", "32768", "--kv-resident", "0", "--kv-type", "f32")
     latent, pools, keys = 3 * 32768 * 11 * 2048, 3 * 32768 // 4 * 11 * 512, 3 * ring * 11 * 2 * 512
