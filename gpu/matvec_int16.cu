@@ -31,7 +31,7 @@ namespace {
 
 constexpr int kWarps = 8;
 // Resident blocks per SM the kernels are built for: one token fits 64 registers, more need room.
-__host__ __device__ constexpr int blocks_per_sm(uint32_t nt) { return nt == 1 ? 4 : 2; }
+__host__ __device__ constexpr int blocks_per_sm(uint32_t nt) { return nt == 1 ? 4 : nt <= 4 ? 3 : 2; }
 constexpr size_t kMaxSmem = 48 * 1024;  // without the opt-in, on every architecture
 
 // Shared memory of one block: the IQ3_S grid where the type needs it, then per token K/32 units of
@@ -87,25 +87,44 @@ __device__ __forceinline__ int dot16(const int4& x0, const int4& x1, const int (
   return __dp2a_hi(x1.w, w[3], s);
 }
 
+// A unit's weights as the products use them, made once for all tokens of a launch: the signed
+// weight bytes of runs a and b (4 words each) and the float factors of its terms. Each type's dot
+// keeps the expression of the unit's product that one token had (same operands, same order), so a
+// token's sums have the same bits whatever the launch's token count.
+struct Prepared {
+  int a[4], b[4];
+  float f[4];
+};
+
 // Q4_K / Q5_K: unit j = 2c + h of a superblock holds columns 64c + 16h (run a, of sub-block 2c)
 // and 32 further on (run b, sub-block 2c + 1); the sub-blocks' scales and minimums follow the
-// block's d and dmin.
-__device__ __forceinline__ float k4_dot(const uint8_t* blk, uint32_t c, const int (&lo)[4], const int (&hi)[4],
-                                        const XUnit& x, const XScales& xs) {
+// block's d and dmin. f: d * scale and dmin * min of both sub-blocks.
+__device__ __forceinline__ void k4_factors(const uint8_t* blk, uint32_t c, Prepared& p) {
   const uint32_t dd = qd::ld_u32(blk);
   int sc1, m1, sc2, m2;
   qd::k4_scale_min(blk + 4, 2 * c, sc1, m1);
   qd::k4_scale_min(blk + 4, 2 * c + 1, sc2, m2);
   const float d = qd::h2f(dd & 0xffff), dmin = qd::h2f(dd >> 16);
-  const int s1 = dot16(x.a0, x.a1, lo), s2 = dot16(x.b0, x.b1, hi);
-  return d * static_cast<float>(sc1) * xs.d_lo * static_cast<float>(s1) +
-         d * static_cast<float>(sc2) * xs.d_hi * static_cast<float>(s2) - dmin * static_cast<float>(m1) * xs.s_lo -
-         dmin * static_cast<float>(m2) * xs.s_hi;
+  p.f[0] = d * static_cast<float>(sc1);
+  p.f[1] = d * static_cast<float>(sc2);
+  p.f[2] = dmin * static_cast<float>(m1);
+  p.f[3] = dmin * static_cast<float>(m2);
+}
+__device__ __forceinline__ float k4_dot(const Prepared& p, const XUnit& x, const XScales& xs) {
+  const int s1 = dot16(x.a0, x.a1, p.a), s2 = dot16(x.b0, x.b1, p.b);
+  return p.f[0] * xs.d_lo * static_cast<float>(s1) + p.f[1] * xs.d_hi * static_cast<float>(s2) -
+         p.f[2] * xs.s_lo - p.f[3] * xs.s_hi;
+}
+// IQ4_XS / IQ3_S: one factor a run (f[0] for a, f[1] for b) times the pair of scaled sums.
+__device__ __forceinline__ float scaled_pair_dot(const Prepared& p, const XUnit& x, const XScales& xs) {
+  const int s1 = dot16(x.a0, x.a1, p.a), s2 = dot16(x.b0, x.b1, p.b);
+  return p.f[0] * (xs.d_lo * static_cast<float>(s1) + xs.d_hi * static_cast<float>(s2));
 }
 
 // Per type: the superblock's bytes, units in flight per lane (fewer where a unit's weights take 8
 // registers), which unit's run (a: high 0, b: high 1) holds piece p (columns 16p..) of a superblock,
-// the weights a lane requests for a unit (W, load) and their product (dot).
+// the weights a lane requests for a unit (W, load), what they are for the products (prep) and one
+// token's product (dot).
 template <int T> struct Reader;
 
 template <> struct Reader<qd::kQ4_K> {
@@ -118,14 +137,18 @@ template <> struct Reader<qd::kQ4_K> {
   __device__ static W load(const uint8_t* blk, uint32_t j) {
     return *reinterpret_cast<const uint4*>(blk + 16 + 32 * (j >> 1) + 16 * (j & 1));
   }
-  __device__ static float dot(const uint8_t* blk, uint32_t j, const W& w, const XUnit& x, const XScales& xs,
-                              const uint32_t*, const Tables&) {
-    const int lo[4] = {static_cast<int>(w.x & 0x0f0f0f0fu), static_cast<int>(w.y & 0x0f0f0f0fu),
-                       static_cast<int>(w.z & 0x0f0f0f0fu), static_cast<int>(w.w & 0x0f0f0f0fu)};
-    const int hi[4] = {static_cast<int>((w.x >> 4) & 0x0f0f0f0fu), static_cast<int>((w.y >> 4) & 0x0f0f0f0fu),
-                       static_cast<int>((w.z >> 4) & 0x0f0f0f0fu), static_cast<int>((w.w >> 4) & 0x0f0f0f0fu)};
-    return k4_dot(blk, j >> 1, lo, hi, x, xs);
+  __device__ static Prepared prep(const uint8_t* blk, uint32_t j, const W& w, const uint32_t*, const Tables&) {
+    Prepared p;
+    const uint32_t q[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      p.a[i] = static_cast<int>(q[i] & 0x0f0f0f0fu);
+      p.b[i] = static_cast<int>((q[i] >> 4) & 0x0f0f0f0fu);
+    }
+    k4_factors(blk, j >> 1, p);
+    return p;
   }
+  __device__ static float dot(const Prepared& p, const XUnit& x, const XScales& xs) { return k4_dot(p, x, xs); }
 };
 
 // Q5_K: Q4_K's nibbles at byte 48, their fifth bits in qh (byte 16): bit 2c of qh[16h + l] for
@@ -140,18 +163,19 @@ template <> struct Reader<qd::kQ5_K> {
     return {*reinterpret_cast<const uint4*>(blk + 48 + 32 * (j >> 1) + 16 * (j & 1)),
             *reinterpret_cast<const uint4*>(blk + 16 + 16 * (j & 1))};
   }
-  __device__ static float dot(const uint8_t* blk, uint32_t j, const W& w, const XUnit& x, const XScales& xs,
-                              const uint32_t*, const Tables&) {
+  __device__ static Prepared prep(const uint8_t* blk, uint32_t j, const W& w, const uint32_t*, const Tables&) {
     const uint32_t c = j >> 1;
     const uint32_t q[4] = {w.q.x, w.q.y, w.q.z, w.q.w}, h[4] = {w.h.x, w.h.y, w.h.z, w.h.w};
-    int lo[4], hi[4];
+    Prepared p;
+    k4_factors(blk, c, p);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      lo[i] = static_cast<int>((q[i] & 0x0f0f0f0fu) | (((h[i] >> (2 * c)) & 0x01010101u) << 4));
-      hi[i] = static_cast<int>(((q[i] >> 4) & 0x0f0f0f0fu) | (((h[i] >> (2 * c + 1)) & 0x01010101u) << 4));
+      p.a[i] = static_cast<int>((q[i] & 0x0f0f0f0fu) | (((h[i] >> (2 * c)) & 0x01010101u) << 4));
+      p.b[i] = static_cast<int>(((q[i] >> 4) & 0x0f0f0f0fu) | (((h[i] >> (2 * c + 1)) & 0x01010101u) << 4));
     }
-    return k4_dot(blk, c, lo, hi, x, xs);
+    return p;
   }
+  __device__ static float dot(const Prepared& p, const XUnit& x, const XScales& xs) { return k4_dot(p, x, xs); }
 };
 
 // Q6_K: unit j = 4n + 2m + h holds columns 128n + 32m + 16h (run a: low nibbles of ql[64n + 32m +
@@ -177,25 +201,29 @@ template <> struct Reader<qd::kQ6_K> {
     }
     return w;
   }
-  __device__ static float dot(const uint8_t* blk, uint32_t j, const W& w, const XUnit& x, const XScales& xs,
-                              const uint32_t*, const Tables&) {
+  // f: d times the scales of runs a and b.
+  __device__ static Prepared prep(const uint8_t* blk, uint32_t j, const W& w, const uint32_t*, const Tables&) {
     const uint32_t m = (j >> 1) & 1;
-    int lo[4], hi[4];
+    Prepared p;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       // q - 32 bytewise: 6-bit values, so the wrapped bytes read as signed int8 are exact.
-      lo[i] = static_cast<int>(
+      p.a[i] = static_cast<int>(
           __vsub4((w.l[i] & 0x0f0f0f0fu) | (((w.h[i] >> (2 * m)) & 0x03030303u) << 4), 0x20202020u));
-      hi[i] = static_cast<int>(
+      p.b[i] = static_cast<int>(
           __vsub4(((w.l[i] >> 4) & 0x0f0f0f0fu) | (((w.h[i] >> (4 + 2 * m)) & 0x03030303u) << 4), 0x20202020u));
     }
     // One scale a 16 columns: run a is piece 8n + 2m + h, run b four pieces on.
     const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
     const uint32_t pa = 8 * (j >> 2) + (j & 3);
     const float d = qd::h2f(qd::ld_u16(blk + 208));
-    const int s1 = dot16(x.a0, x.a1, lo), s2 = dot16(x.b0, x.b1, hi);
-    return d * static_cast<float>(sc[pa]) * xs.d_lo * static_cast<float>(s1) +
-           d * static_cast<float>(sc[pa + 4]) * xs.d_hi * static_cast<float>(s2);
+    p.f[0] = d * static_cast<float>(sc[pa]);
+    p.f[1] = d * static_cast<float>(sc[pa + 4]);
+    return p;
+  }
+  __device__ static float dot(const Prepared& p, const XUnit& x, const XScales& xs) {
+    const int s1 = dot16(x.a0, x.a1, p.a), s2 = dot16(x.b0, x.b1, p.b);
+    return p.f[0] * xs.d_lo * static_cast<float>(s1) + p.f[1] * xs.d_hi * static_cast<float>(s2);
   }
 };
 
@@ -222,20 +250,22 @@ template <> struct Reader<qd::kIQ4_XS> {
     const uint32_t high = ((idx >> 3) & 0x01010101u) * 0xffu;
     return static_cast<int>((lo & ~high) | (hi & high));
   }
-  __device__ static float dot(const uint8_t* blk, uint32_t j, const W& w, const XUnit& x, const XScales& xs,
-                              const uint32_t*, const Tables& t) {
+  // f[0]: the unit's scale.
+  __device__ static Prepared prep(const uint8_t* blk, uint32_t j, const W& w, const uint32_t*, const Tables& t) {
     const uint32_t q[4] = {w.x, w.y, w.z, w.w};
-    int lo[4], hi[4];
+    Prepared p;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      lo[i] = levels(q[i] & 0x0f0f0f0fu, t);
-      hi[i] = levels((q[i] >> 4) & 0x0f0f0f0fu, t);
+      p.a[i] = levels(q[i] & 0x0f0f0f0fu, t);
+      p.b[i] = levels((q[i] >> 4) & 0x0f0f0f0fu, t);
     }
     const uint32_t scales_h = qd::ld_u16(blk + 2);
     const int ls = ((blk[4 + j / 2] >> (4 * (j % 2))) & 0xf) | (((scales_h >> (2 * j)) & 3) << 4);
-    const float dl = qd::h2f(qd::ld_u16(blk)) * static_cast<float>(ls - 32);
-    const int s1 = dot16(x.a0, x.a1, lo), s2 = dot16(x.b0, x.b1, hi);
-    return dl * (xs.d_lo * static_cast<float>(s1) + xs.d_hi * static_cast<float>(s2));
+    p.f[0] = qd::h2f(qd::ld_u16(blk)) * static_cast<float>(ls - 32);
+    return p;
+  }
+  __device__ static float dot(const Prepared& p, const XUnit& x, const XScales& xs) {
+    return scaled_pair_dot(p, x, xs);
   }
 };
 
@@ -252,8 +282,8 @@ template <> struct Reader<qd::kIQ3_S> {
     return {qd::ld_u32_a2(blk + 2 + 8 * j), qd::ld_u32_a2(blk + 6 + 8 * j), qd::ld_u32_a2(blk + 74 + 4 * j),
             blk[66 + j]};
   }
-  __device__ static float dot(const uint8_t* blk, uint32_t j, const W& w, const XUnit& x, const XScales& xs,
-                              const uint32_t* grid, const Tables&) {
+  // f[0]: the unit's scale.
+  __device__ static Prepared prep(const uint8_t* blk, uint32_t j, const W& w, const uint32_t* grid, const Tables&) {
     int v[8];
 #pragma unroll
     for (int g = 0; g < 8; ++g) {
@@ -264,10 +294,17 @@ template <> struct Reader<qd::kIQ3_S> {
       const uint32_t neg = ((((w.signs >> (4 * g)) & 0xf) * 0x00204081u) & 0x01010101u) * 0xffu;
       v[g] = static_cast<int>(__vsub4(entry ^ neg, neg));
     }
-    const int a[4] = {v[0], v[1], v[2], v[3]}, b[4] = {v[4], v[5], v[6], v[7]};
-    const float db = qd::h2f(qd::ld_u16(blk)) * static_cast<float>(1 + 2 * ((blk[106 + j / 2] >> (4 * (j % 2))) & 0xf));
-    const int s1 = dot16(x.a0, x.a1, a), s2 = dot16(x.b0, x.b1, b);
-    return db * (xs.d_lo * static_cast<float>(s1) + xs.d_hi * static_cast<float>(s2));
+    Prepared p;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      p.a[i] = v[i];
+      p.b[i] = v[4 + i];
+    }
+    p.f[0] = qd::h2f(qd::ld_u16(blk)) * static_cast<float>(1 + 2 * ((blk[106 + j / 2] >> (4 * (j % 2))) & 0xf));
+    return p;
+  }
+  __device__ static float dot(const Prepared& p, const XUnit& x, const XScales& xs) {
+    return scaled_pair_dot(p, x, xs);
   }
 };
 
@@ -387,12 +424,13 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
       for (uint32_t i = 0; i < kChunk; ++i) {
         const uint32_t u = u0 + i * lpr;
         if (u >= units) break;
-        const uint8_t* blk = wrow + R::kBlockBytes * (u >> 3);
+        // The unit's weights are made ready once; each token then costs its two dot16 and scaling.
+        const Prepared p = R::prep(wrow + R::kBlockBytes * (u >> 3), u & 7, q[i], grid, tables);
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
           if (t < static_cast<int>(ntok)) {
             const unsigned char* slot = smem + (static_cast<size_t>(t) * units + u) * kUnitBytes;
-            acc[t] += R::dot(blk, u & 7, q[i], load_x_unit(slot), load_x_scales(slot), grid, tables);
+            acc[t] += R::dot(p, load_x_unit(slot), load_x_scales(slot));
           }
         }
       }
