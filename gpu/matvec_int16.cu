@@ -315,17 +315,32 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
   extern __shared__ __align__(16) unsigned char smem_all[];
   const uint32_t* grid = reinterpret_cast<const uint32_t*>(smem_all);
   unsigned char* smem = smem_all + (T == qd::kIQ3_S ? kGridBytes : 0);
-  const uint32_t K = a.w.cols, units = K / 32, ntok = a.tokens;
+  // Groups named on the device (MatvecArgs::group_count) share the launch's blocks by blockIdx.x:
+  // block b works on group b % G as its (b / G)-th block of nb.
+  uint32_t g = blockIdx.y, bx = blockIdx.x, nb = gridDim.x, ntok = a.tokens;
+  const int32_t *tok_x = nullptr, *tok_y = nullptr;
+  if (a.group_count != nullptr) {
+    const uint32_t groups = min(static_cast<uint32_t>(max(*a.group_count, 0)), a.groups);
+    if (groups == 0) return;
+    g = blockIdx.x % groups;
+    bx = blockIdx.x / groups;
+    nb = gridDim.x / groups + (g < gridDim.x % groups ? 1 : 0);
+    ntok = min(static_cast<uint32_t>(max(a.tok_count[g], 0)), a.tokens);
+    if (ntok == 0) return;
+    tok_x = a.tok_x + static_cast<size_t>(g) * a.tokens;
+    tok_y = a.tok_y + static_cast<size_t>(g) * a.tokens;
+  }
+  if (a.skip_negative_index && a.w_group_index[g] < 0) return;
+  const uint32_t K = a.w.cols, units = K / 32;
   const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const uint32_t g = blockIdx.y;
 
   // A row's units (32 weights each) are spread over `lpr` lanes; narrow rows share a warp. A warp's
   // work is a list of items: chunks of up to kChunk units per lane, row after row.
   const uint32_t lpr = lanes_per_row(units);
   const uint32_t sub = lane / lpr, sl = lane % lpr, rows_per_warp = 32 / lpr;
   const uint32_t chunks = (units + kChunk * lpr - 1) / (kChunk * lpr);
-  const uint32_t first_row = (blockIdx.x * kWarps + warp) * rows_per_warp;
-  const uint32_t stride = gridDim.x * kWarps * rows_per_warp;
+  const uint32_t first_row = (bx * kWarps + warp) * rows_per_warp;
+  const uint32_t stride = nb * kWarps * rows_per_warp;
   const MatvecPartView view = matvec_part_view(a, g);
   const uint8_t* wbase = view.w;
   float* y = view.y;
@@ -361,7 +376,7 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
     float v[16];
     float amax = 0.0f, sum = 0.0f;
     if (valid) {
-      const size_t at = t * a.x_tok_stride + 16 * p;
+      const size_t at = static_cast<size_t>(tok_x != nullptr ? tok_x[t] : t) * a.x_tok_stride + 16 * p;
       const float4* src = reinterpret_cast<const float4*>(view.x + at);
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
@@ -411,8 +426,14 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
   __syncthreads();
 
   float acc[NT];
+  size_t y_at[NT];  // each token's output row
 #pragma unroll
-  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+  for (int t = 0; t < NT; ++t) {
+    acc[t] = 0.0f;
+    const bool named = tok_y != nullptr && t < static_cast<int>(ntok);
+    y_at[t] = static_cast<size_t>(g) * a.y_group_stride +
+              static_cast<size_t>(named ? tok_y[t] : t) * view.y_tok_stride;
+  }
   for (uint32_t it = 0; item_row0(it) < view.rows; ++it) {
     typename R::W next[kChunk];
     load_item(it + 1, next);
@@ -444,7 +465,7 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
       for (uint32_t o = lpr / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
       acc[t] = 0.0f;
       if (row < view.rows && sl == 0 && t < static_cast<int>(ntok)) {
-        y[static_cast<size_t>(g) * a.y_group_stride + row + t * view.y_tok_stride] = s;
+        y[y_at[t] + row] = s;
       }
     }
   }
@@ -463,9 +484,16 @@ void launch(const MatvecArgs& a, const Tables& tables, cudaStream_t stream) {
   const uint32_t rows_per_block = kWarps * (32 / lanes_per_row(a.w.cols / 32));
   // Enough blocks to fill the device once; each block quantizes its input once and loops over rows.
   const uint32_t wanted = (matvec_max_rows(a) + rows_per_block - 1) / rows_per_block;
-  const uint32_t fill =
-      std::max<uint32_t>(1, static_cast<uint32_t>(current_sm_count() * blocks_per_sm(nt)) / (a.groups * a.parts));
-  const dim3 grid(std::min(wanted, fill), a.groups, a.parts);
+  const uint32_t resident = static_cast<uint32_t>(current_sm_count() * blocks_per_sm(nt));
+  dim3 grid;
+  if (a.group_count != nullptr) {
+    // Groups named on the device share the blocks of one dimension: at least one block a group.
+    const uint32_t all = std::max<uint32_t>(1, resident / a.parts);
+    grid = dim3(std::max(a.groups, std::min(wanted * a.groups, all)), 1, a.parts);
+  } else {
+    const uint32_t fill = std::max<uint32_t>(1, resident / (a.groups * a.parts));
+    grid = dim3(std::min(wanted, fill), a.groups, a.parts);
+  }
   switch (nt) {
     case 1: int16_kernel<T, 1><<<grid, kWarps * 32, smem, stream>>>(a, tables); break;
     case 2: int16_kernel<T, 2><<<grid, kWarps * 32, smem, stream>>>(a, tables); break;
