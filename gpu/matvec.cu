@@ -365,6 +365,7 @@ void matvec(const MatvecArgs& a, cudaStream_t stream) {
   if ((a.tok_count != nullptr) != named || (a.tok_x != nullptr) != named || (a.tok_y != nullptr) != named) {
     throw CudaError("matvec: group_count, tok_count, tok_x and tok_y are set together");
   }
+  if (named && a.tokens < 2) throw CudaError("matvec: tokens named on the device need tokens >= 2");
   if (a.skip_negative_index && a.w_group_index == nullptr) {
     throw CudaError("matvec: skip_negative_index needs w_group_index");
   }

@@ -315,11 +315,12 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
   extern __shared__ __align__(16) unsigned char smem_all[];
   const uint32_t* grid = reinterpret_cast<const uint32_t*>(smem_all);
   unsigned char* smem = smem_all + (T == qd::kIQ3_S ? kGridBytes : 0);
-  // Groups named on the device (MatvecArgs::group_count) share the launch's blocks by blockIdx.x:
-  // block b works on group b % G as its (b / G)-th block of nb.
+  // Groups named on the device (MatvecArgs::group_count, 2 tokens or more: the 1-token kernel
+  // keeps its registers) share the launch's blocks by blockIdx.x: block b works on group b % G as
+  // its (b / G)-th block of nb.
   uint32_t g = blockIdx.y, bx = blockIdx.x, nb = gridDim.x, ntok = a.tokens;
   const int32_t *tok_x = nullptr, *tok_y = nullptr;
-  if (a.group_count != nullptr) {
+  if (NT > 1 && a.group_count != nullptr) {
     const uint32_t groups = min(static_cast<uint32_t>(max(*a.group_count, 0)), a.groups);
     if (groups == 0) return;
     g = blockIdx.x % groups;
@@ -426,14 +427,8 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
   __syncthreads();
 
   float acc[NT];
-  size_t y_at[NT];  // each token's output row
 #pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    acc[t] = 0.0f;
-    const bool named = tok_y != nullptr && t < static_cast<int>(ntok);
-    y_at[t] = static_cast<size_t>(g) * a.y_group_stride +
-              static_cast<size_t>(named ? tok_y[t] : t) * view.y_tok_stride;
-  }
+  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
   for (uint32_t it = 0; item_row0(it) < view.rows; ++it) {
     typename R::W next[kChunk];
     load_item(it + 1, next);
@@ -465,7 +460,8 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
       for (uint32_t o = lpr / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
       acc[t] = 0.0f;
       if (row < view.rows && sl == 0 && t < static_cast<int>(ntok)) {
-        y[y_at[t] + row] = s;
+        const size_t yt = tok_y != nullptr ? static_cast<size_t>(tok_y[t]) : static_cast<size_t>(t);
+        y[static_cast<size_t>(g) * a.y_group_stride + row + yt * view.y_tok_stride] = s;
       }
     }
   }
