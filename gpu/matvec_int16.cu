@@ -18,6 +18,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <utility>
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/matvec_int16.hpp"
@@ -30,7 +32,8 @@ namespace ferry::gpu {
 namespace {
 
 constexpr int kWarps = 8;
-// Resident blocks per SM the kernels are built for: one token fits 64 registers, more need room.
+// Resident blocks per SM the kernels are built for (their launch bounds): one token fits 64
+// registers, 2-4 tokens 80, 8 tokens more.
 __host__ __device__ constexpr int blocks_per_sm(uint32_t nt) { return nt == 1 ? 4 : nt <= 4 ? 3 : 2; }
 constexpr size_t kMaxSmem = 48 * 1024;  // without the opt-in, on every architecture
 
@@ -473,14 +476,30 @@ bool int16_type(model::GgmlType t) {
          t == GgmlType::IQ3_S;
 }
 
-template <int T>
-void launch(const MatvecArgs& a, const Tables& tables, cudaStream_t stream) {
-  const uint32_t nt = padded_tokens(a.tokens);
-  const size_t smem = smem_bytes(a.w.type, nt, a.w.cols);
+// Blocks of a kernel an SM holds at `smem` bytes, asked once per device and size: where shared
+// memory rather than the launch bounds limits them (V100's 96 KiB at 2-4 tokens of 4,096 columns),
+// a grid of blocks_per_sm() a multiprocessor would run a second, partial wave.
+template <int T, int NT>
+uint32_t resident_per_sm(size_t smem) {
+  thread_local std::map<std::pair<int, size_t>, uint32_t> cache;
+  int dev = 0;
+  FERRY_CUDA(cudaGetDevice(&dev));
+  auto [it, fresh] = cache.try_emplace({dev, smem}, 0);
+  if (fresh) {
+    int n = 0;
+    FERRY_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, int16_kernel<T, NT>, kWarps * 32, smem));
+    it->second = static_cast<uint32_t>(std::max(n, 1));
+  }
+  return it->second;
+}
+
+template <int T, int NT>
+void launch_tokens(const MatvecArgs& a, const Tables& tables, cudaStream_t stream) {
+  const size_t smem = smem_bytes(a.w.type, NT, a.w.cols);
   const uint32_t rows_per_block = kWarps * (32 / lanes_per_row(a.w.cols / 32));
   // Enough blocks to fill the device once; each block quantizes its input once and loops over rows.
   const uint32_t wanted = (matvec_max_rows(a) + rows_per_block - 1) / rows_per_block;
-  const uint32_t resident = static_cast<uint32_t>(current_sm_count() * blocks_per_sm(nt));
+  const uint32_t resident = static_cast<uint32_t>(current_sm_count()) * resident_per_sm<T, NT>(smem);
   dim3 grid;
   if (a.group_count != nullptr) {
     // Groups named on the device share the blocks of one dimension: at least one block a group.
@@ -490,11 +509,16 @@ void launch(const MatvecArgs& a, const Tables& tables, cudaStream_t stream) {
     const uint32_t fill = std::max<uint32_t>(1, resident / (a.groups * a.parts));
     grid = dim3(std::min(wanted, fill), a.groups, a.parts);
   }
-  switch (nt) {
-    case 1: int16_kernel<T, 1><<<grid, kWarps * 32, smem, stream>>>(a, tables); break;
-    case 2: int16_kernel<T, 2><<<grid, kWarps * 32, smem, stream>>>(a, tables); break;
-    case 4: int16_kernel<T, 4><<<grid, kWarps * 32, smem, stream>>>(a, tables); break;
-    default: int16_kernel<T, 8><<<grid, kWarps * 32, smem, stream>>>(a, tables); break;
+  int16_kernel<T, NT><<<grid, kWarps * 32, smem, stream>>>(a, tables);
+}
+
+template <int T>
+void launch(const MatvecArgs& a, const Tables& tables, cudaStream_t stream) {
+  switch (padded_tokens(a.tokens)) {
+    case 1: launch_tokens<T, 1>(a, tables, stream); break;
+    case 2: launch_tokens<T, 2>(a, tables, stream); break;
+    case 4: launch_tokens<T, 4>(a, tables, stream); break;
+    default: launch_tokens<T, 8>(a, tables, stream); break;
   }
 }
 
