@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <utility>
 
 #include "gpu/cuda_check.hpp"
@@ -478,12 +479,15 @@ bool int16_type(model::GgmlType t) {
 
 // Blocks of a kernel an SM holds at `smem` bytes, asked once per device and size: where shared
 // memory rather than the launch bounds limits them (V100's 96 KiB at 2-4 tokens of 4,096 columns),
-// a grid of blocks_per_sm() a multiprocessor would run a second, partial wave.
+// a grid of blocks_per_sm() a multiprocessor would run a second, partial wave. A decode graph's
+// capture finds them asked already, by the eager step of its shape before it.
 template <int T, int NT>
 uint32_t resident_per_sm(size_t smem) {
-  thread_local std::map<std::pair<int, size_t>, uint32_t> cache;
+  static std::mutex mutex;
+  static std::map<std::pair<int, size_t>, uint32_t> cache;
   int dev = 0;
   FERRY_CUDA(cudaGetDevice(&dev));
+  const std::lock_guard<std::mutex> lock(mutex);
   auto [it, fresh] = cache.try_emplace({dev, smem}, 0);
   if (fresh) {
     int n = 0;
