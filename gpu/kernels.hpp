@@ -85,6 +85,18 @@ struct MatvecArgs {
   // projection reads the gate and up products. Only where matvec_quantizes_activations() holds.
   const float* x_up = nullptr;
   float swiglu_limit = 0.0f;
+  // Groups whose tokens are named on the device (gpu/moe_decode.hpp: an expert over the rows of a
+  // step that chose it), all set or none, only where matvec_quantizes_activations() holds: the
+  // launch has min(*group_count, groups) groups, spread over all its blocks; group g has
+  // tok_count[g] <= tokens tokens, token t reads x row tok_x[g * tokens + t] (x_tok_stride apart)
+  // and writes y row tok_y[g * tokens + t] (y_tok_stride apart); x_group_stride and y_group_stride 0.
+  const int32_t* group_count = nullptr;
+  const int32_t* tok_count = nullptr;
+  const int32_t* tok_x = nullptr;
+  const int32_t* tok_y = nullptr;
+  // On the int16 path, a group whose w_group_index is negative does nothing (a route the launch above
+  // takes instead).
+  bool skip_negative_index = false;
 };
 inline constexpr uint32_t kMaxMatvecTokens = 8;
 void matvec(const MatvecArgs& a, cudaStream_t stream);

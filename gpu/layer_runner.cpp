@@ -6,6 +6,7 @@
 
 #include "gpu/decode_fusion.hpp"
 #include "gpu/mhc_decode.hpp"
+#include "gpu/moe_decode.hpp"
 #include "gpu/moe_grouped.hpp"
 #include "gpu/mtp_ops.hpp"
 
@@ -325,54 +326,36 @@ void LayerRunner::moe_layer(const StepGeometry& g, const DevLayer& l, bool uploa
   mark(OpGroup::moe_experts);
 }
 
+// The step's routed experts (gpu/moe_decode.hpp): an expert that several rows chose read once for
+// them where the int16 kernel takes them, every other route on its own.
 void LayerRunner::decode_experts(uint32_t n, const DevLayer& l) {
   const ModelDims& z = d_;
-  const uint32_t k = z.k;
-  MatvecArgs a;
-  a.w_group_index = w_.rids;
-  a.x = w_.x;
-  a.x_group_stride = z.D;
-  a.x_group_div = k;
-  a.y_group_stride = z.I;
-  a.groups = n * k;
-  DevMatrix gate, up, down;
+  DecodeExperts a;
   if (experts_ != nullptr) {
     // Experts in the pool or in host memory, through the layer's tables.
     const ExpertShape& shape = experts_->shape(l.index);
-    gate = shape.gate, up = shape.up, down = shape.down;
-    count_routes(w_.rids, n * k, experts_->route_counts(l.index), s_);
+    a.gate = shape.gate, a.up = shape.up, a.down = shape.down;
+    for (int p = 0; p < 3; ++p) a.tables[p] = experts_->table(l.index, p);
+    count_routes(w_.rids, n * z.k, experts_->route_counts(l.index), s_);
   } else {
-    gate = l.m(T::ffn_gate_exps).slice_rows(0, z.I);
-    up = l.m(T::ffn_up_exps).slice_rows(0, z.I);
-    down = l.m(T::ffn_down_exps).slice_rows(0, z.D);
+    a.gate = l.m(T::ffn_gate_exps).slice_rows(0, z.I);
+    a.up = l.m(T::ffn_up_exps).slice_rows(0, z.I);
+    a.down = l.m(T::ffn_down_exps).slice_rows(0, z.D);
   }
-  // Gate and up of every (row, expert) pair in one launch where their shapes agree, SwiGLU in the
-  // down launch's input (gpu/decode_fusion.hpp).
-  a.w = gate;
-  a.w_group_bytes = gate.bytes();
-  a.w_group_ptrs = experts_ != nullptr ? experts_->table(l.index, 0) : nullptr;
-  a.y = w_.eg;
-  const MatvecPart up_part{up.data, experts_ != nullptr ? experts_->table(l.index, 1) : nullptr, w_.eu};
-  if (same_matrix_shape(gate, up)) {
-    a.parts = 2;
-    a.more[0] = up_part;
-    matvec(a, s_);
-    a.parts = 1;
+  a.ids = w_.rids;
+  a.x = w_.x;
+  a.rows = n;
+  a.k = z.k;
+  a.swiglu_limit = hp_.swiglu_limit;
+  a.eg = w_.eg;
+  a.eu = w_.eu;
+  a.eo = w_.eo;
+  const uint32_t tokens = shared_expert_tokens(a);
+  if (tokens == 0) {
+    decode_experts_per_route(a, s_);
   } else {
-    matvec(a, s_);
-    a.w = up;
-    a.w_group_ptrs = up_part.group_ptrs;
-    a.y = w_.eu;
-    matvec(a, s_);
+    decode_experts_shared(a, tokens, w_.shared_routes, s_);
   }
-  a.w = down;
-  a.w_group_bytes = down.bytes();
-  a.w_group_ptrs = experts_ != nullptr ? experts_->table(l.index, 2) : nullptr;
-  a.x_group_stride = z.I;
-  a.x_group_div = 1;
-  a.y = w_.eo;
-  a.y_group_stride = z.D;
-  matvec_swiglu(a, w_.eg, w_.eu, z.I, n * k, z.I, hp_.swiglu_limit, s_);
 }
 
 // The chunk's routes grouped by expert on the device, then one grouped GEMM for gate and up (SwiGLU

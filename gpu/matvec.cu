@@ -361,6 +361,17 @@ void matvec(const MatvecArgs& a, cudaStream_t stream) {
   }
   const bool int16 = matvec_quantizes_activations(a);
   if (a.x_up != nullptr && !int16) throw CudaError("matvec: a SwiGLU input needs the int16-activation path");
+  const bool named = a.group_count != nullptr;
+  if ((a.tok_count != nullptr) != named || (a.tok_x != nullptr) != named || (a.tok_y != nullptr) != named) {
+    throw CudaError("matvec: group_count, tok_count, tok_x and tok_y are set together");
+  }
+  if (named && a.tokens < 2) throw CudaError("matvec: tokens named on the device need tokens >= 2");
+  if (a.skip_negative_index && a.w_group_index == nullptr) {
+    throw CudaError("matvec: skip_negative_index needs w_group_index");
+  }
+  if ((named || a.skip_negative_index) && !int16) {
+    throw CudaError("matvec: tokens named on the device and skipped groups need the int16-activation path");
+  }
   if (int16) {
     launch_matvec_int16(a, a.w.type == model::GgmlType::IQ3_S ? iq3s_grid_address() : nullptr, stream);
     return;

@@ -18,6 +18,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/matvec_int16.hpp"
@@ -30,8 +33,9 @@ namespace ferry::gpu {
 namespace {
 
 constexpr int kWarps = 8;
-// Resident blocks per SM the kernels are built for: one token fits 64 registers, more need room.
-__host__ __device__ constexpr int blocks_per_sm(uint32_t nt) { return nt == 1 ? 4 : 2; }
+// Resident blocks per SM the kernels are built for (their launch bounds): one token fits 64
+// registers, 2-4 tokens 80, 8 tokens more.
+__host__ __device__ constexpr int blocks_per_sm(uint32_t nt) { return nt == 1 ? 4 : nt <= 4 ? 3 : 2; }
 constexpr size_t kMaxSmem = 48 * 1024;  // without the opt-in, on every architecture
 
 // Shared memory of one block: the IQ3_S grid where the type needs it, then per token K/32 units of
@@ -87,25 +91,44 @@ __device__ __forceinline__ int dot16(const int4& x0, const int4& x1, const int (
   return __dp2a_hi(x1.w, w[3], s);
 }
 
+// A unit's weights as the products use them, made once for all tokens of a launch: the signed
+// weight bytes of runs a and b (4 words each) and the float factors of its terms. Each type's dot
+// keeps the expression of the unit's product that one token had (same operands, same order), so a
+// token's sums have the same bits whatever the launch's token count.
+struct Prepared {
+  int a[4], b[4];
+  float f[4];
+};
+
 // Q4_K / Q5_K: unit j = 2c + h of a superblock holds columns 64c + 16h (run a, of sub-block 2c)
 // and 32 further on (run b, sub-block 2c + 1); the sub-blocks' scales and minimums follow the
-// block's d and dmin.
-__device__ __forceinline__ float k4_dot(const uint8_t* blk, uint32_t c, const int (&lo)[4], const int (&hi)[4],
-                                        const XUnit& x, const XScales& xs) {
+// block's d and dmin. f: d * scale and dmin * min of both sub-blocks.
+__device__ __forceinline__ void k4_factors(const uint8_t* blk, uint32_t c, Prepared& p) {
   const uint32_t dd = qd::ld_u32(blk);
   int sc1, m1, sc2, m2;
   qd::k4_scale_min(blk + 4, 2 * c, sc1, m1);
   qd::k4_scale_min(blk + 4, 2 * c + 1, sc2, m2);
   const float d = qd::h2f(dd & 0xffff), dmin = qd::h2f(dd >> 16);
-  const int s1 = dot16(x.a0, x.a1, lo), s2 = dot16(x.b0, x.b1, hi);
-  return d * static_cast<float>(sc1) * xs.d_lo * static_cast<float>(s1) +
-         d * static_cast<float>(sc2) * xs.d_hi * static_cast<float>(s2) - dmin * static_cast<float>(m1) * xs.s_lo -
-         dmin * static_cast<float>(m2) * xs.s_hi;
+  p.f[0] = d * static_cast<float>(sc1);
+  p.f[1] = d * static_cast<float>(sc2);
+  p.f[2] = dmin * static_cast<float>(m1);
+  p.f[3] = dmin * static_cast<float>(m2);
+}
+__device__ __forceinline__ float k4_dot(const Prepared& p, const XUnit& x, const XScales& xs) {
+  const int s1 = dot16(x.a0, x.a1, p.a), s2 = dot16(x.b0, x.b1, p.b);
+  return p.f[0] * xs.d_lo * static_cast<float>(s1) + p.f[1] * xs.d_hi * static_cast<float>(s2) -
+         p.f[2] * xs.s_lo - p.f[3] * xs.s_hi;
+}
+// IQ4_XS / IQ3_S: one factor a run (f[0] for a, f[1] for b) times the pair of scaled sums.
+__device__ __forceinline__ float scaled_pair_dot(const Prepared& p, const XUnit& x, const XScales& xs) {
+  const int s1 = dot16(x.a0, x.a1, p.a), s2 = dot16(x.b0, x.b1, p.b);
+  return p.f[0] * (xs.d_lo * static_cast<float>(s1) + xs.d_hi * static_cast<float>(s2));
 }
 
 // Per type: the superblock's bytes, units in flight per lane (fewer where a unit's weights take 8
 // registers), which unit's run (a: high 0, b: high 1) holds piece p (columns 16p..) of a superblock,
-// the weights a lane requests for a unit (W, load) and their product (dot).
+// the weights a lane requests for a unit (W, load), what they are for the products (prep) and one
+// token's product (dot).
 template <int T> struct Reader;
 
 template <> struct Reader<qd::kQ4_K> {
@@ -118,14 +141,18 @@ template <> struct Reader<qd::kQ4_K> {
   __device__ static W load(const uint8_t* blk, uint32_t j) {
     return *reinterpret_cast<const uint4*>(blk + 16 + 32 * (j >> 1) + 16 * (j & 1));
   }
-  __device__ static float dot(const uint8_t* blk, uint32_t j, const W& w, const XUnit& x, const XScales& xs,
-                              const uint32_t*, const Tables&) {
-    const int lo[4] = {static_cast<int>(w.x & 0x0f0f0f0fu), static_cast<int>(w.y & 0x0f0f0f0fu),
-                       static_cast<int>(w.z & 0x0f0f0f0fu), static_cast<int>(w.w & 0x0f0f0f0fu)};
-    const int hi[4] = {static_cast<int>((w.x >> 4) & 0x0f0f0f0fu), static_cast<int>((w.y >> 4) & 0x0f0f0f0fu),
-                       static_cast<int>((w.z >> 4) & 0x0f0f0f0fu), static_cast<int>((w.w >> 4) & 0x0f0f0f0fu)};
-    return k4_dot(blk, j >> 1, lo, hi, x, xs);
+  __device__ static Prepared prep(const uint8_t* blk, uint32_t j, const W& w, const uint32_t*, const Tables&) {
+    Prepared p;
+    const uint32_t q[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      p.a[i] = static_cast<int>(q[i] & 0x0f0f0f0fu);
+      p.b[i] = static_cast<int>((q[i] >> 4) & 0x0f0f0f0fu);
+    }
+    k4_factors(blk, j >> 1, p);
+    return p;
   }
+  __device__ static float dot(const Prepared& p, const XUnit& x, const XScales& xs) { return k4_dot(p, x, xs); }
 };
 
 // Q5_K: Q4_K's nibbles at byte 48, their fifth bits in qh (byte 16): bit 2c of qh[16h + l] for
@@ -140,18 +167,19 @@ template <> struct Reader<qd::kQ5_K> {
     return {*reinterpret_cast<const uint4*>(blk + 48 + 32 * (j >> 1) + 16 * (j & 1)),
             *reinterpret_cast<const uint4*>(blk + 16 + 16 * (j & 1))};
   }
-  __device__ static float dot(const uint8_t* blk, uint32_t j, const W& w, const XUnit& x, const XScales& xs,
-                              const uint32_t*, const Tables&) {
+  __device__ static Prepared prep(const uint8_t* blk, uint32_t j, const W& w, const uint32_t*, const Tables&) {
     const uint32_t c = j >> 1;
     const uint32_t q[4] = {w.q.x, w.q.y, w.q.z, w.q.w}, h[4] = {w.h.x, w.h.y, w.h.z, w.h.w};
-    int lo[4], hi[4];
+    Prepared p;
+    k4_factors(blk, c, p);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      lo[i] = static_cast<int>((q[i] & 0x0f0f0f0fu) | (((h[i] >> (2 * c)) & 0x01010101u) << 4));
-      hi[i] = static_cast<int>(((q[i] >> 4) & 0x0f0f0f0fu) | (((h[i] >> (2 * c + 1)) & 0x01010101u) << 4));
+      p.a[i] = static_cast<int>((q[i] & 0x0f0f0f0fu) | (((h[i] >> (2 * c)) & 0x01010101u) << 4));
+      p.b[i] = static_cast<int>(((q[i] >> 4) & 0x0f0f0f0fu) | (((h[i] >> (2 * c + 1)) & 0x01010101u) << 4));
     }
-    return k4_dot(blk, c, lo, hi, x, xs);
+    return p;
   }
+  __device__ static float dot(const Prepared& p, const XUnit& x, const XScales& xs) { return k4_dot(p, x, xs); }
 };
 
 // Q6_K: unit j = 4n + 2m + h holds columns 128n + 32m + 16h (run a: low nibbles of ql[64n + 32m +
@@ -177,25 +205,29 @@ template <> struct Reader<qd::kQ6_K> {
     }
     return w;
   }
-  __device__ static float dot(const uint8_t* blk, uint32_t j, const W& w, const XUnit& x, const XScales& xs,
-                              const uint32_t*, const Tables&) {
+  // f: d times the scales of runs a and b.
+  __device__ static Prepared prep(const uint8_t* blk, uint32_t j, const W& w, const uint32_t*, const Tables&) {
     const uint32_t m = (j >> 1) & 1;
-    int lo[4], hi[4];
+    Prepared p;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       // q - 32 bytewise: 6-bit values, so the wrapped bytes read as signed int8 are exact.
-      lo[i] = static_cast<int>(
+      p.a[i] = static_cast<int>(
           __vsub4((w.l[i] & 0x0f0f0f0fu) | (((w.h[i] >> (2 * m)) & 0x03030303u) << 4), 0x20202020u));
-      hi[i] = static_cast<int>(
+      p.b[i] = static_cast<int>(
           __vsub4(((w.l[i] >> 4) & 0x0f0f0f0fu) | (((w.h[i] >> (4 + 2 * m)) & 0x03030303u) << 4), 0x20202020u));
     }
     // One scale a 16 columns: run a is piece 8n + 2m + h, run b four pieces on.
     const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
     const uint32_t pa = 8 * (j >> 2) + (j & 3);
     const float d = qd::h2f(qd::ld_u16(blk + 208));
-    const int s1 = dot16(x.a0, x.a1, lo), s2 = dot16(x.b0, x.b1, hi);
-    return d * static_cast<float>(sc[pa]) * xs.d_lo * static_cast<float>(s1) +
-           d * static_cast<float>(sc[pa + 4]) * xs.d_hi * static_cast<float>(s2);
+    p.f[0] = d * static_cast<float>(sc[pa]);
+    p.f[1] = d * static_cast<float>(sc[pa + 4]);
+    return p;
+  }
+  __device__ static float dot(const Prepared& p, const XUnit& x, const XScales& xs) {
+    const int s1 = dot16(x.a0, x.a1, p.a), s2 = dot16(x.b0, x.b1, p.b);
+    return p.f[0] * xs.d_lo * static_cast<float>(s1) + p.f[1] * xs.d_hi * static_cast<float>(s2);
   }
 };
 
@@ -222,20 +254,22 @@ template <> struct Reader<qd::kIQ4_XS> {
     const uint32_t high = ((idx >> 3) & 0x01010101u) * 0xffu;
     return static_cast<int>((lo & ~high) | (hi & high));
   }
-  __device__ static float dot(const uint8_t* blk, uint32_t j, const W& w, const XUnit& x, const XScales& xs,
-                              const uint32_t*, const Tables& t) {
+  // f[0]: the unit's scale.
+  __device__ static Prepared prep(const uint8_t* blk, uint32_t j, const W& w, const uint32_t*, const Tables& t) {
     const uint32_t q[4] = {w.x, w.y, w.z, w.w};
-    int lo[4], hi[4];
+    Prepared p;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      lo[i] = levels(q[i] & 0x0f0f0f0fu, t);
-      hi[i] = levels((q[i] >> 4) & 0x0f0f0f0fu, t);
+      p.a[i] = levels(q[i] & 0x0f0f0f0fu, t);
+      p.b[i] = levels((q[i] >> 4) & 0x0f0f0f0fu, t);
     }
     const uint32_t scales_h = qd::ld_u16(blk + 2);
     const int ls = ((blk[4 + j / 2] >> (4 * (j % 2))) & 0xf) | (((scales_h >> (2 * j)) & 3) << 4);
-    const float dl = qd::h2f(qd::ld_u16(blk)) * static_cast<float>(ls - 32);
-    const int s1 = dot16(x.a0, x.a1, lo), s2 = dot16(x.b0, x.b1, hi);
-    return dl * (xs.d_lo * static_cast<float>(s1) + xs.d_hi * static_cast<float>(s2));
+    p.f[0] = qd::h2f(qd::ld_u16(blk)) * static_cast<float>(ls - 32);
+    return p;
+  }
+  __device__ static float dot(const Prepared& p, const XUnit& x, const XScales& xs) {
+    return scaled_pair_dot(p, x, xs);
   }
 };
 
@@ -252,8 +286,8 @@ template <> struct Reader<qd::kIQ3_S> {
     return {qd::ld_u32_a2(blk + 2 + 8 * j), qd::ld_u32_a2(blk + 6 + 8 * j), qd::ld_u32_a2(blk + 74 + 4 * j),
             blk[66 + j]};
   }
-  __device__ static float dot(const uint8_t* blk, uint32_t j, const W& w, const XUnit& x, const XScales& xs,
-                              const uint32_t* grid, const Tables&) {
+  // f[0]: the unit's scale.
+  __device__ static Prepared prep(const uint8_t* blk, uint32_t j, const W& w, const uint32_t* grid, const Tables&) {
     int v[8];
 #pragma unroll
     for (int g = 0; g < 8; ++g) {
@@ -264,10 +298,17 @@ template <> struct Reader<qd::kIQ3_S> {
       const uint32_t neg = ((((w.signs >> (4 * g)) & 0xf) * 0x00204081u) & 0x01010101u) * 0xffu;
       v[g] = static_cast<int>(__vsub4(entry ^ neg, neg));
     }
-    const int a[4] = {v[0], v[1], v[2], v[3]}, b[4] = {v[4], v[5], v[6], v[7]};
-    const float db = qd::h2f(qd::ld_u16(blk)) * static_cast<float>(1 + 2 * ((blk[106 + j / 2] >> (4 * (j % 2))) & 0xf));
-    const int s1 = dot16(x.a0, x.a1, a), s2 = dot16(x.b0, x.b1, b);
-    return db * (xs.d_lo * static_cast<float>(s1) + xs.d_hi * static_cast<float>(s2));
+    Prepared p;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      p.a[i] = v[i];
+      p.b[i] = v[4 + i];
+    }
+    p.f[0] = qd::h2f(qd::ld_u16(blk)) * static_cast<float>(1 + 2 * ((blk[106 + j / 2] >> (4 * (j % 2))) & 0xf));
+    return p;
+  }
+  __device__ static float dot(const Prepared& p, const XUnit& x, const XScales& xs) {
+    return scaled_pair_dot(p, x, xs);
   }
 };
 
@@ -278,17 +319,33 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
   extern __shared__ __align__(16) unsigned char smem_all[];
   const uint32_t* grid = reinterpret_cast<const uint32_t*>(smem_all);
   unsigned char* smem = smem_all + (T == qd::kIQ3_S ? kGridBytes : 0);
-  const uint32_t K = a.w.cols, units = K / 32, ntok = a.tokens;
+  // Groups named on the device (MatvecArgs::group_count, 2 tokens or more: the 1-token kernel
+  // keeps its registers) share the launch's blocks by blockIdx.x: block b works on group b % G as
+  // its (b / G)-th block of nb.
+  uint32_t g = blockIdx.y, bx = blockIdx.x, nb = gridDim.x, ntok = a.tokens;
+  const int32_t *tok_x = nullptr, *tok_y = nullptr;
+  if (NT > 1 && a.group_count != nullptr) {
+    const uint32_t groups = min(static_cast<uint32_t>(max(*a.group_count, 0)), a.groups);
+    if (groups == 0) return;
+    g = blockIdx.x % groups;
+    bx = blockIdx.x / groups;
+    nb = gridDim.x / groups + (g < gridDim.x % groups ? 1 : 0);
+    ntok = min(static_cast<uint32_t>(max(a.tok_count[g], 0)), a.tokens);
+    if (ntok == 0) return;
+    tok_x = a.tok_x + static_cast<size_t>(g) * a.tokens;
+    tok_y = a.tok_y + static_cast<size_t>(g) * a.tokens;
+  }
+  if (a.skip_negative_index && a.w_group_index[g] < 0) return;
+  const uint32_t K = a.w.cols, units = K / 32;
   const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const uint32_t g = blockIdx.y;
 
   // A row's units (32 weights each) are spread over `lpr` lanes; narrow rows share a warp. A warp's
   // work is a list of items: chunks of up to kChunk units per lane, row after row.
   const uint32_t lpr = lanes_per_row(units);
   const uint32_t sub = lane / lpr, sl = lane % lpr, rows_per_warp = 32 / lpr;
   const uint32_t chunks = (units + kChunk * lpr - 1) / (kChunk * lpr);
-  const uint32_t first_row = (blockIdx.x * kWarps + warp) * rows_per_warp;
-  const uint32_t stride = gridDim.x * kWarps * rows_per_warp;
+  const uint32_t first_row = (bx * kWarps + warp) * rows_per_warp;
+  const uint32_t stride = nb * kWarps * rows_per_warp;
   const MatvecPartView view = matvec_part_view(a, g);
   const uint8_t* wbase = view.w;
   float* y = view.y;
@@ -324,7 +381,7 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
     float v[16];
     float amax = 0.0f, sum = 0.0f;
     if (valid) {
-      const size_t at = t * a.x_tok_stride + 16 * p;
+      const size_t at = static_cast<size_t>(tok_x != nullptr ? tok_x[t] : t) * a.x_tok_stride + 16 * p;
       const float4* src = reinterpret_cast<const float4*>(view.x + at);
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
@@ -387,12 +444,13 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
       for (uint32_t i = 0; i < kChunk; ++i) {
         const uint32_t u = u0 + i * lpr;
         if (u >= units) break;
-        const uint8_t* blk = wrow + R::kBlockBytes * (u >> 3);
+        // The unit's weights are made ready once; each token then costs its two dot16 and scaling.
+        const Prepared p = R::prep(wrow + R::kBlockBytes * (u >> 3), u & 7, q[i], grid, tables);
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
           if (t < static_cast<int>(ntok)) {
             const unsigned char* slot = smem + (static_cast<size_t>(t) * units + u) * kUnitBytes;
-            acc[t] += R::dot(blk, u & 7, q[i], load_x_unit(slot), load_x_scales(slot), grid, tables);
+            acc[t] += R::dot(p, load_x_unit(slot), load_x_scales(slot));
           }
         }
       }
@@ -406,7 +464,8 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
       for (uint32_t o = lpr / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
       acc[t] = 0.0f;
       if (row < view.rows && sl == 0 && t < static_cast<int>(ntok)) {
-        y[static_cast<size_t>(g) * a.y_group_stride + row + t * view.y_tok_stride] = s;
+        const size_t yt = tok_y != nullptr ? static_cast<size_t>(tok_y[t]) : static_cast<size_t>(t);
+        y[static_cast<size_t>(g) * a.y_group_stride + row + yt * view.y_tok_stride] = s;
       }
     }
   }
@@ -418,21 +477,52 @@ bool int16_type(model::GgmlType t) {
          t == GgmlType::IQ3_S;
 }
 
-template <int T>
-void launch(const MatvecArgs& a, const Tables& tables, cudaStream_t stream) {
-  const uint32_t nt = padded_tokens(a.tokens);
-  const size_t smem = smem_bytes(a.w.type, nt, a.w.cols);
+// Blocks of a kernel an SM holds at `smem` bytes, asked once per device and size: where shared
+// memory rather than the launch bounds limits them (V100's 96 KiB at 2-4 tokens of 4,096 columns),
+// a grid of blocks_per_sm() a multiprocessor would run a second, partial wave. A decode graph's
+// capture finds them asked already, by the eager step of its shape before it.
+template <int T, int NT>
+uint32_t resident_per_sm(size_t smem) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, size_t>, uint32_t> cache;
+  int dev = 0;
+  FERRY_CUDA(cudaGetDevice(&dev));
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto [it, fresh] = cache.try_emplace({dev, smem}, 0);
+  if (fresh) {
+    int n = 0;
+    FERRY_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, int16_kernel<T, NT>, kWarps * 32, smem));
+    it->second = static_cast<uint32_t>(std::max(n, 1));
+  }
+  return it->second;
+}
+
+template <int T, int NT>
+void launch_tokens(const MatvecArgs& a, const Tables& tables, cudaStream_t stream) {
+  const size_t smem = smem_bytes(a.w.type, NT, a.w.cols);
   const uint32_t rows_per_block = kWarps * (32 / lanes_per_row(a.w.cols / 32));
   // Enough blocks to fill the device once; each block quantizes its input once and loops over rows.
   const uint32_t wanted = (matvec_max_rows(a) + rows_per_block - 1) / rows_per_block;
-  const uint32_t fill =
-      std::max<uint32_t>(1, static_cast<uint32_t>(current_sm_count() * blocks_per_sm(nt)) / (a.groups * a.parts));
-  const dim3 grid(std::min(wanted, fill), a.groups, a.parts);
-  switch (nt) {
-    case 1: int16_kernel<T, 1><<<grid, kWarps * 32, smem, stream>>>(a, tables); break;
-    case 2: int16_kernel<T, 2><<<grid, kWarps * 32, smem, stream>>>(a, tables); break;
-    case 4: int16_kernel<T, 4><<<grid, kWarps * 32, smem, stream>>>(a, tables); break;
-    default: int16_kernel<T, 8><<<grid, kWarps * 32, smem, stream>>>(a, tables); break;
+  const uint32_t resident = static_cast<uint32_t>(current_sm_count()) * resident_per_sm<T, NT>(smem);
+  dim3 grid;
+  if (a.group_count != nullptr) {
+    // Groups named on the device share the blocks of one dimension: at least one block a group.
+    const uint32_t all = std::max<uint32_t>(1, resident / a.parts);
+    grid = dim3(std::max(a.groups, std::min(wanted * a.groups, all)), 1, a.parts);
+  } else {
+    const uint32_t fill = std::max<uint32_t>(1, resident / (a.groups * a.parts));
+    grid = dim3(std::min(wanted, fill), a.groups, a.parts);
+  }
+  int16_kernel<T, NT><<<grid, kWarps * 32, smem, stream>>>(a, tables);
+}
+
+template <int T>
+void launch(const MatvecArgs& a, const Tables& tables, cudaStream_t stream) {
+  switch (padded_tokens(a.tokens)) {
+    case 1: launch_tokens<T, 1>(a, tables, stream); break;
+    case 2: launch_tokens<T, 2>(a, tables, stream); break;
+    case 4: launch_tokens<T, 4>(a, tables, stream); break;
+    default: launch_tokens<T, 8>(a, tables, stream); break;
   }
 }
 

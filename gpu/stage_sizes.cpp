@@ -85,7 +85,11 @@ uint64_t stage_workspace_bytes(const model::Glm5Hparams& hp, model::LayerRange l
   }
   const uint64_t ffn_rows = std::max<uint64_t>({hp.dense_ffn, S, any_moe ? k * I : 0});
   b += 4 * 2 * M * ffn_rows;
-  if (any_moe) b += 4 * M * (E + 2 * k + 2 * k * D + D + 2 * k);
+  if (any_moe) {
+    b += 4 * M * (E + 2 * k + 2 * k * D + D + 2 * k);
+    const uint64_t decode_rows = std::min<uint64_t>(M, 8);  // a decode step's shared experts
+    b += 4 * (1 + decode_rows * k * (3 + 2 * 8));          // (gpu/moe_decode.hpp's shared_route_ints)
+  }
   const uint64_t max_cols = std::max<uint64_t>({D, C, nh * hp.v_head_dim, uint64_t{hp.dense_ffn}, I,
                                                 uint64_t{hp.q_lora_rank}, kvlr, uint64_t{hp.qk_nope_head_dim}, H * D});
   b += 2 * 2 * M * max_cols + 2 * 2 * (uint64_t{32} << 20);  // fp16 staging of the prefill GEMMs

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "gpu/moe_decode.hpp"
 #include "model/glm5/glm5_tensors.hpp"
 
 namespace ferry::gpu {
@@ -70,6 +71,8 @@ Workspace::Workspace(const model::Glm5Hparams& hp, model::LayerRange layers, uin
     where = alloc<int32_t>(M * d.k);
     expert_offsets = alloc<uint32_t>(d.E + 1);
     expert_tiles = alloc<uint32_t>(d.E + 1);
+    const uint32_t decode_rows = std::min<uint32_t>(rows, kMaxMatvecTokens);
+    shared_routes = alloc<int32_t>(shared_route_ints(decode_rows * d.k, kMaxMatvecTokens));
   }
   const size_t max_cols = std::max<size_t>({d.D, d.C, size_t{d.nh} * d.vd, d.F, d.I, d.qlr, d.kvlr, d.nope,
                                             size_t{d.H} * d.D});

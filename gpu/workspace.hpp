@@ -50,6 +50,7 @@ struct Workspace {
   float *eg = nullptr, *eu = nullptr, *rlogits = nullptr, *rweights = nullptr, *eo = nullptr, *sh = nullptr;
   int32_t *rids = nullptr, *gather_idx = nullptr, *where = nullptr;
   uint32_t *expert_offsets = nullptr, *expert_tiles = nullptr;  // a prefill's routes grouped by expert (RouteSort)
+  int32_t* shared_routes = nullptr;  // a decode step's experts that several rows chose (gpu/moe_decode.hpp)
   // fp16 staging of the prefill GEMMs: activations, and dequantised weights in row chunks
   void *xh = nullptr, *xl = nullptr, *wh = nullptr, *wl = nullptr;
   size_t wh_elems = 0;

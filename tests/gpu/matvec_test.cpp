@@ -224,6 +224,58 @@ TEST_P(MatvecTest, RowsOfOneLaunchGiveTheOneRowProducts) {
   }
 }
 
+// On the int16 path the rows of one launch have the 1-row kernel's bits exactly (a unit's weights are
+// made ready once for all tokens, then each token's product is the 1-row expression): rows of 8, 16
+// and 32 lanes, row counts off the blocks' multiples, every token count that fits shared memory.
+TEST_P(MatvecTest, Int16RowsOfOneLaunchHaveTheOneRowBits) {
+  const GgmlType type = GetParam();
+  if (!int16_type(type)) GTEST_SKIP() << "not an int16-path type";
+  std::mt19937 rng(41);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  for (const size_t cols : {256u, 512u, 4096u}) {
+    const size_t rows = 301;
+    const auto data = random_rows(type, rows, cols, rng);
+    Uploaded u = upload(type, data, rows, cols);
+    for (uint32_t tokens = 2; tokens <= kMaxMatvecTokens; ++tokens) {
+      std::vector<float> x(tokens * cols);
+      for (float& v : x) v = n(rng);
+      DeviceBuffer dx(x.size() * 4), dy(tokens * rows * 4), d1(tokens * rows * 4);
+      ASSERT_EQ(cudaMemcpy(dx.get(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(cudaMemset(dy.get(), 0xff, tokens * rows * 4), cudaSuccess);  // NaN
+      ASSERT_EQ(cudaMemset(d1.get(), 0xff, tokens * rows * 4), cudaSuccess);
+      MatvecArgs a;
+      a.w = u.m;
+      a.x = dx.as<float>();
+      a.x_tok_stride = cols;
+      a.y = dy.as<float>();
+      a.y_tok_stride = rows;
+      a.tokens = tokens;
+      if (!matvec_quantizes_activations(a)) continue;  // x no longer fits shared memory
+      matvec(a, nullptr);
+      for (uint32_t t = 0; t < tokens; ++t) {
+        MatvecArgs one = a;
+        one.x = dx.as<float>() + t * cols;
+        one.y = d1.as<float>() + t * rows;
+        one.tokens = 1;
+        ASSERT_TRUE(matvec_quantizes_activations(one));
+        matvec(one, nullptr);
+      }
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::vector<float> y(tokens * rows), y1(tokens * rows);
+      ASSERT_EQ(cudaMemcpy(y.data(), dy.get(), y.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(y1.data(), d1.get(), y1.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      for (size_t i = 0; i < y.size(); ++i) {
+        ASSERT_FALSE(std::isnan(y1[i])) << "row " << i % rows << " not written";
+        uint32_t b, b1;
+        std::memcpy(&b, &y[i], 4);
+        std::memcpy(&b1, &y1[i], 4);
+        ASSERT_EQ(b, b1) << cols << " cols, token " << i / rows << " row " << i % rows << " of " << tokens << ": "
+                         << y[i] << " vs " << y1[i];
+      }
+    }
+  }
+}
+
 TEST_P(MatvecTest, DequantisersMatchTheCpuReference) {
   const GgmlType type = GetParam();
   std::mt19937 rng(7 + static_cast<int>(type));
