@@ -65,8 +65,8 @@ ServeCli::ServeCli(CLI::App& cmd) : cmd_(cmd) {
       ->capture_default_str();
   add("slots", "kv-resident", c.slots.kv_resident,
       "CUDA: DSA latent rows per layer and slot kept on the device; a longer context keeps the rest in pinned host "
-      "memory (0: the whole context on the device)")
-      ->capture_default_str();
+      "memory (0: the whole context on the device; default: the whole context when every slot's rows fit beside "
+      "the weights, experts and the rest of the memory plan, else 32768)");
   add("slots", "kv-host-budget", c.slots.kv_host_budget_gib,
       "GiB of host RAM the host KV tier may take (0: what slots x ctx need, counted against --ram-floor)")
       ->capture_default_str();

@@ -54,7 +54,9 @@ struct SlotsConfig {
   uint32_t count = 3;             // concurrent requests
   uint32_t ctx = 524288;          // tokens per slot: prompt + completion
   std::string kv_type = "auto";   // DSA latent rows: f32, f16, int8, or auto (int8 on CUDA, f32 on the CPU)
-  uint32_t kv_resident = 32768;   // CUDA: latent rows per DSA layer and slot on the device (0: the whole context)
+  // CUDA: latent rows per DSA layer and slot on the device (0: the whole context); unset: the memory
+  // plan's choice (every row when they fit beside the rest, else a window of 32,768).
+  std::optional<uint32_t> kv_resident;
   double kv_host_budget_gib = 0;  // host RAM for the host KV tier past the window (0: its need, within the RAM floor)
   uint32_t prefill_chunk = 4096;  // prompt tokens per step, at most one chunk per step
   uint32_t queue_limit = 64;      // requests waiting for a slot before 429

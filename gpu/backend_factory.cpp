@@ -142,7 +142,7 @@ Expected<OpenedModel> cuda_pipeline(const BackendOptions& o, const Source& src, 
     c.max_slots = o.max_slots;
     c.max_context = context_for(o, hp.context_length);
     c.kv.latent = o.kv_type.value_or(default_kv_type("cuda"));
-    c.kv_resident = o.kv_resident;
+    c.kv_resident = opened.plan.kv_resident;
     c.max_step_rows = step_rows_for(o, hp);
     c.graphs = o.graphs;
     c.mtp = o.mtp;

@@ -39,8 +39,9 @@ struct BackendOptions {
   uint32_t verify_rows = 0;       // with mtp, and a model with an MTP block: rows a step's verify sets add
   uint64_t checkpoint_bytes = 0;  // host RAM the prefix cache may take (--checkpoint-budget)
   // CUDA: latent rows per DSA layer and slot kept on the device (--kv-resident); a longer context keeps
-  // the rest in a pinned host tier (gpu/kv_window.hpp). 0: the whole context on the device.
-  uint32_t kv_resident = 32768;
+  // the rest in a pinned host tier (gpu/kv_window.hpp). 0: the whole context on the device; unset:
+  // the memory plan chooses (every row when they fit, else gpu::kDefaultKvResident).
+  std::optional<uint32_t> kv_resident;
   std::optional<uint64_t> kv_host_budget;  // --kv-host-budget; unset: what the tier needs, within the RAM floor
 };
 

@@ -52,6 +52,7 @@ struct CudaStage::Impl {
   DecodeGraphs graphs;
   OpTimes op_times;
   bool time_ops = false;
+  StepTrace* trace = nullptr;
   std::shared_ptr<HandoffLink> in, out;  // from the stage before, to the stage after
   Event computed{false}, sent{false};    // this step's layers done; its hand-off copy done
   Event copy_begin, copy_end;            // times the last hand-off copy
@@ -280,9 +281,10 @@ Expected<model::StageOutput> CudaStage::Impl::run(const std::vector<model::SlotR
   const StepGeometry g = input->stage(rows, last(), last() ? work->logit_rows : 1, s());
   const int32_t* tokens = first() ? input->tokens() : nullptr;
   model::StageOutput output;
-  const bool graphable = window_graphable && input->decode_only() && g.rows <= kMaxMatvecTokens &&
+  const bool graphable = trace == nullptr && window_graphable && input->decode_only() && g.rows <= kMaxMatvecTokens &&
                          (!last() || (input->logit_list().size() == g.rows && g.rows <= work->logit_rows));
-  runner->set_op_times(nullptr);  // a step that threw may have left its timer attached
+  runner->set_op_times(nullptr);  // a step that threw may have left its timer (and trace) attached
+  runner->set_trace(nullptr);
   if (graphable) {
     graphs.run(DecodeGraphs::shape(g.rows, g.segments, g.max_seg_rows, windowed), s(), [&] {
       runner->forward(layers, g, tokens);
@@ -293,7 +295,9 @@ Expected<model::StageOutput> CudaStage::Impl::run(const std::vector<model::SlotR
     OpTimes* times = time_ops ? &op_times : nullptr;
     if (times != nullptr) times->begin(s());
     runner->set_op_times(times);
+    runner->set_trace(trace);
     runner->forward(layers, g, tokens);
+    runner->set_trace(nullptr);
     if (last()) output.results = head->results(rows, *input);
     runner->set_op_times(nullptr);
     if (times != nullptr) {
@@ -432,6 +436,7 @@ void CudaStage::record_mtp_logits(bool on) {
   if (impl_->mtp) impl_->mtp->record_logits(on);
 }
 void CudaStage::time_ops(bool on) { impl_->time_ops = on; }
+void CudaStage::trace_steps(StepTrace* trace) { impl_->trace = trace; }
 OpTimeTotals CudaStage::take_op_times() { return impl_->op_times.take(); }
 size_t CudaStage::mtp_graphs() const { return impl_->mtp ? impl_->mtp->graphs() : 0; }
 std::vector<float> CudaStage::take_mtp_logits() { return impl_->mtp ? impl_->mtp->take_logits() : std::vector<float>{}; }

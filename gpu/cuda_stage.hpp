@@ -54,6 +54,8 @@ struct DeviceMemoryReport {
   uint64_t peak_bytes = 0;    // the device's used memory at its highest seen (cudaMemGetInfo)
 };
 
+struct StepTrace;  // gpu/step_trace.hpp
+
 class CudaStage final : public model::Stage {
  public:
   // Both return out_of_memory, unsupported (a weight type or shape the kernels cannot run) or a
@@ -89,6 +91,9 @@ class CudaStage final : public model::Stage {
   // take_op_times() hands over the totals since the last call.
   void time_ops(bool on);
   OpTimeTotals take_op_times();
+  // Every step from now on runs eagerly and appends its DSA selections and MoE routes to `trace`
+  // (tests against the CPU's choices); null: graphs again, nothing recorded.
+  void trace_steps(StepTrace* trace);
   // CUDA graphs the MTP block's pass and drafting replay from (0 without the block or graphs).
   size_t mtp_graphs() const;
   // Prefill past the resident window (gpu/prefill_gather.hpp; all 0 without one): attention launches

@@ -242,6 +242,7 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
     indexer_pool_keys(ia, s_);
     indexer_select(ia, s_);
     mark(OpGroup::indexer_select);
+    if (trace_ != nullptr) trace_->add_selection(l.index, ia.tokens, ia.counts, n, ia.max_tokens, s_);
   }
   mm_grouped(l.m(T::attn_k_b), z.nh, w_.q, static_cast<size_t>(z.nh) * z.nope, z.nope, n, w_.q_lat,
              static_cast<size_t>(z.nh) * z.kvlr, z.kvlr);
@@ -311,6 +312,7 @@ void LayerRunner::moe_layer(const StepGeometry& g, const DevLayer& l, bool uploa
   ra.weights = w_.rweights;
   moe_route(ra, s_);
   mark(OpGroup::moe_router);
+  if (trace_ != nullptr) trace_->add_routes(l.index, ra.ids, n, ra.k, s_);
   const bool shared = !l.m(T::ffn_gate_shexp).empty();
   if (shared) {
     dense_ffn(l.m(T::ffn_gate_shexp), l.m(T::ffn_up_shexp), l.m(T::ffn_down_shexp), n, w_.sh);

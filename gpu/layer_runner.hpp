@@ -13,6 +13,7 @@
 #include "gpu/stage_experts.hpp"
 #include "gpu/stage_state.hpp"
 #include "gpu/step_input.hpp"
+#include "gpu/step_trace.hpp"
 #include "gpu/workspace.hpp"
 
 namespace ferry::gpu {
@@ -33,6 +34,8 @@ class LayerRunner {
   void plain_block(const StepGeometry& g, uint32_t il, float* h);
   // Marks the end of each op group on `t` from now on (eager steps only: gpu/op_times.hpp); null: none.
   void set_op_times(OpTimes* t) { times_ = t; }
+  // Appends each DSA selection and MoE route made from now on to `t` (eager steps only); null: none.
+  void set_trace(StepTrace* t) { trace_ = t; }
 
  private:
   void mm_grouped(const DevMatrix& m, uint32_t groups, const float* x, size_t ldx, size_t xg, uint32_t n, float* y,
@@ -66,6 +69,7 @@ class LayerRunner {
   blas::Handle cublas_;
   cudaStream_t s_;
   OpTimes* times_ = nullptr;
+  StepTrace* trace_ = nullptr;
 };
 
 }  // namespace ferry::gpu

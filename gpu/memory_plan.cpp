@@ -27,12 +27,15 @@ bool MemoryPlan::tiered() const {
   return std::any_of(stages.begin(), stages.end(), [](const StagePlan& s) { return !s.resident; });
 }
 
-MemoryPlan plan_memory(const PlanInput& in) {
+namespace {
+
+// The plan with `kv_resident` rows per DSA layer and slot on the device.
+MemoryPlan plan_with(const PlanInput& in, uint32_t kv_resident) {
   const model::Glm5Hparams& hp = in.hparams;
   const config::MemoryConfig& b = in.budgets;
   MemoryPlan plan;
   plan.kv_type = in.kv_type;
-  plan.kv_resident = in.kv_resident;
+  plan.kv_resident = kv_resident;
   plan.context = in.context;
   plan.slots = in.slots;
   plan.mtp_requested = in.mtp;
@@ -58,11 +61,11 @@ MemoryPlan plan_memory(const PlanInput& in) {
       }
     }
     plan.experts_total += s.moe_layers * hp.n_experts;
-    s.state_bytes = stage_state_bytes(hp, s.layers, in.slots, in.context, in.kv_type, in.kv_resident, in.step_rows);
+    s.state_bytes = stage_state_bytes(hp, s.layers, in.slots, in.context, in.kv_type, kv_resident, in.step_rows);
     s.kv_bytes = s.state_bytes - stage_state_bytes(hp, s.layers, in.slots, 0, in.kv_type);
-    s.host_kv_bytes = kv_host_tier_bytes(hp, s.layers, in.slots, in.context, in.kv_type, in.kv_resident);
+    s.host_kv_bytes = kv_host_tier_bytes(hp, s.layers, in.slots, in.context, in.kv_type, kv_resident);
     plan.host.kv_bytes += s.host_kv_bytes;
-    plan.kv_table_bytes += kv_window_table_bytes(hp, s.layers, in.slots, in.context, in.kv_resident);
+    plan.kv_table_bytes += kv_window_table_bytes(hp, s.layers, in.slots, in.context, kv_resident);
     s.workspace_bytes = stage_workspace_bytes(hp, s.layers, in.step_rows, in.context);
     s.inbox_bytes = first ? 0 : stage_inbox_bytes(hp, in.step_rows);
     if (in.mtp && plan.mtp_block) {
@@ -202,9 +205,57 @@ MemoryPlan plan_memory(const PlanInput& in) {
   return plan;
 }
 
+// Device bytes the plan gives a device's DSA rows beyond the windowed plan's, and what stops them.
+std::string short_of(const MemoryPlan& all, const MemoryPlan& windowed) {
+  for (size_t i = 0; i < all.devices.size() && i < windowed.devices.size(); ++i) {
+    const DevicePlan &a = all.devices[i], &w = windowed.devices[i];
+    if (a.experts == w.experts && a.dense + a.state + a.workspace + a.mtp + a.margin <= a.memory) continue;
+    const bool pooled = std::any_of(windowed.stages.begin(), windowed.stages.end(),
+                                    [&](const StagePlan& s) { return s.device == w.device && !s.resident; });
+    return "every slot's DSA rows at --ctx " + std::to_string(all.context) + " need " +
+           format_byte_size(a.state - w.state) + " more on device " + std::to_string(a.device) + ", which has " +
+           format_byte_size(w.free()) + " free after the weights, " +
+           (pooled ? "the expert pool" : "the experts") + " and the rest";
+  }
+  return all.problems.empty() ? std::string() : "with every row on the device: " + all.problems.front();
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const PlanInput& in) {
+  if (in.kv_resident) {
+    MemoryPlan p = plan_with(in, *in.kv_resident);
+    p.kv_resident_given = true;
+    p.kv_resident_why = "given";
+    return p;
+  }
+  MemoryPlan windowed = plan_with(in, kDefaultKvResident);
+  if (in.context <= kDefaultKvResident) {
+    windowed.kv_resident = 0;  // the same plan: the window holds the whole context
+    windowed.kv_resident_why = "chosen by the plan: --ctx " + std::to_string(in.context) + " is within the window";
+    return windowed;
+  }
+  MemoryPlan all = plan_with(in, 0);
+  const std::string why_not = short_of(all, windowed);
+  if (!why_not.empty()) {
+    windowed.kv_resident_why = "chosen by the plan: " + why_not;
+    return windowed;
+  }
+  uint64_t kv = 0;
+  for (const StagePlan& s : all.stages) kv += s.kv_bytes;
+  all.kv_resident_why = "chosen by the plan: every slot's DSA rows at --ctx " + std::to_string(in.context) + " (" +
+                        format_byte_size(kv) + ") fit on the devices beside the weights, the experts and the rest";
+  return all;
+}
+
+std::string kv_resident_line(const MemoryPlan& p) {
+  return "--kv-resident " + std::to_string(p.kv_resident) + (p.kv_resident == 0 ? " (every row on the device, " : " (") +
+         p.kv_resident_why + ")";
+}
+
 std::string format_plan(const MemoryPlan& p) {
   std::string out;
-  char line[512];
+  char line[1024];
   auto gib = [](uint64_t b) { return static_cast<double>(b) / 1073741824.0; };
   const bool mtp = p.mtp_requested && p.mtp_block;  // an MTP column only then: without it the table is as before
   out += mtp ? "| device | memory | dense | experts | state | workspace | MTP | margin | free |\n"
@@ -229,17 +280,19 @@ std::string format_plan(const MemoryPlan& p) {
   }
   if (p.host.kv_bytes > 0) {
     std::snprintf(line, sizeof line,
-                  "\nKV: latent rows %s; %u rows per DSA layer and slot resident on the device (--kv-resident), "
+                  "\nKV: latent rows %s; %u rows per DSA layer and slot resident on the device (--kv-resident, %s), "
                   "every slot's %u in the host KV tier: %.2f GiB pinned (%s); the indexer's pool keys stay on the device, "
                   "its per-token keys and gates in a ring of a step's rows, and the window's position tables (4 B a token "
                   "and DSA layer): %.2f GiB of state\n",
-                  std::string(config::kv_type_name(p.kv_type)).c_str(), p.kv_resident, p.context, gib(p.host.kv_bytes),
+                  std::string(config::kv_type_name(p.kv_type)).c_str(), p.kv_resident, p.kv_resident_why.c_str(),
+                  p.context, gib(p.host.kv_bytes),
                   p.host.kv_budget ? ("--kv-host-budget " + format_byte_size(*p.host.kv_budget)).c_str()
                                    : "no --kv-host-budget: counted against the RAM floor",
                   gib(p.kv_table_bytes));
   } else {
-    std::snprintf(line, sizeof line, "\nKV: latent rows %s, every slot's whole context on the device (in state)\n",
-                  std::string(config::kv_type_name(p.kv_type)).c_str());
+    std::snprintf(line, sizeof line,
+                  "\nKV: latent rows %s, every slot's whole context on the device (in state; --kv-resident %u, %s)\n",
+                  std::string(config::kv_type_name(p.kv_type)).c_str(), p.kv_resident, p.kv_resident_why.c_str());
   }
   out += line;
   std::snprintf(line, sizeof line,
@@ -296,7 +349,7 @@ std::string plan_json(const MemoryPlan& p) {
                         {"checkpoint_bytes", p.host.checkpoint_bytes}, {"kv_bytes", p.host.kv_bytes},
                         {"kv_budget", p.host.kv_budget ? bj::value(*p.host.kv_budget) : bj::value(nullptr)},
                         {"floor", p.host.floor}};
-  return bj::serialize(bj::object{{"kv_type", config::kv_type_name(p.kv_type)}, {"kv_resident", p.kv_resident}, {"kv_table_bytes", p.kv_table_bytes}, {"expert_slot_bytes", p.expert_slot_bytes}, {"experts_total", p.experts_total},
+  return bj::serialize(bj::object{{"kv_type", config::kv_type_name(p.kv_type)}, {"kv_resident", p.kv_resident}, {"kv_resident_given", p.kv_resident_given}, {"kv_resident_why", p.kv_resident_why}, {"kv_table_bytes", p.kv_table_bytes}, {"expert_slot_bytes", p.expert_slot_bytes}, {"experts_total", p.experts_total},
                                   {"mtp", bj::object{{"requested", p.mtp_requested}, {"block", p.mtp_block}}},
                                   {"devices", std::move(devices)}, {"stages", std::move(stages)},
                                   {"host", host}, {"problems", std::move(problems)}});

@@ -33,10 +33,15 @@ struct PlanInput {
   uint32_t slots = 1, context = 1, step_rows = 1;
   config::KvType kv_type = config::KvType::int8;  // the DSA latent rows on the device
   uint64_t checkpoint_bytes = 0;           // host RAM the prefix cache may take (--checkpoint-budget)
-  uint32_t kv_resident = 0;                // device latent rows per DSA layer and slot (0: the whole context)
+  // Device latent rows per DSA layer and slot (0: the whole context); unset: the plan chooses, every
+  // row when they fit (kv_resident_choice below), else kDefaultKvResident.
+  std::optional<uint32_t> kv_resident;
   std::optional<uint64_t> kv_host_budget;  // --kv-host-budget (unset: the tier's need, within the RAM floor)
   bool mtp = false;                        // --mtp on: the MTP block on the last stage, a verify keep on each
 };
+
+// The window of latent rows kept on the device when not every slot's whole context fits there.
+constexpr uint32_t kDefaultKvResident = 32768;
 
 struct StagePlan {
   model::LayerRange layers;
@@ -74,6 +79,8 @@ struct HostPlan {
 struct MemoryPlan {
   config::KvType kv_type = config::KvType::int8;
   uint32_t kv_resident = 0;        // 0 or >= context: every latent row on the device
+  bool kv_resident_given = false;  // --kv-resident N; else the plan chose it
+  std::string kv_resident_why;     // why this many (a phrase for the plan's KV line and the start log)
   uint32_t context = 0, slots = 0;
   uint64_t kv_table_bytes = 0;     // of the stages' state: the resident window's planner tables
   uint64_t expert_slot_bytes = 0;  // the largest expert (gate + up + down) of the model
@@ -88,7 +95,12 @@ struct MemoryPlan {
   bool tiered() const;  // some stage keeps its experts in a pool
 };
 
+// Without --kv-resident: every slot's DSA rows at --ctx on the device when, with them there, every
+// device still holds what the windowed plan gives it (weights, the same experts or pool, the rest)
+// and nothing else is short; else the window of kDefaultKvResident rows.
 MemoryPlan plan_memory(const PlanInput& input);
+// "--kv-resident N (why)": which was chosen and why, for a start log.
+std::string kv_resident_line(const MemoryPlan& plan);
 // A table for people, and JSON for scripts.
 std::string format_plan(const MemoryPlan& plan);
 std::string plan_json(const MemoryPlan& plan);

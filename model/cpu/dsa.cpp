@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <limits>
 #include <numeric>
 #include <stdexcept>
 #include <string>
@@ -55,6 +57,14 @@ void select_pools(std::span<const float> scores, size_t budget, std::vector<uint
     out.resize(budget);
     std::sort(out.begin(), out.end());
   }
+}
+
+// The budget-th best score minus the next one (scores.size() > budget).
+float cut_margin(std::vector<float> scores, size_t budget) {
+  std::nth_element(scores.begin(), scores.begin() + static_cast<ptrdiff_t>(budget), scores.end(), std::greater<>());
+  const float next = scores[budget];
+  const float last = *std::min_element(scores.begin(), scores.begin() + static_cast<ptrdiff_t>(budget));
+  return last - next;
 }
 
 void expand_selection(std::span<const uint32_t> pools, uint32_t pos, uint32_t kpool, bool select_tail,
@@ -137,6 +147,7 @@ void dsa_layer(const DsaConfig& c, const Glm5LayerWeights& w, const float* x, si
     selections.valid = true;
     selections.tokens.assign(tokens, {});
     selections.pools.assign(tokens, {});
+    selections.margins.assign(tokens, std::numeric_limits<float>::infinity());
   } else if (!selections.valid || selections.tokens.size() != tokens) {
     throw std::runtime_error("DSA layer " + std::to_string(w.index) +
                              " shares the indexer of an earlier layer, but no earlier layer of this step selected tokens");
@@ -168,6 +179,7 @@ void dsa_layer(const DsaConfig& c, const Glm5LayerWeights& w, const float* x, si
           }
         }
         select_pools(scores, budget, selections.pools[t]);
+        if (observer != nullptr && visible > budget) selections.margins[t] = cut_margin(scores, budget);
         expand_selection(selections.pools[t], pos, static_cast<uint32_t>(kp), c.select_tail, selections.tokens[t]);
       }
       const std::vector<uint32_t>& sel = selections.tokens[t];
@@ -198,7 +210,7 @@ void dsa_layer(const DsaConfig& c, const Glm5LayerWeights& w, const float* x, si
   if (observer != nullptr && *observer) {
     for (size_t t = 0; t < tokens; ++t) {
       const uint32_t pos = seg_of[t]->start + static_cast<uint32_t>(t - seg_of[t]->row0);
-      (*observer)(w.index, t, pos, selections.pools[t]);
+      (*observer)(w.index, t, pos, selections.pools[t], selections.margins[t]);
     }
   }
   matmul(w.attn_output, o.data(), tokens, y, pool);

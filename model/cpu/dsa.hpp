@@ -78,14 +78,18 @@ struct DsaSegment {
   DsaCache* cache = nullptr;
 };
 
-// Called once per query row, on the calling thread, with the pools it selected (evaluation).
-using SelectionObserver = std::function<void(uint32_t layer, size_t row, uint32_t pos, std::span<const uint32_t> pools)>;
+// Called once per query row, on the calling thread, with the pools it selected (evaluation) and the
+// cut's margin: the score of the last pool selected minus that of the best one left out (infinite
+// when every visible pool is selected; a shared layer's are its indexer layer's).
+using SelectionObserver =
+    std::function<void(uint32_t layer, size_t row, uint32_t pos, std::span<const uint32_t> pools, float margin)>;
 
 // Per-row selections handed from a full indexer layer to the "shared" DSA layers after it.
 struct DsaSelections {
   bool valid = false;
   std::vector<std::vector<uint32_t>> tokens;  // per row
   std::vector<std::vector<uint32_t>> pools;   // per row
+  std::vector<float> margins;                 // per row, with an observer (SelectionObserver's margin)
 };
 
 // The whole layer: x [tokens][D] (after the layer's input norm) -> y [tokens][D]. Appends the new

@@ -31,13 +31,18 @@ void Glm5Forward::embed(const WeightMatrix& table, std::span<const int32_t> toke
   }
 }
 
-void Glm5Forward::ffn(const Glm5LayerWeights& l, const float* x, size_t rows, float* y) {
+void Glm5Forward::ffn(const Glm5LayerWeights& l, const float* x, size_t rows, float* y, const RouteObserver* routes) {
   if (l.ffn == FfnKind::dense) {
     swiglu_ffn(l.ffn_gate, l.ffn_up, l.ffn_down, hp_.swiglu_limit, x, rows, y, pool_);
     return;
   }
   const MoeWeights mw{&l.router, l.router_bias.data(), &l.gate_exps, &l.up_exps, &l.down_exps,
                       &l.gate_shexp, &l.up_shexp, &l.down_shexp};
+  if (routes != nullptr) {  // the product moe_ffn makes next, the same bits
+    std::vector<float> logits(rows * hp_.n_experts);
+    matmul(l.router, x, rows, logits.data(), pool_);
+    (*routes)(l.index, logits);
+  }
   moe_ffn(router_, mw, hp_.swiglu_limit, hp_.hidden_size, x, rows, y, pool_,
           route_counts_.data() + size_t{l.index} * hp_.n_experts);
 }
@@ -106,7 +111,7 @@ void Glm5Forward::run_layers(LayerRange layers, std::span<const ForwardRows> req
     mhc_pre(mhc_, l.hc_ffn_fn, l.hc_ffn_base.data(), l.hc_ffn_scale.data(), streams, rows, D, u.data(), post.data(),
             comb.data(), pool_);
     for (size_t t = 0; t < rows; ++t) rms_norm(u.data() + t * D, l.ffn_norm.data(), D, hp_.rms_eps, x.data() + t * D);
-    ffn(l, x.data(), rows, y.data());
+    ffn(l, x.data(), rows, y.data(), opt.routes);
     mhc_post(mhc_, y.data(), post.data(), comb.data(), rows, D, streams, pool_);
   }
   for (const ForwardRows& r : requests) r.state->advance(static_cast<uint32_t>(r.tokens.size()));
@@ -150,7 +155,7 @@ void Glm5Forward::mtp_forward(SequenceState& state, const float* h, std::span<co
             opt.selections);
   for (size_t i = 0; i < rows * D; ++i) x[i] += y[i];
   for (size_t t = 0; t < rows; ++t) rms_norm(x.data() + t * D, l.ffn_norm.data(), D, hp_.rms_eps, xn.data() + t * D);
-  ffn(l, xn.data(), rows, y.data());
+  ffn(l, xn.data(), rows, y.data(), opt.routes);
   for (size_t i = 0; i < rows * D; ++i) x[i] += y[i];
   hidden.resize(rows * D);
   for (size_t t = 0; t < rows; ++t) rms_norm(x.data() + t * D, l.shared_head_norm.data(), D, hp_.rms_eps, hidden.data() + t * D);

@@ -3,6 +3,7 @@
 // mHC mixer), the final stream mean and norm, lm_head; and the MTP block. Several slots' rows run as
 // one batch: the projections and FFNs over all rows at once, KDA and DSA per slot on its own state.
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -22,8 +23,13 @@ struct ForwardRows {
   std::span<const int32_t> tokens;
 };
 
+// Called once per MoE layer of a step with the router's logits [rows][n_experts] (W x, before the
+// sigmoid), rows in request order (tests: the CPU's own margins between routing choices).
+using RouteObserver = std::function<void(uint32_t layer, std::span<const float> logits)>;
+
 struct ForwardOptions {
   const SelectionObserver* selections = nullptr;  // DSA pool choices, per layer and row
+  const RouteObserver* routes = nullptr;          // MoE router logits, per layer
 };
 
 class Glm5Forward {
@@ -61,7 +67,7 @@ class Glm5Forward {
 
  private:
   void embed(const WeightMatrix& table, std::span<const int32_t> tokens, float* out);
-  void ffn(const Glm5LayerWeights& l, const float* x, size_t rows, float* y);
+  void ffn(const Glm5LayerWeights& l, const float* x, size_t rows, float* y, const RouteObserver* routes);
 
   const Glm5Weights& w_;
   const Glm5Hparams& hp_;

@@ -70,7 +70,7 @@ TEST(ServeConfig, ConnectionLimitsAndReadDeadline) {
 
 TEST(ServeConfig, KvWindowAndHostBudgetDefaultsAndBounds) {
   ServeConfig c;
-  EXPECT_EQ(c.slots.kv_resident, 32768u);
+  EXPECT_FALSE(c.slots.kv_resident);  // the memory plan's choice
   EXPECT_EQ(c.slots.kv_host_budget_gib, 0.0);  // derived
   c.slots.kv_host_budget_gib = -1;
   const auto errors = validate(c);

@@ -1,7 +1,8 @@
 // The block-a-row MoE router (gpu/ops.cu moe_route) against the CPU's (model::route_token) on many
 // random score rows: continuous logits, rows with repeated logits (exact ties of the choice score),
 // and rows whose sigmoids are exact on both sides (0, 1/2, 1) with biases of a few exact values, so
-// that ties are everywhere, within and between groups. GLM's shape (288 experts, top 8, one group),
+// that ties are everywhere, within and between groups; rows whose best experts share one warp (the
+// candidates rule). GLM's shape (288 experts, top 8, one group),
 // DeepSeek's groups rule (256 in 8 groups, 4 kept) and the limits (1,024 experts, top 32, 64 groups).
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -25,7 +26,9 @@ namespace {
 
 using ferry::testing::have_device;
 
-enum class RowKind { continuous, repeated, exact };
+// one_warp: continuous rows whose k + 2 best experts all sit in one warp of 32 (the kernel's
+// candidates rule: that warp alone holds the top k, the other warps' top k must all rank after it).
+enum class RowKind { continuous, repeated, exact, one_warp };
 
 struct RouteRun {
   std::vector<int32_t> ids;
@@ -75,6 +78,10 @@ void check_router(const model::RouterConfig& c, RowKind kind, uint32_t rows, std
     }
     if (kind == RowKind::repeated) {
       for (uint32_t i = 0; i < E / 2; ++i) l[pick(rng)] = l[pick(rng)];
+    }
+    if (kind == RowKind::one_warp && E >= 32) {
+      const uint32_t w = std::uniform_int_distribution<uint32_t>(0, E / 32 - 1)(rng);
+      for (uint32_t i = 0; i < std::min(k + 2, 32u); ++i) l[w * 32 + i * 7 % 32] += 8.0f;  // 7 and 32: coprime
     }
   }
   const RouteRun got = route_on_device(c, logits, bias, rows);
@@ -126,7 +133,9 @@ TEST(MoeRoute, GlmShapeMatchesTheCpuRouter) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(288);
   const model::RouterConfig c = config(288, 8, 1, 1, true, 2.5f);
-  for (RowKind kind : {RowKind::continuous, RowKind::repeated, RowKind::exact}) check_router(c, kind, 600, rng);
+  for (RowKind kind : {RowKind::continuous, RowKind::repeated, RowKind::exact, RowKind::one_warp}) {
+    check_router(c, kind, 600, rng);
+  }
 }
 
 TEST(MoeRoute, GroupsRuleMatchesTheCpuRouter) {
@@ -136,7 +145,9 @@ TEST(MoeRoute, GroupsRuleMatchesTheCpuRouter) {
                                        config(1024, 32, 64, 7, false, 1.0f), config(96, 5, 32, 31, true, 1.5f)}) {
     SCOPED_TRACE(std::to_string(c.n_experts) + " experts, top " + std::to_string(c.n_used) + ", " +
                  std::to_string(c.topk_group) + " of " + std::to_string(c.n_group) + " groups");
-    for (RowKind kind : {RowKind::continuous, RowKind::repeated, RowKind::exact}) check_router(c, kind, 300, rng);
+    for (RowKind kind : {RowKind::continuous, RowKind::repeated, RowKind::exact, RowKind::one_warp}) {
+      check_router(c, kind, 300, rng);
+    }
   }
 }
 

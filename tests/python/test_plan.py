@@ -124,6 +124,45 @@ def test_device_kv_past_the_window_grows_only_by_the_pool_keys(ferry_bin):
     assert sum(s["device_kv_bytes"] for s in p["stages"]) == latent + pools + keys
 
 
+TWELVE = SHARED / "glm-5.3-flash-12-layers.json"
+
+
+def test_kv_resident_by_default_is_the_plans_choice(ferry_bin):
+    """Without --kv-resident every slot's DSA rows stay on the device when they fit beside the weights,
+    the experts (or the same pool) and the rest; else the window of 32,768 rows, the plan saying why;
+    an explicit --kv-resident wins either way."""
+    base = ["--host-memory", "200GiB", "--ctx", "1048576", "--slots", "3"]
+
+    def need(p):
+        return p["devices"][0]["memory"] - p["devices"][0]["free"]
+
+    code, every = plan(ferry_bin, "--device-memory", "139GiB", *base, config=TWELVE)
+    assert code == 0 and every["kv_resident"] == 0 and not every["kv_resident_given"], every
+    assert every["host"]["kv_bytes"] == 0 and "fit on the devices" in every["kv_resident_why"]
+    assert all(s["resident"] for s in every["stages"])
+    _, window = plan(ferry_bin, "--device-memory", "139GiB", *base, "--kv-resident", "32768", config=TWELVE)
+    assert window["kv_resident_given"] and window["kv_resident_why"] == "given"
+    assert need(window) < need(every)
+    # A device that holds the windowed plan with every expert but not every row as well: the window.
+    between = (need(window) + need(every)) // 2
+    code, p = plan(ferry_bin, "--device-memory", str(between), *base, config=TWELVE)
+    assert code == 0 and p["kv_resident"] == 32768 and not p["kv_resident_given"], p
+    assert all(s["resident"] for s in p["stages"])
+    assert "more on device 0" in p["kv_resident_why"] and "the experts" in p["kv_resident_why"], p["kv_resident_why"]
+    assert p["host"]["kv_bytes"] == window["host"]["kv_bytes"] > 0
+    # The full shape pools its experts: every row would shrink the pool, so the window.
+    code, p = plan(ferry_bin, "--device-memory", "139GiB", *base[:2], "--ctx", "131072", "--slots", "3")
+    assert code == 0 and p["kv_resident"] == 32768 and "the expert pool" in p["kv_resident_why"], p
+    # Within the window the context is all on the device anyway; given values win.
+    _, p = plan(ferry_bin, "--device-memory", "139GiB", *base[:2], "--ctx", "16384", config=TWELVE)
+    assert p["kv_resident"] == 0 and "within the window" in p["kv_resident_why"], p
+    _, p = plan(ferry_bin, "--device-memory", "139GiB", *base, "--kv-resident", "4096", config=TWELVE)
+    assert p["kv_resident"] == 4096 and p["kv_resident_given"] and p["host"]["kv_bytes"] > 0
+    r = subprocess.run([ferry_bin, "plan", "--synthetic", str(TWELVE), "--type", "q4_k", "--device-memory", "139GiB",
+                        *base], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "--kv-resident 0, chosen by the plan" in r.stdout, r.stdout
+
+
 def test_bad_options_fail_naming_them(ferry_bin):
     for args, text in ((["--device-memory", "lots"], "--device-memory"),
                        (["--device-memory", "80GiB", "--expert-pool-cap", "x"], "--expert-pool-cap"),

@@ -54,7 +54,7 @@ struct Options {
   std::string split = "none", devices;
   uint32_t slots = 1, micro_batches = 0;
   uint32_t mtp = 0;  // drafts a step of "tg N mtpK @ d" (0: not run)
-  uint32_t kv_resident = 32768;  // CUDA: latent rows per DSA layer and slot on the device
+  std::optional<uint32_t> kv_resident;  // CUDA: latent rows per DSA layer and slot on the device (unset: the plan's)
   std::string fill = "prefill";  // how a depth is reached: prefill, or random (kv/random_slot_state.hpp)
   config::MemoryOptionsText memory;
   float route_skew = 0;
@@ -493,6 +493,7 @@ int bench(const Options& o) {
   std::printf("model: %s\nbackend: %s\n", model_name.c_str(), device.c_str());
   if (peak) std::printf("weights on device: %.2f GiB, peak device memory: %.2f GiB\n", weights / 1073741824.0, peak / 1073741824.0);
   if (copy_bw > 0) std::printf("measured device copy bandwidth: %.0f GB/s (read + write)\n", copy_bw / 1e9);
+  if (!om.plan.stages.empty()) std::printf("KV: %s\n", gpu::kv_resident_line(om.plan).c_str());
   std::printf("\n| %-18s | %18s | %10s | %14s | %14s |\n", "test", "t/s", "ms/token", "bytes/token", "of copy BW");
   std::printf("| %-18s | %18s | %10s | %14s | %14s |\n", "---", "---", "---", "---", "---");
   for (const Result& r : results) {
@@ -522,7 +523,7 @@ int bench(const Options& o) {
   }
   if (!handoffs.empty()) std::printf("\nhand-off between stages:\n");
   for (const std::string& h : handoffs) std::printf("  %s\n", h.c_str());
-  if (!windows.empty()) std::printf("\nresident KV window (--kv-resident %u):\n", o.kv_resident);
+  if (!windows.empty()) std::printf("\nresident KV window (--kv-resident %u):\n", om.plan.kv_resident);
   for (const std::string& w : windows) std::printf("  %s\n", w.c_str());
   if (o.op_times && op_tables.empty()) std::printf("\n--op-times: no CUDA stage, nothing timed\n");
   for (const std::string& t : op_tables) std::printf("\n%s", t.c_str());
@@ -547,8 +548,7 @@ CommandRun add_bench_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--kv-resident", o->kv_resident,
                   "CUDA: DSA latent rows per layer and slot kept on the device; past it a pinned host tier holds the "
-                  "rest (0: the whole context)")
-      ->capture_default_str();
+                  "rest (0: the whole context; default: the memory plan's choice, as serve)");
   sub->add_option("--fill", o->fill,
                   "how each depth is reached: prefill (a real prefill of random tokens) or random (the slot's state "
                   "drawn at random: deep decode without the prefill; tests marked rnd)")

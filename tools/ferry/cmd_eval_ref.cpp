@@ -55,7 +55,7 @@ struct Options {
   std::string backend = "cpu";
   bool compare_cpu = false;
   std::string kv_type = "auto", kv_index_type = "f32";
-  uint32_t kv_resident = 32768;  // CUDA: latent rows per DSA layer on the device
+  std::optional<uint32_t> kv_resident;  // CUDA: latent rows per DSA layer on the device (unset: the plan's)
   bool compare_kv = false;
   double min_mtp_accept = -1;  // < 0: no bound (the agreement is reported whenever the model has MTP)
   std::string split = "none", devices;
@@ -246,7 +246,7 @@ int eval_ref_backend(const Options& o, const ReferenceCase& ref, config::KvType 
     if (c.kv_window_rows == 0) continue;
     std::printf("kv window stage %zu: --kv-resident %u, %llu windowed steps, %llu rows fetched, %llu hits, %llu of %llu "
                 "window rows resident\n",
-                i, o.kv_resident, static_cast<unsigned long long>(c.kv_windowed_steps),
+                i, opened->plan.kv_resident, static_cast<unsigned long long>(c.kv_windowed_steps),
                 static_cast<unsigned long long>(c.kv_fetched_rows), static_cast<unsigned long long>(c.kv_hits),
                 static_cast<unsigned long long>(c.kv_resident_rows), static_cast<unsigned long long>(c.kv_window_rows));
   }
@@ -443,8 +443,8 @@ CommandRun add_eval_ref_command(CLI::App& app) {
   sub->add_option("--kv-type", o->kv_type, "DSA latent rows: f32, f16, int8 or auto (int8 on CUDA, f32 on the CPU)")
       ->capture_default_str();
   sub->add_option("--kv-resident", o->kv_resident,
-                  "CUDA: DSA latent rows per layer kept on the device (smaller than the case: the windowed path)")
-      ->capture_default_str();
+                  "CUDA: DSA latent rows per layer kept on the device (smaller than the case: the windowed path; "
+                  "default: the memory plan's choice)");
   sub->add_option("--kv-index-type", o->kv_index_type, "CPU forward pass: the indexer's cached keys and gates (f32, f16, int8)")
       ->capture_default_str();
   sub->add_option("--min-mtp-accept", o->min_mtp_accept,

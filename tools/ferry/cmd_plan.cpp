@@ -32,7 +32,7 @@ struct Options {
   std::string mtp = "off";
   uint32_t slots = 3, ctx = 524288, prefill_chunk = 4096;
   double checkpoint_budget_gib = 8;  // as serve's default
-  uint32_t kv_resident = 32768;      // as serve's default
+  std::optional<uint32_t> kv_resident;  // as serve's default: the plan chooses
   double kv_host_budget_gib = 0;     // 0: the host KV tier's need, counted against the RAM floor
   config::MemoryOptionsText memory;
   bool json = false;
@@ -156,8 +156,8 @@ CommandRun add_plan_command(CLI::App& app) {
   sub->add_option("--kv-type", o->kv_type, "DSA latent rows on the device: f32, f16, int8 or auto (int8)")
       ->capture_default_str();
   sub->add_option("--kv-resident", o->kv_resident,
-                  "DSA latent rows per layer and slot on the device; the rest in a pinned host tier (0: all on the device)")
-      ->capture_default_str();
+                  "DSA latent rows per layer and slot on the device; the rest in a pinned host tier (0: all on the "
+                  "device; default: all when every slot's rows fit beside the rest of the plan, else 32768)");
   sub->add_option("--kv-host-budget", o->kv_host_budget_gib,
                   "GiB of host RAM the host KV tier may take (0: what it needs, counted against --ram-floor)")
       ->capture_default_str();

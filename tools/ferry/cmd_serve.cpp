@@ -191,6 +191,7 @@ int serve(config::ServeCli& cli) {
   context->end_token_ids = model.tokenizer->end_of_generation_ids();
   context->backend_name = model.opened.pipeline->describe();
   if (model.opened.plan.tiered()) spdlog::info("memory plan:\n{}", gpu::format_plan(model.opened.plan));
+  if (!model.opened.plan.stages.empty()) spdlog::info("KV: {}", gpu::kv_resident_line(model.opened.plan));
   actors::AdminHooks admin_hooks;
   // The phase turns to draining before the console's ack goes out, so a request sent after the ack
   // gets its 503 even when the main thread has not woken yet.

@@ -101,7 +101,7 @@ CaseRun run_case(model::Glm5Forward& m, const ReferenceCase& ref, size_t chunk, 
   const size_t V = hp.vocab_size, D = hp.hidden_size;
   CaseRun out;
   model::SequenceState state(hp, kv);
-  model::SelectionObserver observe = [&](uint32_t layer, size_t, uint32_t pos, std::span<const uint32_t> pools) {
+  model::SelectionObserver observe = [&](uint32_t layer, size_t, uint32_t pos, std::span<const uint32_t> pools, float) {
     const std::string key = layer >= hp.n_layers ? "mtp" : std::to_string(layer);
     auto& rows = out.selections[key];
     if (rows.size() <= pos) rows.resize(pos + 1);
