@@ -52,7 +52,7 @@ struct Workspace {
   uint32_t *expert_offsets = nullptr, *expert_tiles = nullptr;  // a prefill's routes grouped by expert (RouteSort)
   // fp16 staging of the prefill GEMMs: activations, and dequantised weights in row chunks
   void *xh = nullptr, *xl = nullptr, *wh = nullptr, *wl = nullptr;
-  size_t wh_elems = 0;
+  size_t xh_elems = 0, wh_elems = 0;
   // the head (last stage)
   float *xo = nullptr, *logits = nullptr;
   uint32_t logit_rows = 0;
