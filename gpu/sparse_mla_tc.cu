@@ -1,6 +1,6 @@
 // Sparse MLA of prefill rows on tensor cores (gpu/sparse_mla_tc.hpp says what and why).
 //
-// A block: 8 warps, 16 heads of one row, the row's selection in tiles of 16 latents. Per tile the
+// A block: 8 warps, 16 heads of one row (the last block of a row fewer, its other query rows zero), the row's selection in tiles of 16 latents. Per tile the
 // block gathers the latents into shared memory as fp16 hi/lo (any KV type, as floats first); warp w
 // multiplies the queries' columns [w R/8, (w+1) R/8) (kept in registers as hi/lo fragments) with the
 // tile's, the eight partial scores are summed in a fixed order and scaled; one thread per (head,
@@ -55,12 +55,11 @@ __device__ __forceinline__ void split(float v, __half& hi, __half& lo) {
   lo = __float2half_rn((v - __half2float(hi)) * kHalfLoScale);
 }
 
-// 16 rows of `rank` floats (each row from `load(row, c4)` as float4s; rows >= valid are zero) into the
+// 16 rows of R floats (each row from `load(row, c4)` as float4s; rows >= valid are zero) into the
 // hi/lo tiles, four columns a store.
-template <class Load>
-__device__ __forceinline__ void stage_rows(uint32_t rank, uint32_t ldl, uint32_t valid, __half* hi, __half* lo,
-                                           Load load) {
-  const uint32_t r4 = rank / 4;
+template <uint32_t R, class Load>
+__device__ __forceinline__ void stage_rows(uint32_t valid, __half* hi, __half* lo, Load load) {
+  constexpr uint32_t r4 = R / 4, ldl = R + kPad;
   for (uint32_t i = threadIdx.x; i < kTile * r4; i += kThreads) {
     const uint32_t row = i / r4, c4 = i % r4;
     const float4 v = row < valid ? load(row, c4) : make_float4(0.f, 0.f, 0.f, 0.f);
@@ -74,12 +73,16 @@ __device__ __forceinline__ void stage_rows(uint32_t rank, uint32_t ldl, uint32_t
   }
 }
 
-template <config::KvType T>
+// S: k-steps of 16 columns a warp takes (rank = 128 S), constant so that the loops unroll and the
+// index arithmetic folds.
+template <config::KvType T, uint32_t S>
 __global__ void __launch_bounds__(kThreads) sparse_mla_tc_kernel(SparseMlaArgs a) {
   extern __shared__ __align__(128) unsigned char smem[];
-  const uint32_t r = blockIdx.y, h0 = blockIdx.x * kHeads, R = a.rank;
+  constexpr uint32_t R = 16 * kWarps * S, kCols = 16 * S;  // the rank; a warp's columns
+  const uint32_t r = blockIdx.y, h0 = blockIdx.x * kHeads;
+  const uint32_t nh = min(kHeads, a.heads - h0);  // heads of this block; the rest of its rows are zero
   const Layout lay(R);
-  const uint32_t ldl = lay.ldl;
+  constexpr uint32_t ldl = R + kPad;
   __half* lh = reinterpret_cast<__half*>(smem + lay.lat_hi);
   __half* ll = reinterpret_cast<__half*>(smem + lay.lat_lo);
   float* out = reinterpret_cast<float*>(smem + lay.out);
@@ -90,27 +93,21 @@ __global__ void __launch_bounds__(kThreads) sparse_mla_tc_kernel(SparseMlaArgs a
   float* s_sum = s_max + kHeads;
   float* s_rescale = s_sum + kHeads;
   const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const uint32_t steps = R / 16 / kWarps;  // k-steps (score) and column tiles (output) of a warp
-  const uint32_t col0 = warp * steps * 16;
+  const uint32_t col0 = warp * kCols;
 
   // The queries, through the latent tiles, into each warp's fragments of its columns.
   const float* q = a.q_lat + (static_cast<size_t>(r) * a.heads + h0) * R;
-  stage_rows(R, ldl, kHeads, lh, ll, [&](uint32_t row, uint32_t c4) {
+  stage_rows<R>(nh, lh, ll, [&](uint32_t row, uint32_t c4) {
     return reinterpret_cast<const float4*>(q + static_cast<size_t>(row) * R)[c4];
   });
   for (uint32_t i = threadIdx.x; i < kHeads * R; i += kThreads) out[i] = 0.0f;
   if (threadIdx.x < kHeads) s_max[threadIdx.x] = -INFINITY, s_sum[threadIdx.x] = 0.0f;
   __syncthreads();
-  FragA qh[kMaxSteps], ql[kMaxSteps];
+  FragA qh[S], ql[S];
 #pragma unroll
-  for (uint32_t k = 0; k < kMaxSteps; ++k) {
-    if (k < steps) {
-      wm::load_matrix_sync(qh[k], lh + col0 + 16 * k, ldl);
-      wm::load_matrix_sync(ql[k], ll + col0 + 16 * k, ldl);
-    } else {
-      wm::fill_fragment(qh[k], __float2half(0.0f));
-      wm::fill_fragment(ql[k], __float2half(0.0f));
-    }
+  for (uint32_t k = 0; k < S; ++k) {
+    wm::load_matrix_sync(qh[k], lh + col0 + 16 * k, ldl);
+    wm::load_matrix_sync(ql[k], ll + col0 + 16 * k, ldl);
   }
   __syncthreads();
 
@@ -121,7 +118,7 @@ __global__ void __launch_bounds__(kThreads) sparse_mla_tc_kernel(SparseMlaArgs a
   const uint32_t h = threadIdx.x / kTile, j = threadIdx.x % kTile;  // the softmax's (head, latent)
   for (uint32_t t0 = 0; t0 < cnt; t0 += kTile) {
     const uint32_t valid = min(kTile, cnt - t0);
-    stage_rows(R, ldl, valid, lh, ll, [&](uint32_t row, uint32_t c4) {
+    stage_rows<R>(valid, lh, ll, [&](uint32_t row, uint32_t c4) {
       return lat.load4(row0 + static_cast<size_t>(toks[t0 + row]), c4);
     });
     __syncthreads();
@@ -130,15 +127,13 @@ __global__ void __launch_bounds__(kThreads) sparse_mla_tc_kernel(SparseMlaArgs a
       wm::fill_fragment(hi, 0.0f);
       wm::fill_fragment(mixed, 0.0f);
 #pragma unroll
-      for (uint32_t k = 0; k < kMaxSteps; ++k) {
-        if (k < steps) {
-          wm::fragment<wm::matrix_b, 16, 16, 16, __half, wm::col_major> bh, bl;
-          wm::load_matrix_sync(bh, lh + col0 + 16 * k, ldl);
-          wm::load_matrix_sync(bl, ll + col0 + 16 * k, ldl);
-          wm::mma_sync(hi, qh[k], bh, hi);
-          wm::mma_sync(mixed, qh[k], bl, mixed);
-          wm::mma_sync(mixed, ql[k], bh, mixed);
-        }
+      for (uint32_t k = 0; k < S; ++k) {
+        wm::fragment<wm::matrix_b, 16, 16, 16, __half, wm::col_major> bh, bl;
+        wm::load_matrix_sync(bh, lh + col0 + 16 * k, ldl);
+        wm::load_matrix_sync(bl, ll + col0 + 16 * k, ldl);
+        wm::mma_sync(hi, qh[k], bh, hi);
+        wm::mma_sync(mixed, qh[k], bl, mixed);
+        wm::mma_sync(mixed, ql[k], bh, mixed);
       }
 #pragma unroll
       for (int e = 0; e < hi.num_elements; ++e) hi.x[e] += mixed.x[e] * (1.0f / kHalfLoScale);
@@ -170,36 +165,36 @@ __global__ void __launch_bounds__(kThreads) sparse_mla_tc_kernel(SparseMlaArgs a
     }
     __syncthreads();
     {  // output columns of the warp: out = out * rescale + weights (16 x 16) x latents (16 x cols)
-      for (uint32_t i = lane; i < kHeads * steps * 16; i += 32) {
-        const uint32_t hh = i / (steps * 16), c = col0 + i % (steps * 16);
-        out[hh * R + c] *= s_rescale[hh];
+#pragma unroll 4
+      for (uint32_t hh = 0; hh < kHeads; ++hh) {
+        const float f = s_rescale[hh];
+#pragma unroll
+        for (uint32_t c = lane; c < kCols; c += 32) out[hh * R + col0 + c] *= f;
       }
       __syncwarp();
       wm::fragment<wm::matrix_a, 16, 16, 16, __half, wm::row_major> pah, pal;
       wm::load_matrix_sync(pah, ph, kTile);
       wm::load_matrix_sync(pal, pl, kTile);
 #pragma unroll
-      for (uint32_t k = 0; k < kMaxSteps; ++k) {
-        if (k < steps) {
-          const uint32_t c = col0 + 16 * k;
-          wm::fragment<wm::matrix_b, 16, 16, 16, __half, wm::row_major> bh, bl;
-          wm::load_matrix_sync(bh, lh + c, ldl);
-          wm::load_matrix_sync(bl, ll + c, ldl);
-          FragAcc acc, mixed;
-          wm::load_matrix_sync(acc, out + c, R, wm::mem_row_major);
-          wm::fill_fragment(mixed, 0.0f);
-          wm::mma_sync(acc, pah, bh, acc);
-          wm::mma_sync(mixed, pah, bl, mixed);
-          wm::mma_sync(mixed, pal, bh, mixed);
+      for (uint32_t k = 0; k < S; ++k) {
+        const uint32_t c = col0 + 16 * k;
+        wm::fragment<wm::matrix_b, 16, 16, 16, __half, wm::row_major> bh, bl;
+        wm::load_matrix_sync(bh, lh + c, ldl);
+        wm::load_matrix_sync(bl, ll + c, ldl);
+        FragAcc acc, mixed;
+        wm::load_matrix_sync(acc, out + c, R, wm::mem_row_major);
+        wm::fill_fragment(mixed, 0.0f);
+        wm::mma_sync(acc, pah, bh, acc);
+        wm::mma_sync(mixed, pah, bl, mixed);
+        wm::mma_sync(mixed, pal, bh, mixed);
 #pragma unroll
-          for (int e = 0; e < acc.num_elements; ++e) acc.x[e] += mixed.x[e] * (1.0f / kHalfLoScale);
-          wm::store_matrix_sync(out + c, acc, R, wm::mem_row_major);
-        }
+        for (int e = 0; e < acc.num_elements; ++e) acc.x[e] += mixed.x[e] * (1.0f / kHalfLoScale);
+        wm::store_matrix_sync(out + c, acc, R, wm::mem_row_major);
       }
     }
     __syncthreads();
   }
-  for (uint32_t i = threadIdx.x; i < kHeads * R; i += kThreads) {
+  for (uint32_t i = threadIdx.x; i < nh * R; i += kThreads) {
     const uint32_t hh = i / R;
     const float l = s_sum[hh];
     a.out[(static_cast<size_t>(r) * a.heads + h0 + hh) * R + i % R] = l > 0.0f ? out[i] / l : 0.0f;
@@ -208,7 +203,7 @@ __global__ void __launch_bounds__(kThreads) sparse_mla_tc_kernel(SparseMlaArgs a
 
 // What of the shape the kernel cannot take, or empty.
 std::string misfit(const SparseMlaArgs& a) {
-  if (a.heads == 0 || a.heads % kHeads != 0) return "heads " + std::to_string(a.heads) + " not a multiple of 16";
+  if (a.heads == 0) return "no heads";
   if (a.rank == 0 || a.rank % (16 * kWarps) != 0 || a.rank > 16 * kWarps * kMaxSteps) {
     return "rank " + std::to_string(a.rank) + " not a multiple of 128 up to 512";
   }
@@ -232,14 +227,25 @@ void sparse_mla_tc(const SparseMlaArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
   const std::string why = misfit(a);
   if (!why.empty()) throw CudaError("sparse MLA on tensor cores: " + why);
-  auto kernel = sparse_mla_tc_kernel<config::KvType::f32>;
-  if (a.latent_type == config::KvType::f16) kernel = sparse_mla_tc_kernel<config::KvType::f16>;
-  if (a.latent_type == config::KvType::int8) kernel = sparse_mla_tc_kernel<config::KvType::int8>;
+  void (*kernel)(SparseMlaArgs) = nullptr;
+  const uint32_t steps = a.rank / (16 * kWarps);
+#define FERRY_TC_KERNELS(S)                                                                              \
+  if (steps == S) {                                                                                      \
+    kernel = a.latent_type == config::KvType::f16    ? sparse_mla_tc_kernel<config::KvType::f16, S>    \
+             : a.latent_type == config::KvType::int8 ? sparse_mla_tc_kernel<config::KvType::int8, S>   \
+                                                     : sparse_mla_tc_kernel<config::KvType::f32, S>;   \
+  }
+  FERRY_TC_KERNELS(1)
+  FERRY_TC_KERNELS(2)
+  FERRY_TC_KERNELS(3)
+  FERRY_TC_KERNELS(4)
+#undef FERRY_TC_KERNELS
+  static_assert(kMaxSteps == 4, "one instantiation per k-step count");
   const size_t smem = Layout(a.rank).bytes;
   if (smem > 48 * 1024) {
     FERRY_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
-  kernel<<<dim3(a.heads / kHeads, a.rows), kThreads, smem, stream>>>(a);
+  kernel<<<dim3((a.heads + kHeads - 1) / kHeads, a.rows), kThreads, smem, stream>>>(a);
   FERRY_CUDA_LAUNCHED();
 }
 

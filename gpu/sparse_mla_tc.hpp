@@ -12,8 +12,8 @@
 namespace ferry::gpu {
 
 // Whether sparse_mla() takes the tensor-core kernel for `a`: more rows than a decode step (as its
-// split_rows plans them), heads a multiple of 16, rank a multiple of 128 up to 512, and the shared
-// memory it needs on this device.
+// split_rows plans them), rank a multiple of 128 up to 512, and the shared memory it needs on this
+// device (any number of heads: a last group of fewer than 16 leaves the rest of its tile zero).
 bool sparse_mla_tc_applies(const SparseMlaArgs& a);
 // The tensor-core kernel; throws CudaError naming what does not fit where sparse_mla_tc_applies() fails
 // on the shape (the row count aside).

@@ -1,8 +1,8 @@
 // Sparse MLA of prefill rows on tensor cores (gpu/sparse_mla_tc.hpp) against gpu/dsa.cu's CUDA-core
 // kernel and a double-precision CPU loop over the same decoded latents: random queries (some rows
 // scaled up so that the softmax is peaked) and latents, in f32, f16 and int8 KV as store_latents
-// encodes them, two slots, selections of 0, 1, fewer than a tile, a tile and a bit, and up to 200
-// positions in random order. Also: which shapes sparse_mla() sends to it, that the dispatch does, and
+// encodes them, two slots, 32, 24 and 1 heads (whole and partial head groups), selections of 0, 1,
+// fewer than a tile, a tile and a bit, and up to 200 positions in random order. Also: which shapes sparse_mla() sends to it, that the dispatch does, and
 // the error for a shape it cannot take. Prints one DSA layer's prefill at 2,048 rows (64 heads, rank
 // 512, f32 KV, row r attending to r + 1 positions) on both kernels (times not asserted).
 #if FERRY_HAVE_CUDA
@@ -169,10 +169,16 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
 TEST(SparseMlaTc, MatchesTheCudaCoreKernelAndTheCpuOnEveryKvType) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
   const std::vector<int32_t> counts = {0, 1, 5, 15, 16, 17, 31, 64, 100, 200, 137, 3};
+  struct Shape {
+    uint32_t heads, rank;
+  };
+  // Two whole head groups; a whole and a partial one; one head (trained_small's shape).
   for (const KvType type : {KvType::f32, KvType::f16, KvType::int8}) {
-    for (const uint32_t rank : {512u, 128u}) {
-      Case c(static_cast<uint32_t>(counts.size()), 32, rank, 240, type, counts, 11 + rank);
-      const std::string name = std::string(config::kv_type_name(type)) + " rank " + std::to_string(rank);
+    for (const Shape sh : {Shape{32, 512}, Shape{24, 128}, Shape{1, 256}}) {
+      const uint32_t rank = sh.rank;
+      Case c(static_cast<uint32_t>(counts.size()), sh.heads, rank, 240, type, counts, 11 + rank);
+      const std::string name = std::string(config::kv_type_name(type)) + " " + std::to_string(sh.heads) +
+                               " heads rank " + std::to_string(rank);
       ASSERT_TRUE(sparse_mla_tc_applies(c.args())) << name;
       const std::vector<float> tc = c.run(sparse_mla_tc);
       const std::vector<float> simt = c.run(sparse_mla_simt);
@@ -198,16 +204,17 @@ TEST(SparseMlaTc, DecodeRowsAndShapesItCannotTakeStayOnTheCudaCoreKernel) {
   a.split_rows = 64;  // a windowed step's group of rows plans as its whole step does
   EXPECT_TRUE(sparse_mla_tc_applies(a));
   a.rows = 12;
-  a.rank = 32;
+  a.heads = 1;
+  EXPECT_TRUE(sparse_mla_tc_applies(a));
+  a.rank = 640;
   EXPECT_FALSE(sparse_mla_tc_applies(a));
-  a.rank = 512;
-  a.heads = 24;
+  a.rank = 32;
   EXPECT_FALSE(sparse_mla_tc_applies(a));
   try {
     sparse_mla_tc(a, nullptr);
-    FAIL() << "24 heads were taken";
+    FAIL() << "rank 32 was taken";
   } catch (const CudaError& e) {
-    EXPECT_NE(std::string(e.what()).find("heads 24"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank 32"), std::string::npos) << e.what();
   }
 }
 
