@@ -1,12 +1,13 @@
 // Sparse MLA of prefill rows on tensor cores (gpu/sparse_mla_tc.hpp says what and why).
 //
-// A block: 8 warps, 16 heads of one row (the last block of a row fewer, its other query rows zero), the row's selection in tiles of 16 latents. Per tile the
-// block gathers the latents into shared memory as fp16 hi/lo (any KV type, as floats first); warp w
-// multiplies the queries' columns [w R/8, (w+1) R/8) (kept in registers as hi/lo fragments) with the
-// tile's, the eight partial scores are summed in a fixed order and scaled; one thread per (head,
-// latent) updates the head's running max and sum (online softmax, f32) and splits exp(s - max) into
-// hi/lo; warp w then rescales and accumulates output columns [w R/8, (w+1) R/8) (f32, shared
-// memory) with the tile's weights times its latents. Products: hi*hi + (hi*lo + lo*hi) / 2^12.
+// A block: 8 warps, 16 heads of one row (a row's last block may have fewer, its other query rows zero),
+// the row's selection in tiles of 16 latents. Per tile the block gathers the latents into shared
+// memory as fp16 hi/lo (any KV type, as floats first); warp w multiplies the queries' columns
+// [w R/8, (w+1) R/8) (kept in registers as hi/lo fragments) with the tile's, the eight partial scores
+// are summed in a fixed order and scaled; one thread per (head, latent) updates the head's running
+// max and sum (online softmax, f32) and splits exp(s - max) into hi/lo; warp w then rescales and
+// accumulates output columns [w R/8, (w+1) R/8) (f32, shared memory) with the tile's weights times
+// its latents. Products: hi*hi + (hi*lo + lo*hi) / 2^12.
 #include <cuda_fp16.h>
 #include <mma.h>
 
