@@ -43,6 +43,13 @@ using GemmEx = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOpera
                                   const void*, cudaDataType, int, const void*, cudaDataType, int, const void*, void*,
                                   cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
 static_assert(same_abi_v<decltype(Api::gemm_ex), decltype(static_cast<GemmEx>(&cublasGemmEx))>);
+static_assert(same_abi_v<decltype(Api::sgemm_strided), decltype(&cublasSgemmStridedBatched)>);
+using GemmStridedEx = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                                         const void*, const void*, cudaDataType, int, long long, const void*,
+                                         cudaDataType, int, long long, const void*, void*, cudaDataType, int, long long,
+                                         int, cublasComputeType_t, cublasGemmAlgo_t);
+static_assert(same_abi_v<decltype(Api::gemm_strided_ex),
+                         decltype(static_cast<GemmStridedEx>(&cublasGemmStridedBatchedEx))>);
 static_assert(same_abi_v<decltype(Api::status_name), decltype(&cublasGetStatusName)>);
 static_assert(same_abi_v<decltype(Api::status_string), decltype(&cublasGetStatusString)>);
 #endif
@@ -76,6 +83,8 @@ Api load(const std::string& dir) {
     bind(lib, "cublasSetWorkspace_v2", file, api.set_workspace);
     bind(lib, "cublasSgemm_v2", file, api.sgemm);
     bind(lib, "cublasGemmEx", file, api.gemm_ex);
+    bind(lib, "cublasSgemmStridedBatched", file, api.sgemm_strided);
+    bind(lib, "cublasGemmStridedBatchedEx", file, api.gemm_strided_ex);
     bind(lib, "cublasGetStatusName", file, api.status_name);
     bind(lib, "cublasGetStatusString", file, api.status_string);
     Dl_info info{};

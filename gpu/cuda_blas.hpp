@@ -40,6 +40,14 @@ struct Api {
   Status (*gemm_ex)(Handle, Operation, Operation, int m, int n, int k, const void* alpha, const void* a,
                     cudaDataType a_type, int lda, const void* b, cudaDataType b_type, int ldb, const void* beta, void* c,
                     cudaDataType c_type, int ldc, ComputeType compute, GemmAlgo algo);
+  // Batches of equal products, operand i at a + i * stride_a (elements), for per-head weights.
+  Status (*sgemm_strided)(Handle, Operation, Operation, int m, int n, int k, const float* alpha, const float* a,
+                          int lda, long long stride_a, const float* b, int ldb, long long stride_b, const float* beta,
+                          float* c, int ldc, long long stride_c, int batches);
+  Status (*gemm_strided_ex)(Handle, Operation, Operation, int m, int n, int k, const void* alpha, const void* a,
+                            cudaDataType a_type, int lda, long long stride_a, const void* b, cudaDataType b_type, int ldb,
+                            long long stride_b, const void* beta, void* c, cudaDataType c_type, int ldc,
+                            long long stride_c, int batches, ComputeType compute, GemmAlgo algo);
   const char* (*status_name)(Status);
   const char* (*status_string)(Status);
 };

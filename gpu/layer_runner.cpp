@@ -1,9 +1,11 @@
 #include "gpu/layer_runner.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
 
+#include "gpu/cuda_check.hpp"
 #include "gpu/decode_fusion.hpp"
 #include "gpu/mhc_decode.hpp"
 #include "gpu/moe_decode.hpp"
@@ -68,7 +70,9 @@ void LayerRunner::mm(const DevMatrix& m, const float* x, size_t ldx, uint32_t n,
   }
 }
 
-// Per-group products: group g multiplies rows [g*rows_per_group, ...) of `m` with x + g*xg.
+// Per-group products: group g multiplies rows [g*rows_per_group, ...) of `m` with x + g*xg. Past the
+// matvec rows, one strided-batched GEMM per product over as many groups as the staging holds, each
+// weight row dequantised once, with mm()'s split operands.
 void LayerRunner::mm_grouped(const DevMatrix& m, uint32_t groups, const float* x, size_t ldx, size_t xg, uint32_t n,
                              float* y, size_t ldy, size_t yg) {
   const uint32_t rpg = m.rows / groups;
@@ -87,8 +91,44 @@ void LayerRunner::mm_grouped(const DevMatrix& m, uint32_t groups, const float* x
     matvec(a, s_);
     return;
   }
-  for (uint32_t g = 0; g < groups; ++g) {
-    mm(m.slice_rows(static_cast<size_t>(g) * rpg, rpg), x + g * xg, ldx, n, y + g * yg, ldy);
+  if (rpg == 0) return;
+  if (xg < m.cols || ldx < groups * xg) {
+    throw CudaError("mm_grouped: " + std::to_string(groups) + " groups of " + std::to_string(m.cols) +
+                    " inputs do not fit rows of " + std::to_string(ldx) + " floats " + std::to_string(xg) + " apart");
+  }
+  const float one = 1.0f, zero = 0.0f;
+  const int M = static_cast<int>(rpg), N = static_cast<int>(n), K = static_cast<int>(m.cols);
+  if (m.type == GgmlType::F32) {
+    const long long lda = static_cast<long long>(m.row_bytes / 4);
+    FERRY_CUBLAS(blas::api().sgemm_strided(cublas_, blas::op_t, blas::op_n, M, N, K, &one,
+                                           reinterpret_cast<const float*>(m.data), static_cast<int>(lda), lda * rpg, x,
+                                           static_cast<int>(ldx), static_cast<long long>(xg), &zero, y,
+                                           static_cast<int>(ldy), static_cast<long long>(yg), static_cast<int>(groups)));
+    mark(OpPart::gemm);
+    return;
+  }
+  // Groups per batch: the activations of all of them in xh, their weights in wh.
+  const size_t per_batch = std::min<size_t>({groups, w_.xh_elems / (size_t{n} * xg),
+                                             w_.wh_elems / (size_t{rpg} * m.cols)});
+  if (per_batch == 0) throw CudaError("mm_grouped: one group of " + std::to_string(n) + " rows exceeds the fp16 staging");
+  const float lo = 1.0f / kHalfLoScale;
+  for (size_t g0 = 0; g0 < groups; g0 += per_batch) {
+    const size_t gb = std::min<size_t>(per_batch, groups - g0);
+    const size_t width = gb * xg;  // xh holds the batch's inputs as [n][width]
+    float_to_half(x + g0 * xg, ldx, n, width, w_.xh, s_, w_.xl);
+    dequantize_to_half(m, g0 * rpg, gb * rpg, w_.wh, s_, w_.wl);
+    mark(OpPart::convert);
+    auto gemm = [&](const void* a, const void* b, const float* alpha, const float* beta) {
+      FERRY_CUBLAS(blas::api().gemm_strided_ex(
+          cublas_, blas::op_t, blas::op_n, M, N, K, alpha, a, CUDA_R_16F, K, static_cast<long long>(rpg) * K, b,
+          CUDA_R_16F, static_cast<int>(width), static_cast<long long>(xg), beta, y + g0 * yg, CUDA_R_32F,
+          static_cast<int>(ldy), static_cast<long long>(yg), static_cast<int>(gb), blas::compute_32f,
+          blas::gemm_default));
+    };
+    gemm(w_.wh, w_.xh, &one, &zero);
+    gemm(w_.wh, w_.xl, &lo, &one);
+    gemm(w_.wl, w_.xh, &lo, &one);
+    mark(OpPart::gemm);
   }
 }
 

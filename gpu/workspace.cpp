@@ -76,8 +76,9 @@ Workspace::Workspace(const model::Glm5Hparams& hp, model::LayerRange layers, uin
   }
   const size_t max_cols = std::max<size_t>({d.D, d.C, size_t{d.nh} * d.vd, d.F, d.I, d.qlr, d.kvlr, d.nope,
                                             size_t{d.H} * d.D});
-  xh = alloc<uint16_t>(M * max_cols);
-  xl = alloc<uint16_t>(M * max_cols);
+  xh_elems = M * max_cols;
+  xh = alloc<uint16_t>(xh_elems);
+  xl = alloc<uint16_t>(xh_elems);
   wh_elems = size_t{32} << 20;
   wh = alloc<uint16_t>(wh_elems);
   wl = alloc<uint16_t>(wh_elems);

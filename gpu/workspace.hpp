@@ -53,7 +53,7 @@ struct Workspace {
   int32_t* shared_routes = nullptr;  // a decode step's experts that several rows chose (gpu/moe_decode.hpp)
   // fp16 staging of the prefill GEMMs: activations, and dequantised weights in row chunks
   void *xh = nullptr, *xl = nullptr, *wh = nullptr, *wl = nullptr;
-  size_t wh_elems = 0;
+  size_t xh_elems = 0, wh_elems = 0;
   // the head (last stage)
   float *xo = nullptr, *logits = nullptr;
   uint32_t logit_rows = 0;
