@@ -58,8 +58,9 @@ Workspace::Workspace(const model::Glm5Hparams& hp, model::LayerRange layers, uin
     sel_counts = alloc<int32_t>(M);
   }
   const size_t ffn_rows = std::max<size_t>({d.F, d.S, any_moe ? size_t{d.k} * d.I : 0});
-  eg = alloc<float>(M * ffn_rows);
-  eu = alloc<float>(M * ffn_rows);
+  ffn_elems = M * ffn_rows;
+  eg = alloc<float>(ffn_elems);
+  eu = alloc<float>(ffn_elems);
   if (any_moe) {
     rlogits = alloc<float>(M * d.E);
     rweights = alloc<float>(M * d.k);
@@ -73,8 +74,9 @@ Workspace::Workspace(const model::Glm5Hparams& hp, model::LayerRange layers, uin
   }
   const size_t max_cols = std::max<size_t>({d.D, d.C, size_t{d.nh} * d.vd, d.F, d.I, d.qlr, d.kvlr, d.nope,
                                             size_t{d.H} * d.D});
-  xh = alloc<uint16_t>(M * max_cols);
-  xl = alloc<uint16_t>(M * max_cols);
+  xh_elems = M * max_cols;
+  xh = alloc<uint16_t>(xh_elems);
+  xl = alloc<uint16_t>(xh_elems);
   wh_elems = size_t{32} << 20;
   wh = alloc<uint16_t>(wh_elems);
   wl = alloc<uint16_t>(wh_elems);
