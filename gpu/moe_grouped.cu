@@ -277,6 +277,9 @@ __global__ void __launch_bounds__(kThreads, 2) grouped_gemm_kernel(GemmArgs a) {
   __half* As = reinterpret_cast<__half*>(smem);  // [NM][hi, lo][BM][LDS]
   __half* Bs = As + NM * 2 * BM * LDS;           // [buffer][hi, lo][BN][LDS]: 2 buffers with kAsyncCopy
   const uint32_t warp = threadIdx.x / 32, wr = warp % 4, wt = warp / 4;  // 16 rows x 32 tokens a warp
+  // A warp multiplies only the 16-token halves that hold tokens (the same for all its lanes): an
+  // expert's last tile is often a few rows (~57 rows an expert: one in seven spills into a second).
+  const bool live[2] = {wt * 32 < ntok, wt * 32 + 16 < ntok};
   wm::fragment<wm::accumulator, 16, 16, 16, float> acc[NM][2][2];  // [matrix][hi, lo][token half]
 #pragma unroll
   for (int m = 0; m < NM; ++m) {
@@ -319,24 +322,28 @@ __global__ void __launch_bounds__(kThreads, 2) grouped_gemm_kernel(GemmArgs a) {
       }
       prefetch_weights<NM>(w, a, m0, k0 + BK);
     }
+    if (live[0]) {
 #pragma unroll
-    for (uint32_t kk = 0; kk < BK; kk += 16) {
-      wm::fragment<wm::matrix_b, 16, 16, 16, __half, wm::col_major> bh[2], bl[2];
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        wm::load_matrix_sync(bh[j], B + (wt * 32 + j * 16) * LDS + kk, LDS);
-        wm::load_matrix_sync(bl[j], B + BN * LDS + (wt * 32 + j * 16) * LDS + kk, LDS);
-      }
-#pragma unroll
-      for (int m = 0; m < NM; ++m) {
-        wm::fragment<wm::matrix_a, 16, 16, 16, __half, wm::row_major> ah, al;
-        wm::load_matrix_sync(ah, As + ((m * 2) * BM + wr * 16) * LDS + kk, LDS);
-        wm::load_matrix_sync(al, As + ((m * 2 + 1) * BM + wr * 16) * LDS + kk, LDS);
+      for (uint32_t kk = 0; kk < BK; kk += 16) {
+        wm::fragment<wm::matrix_b, 16, 16, 16, __half, wm::col_major> bh[2], bl[2];
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          wm::mma_sync(acc[m][0][j], ah, bh[j], acc[m][0][j]);
-          wm::mma_sync(acc[m][1][j], ah, bl[j], acc[m][1][j]);
-          wm::mma_sync(acc[m][1][j], al, bh[j], acc[m][1][j]);
+          if (!live[j]) continue;
+          wm::load_matrix_sync(bh[j], B + (wt * 32 + j * 16) * LDS + kk, LDS);
+          wm::load_matrix_sync(bl[j], B + BN * LDS + (wt * 32 + j * 16) * LDS + kk, LDS);
+        }
+#pragma unroll
+        for (int m = 0; m < NM; ++m) {
+          wm::fragment<wm::matrix_a, 16, 16, 16, __half, wm::row_major> ah, al;
+          wm::load_matrix_sync(ah, As + ((m * 2) * BM + wr * 16) * LDS + kk, LDS);
+          wm::load_matrix_sync(al, As + ((m * 2 + 1) * BM + wr * 16) * LDS + kk, LDS);
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            if (!live[j]) continue;
+            wm::mma_sync(acc[m][0][j], ah, bh[j], acc[m][0][j]);
+            wm::mma_sync(acc[m][1][j], ah, bl[j], acc[m][1][j]);
+            wm::mma_sync(acc[m][1][j], al, bh[j], acc[m][1][j]);
+          }
         }
       }
     }
