@@ -51,6 +51,7 @@ struct GemmArgs {
   const __half* xl;
   size_t ldh;
   bool h_vec;  // xh, xl 16-byte aligned and ldh a multiple of 8: 16-byte copies
+  bool w_double;  // shared memory for two weight buffers (NM 1; used by code with kAsyncCopy)
   const int32_t* gather;
   const uint32_t* offsets;
   const uint32_t* tiles;
@@ -72,8 +73,9 @@ constexpr bool kAsyncCopy = false;
 #endif
 
 template <int NM>
-constexpr size_t smem_bytes(uint32_t act_buffers) {
-  const size_t tiles = (size_t{NM} * 2 * BM * LDS + size_t{act_buffers} * 2 * BN * LDS) * sizeof(__half);
+constexpr size_t smem_bytes(uint32_t weight_buffers, uint32_t act_buffers) {
+  const size_t tiles =
+      (size_t{weight_buffers} * NM * 2 * BM * LDS + size_t{act_buffers} * 2 * BN * LDS) * sizeof(__half);
   const size_t out = size_t{NM} * BN * LDC * sizeof(float);
   return tiles > out ? tiles : out;
 }
@@ -233,6 +235,39 @@ __device__ void copy_activations_scalar(const ActRows& r, const GemmArgs& a, uin
   }
 }
 
+using Acc = wm::fragment<wm::accumulator, 16, 16, 16, float>;
+
+// One k-tile's products of a warp: rows wr * 16 of each matrix's tiles in A ([NM][hi, lo][BM][LDS])
+// times tokens wt * 32 of B ([hi, lo][BN][LDS]), the 16-token halves that are live.
+template <int NM>
+__device__ __forceinline__ void multiply_tile(Acc (&acc)[NM][2][2], const __half* A, const __half* B, uint32_t wr,
+                                              uint32_t wt, const bool (&live)[2]) {
+  if (!live[0]) return;
+#pragma unroll
+  for (uint32_t kk = 0; kk < BK; kk += 16) {
+    wm::fragment<wm::matrix_b, 16, 16, 16, __half, wm::col_major> bh[2], bl[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      if (!live[j]) continue;
+      wm::load_matrix_sync(bh[j], B + (wt * 32 + j * 16) * LDS + kk, LDS);
+      wm::load_matrix_sync(bl[j], B + BN * LDS + (wt * 32 + j * 16) * LDS + kk, LDS);
+    }
+#pragma unroll
+    for (int m = 0; m < NM; ++m) {
+      wm::fragment<wm::matrix_a, 16, 16, 16, __half, wm::row_major> ah, al;
+      wm::load_matrix_sync(ah, A + ((m * 2) * BM + wr * 16) * LDS + kk, LDS);
+      wm::load_matrix_sync(al, A + ((m * 2 + 1) * BM + wr * 16) * LDS + kk, LDS);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        if (!live[j]) continue;
+        wm::mma_sync(acc[m][0][j], ah, bh[j], acc[m][0][j]);
+        wm::mma_sync(acc[m][1][j], ah, bl[j], acc[m][1][j]);
+        wm::mma_sync(acc[m][1][j], al, bh[j], acc[m][1][j]);
+      }
+    }
+  }
+}
+
 template <int T, int NM>
 __global__ void __launch_bounds__(kThreads, 2) grouped_gemm_kernel(GemmArgs a) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -274,13 +309,19 @@ __global__ void __launch_bounds__(kThreads, 2) grouped_gemm_kernel(GemmArgs a) {
     xr.off[i] = row * a.ldh;
   }
 
-  __half* As = reinterpret_cast<__half*>(smem);  // [NM][hi, lo][BM][LDS]
-  __half* Bs = As + NM * 2 * BM * LDS;           // [buffer][hi, lo][BN][LDS]: 2 buffers with kAsyncCopy
+  // With kAsyncCopy and w_double, two weight buffers: the weights of k-tile `it` are in buffer it % 2,
+  // decoded after the previous tile's products in each warp's order (the tensor cores work on those
+  // while it decodes), and one barrier a k-tile suffices. One projection only (down): with gate and up the
+  // second loop beside the first spills ~35 registers a thread.
+  const bool w2 = NM == 1 && kAsyncCopy && a.w_double;
+  constexpr uint32_t kA = NM * 2 * BM * LDS, kB = 2 * BN * LDS;  // halves of a weight and an activation buffer
+  __half* As = reinterpret_cast<__half*>(smem);  // [buffer][NM][hi, lo][BM][LDS]
+  __half* Bs = As + (w2 ? 2 : 1) * kA;           // [buffer][hi, lo][BN][LDS]: 2 buffers with kAsyncCopy
   const uint32_t warp = threadIdx.x / 32, wr = warp % 4, wt = warp / 4;  // 16 rows x 32 tokens a warp
   // A warp multiplies only the 16-token halves that hold tokens (the same for all its lanes): an
   // expert's last tile is often a few rows (~57 rows an expert: one in seven spills into a second).
   const bool live[2] = {wt * 32 < ntok, wt * 32 + 16 < ntok};
-  wm::fragment<wm::accumulator, 16, 16, 16, float> acc[NM][2][2];  // [matrix][hi, lo][token half]
+  Acc acc[NM][2][2];  // [matrix][hi, lo][token half]
 #pragma unroll
   for (int m = 0; m < NM; ++m) {
 #pragma unroll
@@ -302,16 +343,39 @@ __global__ void __launch_bounds__(kThreads, 2) grouped_gemm_kernel(GemmArgs a) {
   } else {
     load_activations(xr, a, 0, xv);
   }
+  if (w2) {
+    if (BK < a.cols) prefetch_weights<NM>(w, a, m0, BK);
+    load_weights<T, NM>(w, a, m0, 0, As, grid, kvalues);
+    if (a.h_vec) cp_async_wait();
+    __syncthreads();
+    uint32_t it = 0;
+    for (uint32_t k0 = 0; k0 < a.cols; k0 += BK, ++it) {
+      const uint32_t b = it % 2;
+      const bool next = k0 + BK < a.cols;
+      if (next) {  // into the buffers whose products ended at the last barrier
+        if (a.h_vec) {
+          copy_activations(xr, a, k0 + BK, Bs + (1 - b) * kB);
+        } else {
+          copy_activations_scalar(xr, a, k0 + BK, Bs + (1 - b) * kB);
+        }
+        if (k0 + 2 * BK < a.cols) prefetch_weights<NM>(w, a, m0, k0 + 2 * BK);
+      }
+      multiply_tile<NM>(acc, As + b * kA, Bs + b * kB, wr, wt, live);
+      if (next) load_weights<T, NM>(w, a, m0, k0 + BK, As + (1 - b) * kA, grid, kvalues);
+      if (a.h_vec) cp_async_wait();
+      __syncthreads();
+    }
+  }
   uint32_t it = 0;
-  for (uint32_t k0 = 0; k0 < a.cols; k0 += BK, ++it) {
-    __half* B = Bs + (kAsyncCopy ? (it % 2) * 2 * BN * LDS : 0);
+  for (uint32_t k0 = 0; !w2 && k0 < a.cols; k0 += BK, ++it) {
+    __half* B = Bs + (kAsyncCopy ? (it % 2) * kB : 0);
     if (!kAsyncCopy && a.h_vec) store_activations(xv, B);
     load_weights<T, NM>(w, a, m0, k0, As, grid, kvalues);
     if (kAsyncCopy && a.h_vec) cp_async_wait();
     __syncthreads();
     if (k0 + BK < a.cols) {  // the next k-tile's loads run beside this one's products
       if (kAsyncCopy) {
-        __half* next = Bs + ((it + 1) % 2) * 2 * BN * LDS;
+        __half* next = Bs + ((it + 1) % 2) * kB;
         if (a.h_vec) {
           copy_activations(xr, a, k0 + BK, next);
         } else {
@@ -322,31 +386,7 @@ __global__ void __launch_bounds__(kThreads, 2) grouped_gemm_kernel(GemmArgs a) {
       }
       prefetch_weights<NM>(w, a, m0, k0 + BK);
     }
-    if (live[0]) {
-#pragma unroll
-      for (uint32_t kk = 0; kk < BK; kk += 16) {
-        wm::fragment<wm::matrix_b, 16, 16, 16, __half, wm::col_major> bh[2], bl[2];
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          if (!live[j]) continue;
-          wm::load_matrix_sync(bh[j], B + (wt * 32 + j * 16) * LDS + kk, LDS);
-          wm::load_matrix_sync(bl[j], B + BN * LDS + (wt * 32 + j * 16) * LDS + kk, LDS);
-        }
-#pragma unroll
-        for (int m = 0; m < NM; ++m) {
-          wm::fragment<wm::matrix_a, 16, 16, 16, __half, wm::row_major> ah, al;
-          wm::load_matrix_sync(ah, As + ((m * 2) * BM + wr * 16) * LDS + kk, LDS);
-          wm::load_matrix_sync(al, As + ((m * 2 + 1) * BM + wr * 16) * LDS + kk, LDS);
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            if (!live[j]) continue;
-            wm::mma_sync(acc[m][0][j], ah, bh[j], acc[m][0][j]);
-            wm::mma_sync(acc[m][1][j], ah, bl[j], acc[m][1][j]);
-            wm::mma_sync(acc[m][1][j], al, bh[j], acc[m][1][j]);
-          }
-        }
-      }
-    }
+    multiply_tile<NM>(acc, As, B, wr, wt, live);
     __syncthreads();
     if (!kAsyncCopy && !a.h_vec && k0 + BK < a.cols) copy_activations_scalar(xr, a, k0 + BK, Bs);
   }
@@ -424,14 +464,25 @@ __global__ void __launch_bounds__(1024) sort_routes_kernel(const int32_t* ids, u
 
 template <int T, int NM>
 void launch(const GemmArgs& a, uint32_t row_tiles, uint32_t max_tiles, cudaStream_t s) {
-  // Two activation buffers on devices whose code has kAsyncCopy (sm80+), one on sm70.
-  int dev = 0, major = 0;
+  // Two activation buffers on devices whose code has kAsyncCopy (sm80+), one on sm70; for one
+  // projection two weight buffers there too where two blocks of them still share an SM, else one.
+  int dev = 0, major = 0, per_sm = 0, optin = 0, reserved = 0;
   FERRY_CUDA(cudaGetDevice(&dev));
   FERRY_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  const size_t smem = smem_bytes<NM>(major >= 8 ? 2 : 1);
+  FERRY_CUDA(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+  FERRY_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  FERRY_CUDA(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev));
+  cudaFuncAttributes fa{};
+  FERRY_CUDA(cudaFuncGetAttributes(&fa, grouped_gemm_kernel<T, NM>));
+  const uint32_t act_buffers = major >= 8 ? 2 : 1;
+  const size_t two = smem_bytes<NM>(2, act_buffers);
+  GemmArgs args = a;
+  args.w_double = NM == 1 && major >= 8 && two <= static_cast<size_t>(optin) &&
+                  2 * (two + fa.sharedSizeBytes + static_cast<size_t>(reserved)) <= static_cast<size_t>(per_sm);
+  const size_t smem = args.w_double ? two : smem_bytes<NM>(1, act_buffers);
   FERRY_CUDA(cudaFuncSetAttribute(grouped_gemm_kernel<T, NM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(smem)));
-  grouped_gemm_kernel<T, NM><<<dim3(row_tiles, max_tiles), kThreads, smem, s>>>(a);
+  grouped_gemm_kernel<T, NM><<<dim3(row_tiles, max_tiles), kThreads, smem, s>>>(args);
 }
 
 template <int NM>
