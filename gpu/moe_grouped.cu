@@ -10,7 +10,8 @@
 // row is read by every row tile of each of its k experts). While the tensor cores work on a k-tile,
 // the next one's activation tiles are copied in (cp.async into a second buffer on sm80+, through
 // registers on sm70) and its weight lines asked of L2; two blocks share an SM (128 registers a
-// thread), so one decodes while the other multiplies.
+// thread), so one decodes while the other multiplies. A warp skips the products of its token halves
+// past the tile's rows; down, on sm80+, decodes its next k-tile into a second weight buffer.
 #include <cuda_fp16.h>
 #include <mma.h>
 
@@ -65,7 +66,7 @@ struct GemmArgs {
 
 // The activation tiles' copies: cp.async into a second buffer where the device code has it (sm80+),
 // else through registers into the one buffer. The host sizes shared memory by the device (a build
-// for sm_70 run on a newer device JITs the one-buffer code: one buffer more than it uses).
+// for sm_70 run on a newer device JITs the one-buffer code: it is given more than it uses).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 constexpr bool kAsyncCopy = true;
 #else
