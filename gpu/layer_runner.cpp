@@ -424,8 +424,14 @@ void LayerRunner::prefill_experts(uint32_t n, const DevLayer& l, bool upload_mis
     tally = v.tally;
   }
   sort_routes(w_.rids, routes, z.k, z.E, sort, tally, s_);
-  grouped_gemm(gate, &up, w_.x, z.D, w_.gather_idx, sort, routes, z.E, hp_.swiglu_limit, w_.eg, z.I, w_.eu, s_);
-  grouped_gemm(down, nullptr, w_.eg, z.I, nullptr, sort, routes, z.E, 0.0f, w_.eo, z.D, nullptr, s_);
+  // The inputs' fp16 splits: x into the cuBLAS staging (idle here), the SwiGLU output into eu (free
+  // once gate and up are done: it held up's product only when they differ).
+  const SplitScratch x_split{w_.xh, w_.xl, w_.xh_elems};
+  const SplitScratch h_split{w_.eu, reinterpret_cast<uint16_t*>(w_.eu) + w_.ffn_elems, w_.ffn_elems};
+  grouped_gemm(gate, &up, w_.x, z.D, n, w_.gather_idx, sort, routes, z.E, hp_.swiglu_limit, w_.eg, z.I, w_.eu,
+               x_split, s_);
+  grouped_gemm(down, nullptr, w_.eg, z.I, routes, nullptr, sort, routes, z.E, 0.0f, w_.eo, z.D, nullptr, h_split,
+               s_);
   if (experts_ != nullptr && upload_misses) experts_->release_staged(l.index);
 }
 

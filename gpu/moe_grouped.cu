@@ -1,13 +1,17 @@
 // The grouped expert GEMMs of a prefill chunk (gpu/moe_grouped.hpp says what and why).
 //
 // A block: 8 warps, a tile of 64 weight rows x 64 sorted token rows, k-tiles of 64 columns. Per
-// k-tile it decodes the weight rows' units (quant_device.cuh) into fp16 hi/lo tiles in shared memory
-// and the activations into the same, then each warp multiplies 16 rows x 32 tokens by WMMA 16x16x16.
-// Each weight is decoded once per token tile of its expert (a chunk of 2,048 rows routes ~57 rows to
-// each of 288 experts: about once per chunk); no dequantised copy is written. Q6_K units span 128
-// columns, so a 64-column k-tile decodes them twice and keeps the half inside it. While the tensor
-// cores work on a k-tile, the next one's activations are loaded into registers and its weight lines
-// asked of L2; two blocks share an SM (128 registers a thread), so one decodes while the other multiplies.
+// k-tile it decodes the weight rows' units (quant_device.cuh) into fp16 hi/lo tiles in shared memory,
+// then each warp multiplies 16 rows x 32 tokens by WMMA 16x16x16. Each weight is decoded once per
+// token tile of its expert (a chunk of 2,048 rows routes ~57 rows to each of 288 experts: about once
+// per chunk); no dequantised copy is written. Q6_K units span 128 columns, so a 64-column k-tile
+// decodes them twice and keeps the half inside it. The input rows are split into fp16 hi/lo once,
+// by a pass before the products (split_rows_kernel), not once per tile that reads them (each token
+// row is read by every row tile of each of its k experts). While the tensor cores work on a k-tile,
+// the next one's activation tiles are copied in (cp.async into a second buffer on sm80+, through
+// registers on sm70) and its weight lines asked of L2; two blocks share an SM (128 registers a
+// thread), so one decodes while the other multiplies. A warp skips the products of its token halves
+// past the tile's rows; down, on sm80+, decodes its next k-tile into a second weight buffer.
 #include <cuda_fp16.h>
 #include <mma.h>
 
@@ -44,9 +48,11 @@ struct GemmArgs {
   const uint8_t* const* table[2];
   uint32_t rows, cols;
   size_t row_bytes;
-  const float* x;
-  size_t ldx;
-  bool x_vec;  // x rows 16-byte aligned: float4 loads
+  const __half* xh;  // the input rows split by split_rows_kernel, ldh apart
+  const __half* xl;
+  size_t ldh;
+  bool h_vec;  // xh, xl 16-byte aligned and ldh a multiple of 8: 16-byte copies
+  bool w_double;  // shared memory for two weight buffers (NM 1; used by code with kAsyncCopy)
   const int32_t* gather;
   const uint32_t* offsets;
   const uint32_t* tiles;
@@ -58,9 +64,19 @@ struct GemmArgs {
   int8_t iq4nl[16];
 };
 
+// The activation tiles' copies: cp.async into a second buffer where the device code has it (sm80+),
+// else through registers into the one buffer. The host sizes shared memory by the device (a build
+// for sm_70 run on a newer device JITs the one-buffer code: it is given more than it uses).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+constexpr bool kAsyncCopy = true;
+#else
+constexpr bool kAsyncCopy = false;
+#endif
+
 template <int NM>
-constexpr size_t smem_bytes() {
-  const size_t tiles = (size_t{NM} * 2 * BM * LDS + 2 * BN * LDS) * sizeof(__half);
+constexpr size_t smem_bytes(uint32_t weight_buffers, uint32_t act_buffers) {
+  const size_t tiles =
+      (size_t{weight_buffers} * NM * 2 * BM * LDS + size_t{act_buffers} * 2 * BN * LDS) * sizeof(__half);
   const size_t out = size_t{NM} * BN * LDC * sizeof(float);
   return tiles > out ? tiles : out;
 }
@@ -135,35 +151,121 @@ __device__ void prefetch_weights(const uint8_t* const (&w)[NM], const GemmArgs& 
   }
 }
 
-// This thread's share of the tile's activations at columns [k0, k0 + BK): four tokens' float4 at
-// column (thread % 16) * 4; rows past the expert's tokens (xrow null) and columns past the matrix
-// are zero.
-__device__ void load_activations(const float* const (&xrow)[4], const GemmArgs& a, uint32_t k0, float4 (&v)[4]) {
-  const uint32_t c = k0 + (threadIdx.x % (BK / 4)) * 4;
+// An activation tile (hi, then lo: [2][BN][LDS]) at columns [k0, k0 + BK) is 2 x 64 token rows of
+// eight 16-byte chunks: a thread copies chunk (thread % 8) of token rows thread / 8 and thread / 8 + 32,
+// both parts. Rows past the expert's tokens (ok false) and columns past the matrix are zero.
+constexpr uint32_t kChunks = BK / 8;
+static_assert(kThreads / kChunks * 2 == BN, "two token rows a thread");
+
+struct ActRows {
+  size_t off[2];  // the rows' offsets in xh and xl
+  bool ok[2];
+};
+
+__device__ __forceinline__ void cp_async16(__half* dst, const __half* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+#else
+  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+#endif
+}
+
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
+#endif
+}
+
+// h_vec: the chunks straight into the tile (cp.async on sm80+; waited by cp_async_wait).
+__device__ void copy_activations(const ActRows& r, const GemmArgs& a, uint32_t k0, __half* B) {
+  const uint32_t cc = threadIdx.x % kChunks * 8, c = k0 + cc;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (xrow[i] == nullptr || c >= a.cols) continue;
-    const float* src = xrow[i] + c;
-    if (a.x_vec && c + 4 <= a.cols) {
-      v[i] = *reinterpret_cast<const float4*>(src);
-    } else {
-      v[i].x = src[0];
-      if (c + 1 < a.cols) v[i].y = src[1];
-      if (c + 2 < a.cols) v[i].z = src[2];
-      if (c + 3 < a.cols) v[i].w = src[3];
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t tok = threadIdx.x / kChunks + i * (BN / 2);
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+      __half* dst = B + p * BN * LDS + tok * LDS + cc;
+      if (r.ok[i] && c < a.cols) {
+        cp_async16(dst, (p == 0 ? a.xh : a.xl) + r.off[i] + c);
+      } else {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+      }
     }
   }
 }
 
-// The registers of load_activations into the hi/lo tiles (a token's row LDS apart).
-__device__ void store_activations(const float4 (&v)[4], __half* hi, __half* lo) {
-  const uint32_t c = (threadIdx.x % (BK / 4)) * 4;
+// h_vec on sm70: the chunks into registers here, into the tile by store_activations.
+__device__ void load_activations(const ActRows& r, const GemmArgs& a, uint32_t k0, uint4 (&v)[4]) {
+  const uint32_t c = k0 + threadIdx.x % kChunks * 8;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t at = (threadIdx.x / (BK / 4) + i * (kThreads / (BK / 4))) * LDS + c;
-    split2(v[i].x, v[i].y, hi + at, lo + at);
-    split2(v[i].z, v[i].w, hi + at + 2, lo + at + 2);
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+      v[2 * i + p] = r.ok[i] && c < a.cols ? *reinterpret_cast<const uint4*>((p == 0 ? a.xh : a.xl) + r.off[i] + c)
+                                           : make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+__device__ void store_activations(const uint4 (&v)[4], __half* B) {
+  const uint32_t cc = threadIdx.x % kChunks * 8;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t tok = threadIdx.x / kChunks + i * (BN / 2);
+#pragma unroll
+    for (int p = 0; p < 2; ++p) *reinterpret_cast<uint4*>(B + p * BN * LDS + tok * LDS + cc) = v[2 * i + p];
+  }
+}
+
+// Not h_vec (rows of a width not a multiple of 8, or unaligned parts): element by element, the
+// same layout.
+__device__ void copy_activations_scalar(const ActRows& r, const GemmArgs& a, uint32_t k0, __half* B) {
+  const uint32_t cc = threadIdx.x % kChunks * 8;
+  const __half zero = __float2half_rn(0.0f);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t tok = threadIdx.x / kChunks + i * (BN / 2);
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+      const __half* src = (p == 0 ? a.xh : a.xl) + r.off[i];
+      __half* dst = B + p * BN * LDS + tok * LDS + cc;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) dst[j] = r.ok[i] && k0 + cc + j < a.cols ? src[k0 + cc + j] : zero;
+    }
+  }
+}
+
+using Acc = wm::fragment<wm::accumulator, 16, 16, 16, float>;
+
+// One k-tile's products of a warp: rows wr * 16 of each matrix's tiles in A ([NM][hi, lo][BM][LDS])
+// times tokens wt * 32 of B ([hi, lo][BN][LDS]), the 16-token halves that are live.
+template <int NM>
+__device__ __forceinline__ void multiply_tile(Acc (&acc)[NM][2][2], const __half* A, const __half* B, uint32_t wr,
+                                              uint32_t wt, const bool (&live)[2]) {
+  if (!live[0]) return;
+#pragma unroll
+  for (uint32_t kk = 0; kk < BK; kk += 16) {
+    wm::fragment<wm::matrix_b, 16, 16, 16, __half, wm::col_major> bh[2], bl[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      if (!live[j]) continue;
+      wm::load_matrix_sync(bh[j], B + (wt * 32 + j * 16) * LDS + kk, LDS);
+      wm::load_matrix_sync(bl[j], B + BN * LDS + (wt * 32 + j * 16) * LDS + kk, LDS);
+    }
+#pragma unroll
+    for (int m = 0; m < NM; ++m) {
+      wm::fragment<wm::matrix_a, 16, 16, 16, __half, wm::row_major> ah, al;
+      wm::load_matrix_sync(ah, A + ((m * 2) * BM + wr * 16) * LDS + kk, LDS);
+      wm::load_matrix_sync(al, A + ((m * 2 + 1) * BM + wr * 16) * LDS + kk, LDS);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        if (!live[j]) continue;
+        wm::mma_sync(acc[m][0][j], ah, bh[j], acc[m][0][j]);
+        wm::mma_sync(acc[m][1][j], ah, bl[j], acc[m][1][j]);
+        wm::mma_sync(acc[m][1][j], al, bh[j], acc[m][1][j]);
+      }
+    }
   }
 }
 
@@ -199,22 +301,28 @@ __global__ void __launch_bounds__(kThreads, 2) grouped_gemm_kernel(GemmArgs a) {
   const uint8_t* w[NM];
 #pragma unroll
   for (int m = 0; m < NM; ++m) w[m] = a.table[m] != nullptr ? a.table[m][e] : a.base[m] + e * a.stride[m];
-  const float* xrow[4];
+  ActRows xr;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t tok = threadIdx.x / (BK / 4) + i * (kThreads / (BK / 4));
-    if (tok < ntok) {
-      const size_t row = a.gather != nullptr ? static_cast<size_t>(a.gather[first + tok]) : first + tok;
-      xrow[i] = a.x + row * a.ldx;
-    } else {
-      xrow[i] = nullptr;
-    }
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t tok = threadIdx.x / kChunks + i * (BN / 2);
+    xr.ok[i] = tok < ntok;
+    const size_t row = !xr.ok[i] ? 0 : a.gather != nullptr ? static_cast<size_t>(a.gather[first + tok]) : first + tok;
+    xr.off[i] = row * a.ldh;
   }
 
-  __half* As = reinterpret_cast<__half*>(smem);  // [NM][hi, lo][BM][LDS]
-  __half* Bs = As + NM * 2 * BM * LDS;           // [hi, lo][BN][LDS]
+  // With kAsyncCopy and w_double, two weight buffers: the weights of k-tile `it` are in buffer it % 2,
+  // decoded after the previous tile's products in each warp's order (the tensor cores work on those
+  // while it decodes), and one barrier a k-tile suffices. One projection only (down): with gate and up the
+  // second loop beside the first spills ~35 registers a thread.
+  const bool w2 = NM == 1 && kAsyncCopy && a.w_double;
+  constexpr uint32_t kA = NM * 2 * BM * LDS, kB = 2 * BN * LDS;  // halves of a weight and an activation buffer
+  __half* As = reinterpret_cast<__half*>(smem);  // [buffer][NM][hi, lo][BM][LDS]
+  __half* Bs = As + (w2 ? 2 : 1) * kA;           // [buffer][hi, lo][BN][LDS]: 2 buffers with kAsyncCopy
   const uint32_t warp = threadIdx.x / 32, wr = warp % 4, wt = warp / 4;  // 16 rows x 32 tokens a warp
-  wm::fragment<wm::accumulator, 16, 16, 16, float> acc[NM][2][2];  // [matrix][hi, lo][token half]
+  // A warp multiplies only the 16-token halves that hold tokens (the same for all its lanes): an
+  // expert's last tile is often a few rows (~57 rows an expert: one in seven spills into a second).
+  const bool live[2] = {wt * 32 < ntok, wt * 32 + 16 < ntok};
+  Acc acc[NM][2][2];  // [matrix][hi, lo][token half]
 #pragma unroll
   for (int m = 0; m < NM; ++m) {
 #pragma unroll
@@ -223,38 +331,65 @@ __global__ void __launch_bounds__(kThreads, 2) grouped_gemm_kernel(GemmArgs a) {
       wm::fill_fragment(acc[m][p][1], 0.0f);
     }
   }
-  float4 xv[4];
-  load_activations(xrow, a, 0, xv);
-  for (uint32_t k0 = 0; k0 < a.cols; k0 += BK) {
-    store_activations(xv, Bs, Bs + BN * LDS);
+  // The activations of k-tile `it` are in buffer it % 2 with kAsyncCopy, else in the one buffer. With
+  // kAsyncCopy the next tile's copy goes to the other buffer, whose products ended at the previous
+  // barrier; without, it waits in registers (or, not h_vec, is copied) past this tile's last barrier.
+  uint4 xv[4];
+  if (kAsyncCopy || !a.h_vec) {
+    if (a.h_vec) {
+      copy_activations(xr, a, 0, Bs);
+    } else {
+      copy_activations_scalar(xr, a, 0, Bs);
+    }
+  } else {
+    load_activations(xr, a, 0, xv);
+  }
+  if (w2) {
+    if (BK < a.cols) prefetch_weights<NM>(w, a, m0, BK);
+    load_weights<T, NM>(w, a, m0, 0, As, grid, kvalues);
+    if (a.h_vec) cp_async_wait();
+    __syncthreads();
+    uint32_t it = 0;
+    for (uint32_t k0 = 0; k0 < a.cols; k0 += BK, ++it) {
+      const uint32_t b = it % 2;
+      const bool next = k0 + BK < a.cols;
+      if (next) {  // into the buffers whose products ended at the last barrier
+        if (a.h_vec) {
+          copy_activations(xr, a, k0 + BK, Bs + (1 - b) * kB);
+        } else {
+          copy_activations_scalar(xr, a, k0 + BK, Bs + (1 - b) * kB);
+        }
+        if (k0 + 2 * BK < a.cols) prefetch_weights<NM>(w, a, m0, k0 + 2 * BK);
+      }
+      multiply_tile<NM>(acc, As + b * kA, Bs + b * kB, wr, wt, live);
+      if (next) load_weights<T, NM>(w, a, m0, k0 + BK, As + (1 - b) * kA, grid, kvalues);
+      if (a.h_vec) cp_async_wait();
+      __syncthreads();
+    }
+  }
+  uint32_t it = 0;
+  for (uint32_t k0 = 0; !w2 && k0 < a.cols; k0 += BK, ++it) {
+    __half* B = Bs + (kAsyncCopy ? (it % 2) * kB : 0);
+    if (!kAsyncCopy && a.h_vec) store_activations(xv, B);
     load_weights<T, NM>(w, a, m0, k0, As, grid, kvalues);
+    if (kAsyncCopy && a.h_vec) cp_async_wait();
     __syncthreads();
     if (k0 + BK < a.cols) {  // the next k-tile's loads run beside this one's products
-      load_activations(xrow, a, k0 + BK, xv);
+      if (kAsyncCopy) {
+        __half* next = Bs + ((it + 1) % 2) * kB;
+        if (a.h_vec) {
+          copy_activations(xr, a, k0 + BK, next);
+        } else {
+          copy_activations_scalar(xr, a, k0 + BK, next);
+        }
+      } else if (a.h_vec) {
+        load_activations(xr, a, k0 + BK, xv);
+      }
       prefetch_weights<NM>(w, a, m0, k0 + BK);
     }
-#pragma unroll
-    for (uint32_t kk = 0; kk < BK; kk += 16) {
-      wm::fragment<wm::matrix_b, 16, 16, 16, __half, wm::col_major> bh[2], bl[2];
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        wm::load_matrix_sync(bh[j], Bs + (wt * 32 + j * 16) * LDS + kk, LDS);
-        wm::load_matrix_sync(bl[j], Bs + BN * LDS + (wt * 32 + j * 16) * LDS + kk, LDS);
-      }
-#pragma unroll
-      for (int m = 0; m < NM; ++m) {
-        wm::fragment<wm::matrix_a, 16, 16, 16, __half, wm::row_major> ah, al;
-        wm::load_matrix_sync(ah, As + ((m * 2) * BM + wr * 16) * LDS + kk, LDS);
-        wm::load_matrix_sync(al, As + ((m * 2 + 1) * BM + wr * 16) * LDS + kk, LDS);
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          wm::mma_sync(acc[m][0][j], ah, bh[j], acc[m][0][j]);
-          wm::mma_sync(acc[m][1][j], ah, bl[j], acc[m][1][j]);
-          wm::mma_sync(acc[m][1][j], al, bh[j], acc[m][1][j]);
-        }
-      }
-    }
+    multiply_tile<NM>(acc, As, B, wr, wt, live);
     __syncthreads();
+    if (!kAsyncCopy && !a.h_vec && k0 + BK < a.cols) copy_activations_scalar(xr, a, k0 + BK, Bs);
   }
 
   // hi + lo / 2^12 (fragments of one shape share their element layout), through shared memory to
@@ -281,6 +416,15 @@ __global__ void __launch_bounds__(kThreads, 2) grouped_gemm_kernel(GemmArgs a) {
       v = g / (1.0f + expf(-g)) * u;
     }
     a.y[static_cast<size_t>(first + tok) * a.ldy + m0 + r] = v;
+  }
+}
+
+// hi[r][c], lo[r][c] = split(x[r][c]) for r < rows, c < cols (x rows ldx apart, the outputs dense).
+__global__ void split_rows_kernel(const float* x, size_t ldx, uint32_t rows, uint32_t cols, __half* hi, __half* lo) {
+  for (uint32_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* src = x + r * ldx;
+    const size_t at = static_cast<size_t>(r) * cols;
+    for (uint32_t c = threadIdx.x; c < cols; c += blockDim.x) split(src[c], hi[at + c], lo[at + c]);
   }
 }
 
@@ -321,10 +465,25 @@ __global__ void __launch_bounds__(1024) sort_routes_kernel(const int32_t* ids, u
 
 template <int T, int NM>
 void launch(const GemmArgs& a, uint32_t row_tiles, uint32_t max_tiles, cudaStream_t s) {
-  constexpr size_t smem = smem_bytes<NM>();
+  // Two activation buffers on devices whose code has kAsyncCopy (sm80+), one on sm70; for one
+  // projection two weight buffers there too where two blocks of them still share an SM, else one.
+  int dev = 0, major = 0, per_sm = 0, optin = 0, reserved = 0;
+  FERRY_CUDA(cudaGetDevice(&dev));
+  FERRY_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  FERRY_CUDA(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+  FERRY_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  FERRY_CUDA(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev));
+  cudaFuncAttributes fa{};
+  FERRY_CUDA(cudaFuncGetAttributes(&fa, grouped_gemm_kernel<T, NM>));
+  const uint32_t act_buffers = major >= 8 ? 2 : 1;
+  const size_t two = smem_bytes<NM>(2, act_buffers);
+  GemmArgs args = a;
+  args.w_double = NM == 1 && major >= 8 && two <= static_cast<size_t>(optin) &&
+                  2 * (two + fa.sharedSizeBytes + static_cast<size_t>(reserved)) <= static_cast<size_t>(per_sm);
+  const size_t smem = args.w_double ? two : smem_bytes<NM>(1, act_buffers);
   FERRY_CUDA(cudaFuncSetAttribute(grouped_gemm_kernel<T, NM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(smem)));
-  grouped_gemm_kernel<T, NM><<<dim3(row_tiles, max_tiles), kThreads, smem, s>>>(a);
+  grouped_gemm_kernel<T, NM><<<dim3(row_tiles, max_tiles), kThreads, smem, s>>>(args);
 }
 
 template <int NM>
@@ -358,27 +517,14 @@ bool same_layout(const DevMatrix& a, const DevMatrix& b) {
   return a.type == b.type && a.rows == b.rows && a.cols == b.cols && a.row_bytes == b.row_bytes;
 }
 
-}  // namespace
-
-void sort_routes(const int32_t* ids, uint32_t routes, uint32_t k, uint32_t E, const RouteSort& out,
-                 const RouteTally& tally, cudaStream_t stream) {
-  if (E == 0 || E > kMaxGroupedExperts) {
-    throw CudaError("sort_routes: " + std::to_string(E) + " experts (1 to " + std::to_string(kMaxGroupedExperts) +
-                    " supported)");
-  }
-  if (k == 0) throw CudaError("sort_routes: no experts per row");
-  sort_routes_kernel<<<1, 1024, 0, stream>>>(ids, routes, k, E, out, tally);
-  FERRY_CUDA_LAUNCHED();
-}
-
-void grouped_gemm(const ExpertMatrices& w, const ExpertMatrices* up, const float* x, size_t ldx,
+// The products of grouped_gemm on inputs split already (xh, xl: rows of w.m.cols halves).
+void run_products(const ExpertMatrices& w, const ExpertMatrices* up, const __half* xh, const __half* xl,
                   const int32_t* gather, const RouteSort& sort, uint32_t routes, uint32_t E, float limit, float* y,
                   size_t ldy, float* up_scratch, cudaStream_t stream) {
-  if (routes == 0 || w.m.rows == 0) return;
   if (up != nullptr && !same_layout(w.m, up->m)) {
     if (up_scratch == nullptr) throw CudaError("grouped_gemm: gate and up differ and no scratch for up");
-    grouped_gemm(w, nullptr, x, ldx, gather, sort, routes, E, limit, y, ldy, nullptr, stream);
-    grouped_gemm(*up, nullptr, x, ldx, gather, sort, routes, E, limit, up_scratch, ldy, nullptr, stream);
+    run_products(w, nullptr, xh, xl, gather, sort, routes, E, limit, y, ldy, nullptr, stream);
+    run_products(*up, nullptr, xh, xl, gather, sort, routes, E, limit, up_scratch, ldy, nullptr, stream);
     swiglu(y, up_scratch, ldy, routes, w.m.rows, limit, stream);
     return;
   }
@@ -395,9 +541,10 @@ void grouped_gemm(const ExpertMatrices& w, const ExpertMatrices* up, const float
   a.rows = w.m.rows;
   a.cols = w.m.cols;
   a.row_bytes = w.m.row_bytes;
-  a.x = x;
-  a.ldx = ldx;
-  a.x_vec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && ldx % 4 == 0;
+  a.xh = xh;
+  a.xl = xl;
+  a.ldh = w.m.cols;
+  a.h_vec = reinterpret_cast<uintptr_t>(xh) % 16 == 0 && reinterpret_cast<uintptr_t>(xl) % 16 == 0 && a.ldh % 8 == 0;
   a.gather = gather;
   a.offsets = sort.offsets;
   a.tiles = sort.tiles;
@@ -421,6 +568,45 @@ void grouped_gemm(const ExpertMatrices& w, const ExpertMatrices* up, const float
     dispatch<1>(t, a, static_cast<uint32_t>(row_tiles), static_cast<uint32_t>(max_tiles), stream);
   }
   FERRY_CUDA_LAUNCHED();
+}
+
+}  // namespace
+
+void sort_routes(const int32_t* ids, uint32_t routes, uint32_t k, uint32_t E, const RouteSort& out,
+                 const RouteTally& tally, cudaStream_t stream) {
+  if (E == 0 || E > kMaxGroupedExperts) {
+    throw CudaError("sort_routes: " + std::to_string(E) + " experts (1 to " + std::to_string(kMaxGroupedExperts) +
+                    " supported)");
+  }
+  if (k == 0) throw CudaError("sort_routes: no experts per row");
+  sort_routes_kernel<<<1, 1024, 0, stream>>>(ids, routes, k, E, out, tally);
+  FERRY_CUDA_LAUNCHED();
+}
+
+void grouped_gemm(const ExpertMatrices& w, const ExpertMatrices* up, const float* x, size_t ldx, uint32_t x_rows,
+                  const int32_t* gather, const RouteSort& sort, uint32_t routes, uint32_t E, float limit, float* y,
+                  size_t ldy, float* up_scratch, const SplitScratch& split, cudaStream_t stream) {
+  if (routes == 0 || w.m.rows == 0) return;
+  const uint32_t cols = w.m.cols;
+  if (up != nullptr && up->m.cols != cols) {
+    throw CudaError("grouped_gemm: gate reads " + std::to_string(cols) + " columns, up " + std::to_string(up->m.cols));
+  }
+  if (gather == nullptr && x_rows < routes) {
+    throw CudaError("grouped_gemm: " + std::to_string(routes) + " routes read rows of an input of " +
+                    std::to_string(x_rows));
+  }
+  const size_t need = size_t{x_rows} * cols;
+  if (split.hi == nullptr || split.lo == nullptr || need > split.elems) {
+    throw CudaError("grouped_gemm: splitting " + std::to_string(x_rows) + " input rows of " + std::to_string(cols) +
+                    " columns needs " + std::to_string(need) + " halves a part; the scratch holds " +
+                    std::to_string(split.hi == nullptr || split.lo == nullptr ? 0 : split.elems));
+  }
+  if (x_rows == 0) return;
+  __half* hi = static_cast<__half*>(split.hi);
+  __half* lo = static_cast<__half*>(split.lo);
+  split_rows_kernel<<<std::min<uint32_t>(x_rows, 65535), 256, 0, stream>>>(x, ldx, x_rows, cols, hi, lo);
+  FERRY_CUDA_LAUNCHED();
+  run_products(w, up, hi, lo, gather, sort, routes, E, limit, y, ldy, up_scratch, stream);
 }
 
 }  // namespace ferry::gpu

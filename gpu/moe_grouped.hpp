@@ -53,12 +53,22 @@ struct RouteTally {
 void sort_routes(const int32_t* ids, uint32_t routes, uint32_t k, uint32_t E, const RouteSort& out,
                  const RouteTally& tally, cudaStream_t stream);
 
-// Sorted row p of expert e: y[p] = W_e x[gather[p]] (x[p] with gather null), rows of y `ldy` apart.
-// With `up`: y[p] = swiglu(gate_e x, up_e x) clamped at `limit` as swiglu() does; when gate and up
-// differ in type or shape, up_scratch (like y) takes the up product and swiglu() runs after.
-// `routes` and E bound the tile list (grid size); the offsets are read on the device.
-void grouped_gemm(const ExpertMatrices& w, const ExpertMatrices* up, const float* x, size_t ldx,
+// Where grouped_gemm splits its input: two parts (hi, lo) of `elems` fp16 values each. Parts 16-byte
+// aligned with rows of a multiple of 8 columns take the fast copies; others are read by element.
+struct SplitScratch {
+  void* hi = nullptr;
+  void* lo = nullptr;
+  size_t elems = 0;
+};
+
+// Sorted row p of expert e: y[p] = W_e x[gather[p]] (x[p] with gather null), rows of y `ldy` apart;
+// x has x_rows rows, `ldx` apart. With `up`: y[p] = swiglu(gate_e x, up_e x) clamped at `limit` as
+// swiglu() does; when gate and up differ in type or shape, up_scratch (like y) takes the up product
+// and swiglu() runs after. x is split into `split` first (x_rows x cols halves a part, checked): each
+// row once, not once per tile that reads it. `routes` and E bound the tile list (grid size); the
+// offsets are read on the device.
+void grouped_gemm(const ExpertMatrices& w, const ExpertMatrices* up, const float* x, size_t ldx, uint32_t x_rows,
                   const int32_t* gather, const RouteSort& sort, uint32_t routes, uint32_t E, float limit, float* y,
-                  size_t ldy, float* up_scratch, cudaStream_t stream);
+                  size_t ldy, float* up_scratch, const SplitScratch& split, cudaStream_t stream);
 
 }  // namespace ferry::gpu

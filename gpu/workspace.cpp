@@ -59,8 +59,9 @@ Workspace::Workspace(const model::Glm5Hparams& hp, model::LayerRange layers, uin
     sel_counts = alloc<int32_t>(M);
   }
   const size_t ffn_rows = std::max<size_t>({d.F, d.S, any_moe ? size_t{d.k} * d.I : 0});
-  eg = alloc<float>(M * ffn_rows);
-  eu = alloc<float>(M * ffn_rows);
+  ffn_elems = M * ffn_rows;
+  eg = alloc<float>(ffn_elems);
+  eu = alloc<float>(ffn_elems);
   if (any_moe) {
     rlogits = alloc<float>(M * d.E);
     rweights = alloc<float>(M * d.k);

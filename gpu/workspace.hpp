@@ -47,6 +47,7 @@ struct Workspace {
         *kq = nullptr, *kk = nullptr, *gs = nullptr, *iw = nullptr, *scores = nullptr, *mla_part = nullptr;
   int32_t *sel_tokens = nullptr, *sel_counts = nullptr;
   // FFN and MoE
+  size_t ffn_elems = 0;  // floats of eg and of eu each
   float *eg = nullptr, *eu = nullptr, *rlogits = nullptr, *rweights = nullptr, *eo = nullptr, *sh = nullptr;
   int32_t *rids = nullptr, *gather_idx = nullptr, *where = nullptr;
   uint32_t *expert_offsets = nullptr, *expert_tiles = nullptr;  // a prefill's routes grouped by expert (RouteSort)

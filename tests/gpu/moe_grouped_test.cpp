@@ -5,7 +5,8 @@
 // are read stacked or through per-expert tables (one of them in pinned host memory, as the host
 // store's are), whose tally is checked too. Outputs are poisoned (NaN) before each run.
 //
-// Tolerance: the kernels split every f32 input into fp16 hi + lo/2^12 (~22 significant bits) and
+// Tolerance: the kernels split every f32 input into fp16 hi + lo/2^12 (~22 significant bits; the
+// activations by a pass before the products, into the scratch given, the weights as they are decoded) and
 // accumulate in f32, so each product is within ~1e-6 of sum |w x|; 2e-5 of it leaves room for the
 // tensor cores' f32 accumulation order over a few hundred columns, and fails plain fp16 inputs
 // (~5e-4) or any misplaced row.
@@ -152,7 +153,8 @@ struct Outcome {
 
 // Runs the grouped path on `n` rows and checks every stage; rows of large chunks are sampled.
 void run_and_check(const Part* parts, const DeviceExperts& d, uint32_t E, uint32_t k, uint32_t n, Routing how,
-                   std::mt19937& rng, Outcome* outcome = nullptr, const std::vector<uint8_t>* category = nullptr) {
+                   std::mt19937& rng, Outcome* outcome = nullptr, const std::vector<uint8_t>* category = nullptr,
+                   bool odd_split = false) {
   const uint32_t D = parts[0].cols, I = parts[0].rows, routes = n * k;
   const std::vector<int32_t> ids = make_routes(how, n, k, E, rng);
   std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt(static_cast<float>(D)));
@@ -179,12 +181,19 @@ void run_and_check(const Part* parts, const DeviceExperts& d, uint32_t E, uint32
     tally.counters = dtally.as<unsigned long long>();
   }
 
+  // The inputs' splits in one buffer each: hi, then lo; with odd_split, lo one half past a 16-byte
+  // boundary (the copies by element).
+  const size_t split_elems = std::max(size_t{n} * D, size_t{routes} * I);
+  DeviceBuffer dsplit((2 * split_elems + 1) * 2);
+  const SplitScratch split{dsplit.get(), dsplit.as<uint16_t>() + split_elems + (odd_split ? 1 : 0), split_elems};
+  ASSERT_EQ(cudaMemset(dsplit.get(), 0xff, dsplit.bytes()), cudaSuccess);
+
   const RouteSort sort{doff.as<uint32_t>(), dtiles.as<uint32_t>(), dgather.as<int32_t>(), dwhere.as<int32_t>()};
   sort_routes(dids.as<int32_t>(), routes, k, E, sort, tally, nullptr);
-  grouped_gemm(d.m[0], &d.m[1], dx.as<float>(), D, sort.gather, sort, routes, E, kLimit, deg.as<float>(), I,
-               deu.as<float>(), nullptr);
-  grouped_gemm(d.m[2], nullptr, deg.as<float>(), I, nullptr, sort, routes, E, 0.0f, deo.as<float>(), D, nullptr,
-               nullptr);
+  grouped_gemm(d.m[0], &d.m[1], dx.as<float>(), D, n, sort.gather, sort, routes, E, kLimit, deg.as<float>(), I,
+               deu.as<float>(), split, nullptr);
+  grouped_gemm(d.m[2], nullptr, deg.as<float>(), I, routes, nullptr, sort, routes, E, 0.0f, deo.as<float>(), D,
+               nullptr, split, nullptr);
   moe_combine(deo.as<float>(), sort.where, drw.as<float>(), nullptr, n, k, D, dy.as<float>(), nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
@@ -328,7 +337,8 @@ TEST_F(GroupedExpertsShapes, PartialTilesAndNarrowRows) {
 }
 
 // Gate and up of different types (two launches and swiglu()), read through tables as the expert
-// tiers give them; the tally counts each class's routes and, per used staged or mapped expert, its bytes.
+// tiers give them, the inputs' low parts split to an unaligned address; the tally counts each
+// class's routes and, per used staged or mapped expert, its bytes.
 TEST_F(GroupedExpertsShapes, TablesMixedTypesAndTheTally) {
   std::mt19937 rng(9);
   const uint32_t E = 6, k = 2, D = 256, I = 256, n = 300;
@@ -339,7 +349,7 @@ TEST_F(GroupedExpertsShapes, TablesMixedTypesAndTheTally) {
   const std::vector<uint8_t> category = {0, 2, 0, 1, 1, 2};  // experts 2 and 5 get no routes
   Outcome out;
   std::mt19937 routes_rng(11);
-  run_and_check(parts, d, E, k, n, Routing::spread, routes_rng, &out, &category);
+  run_and_check(parts, d, E, k, n, Routing::spread, routes_rng, &out, &category, true);
   if (HasFatalFailure()) return;
   std::mt19937 replay(11);
   const std::vector<int32_t> ids = make_routes(Routing::spread, n, k, E, replay);
@@ -392,17 +402,20 @@ TEST_F(GroupedExpertsShapes, GlmLayerAtQ4KMatchesTheCpuAndReportsItsTime) {
   ASSERT_EQ(cudaMemcpy(dx.get(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(drw.get(), rw.data(), routes * 4, cudaMemcpyHostToDevice), cudaSuccess);
   const RouteSort sort{doff.as<uint32_t>(), dtiles.as<uint32_t>(), dgather.as<int32_t>(), dwhere.as<int32_t>()};
+  const size_t split_elems = std::max(size_t{n} * D, size_t{routes} * I);
+  DeviceBuffer dsh(split_elems * 2), dsl(split_elems * 2);
+  const SplitScratch split{dsh.get(), dsl.get(), split_elems};
   Event ev[5];
   std::vector<float> ms[4];
   for (int rep = 0; rep < 6; ++rep) {
     ev[0].record(nullptr);
     sort_routes(dids.as<int32_t>(), routes, k, E, sort, RouteTally{}, nullptr);
     ev[1].record(nullptr);
-    grouped_gemm(gate, &up, dx.as<float>(), D, sort.gather, sort, routes, E, kLimit, deg.as<float>(), I, nullptr,
-                 nullptr);
+    grouped_gemm(gate, &up, dx.as<float>(), D, n, sort.gather, sort, routes, E, kLimit, deg.as<float>(), I, nullptr,
+                 split, nullptr);
     ev[2].record(nullptr);
-    grouped_gemm(down, nullptr, deg.as<float>(), I, nullptr, sort, routes, E, 0.0f, deo.as<float>(), D, nullptr,
-                 nullptr);
+    grouped_gemm(down, nullptr, deg.as<float>(), I, routes, nullptr, sort, routes, E, 0.0f, deo.as<float>(), D,
+                 nullptr, split, nullptr);
     ev[3].record(nullptr);
     moe_combine(deo.as<float>(), sort.where, drw.as<float>(), nullptr, n, k, D, dy.as<float>(), nullptr);
     ev[4].record(nullptr);
@@ -463,6 +476,30 @@ TEST_F(GroupedExpertsShapes, GlmLayerAtQ4KMatchesTheCpuAndReportsItsTime) {
 TEST_F(GroupedExpertsShapes, TooManyExpertsIsRefused) {
   RouteSort sort;
   EXPECT_THROW(sort_routes(nullptr, 1, 1, kMaxGroupedExperts + 1, sort, RouteTally{}, nullptr), CudaError);
+}
+
+// A split scratch smaller than the input, none, or an input of fewer rows than routes (no gather)
+// is refused before anything runs (no device needed), with the sizes named.
+TEST(GroupedExpertsArgs, TooSmallASplitScratchIsRefused) {
+  DevMatrix m{GgmlType::F32, reinterpret_cast<const uint8_t*>(16), 8, 64, 64 * 4};
+  const ExpertMatrices w{m, 8 * 64 * 4, nullptr};
+  const RouteSort sort;
+  int dummy[2];
+  const SplitScratch small{&dummy[0], &dummy[1], 10 * 64 - 1};
+  try {
+    grouped_gemm(w, nullptr, reinterpret_cast<const float*>(16), 64, 10, nullptr, sort, 10, 1, 0.0f, nullptr, 8,
+                 nullptr, small, nullptr);
+    FAIL() << "a scratch of 639 halves for 640 taken";
+  } catch (const CudaError& e) {
+    EXPECT_NE(std::string(e.what()).find("needs 640 halves"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(grouped_gemm(w, nullptr, reinterpret_cast<const float*>(16), 64, 10, nullptr, sort, 10, 1, 0.0f,
+                            nullptr, 8, nullptr, SplitScratch{}, nullptr),
+               CudaError);
+  const SplitScratch enough{&dummy[0], &dummy[1], 10 * 64};
+  EXPECT_THROW(grouped_gemm(w, nullptr, reinterpret_cast<const float*>(16), 64, 9, nullptr, sort, 10, 1, 0.0f,
+                            nullptr, 8, nullptr, enough, nullptr),
+               CudaError);
 }
 
 }  // namespace
