@@ -39,6 +39,9 @@ struct CudaStageOptions {
   uint32_t max_context = 8192;
   uint32_t max_step_rows = 2048;  // rows of one step (a prefill chunk plus decode rows)
   bool graphs = true;             // replay decode steps from CUDA graphs
+  // Programmatic Dependent Launch in those graphs where the build and device have it (gpu/pdl.hpp);
+  // FERRY_PDL=0 in the environment also turns it off.
+  bool pdl = true;
   config::KvFormats kv;           // DSA row formats: latent f32 | f16 | int8, indexer keys/gates f32
   uint32_t kv_resident = 0;       // latent rows per DSA layer and slot on the device (0: the whole context)
   std::optional<StageExpertTiers> tiers;  // none: every routed expert of the stage on the device
@@ -91,6 +94,9 @@ class CudaStage final : public model::Stage {
   OpTimeTotals take_op_times();
   // CUDA graphs the MTP block's pass and drafting replay from (0 without the block or graphs).
   size_t mtp_graphs() const;
+  // The trunk's decode graphs captured so far, and their PDL edges (gpu/pdl.hpp).
+  size_t decode_graphs() const;
+  size_t decode_graph_pdl_edges() const;
 
   int device() const;
   std::string device_name() const;

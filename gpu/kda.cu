@@ -10,6 +10,7 @@
 #include "gpu/block_reduce.cuh"
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernels.hpp"
+#include "gpu/pdl.cuh"
 
 namespace ferry::gpu {
 namespace {
@@ -60,6 +61,7 @@ __global__ void conv_state_kernel(KdaArgs a) {
 
 // One warp per (row, head) of q and of k: x / sqrt(sum x^2 + 1e-6), and q times head_dim^-0.5.
 __global__ void qk_norm_kernel(KdaArgs a) {
+  pdl_launch_dependents();  // the next matvec may request its weights now (gpu/pdl.hpp)
   const uint32_t lane = threadIdx.x & 31;
   const size_t item = (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x) >> 5;
   const uint32_t C = a.heads * a.head_dim;
@@ -181,6 +183,7 @@ __global__ void __launch_bounds__(DK) recurrent_kernel(KdaArgs a) {
 
 __global__ void gated_norm_kernel(const float* o, const float* gate, const float* w, uint32_t rows, uint32_t heads,
                                   uint32_t head_dim, float eps, float* out) {
+  pdl_launch_dependents();  // the output projection may request its weights now (gpu/pdl.hpp)
   const uint32_t lane = threadIdx.x & 31;
   const size_t item = (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x) >> 5;
   if (item >= static_cast<size_t>(rows) * heads) return;

@@ -22,6 +22,8 @@
 #include "gpu/cuda_check.hpp"
 #include "gpu/matvec_int16.hpp"
 #include "gpu/matvec_part.cuh"
+#include "gpu/pdl.cuh"
+#include "gpu/pdl.hpp"
 #include "gpu/quant_device.cuh"
 #include "gpu/swiglu.cuh"
 #include "model/formats/iq_grids.hpp"
@@ -289,6 +291,13 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
   const uint32_t chunks = (units + kChunk * lpr - 1) / (kChunk * lpr);
   const uint32_t first_row = (blockIdx.x * kWarps + warp) * rows_per_warp;
   const uint32_t stride = gridDim.x * kWarps * rows_per_warp;
+  // Launched with PDL (gpu/pdl.hpp), the kernel may start before the previous one ends: weights that
+  // no earlier kernel picks are requested before the wait, the routed experts' (through the router's
+  // ids or the pool's tables) only after it, and x and y only after it.
+  const bool fixed_weights = a.w_group_index == nullptr && a.w_group_ptrs == nullptr &&
+                             (a.parts < 2 || a.more[0].group_ptrs == nullptr) &&
+                             (a.parts < 3 || a.more[1].group_ptrs == nullptr);
+  if (!fixed_weights) pdl_wait();
   const MatvecPartView view = matvec_part_view(a, g);
   const uint8_t* wbase = view.w;
   float* y = view.y;
@@ -313,6 +322,8 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
     uint32_t* g_smem = reinterpret_cast<uint32_t*>(smem_all);
     for (uint32_t i = threadIdx.x; i < kGridBytes / 4; i += blockDim.x) g_smem[i] = tables.iq3s_grid[i];
   }
+  if (fixed_weights) pdl_wait();
+  pdl_launch_dependents();
 
   // Each thread quantizes 16 values (half of a 32-value block; its neighbour holds the other half)
   // into one half of the slot of the unit whose run they are.
@@ -418,6 +429,20 @@ bool int16_type(model::GgmlType t) {
          t == GgmlType::IQ3_S;
 }
 
+// One launch, with PDL where gpu/pdl.hpp allows it.
+template <int T, int NT>
+void launch_nt(const MatvecArgs& a, const Tables& tables, dim3 grid, size_t smem, cudaStream_t stream) {
+  void (*kernel)(MatvecArgs, Tables) = int16_kernel<T, NT>;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kWarps * 32);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  pdl_configure(cfg, attr, reinterpret_cast<const void*>(kernel));
+  FERRY_CUDA(cudaLaunchKernelEx(&cfg, kernel, a, tables));
+}
+
 template <int T>
 void launch(const MatvecArgs& a, const Tables& tables, cudaStream_t stream) {
   const uint32_t nt = padded_tokens(a.tokens);
@@ -429,10 +454,10 @@ void launch(const MatvecArgs& a, const Tables& tables, cudaStream_t stream) {
       std::max<uint32_t>(1, static_cast<uint32_t>(current_sm_count() * blocks_per_sm(nt)) / (a.groups * a.parts));
   const dim3 grid(std::min(wanted, fill), a.groups, a.parts);
   switch (nt) {
-    case 1: int16_kernel<T, 1><<<grid, kWarps * 32, smem, stream>>>(a, tables); break;
-    case 2: int16_kernel<T, 2><<<grid, kWarps * 32, smem, stream>>>(a, tables); break;
-    case 4: int16_kernel<T, 4><<<grid, kWarps * 32, smem, stream>>>(a, tables); break;
-    default: int16_kernel<T, 8><<<grid, kWarps * 32, smem, stream>>>(a, tables); break;
+    case 1: launch_nt<T, 1>(a, tables, grid, smem, stream); break;
+    case 2: launch_nt<T, 2>(a, tables, grid, smem, stream); break;
+    case 4: launch_nt<T, 4>(a, tables, grid, smem, stream); break;
+    default: launch_nt<T, 8>(a, tables, grid, smem, stream); break;
   }
 }
 
