@@ -85,7 +85,8 @@ TEST(PdlTest, DecodeGraphsGiveTheSameLogitsWithAndWithout) {
       pos[s] = static_cast<uint32_t>(half.size());
     }
     for (int i = 0; i < 10; ++i) {
-      auto r = p->step({SlotRows{0, pos[0]++, {next[0]}, false, false, {}}, SlotRows{1, pos[1]++, {next[1]}, false, false, {}}});
+      auto r = p->step({SlotRows{0, pos[0]++, {next[0]}, false, false, {}},
+                        SlotRows{1, pos[1]++, {next[1]}, false, false, {}}});
       ASSERT_TRUE(r) << r.error().message;
       for (uint32_t s = 0; s < 2; ++s) {
         logits[on].push_back(r.value()[s].logits);
