@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "gpu/pdl.hpp"
+
 namespace ferry::gpu {
 
 ErrorCode classify(cudaError_t code) {
@@ -70,10 +72,18 @@ float Event::since(const Event& start) const {
   return ms;
 }
 
-void GraphExec::end_capture(cudaStream_t s) {
+void GraphExec::end_capture(cudaStream_t s, size_t* programmatic) {
   reset();
   cudaGraph_t graph = nullptr;
   FERRY_CUDA(cudaStreamEndCapture(s, &graph));
+  if (programmatic != nullptr) {
+    try {
+      *programmatic = programmatic_edges(graph);
+    } catch (...) {
+      cudaGraphDestroy(graph);
+      throw;
+    }
+  }
   const cudaError_t e = cudaGraphInstantiate(&exec_, graph, 0);
   cudaGraphDestroy(graph);
   if (e != cudaSuccess) {

@@ -107,8 +107,9 @@ class GraphExec {
     }
     return *this;
   }
-  // Ends a capture begun on `s` and instantiates it.
-  void end_capture(cudaStream_t s);
+  // Ends a capture begun on `s` and instantiates it; `programmatic`, when given, gets the graph's
+  // PDL edges (gpu/pdl.hpp).
+  void end_capture(cudaStream_t s, size_t* programmatic = nullptr);
   void launch(cudaStream_t s) const { FERRY_CUDA(cudaGraphLaunch(exec_, s)); }
   bool ready() const { return exec_ != nullptr; }
   void reset();

@@ -14,6 +14,7 @@
 #include "gpu/head_sampling.hpp"
 #include "gpu/layer_runner.hpp"
 #include "gpu/mtp_block.hpp"
+#include "gpu/pdl.hpp"
 #include "gpu/stage_state.hpp"
 #include "gpu/step_input.hpp"
 #include "gpu/verify_keep.hpp"
@@ -62,7 +63,7 @@ struct CudaStage::Impl {
   uint64_t peak_used = 0;
 
   Impl(const model::Glm5Hparams& h, model::LayerRange l, const CudaStageOptions& o)
-      : hp(h), layers(l), opt(o), graphs(o.graphs) {}
+      : hp(h), layers(l), opt(o), graphs(o.graphs, o.pdl && pdl_env_allows()) {}
   ~Impl() {
     if (cublas != nullptr) blas::api().destroy(cublas);
   }
@@ -439,6 +440,8 @@ void CudaStage::time_ops(bool on) { impl_->time_ops = on; }
 void CudaStage::trace_steps(StepTrace* trace) { impl_->trace = trace; }
 OpTimeTotals CudaStage::take_op_times() { return impl_->op_times.take(); }
 size_t CudaStage::mtp_graphs() const { return impl_->mtp ? impl_->mtp->graphs() : 0; }
+size_t CudaStage::decode_graphs() const { return impl_->graphs.captured(); }
+size_t CudaStage::decode_graph_pdl_edges() const { return impl_->graphs.programmatic_edges(); }
 std::vector<float> CudaStage::take_mtp_logits() { return impl_->mtp ? impl_->mtp->take_logits() : std::vector<float>{}; }
 
 model::StageCounters CudaStage::counters() const {

@@ -39,6 +39,9 @@ struct CudaStageOptions {
   uint32_t max_context = 8192;
   uint32_t max_step_rows = 2048;  // rows of one step (a prefill chunk plus decode rows)
   bool graphs = true;             // replay decode steps from CUDA graphs
+  // Programmatic Dependent Launch in those graphs where the build and device have it (gpu/pdl.hpp);
+  // FERRY_PDL=0 in the environment also turns it off.
+  bool pdl = true;
   config::KvFormats kv;           // DSA row formats: latent f32 | f16 | int8, indexer keys/gates f32
   uint32_t kv_resident = 0;       // latent rows per DSA layer and slot on the device (0: the whole context)
   std::optional<StageExpertTiers> tiers;  // none: every routed expert of the stage on the device
@@ -102,6 +105,10 @@ class CudaStage final : public model::Stage {
     uint64_t groups = 0, rows = 0, tier_rows = 0;
   };
   PrefillGatherCounts prefill_gather_counts() const;
+
+  // The trunk's decode graphs captured so far, and their PDL edges (gpu/pdl.hpp).
+  size_t decode_graphs() const;
+  size_t decode_graph_pdl_edges() const;
 
   int device() const;
   std::string device_name() const;

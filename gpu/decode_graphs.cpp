@@ -1,5 +1,7 @@
 #include "gpu/decode_graphs.hpp"
 
+#include "gpu/pdl.hpp"
+
 namespace ferry::gpu {
 
 void DecodeGraphs::run(uint64_t shape, cudaStream_t stream, const std::function<void()>& body) {
@@ -19,6 +21,7 @@ void DecodeGraphs::run(uint64_t shape, cudaStream_t stream, const std::function<
   // Thread-local capture: the other stages' threads keep making CUDA calls meanwhile.
   FERRY_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   try {
+    PdlScope pdl(pdl_);
     body();
   } catch (...) {
     cudaGraph_t broken = nullptr;
@@ -27,7 +30,9 @@ void DecodeGraphs::run(uint64_t shape, cudaStream_t stream, const std::function<
     throw;
   }
   GraphExec& g = graphs_[shape];
-  g.end_capture(stream);
+  size_t edges = 0;
+  g.end_capture(stream, &edges);
+  edges_ += edges;
   g.launch(stream);
 }
 

@@ -10,6 +10,7 @@
 #include "gpu/block_reduce.cuh"
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernels.hpp"
+#include "gpu/pdl.cuh"
 
 namespace ferry::gpu {
 namespace {
@@ -60,6 +61,7 @@ __global__ void conv_state_kernel(KdaArgs a) {
 
 // One warp per (row, head) of q and of k: x / sqrt(sum x^2 + 1e-6), and q times head_dim^-0.5.
 __global__ void qk_norm_kernel(KdaArgs a) {
+  pdl_launch_dependents();  // the next matvec may request its weights now (gpu/pdl.hpp)
   const uint32_t lane = threadIdx.x & 31;
   const size_t item = (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x) >> 5;
   const uint32_t C = a.heads * a.head_dim;
@@ -74,6 +76,63 @@ __global__ void qk_norm_kernel(KdaArgs a) {
   const bool is_q = hk < a.heads;
   const float qs = rsqrtf(static_cast<float>(a.head_dim));
   for (uint32_t i = lane; i < a.head_dim; i += 32) x[i] = is_q ? (x[i] * scale) * qs : x[i] * scale;
+}
+
+// Decode rows (kda_conv): conv_kernel, conv_state_kernel and qk_norm_kernel as one launch, one warp a
+// (segment, head of q, k or v) over its segment's rows. Each lane takes the channels of the head that
+// qk_norm_kernel's lane takes, computes them as conv_kernel does, and reads back only what it wrote;
+// the state is replaced after the segment's rows read it: the same operations on the same values in
+// the same order, so the three launches' bits.
+__global__ void conv_decode_kernel(KdaArgs a) {
+  pdl_launch_dependents();  // the next matvec may request its weights now (gpu/pdl.hpp)
+  const uint32_t lane = threadIdx.x & 31;
+  const size_t item = (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x) >> 5;
+  const uint32_t C = a.heads * a.head_dim, C3 = 3 * C;
+  const uint32_t K = a.kernel;
+  if (item >= static_cast<size_t>(a.segments) * 3 * a.heads) return;
+  const uint32_t s = static_cast<uint32_t>(item / (3 * a.heads));
+  const uint32_t hk = static_cast<uint32_t>(item % (3 * a.heads));  // q heads, k heads, v heads
+  const uint32_t first_row = static_cast<uint32_t>(a.seg.first_row[s]);
+  for (uint32_t r = first_row; r < first_row + static_cast<uint32_t>(a.seg.len[s]); ++r) {
+    const int pos = a.row.pos[r];
+    const int start = a.row.pos[a.row.seg_first_row[r]];
+    const size_t slot = static_cast<size_t>(a.row.slot[r]);
+    for (uint32_t e = lane; e < a.head_dim; e += 32) {
+      const uint32_t c = hk * a.head_dim + e;
+      const float* w = a.conv_w + static_cast<size_t>(c) * K;
+      const float* st = a.conv_state + (slot * C3 + c) * (K - 1);
+      float acc = 0.0f;
+      for (uint32_t j = 0; j < K; ++j) {
+        const int p = pos - static_cast<int>(K - 1) + static_cast<int>(j);
+        const float in = p >= start ? a.qkv_raw[(static_cast<size_t>(r) - (pos - p)) * C3 + c]
+                                    : st[static_cast<int>(K - 1) - (start - p)];
+        acc += w[j] * in;
+      }
+      a.qkv[static_cast<size_t>(r) * C3 + c] = acc / (1.0f + expf(-acc));
+    }
+    if (hk < 2 * a.heads) {
+      float* x = a.qkv + static_cast<size_t>(r) * C3 + static_cast<size_t>(hk) * a.head_dim;
+      float ss = 0.0f;
+      for (uint32_t i = lane; i < a.head_dim; i += 32) ss += x[i] * x[i];
+      ss = warp_sum(ss);
+      float scale = 1.0f / sqrtf(ss + 1e-6f);
+      const bool is_q = hk < a.heads;
+      const float qs = rsqrtf(static_cast<float>(a.head_dim));
+      for (uint32_t i = lane; i < a.head_dim; i += 32) x[i] = is_q ? (x[i] * scale) * qs : x[i] * scale;
+    }
+  }
+  const int start = a.seg.start[s], end = start + a.seg.len[s];
+  const size_t first = static_cast<size_t>(a.seg.first_row[s]);
+  for (uint32_t e = lane; e < a.head_dim; e += 32) {
+    const uint32_t c = hk * a.head_dim + e;
+    float* st = a.conv_state + (static_cast<size_t>(a.seg.slot[s]) * C3 + c) * (K - 1);
+    float next[kMaxConv];
+    for (uint32_t j = 0; j + 1 < K; ++j) {
+      const int p = end - static_cast<int>(K - 1) + static_cast<int>(j);
+      next[j] = p >= start ? a.qkv_raw[(first + (p - start)) * C3 + c] : st[static_cast<int>(K - 1) - (start - p)];
+    }
+    for (uint32_t j = 0; j + 1 < K; ++j) st[j] = next[j];
+  }
 }
 
 // Column j of a head's state evolves on its own (decay by row, then the delta rule through k, v_j).
@@ -181,6 +240,7 @@ __global__ void __launch_bounds__(DK) recurrent_kernel(KdaArgs a) {
 
 __global__ void gated_norm_kernel(const float* o, const float* gate, const float* w, uint32_t rows, uint32_t heads,
                                   uint32_t head_dim, float eps, float* out) {
+  pdl_launch_dependents();  // the output projection may request its weights now (gpu/pdl.hpp)
   const uint32_t lane = threadIdx.x & 31;
   const size_t item = (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x) >> 5;
   if (item >= static_cast<size_t>(rows) * heads) return;
@@ -199,6 +259,22 @@ unsigned grid_for(size_t n) { return static_cast<unsigned>(std::min<size_t>((n +
 }  // namespace
 
 void kda_conv(const KdaArgs& a, cudaStream_t stream) {
+  if (a.rows <= kMaxMatvecTokens) {
+    kda_conv_decode(a, stream);
+  } else {
+    kda_conv_rows(a, stream);
+  }
+}
+
+void kda_conv_decode(const KdaArgs& a, cudaStream_t stream) {
+  if (a.rows == 0) return;
+  if (a.kernel < 1 || a.kernel > kMaxConv) throw CudaError("KDA: conv kernel size not in 1..8");
+  const size_t warps = static_cast<size_t>(a.segments) * 3 * a.heads;
+  conv_decode_kernel<<<static_cast<unsigned>((warps * 32 + 127) / 128), 128, 0, stream>>>(a);
+  FERRY_CUDA_LAUNCHED();
+}
+
+void kda_conv_rows(const KdaArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
   if (a.kernel < 1 || a.kernel > kMaxConv) throw CudaError("KDA: conv kernel size not in 1..8");
   const size_t n = static_cast<size_t>(a.rows) * 3 * a.heads * a.head_dim;

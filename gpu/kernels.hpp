@@ -211,6 +211,10 @@ struct KdaArgs {
   float* out = nullptr;             // [rows][C]
 };
 void kda_conv(const KdaArgs& a, cudaStream_t stream);
+// kda_conv's two ways, the same bits: one launch of a warp per (segment, head) for decode rows (up to
+// kMaxMatvecTokens), three launches over every (row, channel) otherwise.
+void kda_conv_decode(const KdaArgs& a, cudaStream_t stream);
+void kda_conv_rows(const KdaArgs& a, cudaStream_t stream);
 void kda_recurrent(const KdaArgs& a, cudaStream_t stream);
 // out[i][h] = rmsnorm(o[i][h]) * w * sigmoid(gate[i][h]) per head of `head_dim`.
 void gated_rms_norm(const float* o, const float* gate, const float* w, uint32_t rows, uint32_t heads,

@@ -25,6 +25,8 @@
 #include "gpu/cuda_check.hpp"
 #include "gpu/matvec_int16.hpp"
 #include "gpu/matvec_part.cuh"
+#include "gpu/pdl.cuh"
+#include "gpu/pdl.hpp"
 #include "gpu/quant_device.cuh"
 #include "gpu/swiglu.cuh"
 #include "model/formats/iq_grids.hpp"
@@ -322,6 +324,13 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
   // Groups named on the device (MatvecArgs::group_count, 2 tokens or more: the 1-token kernel
   // keeps its registers) share the launch's blocks by blockIdx.x: block b works on group b % G as
   // its (b / G)-th block of nb.
+  // Launched with PDL (gpu/pdl.hpp), the kernel may start before the previous one ends: weights that
+  // no earlier kernel picks are requested before the wait, the routed experts' (through the router's
+  // ids, the pool's tables or groups named on the device) only after it, and x and y only after it.
+  const bool fixed_weights = a.w_group_index == nullptr && a.w_group_ptrs == nullptr && a.group_count == nullptr &&
+                             (a.parts < 2 || a.more[0].group_ptrs == nullptr) &&
+                             (a.parts < 3 || a.more[1].group_ptrs == nullptr);
+  if (!fixed_weights) pdl_wait();
   uint32_t g = blockIdx.y, bx = blockIdx.x, nb = gridDim.x, ntok = a.tokens;
   const int32_t *tok_x = nullptr, *tok_y = nullptr;
   if (NT > 1 && a.group_count != nullptr) {
@@ -370,6 +379,8 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
     uint32_t* g_smem = reinterpret_cast<uint32_t*>(smem_all);
     for (uint32_t i = threadIdx.x; i < kGridBytes / 4; i += blockDim.x) g_smem[i] = tables.iq3s_grid[i];
   }
+  if (fixed_weights) pdl_wait();
+  pdl_launch_dependents();
 
   // Each thread quantizes 16 values (half of a 32-value block; its neighbour holds the other half)
   // into one half of the slot of the unit whose run they are.
@@ -513,7 +524,16 @@ void launch_tokens(const MatvecArgs& a, const Tables& tables, cudaStream_t strea
     const uint32_t fill = std::max<uint32_t>(1, resident / (a.groups * a.parts));
     grid = dim3(std::min(wanted, fill), a.groups, a.parts);
   }
-  int16_kernel<T, NT><<<grid, kWarps * 32, smem, stream>>>(a, tables);
+  // One launch, with PDL where gpu/pdl.hpp allows it.
+  void (*kernel)(MatvecArgs, Tables) = int16_kernel<T, NT>;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kWarps * 32);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  pdl_configure(cfg, attr, reinterpret_cast<const void*>(kernel));
+  FERRY_CUDA(cudaLaunchKernelEx(&cfg, kernel, a, tables));
 }
 
 template <int T>

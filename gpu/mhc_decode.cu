@@ -18,6 +18,7 @@
 #include "gpu/block_reduce.cuh"
 #include "gpu/cuda_check.hpp"
 #include "gpu/mhc_decode.hpp"
+#include "gpu/pdl.cuh"
 
 namespace ferry::gpu {
 namespace {
@@ -93,6 +94,7 @@ struct ClusterArgs {
 // summed per row in column order: fixed order, deterministic).
 __global__ void __launch_bounds__(kMaxThreads) mhc_cluster_kernel(ClusterArgs f) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  pdl_launch_dependents();  // the next matvec may request its weights now (gpu/pdl.hpp)
   __shared__ float4 rn[kH][kMaxPer];  // the slice of the streams (after the post)
   __shared__ float pm[kMix][kMaxPer];  // the mixer product's partials
   __shared__ double warp_part[kMaxThreads / 32][kPairs];

@@ -7,6 +7,7 @@
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/mhc_decode.hpp"
+#include "gpu/pdl.cuh"
 #include "gpu/swiglu.cuh"
 
 namespace ferry::gpu {
@@ -18,6 +19,7 @@ unsigned grid_for(size_t n, unsigned threads = 256) {
 
 __global__ void rms_norm_kernel(const float* x, size_t x_stride, const float* w, uint32_t n, float eps, float* out,
                                 size_t out_stride) {
+  pdl_launch_dependents();  // the next matvec may request its weights now (gpu/pdl.hpp)
   __shared__ float scratch[32];
   const float* xr = x + blockIdx.x * x_stride;
   float* o = out + blockIdx.x * out_stride;
@@ -190,6 +192,7 @@ __global__ void swiglu_kernel(float* gate, const float* up, size_t stride, uint3
 // the warps' top k); the groups rule the same way.
 // Weights as model::route_token makes them: the chosen sigmoids summed in f64 in rank order.
 __global__ void __launch_bounds__(1024) moe_route_kernel(RouterArgs a) {
+  pdl_launch_dependents();  // the shared expert's matvec may request its weights now (gpu/pdl.hpp)
   constexpr uint32_t kMaxE = 1024, kMaxGroups = 64, kMaxK = 32;
   __shared__ float choice[kMaxE];
   __shared__ float group_score[kMaxGroups];

@@ -1,0 +1,86 @@
+#include "gpu/pdl.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "gpu/cuda_check.hpp"
+#include "gpu/pdl.cuh"
+
+namespace ferry::gpu {
+namespace {
+
+thread_local bool t_pdl = false;
+
+// A kernel whose code shows what this build runs on the device (pdl_device_ready).
+__global__ void pdl_probe_kernel() { pdl_wait(); }
+
+}  // namespace
+
+PdlScope::PdlScope(bool on) : before_(t_pdl) { t_pdl = t_pdl || on; }
+PdlScope::~PdlScope() { t_pdl = before_; }
+
+bool pdl_env_allows() {
+  const char* v = std::getenv("FERRY_PDL");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
+bool pdl_kernel_built(const void* kernel) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, bool> known;
+  int dev = 0;
+  FERRY_CUDA(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  auto [it, fresh] = known.try_emplace({kernel, dev}, false);
+  if (fresh) {
+    int major = 0;
+    FERRY_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    cudaFuncAttributes fa{};
+    FERRY_CUDA(cudaFuncGetAttributes(&fa, kernel));
+    it->second = major >= 9 && fa.ptxVersion >= 90;
+  }
+  return it->second;
+}
+
+bool pdl_device_ready() { return pdl_kernel_built(reinterpret_cast<const void*>(pdl_probe_kernel)); }
+
+void pdl_configure(cudaLaunchConfig_t& cfg, cudaLaunchAttribute& attr, const void* kernel) {
+  // Asked first, so that the eager step before a capture fills the cache.
+  if (!pdl_kernel_built(kernel) || !t_pdl) return;
+  attr = {};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+}
+
+size_t programmatic_edges(cudaGraph_t graph) {
+#if CUDART_VERSION >= 12030
+  // CUDA 13 gave cudaGraphGetEdges the edge data that 12.3 added as cudaGraphGetEdges_v2.
+#if CUDART_VERSION >= 13000
+  auto get = [&](cudaGraphNode_t* from, cudaGraphNode_t* to, cudaGraphEdgeData* data, size_t* n) {
+    return cudaGraphGetEdges(graph, from, to, data, n);
+  };
+#else
+  auto get = [&](cudaGraphNode_t* from, cudaGraphNode_t* to, cudaGraphEdgeData* data, size_t* n) {
+    return cudaGraphGetEdges_v2(graph, from, to, data, n);
+  };
+#endif
+  size_t n = 0;
+  FERRY_CUDA(get(nullptr, nullptr, nullptr, &n));
+  std::vector<cudaGraphNode_t> from(n), to(n);
+  std::vector<cudaGraphEdgeData> data(n);
+  FERRY_CUDA(get(from.data(), to.data(), data.data(), &n));
+  size_t programmatic = 0;
+  for (size_t i = 0; i < n; ++i) programmatic += data[i].type == cudaGraphDependencyTypeProgrammatic;
+  return programmatic;
+#else
+  (void)graph;
+  return 0;
+#endif
+}
+
+}  // namespace ferry::gpu

@@ -1,0 +1,110 @@
+// KDA's short convolution for decode rows as one launch (kda_conv_decode) against the three launches
+// it replaces (kda_conv_rows: convolution, state update, q/k norms): the same bits in the activated
+// q/k/v and in the slots' new convolution state, over segments of one to three rows, positions that
+// read the old state and positions past it, head dims of one lane a channel and of several.
+// Outputs are poisoned (NaN) before each run.
+#if FERRY_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gpu/cuda_memory.hpp"
+#include "gpu/kernels.hpp"
+#include "tests/gpu/gpu_test_support.hpp"
+
+namespace ferry::gpu {
+namespace {
+
+using ferry::testing::have_device;
+
+template <class V>
+DeviceBuffer to_device(const std::vector<V>& v) {
+  DeviceBuffer b(v.size() * sizeof(V));
+  EXPECT_EQ(cudaMemcpy(b.get(), v.data(), v.size() * sizeof(V), cudaMemcpyHostToDevice), cudaSuccess);
+  return b;
+}
+std::vector<float> to_host(const DeviceBuffer& b) {
+  std::vector<float> v(b.bytes() / 4);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(v.data(), b.get(), b.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+  return v;
+}
+
+TEST(KdaConvFusion, OneLaunchGivesTheThreeLaunchesBits) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  constexpr uint32_t kSlots = 3, kHeads = 2, kK = 4;
+  // Segments (slot, first position, rows): the state read by every row, by some rows, and by none.
+  struct Seg {
+    int32_t slot, start, len;
+  };
+  const std::vector<Seg> segs = {{2, 5, 1}, {0, 1, 3}, {1, 7, 2}};
+  std::vector<int32_t> row_slot, row_pos, row_first, seg_slot, seg_start, seg_len, seg_first;
+  for (const Seg& s : segs) {
+    seg_slot.push_back(s.slot);
+    seg_start.push_back(s.start);
+    seg_len.push_back(s.len);
+    seg_first.push_back(static_cast<int32_t>(row_slot.size()));
+    for (int32_t i = 0; i < s.len; ++i) {
+      row_slot.push_back(s.slot);
+      row_pos.push_back(s.start + i);
+      row_first.push_back(seg_first.back());
+    }
+  }
+  const uint32_t rows = static_cast<uint32_t>(row_slot.size());
+  ASSERT_LE(rows, kMaxMatvecTokens);
+  const DeviceBuffer d_row_slot = to_device(row_slot), d_row_pos = to_device(row_pos),
+                     d_row_first = to_device(row_first), d_seg_slot = to_device(seg_slot),
+                     d_seg_start = to_device(seg_start), d_seg_len = to_device(seg_len),
+                     d_seg_first = to_device(seg_first);
+  for (uint32_t head_dim : {16u, 128u}) {
+    const uint32_t C3 = 3 * kHeads * head_dim;
+    std::mt19937 rng(head_dim);
+    std::normal_distribution<float> n(0.0f, 1.0f);
+    auto random = [&](size_t count) {
+      std::vector<float> v(count);
+      for (float& x : v) x = n(rng);
+      return v;
+    };
+    const std::vector<float> raw = random(size_t{rows} * C3), w = random(size_t{C3} * kK),
+                             state = random(size_t{kSlots} * C3 * (kK - 1));
+    const DeviceBuffer d_raw = to_device(raw), d_w = to_device(w);
+    std::vector<float> qkv[2], st[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      DeviceBuffer d_qkv(size_t{rows} * C3 * 4);
+      ASSERT_EQ(cudaMemset(d_qkv.get(), 0xff, d_qkv.bytes()), cudaSuccess);
+      DeviceBuffer d_state = to_device(state);
+      KdaArgs a;
+      a.row = {d_row_slot.as<int32_t>(), d_row_pos.as<int32_t>(), d_row_first.as<int32_t>()};
+      a.seg = {d_seg_slot.as<int32_t>(), d_seg_start.as<int32_t>(), d_seg_len.as<int32_t>(),
+               d_seg_first.as<int32_t>()};
+      a.rows = rows;
+      a.segments = static_cast<uint32_t>(segs.size());
+      a.heads = kHeads;
+      a.head_dim = head_dim;
+      a.kernel = kK;
+      a.qkv = d_qkv.as<float>();
+      a.qkv_raw = d_raw.as<float>();
+      a.conv_w = d_w.as<float>();
+      a.conv_state = d_state.as<float>();
+      if (fused == 1) {
+        kda_conv_decode(a, nullptr);
+      } else {
+        kda_conv_rows(a, nullptr);
+      }
+      qkv[fused] = to_host(d_qkv);
+      st[fused] = to_host(d_state);
+    }
+    ASSERT_EQ(qkv[0].size(), qkv[1].size());
+    EXPECT_EQ(std::memcmp(qkv[0].data(), qkv[1].data(), qkv[0].size() * 4), 0) << "q/k/v, head dim " << head_dim;
+    EXPECT_EQ(std::memcmp(st[0].data(), st[1].data(), st[0].size() * 4), 0) << "conv state, head dim " << head_dim;
+    EXPECT_NE(std::memcmp(st[0].data(), state.data(), state.size() * 4), 0) << "the state was not updated";
+    for (float v : qkv[1]) ASSERT_EQ(v, v) << "a row left unwritten (NaN), head dim " << head_dim;
+  }
+}
+
+}  // namespace
+}  // namespace ferry::gpu
+#endif

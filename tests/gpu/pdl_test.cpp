@@ -1,0 +1,221 @@
+// Programmatic Dependent Launch in the decode graphs (gpu/pdl.hpp): a CUDA stage on a random Q4_K
+// model decodes two slots at depth > 0 with PDL on and off, and every step's logits are the same
+// bits; where the build and device have PDL the captured graphs hold programmatic edges, elsewhere
+// (the Volta build's PTX, pre-sm90 devices) none. A captured chain of norms and int16 matvecs, each
+// reading the previous kernel's output and overwriting what the one before read, gives the same bits
+// both ways, and prints its replay time both ways (not asserted).
+#if FERRY_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <random>
+#include <vector>
+
+#include "gpu/cuda_memory.hpp"
+#include "gpu/cuda_stage.hpp"
+#include "gpu/kernels.hpp"
+#include "gpu/pdl.hpp"
+#include "model/glm5/glm5_weights.hpp"
+#include "model/pipeline.hpp"
+#include "tests/gpu/gpu_test_support.hpp"
+#include "tests/gpu/quant_rows.hpp"
+#include "tests/model/random_model.hpp"
+
+namespace ferry::gpu {
+namespace {
+
+using ferry::testing::have_device;
+using model::GgmlType;
+using model::Pipeline;
+using model::SlotRows;
+
+// PDL edges are expected exactly where this build and device have the instructions.
+bool pdl_expected() { return pdl_env_allows() && pdl_device_ready(); }
+
+std::unique_ptr<Pipeline> stage(const model::Glm5Weights& w, bool pdl) {
+  CudaStageOptions o;
+  o.max_slots = 2;
+  o.max_context = 256;
+  o.max_step_rows = 64;
+  o.pdl = pdl;
+  auto s = CudaStage::from_weights(w, {0, w.hparams().n_layers}, o);
+  EXPECT_TRUE(s) << (s ? "" : s.error().message);
+  if (!s) return nullptr;
+  std::vector<std::shared_ptr<model::Stage>> stages{std::move(s.value())};
+  auto p = Pipeline::make(std::move(stages));
+  EXPECT_TRUE(p) << (p ? "" : p.error().message);
+  return p ? std::move(p.value()) : nullptr;
+}
+
+int32_t argmax(const std::vector<float>& v) {
+  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+TEST(PdlTest, DecodeGraphsGiveTheSameLogitsWithAndWithout) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  model::Glm5Hparams hp = ferry::testing::tiny_gpu_shape(256);  // rows of 256: the int16 matvecs
+  ASSERT_TRUE(hp.validate().empty());
+  const std::string path = testing::temp_model_path("pdl_test_q4_k");
+  ASSERT_TRUE(testing::write_random_model(hp, GgmlType::Q4_K, path, 23));
+  auto w = model::Glm5Weights::load(path);
+  ASSERT_TRUE(w) << w.error().message;
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(hp.vocab_size) - 1);
+  std::vector<int32_t> prompt(41);
+  for (int32_t& t : prompt) t = tok(rng);
+
+  // Per pipeline: the prompt's two parts (20 and 21 tokens) prefilled into slots 0 and 1, then 10 steps of both slots'
+  // rows (eager, captured, then replayed), each greedy on its own logits.
+  std::vector<std::vector<float>> logits[2];
+  size_t graphs[2] = {}, edges[2] = {};
+  for (int on = 0; on < 2; ++on) {
+    auto p = stage(*w.value(), on == 1);
+    ASSERT_TRUE(p);
+    int32_t next[2];
+    uint32_t pos[2];
+    for (uint32_t s = 0; s < 2; ++s) {
+      const std::vector<int32_t> half(prompt.begin() + 20 * s, prompt.begin() + 20 * s + 20 + s);
+      auto r = p->step({SlotRows{s, 0, half, false, false, {}}});
+      ASSERT_TRUE(r) << r.error().message;
+      next[s] = argmax(r.value()[0].logits);
+      pos[s] = static_cast<uint32_t>(half.size());
+    }
+    for (int i = 0; i < 10; ++i) {
+      auto r = p->step({SlotRows{0, pos[0]++, {next[0]}, false, false, {}},
+                        SlotRows{1, pos[1]++, {next[1]}, false, false, {}}});
+      ASSERT_TRUE(r) << r.error().message;
+      for (uint32_t s = 0; s < 2; ++s) {
+        logits[on].push_back(r.value()[s].logits);
+        next[s] = argmax(r.value()[s].logits);
+      }
+    }
+    auto* cs = dynamic_cast<CudaStage*>(p->stages()[0].get());
+    ASSERT_NE(cs, nullptr);
+    graphs[on] = cs->decode_graphs();
+    edges[on] = cs->decode_graph_pdl_edges();
+  }
+  std::filesystem::remove(path);
+  ASSERT_EQ(logits[0].size(), logits[1].size());
+  for (size_t i = 0; i < logits[0].size(); ++i) {
+    ASSERT_EQ(logits[0][i].size(), hp.vocab_size) << "row " << i;
+    ASSERT_EQ(logits[1][i].size(), hp.vocab_size) << "row " << i;
+    EXPECT_EQ(std::memcmp(logits[0][i].data(), logits[1][i].data(), hp.vocab_size * sizeof(float)), 0)
+        << "step " << i / 2 << ", slot " << i % 2 << ": PDL changed the logits";
+  }
+  EXPECT_EQ(graphs[0], 1u);  // one shape: two rows in two segments
+  EXPECT_EQ(graphs[1], 1u);
+  EXPECT_EQ(edges[0], 0u);
+  if (pdl_expected()) {
+    EXPECT_GT(edges[1], 0u) << "PDL is available but the captured graph has no programmatic edges";
+  } else {
+    EXPECT_EQ(edges[1], 0u) << "programmatic edges where the build or device has no PDL";
+  }
+  std::cout << "decode graph: " << edges[1] << " programmatic edges with PDL (" << (pdl_expected() ? "" : "not ")
+            << "available here)\n";
+}
+
+// `links` times: an int16 Q4_K matvec of x into y, then y's RMS norm back into x.
+struct Chain {
+  static constexpr uint32_t kN = 2048, kLinks = 32;
+  DeviceBuffer w, x, y;
+  DevMatrix m;
+  std::vector<float> x0;
+
+  Chain() {
+    std::mt19937 rng(9);
+    const std::vector<uint8_t> q = ferry::testing::random_rows(GgmlType::Q4_K, kN, kN, rng);
+    w = DeviceBuffer(q.size());
+    EXPECT_EQ(cudaMemcpy(w.get(), q.data(), q.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    m.type = GgmlType::Q4_K;
+    m.rows = kN;
+    m.cols = kN;
+    m.row_bytes = q.size() / kN;
+    m.data = static_cast<const uint8_t*>(w.get());
+    std::normal_distribution<float> n(0.0f, 1.0f);
+    x0.resize(kN);
+    for (float& v : x0) v = n(rng);
+    x = DeviceBuffer(kN * 4);
+    y = DeviceBuffer(kN * 4);
+  }
+  void reset() { EXPECT_EQ(cudaMemcpy(x.get(), x0.data(), kN * 4, cudaMemcpyHostToDevice), cudaSuccess); }
+  void enqueue(cudaStream_t s) {
+    for (uint32_t i = 0; i < kLinks; ++i) {
+      MatvecArgs a;
+      a.w = m;
+      a.x = x.as<float>();
+      a.x_tok_stride = kN;
+      a.y = y.as<float>();
+      a.y_tok_stride = kN;
+      matvec(a, s);
+      rms_norm(y.as<float>(), kN, nullptr, 1, kN, 1e-6f, x.as<float>(), kN, s);
+    }
+  }
+  std::vector<float> result() const {
+    std::vector<float> v(kN);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(v.data(), x.get(), kN * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    return v;
+  }
+};
+
+TEST(PdlTest, CapturedMatvecChainGivesTheSameBitsAndTimingLine) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  Chain c;
+  Stream stream;
+  c.reset();
+  c.enqueue(stream.get());  // eager: settles the kernels' attributes before any capture
+  const std::vector<float> eager = c.result();
+  std::vector<float> out[2];
+  float us[2] = {};
+  size_t edges[2] = {};
+  for (int on = 0; on < 2; ++on) {
+    GraphExec g;
+    ASSERT_EQ(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    {
+      PdlScope pdl(on == 1);
+      c.enqueue(stream.get());
+    }
+    g.end_capture(stream.get(), &edges[on]);
+    c.reset();
+    g.launch(stream.get());
+    out[on] = c.result();
+    // The median of 20 event-timed replays (each replay starts from the previous one's x: the
+    // timing does not need the first input).
+    Event e0, e1;
+    std::vector<float> times;
+    for (int r = 0; r < 20; ++r) {
+      e0.record(stream.get());
+      g.launch(stream.get());
+      e1.record(stream.get());
+      ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+      float ms = 0;
+      ASSERT_EQ(cudaEventElapsedTime(&ms, e0.get(), e1.get()), cudaSuccess);
+      times.push_back(1000.0f * ms);
+    }
+    std::nth_element(times.begin(), times.begin() + 10, times.end());
+    us[on] = times[10];
+  }
+  for (int on = 0; on < 2; ++on) {
+    ASSERT_EQ(out[on].size(), eager.size());
+    EXPECT_EQ(std::memcmp(out[on].data(), eager.data(), eager.size() * sizeof(float)), 0)
+        << (on ? "with" : "without") << " PDL: the chain's result differs from the eager run";
+  }
+  EXPECT_EQ(edges[0], 0u);
+  if (pdl_device_ready()) {  // a PdlScope of its own: FERRY_PDL is the stages' switch
+    EXPECT_EQ(edges[1], size_t{Chain::kLinks - 1});  // into every matvec after a norm (norms launch plainly)
+  } else {
+    EXPECT_EQ(edges[1], 0u);
+  }
+  std::cout << "graph replay of " << Chain::kLinks << " x (Q4_K int16 matvec " << Chain::kN << "x" << Chain::kN
+            << " + rms_norm): " << us[0] << " us without PDL, " << us[1] << " us with (" << edges[1]
+            << " programmatic edges), " << us[0] / Chain::kLinks << " / " << us[1] / Chain::kLinks
+            << " us a link\n";
+}
+
+}  // namespace
+}  // namespace ferry::gpu
+#endif
