@@ -68,10 +68,13 @@ TEST(PdlTest, DecodeGraphsGiveTheSameLogitsWithAndWithout) {
   std::vector<int32_t> prompt(41);
   for (int32_t& t : prompt) t = tok(rng);
 
-  // Per pipeline: the prompt's two parts (20 and 21 tokens) prefilled into slots 0 and 1, then 10 steps of both slots'
-  // rows (eager, captured, then replayed), each greedy on its own logits.
+  // Per pipeline: the prompt's two parts (20 and 21 tokens) prefilled into slots 0 and 1, then 10 greedy steps
+  // of both slots' rows (eager, captured, then replayed: a graphed step returns its tokens only), then 6 of
+  // slot 0 alone (a second shape), then one step of both that returns logits (eager): its logits read the
+  // KV and state every graphed step wrote, so they hold those steps to the bit.
+  std::vector<int32_t> tokens[2];
   std::vector<std::vector<float>> logits[2];
-  size_t graphs[2] = {}, edges[2] = {};
+  size_t graphs[2] = {}, edges[2] = {}, two_row_edges[2] = {};
   for (int on = 0; on < 2; ++on) {
     auto p = stage(*w.value(), on == 1);
     ASSERT_TRUE(p);
@@ -84,38 +87,45 @@ TEST(PdlTest, DecodeGraphsGiveTheSameLogitsWithAndWithout) {
       next[s] = argmax(r.value()[0].logits);
       pos[s] = static_cast<uint32_t>(half.size());
     }
-    for (int i = 0; i < 10; ++i) {
-      auto r = p->step({SlotRows{0, pos[0]++, {next[0]}, false, false, {}},
-                        SlotRows{1, pos[1]++, {next[1]}, false, false, {}}});
+    auto decode = [&](uint32_t slots) {
+      std::vector<SlotRows> rows;
+      for (uint32_t s = 0; s < slots; ++s) rows.push_back(SlotRows{s, pos[s]++, {next[s]}, false, true, {}});
+      auto r = p->step(rows);
       ASSERT_TRUE(r) << r.error().message;
-      for (uint32_t s = 0; s < 2; ++s) {
-        logits[on].push_back(r.value()[s].logits);
-        next[s] = argmax(r.value()[s].logits);
+      for (uint32_t s = 0; s < slots; ++s) {
+        next[s] = r.value()[s].sampled;
+        tokens[on].push_back(next[s]);
       }
-    }
+    };
+    for (int i = 0; i < 10; ++i) decode(2);
     auto* cs = dynamic_cast<CudaStage*>(p->stages()[0].get());
     ASSERT_NE(cs, nullptr);
+    two_row_edges[on] = cs->decode_graph_pdl_edges();
+    for (int i = 0; i < 6; ++i) decode(1);
+    auto r = p->step({SlotRows{0, pos[0], {next[0]}, false, false, {}}, SlotRows{1, pos[1], {next[1]}, false, false, {}}});
+    ASSERT_TRUE(r) << r.error().message;
+    for (uint32_t s = 0; s < 2; ++s) logits[on].push_back(r.value()[s].logits);
     graphs[on] = cs->decode_graphs();
     edges[on] = cs->decode_graph_pdl_edges();
   }
   std::filesystem::remove(path);
-  ASSERT_EQ(logits[0].size(), logits[1].size());
-  for (size_t i = 0; i < logits[0].size(); ++i) {
-    ASSERT_EQ(logits[0][i].size(), hp.vocab_size) << "row " << i;
-    ASSERT_EQ(logits[1][i].size(), hp.vocab_size) << "row " << i;
-    EXPECT_EQ(std::memcmp(logits[0][i].data(), logits[1][i].data(), hp.vocab_size * sizeof(float)), 0)
-        << "step " << i / 2 << ", slot " << i % 2 << ": PDL changed the logits";
+  EXPECT_EQ(tokens[1], tokens[0]) << "PDL changed the greedy tokens of the graphed steps";
+  for (uint32_t s = 0; s < 2; ++s) {
+    ASSERT_EQ(logits[0][s].size(), hp.vocab_size) << "slot " << s;
+    ASSERT_EQ(logits[1][s].size(), hp.vocab_size) << "slot " << s;
+    EXPECT_EQ(std::memcmp(logits[0][s].data(), logits[1][s].data(), hp.vocab_size * sizeof(float)), 0)
+        << "slot " << s << ": the logits after the graphed steps differ with PDL";
   }
-  EXPECT_EQ(graphs[0], 1u);  // one shape: two rows in two segments
-  EXPECT_EQ(graphs[1], 1u);
+  EXPECT_EQ(graphs[0], 2u);  // two shapes: two rows in two segments, then one row
+  EXPECT_EQ(graphs[1], 2u);
   EXPECT_EQ(edges[0], 0u);
   if (pdl_expected()) {
     EXPECT_GT(edges[1], 0u) << "PDL is available but the captured graph has no programmatic edges";
   } else {
     EXPECT_EQ(edges[1], 0u) << "programmatic edges where the build or device has no PDL";
   }
-  std::cout << "decode graph: " << edges[1] << " programmatic edges with PDL (" << (pdl_expected() ? "" : "not ")
-            << "available here)\n";
+  std::cout << "decode graphs: " << edges[1] << " programmatic edges with PDL (" << two_row_edges[1]
+            << " in the two-row graph; " << (pdl_expected() ? "" : "not ") << "available here)\n";
 }
 
 // `links` times: an int16 Q4_K matvec of x into y, then y's RMS norm back into x.
