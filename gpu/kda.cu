@@ -17,6 +17,24 @@ namespace {
 
 constexpr int kMaxConv = 8;
 
+// The short convolution of channel c at row r, then SiLU: the row's earlier inputs from this step's
+// rows of its segment, or from the slot's state before the segment's first row.
+__device__ __forceinline__ float conv_silu(const KdaArgs& a, uint32_t r, uint32_t c, uint32_t C3, uint32_t K) {
+  const int pos = a.row.pos[r];
+  const int start = a.row.pos[a.row.seg_first_row[r]];
+  const size_t slot = static_cast<size_t>(a.row.slot[r]);
+  const float* w = a.conv_w + static_cast<size_t>(c) * K;
+  const float* st = a.conv_state + (slot * C3 + c) * (K - 1);
+  float acc = 0.0f;
+  for (uint32_t j = 0; j < K; ++j) {
+    const int p = pos - static_cast<int>(K - 1) + static_cast<int>(j);
+    const float in = p >= start ? a.qkv_raw[(static_cast<size_t>(r) - (pos - p)) * C3 + c]
+                                : st[static_cast<int>(K - 1) - (start - p)];
+    acc += w[j] * in;
+  }
+  return acc / (1.0f + expf(-acc));
+}
+
 __global__ void conv_kernel(KdaArgs a) {
   const uint32_t C3 = 3 * a.heads * a.head_dim;
   const uint32_t K = a.kernel;
@@ -24,19 +42,7 @@ __global__ void conv_kernel(KdaArgs a) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const uint32_t r = static_cast<uint32_t>(i / C3), c = static_cast<uint32_t>(i % C3);
-    const int pos = a.row.pos[r];
-    const int start = a.row.pos[a.row.seg_first_row[r]];
-    const size_t slot = static_cast<size_t>(a.row.slot[r]);
-    const float* w = a.conv_w + static_cast<size_t>(c) * K;
-    const float* st = a.conv_state + (slot * C3 + c) * (K - 1);
-    float acc = 0.0f;
-    for (uint32_t j = 0; j < K; ++j) {
-      const int p = pos - static_cast<int>(K - 1) + static_cast<int>(j);
-      const float in = p >= start ? a.qkv_raw[(static_cast<size_t>(r) - (pos - p)) * C3 + c]
-                                  : st[static_cast<int>(K - 1) - (start - p)];
-      acc += w[j] * in;
-    }
-    a.qkv[i] = acc / (1.0f + expf(-acc));
+    a.qkv[i] = conv_silu(a, r, c, C3, K);
   }
 }
 
@@ -94,21 +100,9 @@ __global__ void conv_decode_kernel(KdaArgs a) {
   const uint32_t hk = static_cast<uint32_t>(item % (3 * a.heads));  // q heads, k heads, v heads
   const uint32_t first_row = static_cast<uint32_t>(a.seg.first_row[s]);
   for (uint32_t r = first_row; r < first_row + static_cast<uint32_t>(a.seg.len[s]); ++r) {
-    const int pos = a.row.pos[r];
-    const int start = a.row.pos[a.row.seg_first_row[r]];
-    const size_t slot = static_cast<size_t>(a.row.slot[r]);
     for (uint32_t e = lane; e < a.head_dim; e += 32) {
       const uint32_t c = hk * a.head_dim + e;
-      const float* w = a.conv_w + static_cast<size_t>(c) * K;
-      const float* st = a.conv_state + (slot * C3 + c) * (K - 1);
-      float acc = 0.0f;
-      for (uint32_t j = 0; j < K; ++j) {
-        const int p = pos - static_cast<int>(K - 1) + static_cast<int>(j);
-        const float in = p >= start ? a.qkv_raw[(static_cast<size_t>(r) - (pos - p)) * C3 + c]
-                                    : st[static_cast<int>(K - 1) - (start - p)];
-        acc += w[j] * in;
-      }
-      a.qkv[static_cast<size_t>(r) * C3 + c] = acc / (1.0f + expf(-acc));
+      a.qkv[static_cast<size_t>(r) * C3 + c] = conv_silu(a, r, c, C3, K);
     }
     if (hk < 2 * a.heads) {
       float* x = a.qkv + static_cast<size_t>(r) * C3 + static_cast<size_t>(hk) * a.head_dim;
