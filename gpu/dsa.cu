@@ -15,6 +15,7 @@
 #include "gpu/indexer_decode.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/latent_rows.cuh"
+#include "gpu/order_key.cuh"
 #include "gpu/sparse_mla_tc.hpp"
 #include "kv/kv_codec.hpp"
 
@@ -84,11 +85,6 @@ __global__ void pool_score_kernel(IndexerArgs a) {
     part = warp_sum(part);
     if (lane == 0) a.scores[static_cast<size_t>(r) * (a.ctx / a.kpool) + p] = part;
   }
-}
-
-__device__ __forceinline__ uint32_t order_key(float f) {
-  const uint32_t u = __float_as_uint(f);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
 constexpr int kSelectThreads = 256;

@@ -14,6 +14,7 @@
 #include "gpu/block_reduce.cuh"
 #include "gpu/cuda_check.hpp"
 #include "gpu/indexer_decode.hpp"
+#include "gpu/order_key.cuh"
 
 namespace ferry::gpu {
 namespace {
@@ -110,11 +111,6 @@ __global__ void __launch_bounds__(kScoreThreads) decode_score_kernel(IndexerArgs
       }
     }
   }
-}
-
-__device__ __forceinline__ uint32_t order_key(float f) {
-  const uint32_t u = __float_as_uint(f);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
 constexpr int kSelectThreads = 1024;

@@ -35,6 +35,30 @@ __device__ __forceinline__ float conv_silu(const KdaArgs& a, uint32_t r, uint32_
   return acc / (1.0f + expf(-acc));
 }
 
+// Segment s's conv state of channel c after its rows: the last K - 1 inputs, from this step's rows or
+// the state before them.
+__device__ __forceinline__ void conv_state_update(const KdaArgs& a, uint32_t s, uint32_t c, uint32_t C3, uint32_t K) {
+  const int start = a.seg.start[s], end = start + a.seg.len[s];
+  const size_t first = static_cast<size_t>(a.seg.first_row[s]);
+  float* st = a.conv_state + (static_cast<size_t>(a.seg.slot[s]) * C3 + c) * (K - 1);
+  float next[kMaxConv];
+  for (uint32_t j = 0; j + 1 < K; ++j) {
+    const int p = end - static_cast<int>(K - 1) + static_cast<int>(j);
+    next[j] = p >= start ? a.qkv_raw[(first + (p - start)) * C3 + c] : st[static_cast<int>(K - 1) - (start - p)];
+  }
+  for (uint32_t j = 0; j + 1 < K; ++j) st[j] = next[j];
+}
+
+// One warp's head of q or k in place: x / sqrt(sum x^2 + 1e-6), and q times head_dim^-0.5.
+__device__ __forceinline__ void qk_norm_head(float* x, uint32_t lane, uint32_t head_dim, bool is_q) {
+  float ss = 0.0f;
+  for (uint32_t i = lane; i < head_dim; i += 32) ss += x[i] * x[i];
+  ss = warp_sum(ss);
+  float scale = 1.0f / sqrtf(ss + 1e-6f);
+  const float qs = rsqrtf(static_cast<float>(head_dim));
+  for (uint32_t i = lane; i < head_dim; i += 32) x[i] = is_q ? (x[i] * scale) * qs : x[i] * scale;
+}
+
 __global__ void conv_kernel(KdaArgs a) {
   const uint32_t C3 = 3 * a.heads * a.head_dim;
   const uint32_t K = a.kernel;
@@ -53,15 +77,7 @@ __global__ void conv_state_kernel(KdaArgs a) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const uint32_t s = static_cast<uint32_t>(i / C3), c = static_cast<uint32_t>(i % C3);
-    const int start = a.seg.start[s], end = start + a.seg.len[s];
-    const size_t first = static_cast<size_t>(a.seg.first_row[s]);
-    float* st = a.conv_state + (static_cast<size_t>(a.seg.slot[s]) * C3 + c) * (K - 1);
-    float next[kMaxConv];
-    for (uint32_t j = 0; j + 1 < K; ++j) {
-      const int p = end - static_cast<int>(K - 1) + static_cast<int>(j);
-      next[j] = p >= start ? a.qkv_raw[(first + (p - start)) * C3 + c] : st[static_cast<int>(K - 1) - (start - p)];
-    }
-    for (uint32_t j = 0; j + 1 < K; ++j) st[j] = next[j];
+    conv_state_update(a, s, c, C3, K);
   }
 }
 
@@ -74,14 +90,7 @@ __global__ void qk_norm_kernel(KdaArgs a) {
   if (item >= static_cast<size_t>(a.rows) * 2 * a.heads) return;
   const size_t r = item / (2 * a.heads);
   const uint32_t hk = static_cast<uint32_t>(item % (2 * a.heads));  // q heads, then k heads
-  float* x = a.qkv + r * 3 * C + static_cast<size_t>(hk) * a.head_dim;
-  float ss = 0.0f;
-  for (uint32_t i = lane; i < a.head_dim; i += 32) ss += x[i] * x[i];
-  ss = warp_sum(ss);
-  float scale = 1.0f / sqrtf(ss + 1e-6f);
-  const bool is_q = hk < a.heads;
-  const float qs = rsqrtf(static_cast<float>(a.head_dim));
-  for (uint32_t i = lane; i < a.head_dim; i += 32) x[i] = is_q ? (x[i] * scale) * qs : x[i] * scale;
+  qk_norm_head(a.qkv + r * 3 * C + static_cast<size_t>(hk) * a.head_dim, lane, a.head_dim, hk < a.heads);
 }
 
 // Decode rows (kda_conv): conv_kernel, conv_state_kernel and qk_norm_kernel as one launch, one warp a
@@ -105,28 +114,11 @@ __global__ void conv_decode_kernel(KdaArgs a) {
       a.qkv[static_cast<size_t>(r) * C3 + c] = conv_silu(a, r, c, C3, K);
     }
     if (hk < 2 * a.heads) {
-      float* x = a.qkv + static_cast<size_t>(r) * C3 + static_cast<size_t>(hk) * a.head_dim;
-      float ss = 0.0f;
-      for (uint32_t i = lane; i < a.head_dim; i += 32) ss += x[i] * x[i];
-      ss = warp_sum(ss);
-      float scale = 1.0f / sqrtf(ss + 1e-6f);
-      const bool is_q = hk < a.heads;
-      const float qs = rsqrtf(static_cast<float>(a.head_dim));
-      for (uint32_t i = lane; i < a.head_dim; i += 32) x[i] = is_q ? (x[i] * scale) * qs : x[i] * scale;
+      qk_norm_head(a.qkv + static_cast<size_t>(r) * C3 + static_cast<size_t>(hk) * a.head_dim, lane, a.head_dim,
+                   hk < a.heads);
     }
   }
-  const int start = a.seg.start[s], end = start + a.seg.len[s];
-  const size_t first = static_cast<size_t>(a.seg.first_row[s]);
-  for (uint32_t e = lane; e < a.head_dim; e += 32) {
-    const uint32_t c = hk * a.head_dim + e;
-    float* st = a.conv_state + (static_cast<size_t>(a.seg.slot[s]) * C3 + c) * (K - 1);
-    float next[kMaxConv];
-    for (uint32_t j = 0; j + 1 < K; ++j) {
-      const int p = end - static_cast<int>(K - 1) + static_cast<int>(j);
-      next[j] = p >= start ? a.qkv_raw[(first + (p - start)) * C3 + c] : st[static_cast<int>(K - 1) - (start - p)];
-    }
-    for (uint32_t j = 0; j + 1 < K; ++j) st[j] = next[j];
-  }
+  for (uint32_t e = lane; e < a.head_dim; e += 32) conv_state_update(a, s, hk * a.head_dim + e, C3, K);
 }
 
 // Column j of a head's state evolves on its own (decay by row, then the delta rule through k, v_j).

@@ -11,6 +11,7 @@
 #include "gpu/kernels.hpp"
 #include "gpu/matvec_int16.hpp"
 #include "gpu/matvec_part.cuh"
+#include "gpu/half_split.cuh"
 #include "gpu/matvec_wide.hpp"
 #include "gpu/quant_device.cuh"
 #include "model/formats/iq_grids.hpp"
@@ -128,13 +129,6 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecArgs a) {
       if (t < static_cast<int>(ntok)) y[t * view.y_tok_stride] = acc[t];
     }
   }
-}
-
-// fp16 pair of v: hi = fp16(v), lo = fp16((v - hi) * 2^12); hi + lo / 2^12 carries ~22 bits.
-constexpr float kLoScale = 4096.0f;
-__device__ __forceinline__ void split_half(float v, __half& hi, __half& lo) {
-  hi = __float2half_rn(v);
-  lo = __float2half_rn((v - __half2float(hi)) * kLoScale);
 }
 
 // A run of RL consecutive outputs of one unit. With kVec (16-byte aligned outputs), 16-byte stores:

@@ -10,8 +10,6 @@
 // it runs first in the same launch.
 #include <cooperative_groups.h>
 
-#include <array>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 
@@ -19,6 +17,7 @@
 #include "gpu/cuda_check.hpp"
 #include "gpu/mhc_decode.hpp"
 #include "gpu/pdl.cuh"
+#include "gpu/pdl.hpp"
 
 namespace ferry::gpu {
 namespace {
@@ -253,24 +252,8 @@ __global__ void __launch_bounds__(kMaxThreads) mhc_cluster_kernel(ClusterArgs f)
 #endif
 }
 
-// Whether this device's build of the kernel has the cluster code (a compute_70 build JIT-compiled
-// on an sm90 device does not), cached per device.
-bool cluster_kernel_built() {
-  static std::array<std::atomic<int>, 64> known{};  // 0 unknown, 1 yes, 2 no
-  int dev = 0;
-  FERRY_CUDA(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= static_cast<int>(known.size())) return false;
-  int k = known[dev].load(std::memory_order_relaxed);
-  if (k == 0) {
-    int major = 0;
-    FERRY_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    cudaFuncAttributes fa{};
-    FERRY_CUDA(cudaFuncGetAttributes(&fa, mhc_cluster_kernel));
-    k = major >= 9 && fa.ptxVersion >= 90 ? 1 : 2;
-    known[dev].store(k, std::memory_order_relaxed);
-  }
-  return k == 1;
-}
+// Whether this device's build of the kernel has the cluster code.
+bool cluster_kernel_built() { return sm90_code_built(reinterpret_cast<const void*>(mhc_cluster_kernel)); }
 
 // Whether a launch applies: the stream count, the slices' size, the rows, the build.
 bool cluster_applies(const MhcArgs& a) {

@@ -6,7 +6,7 @@
 // token tile of its expert (a chunk of 2,048 rows routes ~57 rows to each of 288 experts: about once
 // per chunk); no dequantised copy is written. Q6_K units span 128 columns, so a 64-column k-tile
 // decodes them twice and keeps the half inside it. The input rows are split into fp16 hi/lo once,
-// by a pass before the products (split_rows_kernel), not once per tile that reads them (each token
+// by a pass before the products (float_to_half), not once per tile that reads them (each token
 // row is read by every row tile of each of its k experts). While the tensor cores work on a k-tile,
 // the next one's activation tiles are copied in (cp.async into a second buffer on sm80+, through
 // registers on sm70) and its weight lines asked of L2; two blocks share an SM (128 registers a
@@ -19,6 +19,7 @@
 #include <string>
 
 #include "gpu/cuda_check.hpp"
+#include "gpu/half_split.cuh"
 #include "gpu/moe_grouped.hpp"
 #include "gpu/quant_device.cuh"
 #include "model/formats/iq_grids.hpp"
@@ -48,7 +49,7 @@ struct GemmArgs {
   const uint8_t* const* table[2];
   uint32_t rows, cols;
   size_t row_bytes;
-  const __half* xh;  // the input rows split by split_rows_kernel, ldh apart
+  const __half* xh;  // the input rows split by float_to_half, ldh apart
   const __half* xl;
   size_t ldh;
   bool h_vec;  // xh, xl 16-byte aligned and ldh a multiple of 8: 16-byte copies
@@ -81,11 +82,7 @@ constexpr size_t smem_bytes(uint32_t weight_buffers, uint32_t act_buffers) {
   return tiles > out ? tiles : out;
 }
 
-__device__ __forceinline__ void split(float v, __half& hi, __half& lo) {
-  hi = __float2half_rn(v);
-  lo = __float2half_rn((v - __half2float(hi)) * kHalfLoScale);
-}
-// split() of two adjacent columns, stored as one 32-bit word each (same values).
+// split_half() of two adjacent columns, stored as one 32-bit word each (same values).
 __device__ __forceinline__ void split2(float a, float b, __half* hi, __half* lo) {
   const __half2 h = __floats2half2_rn(a, b);
   const float2 f = __half22float2(h);
@@ -121,7 +118,7 @@ __device__ void load_weights(const uint8_t* const (&w)[NM], const GemmArgs& a, u
           split2(v[run * Tr::RL + j], v[run * Tr::RL + j + 1], hi + c - k0, lo + c - k0);
         }
       } else {
-        split(v[run], hi[c0 - k0], lo[c0 - k0]);
+        split_half(v[run], hi[c0 - k0], lo[c0 - k0]);
       }
     }
   }
@@ -419,15 +416,6 @@ __global__ void __launch_bounds__(kThreads, 2) grouped_gemm_kernel(GemmArgs a) {
   }
 }
 
-// hi[r][c], lo[r][c] = split(x[r][c]) for r < rows, c < cols (x rows ldx apart, the outputs dense).
-__global__ void split_rows_kernel(const float* x, size_t ldx, uint32_t rows, uint32_t cols, __half* hi, __half* lo) {
-  for (uint32_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const float* src = x + r * ldx;
-    const size_t at = static_cast<size_t>(r) * cols;
-    for (uint32_t c = threadIdx.x; c < cols; c += blockDim.x) split(src[c], hi[at + c], lo[at + c]);
-  }
-}
-
 __global__ void __launch_bounds__(1024) sort_routes_kernel(const int32_t* ids, uint32_t routes, uint32_t k, uint32_t E,
                                                            RouteSort out, RouteTally tally) {
   __shared__ uint32_t count[kMaxGroupedExperts], fill[kMaxGroupedExperts];
@@ -604,8 +592,7 @@ void grouped_gemm(const ExpertMatrices& w, const ExpertMatrices* up, const float
   if (x_rows == 0) return;
   __half* hi = static_cast<__half*>(split.hi);
   __half* lo = static_cast<__half*>(split.lo);
-  split_rows_kernel<<<std::min<uint32_t>(x_rows, 65535), 256, 0, stream>>>(x, ldx, x_rows, cols, hi, lo);
-  FERRY_CUDA_LAUNCHED();
+  float_to_half(x, ldx, x_rows, cols, hi, stream, lo);
   run_products(w, up, hi, lo, gather, sort, routes, E, limit, y, ldy, up_scratch, stream);
 }
 

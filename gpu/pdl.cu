@@ -28,7 +28,7 @@ bool pdl_env_allows() {
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
-bool pdl_kernel_built(const void* kernel) {
+bool sm90_code_built(const void* kernel) {
   static std::mutex mu;
   static std::map<std::pair<const void*, int>, bool> known;
   int dev = 0;
@@ -45,11 +45,11 @@ bool pdl_kernel_built(const void* kernel) {
   return it->second;
 }
 
-bool pdl_device_ready() { return pdl_kernel_built(reinterpret_cast<const void*>(pdl_probe_kernel)); }
+bool pdl_device_ready() { return sm90_code_built(reinterpret_cast<const void*>(pdl_probe_kernel)); }
 
 void pdl_configure(cudaLaunchConfig_t& cfg, cudaLaunchAttribute& attr, const void* kernel) {
   // Asked first, so that the eager step before a capture fills the cache.
-  if (!pdl_kernel_built(kernel) || !t_pdl) return;
+  if (!sm90_code_built(kernel) || !t_pdl) return;
   attr = {};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;

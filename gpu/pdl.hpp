@@ -34,9 +34,10 @@ class PdlScope {
 bool pdl_env_allows();
 // Whether this device runs code of this build with the PDL instructions (sm90+ and compute_90+ code).
 bool pdl_device_ready();
-// Whether `kernel`'s code on the current device has them (cached per kernel and device). Call it
+// Whether `kernel`'s code on the current device is sm90+ code (PDL's instructions, clusters: a
+// compute_70 build JIT-compiled on an sm90 device is not), cached per kernel and device. Call it
 // outside a capture first (the eager step before a graph is captured does).
-bool pdl_kernel_built(const void* kernel);
+bool sm90_code_built(const void* kernel);
 // Adds the PDL attribute to cfg (pointing it at `attr`) when a PdlScope is on and `kernel` is built
 // for it; otherwise leaves cfg a plain launch.
 void pdl_configure(cudaLaunchConfig_t& cfg, cudaLaunchAttribute& attr, const void* kernel);

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "gpu/cuda_check.hpp"
+#include "gpu/half_split.cuh"
 #include "gpu/latent_rows.cuh"
 #include "gpu/sparse_mla_tc.hpp"
 
@@ -51,11 +52,6 @@ struct Layout {
   }
 };
 
-__device__ __forceinline__ void split(float v, __half& hi, __half& lo) {
-  hi = __float2half_rn(v);
-  lo = __float2half_rn((v - __half2float(hi)) * kHalfLoScale);
-}
-
 // 16 rows of R floats (each row from `load(row, c4)` as float4s; rows >= valid are zero) into the
 // hi/lo tiles, four columns a store.
 template <uint32_t R, class Load>
@@ -67,7 +63,7 @@ __device__ __forceinline__ void stage_rows(uint32_t valid, __half* hi, __half* l
     const float f[4] = {v.x, v.y, v.z, v.w};
     __align__(8) __half h[4], l[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) split(f[k], h[k], l[k]);
+    for (int k = 0; k < 4; ++k) split_half(f[k], h[k], l[k]);
     const size_t at = static_cast<size_t>(row) * ldl + 4 * c4;  // ldl % 4 == 0: 8-byte aligned
     *reinterpret_cast<uint2*>(hi + at) = *reinterpret_cast<const uint2*>(h);
     *reinterpret_cast<uint2*>(lo + at) = *reinterpret_cast<const uint2*>(l);
@@ -155,7 +151,7 @@ __global__ void __launch_bounds__(kThreads) sparse_mla_tc_kernel(SparseMlaArgs a
       float sum = p;
 #pragma unroll
       for (int o = kTile / 2; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o, kTile);
-      split(p, ph[h * kTile + j], pl[h * kTile + j]);
+      split_half(p, ph[h * kTile + j], pl[h * kTile + j]);
       __syncwarp();
       if (j == 0) {
         const float rescale = expf(m_old - m_new);  // 0 on the first tile (m_old = -inf)
