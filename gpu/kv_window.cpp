@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "gpu/stage_sizes.hpp"
 #include "gpu/stage_state.hpp"
 #include "kv/kv_rows.hpp"
 
@@ -27,9 +28,7 @@ kv::HostAllocator mapped_pinned() {
 
 kv::HostKvShape tier_shape(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t slots, uint32_t context,
                            config::KvType type) {
-  uint32_t dsa = 0;
-  for (uint32_t il = layers.first; il < layers.end; ++il) dsa += hp.layer_kinds[il] == model::LayerKind::dsa;
-  return kv::HostKvShape{slots, dsa, context, hp.kv_lora_rank, type};
+  return kv::HostKvShape{slots, dsa_layer_count(hp, layers), context, hp.kv_lora_rank, type};
 }
 
 }  // namespace
@@ -49,8 +48,7 @@ KvWindow::KvWindow(const model::Glm5Hparams& hp, model::LayerRange layers, uint3
       row_bytes_(uint64_t{hp.kv_lora_rank} * kv::kv_element_bytes(type)),
       in_window_(slots, 1),
       max_rows_(max_rows) {
-  const uint32_t kp = std::max<uint32_t>(1, hp.index_kpool);
-  max_selected_ = hp.index_topk / kp * kp + kp;  // as the workspace sizes a row's selection
+  max_selected_ = max_selected_rows(hp);  // as the workspace sizes a row's selection
   const kv::HostKvShape shape = tier_shape(hp, layers, slots, context, type);
   if (uint64_t{slots} * shape.layers * context >= (uint64_t{1} << 32) || uint64_t{slots} * resident >= (uint64_t{1} << 31)) {
     throw CudaError("resident KV window: " + std::to_string(slots) + " slots x " + std::to_string(shape.layers) +
@@ -368,7 +366,6 @@ KvWindowStats KvWindow::stats(const std::vector<uint32_t>& tokens) const {
   s.hits += d.hits;
   s.misses += d.misses;
   s.fetched_bytes += d.misses * fetch_bytes;
-  s.planner_errors = d.errors;
   if (d.errors > 0) {
     throw CudaError("resident KV window: the device planner met " + std::to_string(d.errors) +
                         " selected rows it could not place (out of range, or more than the window pins)",

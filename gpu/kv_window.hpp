@@ -55,7 +55,6 @@ struct KvWindowStats {
   uint64_t windowed_steps = 0;    // steps that ran the windowed path
   uint64_t hits = 0, misses = 0;  // decode selections found resident / fetched
   uint64_t fetched_bytes = 0;     // copied from the host tier into the windows
-  uint64_t planner_errors = 0;    // device plans that met a position out of range (0 unless a bug)
   uint64_t last_fetched_rows = 0, last_fetched_bytes = 0;  // of the last windowed decode step
   // Prefill (gpu/prefill_gather.hpp): attention launches over a staging, staging rows copied and of
   // those from the host tier (the rest from the window's frames).

@@ -278,7 +278,7 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
     ia.max_tokens = w_.max_selected;
     // The sparse attention's split scratch is free until it runs, after the selection in stream order.
     ia.select_scratch = w_.mla_part;
-    ia.select_scratch_bytes = size_t{kMlaPartialRows} * z.nh * (z.kvlr + 2) * sizeof(float);
+    ia.select_scratch_bytes = w_.mla_part_elems * sizeof(float);
     indexer_pool_keys(ia, s_);
     indexer_select(ia, s_);
     mark(OpGroup::indexer_select);

@@ -34,7 +34,7 @@ struct PlanInput {
   config::KvType kv_type = config::KvType::int8;  // the DSA latent rows on the device
   uint64_t checkpoint_bytes = 0;           // host RAM the prefix cache may take (--checkpoint-budget)
   // Device latent rows per DSA layer and slot (0: the whole context); unset: the plan chooses, every
-  // row when they fit (kv_resident_choice below), else kDefaultKvResident.
+  // row when they fit (plan_memory), else kDefaultKvResident.
   std::optional<uint32_t> kv_resident;
   std::optional<uint64_t> kv_host_budget;  // --kv-host-budget (unset: the tier's need, within the RAM floor)
   bool mtp = false;                        // --mtp on: the MTP block on the last stage, a verify keep on each

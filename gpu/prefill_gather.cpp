@@ -15,10 +15,6 @@ uint64_t at_least(uint64_t bytes) { return std::max<uint64_t>(bytes, 16); }
 
 }  // namespace
 
-uint64_t PrefillGather::bytes() const {
-  return map_.bytes() + keys_.bytes() + staging_.bytes() + staging_scales_.bytes() + remap_.bytes() + counters_.bytes();
-}
-
 PrefillGather::PrefillGather(uint32_t slots, uint32_t context, uint32_t capacity, uint32_t max_rows, uint32_t stride,
                              uint64_t row_bytes, bool int8_scales)
     : context_(context),

@@ -31,8 +31,6 @@ class PrefillGather {
   // `stride`: a row's selection (SparseMlaArgs::max_tokens); `max_rows`: the largest step.
   PrefillGather(uint32_t slots, uint32_t context, uint32_t capacity, uint32_t max_rows, uint32_t stride,
                 uint64_t row_bytes, bool int8_scales);
-  // What the constructor allocates (gpu/stage_sizes.hpp's kv_prefill_gather_bytes counts the same).
-  uint64_t bytes() const;
 
   // Where one DSA layer's rows are.
   struct Source {

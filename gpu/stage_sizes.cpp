@@ -8,30 +8,35 @@ uint32_t device_latent_rows(uint32_t context, uint32_t resident) {
   return resident > 0 && resident < context ? resident : context;
 }
 
+uint32_t dsa_layer_count(const model::Glm5Hparams& hp, model::LayerRange layers) {
+  uint32_t dsa = 0;
+  for (uint32_t il = layers.first; il < layers.end; ++il) dsa += hp.layer_kinds[il] == model::LayerKind::dsa;
+  return dsa;
+}
+
+uint32_t max_selected_rows(const model::Glm5Hparams& hp) {
+  const uint32_t kp = std::max<uint32_t>(1, hp.index_kpool);
+  return hp.index_topk / kp * kp + kp;
+}
+
 uint64_t kv_host_tier_bytes(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t slots, uint32_t context,
                             config::KvType latent, uint32_t resident) {
   if (device_latent_rows(context, resident) == context) return 0;
-  uint64_t dsa = 0;
-  for (uint32_t il = layers.first; il < layers.end; ++il) dsa += hp.layer_kinds[il] == model::LayerKind::dsa;
-  return dsa * slots * context * config::kv_row_bytes(latent, hp.kv_lora_rank);
+  return uint64_t{dsa_layer_count(hp, layers)} * slots * context * config::kv_row_bytes(latent, hp.kv_lora_rank);
 }
 
 uint64_t kv_window_table_bytes(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t slots,
                                uint32_t context, uint32_t resident) {
   const uint32_t frames = device_latent_rows(context, resident);
   if (frames == context) return 0;
-  uint64_t dsa = 0;
-  for (uint32_t il = layers.first; il < layers.end; ++il) dsa += hp.layer_kinds[il] == model::LayerKind::dsa;
-  return dsa * slots * (uint64_t{context} * 4 + uint64_t{frames} * 6 + 8);
+  return uint64_t{dsa_layer_count(hp, layers)} * slots * (uint64_t{context} * 4 + uint64_t{frames} * 6 + 8);
 }
 
 uint64_t kv_prefill_gather_bytes(const model::Glm5Hparams& hp, model::LayerRange layers, uint32_t slots,
                                  uint32_t context, config::KvType latent, uint32_t resident, uint32_t step_rows) {
   const uint32_t frames = device_latent_rows(context, resident);
-  bool any_dsa = false;
-  for (uint32_t il = layers.first; il < layers.end; ++il) any_dsa = any_dsa || hp.layer_kinds[il] == model::LayerKind::dsa;
-  if (frames == context || !any_dsa) return 0;
-  const uint64_t kp = std::max<uint32_t>(1, hp.index_kpool), stride = hp.index_topk / kp * kp + kp;
+  if (frames == context || dsa_layer_count(hp, layers) == 0) return 0;
+  const uint64_t stride = max_selected_rows(hp);
   const uint64_t scale = latent == config::KvType::int8 ? 4 : 0;  // kv_row_bytes counts int8's scale
   const uint64_t data = config::kv_row_bytes(latent, hp.kv_lora_rank) - scale;
   auto buffer = [](uint64_t bytes) { return std::max<uint64_t>(bytes, 16); };  // as the gather's DeviceBuffers
@@ -74,7 +79,7 @@ uint64_t stage_workspace_bytes(const model::Glm5Hparams& hp, model::LayerRange l
     (model::glm5_layer_kind(hp, l) == model::LayerKind::kda ? any_kda : any_dsa) = true;
     any_moe = any_moe || model::glm5_ffn_kind(hp, l) == model::FfnKind::moe;
   }
-  const uint64_t selected = hp.index_topk / kp * kp + kp;
+  const uint64_t selected = max_selected_rows(hp);
   uint64_t b = 4 * M * (H * D + 2 * D + mix + H + H * H);
   if (any_kda) b += 4 * M * (10 * C + 2 * hp.kda_head_dim + hp.kda_heads);
   if (any_dsa) {

@@ -14,6 +14,12 @@
 
 namespace ferry::gpu {
 
+// DSA layers among `layers`.
+uint32_t dsa_layer_count(const model::Glm5Hparams& hp, model::LayerRange layers);
+// The most positions a row's selection holds: index_topk rounded down to whole pools, plus the pool
+// the row is in.
+uint32_t max_selected_rows(const model::Glm5Hparams& hp);
+
 // `latent`: the DSA latent rows' format (the indexer's rows are f32). `resident` (--kv-resident, 0:
 // none): when smaller than `context`, each slot keeps that many latent rows per DSA layer on the device
 // (gpu/kv_window.hpp), the rest in the host tier (kv_host_tier_bytes).

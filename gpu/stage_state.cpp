@@ -58,9 +58,7 @@ StageState::StageState(const model::Glm5Hparams& hp, model::LayerRange layers, u
       l.pools = alloc(uint64_t{slots} * (context / kpool_) * index_width_);  // complete pools only: the kernels' stride
     }
   }
-  bool any_dsa = false;
-  for (uint32_t il = layers.first; il < layers.end; ++il) any_dsa = any_dsa || hp.layer_kinds[il] == model::LayerKind::dsa;
-  if (latent_rows_ < context_ && any_dsa) {
+  if (latent_rows_ < context_ && dsa_layer_count(hp, layers) > 0) {
     window_ = std::make_unique<KvWindow>(hp, layers, slots, context, latent_rows_, formats.latent, max_rows);
   }
   for (uint32_t s = 0; s < slots; ++s) zero_slot(s, stream);

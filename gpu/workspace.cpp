@@ -48,7 +48,8 @@ Workspace::Workspace(const model::Glm5Hparams& hp, model::LayerRange layers, uin
     lat = alloc<float>(M * d.kvlr);
     q_lat = alloc<float>(M * d.nh * d.kvlr);
     o_lat = alloc<float>(M * d.nh * d.kvlr);
-    mla_part = alloc<float>(size_t{kMlaPartialRows} * d.nh * (d.kvlr + 2));
+    mla_part_elems = size_t{kMlaPartialRows} * d.nh * (d.kvlr + 2);
+    mla_part = alloc<float>(mla_part_elems);
     v = alloc<float>(M * d.nh * d.vd);
     kq = alloc<float>(M * d.ih * d.id);
     kk = alloc<float>(M * d.id);

@@ -45,6 +45,7 @@ struct Workspace {
   // DSA
   float *qa = nullptr, *qr = nullptr, *q = nullptr, *lat = nullptr, *q_lat = nullptr, *o_lat = nullptr, *v = nullptr,
         *kq = nullptr, *kk = nullptr, *gs = nullptr, *iw = nullptr, *scores = nullptr, *mla_part = nullptr;
+  size_t mla_part_elems = 0;  // floats of mla_part: sparse MLA's split partials, the indexer's selection scratch
   int32_t *sel_tokens = nullptr, *sel_counts = nullptr;
   // FFN and MoE
   size_t ffn_elems = 0;  // floats of eg and of eu each
