@@ -138,12 +138,6 @@ __device__ uint16_t load_l2(const uint16_t& x) {
 }
 __device__ void store_l2(ull& x, ull v) { asm volatile("st.global.cg.u64 [%0], %1;" ::"l"(&x), "l"(v) : "memory"); }
 
-// min-p's weight threshold, as rule::draw_token computes it.
-__device__ uint64_t min_p_threshold(float min_p) {
-  const double f = min_p < 1.0f ? static_cast<double>(min_p) : 1.0;
-  return static_cast<uint64_t>(ceil(ldexp(f, 63)));
-}
-
 __device__ ull warp_max_u64(ull v) {
   for (int o = 16; o > 0; o >>= 1) {
     const ull other = __shfl_xor_sync(kAll, v, o);
@@ -333,7 +327,7 @@ class GridRow {
   __device__ Way shortcut(const SampleRow& row, uint32_t vocab, const rule::KeySpace& ks, const rule::WeightRule& wr,
                           uint64_t bits) {
     const ValueBuckets vb(wr);
-    const uint64_t light = row.min_p > 0.0f ? min_p_threshold(row.min_p) : 0;
+    const uint64_t light = row.min_p > 0.0f ? rule::min_p_weight(row.min_p) : 0;
     by_mass_ = true;
     clear_local();
     ull past = 0;

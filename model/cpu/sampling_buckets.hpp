@@ -95,8 +95,7 @@ FERRY_HD BucketDraw bucket_draw(Exec& ex, uint32_t vocab, uint32_t top_k, float 
   BucketDraw out;
   if (top_k > 0 && top_k < vocab && !bucket_select(ex, w, Goal::exactly(top_k), false, keys)) return out;
   if (top_p < 1.0f) {
-    const uint64_t tp = top_p > 0.0f ? static_cast<uint64_t>(ldexp(static_cast<double>(top_p), 32)) : 0;
-    if (!bucket_select(ex, w, Goal{Goal::top_p, tp, 0}, true, keys)) return out;
+    if (!bucket_select(ex, w, Goal::nucleus(top_p), true, keys)) return out;
   }
   if (min_p > 0.0f) {
     const uint64_t past = ex.past();

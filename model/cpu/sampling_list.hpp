@@ -55,8 +55,7 @@ FERRY_HD uint64_t list_draw(Exec& ex, uint32_t vocab, uint32_t top_k, float top_
   w.mass = ex.mass(0);
   if (top_k > 0 && top_k < vocab) list_select(ex, w, Goal::exactly(top_k), false);
   if (top_p < 1.0f) {
-    const uint64_t tp = top_p > 0.0f ? static_cast<uint64_t>(ldexp(static_cast<double>(top_p), 32)) : 0;
-    list_select(ex, w, Goal{Goal::top_p, tp, 0}, true);
+    list_select(ex, w, Goal::nucleus(top_p), true);
   }
   if (min_p > 0.0f) {
     // draw_token's first_past_lighter over the whole row: the largest light key is at or above the

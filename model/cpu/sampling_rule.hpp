@@ -119,6 +119,12 @@ FERRY_HD u128 scale_by_draw(uint64_t bits, u128 total) {
   return (high << 11) + (low >> 53);
 }
 
+// min-p's bound (min_p > 0): min_p times the top token's weight; keys lighter than it are cut.
+FERRY_HD uint64_t min_p_weight(float min_p) {
+  const double f = min_p < 1.0f ? static_cast<double>(min_p) : 1.0;
+  return static_cast<uint64_t>(ceil(ldexp(f, 63)));
+}
+
 // What a radix select looks for: the largest key whose measure (token count or weight) taken over
 // the keys above and at it reaches the goal. Top-p and the draw know their goal only once the total
 // is counted, in the first digit's pass.
@@ -128,6 +134,9 @@ struct Goal {
   uint64_t arg = 0;  // top_p: floor(top_p * 2^32); draw: the 53 random bits
   u128 value = 0;    // fixed
   FERRY_HD static Goal exactly(u128 v) { return Goal{fixed, 0, v}; }
+  FERRY_HD static Goal nucleus(float top_p) {
+    return Goal{Goal::top_p, top_p > 0.0f ? static_cast<uint64_t>(ldexp(static_cast<double>(top_p), 32)) : 0, 0};
+  }
   FERRY_HD u128 of(u128 total) const {
     switch (kind) {
       case top_p: {  // ceil(top_p * total), at least the top token
@@ -192,14 +201,12 @@ FERRY_HD uint32_t draw_token(Exec& ex, const KeySpace& ks, uint32_t vocab, uint3
     ex.narrow(lb, top_k);
   }
   if (top_p < 1.0f) {
-    const uint64_t tp = top_p > 0.0f ? static_cast<uint64_t>(ldexp(static_cast<double>(top_p), 32)) : 0;
-    const Selected s = select_key(ex, ks, lb, Goal{Goal::top_p, tp, 0}, true);
+    const Selected s = select_key(ex, ks, lb, Goal::nucleus(top_p), true);
     lb = s.key;
     ex.narrow(lb, s.rank);
   }
   if (min_p > 0.0f) {
-    const double f = min_p < 1.0f ? static_cast<double>(min_p) : 1.0;
-    const uint64_t past = ex.first_past_lighter(lb, static_cast<uint64_t>(ceil(ldexp(f, 63))));
+    const uint64_t past = ex.first_past_lighter(lb, min_p_weight(min_p));
     if (past > lb) {
       lb = past;
       ex.narrow(lb, ~uint64_t{0});

@@ -67,10 +67,8 @@ class HostBuckets {
     ++found_;
     return keys_[b][i - 1];
   }
-  // min-p's threshold for past(), as draw_token computes it.
-  void set_min_p(float min_p) {
-    light_ = min_p > 0.0f ? static_cast<uint64_t>(std::ceil(std::ldexp(min_p < 1.0f ? double{min_p} : 1.0, 63))) : 0;
-  }
+  // min-p's threshold for past(), as draw_token takes it.
+  void set_min_p(float min_p) { light_ = min_p > 0.0f ? min_p_weight(min_p) : 0; }
   // The largest light key: weights never grow as keys fall, so the first light one from the top.
   uint64_t past() const {
     for (int b = kValueBuckets - 1; b >= 0; --b) {
