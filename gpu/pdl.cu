@@ -4,6 +4,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -28,22 +29,24 @@ bool pdl_env_allows() {
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
-bool sm90_code_built(const void* kernel) {
+bool code_built_for(const void* kernel, int major) {
   static std::mutex mu;
-  static std::map<std::pair<const void*, int>, bool> known;
+  static std::map<std::tuple<const void*, int, int>, bool> known;
   int dev = 0;
   FERRY_CUDA(cudaGetDevice(&dev));
   std::lock_guard<std::mutex> lock(mu);
-  auto [it, fresh] = known.try_emplace({kernel, dev}, false);
+  auto [it, fresh] = known.try_emplace({kernel, dev, major}, false);
   if (fresh) {
-    int major = 0;
-    FERRY_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    int device_major = 0;
+    FERRY_CUDA(cudaDeviceGetAttribute(&device_major, cudaDevAttrComputeCapabilityMajor, dev));
     cudaFuncAttributes fa{};
     FERRY_CUDA(cudaFuncGetAttributes(&fa, kernel));
-    it->second = major >= 9 && fa.ptxVersion >= 90;
+    it->second = device_major >= major && fa.ptxVersion >= 10 * major;
   }
   return it->second;
 }
+
+bool sm90_code_built(const void* kernel) { return code_built_for(kernel, 9); }
 
 bool pdl_device_ready() { return sm90_code_built(reinterpret_cast<const void*>(pdl_probe_kernel)); }
 

@@ -34,6 +34,10 @@ class PdlScope {
 bool pdl_env_allows();
 // Whether this device runs code of this build with the PDL instructions (sm90+ and compute_90+ code).
 bool pdl_device_ready();
+// Whether `kernel`'s code on the current device was compiled for compute capability `major`.0 or
+// later (and the device is one), cached per kernel, device and major: a compute_70 build
+// JIT-compiled on a newer device is not. Call it outside a capture first.
+bool code_built_for(const void* kernel, int major);
 // Whether `kernel`'s code on the current device is sm90+ code (PDL's instructions, clusters: a
 // compute_70 build JIT-compiled on an sm90 device is not), cached per kernel and device. Call it
 // outside a capture first (the eager step before a graph is captured does).

@@ -1,0 +1,67 @@
+#pragma once
+// Integer tensor-core products (issue 15): one warp's mma.sync m16n8k32 over 8-bit operands with
+// int32 sums, sm80+ (Ampere, Hopper). The sums are exact, so int16 activations taken as two 8-bit
+// halves (hi * 256 + lo) give the same integers as the int16 decode kernels' dp2a sums: products
+// over quantized weights keep their CPU parity without the fp16 hi/lo split's three products.
+//
+// Fragments, with lane = 4 * g + q (g = lane / 4, q = lane % 4); each 32-bit register holds four
+// consecutive k of one row (A) or column (B), lowest byte first:
+//   A (16 x 32, rows m, k): a[0] row g, k 4q..4q+3; a[1] row g + 8, k 4q..; a[2] row g, k 16 + 4q..;
+//                           a[3] row g + 8, k 16 + 4q..
+//   B (32 x 8, k, columns n): b[0] column g, k 4q..4q+3; b[1] column g, k 16 + 4q..
+//   C (16 x 8): c[0], c[1] row g, columns 2q, 2q + 1; c[2], c[3] row g + 8, the same columns.
+// A dot product is the same whatever order its k run in, so a kernel may give a register any four
+// k of its own choosing, as long as A's and B's registers agree (weights laid out as their bytes
+// lie, activations permuted to match).
+//
+// Code built for an earlier architecture (the Volta build, or its compute_70 PTX JIT-compiled on a
+// newer device) has no such instruction: `kInt8MmaBuilt` is false in that device code and the
+// product traps; hosts choose a kernel by code_built_for(kernel, 8) (gpu/pdl.hpp).
+#include <cstdint>
+
+namespace ferry::gpu::mma {
+
+struct FragA {
+  uint32_t r[4];
+};
+struct FragB {
+  uint32_t r[2];
+};
+struct FragC {
+  int32_t r[4];
+};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+constexpr bool kInt8MmaBuilt = true;
+#else
+constexpr bool kInt8MmaBuilt = false;
+#endif
+
+// c += a * b; SignedA / SignedB say whether A's / B's bytes are s8 or u8.
+template <bool SignedA, bool SignedB>
+__device__ __forceinline__ void mma_k32(FragC& c, const FragA& a, const FragB& b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define FERRY_MMA_K32(AT, BT)                                                                       \
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32." AT "." BT ".s32 "                           \
+               "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"                   \
+               : "+r"(c.r[0]), "+r"(c.r[1]), "+r"(c.r[2]), "+r"(c.r[3])                             \
+               : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[0]), "r"(b.r[1]))
+  if constexpr (SignedA && SignedB) {
+    FERRY_MMA_K32("s8", "s8");
+  } else if constexpr (SignedA) {
+    FERRY_MMA_K32("s8", "u8");
+  } else if constexpr (SignedB) {
+    FERRY_MMA_K32("u8", "s8");
+  } else {
+    FERRY_MMA_K32("u8", "u8");
+  }
+#undef FERRY_MMA_K32
+#else
+  (void)c;
+  (void)a;
+  (void)b;
+  __trap();
+#endif
+}
+
+}  // namespace ferry::gpu::mma
