@@ -7,6 +7,7 @@
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/decode_fusion.hpp"
+#include "gpu/dsa_decode_fusion.hpp"
 #include "gpu/mhc_decode.hpp"
 #include "gpu/moe_decode.hpp"
 #include "gpu/moe_grouped.hpp"
@@ -231,27 +232,37 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
                                   {&l.m(T::attn_kv_a_mqa), w_.lat, nullptr, z.kvlr},
                                   {&l.m(T::indexer_proj), w_.iw, nullptr, z.ih}};
   mm_products(from_x, l.has_indexer ? 3 : 2, w_.x, z.D, n, z.qlr);
-  rms_norm(w_.qa, z.qlr, l.v(T::attn_q_a_norm), n, z.qlr, hp_.rms_eps, w_.qr, z.qlr, s_);
-  mm(l.m(T::attn_q_b), w_.qr, z.qlr, n, w_.q, static_cast<size_t>(z.nh) * z.nope);
-  rms_norm(w_.lat, z.kvlr, l.v(T::attn_kv_a_norm), n, z.kvlr, hp_.rms_eps, w_.lat, z.kvlr, s_);
-  // A windowed step (gpu/kv_window.hpp) keeps its new rows in the host tier; otherwise they go to the
-  // slot's rows on the device at their positions.
+  // Both norms and the new latents' cache write in one launch (gpu/dsa_decode_fusion.hpp). A windowed
+  // step (gpu/kv_window.hpp) keeps its new rows in the host tier; otherwise they go to the slot's rows
+  // on the device at their positions.
   KvWindow* window = state_.window() != nullptr && state_.window()->windowed_step() ? state_.window() : nullptr;
-  if (window != nullptr) {
-    window->store(l.index, w_.lat, z.kvlr, g.row, n, s_);
-  } else {
-    store_latents(w_.lat, z.kvlr, g.row, n, z.kvlr, state_.latent_rows(), state_.latent_type(), st.latents,
-                  st.latent_scales, s_);
+  DsaNormsArgs na;
+  na.rows = n;
+  na.eps = hp_.rms_eps;
+  na.qa = w_.qa, na.qa_stride = z.qlr, na.qa_w = l.v(T::attn_q_a_norm), na.qlr = z.qlr;
+  na.qr = w_.qr, na.qr_stride = z.qlr;
+  na.lat = w_.lat, na.lat_stride = z.kvlr, na.lat_w = l.v(T::attn_kv_a_norm), na.kvlr = z.kvlr;
+  if (window == nullptr) {
+    na.row = g.row;
+    na.ctx = state_.latent_rows();
+    na.type = state_.latent_type();
+    na.cache = st.latents;
+    na.scales = st.latent_scales;
   }
+  dsa_norms(na, s_);
+  if (window != nullptr) window->store(l.index, w_.lat, z.kvlr, g.row, n, s_);
+  mm(l.m(T::attn_q_b), w_.qr, z.qlr, n, w_.q, static_cast<size_t>(z.nh) * z.nope);
   mark(OpGroup::dsa_proj);
   if (l.has_indexer) {
     mm(l.m(T::indexer_attn_q_b), w_.qr, z.qlr, n, w_.kq, static_cast<size_t>(z.ih) * z.id);
     const MatvecProduct k_gate[] = {{&l.m(T::indexer_attn_k), w_.kk}, {&l.m(T::indexer_compressor_gate), w_.gs}};
     mm_products(k_gate, 2, w_.x, z.D, n, z.id);
-    layer_norm(w_.kk, z.id, l.v(T::indexer_k_norm), l.v(T::indexer_k_norm_bias), n, z.id, hp_.index_norm_eps, w_.kk,
-               z.id, s_);
-    scatter_to_cache(w_.kk, z.id, g.row, n, z.id, state_.key_rows(), st.keys, s_);
-    scatter_to_cache(w_.gs, z.id, g.row, n, z.id, state_.key_rows(), st.gates, s_);
+    IndexerKeysArgs ka;
+    ka.rows = n, ka.width = z.id, ka.eps = hp_.index_norm_eps;
+    ka.kk = w_.kk, ka.kk_stride = z.id, ka.w = l.v(T::indexer_k_norm), ka.b = l.v(T::indexer_k_norm_bias);
+    ka.gs = w_.gs, ka.gs_stride = z.id;
+    ka.row = g.row, ka.key_rows = state_.key_rows(), ka.keys = st.keys, ka.gates = st.gates;
+    indexer_keys(ka, s_);
     mark(OpGroup::indexer_proj);
     IndexerArgs ia;
     ia.row = g.row;

@@ -8,6 +8,7 @@
 #include "gpu/kernels.hpp"
 #include "gpu/mhc_decode.hpp"
 #include "gpu/pdl.cuh"
+#include "gpu/row_ops.cuh"
 #include "gpu/swiglu.cuh"
 
 namespace ferry::gpu {
@@ -21,26 +22,13 @@ __global__ void rms_norm_kernel(const float* x, size_t x_stride, const float* w,
                                 size_t out_stride) {
   pdl_launch_dependents();  // the next matvec may request its weights now (gpu/pdl.hpp)
   __shared__ float scratch[32];
-  const float* xr = x + blockIdx.x * x_stride;
-  float* o = out + blockIdx.x * out_stride;
-  float ss = 0.0f;
-  for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
-  const float inv = rsqrtf(block_sum(ss, scratch) / static_cast<float>(n) + eps);
-  for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) o[i] = w ? xr[i] * inv * w[i] : xr[i] * inv;
+  rms_norm_row(x + blockIdx.x * x_stride, w, n, eps, out + blockIdx.x * out_stride, scratch);
 }
 
 __global__ void layer_norm_kernel(const float* x, size_t x_stride, const float* w, const float* b, uint32_t n,
                                   float eps, float* out, size_t out_stride) {
   __shared__ float scratch[32];
-  const float* xr = x + blockIdx.x * x_stride;
-  float* o = out + blockIdx.x * out_stride;
-  float s = 0.0f;
-  for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) s += xr[i];
-  const float mean = block_sum(s, scratch) / static_cast<float>(n);
-  float v = 0.0f;
-  for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) v += (xr[i] - mean) * (xr[i] - mean);
-  const float inv = rsqrtf(block_sum(v, scratch) / static_cast<float>(n) + eps);
-  for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) o[i] = (xr[i] - mean) * inv * w[i] + b[i];
+  layer_norm_row(x + blockIdx.x * x_stride, w, b, n, eps, out + blockIdx.x * out_stride, scratch);
 }
 
 constexpr int kMaxHc = 8;
@@ -323,14 +311,14 @@ __global__ void scatter_to_cache_kernel(const float* src, size_t src_stride, Row
 void rms_norm(const float* x, size_t x_stride, const float* w, uint32_t rows, uint32_t n, float eps, float* out,
               size_t out_stride, cudaStream_t stream) {
   if (rows == 0) return;
-  rms_norm_kernel<<<rows, 256, 0, stream>>>(x, x_stride, w, n, eps, out, out_stride);
+  rms_norm_kernel<<<rows, kRmsNormThreads, 0, stream>>>(x, x_stride, w, n, eps, out, out_stride);
   FERRY_CUDA_LAUNCHED();
 }
 
 void layer_norm(const float* x, size_t x_stride, const float* w, const float* b, uint32_t rows, uint32_t n, float eps,
                 float* out, size_t out_stride, cudaStream_t stream) {
   if (rows == 0) return;
-  layer_norm_kernel<<<rows, 128, 0, stream>>>(x, x_stride, w, b, n, eps, out, out_stride);
+  layer_norm_kernel<<<rows, kLayerNormThreads, 0, stream>>>(x, x_stride, w, b, n, eps, out, out_stride);
   FERRY_CUDA_LAUNCHED();
 }
 
