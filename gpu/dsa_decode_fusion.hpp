@@ -1,7 +1,7 @@
 #pragma once
 // DSA's per-row kernels between its products in fewer launches (issue 15): the q_a and kv_a norms
 // with the latent cache write in one, the indexer's key norm with both key-cache writes in another
-// (5 launches a DSA layer -> 2). Each block runs the plain kernel's code (gpu/row_ops.cuh) in a block
+// (6 launches a DSA layer -> 2). Each block runs the plain kernel's code (gpu/row_ops.cuh) in a block
 // of its size: the same bits as rms_norm, store_latents, layer_norm and scatter_to_cache.
 #include <cuda_runtime_api.h>
 

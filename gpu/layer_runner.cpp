@@ -163,14 +163,17 @@ void LayerRunner::mhc_site(const StepGeometry& g, const DevMatrix& fn, const flo
   fused.fn = &fn;
   fused.streams = w_.R;
   fused.y = post_first ? w_.y : nullptr;
+  fused.combine = post_first && combine_pending_ ? &combine_ : nullptr;
   fused.post_in = w_.post;
   fused.comb_in = w_.comb;
   if (mhc_post_pre(fused, s_)) {
-    // One launch did both: its time counts as the pre's; the post is still marked (with no time of its own).
+    // One launch did all: its time counts as the pre's; the post is still marked (with no time of its own).
+    if (fused.combine != nullptr) combine_pending_ = false;
     mark(OpGroup::mhc_pre);
     if (post_first) mark(OpGroup::mhc_post);
     return;
   }
+  finish_combine(g.rows);
   if (post_first) {
     mhc_post(w_.R, w_.y, w_.post, w_.comb, g.rows, d_.H, d_.D, s_);
     mark(OpGroup::mhc_post);
@@ -345,7 +348,13 @@ void LayerRunner::dense_ffn(const DevMatrix& gate, const DevMatrix& up, const De
   mm(down, w_.eg, F, n, y, d_.D);
 }
 
-void LayerRunner::moe_layer(const StepGeometry& g, const DevLayer& l, bool upload_misses) {
+void LayerRunner::finish_combine(uint32_t rows) {
+  if (!combine_pending_) return;
+  combine_pending_ = false;
+  moe_combine(combine_.eo, nullptr, combine_.weights, combine_.shared, rows, combine_.k, d_.D, w_.y, s_);
+}
+
+void LayerRunner::moe_layer(const StepGeometry& g, const DevLayer& l, bool upload_misses, bool defer_combine) {
   const ModelDims& z = d_;
   const uint32_t n = g.rows;
   mm(l.m(T::ffn_gate_inp), w_.x, z.D, n, w_.rlogits, z.E);
@@ -371,7 +380,9 @@ void LayerRunner::moe_layer(const StepGeometry& g, const DevLayer& l, bool uploa
   }
   if (n <= kMaxMatvecTokens) {
     decode_experts(n, l);
-    moe_combine(w_.eo, nullptr, w_.rweights, shared ? w_.sh : nullptr, n, z.k, z.D, w_.y, s_);
+    combine_ = {w_.eo, w_.rweights, shared ? w_.sh : nullptr, z.k};
+    combine_pending_ = true;
+    if (!defer_combine) finish_combine(n);
   } else {
     prefill_experts(n, l, upload_misses);
     moe_combine(w_.eo, w_.where, w_.rweights, shared ? w_.sh : nullptr, n, z.k, z.D, w_.y, s_);
@@ -477,9 +488,10 @@ void LayerRunner::forward(model::LayerRange layers, const StepGeometry& g, const
   if (upload) {
     for (; staged < std::min<size_t>(2, moe.size()); ++staged) experts_->stage_layer(moe[staged]);
   }
-  // Each sublayer's mhc_post runs with the next site (one launch where gpu/mhc_decode applies); the
-  // last one after the loop.
+  // Each sublayer's mhc_post runs with the next site (one launch where gpu/mhc_decode applies, with a
+  // decode step's MoE combine); the last one after the loop.
   bool post_pending = false;
+  combine_pending_ = false;
   for (uint32_t il = layers.first; il < layers.end; ++il) {
     const DevLayer& l = weights_.layer(il);
     mhc_site(g, l.m(T::hc_attn_fn), l.v(T::hc_attn_base), l.v(T::hc_attn_scale), l.v(T::attn_norm), post_pending);
@@ -493,12 +505,13 @@ void LayerRunner::forward(model::LayerRange layers, const StepGeometry& g, const
       dense_ffn(l.m(T::ffn_gate), l.m(T::ffn_up), l.m(T::ffn_down), g.rows, w_.y);
       mark(OpGroup::dense_ffn);
     } else {
-      moe_layer(g, l, upload);
+      moe_layer(g, l, upload, true);
       if (upload && staged < moe.size()) experts_->stage_layer(moe[staged++]);
     }
     post_pending = true;
   }
   if (post_pending) {
+    finish_combine(g.rows);
     mhc_post(w_.R, w_.y, w_.post, w_.comb, g.rows, d_.H, d_.D, s_);
     mark(OpGroup::mhc_post);
   }

@@ -279,7 +279,7 @@ __global__ void moe_combine_kernel(const float* eo, const int32_t* where, const 
     float v = 0.0f;
     for (uint32_t j = 0; j < k; ++j) {
       const size_t slot = where ? static_cast<size_t>(where[r * k + j]) : r * k + j;
-      v += weights[r * k + j] * eo[slot * D + d];
+      v = __fmaf_rn(weights[r * k + j], eo[slot * D + d], v);  // explicit: gpu/mhc_decode.cu's combine
     }
     y[i] = (shared ? shared[i] : 0.0f) + v;
   }
