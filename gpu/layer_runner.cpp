@@ -8,6 +8,7 @@
 #include "gpu/cuda_check.hpp"
 #include "gpu/decode_fusion.hpp"
 #include "gpu/dsa_decode_fusion.hpp"
+#include "gpu/kda_fusion.hpp"
 #include "gpu/mhc_decode.hpp"
 #include "gpu/moe_decode.hpp"
 #include "gpu/moe_grouped.hpp"
@@ -219,8 +220,11 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   a.beta = w_.beta;
   a.state = st.recurrent;
   a.out = w_.o;
-  kda_recurrent(a, s_);
-  gated_rms_norm(w_.o, w_.gate, l.v(T::ssm_norm), n, z.kda_nh, z.kda_hd, hp_.rms_eps, w_.z, s_);
+  const GatedNorm norm{w_.gate, l.v(T::ssm_norm), hp_.rms_eps, w_.z};
+  if (!kda_recurrent_gated_norm(a, norm, s_)) {  // one launch for decode rows on sm90 (gpu/kda_fusion.hpp)
+    kda_recurrent(a, s_);
+    gated_rms_norm(w_.o, norm.gate, norm.w, n, z.kda_nh, z.kda_hd, norm.eps, norm.out, s_);
+  }
   mark(OpGroup::kda_recurrence);
   mm(l.m(T::attn_output), w_.z, z.C, n, w_.y, z.D);
   mark(OpGroup::kda_out);

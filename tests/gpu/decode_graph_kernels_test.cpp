@@ -2,7 +2,8 @@
 // a CUDA stage on the random Q4_K 5-layer model decodes one slot until its one-row graph is
 // captured; the list is printed in order (runs of one kernel folded) with its count, and the fused
 // launches must stand in for the ones they replace: no DSA norm, latent store, key norm or ring write
-// of their own, and (where the mHC cluster kernel runs) no MoE combine but the last layer's.
+// of their own, and (where the mHC cluster kernel runs: sm90 code) no MoE combine but the last
+// layer's and no gated norm apart from its recurrence.
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -38,6 +39,7 @@ TEST(DecodeGraphKernels, ShortNamesDropNamespacesAndParameters) {
 TEST(DecodeGraphKernels, OneRowStepListsItsFusedLaunches) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
   model::Glm5Hparams hp = ferry::testing::tiny_gpu_shape(256);  // rows of 256: the int16 matvecs
+  hp.kda_head_dim = 32;  // a warp a head: the recurrence and its norm in one launch where built for sm90
   ASSERT_TRUE(hp.validate().empty());
   const std::string path = testing::temp_model_path("graph_kernels_q4_k");
   ASSERT_TRUE(testing::write_random_model(hp, model::GgmlType::Q4_K, path, 29));
@@ -90,8 +92,12 @@ TEST(DecodeGraphKernels, OneRowStepListsItsFusedLaunches) {
   EXPECT_EQ(count["dsa_norms_kernel"], dsa);
   EXPECT_EQ(count["indexer_keys_kernel"], indexers);
   if (count["mhc_cluster_kernel"] > 0) {
-    // Every MoE combine but the last layer's is made inside the next mHC site (sm90 builds).
+    // sm90 code: every MoE combine but the last layer's is made inside the next mHC site, and every
+    // KDA recurrence runs with its gated norm.
     EXPECT_EQ(count["moe_combine_kernel"], hp.ffn_kinds.back() == model::FfnKind::moe ? 1 : 0);
+    const int kda = static_cast<int>(hp.n_layers) - dsa;
+    EXPECT_EQ(count["recurrent_norm_kernel<32>"], kda);
+    EXPECT_EQ(count["gated_norm_kernel"], 0);
   }
 }
 
