@@ -18,16 +18,30 @@ void erase_all(std::string& s, const std::string& what) {
   for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at)) s.erase(at, what.size());
 }
 
+// Every edge, with its data where the runtime has edge data: a query without it fails on a graph
+// with programmatic (PDL) edges.
 std::vector<std::pair<cudaGraphNode_t, cudaGraphNode_t>> edges_of(cudaGraph_t graph) {
-  size_t n = 0;
 #if CUDART_VERSION >= 13000
-  FERRY_CUDA(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &n));
-  std::vector<cudaGraphNode_t> from(n), to(n);
-  FERRY_CUDA(cudaGraphGetEdges(graph, from.data(), to.data(), nullptr, &n));
+  auto get = [&](cudaGraphNode_t* from, cudaGraphNode_t* to, cudaGraphEdgeData* data, size_t* n) {
+    return cudaGraphGetEdges(graph, from, to, data, n);
+  };
+#elif CUDART_VERSION >= 12030
+  auto get = [&](cudaGraphNode_t* from, cudaGraphNode_t* to, cudaGraphEdgeData* data, size_t* n) {
+    return cudaGraphGetEdges_v2(graph, from, to, data, n);
+  };
 #else
-  FERRY_CUDA(cudaGraphGetEdges(graph, nullptr, nullptr, &n));
+  auto get = [&](cudaGraphNode_t* from, cudaGraphNode_t* to, void*, size_t* n) {
+    return cudaGraphGetEdges(graph, from, to, n);
+  };
+#endif
+  size_t n = 0;
+  FERRY_CUDA(get(nullptr, nullptr, nullptr, &n));
   std::vector<cudaGraphNode_t> from(n), to(n);
-  FERRY_CUDA(cudaGraphGetEdges(graph, from.data(), to.data(), &n));
+#if CUDART_VERSION >= 12030
+  std::vector<cudaGraphEdgeData> data(n);
+  FERRY_CUDA(get(from.data(), to.data(), data.data(), &n));
+#else
+  FERRY_CUDA(get(from.data(), to.data(), nullptr, &n));
 #endif
   std::vector<std::pair<cudaGraphNode_t, cudaGraphNode_t>> e(n);
   for (size_t i = 0; i < n; ++i) e[i] = {from[i], to[i]};
