@@ -16,6 +16,7 @@
 #include "gpu/kernels.hpp"
 #include "gpu/latent_rows.cuh"
 #include "gpu/order_key.cuh"
+#include "gpu/pool_key.cuh"
 #include "gpu/row_ops.cuh"
 #include "gpu/sparse_mla_tc.hpp"
 #include "kv/kv_codec.hpp"
@@ -28,29 +29,9 @@ constexpr int kPoolChunk = 256;
 __global__ void pool_key_kernel(IndexerArgs a) {
   const uint32_t s = blockIdx.y;
   const int start = a.seg.start[s], end = start + a.seg.len[s];
-  const int kp = static_cast<int>(a.kpool);
-  const int p = start / kp + static_cast<int>(blockIdx.x);
-  if (p >= end / kp) return;
-  const size_t slot = static_cast<size_t>(a.seg.slot[s]);
-  const uint32_t hd = a.head_dim;
-  for (uint32_t c = threadIdx.x; c < hd; c += blockDim.x) {
-    float mx = -INFINITY;
-    for (int i = 0; i < kp; ++i) {
-      const size_t at = (slot * a.key_rows + static_cast<uint32_t>(p * kp + i) % a.key_rows) * hd + c;
-      mx = fmaxf(mx, a.gate_cache[at] + a.ape[i * hd + c]);
-    }
-    float sum = 0.0f;
-    for (int i = 0; i < kp; ++i) {
-      const size_t at = (slot * a.key_rows + static_cast<uint32_t>(p * kp + i) % a.key_rows) * hd + c;
-      sum += expf(a.gate_cache[at] + a.ape[i * hd + c] - mx);
-    }
-    float key = 0.0f;
-    for (int i = 0; i < kp; ++i) {
-      const size_t at = (slot * a.key_rows + static_cast<uint32_t>(p * kp + i) % a.key_rows) * hd + c;
-      key += (expf(a.gate_cache[at] + a.ape[i * hd + c] - mx) / sum) * a.kk_cache[at];
-    }
-    a.pool_cache[(slot * (a.ctx / a.kpool) + p) * hd + c] = key;
-  }
+  const int p = start / static_cast<int>(a.kpool) + static_cast<int>(blockIdx.x);
+  if (p >= end / static_cast<int>(a.kpool)) return;
+  pool_key_channels(a, static_cast<size_t>(a.seg.slot[s]), p);
 }
 
 // Block: 256 pools of one query row; one warp per pool at a time, one lane per indexer head.

@@ -1,7 +1,11 @@
 #include "gpu/dsa_decode_fusion.hpp"
 
+#include <algorithm>
+#include <string>
+
 #include "gpu/cuda_check.hpp"
 #include "gpu/pdl.cuh"
+#include "gpu/pool_key.cuh"
 #include "gpu/row_ops.cuh"
 
 namespace ferry::gpu {
@@ -41,7 +45,52 @@ __global__ void __launch_bounds__(kLayerNormThreads) indexer_keys_kernel(Indexer
   }
 }
 
+// Block s: segment s's rows as indexer_keys_kernel makes them, then (their ring rows written) the
+// keys of the pools the segment completes, as pool_key_kernel makes them.
+__global__ void __launch_bounds__(kLayerNormThreads) indexer_keys_pools_kernel(IndexerKeysArgs k, IndexerArgs a) {
+  __shared__ float scratch[32];
+  const uint32_t s = blockIdx.x, first = static_cast<uint32_t>(a.seg.first_row[s]);
+  const int start = a.seg.start[s], len = a.seg.len[s];
+  for (uint32_t r = first; r < first + static_cast<uint32_t>(len); ++r) {
+    float* kk = k.kk + r * k.kk_stride;
+    layer_norm_row(kk, k.w, k.b, k.width, k.eps, kk, scratch);
+    __syncthreads();
+    const float* gs = k.gs + r * k.gs_stride;
+    const size_t at =
+        (static_cast<size_t>(k.row.slot[r]) * k.key_rows + static_cast<uint32_t>(k.row.pos[r]) % k.key_rows) * k.width;
+    for (uint32_t c = threadIdx.x; c < k.width; c += blockDim.x) {
+      k.keys[at + c] = kk[c];
+      k.gates[at + c] = gs[c];
+    }
+  }
+  __syncthreads();  // the segment's ring rows are written
+  const int kp = static_cast<int>(a.kpool);
+  for (int p = start / kp; p < (start + len) / kp; ++p) pool_key_channels(a, static_cast<size_t>(a.seg.slot[s]), p);
+}
+
 }  // namespace
+
+void indexer_keys_and_pools(const IndexerKeysArgs& k, const IndexerArgs& pools, cudaStream_t stream) {
+  if (k.rows == 0) return;
+  if (pools.kk_cache != k.keys || pools.gate_cache != k.gates || pools.key_rows != k.key_rows ||
+      pools.head_dim != k.width) {
+    throw CudaError("indexer_keys_and_pools: the pools are not made from the rings the keys go to");
+  }
+  if (k.rows > kMaxMatvecTokens || pools.segments == 0) {
+    indexer_keys(k, stream);
+    indexer_pool_keys(pools, stream);
+    return;
+  }
+  // indexer_pool_keys' bound: a segment's new pools read from kpool - 1 positions before it.
+  if (k.key_rows < std::min(pools.ctx, pools.max_rows_per_segment + pools.kpool - 1)) {
+    throw CudaError("indexer: a segment of " + std::to_string(pools.max_rows_per_segment) + " rows needs " +
+                    std::to_string(pools.max_rows_per_segment + pools.kpool - 1) + " rows of keys, the ring holds " +
+                    std::to_string(k.key_rows));
+  }
+  if (k.row.slot == nullptr || k.row.pos == nullptr) throw CudaError("indexer_keys_and_pools: rows without slots");
+  indexer_keys_pools_kernel<<<pools.segments, kLayerNormThreads, 0, stream>>>(k, pools);
+  FERRY_CUDA_LAUNCHED();
+}
 
 void dsa_norms(const DsaNormsArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;

@@ -1,7 +1,7 @@
 #pragma once
 // DSA's per-row kernels between its products in fewer launches (issue 15): the q_a and kv_a norms
-// with the latent cache write in one, the indexer's key norm with both key-cache writes in another
-// (6 launches a DSA layer -> 2). Each block runs the plain kernel's code (gpu/row_ops.cuh) in a block
+// with the latent cache write in one, the indexer's key norm with both key-cache writes and (decode)
+// the new pools' keys in another (7 launches a DSA layer -> 2). Each block runs the plain kernel's code (gpu/row_ops.cuh) in a block
 // of its size: the same bits as rms_norm, store_latents, layer_norm and scatter_to_cache.
 #include <cuda_runtime_api.h>
 
@@ -49,5 +49,9 @@ struct IndexerKeysArgs {
   float* gates = nullptr;
 };
 void indexer_keys(const IndexerKeysArgs& a, cudaStream_t stream);
+// indexer_keys(k), then indexer_pool_keys(pools) (its rings k's: keys, gates, key_rows): for decode
+// rows (<= kMaxMatvecTokens) one launch of a block a segment, which writes its rows' keys, then the
+// keys of the pools they complete; otherwise the two launches. The same bits either way.
+void indexer_keys_and_pools(const IndexerKeysArgs& k, const IndexerArgs& pools, cudaStream_t stream);
 
 }  // namespace ferry::gpu

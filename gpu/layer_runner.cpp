@@ -264,13 +264,6 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
     mm(l.m(T::indexer_attn_q_b), w_.qr, z.qlr, n, w_.kq, static_cast<size_t>(z.ih) * z.id);
     const MatvecProduct k_gate[] = {{&l.m(T::indexer_attn_k), w_.kk}, {&l.m(T::indexer_compressor_gate), w_.gs}};
     mm_products(k_gate, 2, w_.x, z.D, n, z.id);
-    IndexerKeysArgs ka;
-    ka.rows = n, ka.width = z.id, ka.eps = hp_.index_norm_eps;
-    ka.kk = w_.kk, ka.kk_stride = z.id, ka.w = l.v(T::indexer_k_norm), ka.b = l.v(T::indexer_k_norm_bias);
-    ka.gs = w_.gs, ka.gs_stride = z.id;
-    ka.row = g.row, ka.key_rows = state_.key_rows(), ka.keys = st.keys, ka.gates = st.gates;
-    indexer_keys(ka, s_);
-    mark(OpGroup::indexer_proj);
     IndexerArgs ia;
     ia.row = g.row;
     ia.seg = g.seg;
@@ -297,7 +290,14 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
     // The sparse attention's split scratch is free until it runs, after the selection in stream order.
     ia.select_scratch = w_.mla_part;
     ia.select_scratch_bytes = w_.mla_part_elems * sizeof(float);
-    indexer_pool_keys(ia, s_);
+    IndexerKeysArgs ka;
+    ka.rows = n, ka.width = z.id, ka.eps = hp_.index_norm_eps;
+    ka.kk = w_.kk, ka.kk_stride = z.id, ka.w = l.v(T::indexer_k_norm), ka.b = l.v(T::indexer_k_norm_bias);
+    ka.gs = w_.gs, ka.gs_stride = z.id;
+    ka.row = g.row, ka.key_rows = state_.key_rows(), ka.keys = st.keys, ka.gates = st.gates;
+    // The step's keys into the rings and the pools they complete (one launch for decode rows).
+    indexer_keys_and_pools(ka, ia, s_);
+    mark(OpGroup::indexer_proj);
     indexer_select(ia, s_);
     mark(OpGroup::indexer_select);
     if (trace_ != nullptr) trace_->add_selection(l.index, ia.tokens, ia.counts, n, ia.max_tokens, s_);

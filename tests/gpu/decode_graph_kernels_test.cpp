@@ -2,7 +2,7 @@
 // a CUDA stage on the random Q4_K 5-layer model decodes one slot until its one-row graph is
 // captured; the list is printed in order (runs of one kernel folded) with its count, and the fused
 // launches must stand in for the ones they replace: no DSA norm, latent store, key norm or ring write
-// of their own, and (where the mHC cluster kernel runs: sm90 code) no MoE combine but the last
+// or pool keys of their own, and (where the mHC cluster kernel runs: sm90 code) no MoE combine but the last
 // layer's and no gated norm apart from its recurrence.
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -80,7 +80,8 @@ TEST(DecodeGraphKernels, OneRowStepListsItsFusedLaunches) {
   }
   std::cout << "\n";
   for (const std::string& name : k) ++count[name];
-  for (const char* replaced : {"rms_norm_kernel", "store_latents_kernel", "layer_norm_kernel", "scatter_to_cache_kernel"}) {
+  for (const char* replaced : {"rms_norm_kernel", "store_latents_kernel", "layer_norm_kernel", "scatter_to_cache_kernel",
+                               "pool_key_kernel", "indexer_keys_kernel"}) {
     EXPECT_EQ(count[replaced], 0) << replaced << " runs in the decode step beside its fused launch";
   }
   int dsa = 0, indexers = 0;
@@ -90,7 +91,7 @@ TEST(DecodeGraphKernels, OneRowStepListsItsFusedLaunches) {
     indexers += is_dsa && hp.indexer_is_full(il);
   }
   EXPECT_EQ(count["dsa_norms_kernel"], dsa);
-  EXPECT_EQ(count["indexer_keys_kernel"], indexers);
+  EXPECT_EQ(count["indexer_keys_pools_kernel"], indexers);
   if (count["mhc_cluster_kernel"] > 0) {
     // sm90 code: every MoE combine but the last layer's is made inside the next mHC site, and every
     // KDA recurrence runs with its gated norm.

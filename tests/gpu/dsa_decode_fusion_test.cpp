@@ -1,13 +1,16 @@
 // DSA's per-row kernels in fewer launches (gpu/dsa_decode_fusion.hpp) against the launches they
 // replace: dsa_norms against rms_norm (q_a), rms_norm (kv_a, in place) and store_latents, over f32,
 // f16 and int8 latent caches; indexer_keys against layer_norm (in place) and two scatter_to_cache
-// calls, with positions past the key ring's rows (wrapped). Every output and cache is compared bit
+// calls, with positions past the key ring's rows (wrapped); indexer_keys_and_pools against
+// indexer_keys and indexer_pool_keys (the pools a step's rows complete). Every output and cache is compared bit
 // for bit (the first mismatch printed); outputs and caches start poisoned (0xff bytes: NaN floats),
 // and the rows written must differ from the poison.
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <cstring>
 #include <random>
 #include <string>
@@ -186,6 +189,85 @@ TEST(DsaDecodeFusion, IndexerKeysGiveTheNormAndScattersBits) {
       EXPECT_NE(std::memcmp(out[1].data(), kk.data(), out[1].size()), 0) << what << ": the keys were not normalised";
       EXPECT_GE(written(keys[1]), size_t{width} * 4) << what << ": no key rows in the ring";
       EXPECT_GE(written(gates[1]), size_t{width} * 4) << what << ": no gate rows in the ring";
+    }
+  }
+}
+
+// Segments (slot, first position, rows) of one step, with the rows' RowInfo.
+struct Segments {
+  std::vector<int32_t> slot, start, len, first;
+  DeviceBuffer d_slot, d_start, d_len, d_first;
+  Rows rows;
+  static Rows rows_of(const std::vector<std::array<int32_t, 3>>& segs) {
+    std::vector<int32_t> s, p;
+    for (const auto& g : segs) {
+      for (int32_t i = 0; i < g[2]; ++i) s.push_back(g[0]), p.push_back(g[1] + i);
+    }
+    return Rows(s, p);
+  }
+  explicit Segments(const std::vector<std::array<int32_t, 3>>& segs) : rows(rows_of(segs)) {
+    int32_t at = 0;
+    for (const auto& g : segs) {
+      slot.push_back(g[0]), start.push_back(g[1]), len.push_back(g[2]), first.push_back(at);
+      at += g[2];
+    }
+    d_slot = to_device(slot), d_start = to_device(start), d_len = to_device(len), d_first = to_device(first);
+  }
+  uint32_t count() const { return static_cast<uint32_t>(slot.size()); }
+  uint32_t longest() const { return static_cast<uint32_t>(*std::max_element(len.begin(), len.end())); }
+  SegInfo info() const {
+    return {d_slot.as<int32_t>(), d_start.as<int32_t>(), d_len.as<int32_t>(), d_first.as<int32_t>()};
+  }
+};
+
+TEST(DsaDecodeFusion, IndexerKeysAndPoolsGiveTheThreeLaunchesBits) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  constexpr uint32_t kSlots = 3, kKeyRows = 16, kCtx = 64, kPool = 4;
+  // Pools completed by a lone row, by the second of three rows, by the last of four, and none.
+  const Segments step({{1, 3, 1}, {0, 14, 3}, {2, 5, 4}});
+  const Segments lone({{2, 62, 1}});
+  for (const uint32_t width : {128u, 16u}) {
+    for (const Segments* sg : {&step, &lone}) {
+      const Rows& r = sg->rows;
+      const std::string what = "width " + std::to_string(width) + ", " + std::to_string(sg->count()) + " segments";
+      std::mt19937 rng(width * 3 + sg->count());
+      const size_t ld = width + 4;
+      const std::vector<float> kk = random_floats(r.n() * ld, rng), gs = random_floats(r.n() * ld, rng),
+                               w = random_floats(width, rng), b = random_floats(width, rng),
+                               ape = random_floats(size_t{kPool} * width, rng),
+                               ring = random_floats(size_t{kSlots} * kKeyRows * width, rng),  // earlier rows' keys
+                               gring = random_floats(size_t{kSlots} * kKeyRows * width, rng);
+      const DeviceBuffer d_gs = to_device(gs), d_w = to_device(w), d_b = to_device(b), d_ape = to_device(ape);
+      std::vector<uint8_t> out[2], keys[2], gates[2], pools[2];
+      for (int fused = 0; fused < 2; ++fused) {
+        DeviceBuffer d_kk = to_device(kk), d_keys = to_device(ring), d_gates = to_device(gring),
+                     d_pools = poisoned(size_t{kSlots} * (kCtx / kPool) * width * 4);
+        IndexerKeysArgs k;
+        k.rows = r.n(), k.width = width, k.eps = 1e-6f;
+        k.kk = d_kk.as<float>(), k.kk_stride = ld, k.w = d_w.as<float>(), k.b = d_b.as<float>();
+        k.gs = d_gs.as<float>(), k.gs_stride = ld;
+        k.row = r.info(), k.key_rows = kKeyRows, k.keys = d_keys.as<float>(), k.gates = d_gates.as<float>();
+        IndexerArgs a;
+        a.row = r.info(), a.seg = sg->info(), a.rows = r.n(), a.segments = sg->count();
+        a.max_rows_per_segment = sg->longest();
+        a.head_dim = width, a.kpool = kPool, a.ctx = kCtx, a.key_rows = kKeyRows;
+        a.kk_cache = d_keys.as<float>(), a.gate_cache = d_gates.as<float>(), a.ape = d_ape.as<float>();
+        a.pool_cache = d_pools.as<float>();
+        if (fused == 1) {
+          indexer_keys_and_pools(k, a, nullptr);
+        } else {
+          indexer_keys(k, nullptr);
+          indexer_pool_keys(a, nullptr);
+        }
+        out[fused] = bytes_of(d_kk), keys[fused] = bytes_of(d_keys), gates[fused] = bytes_of(d_gates);
+        pools[fused] = bytes_of(d_pools);
+      }
+      expect_same(out[0], out[1], what + ": normalised keys");
+      expect_same(keys[0], keys[1], what + ": key ring");
+      expect_same(gates[0], gates[1], what + ": gate ring");
+      expect_same(pools[0], pools[1], what + ": pool keys");
+      const size_t made = sg == &step ? 3 : 0;  // pools 0 (slot 1), 3 (slot 0), 1 (slot 2); 62 completes none
+      EXPECT_EQ(written(pools[1]), made * width * 4) << what << ": pool keys written";
     }
   }
 }
