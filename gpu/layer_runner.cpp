@@ -514,8 +514,11 @@ void LayerRunner::forward(model::LayerRange layers, const StepGeometry& g, const
     }
     post_pending = true;
   }
-  if (post_pending) {
-    finish_combine(g.rows);
+  if (post_pending && combine_pending_) {
+    combine_pending_ = false;
+    mhc_post_combine(w_.R, combine_, w_.post, w_.comb, g.rows, d_.H, d_.D, s_);
+    mark(OpGroup::mhc_post);
+  } else if (post_pending) {
     mhc_post(w_.R, w_.y, w_.post, w_.comb, g.rows, d_.H, d_.D, s_);
     mark(OpGroup::mhc_post);
   }

@@ -45,4 +45,9 @@ struct MhcPostPre {
 };
 bool mhc_post_pre(const MhcPostPre& p, cudaStream_t stream);
 
+// mhc_post with y the MoE combine (the last sublayer of a decode step): moe_combine then mhc_post in
+// one launch, the same bits (gpu/ops.cu); any device.
+void mhc_post_combine(float* streams, const MoeCombineIn& combine, const float* post, const float* comb, uint32_t rows,
+                      uint32_t H, uint32_t D, cudaStream_t stream);
+
 }  // namespace ferry::gpu

@@ -128,23 +128,40 @@ __global__ void __launch_bounds__(1024) mhc_pre_kernel(MhcArgs a) {
   }
 }
 
+// Column d of row r's streams after the post with the sublayer output yv (explicit fmas:
+// gpu/mhc_decode.cu's fused post makes the same bits).
+__device__ __forceinline__ void post_column(float* streams, float yv, const float* post, const float* comb, size_t r,
+                                            size_t d, uint32_t H, uint32_t D) {
+  float* R = streams + r * H * D + d;
+  float old[kMaxHc];
+  for (uint32_t h = 0; h < H; ++h) old[h] = R[h * D];
+  const float* c = comb + r * H * H;
+  for (uint32_t h2 = 0; h2 < H; ++h2) {
+    float v = post[r * H + h2] * yv;
+    for (uint32_t h = 0; h < H; ++h) v = __fmaf_rn(c[h * H + h2], old[h], v);
+    R[h2 * D] = v;
+  }
+}
+
 __global__ void mhc_post_kernel(float* streams, const float* y, const float* post, const float* comb, uint32_t rows,
                                 uint32_t H, uint32_t D) {
   const size_t total = static_cast<size_t>(rows) * D;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    post_column(streams, y[i], post, comb, i / D, i % D, H, D);
+  }
+}
+
+// moe_combine's value (the same fmas in the same order, no `where`) as the post's y.
+__global__ void mhc_post_combine_kernel(float* streams, MoeCombineIn m, const float* post, const float* comb,
+                                        uint32_t rows, uint32_t H, uint32_t D) {
+  const size_t total = static_cast<size_t>(rows) * D;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const size_t r = i / D, d = i % D;
-    float* R = streams + r * H * D + d;
-    float old[kMaxHc];
-    for (uint32_t h = 0; h < H; ++h) old[h] = R[h * D];
-    const float yv = y[i];
-    const float* c = comb + r * H * H;
-    // Explicit fmas: gpu/mhc_decode.cu's fused post makes the same bits.
-    for (uint32_t h2 = 0; h2 < H; ++h2) {
-      float v = post[r * H + h2] * yv;
-      for (uint32_t h = 0; h < H; ++h) v = __fmaf_rn(c[h * H + h2], old[h], v);
-      R[h2 * D] = v;
-    }
+    float v = 0.0f;
+    for (uint32_t j = 0; j < m.k; ++j) v = __fmaf_rn(m.weights[r * m.k + j], m.eo[(r * m.k + j) * D + d], v);
+    post_column(streams, (m.shared ? m.shared[i] : 0.0f) + v, post, comb, r, d, H, D);
   }
 }
 
@@ -342,6 +359,18 @@ void mhc_post(float* streams, const float* y, const float* post, const float* co
               uint32_t D, cudaStream_t stream) {
   if (rows == 0) return;
   mhc_post_kernel<<<grid_for(static_cast<size_t>(rows) * D), 256, 0, stream>>>(streams, y, post, comb, rows, H, D);
+  FERRY_CUDA_LAUNCHED();
+}
+
+void mhc_post_combine(float* streams, const MoeCombineIn& combine, const float* post, const float* comb, uint32_t rows,
+                      uint32_t H, uint32_t D, cudaStream_t stream) {
+  if (rows == 0) return;
+  if (H > kMaxHc) throw CudaError("mHC with more than 8 streams");
+  if (combine.eo == nullptr || combine.weights == nullptr || combine.k == 0) {
+    throw CudaError("mhc_post_combine: a MoE combine needs its expert outputs, weights and k");
+  }
+  mhc_post_combine_kernel<<<grid_for(static_cast<size_t>(rows) * D), 256, 0, stream>>>(streams, combine, post, comb,
+                                                                                     rows, H, D);
   FERRY_CUDA_LAUNCHED();
 }
 

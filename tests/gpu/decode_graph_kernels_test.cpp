@@ -2,8 +2,8 @@
 // a CUDA stage on the random Q4_K 5-layer model decodes one slot until its one-row graph is
 // captured; the list is printed in order (runs of one kernel folded) with its count, and the fused
 // launches must stand in for the ones they replace: no DSA norm, latent store, key norm or ring write
-// or pool keys of their own, and (where the mHC cluster kernel runs: sm90 code) no MoE combine but the last
-// layer's and no gated norm apart from its recurrence.
+// or pool keys of their own, the last MoE combine in the final post, and (where the mHC cluster
+// kernel runs: sm90 code) no MoE combine and no gated norm apart from its recurrence.
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -92,10 +92,12 @@ TEST(DecodeGraphKernels, OneRowStepListsItsFusedLaunches) {
   }
   EXPECT_EQ(count["dsa_norms_kernel"], dsa);
   EXPECT_EQ(count["indexer_keys_pools_kernel"], indexers);
+  // The last layer's MoE combine is made by the final post.
+  EXPECT_EQ(count["mhc_post_combine_kernel"], hp.ffn_kinds.back() == model::FfnKind::moe ? 1 : 0);
   if (count["mhc_cluster_kernel"] > 0) {
-    // sm90 code: every MoE combine but the last layer's is made inside the next mHC site, and every
+    // sm90 code: every other MoE combine is made inside the next mHC site, and every
     // KDA recurrence runs with its gated norm.
-    EXPECT_EQ(count["moe_combine_kernel"], hp.ffn_kinds.back() == model::FfnKind::moe ? 1 : 0);
+    EXPECT_EQ(count["moe_combine_kernel"], 0);
     const int kda = static_cast<int>(hp.n_layers) - dsa;
     EXPECT_EQ(count["recurrent_norm_kernel<32>"], kda);
     EXPECT_EQ(count["gated_norm_kernel"], 0);

@@ -2,7 +2,8 @@
 // gpu/mhc_decode.hpp) against moe_combine into y and then the site reading y: the same bits in the
 // streams (the post), x, post and comb, with and without a shared expert, at one, three and eight
 // rows and GLM's width (H = 4, D = 4,096) and a small one. Outputs are poisoned (NaN) first; the
-// combine of the plain way is also checked against its sum on the host.
+// combine of the plain way is also checked against its sum on the host. The last post of a step with
+// the combine (mhc_post_combine) against moe_combine then mhc_post, the same way.
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -143,6 +144,46 @@ TEST(MoeCombineFusion, SiteMakesTheCombineItselfWithTheSameBits) {
         expect_bits(plain.post, fused.post, what + ": post");
         expect_bits(plain.comb, fused.comb, what + ": comb");
         for (float v : fused.x) ASSERT_EQ(v, v) << what << ": x left unwritten (NaN)";
+      }
+    }
+  }
+}
+
+// The step's last post (no site after it) with the combine: moe_combine then mhc_post, in one
+// launch; any device.
+TEST(MoeCombineFusion, FinalPostMakesTheCombineItselfWithTheSameBits) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  for (const uint32_t D : {4096u, 100u}) {
+    for (const uint32_t rows : {1u, 3u, 8u}) {
+      for (const bool with_shared : {true, false}) {
+        const std::string what = "D " + std::to_string(D) + ", " + std::to_string(rows) + " rows" +
+                                 (with_shared ? ", shared expert" : "");
+        std::mt19937 rng(rows * 17 + D + with_shared);
+        std::normal_distribution<float> n(0.0f, 1.0f);
+        auto randn = [&](size_t count) {
+          std::vector<float> v(count);
+          for (float& x : v) x = n(rng);
+          return v;
+        };
+        const std::vector<float> streams = randn(size_t{rows} * kH * D), eo = randn(size_t{rows} * kK * D),
+                                 weights = randn(size_t{rows} * kK), shared = randn(size_t{rows} * D),
+                                 post = randn(size_t{rows} * kH), comb = randn(size_t{rows} * kH * kH);
+        const DeviceBuffer d_eo = up(eo), d_w = up(weights), d_sh = up(shared), d_post = up(post), d_comb = up(comb);
+        const MoeCombineIn c{d_eo.as<float>(), d_w.as<float>(), with_shared ? d_sh.as<float>() : nullptr, kK};
+        std::vector<float> out[2];
+        for (int fused = 0; fused < 2; ++fused) {
+          DeviceBuffer d_streams = up(streams), d_y(size_t{rows} * D * 4);
+          if (fused == 1) {
+            mhc_post_combine(d_streams.as<float>(), c, d_post.as<float>(), d_comb.as<float>(), rows, kH, D, nullptr);
+          } else {
+            moe_combine(c.eo, nullptr, c.weights, c.shared, rows, kK, D, d_y.as<float>(), nullptr);
+            mhc_post(d_streams.as<float>(), d_y.as<float>(), d_post.as<float>(), d_comb.as<float>(), rows, kH, D,
+                     nullptr);
+          }
+          out[fused] = down(d_streams);
+        }
+        expect_bits(out[0], out[1], what + ": streams after the post");
+        EXPECT_NE(std::memcmp(out[1].data(), streams.data(), streams.size() * 4), 0) << what << ": no post";
       }
     }
   }
