@@ -33,6 +33,10 @@ TEST(DecodeGraphKernels, ShortNamesDropNamespacesAndParameters) {
   // Itanium names of `void ferry::gpu::(anon)::f<5, 1>(int)` and `void ferry::gpu::g(float*)`.
   EXPECT_EQ(short_kernel_name("_ZN5ferry3gpu12_GLOBAL__N_11fILi5ELi1EEEvi"), "f<5, 1>");
   EXPECT_EQ(short_kernel_name("_ZN5ferry3gpu1gEPf"), "g");
+  // nvcc's name for an anonymous namespace, as cudaFuncGetName gives it.
+  EXPECT_EQ(short_kernel_name("_ZN5ferry3gpu38_GLOBAL__N__ee5153d1_6_kda_cu_f7908fdc21recurrent_norm_kernelILi128EEEvNS0_"
+                              "7KdaArgsENS0_9GatedNormE"),
+            "recurrent_norm_kernel<128>");
   EXPECT_EQ(short_kernel_name("not_mangled"), "not_mangled");
 }
 
