@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "gpu/graph_kernels.hpp"
 #include "gpu/pdl.hpp"
 
 namespace ferry::gpu {
@@ -72,13 +73,14 @@ float Event::since(const Event& start) const {
   return ms;
 }
 
-void GraphExec::end_capture(cudaStream_t s, size_t* programmatic) {
+void GraphExec::end_capture(cudaStream_t s, size_t* programmatic, std::vector<std::string>* kernels) {
   reset();
   cudaGraph_t graph = nullptr;
   FERRY_CUDA(cudaStreamEndCapture(s, &graph));
-  if (programmatic != nullptr) {
+  if (programmatic != nullptr || kernels != nullptr) {
     try {
-      *programmatic = programmatic_edges(graph);
+      if (programmatic != nullptr) *programmatic = programmatic_edges(graph);
+      if (kernels != nullptr) *kernels = graph_kernel_names(graph);
     } catch (...) {
       cudaGraphDestroy(graph);
       throw;

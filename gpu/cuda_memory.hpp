@@ -6,7 +6,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "gpu/cuda_check.hpp"
 
@@ -108,8 +110,8 @@ class GraphExec {
     return *this;
   }
   // Ends a capture begun on `s` and instantiates it; `programmatic`, when given, gets the graph's
-  // PDL edges (gpu/pdl.hpp).
-  void end_capture(cudaStream_t s, size_t* programmatic = nullptr);
+  // PDL edges (gpu/pdl.hpp), `kernels` its nodes' names in order (gpu/graph_kernels.hpp).
+  void end_capture(cudaStream_t s, size_t* programmatic = nullptr, std::vector<std::string>* kernels = nullptr);
   void launch(cudaStream_t s) const { FERRY_CUDA(cudaGraphLaunch(exec_, s)); }
   bool ready() const { return exec_ != nullptr; }
   void reset();

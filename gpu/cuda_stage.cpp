@@ -442,6 +442,10 @@ OpTimeTotals CudaStage::take_op_times() { return impl_->op_times.take(); }
 size_t CudaStage::mtp_graphs() const { return impl_->mtp ? impl_->mtp->graphs() : 0; }
 size_t CudaStage::decode_graphs() const { return impl_->graphs.captured(); }
 size_t CudaStage::decode_graph_pdl_edges() const { return impl_->graphs.programmatic_edges(); }
+std::vector<std::string> CudaStage::decode_graph_kernels(uint32_t rows, uint32_t segments,
+                                                        uint32_t longest_segment) const {
+  return impl_->graphs.kernels(DecodeGraphs::shape(rows, segments, longest_segment));
+}
 std::vector<float> CudaStage::take_mtp_logits() { return impl_->mtp ? impl_->mtp->take_logits() : std::vector<float>{}; }
 
 model::StageCounters CudaStage::counters() const {

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "config/kv_type.hpp"
 #include <string>
@@ -109,6 +110,9 @@ class CudaStage final : public model::Stage {
   // The trunk's decode graphs captured so far, and their PDL edges (gpu/pdl.hpp).
   size_t decode_graphs() const;
   size_t decode_graph_pdl_edges() const;
+  // The kernels of the decode graph of a step of `rows` rows in `segments` segments (the longest
+  // `longest_segment` rows), in launch order; empty when no such graph was captured.
+  std::vector<std::string> decode_graph_kernels(uint32_t rows, uint32_t segments, uint32_t longest_segment) const;
 
   int device() const;
   std::string device_name() const;

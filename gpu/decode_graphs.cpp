@@ -31,7 +31,7 @@ void DecodeGraphs::run(uint64_t shape, cudaStream_t stream, const std::function<
   }
   GraphExec& g = graphs_[shape];
   size_t edges = 0;
-  g.end_capture(stream, &edges);
+  g.end_capture(stream, &edges, &kernels_[shape]);
   edges_ += edges;
   g.launch(stream);
 }

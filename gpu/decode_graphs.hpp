@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "gpu/cuda_memory.hpp"
 
@@ -28,12 +30,18 @@ class DecodeGraphs {
   size_t captured() const { return graphs_.size(); }
   // The PDL edges of every graph captured so far.
   size_t programmatic_edges() const { return edges_; }
+  // The kernels of the graph captured for `shape`, in order (gpu/graph_kernels.hpp); empty if none.
+  std::vector<std::string> kernels(uint64_t shape) const {
+    auto found = kernels_.find(shape);
+    return found != kernels_.end() ? found->second : std::vector<std::string>{};
+  }
 
  private:
   bool enabled_, pdl_;
   size_t edges_ = 0;
   std::map<uint64_t, GraphExec> graphs_;
   std::map<uint64_t, int> seen_;
+  std::map<uint64_t, std::vector<std::string>> kernels_;
 };
 
 }  // namespace ferry::gpu

@@ -16,6 +16,8 @@
 #include "gpu/kernels.hpp"
 #include "gpu/latent_rows.cuh"
 #include "gpu/order_key.cuh"
+#include "gpu/pool_key.cuh"
+#include "gpu/row_ops.cuh"
 #include "gpu/sparse_mla_tc.hpp"
 #include "kv/kv_codec.hpp"
 
@@ -27,29 +29,9 @@ constexpr int kPoolChunk = 256;
 __global__ void pool_key_kernel(IndexerArgs a) {
   const uint32_t s = blockIdx.y;
   const int start = a.seg.start[s], end = start + a.seg.len[s];
-  const int kp = static_cast<int>(a.kpool);
-  const int p = start / kp + static_cast<int>(blockIdx.x);
-  if (p >= end / kp) return;
-  const size_t slot = static_cast<size_t>(a.seg.slot[s]);
-  const uint32_t hd = a.head_dim;
-  for (uint32_t c = threadIdx.x; c < hd; c += blockDim.x) {
-    float mx = -INFINITY;
-    for (int i = 0; i < kp; ++i) {
-      const size_t at = (slot * a.key_rows + static_cast<uint32_t>(p * kp + i) % a.key_rows) * hd + c;
-      mx = fmaxf(mx, a.gate_cache[at] + a.ape[i * hd + c]);
-    }
-    float sum = 0.0f;
-    for (int i = 0; i < kp; ++i) {
-      const size_t at = (slot * a.key_rows + static_cast<uint32_t>(p * kp + i) % a.key_rows) * hd + c;
-      sum += expf(a.gate_cache[at] + a.ape[i * hd + c] - mx);
-    }
-    float key = 0.0f;
-    for (int i = 0; i < kp; ++i) {
-      const size_t at = (slot * a.key_rows + static_cast<uint32_t>(p * kp + i) % a.key_rows) * hd + c;
-      key += (expf(a.gate_cache[at] + a.ape[i * hd + c] - mx) / sum) * a.kk_cache[at];
-    }
-    a.pool_cache[(slot * (a.ctx / a.kpool) + p) * hd + c] = key;
-  }
+  const int p = start / static_cast<int>(a.kpool) + static_cast<int>(blockIdx.x);
+  if (p >= end / static_cast<int>(a.kpool)) return;
+  pool_key_channels(a, static_cast<size_t>(a.seg.slot[s]), p);
 }
 
 // Block: 256 pools of one query row; one warp per pool at a time, one lane per indexer head.
@@ -346,27 +328,10 @@ __global__ void mla_merge_kernel(SparseMlaArgs a, uint32_t splits) {
 // One block per row: the row's max |x| (int8), then its encoding.
 __global__ void store_latents_kernel(const float* src, size_t src_stride, RowInfo rows, uint32_t width, uint32_t ctx,
                                      config::KvType type, void* cache, float* scales) {
-  const uint32_t r = blockIdx.x;
-  const float* x = src + static_cast<size_t>(r) * src_stride;
-  const size_t row = rows.slot == nullptr ? r : static_cast<size_t>(rows.slot[r]) * ctx + static_cast<size_t>(rows.pos[r]);
-  if (type == config::KvType::f32) {
-    for (uint32_t c = threadIdx.x; c < width; c += blockDim.x) static_cast<float*>(cache)[row * width + c] = x[c];
-    return;
-  }
-  if (type == config::KvType::f16) {
-    for (uint32_t c = threadIdx.x; c < width; c += blockDim.x) {
-      static_cast<uint16_t*>(cache)[row * width + c] = kv::f32_to_f16(x[c]);
-    }
-    return;
-  }
-  float m = 0.0f;
-  for (uint32_t c = threadIdx.x; c < width; c += blockDim.x) m = fmaxf(m, fabsf(x[c]));
   __shared__ float scratch[32];
-  const float s = kv::int8_scale(block_max(m, scratch));  // every thread gets the block's max
-  for (uint32_t c = threadIdx.x; c < width; c += blockDim.x) {
-    static_cast<int8_t*>(cache)[row * width + c] = kv::int8_code(x[c], s);
-  }
-  if (threadIdx.x == 0) scales[row] = s;
+  const uint32_t r = blockIdx.x;
+  const size_t row = rows.slot == nullptr ? r : static_cast<size_t>(rows.slot[r]) * ctx + static_cast<size_t>(rows.pos[r]);
+  store_latent_row(src + static_cast<size_t>(r) * src_stride, row, width, type, cache, scales, scratch);
 }
 
 }  // namespace
@@ -374,7 +339,7 @@ __global__ void store_latents_kernel(const float* src, size_t src_stride, RowInf
 void store_latents(const float* src, size_t src_stride, RowInfo rows, uint32_t n_rows, uint32_t width, uint32_t ctx,
                    config::KvType type, void* cache, float* scales, cudaStream_t stream) {
   if (n_rows == 0) return;
-  store_latents_kernel<<<n_rows, 256, 0, stream>>>(src, src_stride, rows, width, ctx, type, cache, scales);
+  store_latents_kernel<<<n_rows, kStoreLatentThreads, 0, stream>>>(src, src_stride, rows, width, ctx, type, cache, scales);
   FERRY_CUDA_LAUNCHED();
 }
 

@@ -5,12 +5,16 @@
 // registers of 4 blocks of 128 threads, recurrent_kernel says how): it is the exact recurrent form,
 // so prefill and decode agree to the bit, and a 2048-token chunk costs ~260K multiply-adds per
 // thread.
+#include <cooperative_groups.h>
+
 #include <algorithm>
 
 #include "gpu/block_reduce.cuh"
 #include "gpu/cuda_check.hpp"
+#include "gpu/kda_fusion.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/pdl.cuh"
+#include "gpu/pdl.hpp"
 
 namespace ferry::gpu {
 namespace {
@@ -166,8 +170,10 @@ struct TokenInputs {
   }
 };
 
+// The recurrence of block (h, s, z)'s columns over its segment's rows (recurrent_kernel; the fused
+// kernel below runs the same code).
 template <int DK>
-__global__ void __launch_bounds__(DK) recurrent_kernel(KdaArgs a) {
+__device__ __forceinline__ void recurrence(const KdaArgs& a) {
   using S = RecurrentShape<DK>;
   __shared__ __align__(16) float sk[S::P * S::LD], sq[S::P * S::LD], sdec[S::P * S::LD];
   __shared__ float sbeta;
@@ -224,12 +230,14 @@ __global__ void __launch_bounds__(DK) recurrent_kernel(KdaArgs a) {
   for (int i = 0; i < S::RP; ++i) state[static_cast<size_t>(i) * DK] = st[i];
 }
 
-__global__ void gated_norm_kernel(const float* o, const float* gate, const float* w, uint32_t rows, uint32_t heads,
-                                  uint32_t head_dim, float eps, float* out) {
-  pdl_launch_dependents();  // the output projection may request its weights now (gpu/pdl.hpp)
-  const uint32_t lane = threadIdx.x & 31;
-  const size_t item = (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x) >> 5;
-  if (item >= static_cast<size_t>(rows) * heads) return;
+template <int DK>
+__global__ void __launch_bounds__(DK) recurrent_kernel(KdaArgs a) {
+  recurrence<DK>(a);
+}
+
+// One warp's (row, head) `item` of the gated RMSNorm (gated_norm_kernel; the fused kernel below).
+__device__ __forceinline__ void gated_norm_item(const float* o, const float* gate, const float* w, size_t item,
+                                                uint32_t head_dim, float eps, float* out, uint32_t lane) {
   const size_t base = item * head_dim;
   float ss = 0.0f;
   for (uint32_t i = lane; i < head_dim; i += 32) ss += o[base + i] * o[base + i];
@@ -238,6 +246,38 @@ __global__ void gated_norm_kernel(const float* o, const float* gate, const float
     const float g = gate[base + i];
     out[base + i] = o[base + i] * inv * w[i] * (1.0f / (1.0f + expf(-g)));
   }
+}
+
+__global__ void gated_norm_kernel(const float* o, const float* gate, const float* w, uint32_t rows, uint32_t heads,
+                                  uint32_t head_dim, float eps, float* out) {
+  pdl_launch_dependents();  // the output projection may request its weights now (gpu/pdl.hpp)
+  const uint32_t lane = threadIdx.x & 31;
+  const size_t item = (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x) >> 5;
+  if (item >= static_cast<size_t>(rows) * heads) return;
+  gated_norm_item(o, gate, w, item, head_dim, eps, out, lane);
+}
+
+// Decode rows: the recurrence, then the gated norm of the heads it wrote, in one launch. A head's
+// DK / CB blocks (its columns) are one cluster; once all have written their columns of a row's output
+// (the cluster barrier orders those writes before the reads), warp w of the cluster's block q takes
+// the segment's rows q * warps + w, q * warps + w + P * warps, ...: gated_norm_kernel's warp code on
+// the same values, so the two launches' bits.
+template <int DK>
+__global__ void __launch_bounds__(DK) recurrent_norm_kernel(KdaArgs a, GatedNorm g) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  recurrence<DK>(a);
+  pdl_launch_dependents();  // the output projection may request its weights now (gpu/pdl.hpp)
+  cooperative_groups::this_cluster().sync();
+  const uint32_t h = blockIdx.x, s = blockIdx.y, lane = threadIdx.x & 31, warps = DK / 32;
+  const uint32_t len = static_cast<uint32_t>(a.seg.len[s]);
+  const size_t first = static_cast<size_t>(a.seg.first_row[s]);
+  for (uint32_t t = blockIdx.z * warps + (threadIdx.x >> 5); t < len; t += gridDim.z * warps) {
+    gated_norm_item(a.out, g.gate, g.w, (first + t) * a.heads + h, DK, g.eps, g.out, lane);
+  }
+#else
+  (void)a, (void)g;
+  __trap();  // launched only where it was built for sm90+ (kda_recurrent_gated_norm)
+#endif
 }
 
 unsigned grid_for(size_t n) { return static_cast<unsigned>(std::min<size_t>((n + 255) / 256, 65535 * 4)); }
@@ -288,6 +328,34 @@ void kda_recurrent(const KdaArgs& a, cudaStream_t stream) {
     default: throw CudaError("KDA: head dim " + std::to_string(a.head_dim) + " is not 8, 16, 32, 64 or 128");
   }
   FERRY_CUDA_LAUNCHED();
+}
+
+bool kda_recurrent_gated_norm(const KdaArgs& a, const GatedNorm& g, cudaStream_t stream) {
+  if (a.segments == 0 || a.rows > kMaxMatvecTokens) return false;
+  auto launch = [&](auto kernel, int cb) {
+    if (!sm90_code_built(reinterpret_cast<const void*>(kernel))) return false;
+    const uint32_t blocks = a.head_dim / static_cast<uint32_t>(cb);  // a head's: one cluster
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(a.heads, a.segments, blocks);
+    cfg.blockDim = dim3(a.head_dim);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 1;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = blocks;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    FERRY_CUDA(cudaLaunchKernelEx(&cfg, kernel, a, g));
+    return true;
+  };
+  // Head dims of at least a warp: the norm's warps are whole.
+  switch (a.head_dim) {
+    case 32: return launch(recurrent_norm_kernel<32>, RecurrentShape<32>::CB);
+    case 64: return launch(recurrent_norm_kernel<64>, RecurrentShape<64>::CB);
+    case 128: return launch(recurrent_norm_kernel<128>, RecurrentShape<128>::CB);
+    default: return false;
+  }
 }
 
 void gated_rms_norm(const float* o, const float* gate, const float* w, uint32_t rows, uint32_t heads,

@@ -7,6 +7,8 @@
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/decode_fusion.hpp"
+#include "gpu/dsa_decode_fusion.hpp"
+#include "gpu/kda_fusion.hpp"
 #include "gpu/mhc_decode.hpp"
 #include "gpu/moe_decode.hpp"
 #include "gpu/moe_grouped.hpp"
@@ -162,14 +164,17 @@ void LayerRunner::mhc_site(const StepGeometry& g, const DevMatrix& fn, const flo
   fused.fn = &fn;
   fused.streams = w_.R;
   fused.y = post_first ? w_.y : nullptr;
+  fused.combine = post_first && combine_pending_ ? &combine_ : nullptr;
   fused.post_in = w_.post;
   fused.comb_in = w_.comb;
   if (mhc_post_pre(fused, s_)) {
-    // One launch did both: its time counts as the pre's; the post is still marked (with no time of its own).
+    // One launch did all: its time counts as the pre's; the post is still marked (with no time of its own).
+    if (fused.combine != nullptr) combine_pending_ = false;
     mark(OpGroup::mhc_pre);
     if (post_first) mark(OpGroup::mhc_post);
     return;
   }
+  finish_combine(g.rows);
   if (post_first) {
     mhc_post(w_.R, w_.y, w_.post, w_.comb, g.rows, d_.H, d_.D, s_);
     mark(OpGroup::mhc_post);
@@ -215,8 +220,11 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   a.beta = w_.beta;
   a.state = st.recurrent;
   a.out = w_.o;
-  kda_recurrent(a, s_);
-  gated_rms_norm(w_.o, w_.gate, l.v(T::ssm_norm), n, z.kda_nh, z.kda_hd, hp_.rms_eps, w_.z, s_);
+  const GatedNorm norm{w_.gate, l.v(T::ssm_norm), hp_.rms_eps, w_.z};
+  if (!kda_recurrent_gated_norm(a, norm, s_)) {  // one launch for decode rows on sm90 (gpu/kda_fusion.hpp)
+    kda_recurrent(a, s_);
+    gated_rms_norm(w_.o, norm.gate, norm.w, n, z.kda_nh, z.kda_hd, norm.eps, norm.out, s_);
+  }
   mark(OpGroup::kda_recurrence);
   mm(l.m(T::attn_output), w_.z, z.C, n, w_.y, z.D);
   mark(OpGroup::kda_out);
@@ -231,28 +239,31 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
                                   {&l.m(T::attn_kv_a_mqa), w_.lat, nullptr, z.kvlr},
                                   {&l.m(T::indexer_proj), w_.iw, nullptr, z.ih}};
   mm_products(from_x, l.has_indexer ? 3 : 2, w_.x, z.D, n, z.qlr);
-  rms_norm(w_.qa, z.qlr, l.v(T::attn_q_a_norm), n, z.qlr, hp_.rms_eps, w_.qr, z.qlr, s_);
-  mm(l.m(T::attn_q_b), w_.qr, z.qlr, n, w_.q, static_cast<size_t>(z.nh) * z.nope);
-  rms_norm(w_.lat, z.kvlr, l.v(T::attn_kv_a_norm), n, z.kvlr, hp_.rms_eps, w_.lat, z.kvlr, s_);
-  // A windowed step (gpu/kv_window.hpp) keeps its new rows in the host tier; otherwise they go to the
-  // slot's rows on the device at their positions.
+  // Both norms and the new latents' cache write in one launch (gpu/dsa_decode_fusion.hpp). A windowed
+  // step (gpu/kv_window.hpp) keeps its new rows in the host tier; otherwise they go to the slot's rows
+  // on the device at their positions.
   KvWindow* window = state_.window() != nullptr && state_.window()->windowed_step() ? state_.window() : nullptr;
-  if (window != nullptr) {
-    window->store(l.index, w_.lat, z.kvlr, g.row, n, s_);
-  } else {
-    store_latents(w_.lat, z.kvlr, g.row, n, z.kvlr, state_.latent_rows(), state_.latent_type(), st.latents,
-                  st.latent_scales, s_);
+  DsaNormsArgs na;
+  na.rows = n;
+  na.eps = hp_.rms_eps;
+  na.qa = w_.qa, na.qa_stride = z.qlr, na.qa_w = l.v(T::attn_q_a_norm), na.qlr = z.qlr;
+  na.qr = w_.qr, na.qr_stride = z.qlr;
+  na.lat = w_.lat, na.lat_stride = z.kvlr, na.lat_w = l.v(T::attn_kv_a_norm), na.kvlr = z.kvlr;
+  if (window == nullptr) {
+    na.row = g.row;
+    na.ctx = state_.latent_rows();
+    na.type = state_.latent_type();
+    na.cache = st.latents;
+    na.scales = st.latent_scales;
   }
+  dsa_norms(na, s_);
+  if (window != nullptr) window->store(l.index, w_.lat, z.kvlr, g.row, n, s_);
+  mm(l.m(T::attn_q_b), w_.qr, z.qlr, n, w_.q, static_cast<size_t>(z.nh) * z.nope);
   mark(OpGroup::dsa_proj);
   if (l.has_indexer) {
     mm(l.m(T::indexer_attn_q_b), w_.qr, z.qlr, n, w_.kq, static_cast<size_t>(z.ih) * z.id);
     const MatvecProduct k_gate[] = {{&l.m(T::indexer_attn_k), w_.kk}, {&l.m(T::indexer_compressor_gate), w_.gs}};
     mm_products(k_gate, 2, w_.x, z.D, n, z.id);
-    layer_norm(w_.kk, z.id, l.v(T::indexer_k_norm), l.v(T::indexer_k_norm_bias), n, z.id, hp_.index_norm_eps, w_.kk,
-               z.id, s_);
-    scatter_to_cache(w_.kk, z.id, g.row, n, z.id, state_.key_rows(), st.keys, s_);
-    scatter_to_cache(w_.gs, z.id, g.row, n, z.id, state_.key_rows(), st.gates, s_);
-    mark(OpGroup::indexer_proj);
     IndexerArgs ia;
     ia.row = g.row;
     ia.seg = g.seg;
@@ -279,7 +290,14 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
     // The sparse attention's split scratch is free until it runs, after the selection in stream order.
     ia.select_scratch = w_.mla_part;
     ia.select_scratch_bytes = w_.mla_part_elems * sizeof(float);
-    indexer_pool_keys(ia, s_);
+    IndexerKeysArgs ka;
+    ka.rows = n, ka.width = z.id, ka.eps = hp_.index_norm_eps;
+    ka.kk = w_.kk, ka.kk_stride = z.id, ka.w = l.v(T::indexer_k_norm), ka.b = l.v(T::indexer_k_norm_bias);
+    ka.gs = w_.gs, ka.gs_stride = z.id;
+    ka.row = g.row, ka.key_rows = state_.key_rows(), ka.keys = st.keys, ka.gates = st.gates;
+    // The step's keys into the rings and the pools they complete (one launch for decode rows).
+    indexer_keys_and_pools(ka, ia, s_);
+    mark(OpGroup::indexer_proj);
     indexer_select(ia, s_);
     mark(OpGroup::indexer_select);
     if (trace_ != nullptr) trace_->add_selection(l.index, ia.tokens, ia.counts, n, ia.max_tokens, s_);
@@ -334,7 +352,13 @@ void LayerRunner::dense_ffn(const DevMatrix& gate, const DevMatrix& up, const De
   mm(down, w_.eg, F, n, y, d_.D);
 }
 
-void LayerRunner::moe_layer(const StepGeometry& g, const DevLayer& l, bool upload_misses) {
+void LayerRunner::finish_combine(uint32_t rows) {
+  if (!combine_pending_) return;
+  combine_pending_ = false;
+  moe_combine(combine_.eo, nullptr, combine_.weights, combine_.shared, rows, combine_.k, d_.D, w_.y, s_);
+}
+
+void LayerRunner::moe_layer(const StepGeometry& g, const DevLayer& l, bool upload_misses, bool defer_combine) {
   const ModelDims& z = d_;
   const uint32_t n = g.rows;
   mm(l.m(T::ffn_gate_inp), w_.x, z.D, n, w_.rlogits, z.E);
@@ -360,7 +384,9 @@ void LayerRunner::moe_layer(const StepGeometry& g, const DevLayer& l, bool uploa
   }
   if (n <= kMaxMatvecTokens) {
     decode_experts(n, l);
-    moe_combine(w_.eo, nullptr, w_.rweights, shared ? w_.sh : nullptr, n, z.k, z.D, w_.y, s_);
+    combine_ = {w_.eo, w_.rweights, shared ? w_.sh : nullptr, z.k};
+    combine_pending_ = true;
+    if (!defer_combine) finish_combine(n);
   } else {
     prefill_experts(n, l, upload_misses);
     moe_combine(w_.eo, w_.where, w_.rweights, shared ? w_.sh : nullptr, n, z.k, z.D, w_.y, s_);
@@ -466,9 +492,10 @@ void LayerRunner::forward(model::LayerRange layers, const StepGeometry& g, const
   if (upload) {
     for (; staged < std::min<size_t>(2, moe.size()); ++staged) experts_->stage_layer(moe[staged]);
   }
-  // Each sublayer's mhc_post runs with the next site (one launch where gpu/mhc_decode applies); the
-  // last one after the loop.
+  // Each sublayer's mhc_post runs with the next site (one launch where gpu/mhc_decode applies, with a
+  // decode step's MoE combine); the last one after the loop.
   bool post_pending = false;
+  combine_pending_ = false;
   for (uint32_t il = layers.first; il < layers.end; ++il) {
     const DevLayer& l = weights_.layer(il);
     mhc_site(g, l.m(T::hc_attn_fn), l.v(T::hc_attn_base), l.v(T::hc_attn_scale), l.v(T::attn_norm), post_pending);
@@ -482,12 +509,16 @@ void LayerRunner::forward(model::LayerRange layers, const StepGeometry& g, const
       dense_ffn(l.m(T::ffn_gate), l.m(T::ffn_up), l.m(T::ffn_down), g.rows, w_.y);
       mark(OpGroup::dense_ffn);
     } else {
-      moe_layer(g, l, upload);
+      moe_layer(g, l, upload, true);
       if (upload && staged < moe.size()) experts_->stage_layer(moe[staged++]);
     }
     post_pending = true;
   }
-  if (post_pending) {
+  if (post_pending && combine_pending_) {
+    combine_pending_ = false;
+    mhc_post_combine(w_.R, combine_, w_.post, w_.comb, g.rows, d_.H, d_.D, s_);
+    mark(OpGroup::mhc_post);
+  } else if (post_pending) {
     mhc_post(w_.R, w_.y, w_.post, w_.comb, g.rows, d_.H, d_.D, s_);
     mark(OpGroup::mhc_post);
   }

@@ -9,6 +9,7 @@
 #include "gpu/cuda_blas.hpp"
 #include "gpu/decode_fusion.hpp"
 #include "gpu/device_weights.hpp"
+#include "gpu/mhc_decode.hpp"
 #include "gpu/op_times.hpp"
 #include "gpu/stage_experts.hpp"
 #include "gpu/stage_state.hpp"
@@ -54,7 +55,10 @@ class LayerRunner {
   void kda_layer(const StepGeometry& g, const DevLayer& l, LayerState& st);
   void dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState& st);
   void dense_ffn(const DevMatrix& gate, const DevMatrix& up, const DevMatrix& down, uint32_t n, float* y);
-  void moe_layer(const StepGeometry& g, const DevLayer& l, bool upload_misses);
+  // defer_combine: a decode step leaves the combine to the next mHC site (combine_), which makes the
+  // post's y itself where it can (gpu/mhc_decode.hpp); finish_combine() launches it where not.
+  void moe_layer(const StepGeometry& g, const DevLayer& l, bool upload_misses, bool defer_combine = false);
+  void finish_combine(uint32_t rows);
   // The routed experts of a decode step (up to 8 rows): every (row, expert) pair one group of a launch.
   void decode_experts(uint32_t n, const DevLayer& l);
   // A prefill chunk's: rows grouped by expert on the host, one GEMM triple per expert.
@@ -70,6 +74,8 @@ class LayerRunner {
   cudaStream_t s_;
   OpTimes* times_ = nullptr;
   StepTrace* trace_ = nullptr;
+  bool combine_pending_ = false;  // w_.y is combine_'s sum, not yet made
+  MoeCombineIn combine_;
 };
 
 }  // namespace ferry::gpu

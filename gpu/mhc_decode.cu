@@ -85,7 +85,24 @@ struct ClusterArgs {
   const float* post_in = nullptr;  // [rows][kH] and [rows][kH * kH]: that site's mixer, read before
   const float* comb_in = nullptr;  //   rank 0 of the row's cluster writes this site's over them
   float* streams = nullptr;        // a.streams, written by the post
+  MoeCombineIn combine;            // combine.eo set: the post's y is the MoE combine, not f.y
 };
+
+// moe_combine's sum (gpu/ops.cu: the same fmas in the same order, then the shared expert's add) for
+// the float4 column d of a row.
+[[maybe_unused]] __device__ __forceinline__ float4 combined(const MoeCombineIn& c, uint32_t row, uint32_t d,
+                                                            uint32_t D4) {
+  float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (uint32_t j = 0; j < c.k; ++j) {
+    const float w = c.weights[row * c.k + j];
+    const float4 e = reinterpret_cast<const float4*>(c.eo)[(static_cast<size_t>(row) * c.k + j) * D4 + d];
+    v.x = __fmaf_rn(w, e.x, v.x), v.y = __fmaf_rn(w, e.y, v.y);
+    v.z = __fmaf_rn(w, e.z, v.z), v.w = __fmaf_rn(w, e.w, v.w);
+  }
+  float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (c.shared != nullptr) s = reinterpret_cast<const float4*>(c.shared)[static_cast<size_t>(row) * D4 + d];
+  return make_float4(s.x + v.x, s.y + v.y, s.z + v.z, s.w + v.w);
+}
 
 // Grid (kBlocks, rows), clusters of kBlocks along x; block `rank` of row blockIdx.y owns the float4
 // columns [rank * per, rank * per + per) of every stream, one a thread (per <= kMaxPer). With fn,
@@ -114,9 +131,10 @@ __global__ void __launch_bounds__(kMaxThreads) mhc_cluster_kernel(ClusterArgs f)
   for (uint32_t h = 0; h < kH; ++h) {
     r[h] = mine ? reinterpret_cast<const float4*>(a.streams)[at + h * D4 + d] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  if (f.y != nullptr && mine) {
+  if ((f.y != nullptr || f.combine.eo != nullptr) && mine) {
     // mhc_post's arithmetic (ops.cu, the same explicit fmas), component by component: the same bits.
-    const float4 yv = reinterpret_cast<const float4*>(f.y)[static_cast<size_t>(row) * D4 + d];
+    const float4 yv = f.combine.eo != nullptr ? combined(f.combine, row, d, D4)
+                                              : reinterpret_cast<const float4*>(f.y)[static_cast<size_t>(row) * D4 + d];
     const float* po = f.post_in + row * kH;
     const float* cb = f.comb_in + row * kH * kH;
     float4 nr[kH];
@@ -292,8 +310,15 @@ bool mhc_post_pre(const MhcPostPre& p, cudaStream_t stream) {
   const DevMatrix& fn = *p.fn;
   const bool f32_mixer =
       fn.type == model::GgmlType::F32 && fn.rows == kMix && fn.cols == kH * a.D && fn.row_bytes == size_t{fn.cols} * 4;
-  const bool aligned = reinterpret_cast<uintptr_t>(fn.data) % 16 == 0 && reinterpret_cast<uintptr_t>(p.y) % 16 == 0;
+  bool aligned = reinterpret_cast<uintptr_t>(fn.data) % 16 == 0 && reinterpret_cast<uintptr_t>(p.y) % 16 == 0;
+  if (p.combine != nullptr) {
+    aligned = aligned && reinterpret_cast<uintptr_t>(p.combine->eo) % 16 == 0 &&
+              reinterpret_cast<uintptr_t>(p.combine->shared) % 16 == 0;
+  }
   if (!f32_mixer || !aligned || !cluster_applies(a)) return false;
+  if (p.combine != nullptr && (p.combine->eo == nullptr || p.combine->weights == nullptr || p.combine->k == 0)) {
+    throw CudaError("mhc_post_pre: a MoE combine needs its expert outputs, weights and k");
+  }
   ClusterArgs f;
   f.a = a;
   f.a.mix = nullptr;
@@ -301,6 +326,7 @@ bool mhc_post_pre(const MhcPostPre& p, cudaStream_t stream) {
   f.y = p.y;
   f.post_in = p.post_in;
   f.comb_in = p.comb_in;
+  if (p.combine != nullptr) f.combine = *p.combine;
   f.streams = p.streams;
   f.a.streams = p.streams;
   launch(f, kMaxThreads, stream);

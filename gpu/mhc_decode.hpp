@@ -23,15 +23,31 @@ void mhc_pre_one_block(const MhcArgs& a, cudaStream_t stream);
 // logits fn @ streams (pre.mix is not read), then mhc_pre's outputs into pre.x / pre.post / pre.comb
 // (which may be post_in / comb_in: they are read first). fn is the site's [(2+H)*H][H*D] mixer.
 // Returns false (launching nothing) where mhc_pre_clustered would, or when fn is not f32 of that
-// shape or fn / y are not 16-byte aligned: the caller then runs mhc_post, the product and mhc_pre.
+// shape or fn / y (or the combine's eo / shared) are not 16-byte aligned: the caller then runs
+// moe_combine, mhc_post, the product and mhc_pre.
+// The MoE combine of a decode step (moe_combine without `where`) for a site to make the post's y
+// itself: y[r] = shared[r] + sum_j weights[r][j] * eo[r * k + j], moe_combine's operations in its
+// order (the same bits), so that the combine needs no launch of its own.
+struct MoeCombineIn {
+  const float* eo = nullptr;       // [rows * k][D]
+  const float* weights = nullptr;  // [rows][k]
+  const float* shared = nullptr;   // [rows][D]; null: none
+  uint32_t k = 0;
+};
 struct MhcPostPre {
   MhcArgs pre;
   const DevMatrix* fn = nullptr;
   float* streams = nullptr;        // pre.streams, writable
-  const float* y = nullptr;        // [rows][D]; null: no post before this site
+  const float* y = nullptr;        // [rows][D]; null: no post before this site (unless `combine`)
+  const MoeCombineIn* combine = nullptr;  // set: the post's y is this sum (y is not read)
   const float* post_in = nullptr;  // [rows][H]
   const float* comb_in = nullptr;  // [rows][H*H]
 };
 bool mhc_post_pre(const MhcPostPre& p, cudaStream_t stream);
+
+// mhc_post with y the MoE combine (the last sublayer of a decode step): moe_combine then mhc_post in
+// one launch, the same bits (gpu/ops.cu); any device.
+void mhc_post_combine(float* streams, const MoeCombineIn& combine, const float* post, const float* comb, uint32_t rows,
+                      uint32_t H, uint32_t D, cudaStream_t stream);
 
 }  // namespace ferry::gpu

@@ -8,6 +8,7 @@
 #include "gpu/kernels.hpp"
 #include "gpu/mhc_decode.hpp"
 #include "gpu/pdl.cuh"
+#include "gpu/row_ops.cuh"
 #include "gpu/swiglu.cuh"
 
 namespace ferry::gpu {
@@ -21,26 +22,13 @@ __global__ void rms_norm_kernel(const float* x, size_t x_stride, const float* w,
                                 size_t out_stride) {
   pdl_launch_dependents();  // the next matvec may request its weights now (gpu/pdl.hpp)
   __shared__ float scratch[32];
-  const float* xr = x + blockIdx.x * x_stride;
-  float* o = out + blockIdx.x * out_stride;
-  float ss = 0.0f;
-  for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
-  const float inv = rsqrtf(block_sum(ss, scratch) / static_cast<float>(n) + eps);
-  for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) o[i] = w ? xr[i] * inv * w[i] : xr[i] * inv;
+  rms_norm_row(x + blockIdx.x * x_stride, w, n, eps, out + blockIdx.x * out_stride, scratch);
 }
 
 __global__ void layer_norm_kernel(const float* x, size_t x_stride, const float* w, const float* b, uint32_t n,
                                   float eps, float* out, size_t out_stride) {
   __shared__ float scratch[32];
-  const float* xr = x + blockIdx.x * x_stride;
-  float* o = out + blockIdx.x * out_stride;
-  float s = 0.0f;
-  for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) s += xr[i];
-  const float mean = block_sum(s, scratch) / static_cast<float>(n);
-  float v = 0.0f;
-  for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) v += (xr[i] - mean) * (xr[i] - mean);
-  const float inv = rsqrtf(block_sum(v, scratch) / static_cast<float>(n) + eps);
-  for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) o[i] = (xr[i] - mean) * inv * w[i] + b[i];
+  layer_norm_row(x + blockIdx.x * x_stride, w, b, n, eps, out + blockIdx.x * out_stride, scratch);
 }
 
 constexpr int kMaxHc = 8;
@@ -140,23 +128,40 @@ __global__ void __launch_bounds__(1024) mhc_pre_kernel(MhcArgs a) {
   }
 }
 
+// Column d of row r's streams after the post with the sublayer output yv (explicit fmas:
+// gpu/mhc_decode.cu's fused post makes the same bits).
+__device__ __forceinline__ void post_column(float* streams, float yv, const float* post, const float* comb, size_t r,
+                                            size_t d, uint32_t H, uint32_t D) {
+  float* R = streams + r * H * D + d;
+  float old[kMaxHc];
+  for (uint32_t h = 0; h < H; ++h) old[h] = R[h * D];
+  const float* c = comb + r * H * H;
+  for (uint32_t h2 = 0; h2 < H; ++h2) {
+    float v = post[r * H + h2] * yv;
+    for (uint32_t h = 0; h < H; ++h) v = __fmaf_rn(c[h * H + h2], old[h], v);
+    R[h2 * D] = v;
+  }
+}
+
 __global__ void mhc_post_kernel(float* streams, const float* y, const float* post, const float* comb, uint32_t rows,
                                 uint32_t H, uint32_t D) {
   const size_t total = static_cast<size_t>(rows) * D;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    post_column(streams, y[i], post, comb, i / D, i % D, H, D);
+  }
+}
+
+// moe_combine's value (the same fmas in the same order, no `where`) as the post's y.
+__global__ void mhc_post_combine_kernel(float* streams, MoeCombineIn m, const float* post, const float* comb,
+                                        uint32_t rows, uint32_t H, uint32_t D) {
+  const size_t total = static_cast<size_t>(rows) * D;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const size_t r = i / D, d = i % D;
-    float* R = streams + r * H * D + d;
-    float old[kMaxHc];
-    for (uint32_t h = 0; h < H; ++h) old[h] = R[h * D];
-    const float yv = y[i];
-    const float* c = comb + r * H * H;
-    // Explicit fmas: gpu/mhc_decode.cu's fused post makes the same bits.
-    for (uint32_t h2 = 0; h2 < H; ++h2) {
-      float v = post[r * H + h2] * yv;
-      for (uint32_t h = 0; h < H; ++h) v = __fmaf_rn(c[h * H + h2], old[h], v);
-      R[h2 * D] = v;
-    }
+    float v = 0.0f;
+    for (uint32_t j = 0; j < m.k; ++j) v = __fmaf_rn(m.weights[r * m.k + j], m.eo[(r * m.k + j) * D + d], v);
+    post_column(streams, (m.shared ? m.shared[i] : 0.0f) + v, post, comb, r, d, H, D);
   }
 }
 
@@ -291,7 +296,7 @@ __global__ void moe_combine_kernel(const float* eo, const int32_t* where, const 
     float v = 0.0f;
     for (uint32_t j = 0; j < k; ++j) {
       const size_t slot = where ? static_cast<size_t>(where[r * k + j]) : r * k + j;
-      v += weights[r * k + j] * eo[slot * D + d];
+      v = __fmaf_rn(weights[r * k + j], eo[slot * D + d], v);  // explicit: gpu/mhc_decode.cu's combine
     }
     y[i] = (shared ? shared[i] : 0.0f) + v;
   }
@@ -323,14 +328,14 @@ __global__ void scatter_to_cache_kernel(const float* src, size_t src_stride, Row
 void rms_norm(const float* x, size_t x_stride, const float* w, uint32_t rows, uint32_t n, float eps, float* out,
               size_t out_stride, cudaStream_t stream) {
   if (rows == 0) return;
-  rms_norm_kernel<<<rows, 256, 0, stream>>>(x, x_stride, w, n, eps, out, out_stride);
+  rms_norm_kernel<<<rows, kRmsNormThreads, 0, stream>>>(x, x_stride, w, n, eps, out, out_stride);
   FERRY_CUDA_LAUNCHED();
 }
 
 void layer_norm(const float* x, size_t x_stride, const float* w, const float* b, uint32_t rows, uint32_t n, float eps,
                 float* out, size_t out_stride, cudaStream_t stream) {
   if (rows == 0) return;
-  layer_norm_kernel<<<rows, 128, 0, stream>>>(x, x_stride, w, b, n, eps, out, out_stride);
+  layer_norm_kernel<<<rows, kLayerNormThreads, 0, stream>>>(x, x_stride, w, b, n, eps, out, out_stride);
   FERRY_CUDA_LAUNCHED();
 }
 
@@ -354,6 +359,18 @@ void mhc_post(float* streams, const float* y, const float* post, const float* co
               uint32_t D, cudaStream_t stream) {
   if (rows == 0) return;
   mhc_post_kernel<<<grid_for(static_cast<size_t>(rows) * D), 256, 0, stream>>>(streams, y, post, comb, rows, H, D);
+  FERRY_CUDA_LAUNCHED();
+}
+
+void mhc_post_combine(float* streams, const MoeCombineIn& combine, const float* post, const float* comb, uint32_t rows,
+                      uint32_t H, uint32_t D, cudaStream_t stream) {
+  if (rows == 0) return;
+  if (H > kMaxHc) throw CudaError("mHC with more than 8 streams");
+  if (combine.eo == nullptr || combine.weights == nullptr || combine.k == 0) {
+    throw CudaError("mhc_post_combine: a MoE combine needs its expert outputs, weights and k");
+  }
+  mhc_post_combine_kernel<<<grid_for(static_cast<size_t>(rows) * D), 256, 0, stream>>>(streams, combine, post, comb,
+                                                                                     rows, H, D);
   FERRY_CUDA_LAUNCHED();
 }
 

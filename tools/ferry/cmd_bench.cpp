@@ -469,6 +469,20 @@ int bench(const Options& o) {
     peak_by_device[cs->device()] = m.peak_bytes;
   }
   for (const auto& [dev, bytes] : peak_by_device) peak += bytes;
+  // Launches a token (issue 15): the one-row decode graph's kernels, over the stages.
+  size_t launches = 0, products = 0;
+  for (const auto& s : b.stages()) {
+    auto* cs = dynamic_cast<gpu::CudaStage*>(s.get());
+    if (cs == nullptr) continue;
+    for (const std::string& k : cs->decode_graph_kernels(1, 1, 1)) {
+      ++launches;
+      products += k.rfind("int16_kernel", 0) == 0 || k.rfind("matvec_kernel", 0) == 0 || k.rfind("wide_kernel", 0) == 0;
+    }
+  }
+  if (launches > 0) {
+    std::fprintf(stderr, "ferry bench: one-row decode graph: %zu kernels a step, %zu of them matvecs\n", launches,
+                 products);
+  }
 #endif
   if (o.json) {
     std::printf("{\"model\": \"%s\", \"backend\": \"%s\", \"weight_bytes\": %llu, \"peak_device_bytes\": %llu, "
