@@ -1,0 +1,497 @@
+// The grouped expert GEMMs on int8 tensor cores for Q4_K weights (gpu/moe_grouped_int8.hpp says what
+// and why).
+//
+// First a pass quantizes the input rows (each once, not once per expert tile that reads it) into
+// the split scratch: per row, for each k-tile of 128 columns, 128 high bytes (s8) then 128 low bytes
+// (u8) of its int16 values, in column order; and per 32-value block its step and f32 sum.
+//
+// A block: 8 warps over 128 weight rows (64 each of gate and up, whose SwiGLU is then taken in
+// registers) x the 64 sorted rows of a token tile, k-tiles of 128 columns (half a Q4_K block: 64
+// bytes of nibbles a row). Per k-tile the weight rows' nibble bytes and the tokens' bytes and block
+// factors are copied in by cp.async into one of two buffers while the tensor cores work on the
+// other, and each weight row's sub-block factors (d * scale, dmin * min) are made from its block's
+// 16 leading bytes. A warp multiplies 32 weight rows x 32 tokens: per 32-column sub-block (one k32
+// step) 2 x 4 tiles of m16n8k32, each twice (the high and the low bytes). The nibbles of a
+// sub-block are one half of 32 consecutive bytes, so each register of A is four bytes of the row
+// masked (low or high nibbles): no decode pass and no permutation. Both int32 sums are turned into
+// f32 without a conversion instruction (a quarter-rate one on these devices): the MMAs accumulate
+// onto the bits of 1.5 * 2^31 and 1.5 * 2^23, so the words read as floats are those constants plus
+// 256 * high and low sum, exactly, and two adds give their sum.
+#include "gpu/moe_grouped_int8.hpp"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+
+#include "gpu/cuda_check.hpp"
+#include "gpu/mma_int8.cuh"
+#include "gpu/pdl.hpp"
+#include "gpu/quant_device.cuh"
+#include "gpu/swiglu.cuh"
+#include "gpu/x_int16.cuh"
+#include "model/formats/ggml_type.hpp"
+
+namespace ferry::gpu {
+namespace {
+
+constexpr uint32_t BN = kGroupedTileTokens;  // sorted rows of a block: the sort's token tiles
+constexpr uint32_t BR = 128;                 // weight rows of a block (NM matrices of BR / NM rows)
+constexpr uint32_t BK = 128;                 // columns of a k-tile
+constexpr uint32_t kSteps = BK / 32;         // k32 steps (sub-blocks) of a k-tile
+constexpr uint32_t kThreads = 256;
+constexpr uint32_t kBlockBytes = 144;  // a Q4_K block: d, dmin, 12 bytes of scales, 128 of nibbles
+// Words of a weight row's k-tile (16 of nibbles, padded) and of a token's (32 high, 32 low, padded)
+// in shared memory: rows 20 and 68 words apart, so the 8 rows x 4 words of a fragment hit 32 banks.
+constexpr uint32_t kWWords = 20, kXWords = 68;
+
+struct Stage {
+  uint32_t w[BR * kWWords];
+  uint32_t x[BN * kXWords];
+  float2 wf[kSteps][BR];  // per sub-block and weight row: d * scale, dmin * min
+  float2 xf[kSteps][BN];  // per block and token: the int16 step, the f32 sum
+};
+static_assert(sizeof(Stage) % 16 == 0, "stages stay 16-byte aligned");
+
+// The constants the int32 sums accumulate onto (as float bits) and the sum of their values.
+constexpr int32_t kHiBits = 0x4F400000;  // 1.5 * 2^31: one unit of the bits is 256
+constexpr int32_t kLoBits = 0x4B400000;  // 1.5 * 2^23: one unit is 1
+constexpr float kMagic = 3221225472.0f + 12582912.0f;
+
+struct Int8Args {
+  const uint8_t* base[2];
+  size_t stride[2];
+  const uint8_t* const* table[2];
+  uint32_t rows, cols;
+  size_t row_bytes;
+  const uint8_t* xq;  // quantized rows, 2 * cols bytes apart
+  const float2* xf;   // their blocks' steps and sums, cols / 32 apart
+  const int32_t* gather;
+  const uint32_t* offsets;
+  const uint32_t* tiles;
+  uint32_t E;
+  uint32_t dense_rows;  // offsets null: one group of this many rows, tile t its rows 64t..
+  float* y;
+  size_t ldy;
+  float limit;
+};
+
+__device__ __forceinline__ void cp_async(void* dst, const void* src, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  if (bytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+  } else if (bytes == 8) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(d), "l"(src) : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src) : "memory");
+  }
+#else
+  (void)dst;
+  (void)src;
+  (void)bytes;
+  __trap();  // hosts launch this kernel only on sm80+ code (code_built_for)
+#endif
+}
+
+__device__ __forceinline__ void cp_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+// Waits until at most `Pending` of this thread's latest groups are in flight.
+template <int Pending>
+__device__ __forceinline__ void cp_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" ::"n"(Pending) : "memory");
+#endif
+}
+
+// Scale byte i (0..11) of a Q4_K block whose leading words are h (h[0]: d and dmin).
+__device__ __forceinline__ uint32_t scale_byte(const uint32_t (&h)[4], uint32_t i) {
+  const uint32_t word = i < 4 ? h[1] : i < 8 ? h[2] : h[3];
+  return (word >> (8 * (i & 3))) & 0xff;
+}
+
+// Sub-block j's d * scale and dmin * min, as qd::k4_scale_min and matvec_int16.cu's k4_factors make them.
+__device__ __forceinline__ float2 k4_factor(const uint32_t (&h)[4], uint32_t j) {
+  uint32_t sc, m;
+  if (j < 4) {
+    sc = scale_byte(h, j) & 63;
+    m = scale_byte(h, j + 4) & 63;
+  } else {
+    sc = (scale_byte(h, j + 4) & 0xf) | ((scale_byte(h, j - 4) >> 6) << 4);
+    m = (scale_byte(h, j + 4) >> 4) | ((scale_byte(h, j) >> 6) << 4);
+  }
+  const float d = qd::h2f(h[0] & 0xffff), dmin = qd::h2f(h[0] >> 16);
+  return make_float2(d * static_cast<float>(sc), dmin * static_cast<float>(m));
+}
+
+// One thread's 16 values of row r, columns 16p..: their int16 bytes into the row's k-tile, and (the
+// even lane of the pair) the block's step and sum.
+__global__ void __launch_bounds__(256) quantize_rows_kernel(const float* x, size_t ldx, uint32_t rows, uint32_t cols,
+                                                            uint8_t* xq, float2* xf) {
+  const uint32_t per_row = cols / 16;
+  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const bool valid = i < static_cast<size_t>(rows) * per_row;
+  const uint32_t r = valid ? static_cast<uint32_t>(i / per_row) : 0, p = valid ? static_cast<uint32_t>(i % per_row) : 0;
+  float v[16];
+  float amax = 0.0f, sum = 0.0f;
+  if (valid) {
+    const float4* src = reinterpret_cast<const float4*>(x + static_cast<size_t>(r) * ldx + 16 * p);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float4 f = src[k];
+      v[4 * k] = f.x, v[4 * k + 1] = f.y, v[4 * k + 2] = f.z, v[4 * k + 3] = f.w;
+    }
+    x16_stats(v, amax, sum);
+  }
+  amax = x32_amax(amax);  // every lane: the pair (p even, p + 1) is lanes i, i ^ 1 of one row
+  const float sum32 = sum + __shfl_xor_sync(0xffffffffu, sum, 1);
+  if (!valid) return;
+  uint32_t packed[8];
+  x16_pack(v, amax, packed);
+  uint32_t hi[4], lo[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    hi[k] = __byte_perm(packed[2 * k], packed[2 * k + 1], 0x7531);
+    lo[k] = __byte_perm(packed[2 * k], packed[2 * k + 1], 0x6420);
+  }
+  const uint32_t c = 16 * p;
+  uint8_t* dst = xq + static_cast<size_t>(r) * 2 * cols + 2 * (c / BK) * BK + c % BK;
+  *reinterpret_cast<uint4*>(dst) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+  *reinterpret_cast<uint4*>(dst + BK) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+  if (p % 2 == 0) xf[static_cast<size_t>(r) * (cols / 32) + p / 2] = make_float2(x32_scale(amax), sum32);
+}
+
+template <int NM>
+__global__ void __launch_bounds__(kThreads, 2) q4k_int8_kernel(Int8Args a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  Stage* st = reinterpret_cast<Stage*>(smem);
+  const uint32_t tile = blockIdx.y;
+  uint32_t e = 0, first = tile * BN, ntok = 0;
+  if (a.offsets == nullptr) {
+    ntok = min(BN, a.dense_rows - first);  // the grid holds the rows' tiles
+  } else {
+    if (tile >= a.tiles[a.E]) return;  // the grid is sized for the most tiles the routes can make
+    uint32_t lo_e = 0, hi_e = a.E;     // tiles[lo_e] <= tile < tiles[hi_e]
+    while (hi_e - lo_e > 1) {
+      const uint32_t mid = (lo_e + hi_e) / 2;
+      if (a.tiles[mid] <= tile) {
+        lo_e = mid;
+      } else {
+        hi_e = mid;
+      }
+    }
+    e = lo_e;
+    const uint32_t t0 = (tile - a.tiles[e]) * BN;
+    first = a.offsets[e] + t0;
+    ntok = min(BN, a.offsets[e + 1] - a.offsets[e] - t0);
+  }
+  constexpr uint32_t RM = BR / NM;  // rows of each matrix in the block
+  const uint32_t m0 = blockIdx.x * RM;
+  const uint32_t tid = threadIdx.x;
+
+  const uint8_t* w[NM];
+  bool w16 = true;  // every matrix 16-byte aligned (rows are 144-byte multiples): 16-byte copies
+#pragma unroll
+  for (int m = 0; m < NM; ++m) {
+    w[m] = a.table[m] != nullptr ? a.table[m][e] : a.base[m] + e * a.stride[m];
+    w16 = w16 && reinterpret_cast<uintptr_t>(w[m]) % 16 == 0;
+  }
+  // The copies: weight items tid and tid + 256 of 128 rows x 4 chunks (row item / 4; chunk, and the
+  // sub-block whose factors the thread makes, tid % 4); token items tid + 256j of 64 tokens x 16
+  // chunks; the factors of token tid / 4, block tid % 4. Rows past the matrix and tokens past the
+  // tile read row rows - 1 and the tile's first token: their products are not stored.
+  const uint32_t wch = tid % 4, xch = tid % 16;
+  const uint8_t* wrow[2];
+  uint32_t wlr[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    wlr[j] = (tid + kThreads * j) / 4;
+    const uint8_t* wm = NM == 1 || wlr[j] < RM ? w[0] : w[NM - 1];  // no indexing by a variable (local memory)
+    const uint32_t r = min(m0 + wlr[j] % RM, a.rows - 1);
+    wrow[j] = wm + static_cast<size_t>(r) * a.row_bytes;
+  }
+  auto token_row = [&](uint32_t tok) -> size_t {
+    const uint32_t t = tok < ntok ? tok : 0;
+    return a.gather != nullptr ? static_cast<size_t>(a.gather[first + t]) : first + t;
+  };
+  size_t xoff[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) xoff[j] = token_row(tid / 16 + 16 * j) * 2 * a.cols;
+  const size_t xfoff = token_row(tid / 4) * (a.cols / 32) + tid % 4;
+
+  auto issue = [&](uint32_t kt, uint32_t b) {
+    Stage& s = st[b];
+    const size_t wb = (kt / 2) * kBlockBytes + 16 + 64 * (kt % 2) + 16 * wch;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      uint32_t* dst = &s.w[wlr[j] * kWWords + 4 * wch];
+      if (w16) {
+        cp_async(dst, wrow[j] + wb, 16);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) cp_async(dst + i, wrow[j] + wb + 4 * i, 4);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      cp_async(&s.x[(tid / 16 + 16 * j) * kXWords + 4 * xch], a.xq + xoff[j] + 2 * BK * kt + 16 * xch, 16);
+    }
+    cp_async(&s.xf[tid % 4][tid / 4], a.xf + xfoff + kSteps * kt, 8);
+    cp_commit();
+  };
+  uint32_t hdr[2][4];  // the leading words of the weight items' blocks
+  auto load_headers = [&](uint32_t kt) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const uint8_t* p = wrow[j] + (kt / 2) * kBlockBytes;
+      if (w16) {
+        const uint4 v = *reinterpret_cast<const uint4*>(p);
+        hdr[j][0] = v.x, hdr[j][1] = v.y, hdr[j][2] = v.z, hdr[j][3] = v.w;
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) hdr[j][i] = qd::ld_u32(p + 4 * i);
+      }
+    }
+  };
+  auto store_factors = [&](uint32_t kt, uint32_t b) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) st[b].wf[wch][wlr[j]] = k4_factor(hdr[j], kSteps * (kt % 2) + wch);
+  };
+
+  const uint32_t warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
+  const uint32_t wr = warp % 4, wt = warp / 4;
+  uint32_t lrb[2];  // the warp's two 16-row tiles: 32 rows of the matrix, or 16 of gate and of up
+#pragma unroll
+  for (int i = 0; i < 2; ++i) lrb[i] = NM == 1 ? wr * 32 + 16 * i : RM * i + wr * 16;
+  bool live[4];  // 8-token tiles holding tokens (the same for all lanes of the warp)
+#pragma unroll
+  for (int n = 0; n < 4; ++n) live[n] = wt * 32 + 8 * n < ntok;
+  float acc[2][4][4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) acc[i][n][k] = 0.0f;
+    }
+  }
+
+  auto multiply = [&](const Stage& s) {
+#pragma unroll
+    for (uint32_t c = 0; c < kSteps / 2; ++c) {  // the sub-blocks of 64 columns share their bytes
+      uint32_t raw[2][4];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const uint32_t* r0 = &s.w[(lrb[i] + g) * kWWords + 8 * c + q];
+        const uint32_t* r8 = r0 + 8 * kWWords;
+        raw[i][0] = r0[0], raw[i][1] = r8[0], raw[i][2] = r0[4], raw[i][3] = r8[4];
+      }
+#pragma unroll
+      for (uint32_t h = 0; h < 2; ++h) {
+        const uint32_t step = 2 * c + h;
+        mma::FragA A[2];
+        float2 wf[2][2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+#pragma unroll
+          for (int k = 0; k < 4; ++k) A[i].r[k] = (raw[i][k] >> (4 * h)) & 0x0f0f0f0fu;
+          wf[i][0] = s.wf[step][lrb[i] + g];
+          wf[i][1] = s.wf[step][lrb[i] + g + 8];
+        }
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {
+          if (!live[n]) continue;
+          const uint32_t tb = wt * 32 + 8 * n;
+          const uint32_t* xr = &s.x[(tb + g) * kXWords + 8 * step + q];
+          const mma::FragB bh{{xr[0], xr[4]}}, bl{{xr[32], xr[36]}};
+          const float4 xv = *reinterpret_cast<const float4*>(&s.xf[step][tb + 2 * q]);
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            mma::FragC ch{{kHiBits, kHiBits, kHiBits, kHiBits}}, cl{{kLoBits, kLoBits, kLoBits, kLoBits}};
+            mma::mma_k32<false, true>(ch, A[i], bh);
+            mma::mma_k32<false, false>(cl, A[i], bl);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              const float2 f = wf[i][k / 2];
+              const float dx = k % 2 == 0 ? xv.x : xv.z, sx = k % 2 == 0 ? xv.y : xv.w;
+              const float sum = (__int_as_float(ch.r[k]) - kMagic) + __int_as_float(cl.r[k]);
+              acc[i][n][k] = fmaf(f.x * dx, sum, acc[i][n][k]);
+              acc[i][n][k] = fmaf(-f.y, sx, acc[i][n][k]);
+            }
+          }
+        }
+      }
+    }
+  };
+
+  // k-tile kt's copies and factors are in buffer kt % 2; the next tile's copies are issued, and its
+  // block headers loaded, before this one's products, its factors stored after them.
+  const uint32_t ktiles = a.cols / BK;
+  load_headers(0);
+  issue(0, 0);
+  store_factors(0, 0);
+  for (uint32_t kt = 0; kt < ktiles; ++kt) {
+    const uint32_t b = kt % 2;
+    const bool next = kt + 1 < ktiles;
+    if (next) {
+      issue(kt + 1, 1 - b);
+      load_headers(kt + 1);
+      cp_wait<1>();
+    } else {
+      cp_wait<0>();
+    }
+    __syncthreads();
+    multiply(st[b]);
+    if (next) store_factors(kt + 1, 1 - b);
+    __syncthreads();
+  }
+
+  // C's layout: k = 0, 1 row g, tokens 2q, 2q + 1; k = 2, 3 row g + 8.
+#pragma unroll
+  for (int n = 0; n < 4; ++n) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t tok = wt * 32 + 8 * n + 2 * q + k % 2;
+      if (tok >= ntok) continue;
+      float* yt = a.y + static_cast<size_t>(first + tok) * a.ldy;
+      if constexpr (NM == 2) {
+        const uint32_t row = m0 + wr * 16 + g + 8 * (k / 2);
+        if (row < a.rows) yt[row] = swiglu_value(acc[0][n][k], acc[1][n][k], a.limit);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const uint32_t row = m0 + lrb[i] + g + 8 * (k / 2);
+          if (row < a.rows) yt[row] = acc[i][n][k];
+        }
+      }
+    }
+  }
+}
+
+bool same_layout(const DevMatrix& a, const DevMatrix& b) {
+  return a.type == b.type && a.rows == b.rows && a.cols == b.cols && a.row_bytes == b.row_bytes;
+}
+
+// Where the quantized rows go in the split scratch: the bytes in hi, the block factors in lo from
+// its first 16-byte boundary; null where they do not fit.
+struct QuantScratch {
+  uint8_t* q = nullptr;
+  float2* f = nullptr;
+};
+QuantScratch quant_scratch(const SplitScratch& split, uint32_t rows, uint32_t cols) {
+  if (split.hi == nullptr || split.lo == nullptr || reinterpret_cast<uintptr_t>(split.hi) % 16 != 0) return {};
+  const size_t part = split.elems * 2;  // bytes of each part
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(split.lo), lo16 = (lo + 15) / 16 * 16;
+  const size_t need_q = size_t{rows} * cols * 2, need_f = size_t{rows} * (cols / 32) * sizeof(float2);
+  if (need_q > part || lo16 - lo + need_f > part) return {};
+  return {static_cast<uint8_t*>(split.hi), reinterpret_cast<float2*>(lo16)};
+}
+
+}  // namespace
+
+bool grouped_int8_takes(const ExpertMatrices& w, const ExpertMatrices* up, const float* x, size_t ldx,
+                        uint32_t x_rows, const SplitScratch& split) {
+  if (w.m.type != model::GgmlType::Q4_K || w.m.cols == 0 || w.m.cols % 256 != 0) return false;
+  if (w.m.row_bytes != size_t{w.m.cols} / 256 * kBlockBytes) return false;
+  if (up != nullptr && !same_layout(w.m, up->m)) return false;
+  if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || ldx % 4 != 0 || ldx < w.m.cols) return false;
+  if (quant_scratch(split, x_rows, w.m.cols).q == nullptr) return false;
+  const void* kernel = up != nullptr ? reinterpret_cast<const void*>(q4k_int8_kernel<2>)
+                                     : reinterpret_cast<const void*>(q4k_int8_kernel<1>);
+  return code_built_for(kernel, 8);
+}
+
+namespace {
+
+// The quantizing pass, then the products: `token_tiles` bounds the tiles (the grid's second
+// dimension); sort null: one group of x_rows rows.
+void run_int8(const ExpertMatrices& w, const ExpertMatrices* up, const float* x, size_t ldx, uint32_t x_rows,
+              const int32_t* gather, const RouteSort* sort, uint32_t E, size_t token_tiles, float limit, float* y,
+              size_t ldy, const SplitScratch& split, cudaStream_t stream) {
+  if (!grouped_int8_takes(w, up, x, ldx, x_rows, split)) {
+    throw CudaError("int8 GEMM: not an int8 call (Q4_K rows of whole blocks, gate and up alike, aligned input, a "
+                    "scratch for " + std::to_string(x_rows) + " x " + std::to_string(w.m.cols) +
+                    " values, sm80+ code)");
+  }
+  if (w.table == nullptr && w.m.data == nullptr) throw CudaError("int8 GEMM: no weights");
+  const uint32_t cols = w.m.cols;
+  const QuantScratch qs = quant_scratch(split, x_rows, cols);
+  const size_t pieces = size_t{x_rows} * (cols / 16);
+  if ((pieces + 255) / 256 > 0x7fffffffu) throw CudaError("int8 GEMM: too many input rows");
+  quantize_rows_kernel<<<static_cast<unsigned>((pieces + 255) / 256), 256, 0, stream>>>(x, ldx, x_rows, cols, qs.q,
+                                                                                       qs.f);
+  FERRY_CUDA_LAUNCHED();
+
+  Int8Args a{};
+  a.base[0] = w.m.data;
+  a.stride[0] = w.stride;
+  a.table[0] = w.table;
+  if (up != nullptr) {
+    a.base[1] = up->m.data;
+    a.stride[1] = up->stride;
+    a.table[1] = up->table;
+  }
+  a.rows = w.m.rows;
+  a.cols = cols;
+  a.row_bytes = w.m.row_bytes;
+  a.xq = qs.q;
+  a.xf = qs.f;
+  a.gather = gather;
+  a.offsets = sort != nullptr ? sort->offsets : nullptr;
+  a.tiles = sort != nullptr ? sort->tiles : nullptr;
+  a.E = E;
+  a.dense_rows = x_rows;
+  a.y = y;
+  a.ldy = ldy;
+  a.limit = limit;
+  const uint32_t rm = up != nullptr ? BR / 2 : BR;
+  const size_t row_tiles = (size_t{w.m.rows} + rm - 1) / rm;
+  if (token_tiles > 65535 || row_tiles > 0x7fffffffu) {
+    throw CudaError("int8 GEMM: " + std::to_string(token_tiles) + " token tiles over " + std::to_string(w.m.rows) +
+                    " rows make too large a grid");
+  }
+  constexpr size_t smem = 2 * sizeof(Stage);
+  const dim3 grid(static_cast<uint32_t>(row_tiles), static_cast<uint32_t>(token_tiles));
+  if (up != nullptr) {
+    FERRY_CUDA(cudaFuncSetAttribute(q4k_int8_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem)));
+    q4k_int8_kernel<2><<<grid, kThreads, smem, stream>>>(a);
+  } else {
+    FERRY_CUDA(cudaFuncSetAttribute(q4k_int8_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem)));
+    q4k_int8_kernel<1><<<grid, kThreads, smem, stream>>>(a);
+  }
+  FERRY_CUDA_LAUNCHED();
+}
+
+}  // namespace
+
+void grouped_gemm_int8(const ExpertMatrices& w, const ExpertMatrices* up, const float* x, size_t ldx, uint32_t x_rows,
+                       const int32_t* gather, const RouteSort& sort, uint32_t routes, uint32_t E, float limit, float* y,
+                       size_t ldy, const SplitScratch& split, cudaStream_t stream) {
+  if (routes == 0 || w.m.rows == 0 || x_rows == 0) return;
+  if (gather == nullptr && x_rows < routes) {
+    throw CudaError("grouped_gemm_int8: " + std::to_string(routes) + " routes read rows of an input of " +
+                    std::to_string(x_rows));
+  }
+  // Each expert with c rows makes ceil(c / BN) tiles: at most routes / BN + one per used expert.
+  const size_t max_tiles = (size_t{routes} + BN - 1) / BN + std::min(E, routes);
+  run_int8(w, up, x, ldx, x_rows, gather, &sort, E, max_tiles, limit, y, ldy, split, stream);
+}
+
+bool dense_int8_takes(const DevMatrix& m, const float* x, size_t ldx, uint32_t n, const SplitScratch& split) {
+  return m.data != nullptr && grouped_int8_takes(ExpertMatrices{m, 0, nullptr}, nullptr, x, ldx, n, split);
+}
+
+void dense_gemm_int8(const DevMatrix& m, const float* x, size_t ldx, uint32_t n, float* y, size_t ldy,
+                     const SplitScratch& split, cudaStream_t stream) {
+  if (n == 0 || m.rows == 0) return;
+  run_int8(ExpertMatrices{m, 0, nullptr}, nullptr, x, ldx, n, nullptr, nullptr, 1, (size_t{n} + BN - 1) / BN, 0.0f,
+           y, ldy, split, stream);
+}
+
+}  // namespace ferry::gpu
