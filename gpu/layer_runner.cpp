@@ -50,7 +50,7 @@ void LayerRunner::mm(const DevMatrix& m, const float* x, size_t ldx, uint32_t n,
     mark(OpPart::gemm);
     return;
   }
-  // Q4_K on sm80+ code: the int8 tensor-core kernel (gpu/moe_grouped_int8.hpp), the decode
+  // Q4_K / Q5_K on sm80+ code: the int8 tensor-core kernel (gpu/moe_grouped_int8.hpp), the decode
   // matvec's int16 numerics, its rows quantized into the fp16 staging.
   const SplitScratch staging{w_.xh, w_.xl, w_.xh_elems};
   if (dense_int8_takes(m, x, ldx, n, staging)) {

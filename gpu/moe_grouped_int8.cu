@@ -1,19 +1,20 @@
-// The grouped expert GEMMs on int8 tensor cores for Q4_K weights (gpu/moe_grouped_int8.hpp says what
-// and why).
+// The grouped expert GEMMs on int8 tensor cores for Q4_K and Q5_K weights (gpu/moe_grouped_int8.hpp
+// says what and why).
 //
 // First a pass quantizes the input rows (each once, not once per expert tile that reads it) into
 // the split scratch: per row, for each k-tile of 128 columns, 128 high bytes (s8) then 128 low bytes
 // (u8) of its int16 values, in column order; and per 32-value block its step and f32 sum.
 //
 // A block: 8 warps over 128 weight rows (64 each of gate and up, whose SwiGLU is then taken in
-// registers) x the 64 sorted rows of a token tile, k-tiles of 128 columns (half a Q4_K block: 64
-// bytes of nibbles a row). Per k-tile the weight rows' nibble bytes and the tokens' bytes and block
+// registers) x the 64 sorted rows of a token tile, k-tiles of 128 columns (half a block: 64 bytes
+// of nibbles a row, and Q5_K's 32 bytes of fifth bits). Per k-tile the weight rows' nibble bytes and the tokens' bytes and block
 // factors are copied in by cp.async into one of two buffers while the tensor cores work on the
 // other, and each weight row's sub-block factors (d * scale, dmin * min) are made from its block's
 // 16 leading bytes. A warp multiplies 32 weight rows x 32 tokens: per 32-column sub-block (one k32
 // step) 2 x 4 tiles of m16n8k32, each twice (the high and the low bytes). The nibbles of a
 // sub-block are one half of 32 consecutive bytes, so each register of A is four bytes of the row
-// masked (low or high nibbles): no decode pass and no permutation. Both int32 sums are turned into
+// masked (low or high nibbles; Q5_K ORs in bit j of the fifth-bit bytes of the same columns): no
+// decode pass and no permutation. Both int32 sums are turned into
 // f32 without a conversion instruction (a quarter-rate one on these devices): the MMAs accumulate
 // onto the bits of 1.5 * 2^31 and 1.5 * 2^23, so the words read as floats are those constants plus
 // 256 * high and low sum, exactly, and two adds give their sum.
@@ -40,18 +41,31 @@ constexpr uint32_t BR = 128;                 // weight rows of a block (NM matri
 constexpr uint32_t BK = 128;                 // columns of a k-tile
 constexpr uint32_t kSteps = BK / 32;         // k32 steps (sub-blocks) of a k-tile
 constexpr uint32_t kThreads = 256;
-constexpr uint32_t kBlockBytes = 144;  // a Q4_K block: d, dmin, 12 bytes of scales, 128 of nibbles
-// Words of a weight row's k-tile (16 of nibbles, padded) and of a token's (32 high, 32 low, padded)
-// in shared memory: rows 20 and 68 words apart, so the 8 rows x 4 words of a fragment hit 32 banks.
-constexpr uint32_t kWWords = 20, kXWords = 68;
+// A token's k-tile in shared memory: 32 words of high bytes, 32 of low, padded to 68 words apart so
+// that the 8 tokens x 4 words of a fragment hit 32 banks.
+constexpr uint32_t kXWords = 68;
 
+// Per type: a block's bytes (d, dmin, 12 bytes of scales first in both), where its 128 bytes of
+// nibbles lie, and the words of a weight row's k-tile in shared memory: 16 of nibbles (and for
+// Q5_K the block's 8 words of fifth bits), padded so that rows 20 / 28 words apart hit 32 banks.
+template <int T> struct KQuant;
+template <> struct KQuant<qd::kQ4_K> {
+  static constexpr uint32_t kBlockBytes = 144, kNibbles = 16, kWWords = 20;
+  static constexpr bool kHighBits = false;
+};
+template <> struct KQuant<qd::kQ5_K> {
+  static constexpr uint32_t kBlockBytes = 176, kNibbles = 48, kWWords = 28;
+  static constexpr bool kHighBits = true;  // bit j of byte l of the 32 at 16: sub-block j's column l
+};
+
+template <int T>
 struct Stage {
-  uint32_t w[BR * kWWords];
+  uint32_t w[BR * KQuant<T>::kWWords];
   uint32_t x[BN * kXWords];
   float2 wf[kSteps][BR];  // per sub-block and weight row: d * scale, dmin * min
   float2 xf[kSteps][BN];  // per block and token: the int16 step, the f32 sum
 };
-static_assert(sizeof(Stage) % 16 == 0, "stages stay 16-byte aligned");
+static_assert(sizeof(Stage<qd::kQ4_K>) % 16 == 0 && sizeof(Stage<qd::kQ5_K>) % 16 == 0, "stages stay 16-byte aligned");
 
 // The constants the int32 sums accumulate onto (as float bits) and the sum of their values.
 constexpr int32_t kHiBits = 0x4F400000;  // 1.5 * 2^31: one unit of the bits is 256
@@ -108,7 +122,7 @@ __device__ __forceinline__ void cp_wait() {
 #endif
 }
 
-// Scale byte i (0..11) of a Q4_K block whose leading words are h (h[0]: d and dmin).
+// Scale byte i (0..11) of a Q4_K / Q5_K block whose leading words are h (h[0]: d and dmin).
 __device__ __forceinline__ uint32_t scale_byte(const uint32_t (&h)[4], uint32_t i) {
   const uint32_t word = i < 4 ? h[1] : i < 8 ? h[2] : h[3];
   return (word >> (8 * (i & 3))) & 0xff;
@@ -165,10 +179,12 @@ __global__ void __launch_bounds__(256) quantize_rows_kernel(const float* x, size
   if (p % 2 == 0) xf[static_cast<size_t>(r) * (cols / 32) + p / 2] = make_float2(x32_scale(amax), sum32);
 }
 
-template <int NM>
-__global__ void __launch_bounds__(kThreads, 2) q4k_int8_kernel(Int8Args a) {
+template <int T, int NM>
+__global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
+  using K = KQuant<T>;
+  constexpr uint32_t kWWords = K::kWWords, kBlockBytes = K::kBlockBytes;
   extern __shared__ __align__(16) unsigned char smem[];
-  Stage* st = reinterpret_cast<Stage*>(smem);
+  Stage<T>* st = reinterpret_cast<Stage<T>*>(smem);
   const uint32_t tile = blockIdx.y;
   uint32_t e = 0, first = tile * BN, ntok = 0;
   if (a.offsets == nullptr) {
@@ -194,7 +210,7 @@ __global__ void __launch_bounds__(kThreads, 2) q4k_int8_kernel(Int8Args a) {
   const uint32_t tid = threadIdx.x;
 
   const uint8_t* w[NM];
-  bool w16 = true;  // every matrix 16-byte aligned (rows are 144-byte multiples): 16-byte copies
+  bool w16 = true;  // every matrix 16-byte aligned (blocks of 144 / 176 bytes): 16-byte copies
 #pragma unroll
   for (int m = 0; m < NM; ++m) {
     w[m] = a.table[m] != nullptr ? a.table[m][e] : a.base[m] + e * a.stride[m];
@@ -207,6 +223,12 @@ __global__ void __launch_bounds__(kThreads, 2) q4k_int8_kernel(Int8Args a) {
   const uint32_t wch = tid % 4, xch = tid % 16;
   const uint8_t* wrow[2];
   uint32_t wlr[2];
+  // Q5_K's fifth bits: 128 rows x 2 chunks, row tid / 2, chunk tid % 2.
+  const uint8_t* hrow = nullptr;
+  if constexpr (K::kHighBits) {
+    const uint32_t lr = tid / 2;
+    hrow = (NM == 1 || lr < RM ? w[0] : w[NM - 1]) + static_cast<size_t>(min(m0 + lr % RM, a.rows - 1)) * a.row_bytes;
+  }
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     wlr[j] = (tid + kThreads * j) / 4;
@@ -224,8 +246,8 @@ __global__ void __launch_bounds__(kThreads, 2) q4k_int8_kernel(Int8Args a) {
   const size_t xfoff = token_row(tid / 4) * (a.cols / 32) + tid % 4;
 
   auto issue = [&](uint32_t kt, uint32_t b) {
-    Stage& s = st[b];
-    const size_t wb = (kt / 2) * kBlockBytes + 16 + 64 * (kt % 2) + 16 * wch;
+    Stage<T>& s = st[b];
+    const size_t wb = (kt / 2) * kBlockBytes + K::kNibbles + 64 * (kt % 2) + 16 * wch;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       uint32_t* dst = &s.w[wlr[j] * kWWords + 4 * wch];
@@ -241,6 +263,16 @@ __global__ void __launch_bounds__(kThreads, 2) q4k_int8_kernel(Int8Args a) {
       cp_async(&s.x[(tid / 16 + 16 * j) * kXWords + 4 * xch], a.xq + xoff[j] + 2 * BK * kt + 16 * xch, 16);
     }
     cp_async(&s.xf[tid % 4][tid / 4], a.xf + xfoff + kSteps * kt, 8);
+    if constexpr (K::kHighBits) {
+      uint32_t* dst = &s.w[(tid / 2) * kWWords + 16 + 4 * (tid % 2)];
+      const uint8_t* src = hrow + (kt / 2) * kBlockBytes + 16 + 16 * (tid % 2);
+      if (w16) {
+        cp_async(dst, src, 16);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) cp_async(dst + i, src + 4 * i, 4);
+      }
+    }
     cp_commit();
   };
   uint32_t hdr[2][4];  // the leading words of the weight items' blocks
@@ -280,15 +312,20 @@ __global__ void __launch_bounds__(kThreads, 2) q4k_int8_kernel(Int8Args a) {
     }
   }
 
-  auto multiply = [&](const Stage& s) {
+  auto multiply = [&](const Stage<T>& s, uint32_t kt) {
 #pragma unroll
     for (uint32_t c = 0; c < kSteps / 2; ++c) {  // the sub-blocks of 64 columns share their bytes
-      uint32_t raw[2][4];
+      uint32_t raw[2][4], high[2][4];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const uint32_t* r0 = &s.w[(lrb[i] + g) * kWWords + 8 * c + q];
         const uint32_t* r8 = r0 + 8 * kWWords;
         raw[i][0] = r0[0], raw[i][1] = r8[0], raw[i][2] = r0[4], raw[i][3] = r8[4];
+        if constexpr (K::kHighBits) {  // the fifth bits of the same columns: bytes 4q.. and 16 + 4q..
+          const uint32_t* h0 = &s.w[(lrb[i] + g) * kWWords + 16 + q];
+          const uint32_t* h8 = h0 + 8 * kWWords;
+          high[i][0] = h0[0], high[i][1] = h8[0], high[i][2] = h0[4], high[i][3] = h8[4];
+        }
       }
 #pragma unroll
       for (uint32_t h = 0; h < 2; ++h) {
@@ -298,7 +335,10 @@ __global__ void __launch_bounds__(kThreads, 2) q4k_int8_kernel(Int8Args a) {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
 #pragma unroll
-          for (int k = 0; k < 4; ++k) A[i].r[k] = (raw[i][k] >> (4 * h)) & 0x0f0f0f0fu;
+          for (int k = 0; k < 4; ++k) {
+            A[i].r[k] = (raw[i][k] >> (4 * h)) & 0x0f0f0f0fu;
+            if constexpr (K::kHighBits) A[i].r[k] |= ((high[i][k] >> (kSteps * (kt % 2) + step)) & 0x01010101u) << 4;
+          }
           wf[i][0] = s.wf[step][lrb[i] + g];
           wf[i][1] = s.wf[step][lrb[i] + g + 8];
         }
@@ -345,7 +385,7 @@ __global__ void __launch_bounds__(kThreads, 2) q4k_int8_kernel(Int8Args a) {
       cp_wait<0>();
     }
     __syncthreads();
-    multiply(st[b]);
+    multiply(st[b], kt);
     if (next) store_factors(kt + 1, 1 - b);
     __syncthreads();
   }
@@ -395,17 +435,29 @@ QuantScratch quant_scratch(const SplitScratch& split, uint32_t rows, uint32_t co
 
 bool grouped_int8_takes(const ExpertMatrices& w, const ExpertMatrices* up, const float* x, size_t ldx,
                         uint32_t x_rows, const SplitScratch& split) {
-  if (w.m.type != model::GgmlType::Q4_K || w.m.cols == 0 || w.m.cols % 256 != 0) return false;
-  if (w.m.row_bytes != size_t{w.m.cols} / 256 * kBlockBytes) return false;
+  const bool q5 = w.m.type == model::GgmlType::Q5_K;
+  if ((!q5 && w.m.type != model::GgmlType::Q4_K) || w.m.cols == 0 || w.m.cols % 256 != 0) return false;
+  const uint32_t block = q5 ? KQuant<qd::kQ5_K>::kBlockBytes : KQuant<qd::kQ4_K>::kBlockBytes;
+  if (w.m.row_bytes != size_t{w.m.cols} / 256 * block) return false;
   if (up != nullptr && !same_layout(w.m, up->m)) return false;
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || ldx % 4 != 0 || ldx < w.m.cols) return false;
   if (quant_scratch(split, x_rows, w.m.cols).q == nullptr) return false;
-  const void* kernel = up != nullptr ? reinterpret_cast<const void*>(q4k_int8_kernel<2>)
-                                     : reinterpret_cast<const void*>(q4k_int8_kernel<1>);
+  const void* kernel = q5 ? (up != nullptr ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ5_K, 2>)
+                                           : reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ5_K, 1>))
+                          : (up != nullptr ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ4_K, 2>)
+                                           : reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ4_K, 1>));
   return code_built_for(kernel, 8);
 }
 
 namespace {
+
+template <int T, int NM>
+void launch(const Int8Args& a, dim3 grid, cudaStream_t stream) {
+  constexpr size_t smem = 2 * sizeof(Stage<T>);
+  FERRY_CUDA(cudaFuncSetAttribute(kquant_int8_kernel<T, NM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(smem)));
+  kquant_int8_kernel<T, NM><<<grid, kThreads, smem, stream>>>(a);
+}
 
 // The quantizing pass, then the products: `token_tiles` bounds the tiles (the grid's second
 // dimension); sort null: one group of x_rows rows.
@@ -413,7 +465,7 @@ void run_int8(const ExpertMatrices& w, const ExpertMatrices* up, const float* x,
               const int32_t* gather, const RouteSort* sort, uint32_t E, size_t token_tiles, float limit, float* y,
               size_t ldy, const SplitScratch& split, cudaStream_t stream) {
   if (!grouped_int8_takes(w, up, x, ldx, x_rows, split)) {
-    throw CudaError("int8 GEMM: not an int8 call (Q4_K rows of whole blocks, gate and up alike, aligned input, a "
+    throw CudaError("int8 GEMM: not an int8 call (Q4_K / Q5_K rows of whole blocks, gate and up alike, aligned input, a "
                     "scratch for " + std::to_string(x_rows) + " x " + std::to_string(w.m.cols) +
                     " values, sm80+ code)");
   }
@@ -454,16 +506,18 @@ void run_int8(const ExpertMatrices& w, const ExpertMatrices* up, const float* x,
     throw CudaError("int8 GEMM: " + std::to_string(token_tiles) + " token tiles over " + std::to_string(w.m.rows) +
                     " rows make too large a grid");
   }
-  constexpr size_t smem = 2 * sizeof(Stage);
   const dim3 grid(static_cast<uint32_t>(row_tiles), static_cast<uint32_t>(token_tiles));
+  const bool q5 = w.m.type == model::GgmlType::Q5_K;
   if (up != nullptr) {
-    FERRY_CUDA(cudaFuncSetAttribute(q4k_int8_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(smem)));
-    q4k_int8_kernel<2><<<grid, kThreads, smem, stream>>>(a);
+    if (q5) {
+      launch<qd::kQ5_K, 2>(a, grid, stream);
+    } else {
+      launch<qd::kQ4_K, 2>(a, grid, stream);
+    }
+  } else if (q5) {
+    launch<qd::kQ5_K, 1>(a, grid, stream);
   } else {
-    FERRY_CUDA(cudaFuncSetAttribute(q4k_int8_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(smem)));
-    q4k_int8_kernel<1><<<grid, kThreads, smem, stream>>>(a);
+    launch<qd::kQ4_K, 1>(a, grid, stream);
   }
   FERRY_CUDA_LAUNCHED();
 }

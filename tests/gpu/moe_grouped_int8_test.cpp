@@ -1,5 +1,5 @@
-// The int8 tensor-core path of the grouped expert GEMMs for Q4_K (gpu/moe_grouped_int8.hpp), checked
-// twice for every sorted row:
+// The int8 tensor-core path of the grouped expert GEMMs for Q4_K and Q5_K (gpu/moe_grouped_int8.hpp),
+// checked twice for every sorted row:
 // - against the decode int16 matvec (gpu/matvec_int16.cu) of the same expert on the same input row
 //   (gate and up, whose SwiGLU is taken here; down on the device's own SwiGLU output): the same
 //   int16 activations and the same integer sums, only the f32 order of the scale and minimum terms
@@ -38,7 +38,7 @@ using ferry::testing::have_device;
 using ferry::testing::random_rows;
 using model::GgmlType;
 
-constexpr GgmlType kType = GgmlType::Q4_K;
+constexpr GgmlType kTypes[] = {GgmlType::Q4_K, GgmlType::Q5_K};
 constexpr double kTight = 1e-5;
 constexpr float kLimit = 1.5f;
 
@@ -48,6 +48,7 @@ struct Case {
   bool tables = false;
   bool down = true;  // I a multiple of 256
   bool up = true;    // false: the first projection alone (its products, no SwiGLU)
+  GgmlType type = GgmlType::Q4_K;
 };
 
 // Expert e's matrix of part p (gate, up, down) as blocks and as the CPU's values.
@@ -60,8 +61,8 @@ struct Experts {
   ExpertMatrices m[3];
 };
 
-DevMatrix shape(uint32_t rows, uint32_t cols, const uint8_t* data) {
-  return DevMatrix{kType, data, rows, cols, *model::ggml_bytes(kType, cols)};
+DevMatrix shape(GgmlType type, uint32_t rows, uint32_t cols, const uint8_t* data) {
+  return DevMatrix{type, data, rows, cols, *model::ggml_bytes(type, cols)};
 }
 
 void make_experts(const Case& c, std::mt19937& rng, Experts& x) {
@@ -69,8 +70,8 @@ void make_experts(const Case& c, std::mt19937& rng, Experts& x) {
   const int parts = c.down ? 3 : 2;
   for (int p = 0; p < parts; ++p) {
     for (uint32_t e = 0; e < c.E; ++e) {
-      x.blocks[p].push_back(random_rows(kType, rows[p], cols[p], rng));
-      x.w[p].push_back(dequant(kType, x.blocks[p].back(), size_t{rows[p]} * cols[p]));
+      x.blocks[p].push_back(random_rows(c.type, rows[p], cols[p], rng));
+      x.w[p].push_back(dequant(c.type, x.blocks[p].back(), size_t{rows[p]} * cols[p]));
     }
   }
   if (!c.tables) {
@@ -82,7 +83,7 @@ void make_experts(const Case& c, std::mt19937& rng, Experts& x) {
         ASSERT_EQ(cudaMemcpy(at, x.blocks[p][e].data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
         x.where[p].push_back(at);
       }
-      x.m[p] = {shape(rows[p], cols[p], x.stacked[p].as<uint8_t>()), bytes, nullptr};
+      x.m[p] = {shape(c.type, rows[p], cols[p], x.stacked[p].as<uint8_t>()), bytes, nullptr};
     }
     return;
   }
@@ -106,7 +107,7 @@ void make_experts(const Case& c, std::mt19937& rng, Experts& x) {
   x.tables = DeviceBuffer(table.size() * sizeof(uint8_t*));
   ASSERT_EQ(cudaMemcpy(x.tables.get(), table.data(), x.tables.bytes(), cudaMemcpyHostToDevice), cudaSuccess);
   for (int p = 0; p < parts; ++p) {
-    x.m[p] = {shape(rows[p], cols[p], nullptr), 0, x.tables.as<const uint8_t*>() + p * size_t{c.E}};
+    x.m[p] = {shape(c.type, rows[p], cols[p], nullptr), 0, x.tables.as<const uint8_t*>() + p * size_t{c.E}};
   }
 }
 
@@ -128,12 +129,12 @@ std::vector<int32_t> make_routes(const Case& c, std::mt19937& rng) {
 }
 
 // The decode matvec of each expert over its sorted rows of x (`cols` apart), 8 rows a launch.
-void decode_products(const std::vector<const uint8_t*>& where, uint32_t rows, uint32_t cols,
+void decode_products(GgmlType type, const std::vector<const uint8_t*>& where, uint32_t rows, uint32_t cols,
                      const std::vector<uint32_t>& off, const float* x, float* y) {
   for (size_t e = 0; e + 1 < off.size(); ++e) {
     for (uint32_t p = off[e]; p < off[e + 1]; p += kMaxMatvecTokens) {
       MatvecArgs a;
-      a.w = shape(rows, cols, where[e]);
+      a.w = shape(type, rows, cols, where[e]);
       a.x = x + size_t{p} * cols;
       a.x_tok_stride = cols;
       a.y = y + size_t{p} * rows;
@@ -232,9 +233,9 @@ void run_case(const Case& c, uint32_t seed) {
   for (uint32_t p = 0; p < routes; ++p) std::copy_n(&x[size_t(gather[p]) * D], D, &xs[size_t{p} * D]);
   DeviceBuffer dxs(xs.size() * 4), drg(eg.size() * 4), dru(eg.size() * 4), dro(eo.size() * 4);
   ASSERT_EQ(cudaMemcpy(dxs.get(), xs.data(), xs.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-  decode_products(ex.where[0], I, D, off, dxs.as<float>(), drg.as<float>());
-  if (c.up) decode_products(ex.where[1], I, D, off, dxs.as<float>(), dru.as<float>());
-  if (c.down) decode_products(ex.where[2], D, I, off, deg.as<float>(), dro.as<float>());
+  decode_products(c.type, ex.where[0], I, D, off, dxs.as<float>(), drg.as<float>());
+  if (c.up) decode_products(c.type, ex.where[1], I, D, off, dxs.as<float>(), dru.as<float>());
+  if (c.down) decode_products(c.type, ex.where[2], D, I, off, deg.as<float>(), dro.as<float>());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<float> rg(eg.size()), ru(eg.size()), ro(eo.size());
   ASSERT_EQ(cudaMemcpy(rg.data(), drg.get(), rg.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -296,30 +297,50 @@ class GroupedExpertsInt8 : public ::testing::Test {
   }
 };
 
+std::string name(GgmlType t) { return std::string(model::ggml_type_traits(t).name); }
+
 TEST_F(GroupedExpertsInt8, MatchTheDecodeMatvecAndTheCpuForEveryChunkSize) {
-  for (const uint32_t n : {1u, 9u, 300u, 2048u}) {
-    SCOPED_TRACE(std::to_string(n) + " rows, spread");
-    run_case(Case{9, 2, 512, 256, n}, 100 + n);
+  for (const GgmlType t : kTypes) {
+    for (const uint32_t n : {1u, 9u, 300u, 2048u}) {
+      SCOPED_TRACE(name(t) + ", " + std::to_string(n) + " rows, spread");
+      Case c{9, 2, 512, 256, n};
+      c.type = t;
+      run_case(c, 100 + n);
+      if (HasFatalFailure() || IsSkipped()) return;
+    }
+    SCOPED_TRACE(name(t) + ", 2048 rows, all to one expert");
+    Case c{9, 1, 256, 512, 2048, true};
+    c.type = t;
+    run_case(c, 7);
     if (HasFatalFailure() || IsSkipped()) return;
   }
-  SCOPED_TRACE("2048 rows, all to one expert");
-  run_case(Case{9, 1, 256, 512, 2048, true}, 7);
 }
 
 TEST_F(GroupedExpertsInt8, TablesHostMemoryAndUnalignedExperts) {
-  run_case(Case{6, 2, 768, 256, 300, false, true}, 21);
+  for (const GgmlType t : kTypes) {
+    SCOPED_TRACE(name(t));
+    Case c{6, 2, 768, 256, 300, false, true};
+    c.type = t;
+    run_case(c, 21);
+    if (HasFatalFailure() || IsSkipped()) return;
+  }
 }
 
 // Gate and up rows off the 64-row tiles, and one projection of rows off the 128-row tiles (no down:
-// its rows would not be whole Q4_K blocks).
+// its rows would not be whole blocks).
 TEST_F(GroupedExpertsInt8, RowsOffTheTiles) {
-  {
-    SCOPED_TRACE("gate and up of 200 rows");
-    run_case(Case{5, 2, 512, 200, 150, false, false, false}, 31);
+  for (const GgmlType t : kTypes) {
+    SCOPED_TRACE(name(t) + ": gate and up of 200 rows");
+    Case c{5, 2, 512, 200, 150, false, false, false};
+    c.type = t;
+    run_case(c, 31);
     if (HasFatalFailure() || IsSkipped()) return;
+    SCOPED_TRACE(name(t) + ": one projection of 328 rows");
+    Case one{5, 2, 256, 328, 150, false, false, false, false};
+    one.type = t;
+    run_case(one, 33);
+    if (HasFatalFailure()) return;
   }
-  SCOPED_TRACE("one projection of 328 rows");
-  run_case(Case{5, 2, 256, 328, 150, false, false, false, false}, 33);
 }
 
 // The dense prefill products (LayerRunner::mm past the matvec rows): one group of every row, rows of
@@ -329,45 +350,47 @@ TEST_F(GroupedExpertsInt8, DenseRowsMatchTheDecodeMatvecAndTheCpu) {
   std::mt19937 rng(51);
   const uint32_t rows = 300, cols = 768;
   const size_t ldx = cols + 4, ldy = rows + 3;
-  const std::vector<uint8_t> blocks = random_rows(kType, rows, cols, rng);
-  const std::vector<float> w = dequant(kType, blocks, size_t{rows} * cols);
-  DeviceBuffer dw(blocks.size());
-  ASSERT_EQ(cudaMemcpy(dw.get(), blocks.data(), blocks.size(), cudaMemcpyHostToDevice), cudaSuccess);
-  const DevMatrix m = shape(rows, cols, dw.as<uint8_t>());
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (const uint32_t n : {9u, 130u, 2048u}) {
-    SCOPED_TRACE(std::to_string(n) + " rows");
-    std::vector<float> x(n * ldx);
-    for (float& v : x) v = normal(rng);
-    DeviceBuffer dx(x.size() * 4), dy(n * ldy * 4), dref(n * ldy * 4), dsh(size_t{n} * cols * 2),
-        dsl(size_t{n} * cols * 2);
-    ASSERT_EQ(cudaMemcpy(dx.get(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_EQ(cudaMemset(dy.get(), 0xff, dy.bytes()), cudaSuccess);
-    const SplitScratch split{dsh.get(), dsl.get(), size_t{n} * cols};
-    if (!dense_int8_takes(m, dx.as<float>(), ldx, n, split)) GTEST_SKIP() << "no sm80+ code for the int8 kernel";
-    dense_gemm_int8(m, dx.as<float>(), ldx, n, dy.as<float>(), ldy, split, nullptr);
-    for (uint32_t t = 0; t < n; t += kMaxMatvecTokens) {
-      MatvecArgs a;
-      a.w = m;
-      a.x = dx.as<float>() + t * ldx;
-      a.x_tok_stride = ldx;
-      a.y = dref.as<float>() + t * ldy;
-      a.y_tok_stride = ldy;
-      a.tokens = std::min(kMaxMatvecTokens, n - t);
-      ASSERT_TRUE(matvec_quantizes_activations(a));
-      matvec(a, nullptr);
-    }
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    std::vector<float> y(n * ldy), ref(n * ldy);
-    ASSERT_EQ(cudaMemcpy(y.data(), dy.get(), dy.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(ref.data(), dref.get(), dref.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
-    for (uint32_t t = 0; t < n; ++t) {
-      const double mr = row_max(&ref[t * ldy], rows);
-      for (uint32_t r = 0; r < rows; ++r) {
-        ASSERT_NEAR(y[t * ldy + r], ref[t * ldy + r], kTight * mr + 1e-7) << "row " << t << " output " << r;
-        if (t % 13 != 0) continue;
-        const Cpu c = cpu_dot(&w[size_t{r} * cols], &x[t * ldx], cols);
-        ASSERT_NEAR(y[t * ldy + r], c.dot, c.bound) << "row " << t << " output " << r << " against the CPU";
+  for (const GgmlType type : kTypes) {
+    const std::vector<uint8_t> blocks = random_rows(type, rows, cols, rng);
+    const std::vector<float> w = dequant(type, blocks, size_t{rows} * cols);
+    DeviceBuffer dw(blocks.size());
+    ASSERT_EQ(cudaMemcpy(dw.get(), blocks.data(), blocks.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    const DevMatrix m = shape(type, rows, cols, dw.as<uint8_t>());
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (const uint32_t n : {9u, 130u, 2048u}) {
+      SCOPED_TRACE(name(type) + ", " + std::to_string(n) + " rows");
+      std::vector<float> x(n * ldx);
+      for (float& v : x) v = normal(rng);
+      DeviceBuffer dx(x.size() * 4), dy(n * ldy * 4), dref(n * ldy * 4), dsh(size_t{n} * cols * 2),
+          dsl(size_t{n} * cols * 2);
+      ASSERT_EQ(cudaMemcpy(dx.get(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(cudaMemset(dy.get(), 0xff, dy.bytes()), cudaSuccess);
+      const SplitScratch split{dsh.get(), dsl.get(), size_t{n} * cols};
+      if (!dense_int8_takes(m, dx.as<float>(), ldx, n, split)) GTEST_SKIP() << "no sm80+ code for the int8 kernel";
+      dense_gemm_int8(m, dx.as<float>(), ldx, n, dy.as<float>(), ldy, split, nullptr);
+      for (uint32_t t = 0; t < n; t += kMaxMatvecTokens) {
+        MatvecArgs a;
+        a.w = m;
+        a.x = dx.as<float>() + t * ldx;
+        a.x_tok_stride = ldx;
+        a.y = dref.as<float>() + t * ldy;
+        a.y_tok_stride = ldy;
+        a.tokens = std::min(kMaxMatvecTokens, n - t);
+        ASSERT_TRUE(matvec_quantizes_activations(a));
+        matvec(a, nullptr);
+      }
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::vector<float> y(n * ldy), ref(n * ldy);
+      ASSERT_EQ(cudaMemcpy(y.data(), dy.get(), dy.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(ref.data(), dref.get(), dref.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+      for (uint32_t t = 0; t < n; ++t) {
+        const double mr = row_max(&ref[t * ldy], rows);
+        for (uint32_t r = 0; r < rows; ++r) {
+          ASSERT_NEAR(y[t * ldy + r], ref[t * ldy + r], kTight * mr + 1e-7) << "row " << t << " output " << r;
+          if (t % 13 != 0) continue;
+          const Cpu c = cpu_dot(&w[size_t{r} * cols], &x[t * ldx], cols);
+          ASSERT_NEAR(y[t * ldy + r], c.dot, c.bound) << "row " << t << " output " << r << " against the CPU";
+        }
       }
     }
   }
