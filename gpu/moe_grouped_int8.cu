@@ -7,17 +7,18 @@
 //
 // A block: 8 warps over 128 weight rows (64 each of gate and up, whose SwiGLU is then taken in
 // registers) x the 64 sorted rows of a token tile, k-tiles of 128 columns (half a block: 64 bytes
-// of nibbles a row, and Q5_K's 32 bytes of fifth bits). Per k-tile the weight rows' nibble bytes and the tokens' bytes and block
-// factors are copied in by cp.async into one of two buffers while the tensor cores work on the
-// other, and each weight row's sub-block factors (d * scale, dmin * min) are made from its block's
-// 16 leading bytes. A warp multiplies 32 weight rows x 32 tokens: per 32-column sub-block (one k32
-// step) 2 x 4 tiles of m16n8k32, each twice (the high and the low bytes). The nibbles of a
-// sub-block are one half of 32 consecutive bytes, so each register of A is four bytes of the row
-// masked (low or high nibbles; Q5_K ORs in bit j of the fifth-bit bytes of the same columns): no
-// decode pass and no permutation. Both int32 sums are turned into
-// f32 without a conversion instruction (a quarter-rate one on these devices): the MMAs accumulate
-// onto the bits of 1.5 * 2^31 and 1.5 * 2^23, so the words read as floats are those constants plus
-// 256 * high and low sum, exactly, and two adds give their sum.
+// of nibbles a row, and Q5_K's 32 bytes of fifth bits). Per k-tile the weight rows' nibble bytes
+// and the tokens' bytes and block factors are copied in by cp.async into one of two buffers while
+// the tensor cores work on the other, and each weight row's sub-block factors (d * scale, dmin *
+// min) are made from its block's 16 leading bytes (IQ3_S: its sub-blocks are decoded to int8 there,
+// from the bytes loaded before the products). A warp multiplies 32 weight rows x 32 tokens: per
+// 32-column sub-block (one k32 step) 2 x 4 tiles of m16n8k32, each twice (the high and the low
+// bytes). The nibbles of a sub-block are one half of 32 consecutive bytes, so each register of A is
+// four bytes of the row masked (low or high nibbles; Q5_K ORs in bit j of the fifth-bit bytes of
+// the same columns): no decode pass and no permutation. Both int32 sums are turned into f32 without
+// a conversion instruction (a quarter-rate one on these devices): the MMAs accumulate onto the bits
+// of 1.5 * 2^31 and 1.5 * 2^23, so the words read as floats are those constants plus 256 * high and
+// low sum, exactly, and two adds give their sum.
 #include "gpu/moe_grouped_int8.hpp"
 
 #include <cuda_runtime.h>
@@ -45,17 +46,23 @@ constexpr uint32_t kThreads = 256;
 // that the 8 tokens x 4 words of a fragment hit 32 banks.
 constexpr uint32_t kXWords = 68;
 
-// Per type: a block's bytes (d, dmin, 12 bytes of scales first in both), where its 128 bytes of
-// nibbles lie, and the words of a weight row's k-tile in shared memory: 16 of nibbles (and for
+// Per type: a block's bytes, where its 128 bytes of nibbles lie (Q4_K, Q5_K: d, dmin and 12 bytes of
+// scales first), and the words of a weight row's k-tile in shared memory: 16 of nibbles (and for
 // Q5_K the block's 8 words of fifth bits), padded so that rows 20 / 28 words apart hit 32 banks.
+// IQ3_S's values come from a grid with signs, so its k-tile is decoded into 32 words of int8 a row
+// (36 apart) instead of copied; it has no minimum terms.
 template <int T> struct KQuant;
 template <> struct KQuant<qd::kQ4_K> {
   static constexpr uint32_t kBlockBytes = 144, kNibbles = 16, kWWords = 20;
-  static constexpr bool kHighBits = false;
+  static constexpr bool kHighBits = false, kDecoded = false;
 };
 template <> struct KQuant<qd::kQ5_K> {
   static constexpr uint32_t kBlockBytes = 176, kNibbles = 48, kWWords = 28;
-  static constexpr bool kHighBits = true;  // bit j of byte l of the 32 at 16: sub-block j's column l
+  static constexpr bool kHighBits = true, kDecoded = false;  // bit j of byte l of the 32 at 16: sub-block j's column l
+};
+template <> struct KQuant<qd::kIQ3_S> {
+  static constexpr uint32_t kBlockBytes = 110, kNibbles = 0, kWWords = 36;
+  static constexpr bool kHighBits = false, kDecoded = true;
 };
 
 template <int T>
@@ -65,7 +72,9 @@ struct Stage {
   float2 wf[kSteps][BR];  // per sub-block and weight row: d * scale, dmin * min
   float2 xf[kSteps][BN];  // per block and token: the int16 step, the f32 sum
 };
-static_assert(sizeof(Stage<qd::kQ4_K>) % 16 == 0 && sizeof(Stage<qd::kQ5_K>) % 16 == 0, "stages stay 16-byte aligned");
+static_assert(sizeof(Stage<qd::kQ4_K>) % 16 == 0 && sizeof(Stage<qd::kQ5_K>) % 16 == 0 &&
+                  sizeof(Stage<qd::kIQ3_S>) % 16 == 0,
+              "stages stay 16-byte aligned");
 
 // The constants the int32 sums accumulate onto (as float bits) and the sum of their values.
 constexpr int32_t kHiBits = 0x4F400000;  // 1.5 * 2^31: one unit of the bits is 256
@@ -88,6 +97,7 @@ struct Int8Args {
   float* y;
   size_t ldy;
   float limit;
+  const uint32_t* iq3s_grid;  // IQ3_S: the device copy of model::kIq3sGrid
 };
 
 __device__ __forceinline__ void cp_async(void* dst, const void* src, int bytes) {
@@ -142,6 +152,28 @@ __device__ __forceinline__ float2 k4_factor(const uint32_t (&h)[4], uint32_t j) 
   return make_float2(d * static_cast<float>(sc), dmin * static_cast<float>(m));
 }
 
+// IQ3_S sub-block j of the block at b (2-byte aligned), as matvec_int16.cu's Reader<IQ3_S> reads it:
+// its 8 grid indices' low bytes, its sign bits, and its qh byte | its scale nibble << 8 | d << 16.
+__device__ __forceinline__ void iq3s_load(const uint8_t* b, uint32_t j, uint32_t (&u)[4]) {
+  u[0] = qd::ld_u32_a2(b + 2 + 8 * j);
+  u[1] = qd::ld_u32_a2(b + 6 + 8 * j);
+  u[2] = qd::ld_u32_a2(b + 74 + 4 * j);
+  u[3] = b[66 + j] | (((b[106 + j / 2] >> (4 * (j % 2))) & 0xfu) << 8) | (qd::ld_u16(b) << 16);
+}
+
+// Its 32 values as int8 (column order, four a word: grid entries with their signs) and d * scale.
+__device__ __forceinline__ float iq3s_decode(const uint32_t (&u)[4], const uint32_t* grid, uint32_t (&v)[8]) {
+#pragma unroll
+  for (int g = 0; g < 8; ++g) {
+    const uint32_t qs = ((g < 4 ? u[0] : u[1]) >> (8 * (g & 3))) & 0xff;
+    const uint32_t entry = grid[qs | (((u[3] >> g) & 1) << 8)];
+    // Sign bit k to byte k, then 0xff in negative bytes: (e ^ 0xff) - 0xff is -e bytewise.
+    const uint32_t neg = ((((u[2] >> (4 * g)) & 0xf) * 0x00204081u) & 0x01010101u) * 0xffu;
+    v[g] = __vsub4(entry ^ neg, neg);
+  }
+  return qd::h2f(u[3] >> 16) * static_cast<float>(1 + 2 * ((u[3] >> 8) & 0xf));
+}
+
 // One thread's 16 values of row r, columns 16p..: their int16 bytes into the row's k-tile, and (the
 // even lane of the pair) the block's step and sum.
 __global__ void __launch_bounds__(256) quantize_rows_kernel(const float* x, size_t ldx, uint32_t rows, uint32_t cols,
@@ -184,6 +216,7 @@ __global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
   using K = KQuant<T>;
   constexpr uint32_t kWWords = K::kWWords, kBlockBytes = K::kBlockBytes;
   extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ uint32_t grid[K::kDecoded ? 512 : 1];
   Stage<T>* st = reinterpret_cast<Stage<T>*>(smem);
   const uint32_t tile = blockIdx.y;
   uint32_t e = 0, first = tile * BN, ntok = 0;
@@ -208,6 +241,10 @@ __global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
   constexpr uint32_t RM = BR / NM;  // rows of each matrix in the block
   const uint32_t m0 = blockIdx.x * RM;
   const uint32_t tid = threadIdx.x;
+  if constexpr (K::kDecoded) {
+    for (uint32_t i = tid; i < 512; i += kThreads) grid[i] = a.iq3s_grid[i];
+    __syncthreads();  // before the first decode
+  }
 
   const uint8_t* w[NM];
   bool w16 = true;  // every matrix 16-byte aligned (blocks of 144 / 176 bytes): 16-byte copies
@@ -249,7 +286,7 @@ __global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
     Stage<T>& s = st[b];
     const size_t wb = (kt / 2) * kBlockBytes + K::kNibbles + 64 * (kt % 2) + 16 * wch;
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
+    for (int j = 0; j < 2 && !K::kDecoded; ++j) {
       uint32_t* dst = &s.w[wlr[j] * kWWords + 4 * wch];
       if (w16) {
         cp_async(dst, wrow[j] + wb, 16);
@@ -275,12 +312,14 @@ __global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
     }
     cp_commit();
   };
-  uint32_t hdr[2][4];  // the leading words of the weight items' blocks
+  uint32_t hdr[2][4];  // the leading words of the weight items' blocks (IQ3_S: their sub-blocks' bytes)
   auto load_headers = [&](uint32_t kt) {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const uint8_t* p = wrow[j] + (kt / 2) * kBlockBytes;
-      if (w16) {
+      if constexpr (K::kDecoded) {
+        iq3s_load(p, kSteps * (kt % 2) + wch, hdr[j]);
+      } else if (w16) {
         const uint4 v = *reinterpret_cast<const uint4*>(p);
         hdr[j][0] = v.x, hdr[j][1] = v.y, hdr[j][2] = v.z, hdr[j][3] = v.w;
       } else {
@@ -291,7 +330,18 @@ __global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
   };
   auto store_factors = [&](uint32_t kt, uint32_t b) {
 #pragma unroll
-    for (int j = 0; j < 2; ++j) st[b].wf[wch][wlr[j]] = k4_factor(hdr[j], kSteps * (kt % 2) + wch);
+    for (int j = 0; j < 2; ++j) {
+      if constexpr (K::kDecoded) {  // and the sub-block's values, words 8 * wch.. of the row
+        uint32_t v[8];
+        const float d = iq3s_decode(hdr[j], grid, v);
+        uint4* dst = reinterpret_cast<uint4*>(&st[b].w[wlr[j] * kWWords + 8 * wch]);
+        dst[0] = make_uint4(v[0], v[1], v[2], v[3]);
+        dst[1] = make_uint4(v[4], v[5], v[6], v[7]);
+        st[b].wf[wch][wlr[j]] = make_float2(d, 0.0f);
+      } else {
+        st[b].wf[wch][wlr[j]] = k4_factor(hdr[j], kSteps * (kt % 2) + wch);
+      }
+    }
   };
 
   const uint32_t warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
@@ -317,7 +367,7 @@ __global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
     for (uint32_t c = 0; c < kSteps / 2; ++c) {  // the sub-blocks of 64 columns share their bytes
       uint32_t raw[2][4], high[2][4];
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
+      for (int i = 0; i < 2 && !K::kDecoded; ++i) {
         const uint32_t* r0 = &s.w[(lrb[i] + g) * kWWords + 8 * c + q];
         const uint32_t* r8 = r0 + 8 * kWWords;
         raw[i][0] = r0[0], raw[i][1] = r8[0], raw[i][2] = r0[4], raw[i][3] = r8[4];
@@ -334,10 +384,16 @@ __global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
         float2 wf[2][2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
+          if constexpr (K::kDecoded) {  // int8 values in column order: words 8 * step + q and + 4
+            const uint32_t* r0 = &s.w[(lrb[i] + g) * kWWords + 8 * step + q];
+            const uint32_t* r8 = r0 + 8 * kWWords;
+            A[i].r[0] = r0[0], A[i].r[1] = r8[0], A[i].r[2] = r0[4], A[i].r[3] = r8[4];
+          } else {
 #pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            A[i].r[k] = (raw[i][k] >> (4 * h)) & 0x0f0f0f0fu;
-            if constexpr (K::kHighBits) A[i].r[k] |= ((high[i][k] >> (kSteps * (kt % 2) + step)) & 0x01010101u) << 4;
+            for (int k = 0; k < 4; ++k) {
+              A[i].r[k] = (raw[i][k] >> (4 * h)) & 0x0f0f0f0fu;
+              if constexpr (K::kHighBits) A[i].r[k] |= ((high[i][k] >> (kSteps * (kt % 2) + step)) & 0x01010101u) << 4;
+            }
           }
           wf[i][0] = s.wf[step][lrb[i] + g];
           wf[i][1] = s.wf[step][lrb[i] + g + 8];
@@ -352,15 +408,15 @@ __global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
             mma::FragC ch{{kHiBits, kHiBits, kHiBits, kHiBits}}, cl{{kLoBits, kLoBits, kLoBits, kLoBits}};
-            mma::mma_k32<false, true>(ch, A[i], bh);
-            mma::mma_k32<false, false>(cl, A[i], bl);
+            mma::mma_k32<K::kDecoded, true>(ch, A[i], bh);  // IQ3_S's values are signed, the nibbles not
+            mma::mma_k32<K::kDecoded, false>(cl, A[i], bl);
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
               const float2 f = wf[i][k / 2];
               const float dx = k % 2 == 0 ? xv.x : xv.z, sx = k % 2 == 0 ? xv.y : xv.w;
               const float sum = (__int_as_float(ch.r[k]) - kMagic) + __int_as_float(cl.r[k]);
               acc[i][n][k] = fmaf(f.x * dx, sum, acc[i][n][k]);
-              acc[i][n][k] = fmaf(-f.y, sx, acc[i][n][k]);
+              if constexpr (!K::kDecoded) acc[i][n][k] = fmaf(-f.y, sx, acc[i][n][k]);
             }
           }
         }
@@ -412,6 +468,24 @@ __global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
   }
 }
 
+// The kernel's type id for weights of `type`, or -1 where it has none.
+int int8_type(model::GgmlType type) {
+  switch (type) {
+    case model::GgmlType::Q4_K: return qd::kQ4_K;
+    case model::GgmlType::Q5_K: return qd::kQ5_K;
+    case model::GgmlType::IQ3_S: return qd::kIQ3_S;
+    default: return -1;
+  }
+}
+
+template <int NM>
+const void* kernel_of(int t) {
+  return t == qd::kQ4_K   ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ4_K, NM>)
+         : t == qd::kQ5_K ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ5_K, NM>)
+                          : reinterpret_cast<const void*>(kquant_int8_kernel<qd::kIQ3_S, NM>);
+}
+const void* kernel_of(int t, bool up) { return up ? kernel_of<2>(t) : kernel_of<1>(t); }
+
 bool same_layout(const DevMatrix& a, const DevMatrix& b) {
   return a.type == b.type && a.rows == b.rows && a.cols == b.cols && a.row_bytes == b.row_bytes;
 }
@@ -435,18 +509,16 @@ QuantScratch quant_scratch(const SplitScratch& split, uint32_t rows, uint32_t co
 
 bool grouped_int8_takes(const ExpertMatrices& w, const ExpertMatrices* up, const float* x, size_t ldx,
                         uint32_t x_rows, const SplitScratch& split) {
-  const bool q5 = w.m.type == model::GgmlType::Q5_K;
-  if ((!q5 && w.m.type != model::GgmlType::Q4_K) || w.m.cols == 0 || w.m.cols % 256 != 0) return false;
-  const uint32_t block = q5 ? KQuant<qd::kQ5_K>::kBlockBytes : KQuant<qd::kQ4_K>::kBlockBytes;
+  const int t = int8_type(w.m.type);
+  if (t < 0 || w.m.cols == 0 || w.m.cols % 256 != 0) return false;
+  const uint32_t block = t == qd::kQ4_K   ? KQuant<qd::kQ4_K>::kBlockBytes
+                         : t == qd::kQ5_K ? KQuant<qd::kQ5_K>::kBlockBytes
+                                          : KQuant<qd::kIQ3_S>::kBlockBytes;
   if (w.m.row_bytes != size_t{w.m.cols} / 256 * block) return false;
   if (up != nullptr && !same_layout(w.m, up->m)) return false;
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || ldx % 4 != 0 || ldx < w.m.cols) return false;
   if (quant_scratch(split, x_rows, w.m.cols).q == nullptr) return false;
-  const void* kernel = q5 ? (up != nullptr ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ5_K, 2>)
-                                           : reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ5_K, 1>))
-                          : (up != nullptr ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ4_K, 2>)
-                                           : reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ4_K, 1>));
-  return code_built_for(kernel, 8);
+  return code_built_for(kernel_of(t, up != nullptr), 8);
 }
 
 namespace {
@@ -458,6 +530,16 @@ void launch(const Int8Args& a, dim3 grid, cudaStream_t stream) {
                                   static_cast<int>(smem)));
   kquant_int8_kernel<T, NM><<<grid, kThreads, smem, stream>>>(a);
 }
+template <int NM>
+void launch(int t, const Int8Args& a, dim3 grid, cudaStream_t stream) {
+  if (t == qd::kQ4_K) {
+    launch<qd::kQ4_K, NM>(a, grid, stream);
+  } else if (t == qd::kQ5_K) {
+    launch<qd::kQ5_K, NM>(a, grid, stream);
+  } else {
+    launch<qd::kIQ3_S, NM>(a, grid, stream);
+  }
+}
 
 // The quantizing pass, then the products: `token_tiles` bounds the tiles (the grid's second
 // dimension); sort null: one group of x_rows rows.
@@ -465,8 +547,8 @@ void run_int8(const ExpertMatrices& w, const ExpertMatrices* up, const float* x,
               const int32_t* gather, const RouteSort* sort, uint32_t E, size_t token_tiles, float limit, float* y,
               size_t ldy, const SplitScratch& split, cudaStream_t stream) {
   if (!grouped_int8_takes(w, up, x, ldx, x_rows, split)) {
-    throw CudaError("int8 GEMM: not an int8 call (Q4_K / Q5_K rows of whole blocks, gate and up alike, aligned input, a "
-                    "scratch for " + std::to_string(x_rows) + " x " + std::to_string(w.m.cols) +
+    throw CudaError("int8 GEMM: not an int8 call (Q4_K / Q5_K / IQ3_S rows of whole blocks, gate and up alike, "
+                    "aligned input, a scratch for " + std::to_string(x_rows) + " x " + std::to_string(w.m.cols) +
                     " values, sm80+ code)");
   }
   if (w.table == nullptr && w.m.data == nullptr) throw CudaError("int8 GEMM: no weights");
@@ -507,17 +589,12 @@ void run_int8(const ExpertMatrices& w, const ExpertMatrices* up, const float* x,
                     " rows make too large a grid");
   }
   const dim3 grid(static_cast<uint32_t>(row_tiles), static_cast<uint32_t>(token_tiles));
-  const bool q5 = w.m.type == model::GgmlType::Q5_K;
+  const int t = int8_type(w.m.type);
+  if (t == qd::kIQ3_S) a.iq3s_grid = iq3s_grid_address();
   if (up != nullptr) {
-    if (q5) {
-      launch<qd::kQ5_K, 2>(a, grid, stream);
-    } else {
-      launch<qd::kQ4_K, 2>(a, grid, stream);
-    }
-  } else if (q5) {
-    launch<qd::kQ5_K, 1>(a, grid, stream);
+    launch<2>(t, a, grid, stream);
   } else {
-    launch<qd::kQ4_K, 1>(a, grid, stream);
+    launch<1>(t, a, grid, stream);
   }
   FERRY_CUDA_LAUNCHED();
 }

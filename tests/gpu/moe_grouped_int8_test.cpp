@@ -1,5 +1,5 @@
-// The int8 tensor-core path of the grouped expert GEMMs for Q4_K and Q5_K (gpu/moe_grouped_int8.hpp),
-// checked twice for every sorted row:
+// The int8 tensor-core path of the grouped expert GEMMs for Q4_K, Q5_K and IQ3_S
+// (gpu/moe_grouped_int8.hpp), checked twice for every sorted row:
 // - against the decode int16 matvec (gpu/matvec_int16.cu) of the same expert on the same input row
 //   (gate and up, whose SwiGLU is taken here; down on the device's own SwiGLU output): the same
 //   int16 activations and the same integer sums, only the f32 order of the scale and minimum terms
@@ -38,7 +38,7 @@ using ferry::testing::have_device;
 using ferry::testing::random_rows;
 using model::GgmlType;
 
-constexpr GgmlType kTypes[] = {GgmlType::Q4_K, GgmlType::Q5_K};
+constexpr GgmlType kTypes[] = {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::IQ3_S};
 constexpr double kTight = 1e-5;
 constexpr float kLimit = 1.5f;
 

@@ -466,13 +466,17 @@ TEST_F(GroupedExpertsShapes, GlmLayerAtQ4KMatchesTheCpuAndReportsItsTime) {
     std::vector<double> want_y(64, 0.0), mag_y(64, 0.0), round_y(64, 0.0);
     for (uint32_t j = 0; j < k; ++j) {
       const uint32_t e = static_cast<uint32_t>(ids[j]);
-      ASSERT_EQ(cudaMemcpy(gb.data(), w[0].as<uint8_t>() + e * gu_bytes, gu_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-      ASSERT_EQ(cudaMemcpy(ub.data(), w[1].as<uint8_t>() + e * gu_bytes, gu_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-      ASSERT_EQ(cudaMemcpy(db.data(), w[2].as<uint8_t>() + e * d_bytes, db.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(gb.data(), w[0].as<uint8_t>() + e * gu_bytes, gu_bytes, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(ub.data(), w[1].as<uint8_t>() + e * gu_bytes, gu_bytes, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(db.data(), w[2].as<uint8_t>() + e * d_bytes, db.size(), cudaMemcpyDeviceToHost),
+                cudaSuccess);
       const std::vector<float> g = dequant(type, gb, size_t{I} * D), u = dequant(type, ub, size_t{I} * D),
                                dd = dequant(type, db, size_t{64} * I);
       std::vector<float> h(I);
-      ASSERT_EQ(cudaMemcpy(h.data(), deg.as<float>() + static_cast<size_t>(where[j]) * I, I * 4, cudaMemcpyDeviceToHost),
+      ASSERT_EQ(cudaMemcpy(h.data(), deg.as<float>() + static_cast<size_t>(where[j]) * I, I * 4,
+                           cudaMemcpyDeviceToHost),
                 cudaSuccess);
       for (uint32_t c = 0; c < I; ++c) {
         double gs = 0, us = 0, mg = 0, mu = 0;
