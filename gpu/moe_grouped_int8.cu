@@ -211,83 +211,64 @@ __global__ void __launch_bounds__(256) quantize_rows_kernel(const float* x, size
   if (p % 2 == 0) xf[static_cast<size_t>(r) * (cols / 32) + p / 2] = make_float2(x32_scale(amax), sum32);
 }
 
-template <int T, int NM>
-__global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
-  using K = KQuant<T>;
-  constexpr uint32_t kWWords = K::kWWords, kBlockBytes = K::kBlockBytes;
-  extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ uint32_t grid[K::kDecoded ? 512 : 1];
-  Stage<T>* st = reinterpret_cast<Stage<T>*>(smem);
-  const uint32_t tile = blockIdx.y;
-  uint32_t e = 0, first = tile * BN, ntok = 0;
-  if (a.offsets == nullptr) {
-    ntok = min(BN, a.dense_rows - first);  // the grid holds the rows' tiles
-  } else {
-    if (tile >= a.tiles[a.E]) return;  // the grid is sized for the most tiles the routes can make
-    uint32_t lo_e = 0, hi_e = a.E;     // tiles[lo_e] <= tile < tiles[hi_e]
-    while (hi_e - lo_e > 1) {
-      const uint32_t mid = (lo_e + hi_e) / 2;
-      if (a.tiles[mid] <= tile) {
-        lo_e = mid;
-      } else {
-        hi_e = mid;
-      }
-    }
-    e = lo_e;
-    const uint32_t t0 = (tile - a.tiles[e]) * BN;
-    first = a.offsets[e] + t0;
-    ntok = min(BN, a.offsets[e + 1] - a.offsets[e] - t0);
-  }
-  constexpr uint32_t RM = BR / NM;  // rows of each matrix in the block
-  const uint32_t m0 = blockIdx.x * RM;
-  const uint32_t tid = threadIdx.x;
-  if constexpr (K::kDecoded) {
-    for (uint32_t i = tid; i < 512; i += kThreads) grid[i] = a.iq3s_grid[i];
-    __syncthreads();  // before the first decode
-  }
+// A block's tile: its expert, first sorted row, tokens and first weight row.
+struct BlockTile {
+  uint32_t e = 0, first = 0, ntok = 0, m0 = 0;
+};
 
-  const uint8_t* w[NM];
-  bool w16 = true;  // every matrix 16-byte aligned (blocks of 144 / 176 bytes): 16-byte copies
-#pragma unroll
-  for (int m = 0; m < NM; ++m) {
-    w[m] = a.table[m] != nullptr ? a.table[m][e] : a.base[m] + e * a.stride[m];
-    w16 = w16 && reinterpret_cast<uintptr_t>(w[m]) % 16 == 0;
-  }
-  // The copies: weight items tid and tid + 256 of 128 rows x 4 chunks (row item / 4; chunk, and the
-  // sub-block whose factors the thread makes, tid % 4); token items tid + 256j of 64 tokens x 16
-  // chunks; the factors of token tid / 4, block tid % 4. Rows past the matrix and tokens past the
-  // tile read row rows - 1 and the tile's first token: their products are not stored.
-  const uint32_t wch = tid % 4, xch = tid % 16;
+// What a thread copies of each k-tile, and the bytes it makes the weight factors from. Weight items
+// tid and tid + 256 of 128 rows x 4 chunks (row item / 4; chunk, and the sub-block whose factors
+// the thread makes, tid % 4); Q5_K's fifth bits, 128 rows x 2 chunks (row tid / 2, chunk tid % 2);
+// token items tid + 256j of 64 tokens x 16 chunks; the factors of token tid / 4, block tid % 4.
+// Rows past the matrix and tokens past the tile read row rows - 1 and the tile's first token: their
+// products are not stored.
+template <int T, int NM>
+struct TileLoader {
+  using K = KQuant<T>;
+  static constexpr uint32_t RM = BR / NM;  // rows of each matrix in the block
   const uint8_t* wrow[2];
   uint32_t wlr[2];
-  // Q5_K's fifth bits: 128 rows x 2 chunks, row tid / 2, chunk tid % 2.
   const uint8_t* hrow = nullptr;
-  if constexpr (K::kHighBits) {
-    const uint32_t lr = tid / 2;
-    hrow = (NM == 1 || lr < RM ? w[0] : w[NM - 1]) + static_cast<size_t>(min(m0 + lr % RM, a.rows - 1)) * a.row_bytes;
-  }
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    wlr[j] = (tid + kThreads * j) / 4;
-    const uint8_t* wm = NM == 1 || wlr[j] < RM ? w[0] : w[NM - 1];  // no indexing by a variable (local memory)
-    const uint32_t r = min(m0 + wlr[j] % RM, a.rows - 1);
-    wrow[j] = wm + static_cast<size_t>(r) * a.row_bytes;
-  }
-  auto token_row = [&](uint32_t tok) -> size_t {
-    const uint32_t t = tok < ntok ? tok : 0;
-    return a.gather != nullptr ? static_cast<size_t>(a.gather[first + t]) : first + t;
-  };
   size_t xoff[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) xoff[j] = token_row(tid / 16 + 16 * j) * 2 * a.cols;
-  const size_t xfoff = token_row(tid / 4) * (a.cols / 32) + tid % 4;
+  size_t xfoff;
+  bool w16 = true;     // every matrix 16-byte aligned (blocks of 144 / 176 bytes): 16-byte copies
+  uint32_t hdr[2][4];  // the leading words of the weight items' blocks (IQ3_S: their sub-blocks' bytes)
 
-  auto issue = [&](uint32_t kt, uint32_t b) {
-    Stage<T>& s = st[b];
-    const size_t wb = (kt / 2) * kBlockBytes + K::kNibbles + 64 * (kt % 2) + 16 * wch;
+  __device__ TileLoader(const Int8Args& a, const BlockTile& bt) {
+    const uint32_t tid = threadIdx.x;
+    const uint8_t* w[NM];
+#pragma unroll
+    for (int m = 0; m < NM; ++m) {
+      w[m] = a.table[m] != nullptr ? a.table[m][bt.e] : a.base[m] + bt.e * a.stride[m];
+      w16 = w16 && reinterpret_cast<uintptr_t>(w[m]) % 16 == 0;
+    }
+    // The matrix of local row lr, without indexing by a variable (local memory).
+    auto row = [&](uint32_t lr) {
+      return (NM == 1 || lr < RM ? w[0] : w[NM - 1]) +
+             static_cast<size_t>(min(bt.m0 + lr % RM, a.rows - 1)) * a.row_bytes;
+    };
+    if constexpr (K::kHighBits) hrow = row(tid / 2);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      wlr[j] = (tid + kThreads * j) / 4;
+      wrow[j] = row(wlr[j]);
+    }
+    auto token_row = [&](uint32_t tok) -> size_t {
+      const uint32_t t = tok < bt.ntok ? tok : 0;
+      return a.gather != nullptr ? static_cast<size_t>(a.gather[bt.first + t]) : bt.first + t;
+    };
+#pragma unroll
+    for (int j = 0; j < 4; ++j) xoff[j] = token_row(tid / 16 + 16 * j) * 2 * a.cols;
+    xfoff = token_row(tid / 4) * (a.cols / 32) + tid % 4;
+  }
+
+  // k-tile kt's copies into s, one group.
+  __device__ void issue(const Int8Args& a, uint32_t kt, Stage<T>& s) const {
+    const uint32_t tid = threadIdx.x, wch = tid % 4, xch = tid % 16;
+    const size_t wb = (kt / 2) * K::kBlockBytes + K::kNibbles + 64 * (kt % 2) + 16 * wch;
 #pragma unroll
     for (int j = 0; j < 2 && !K::kDecoded; ++j) {
-      uint32_t* dst = &s.w[wlr[j] * kWWords + 4 * wch];
+      uint32_t* dst = &s.w[wlr[j] * K::kWWords + 4 * wch];
       if (w16) {
         cp_async(dst, wrow[j] + wb, 16);
       } else {
@@ -301,8 +282,8 @@ __global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
     }
     cp_async(&s.xf[tid % 4][tid / 4], a.xf + xfoff + kSteps * kt, 8);
     if constexpr (K::kHighBits) {
-      uint32_t* dst = &s.w[(tid / 2) * kWWords + 16 + 4 * (tid % 2)];
-      const uint8_t* src = hrow + (kt / 2) * kBlockBytes + 16 + 16 * (tid % 2);
+      uint32_t* dst = &s.w[(tid / 2) * K::kWWords + 16 + 4 * (tid % 2)];
+      const uint8_t* src = hrow + (kt / 2) * K::kBlockBytes + 16 + 16 * (tid % 2);
       if (w16) {
         cp_async(dst, src, 16);
       } else {
@@ -311,12 +292,13 @@ __global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
       }
     }
     cp_commit();
-  };
-  uint32_t hdr[2][4];  // the leading words of the weight items' blocks (IQ3_S: their sub-blocks' bytes)
-  auto load_headers = [&](uint32_t kt) {
+  }
+
+  __device__ void load_headers(uint32_t kt) {
+    const uint32_t wch = threadIdx.x % 4;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      const uint8_t* p = wrow[j] + (kt / 2) * kBlockBytes;
+      const uint8_t* p = wrow[j] + (kt / 2) * K::kBlockBytes;
       if constexpr (K::kDecoded) {
         iq3s_load(p, kSteps * (kt % 2) + wch, hdr[j]);
       } else if (w16) {
@@ -327,31 +309,174 @@ __global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
         for (int i = 0; i < 4; ++i) hdr[j][i] = qd::ld_u32(p + 4 * i);
       }
     }
-  };
-  auto store_factors = [&](uint32_t kt, uint32_t b) {
+  }
+
+  // k-tile kt's weight factors (IQ3_S: and values) from the headers loaded, into s.
+  __device__ void store_factors(uint32_t kt, Stage<T>& s, const uint32_t* grid) const {
+    const uint32_t wch = threadIdx.x % 4;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       if constexpr (K::kDecoded) {  // and the sub-block's values, words 8 * wch.. of the row
         uint32_t v[8];
         const float d = iq3s_decode(hdr[j], grid, v);
-        uint4* dst = reinterpret_cast<uint4*>(&st[b].w[wlr[j] * kWWords + 8 * wch]);
+        uint4* dst = reinterpret_cast<uint4*>(&s.w[wlr[j] * K::kWWords + 8 * wch]);
         dst[0] = make_uint4(v[0], v[1], v[2], v[3]);
         dst[1] = make_uint4(v[4], v[5], v[6], v[7]);
-        st[b].wf[wch][wlr[j]] = make_float2(d, 0.0f);
+        s.wf[wch][wlr[j]] = make_float2(d, 0.0f);
       } else {
-        st[b].wf[wch][wlr[j]] = k4_factor(hdr[j], kSteps * (kt % 2) + wch);
+        s.wf[wch][wlr[j]] = k4_factor(hdr[j], kSteps * (kt % 2) + wch);
       }
     }
-  };
+  }
+};
 
-  const uint32_t warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
-  const uint32_t wr = warp % 4, wt = warp / 4;
-  uint32_t lrb[2];  // the warp's two 16-row tiles: 32 rows of the matrix, or 16 of gate and of up
+// A warp's part of the block's tile: two 16-row tiles (32 rows of the matrix, or 16 of gate and of
+// up) x 32 tokens, of which the 8-token tiles that hold tokens (the same for all its lanes). C's
+// layout: acc[i][n][k], k = 0, 1 row g, tokens 2q, 2q + 1; k = 2, 3 row g + 8.
+struct WarpTile {
+  uint32_t g, q, wt, lrb[2];
+  bool live[4];
+};
+
+template <int NM>
+__device__ __forceinline__ WarpTile warp_tile(uint32_t ntok) {
+  const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, wr = warp % 4;
+  WarpTile t;
+  t.g = lane / 4;
+  t.q = lane % 4;
+  t.wt = warp / 4;
 #pragma unroll
-  for (int i = 0; i < 2; ++i) lrb[i] = NM == 1 ? wr * 32 + 16 * i : RM * i + wr * 16;
-  bool live[4];  // 8-token tiles holding tokens (the same for all lanes of the warp)
+  for (int i = 0; i < 2; ++i) t.lrb[i] = NM == 1 ? wr * 32 + 16 * i : BR / 2 * i + wr * 16;
 #pragma unroll
-  for (int n = 0; n < 4; ++n) live[n] = wt * 32 + 8 * n < ntok;
+  for (int n = 0; n < 4; ++n) t.live[n] = t.wt * 32 + 8 * n < ntok;
+  return t;
+}
+
+// One k-tile's products of a warp (k-tile kt, in s) into acc.
+template <int T>
+__device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const WarpTile& t, float (&acc)[2][4][4]) {
+  using K = KQuant<T>;
+  constexpr uint32_t kWWords = K::kWWords;
+  const uint32_t g = t.g, q = t.q;
+#pragma unroll
+  for (uint32_t c = 0; c < kSteps / 2; ++c) {  // the sub-blocks of 64 columns share their bytes
+    uint32_t raw[2][4], high[2][4];
+#pragma unroll
+    for (int i = 0; i < 2 && !K::kDecoded; ++i) {
+      const uint32_t* r0 = &s.w[(t.lrb[i] + g) * kWWords + 8 * c + q];
+      const uint32_t* r8 = r0 + 8 * kWWords;
+      raw[i][0] = r0[0], raw[i][1] = r8[0], raw[i][2] = r0[4], raw[i][3] = r8[4];
+      if constexpr (K::kHighBits) {  // the fifth bits of the same columns: bytes 4q.. and 16 + 4q..
+        const uint32_t* h0 = &s.w[(t.lrb[i] + g) * kWWords + 16 + q];
+        const uint32_t* h8 = h0 + 8 * kWWords;
+        high[i][0] = h0[0], high[i][1] = h8[0], high[i][2] = h0[4], high[i][3] = h8[4];
+      }
+    }
+#pragma unroll
+    for (uint32_t h = 0; h < 2; ++h) {
+      const uint32_t step = 2 * c + h;
+      mma::FragA A[2];
+      float2 wf[2][2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        if constexpr (K::kDecoded) {  // int8 values in column order: words 8 * step + q and + 4
+          const uint32_t* r0 = &s.w[(t.lrb[i] + g) * kWWords + 8 * step + q];
+          const uint32_t* r8 = r0 + 8 * kWWords;
+          A[i].r[0] = r0[0], A[i].r[1] = r8[0], A[i].r[2] = r0[4], A[i].r[3] = r8[4];
+        } else {
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            A[i].r[k] = (raw[i][k] >> (4 * h)) & 0x0f0f0f0fu;
+            if constexpr (K::kHighBits) A[i].r[k] |= ((high[i][k] >> (kSteps * (kt % 2) + step)) & 0x01010101u) << 4;
+          }
+        }
+        wf[i][0] = s.wf[step][t.lrb[i] + g];
+        wf[i][1] = s.wf[step][t.lrb[i] + g + 8];
+      }
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        if (!t.live[n]) continue;
+        const uint32_t tb = t.wt * 32 + 8 * n;
+        const uint32_t* xr = &s.x[(tb + g) * kXWords + 8 * step + q];
+        const mma::FragB bh{{xr[0], xr[4]}}, bl{{xr[32], xr[36]}};
+        const float4 xv = *reinterpret_cast<const float4*>(&s.xf[step][tb + 2 * q]);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          mma::FragC ch{{kHiBits, kHiBits, kHiBits, kHiBits}}, cl{{kLoBits, kLoBits, kLoBits, kLoBits}};
+          mma::mma_k32<K::kDecoded, true>(ch, A[i], bh);  // IQ3_S's values are signed, the nibbles not
+          mma::mma_k32<K::kDecoded, false>(cl, A[i], bl);
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const float2 f = wf[i][k / 2];
+            const float dx = k % 2 == 0 ? xv.x : xv.z, sx = k % 2 == 0 ? xv.y : xv.w;
+            const float sum = (__int_as_float(ch.r[k]) - kMagic) + __int_as_float(cl.r[k]);
+            acc[i][n][k] = fmaf(f.x * dx, sum, acc[i][n][k]);
+            if constexpr (!K::kDecoded) acc[i][n][k] = fmaf(-f.y, sx, acc[i][n][k]);
+          }
+        }
+      }
+    }
+  }
+}
+
+// The warp's outputs of the tile's tokens and the matrix's rows (NM 2: SwiGLU of gate and up).
+template <int NM>
+__device__ __forceinline__ void store_outputs(const Int8Args& a, const BlockTile& bt, const WarpTile& t,
+                                              const float (&acc)[2][4][4]) {
+#pragma unroll
+  for (int n = 0; n < 4; ++n) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t tok = t.wt * 32 + 8 * n + 2 * t.q + k % 2;
+      if (tok >= bt.ntok) continue;
+      float* yt = a.y + static_cast<size_t>(bt.first + tok) * a.ldy;
+      if constexpr (NM == 2) {
+        const uint32_t row = bt.m0 + t.lrb[0] + t.g + 8 * (k / 2);
+        if (row < a.rows) yt[row] = swiglu_value(acc[0][n][k], acc[1][n][k], a.limit);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const uint32_t row = bt.m0 + t.lrb[i] + t.g + 8 * (k / 2);
+          if (row < a.rows) yt[row] = acc[i][n][k];
+        }
+      }
+    }
+  }
+}
+
+template <int T, int NM>
+__global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ uint32_t grid[KQuant<T>::kDecoded ? 512 : 1];
+  Stage<T>* st = reinterpret_cast<Stage<T>*>(smem);
+  const uint32_t tile = blockIdx.y;
+  BlockTile bt;
+  bt.first = tile * BN;
+  if (a.offsets == nullptr) {
+    bt.ntok = min(BN, a.dense_rows - bt.first);  // the grid holds the rows' tiles
+  } else {
+    if (tile >= a.tiles[a.E]) return;  // the grid is sized for the most tiles the routes can make
+    uint32_t lo_e = 0, hi_e = a.E;     // tiles[lo_e] <= tile < tiles[hi_e]
+    while (hi_e - lo_e > 1) {
+      const uint32_t mid = (lo_e + hi_e) / 2;
+      if (a.tiles[mid] <= tile) {
+        lo_e = mid;
+      } else {
+        hi_e = mid;
+      }
+    }
+    bt.e = lo_e;
+    const uint32_t t0 = (tile - a.tiles[bt.e]) * BN;
+    bt.first = a.offsets[bt.e] + t0;
+    bt.ntok = min(BN, a.offsets[bt.e + 1] - a.offsets[bt.e] - t0);
+  }
+  bt.m0 = blockIdx.x * (BR / NM);
+  if constexpr (KQuant<T>::kDecoded) {
+    for (uint32_t i = threadIdx.x; i < 512; i += kThreads) grid[i] = a.iq3s_grid[i];
+    __syncthreads();  // before the first decode
+  }
+  TileLoader<T, NM> ld(a, bt);
+  const WarpTile wt = warp_tile<NM>(bt.ntok);
   float acc[2][4][4];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -362,110 +487,28 @@ __global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
     }
   }
 
-  auto multiply = [&](const Stage<T>& s, uint32_t kt) {
-#pragma unroll
-    for (uint32_t c = 0; c < kSteps / 2; ++c) {  // the sub-blocks of 64 columns share their bytes
-      uint32_t raw[2][4], high[2][4];
-#pragma unroll
-      for (int i = 0; i < 2 && !K::kDecoded; ++i) {
-        const uint32_t* r0 = &s.w[(lrb[i] + g) * kWWords + 8 * c + q];
-        const uint32_t* r8 = r0 + 8 * kWWords;
-        raw[i][0] = r0[0], raw[i][1] = r8[0], raw[i][2] = r0[4], raw[i][3] = r8[4];
-        if constexpr (K::kHighBits) {  // the fifth bits of the same columns: bytes 4q.. and 16 + 4q..
-          const uint32_t* h0 = &s.w[(lrb[i] + g) * kWWords + 16 + q];
-          const uint32_t* h8 = h0 + 8 * kWWords;
-          high[i][0] = h0[0], high[i][1] = h8[0], high[i][2] = h0[4], high[i][3] = h8[4];
-        }
-      }
-#pragma unroll
-      for (uint32_t h = 0; h < 2; ++h) {
-        const uint32_t step = 2 * c + h;
-        mma::FragA A[2];
-        float2 wf[2][2];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          if constexpr (K::kDecoded) {  // int8 values in column order: words 8 * step + q and + 4
-            const uint32_t* r0 = &s.w[(lrb[i] + g) * kWWords + 8 * step + q];
-            const uint32_t* r8 = r0 + 8 * kWWords;
-            A[i].r[0] = r0[0], A[i].r[1] = r8[0], A[i].r[2] = r0[4], A[i].r[3] = r8[4];
-          } else {
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-              A[i].r[k] = (raw[i][k] >> (4 * h)) & 0x0f0f0f0fu;
-              if constexpr (K::kHighBits) A[i].r[k] |= ((high[i][k] >> (kSteps * (kt % 2) + step)) & 0x01010101u) << 4;
-            }
-          }
-          wf[i][0] = s.wf[step][lrb[i] + g];
-          wf[i][1] = s.wf[step][lrb[i] + g + 8];
-        }
-#pragma unroll
-        for (int n = 0; n < 4; ++n) {
-          if (!live[n]) continue;
-          const uint32_t tb = wt * 32 + 8 * n;
-          const uint32_t* xr = &s.x[(tb + g) * kXWords + 8 * step + q];
-          const mma::FragB bh{{xr[0], xr[4]}}, bl{{xr[32], xr[36]}};
-          const float4 xv = *reinterpret_cast<const float4*>(&s.xf[step][tb + 2 * q]);
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            mma::FragC ch{{kHiBits, kHiBits, kHiBits, kHiBits}}, cl{{kLoBits, kLoBits, kLoBits, kLoBits}};
-            mma::mma_k32<K::kDecoded, true>(ch, A[i], bh);  // IQ3_S's values are signed, the nibbles not
-            mma::mma_k32<K::kDecoded, false>(cl, A[i], bl);
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-              const float2 f = wf[i][k / 2];
-              const float dx = k % 2 == 0 ? xv.x : xv.z, sx = k % 2 == 0 ? xv.y : xv.w;
-              const float sum = (__int_as_float(ch.r[k]) - kMagic) + __int_as_float(cl.r[k]);
-              acc[i][n][k] = fmaf(f.x * dx, sum, acc[i][n][k]);
-              if constexpr (!K::kDecoded) acc[i][n][k] = fmaf(-f.y, sx, acc[i][n][k]);
-            }
-          }
-        }
-      }
-    }
-  };
-
   // k-tile kt's copies and factors are in buffer kt % 2; the next tile's copies are issued, and its
   // block headers loaded, before this one's products, its factors stored after them.
   const uint32_t ktiles = a.cols / BK;
-  load_headers(0);
-  issue(0, 0);
-  store_factors(0, 0);
+  ld.load_headers(0);
+  ld.issue(a, 0, st[0]);
+  ld.store_factors(0, st[0], grid);
   for (uint32_t kt = 0; kt < ktiles; ++kt) {
     const uint32_t b = kt % 2;
     const bool next = kt + 1 < ktiles;
     if (next) {
-      issue(kt + 1, 1 - b);
-      load_headers(kt + 1);
+      ld.issue(a, kt + 1, st[1 - b]);
+      ld.load_headers(kt + 1);
       cp_wait<1>();
     } else {
       cp_wait<0>();
     }
     __syncthreads();
-    multiply(st[b], kt);
-    if (next) store_factors(kt + 1, 1 - b);
+    multiply<T>(st[b], kt, wt, acc);
+    if (next) ld.store_factors(kt + 1, st[1 - b], grid);
     __syncthreads();
   }
-
-  // C's layout: k = 0, 1 row g, tokens 2q, 2q + 1; k = 2, 3 row g + 8.
-#pragma unroll
-  for (int n = 0; n < 4; ++n) {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const uint32_t tok = wt * 32 + 8 * n + 2 * q + k % 2;
-      if (tok >= ntok) continue;
-      float* yt = a.y + static_cast<size_t>(first + tok) * a.ldy;
-      if constexpr (NM == 2) {
-        const uint32_t row = m0 + wr * 16 + g + 8 * (k / 2);
-        if (row < a.rows) yt[row] = swiglu_value(acc[0][n][k], acc[1][n][k], a.limit);
-      } else {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const uint32_t row = m0 + lrb[i] + g + 8 * (k / 2);
-          if (row < a.rows) yt[row] = acc[i][n][k];
-        }
-      }
-    }
-  }
+  store_outputs<NM>(a, bt, wt, acc);
 }
 
 // The kernel's type id for weights of `type`, or -1 where it has none.
