@@ -1,5 +1,5 @@
-// The grouped expert GEMMs on int8 tensor cores for Q4_K and Q5_K weights (gpu/moe_grouped_int8.hpp
-// says what and why).
+// The grouped expert GEMMs on int8 tensor cores for Q4_K, Q5_K and IQ3_S weights
+// (gpu/moe_grouped_int8.hpp says what and why).
 //
 // First a pass quantizes the input rows (each once, not once per expert tile that reads it) into
 // the split scratch: per row, for each k-tile of 128 columns, 128 high bytes (s8) then 128 low bytes
