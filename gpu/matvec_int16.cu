@@ -29,6 +29,7 @@
 #include "gpu/pdl.hpp"
 #include "gpu/quant_device.cuh"
 #include "gpu/swiglu.cuh"
+#include "gpu/x_int16.cuh"
 #include "model/formats/iq_grids.hpp"
 
 namespace ferry::gpu {
@@ -382,8 +383,8 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
   if (fixed_weights) pdl_wait();
   pdl_launch_dependents();
 
-  // Each thread quantizes 16 values (half of a 32-value block; its neighbour holds the other half)
-  // into one half of the slot of the unit whose run they are.
+  // Each thread quantizes 16 values (half of a 32-value block; its neighbour holds the other half;
+  // gpu/x_int16.cuh) into one half of the slot of the unit whose run they are.
   const uint32_t pieces = ntok * (K / 16);
   for (uint32_t base = 0; base < pieces; base += blockDim.x) {
     const uint32_t i = base + threadIdx.x;
@@ -413,21 +414,12 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
           v[4 * k + 3] = swiglu_value(v[4 * k + 3], u.w, a.swiglu_limit);
         }
       }
-#pragma unroll
-      for (int k = 0; k < 16; ++k) {
-        amax = fmaxf(amax, fabsf(v[k]));
-        sum += v[k];
-      }
+      x16_stats(v, amax, sum);
     }
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = x32_amax(amax);
     if (valid) {
-      const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
       uint32_t packed[8];
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        packed[k] = (static_cast<uint32_t>(__float2int_rn(v[2 * k] * inv)) & 0xffffu) |
-                    (static_cast<uint32_t>(__float2int_rn(v[2 * k + 1] * inv)) << 16);
-      }
+      x16_pack(v, amax, packed);
       uint32_t high;
       const uint32_t unit = 8 * (p / 16) + R::unit_of(p % 16, high);
       unsigned char* slot = smem + (static_cast<size_t>(t) * units + unit) * kUnitBytes;
@@ -435,7 +427,7 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
       dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
       dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
       float* scales = reinterpret_cast<float*>(slot + 64);
-      scales[high] = amax / 32767.0f;
+      scales[high] = x32_scale(amax);
       scales[2 + high] = sum;
     }
   }

@@ -21,6 +21,7 @@
 #include "gpu/cuda_check.hpp"
 #include "gpu/half_split.cuh"
 #include "gpu/moe_grouped.hpp"
+#include "gpu/moe_grouped_int8.hpp"
 #include "gpu/quant_device.cuh"
 #include "model/formats/iq_grids.hpp"
 
@@ -573,7 +574,8 @@ void sort_routes(const int32_t* ids, uint32_t routes, uint32_t k, uint32_t E, co
 
 void grouped_gemm(const ExpertMatrices& w, const ExpertMatrices* up, const float* x, size_t ldx, uint32_t x_rows,
                   const int32_t* gather, const RouteSort& sort, uint32_t routes, uint32_t E, float limit, float* y,
-                  size_t ldy, float* up_scratch, const SplitScratch& split, cudaStream_t stream) {
+                  size_t ldy, float* up_scratch, const SplitScratch& split, cudaStream_t stream,
+                  GroupedPath path) {
   if (routes == 0 || w.m.rows == 0) return;
   const uint32_t cols = w.m.cols;
   if (up != nullptr && up->m.cols != cols) {
@@ -590,6 +592,10 @@ void grouped_gemm(const ExpertMatrices& w, const ExpertMatrices* up, const float
                     std::to_string(split.hi == nullptr || split.lo == nullptr ? 0 : split.elems));
   }
   if (x_rows == 0) return;
+  if (path == GroupedPath::best && grouped_int8_takes(w, up, x, ldx, x_rows, split)) {
+    grouped_gemm_int8(w, up, x, ldx, x_rows, gather, sort, routes, E, limit, y, ldy, split, stream);
+    return;
+  }
   __half* hi = static_cast<__half*>(split.hi);
   __half* lo = static_cast<__half*>(split.lo);
   float_to_half(x, ldx, x_rows, cols, hi, stream, lo);

@@ -61,14 +61,20 @@ struct SplitScratch {
   size_t elems = 0;
 };
 
+// Which kernel grouped_gemm runs: the best the weights and the device have (Q4_K / Q5_K on sm80+ code: the
+// int8 tensor-core kernel of gpu/moe_grouped_int8.hpp, with the decode matvec's int16 numerics;
+// otherwise the fp16 WMMA kernel above), or the fp16 kernel always (its tests, the Volta path).
+enum class GroupedPath { best, fp16 };
+
 // Sorted row p of expert e: y[p] = W_e x[gather[p]] (x[p] with gather null), rows of y `ldy` apart;
 // x has x_rows rows, `ldx` apart. With `up`: y[p] = swiglu(gate_e x, up_e x) clamped at `limit` as
 // swiglu() does; when gate and up differ in type or shape, up_scratch (like y) takes the up product
-// and swiglu() runs after. x is split into `split` first (x_rows x cols halves a part, checked): each
-// row once, not once per tile that reads it. `routes` and E bound the tile list (grid size); the
+// and swiglu() runs after. x is split into `split` first (x_rows x cols halves a part, checked; the
+// int8 path keeps its int16 rows there instead): each row once, not once per tile that reads it. `routes` and E bound the tile list (grid size); the
 // offsets are read on the device.
 void grouped_gemm(const ExpertMatrices& w, const ExpertMatrices* up, const float* x, size_t ldx, uint32_t x_rows,
                   const int32_t* gather, const RouteSort& sort, uint32_t routes, uint32_t E, float limit, float* y,
-                  size_t ldy, float* up_scratch, const SplitScratch& split, cudaStream_t stream);
+                  size_t ldy, float* up_scratch, const SplitScratch& split, cudaStream_t stream,
+                  GroupedPath path = GroupedPath::best);
 
 }  // namespace ferry::gpu

@@ -5,7 +5,8 @@
 // are read stacked or through per-expert tables (one of them in pinned host memory, as the host
 // store's are), whose tally is checked too. Outputs are poisoned (NaN) before each run.
 //
-// Tolerance: the kernels split every f32 input into fp16 hi + lo/2^12 (~22 significant bits; the
+// These run the fp16 kernel (GroupedPath::fp16); tests/gpu/moe_grouped_int8_test.cpp checks the int8
+// one. Tolerance: the kernels split every f32 input into fp16 hi + lo/2^12 (~22 significant bits; the
 // activations by a pass before the products, into the scratch given, the weights as they are decoded) and
 // accumulate in f32, so each product is within ~1e-6 of sum |w x|; 2e-5 of it leaves room for the
 // tensor cores' f32 accumulation order over a few hundred columns, and fails plain fp16 inputs
@@ -26,6 +27,7 @@
 #include "gpu/cuda_memory.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/moe_grouped.hpp"
+#include "gpu/moe_grouped_int8.hpp"
 #include "model/formats/quant.hpp"
 #include "tests/gpu/gpu_test_support.hpp"
 #include "tests/gpu/quant_rows.hpp"
@@ -147,6 +149,18 @@ double silu_clamped(double g, double u, double& dg, double& du) {
   return gc * s * uc;
 }
 
+// What int16 activations may add to W[r] . x (the int8 path; tests/gpu/matvec_test.cpp's bound): each
+// x rounded by half a step of its 32-value block, times |w|.
+double int16_rounding(const float* w, const float* x, size_t cols) {
+  double bound = 0;
+  for (size_t b = 0; b < cols; b += 32) {
+    float amax = 0;
+    for (size_t c = b; c < b + 32; ++c) amax = std::max(amax, std::abs(x[c]));
+    for (size_t c = b; c < b + 32; ++c) bound += std::abs(double(w[c])) * amax / 32767.0 * 0.5;
+  }
+  return bound;
+}
+
 struct Outcome {
   std::vector<unsigned long long> tally;
 };
@@ -191,9 +205,9 @@ void run_and_check(const Part* parts, const DeviceExperts& d, uint32_t E, uint32
   const RouteSort sort{doff.as<uint32_t>(), dtiles.as<uint32_t>(), dgather.as<int32_t>(), dwhere.as<int32_t>()};
   sort_routes(dids.as<int32_t>(), routes, k, E, sort, tally, nullptr);
   grouped_gemm(d.m[0], &d.m[1], dx.as<float>(), D, n, sort.gather, sort, routes, E, kLimit, deg.as<float>(), I,
-               deu.as<float>(), split, nullptr);
+               deu.as<float>(), split, nullptr, GroupedPath::fp16);
   grouped_gemm(d.m[2], nullptr, deg.as<float>(), I, routes, nullptr, sort, routes, E, 0.0f, deo.as<float>(), D,
-               nullptr, split, nullptr);
+               nullptr, split, nullptr, GroupedPath::fp16);
   moe_combine(deo.as<float>(), sort.where, drw.as<float>(), nullptr, n, k, D, dy.as<float>(), nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
@@ -368,9 +382,10 @@ TEST_F(GroupedExpertsShapes, TablesMixedTypesAndTheTally) {
 }
 
 // The 12-layer benchmark's MoE layer (glm-5.3-flash: 288 experts of 4096 x 2048, 8 a row) at Q4_K
-// over a 2,048-row chunk, synthetic blocks as `ferry bench --synthetic` makes them: checks one row's
-// routes against the CPU and prints the time of each launch (median of 5, events), the GEMM rate
-// they reach, and the time the CPU-side dequantisation would not see. Not a speed assertion.
+// over a 2,048-row chunk, synthetic blocks as `ferry bench --synthetic` makes them: for the fp16
+// kernel and (sm80+ code) the int8 one, checks one row's routes against the CPU and prints the time
+// of each launch (median of 5, events) and the GEMM rate they reach (2 x rows x routes x columns a
+// projection, counted alike for both). Not a speed assertion.
 TEST_F(GroupedExpertsShapes, GlmLayerAtQ4KMatchesTheCpuAndReportsItsTime) {
   const uint32_t E = 288, k = 8, D = 4096, I = 2048, n = 2048, routes = n * k;
   const GgmlType type = GgmlType::Q4_K;
@@ -405,72 +420,92 @@ TEST_F(GroupedExpertsShapes, GlmLayerAtQ4KMatchesTheCpuAndReportsItsTime) {
   const size_t split_elems = std::max(size_t{n} * D, size_t{routes} * I);
   DeviceBuffer dsh(split_elems * 2), dsl(split_elems * 2);
   const SplitScratch split{dsh.get(), dsl.get(), split_elems};
-  Event ev[5];
-  std::vector<float> ms[4];
-  for (int rep = 0; rep < 6; ++rep) {
-    ev[0].record(nullptr);
-    sort_routes(dids.as<int32_t>(), routes, k, E, sort, RouteTally{}, nullptr);
-    ev[1].record(nullptr);
-    grouped_gemm(gate, &up, dx.as<float>(), D, n, sort.gather, sort, routes, E, kLimit, deg.as<float>(), I, nullptr,
-                 split, nullptr);
-    ev[2].record(nullptr);
-    grouped_gemm(down, nullptr, deg.as<float>(), I, routes, nullptr, sort, routes, E, 0.0f, deo.as<float>(), D,
-                 nullptr, split, nullptr);
-    ev[3].record(nullptr);
-    moe_combine(deo.as<float>(), sort.where, drw.as<float>(), nullptr, n, k, D, dy.as<float>(), nullptr);
-    ev[4].record(nullptr);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    if (rep == 0) continue;  // warm-up
-    for (int i = 0; i < 4; ++i) ms[i].push_back(ev[i + 1].since(ev[i]));
-  }
   auto median = [](std::vector<float> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
   const double flops_gu = 2.0 * routes * 2.0 * I * D, flops_d = 2.0 * routes * double(D) * I;
-  const float t_sort = median(ms[0]), t_gu = median(ms[1]), t_d = median(ms[2]), t_c = median(ms[3]);
-  std::printf("grouped MoE, %u rows x %u of %u experts, Q4_K %ux%u: sort %.3f ms, gate+up %.3f ms (%.1f TFLOPS), "
-              "down %.3f ms (%.1f TFLOPS), combine %.3f ms; layer %.3f ms\n",
-              n, k, E, D, I, t_sort, t_gu, flops_gu / t_gu * 1e-9, t_d, flops_d / t_d * 1e-9, t_c,
-              t_sort + t_gu + t_d + t_c);
-
-  // Row 0's routes against the CPU: the SwiGLU output of each, and y over its first 64 columns.
   std::vector<int32_t> where(routes);
-  ASSERT_EQ(cudaMemcpy(where.data(), dwhere.get(), routes * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-  std::vector<float> y(64);
-  ASSERT_EQ(cudaMemcpy(y.data(), dy.get(), 64 * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-  std::vector<double> want_y(64, 0.0), mag_y(64, 0.0);
-  for (uint32_t j = 0; j < k; ++j) {
-    const uint32_t e = static_cast<uint32_t>(ids[j]);
-    std::vector<uint8_t> gb(gu_bytes), ub(gu_bytes), db(64 * d_row);
-    ASSERT_EQ(cudaMemcpy(gb.data(), w[0].as<uint8_t>() + e * gu_bytes, gu_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(ub.data(), w[1].as<uint8_t>() + e * gu_bytes, gu_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(db.data(), w[2].as<uint8_t>() + e * d_bytes, db.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-    const std::vector<float> g = dequant(type, gb, size_t{I} * D), u = dequant(type, ub, size_t{I} * D),
-                             dd = dequant(type, db, size_t{64} * I);
-    std::vector<float> h(I);
-    ASSERT_EQ(cudaMemcpy(h.data(), deg.as<float>() + static_cast<size_t>(where[j]) * I, I * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    for (uint32_t c = 0; c < I; ++c) {
-      double gs = 0, us = 0, mg = 0, mu = 0;
-      for (uint32_t t = 0; t < D; ++t) {
-        gs += double(g[size_t{c} * D + t]) * x[t];
-        us += double(u[size_t{c} * D + t]) * x[t];
-        mg += std::abs(double(g[size_t{c} * D + t]) * x[t]);
-        mu += std::abs(double(u[size_t{c} * D + t]) * x[t]);
+  std::vector<uint8_t> gb(gu_bytes), ub(gu_bytes), db(64 * d_row);
+  // Each path in turn: the fp16 kernel, then grouped_gemm's default (the int8 kernel where the device
+  // has it: its SwiGLU rows and y then have the decode matvec's int16 numerics, checked at the bound
+  // the decode int16 tests hold).
+  for (const GroupedPath path : {GroupedPath::fp16, GroupedPath::best}) {
+    const bool int8 = path == GroupedPath::best && grouped_int8_takes(gate, &up, dx.as<float>(), D, n, split);
+    if (path == GroupedPath::best && !int8) continue;
+    const char* name = int8 ? "int8 (int16 activations)" : "fp16 hi/lo";
+    SCOPED_TRACE(name);
+    Event ev[5];
+    std::vector<float> ms[4];
+    for (int rep = 0; rep < 6; ++rep) {
+      ev[0].record(nullptr);
+      sort_routes(dids.as<int32_t>(), routes, k, E, sort, RouteTally{}, nullptr);
+      ev[1].record(nullptr);
+      grouped_gemm(gate, &up, dx.as<float>(), D, n, sort.gather, sort, routes, E, kLimit, deg.as<float>(), I, nullptr,
+                   split, nullptr, path);
+      ev[2].record(nullptr);
+      grouped_gemm(down, nullptr, deg.as<float>(), I, routes, nullptr, sort, routes, E, 0.0f, deo.as<float>(), D,
+                   nullptr, split, nullptr, path);
+      ev[3].record(nullptr);
+      moe_combine(deo.as<float>(), sort.where, drw.as<float>(), nullptr, n, k, D, dy.as<float>(), nullptr);
+      ev[4].record(nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      if (rep == 0) continue;  // warm-up
+      for (int i = 0; i < 4; ++i) ms[i].push_back(ev[i + 1].since(ev[i]));
+    }
+    const float t_sort = median(ms[0]), t_gu = median(ms[1]), t_d = median(ms[2]), t_c = median(ms[3]);
+    std::printf("grouped MoE %s, %u rows x %u of %u experts, Q4_K %ux%u: sort %.3f ms, gate+up %.3f ms (%.1f TFLOPS), "
+                "down %.3f ms (%.1f TFLOPS), combine %.3f ms; layer %.3f ms\n",
+                name, n, k, E, D, I, t_sort, t_gu, flops_gu / t_gu * 1e-9, t_d, flops_d / t_d * 1e-9, t_c,
+                t_sort + t_gu + t_d + t_c);
+
+    // Row 0's routes against the CPU: the SwiGLU output of each, and y over its first 64 columns.
+    ASSERT_EQ(cudaMemcpy(where.data(), dwhere.get(), routes * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    std::vector<float> y(64);
+    ASSERT_EQ(cudaMemcpy(y.data(), dy.get(), 64 * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    std::vector<double> want_y(64, 0.0), mag_y(64, 0.0), round_y(64, 0.0);
+    for (uint32_t j = 0; j < k; ++j) {
+      const uint32_t e = static_cast<uint32_t>(ids[j]);
+      ASSERT_EQ(cudaMemcpy(gb.data(), w[0].as<uint8_t>() + e * gu_bytes, gu_bytes, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(ub.data(), w[1].as<uint8_t>() + e * gu_bytes, gu_bytes, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(db.data(), w[2].as<uint8_t>() + e * d_bytes, db.size(), cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      const std::vector<float> g = dequant(type, gb, size_t{I} * D), u = dequant(type, ub, size_t{I} * D),
+                               dd = dequant(type, db, size_t{64} * I);
+      std::vector<float> h(I);
+      ASSERT_EQ(cudaMemcpy(h.data(), deg.as<float>() + static_cast<size_t>(where[j]) * I, I * 4,
+                           cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      for (uint32_t c = 0; c < I; ++c) {
+        double gs = 0, us = 0, mg = 0, mu = 0;
+        for (uint32_t t = 0; t < D; ++t) {
+          gs += double(g[size_t{c} * D + t]) * x[t];
+          us += double(u[size_t{c} * D + t]) * x[t];
+          mg += std::abs(double(g[size_t{c} * D + t]) * x[t]);
+          mu += std::abs(double(u[size_t{c} * D + t]) * x[t]);
+        }
+        const double rg = int8 ? int16_rounding(&g[size_t{c} * D], x.data(), D) : 0.0;
+        const double ru = int8 ? int16_rounding(&u[size_t{c} * D], x.data(), D) : 0.0;
+        double dg = 0, du = 0;
+        const double want = silu_clamped(gs, us, dg, du);
+        ASSERT_NEAR(h[c], want,
+                    dg * (kRel * mg + kAbs + rg) + du * (kRel * mu + kAbs + ru) + 1e-6 * std::abs(want) + kAbs)
+            << "route " << j << " expert " << e << " column " << c;
       }
-      double dg = 0, du = 0;
-      const double want = silu_clamped(gs, us, dg, du);
-      ASSERT_NEAR(h[c], want, dg * (kRel * mg + kAbs) + du * (kRel * mu + kAbs) + 1e-6 * std::abs(want) + kAbs)
-          << "route " << j << " expert " << e << " column " << c;
+      for (uint32_t c = 0; c < 64; ++c) {
+        for (uint32_t t = 0; t < I; ++t) {
+          want_y[c] += double(rw[j]) * dd[size_t{c} * I + t] * h[t];
+          mag_y[c] += std::abs(double(rw[j]) * dd[size_t{c} * I + t] * h[t]);
+        }
+        if (int8) round_y[c] += double(rw[j]) * int16_rounding(&dd[size_t{c} * I], h.data(), I);
+      }
     }
     for (uint32_t c = 0; c < 64; ++c) {
-      for (uint32_t t = 0; t < I; ++t) {
-        want_y[c] += double(rw[j]) * dd[size_t{c} * I + t] * h[t];
-        mag_y[c] += std::abs(double(rw[j]) * dd[size_t{c} * I + t] * h[t]);
-      }
+      ASSERT_NEAR(y[c], want_y[c], kRel * mag_y[c] + kAbs + round_y[c]) << "column " << c;
     }
   }
-  for (uint32_t c = 0; c < 64; ++c) ASSERT_NEAR(y[c], want_y[c], kRel * mag_y[c] + kAbs) << "column " << c;
 }
 
 TEST_F(GroupedExpertsShapes, TooManyExpertsIsRefused) {

@@ -1,0 +1,645 @@
+// The grouped expert GEMMs on int8 tensor cores for Q4_K, Q5_K and IQ3_S weights
+// (gpu/moe_grouped_int8.hpp says what and why).
+//
+// First a pass quantizes the input rows (each once, not once per expert tile that reads it) into
+// the split scratch: per row, for each k-tile of 128 columns, 128 high bytes (s8) then 128 low bytes
+// (u8) of its int16 values, in column order; and per 32-value block its step and f32 sum.
+//
+// A block: 8 warps over 128 weight rows (64 each of gate and up, whose SwiGLU is then taken in
+// registers) x the 64 sorted rows of a token tile, k-tiles of 128 columns (half a block: 64 bytes
+// of nibbles a row, and Q5_K's 32 bytes of fifth bits). Per k-tile the weight rows' nibble bytes
+// and the tokens' bytes and block factors are copied in by cp.async into one of two buffers while
+// the tensor cores work on the other, and each weight row's sub-block factors (d * scale, dmin *
+// min) are made from its block's 16 leading bytes (IQ3_S: its sub-blocks are decoded to int8 there,
+// from the bytes loaded before the products). A warp multiplies 32 weight rows x 32 tokens: per
+// 32-column sub-block (one k32 step) 2 x 4 tiles of m16n8k32, each twice (the high and the low
+// bytes). The nibbles of a sub-block are one half of 32 consecutive bytes, so each register of A is
+// four bytes of the row masked (low or high nibbles; Q5_K ORs in bit j of the fifth-bit bytes of
+// the same columns): no decode pass and no permutation. Both int32 sums are turned into f32 without
+// a conversion instruction (a quarter-rate one on these devices): the MMAs accumulate onto the bits
+// of 1.5 * 2^31 and 1.5 * 2^23, so the words read as floats are those constants plus 256 * high and
+// low sum, exactly, and two adds give their sum.
+#include "gpu/moe_grouped_int8.hpp"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+
+#include "gpu/cuda_check.hpp"
+#include "gpu/mma_int8.cuh"
+#include "gpu/pdl.hpp"
+#include "gpu/quant_device.cuh"
+#include "gpu/swiglu.cuh"
+#include "gpu/x_int16.cuh"
+#include "model/formats/ggml_type.hpp"
+
+namespace ferry::gpu {
+namespace {
+
+constexpr uint32_t BN = kGroupedTileTokens;  // sorted rows of a block: the sort's token tiles
+constexpr uint32_t BR = 128;                 // weight rows of a block (NM matrices of BR / NM rows)
+constexpr uint32_t BK = 128;                 // columns of a k-tile
+constexpr uint32_t kSteps = BK / 32;         // k32 steps (sub-blocks) of a k-tile
+constexpr uint32_t kThreads = 256;
+// A token's k-tile in shared memory: 32 words of high bytes, 32 of low, padded to 68 words apart so
+// that the 8 tokens x 4 words of a fragment hit 32 banks.
+constexpr uint32_t kXWords = 68;
+
+// Per type: a block's bytes, where its 128 bytes of nibbles lie (Q4_K, Q5_K: d, dmin and 12 bytes of
+// scales first), and the words of a weight row's k-tile in shared memory: 16 of nibbles (and for
+// Q5_K the block's 8 words of fifth bits), padded so that rows 20 / 28 words apart hit 32 banks.
+// IQ3_S's values come from a grid with signs, so its k-tile is decoded into 32 words of int8 a row
+// (36 apart) instead of copied; it has no minimum terms.
+template <int T> struct KQuant;
+template <> struct KQuant<qd::kQ4_K> {
+  static constexpr uint32_t kBlockBytes = 144, kNibbles = 16, kWWords = 20;
+  static constexpr bool kHighBits = false, kDecoded = false;
+};
+template <> struct KQuant<qd::kQ5_K> {
+  static constexpr uint32_t kBlockBytes = 176, kNibbles = 48, kWWords = 28;
+  static constexpr bool kHighBits = true, kDecoded = false;  // bit j of byte l of the 32 at 16: sub-block j's column l
+};
+template <> struct KQuant<qd::kIQ3_S> {
+  static constexpr uint32_t kBlockBytes = 110, kNibbles = 0, kWWords = 36;
+  static constexpr bool kHighBits = false, kDecoded = true;
+};
+
+template <int T>
+struct Stage {
+  uint32_t w[BR * KQuant<T>::kWWords];
+  uint32_t x[BN * kXWords];
+  float2 wf[kSteps][BR];  // per sub-block and weight row: d * scale, dmin * min
+  float2 xf[kSteps][BN];  // per block and token: the int16 step, the f32 sum
+};
+static_assert(sizeof(Stage<qd::kQ4_K>) % 16 == 0 && sizeof(Stage<qd::kQ5_K>) % 16 == 0 &&
+                  sizeof(Stage<qd::kIQ3_S>) % 16 == 0,
+              "stages stay 16-byte aligned");
+
+// The constants the int32 sums accumulate onto (as float bits) and the sum of their values.
+constexpr int32_t kHiBits = 0x4F400000;  // 1.5 * 2^31: one unit of the bits is 256
+constexpr int32_t kLoBits = 0x4B400000;  // 1.5 * 2^23: one unit is 1
+constexpr float kMagic = 3221225472.0f + 12582912.0f;
+
+struct Int8Args {
+  const uint8_t* base[2];
+  size_t stride[2];
+  const uint8_t* const* table[2];
+  uint32_t rows, cols;
+  size_t row_bytes;
+  const uint8_t* xq;  // quantized rows, 2 * cols bytes apart
+  const float2* xf;   // their blocks' steps and sums, cols / 32 apart
+  const int32_t* gather;
+  const uint32_t* offsets;
+  const uint32_t* tiles;
+  uint32_t E;
+  float* y;
+  size_t ldy;
+  float limit;
+  const uint32_t* iq3s_grid;  // IQ3_S: the device copy of model::kIq3sGrid
+};
+
+__device__ __forceinline__ void cp_async(void* dst, const void* src, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  if (bytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+  } else if (bytes == 8) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(d), "l"(src) : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src) : "memory");
+  }
+#else
+  (void)dst;
+  (void)src;
+  (void)bytes;
+  __trap();  // hosts launch this kernel only on sm80+ code (code_built_for)
+#endif
+}
+
+__device__ __forceinline__ void cp_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+// Waits until at most `Pending` of this thread's latest groups are in flight.
+template <int Pending>
+__device__ __forceinline__ void cp_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" ::"n"(Pending) : "memory");
+#endif
+}
+
+// Scale byte i (0..11) of a Q4_K / Q5_K block whose leading words are h (h[0]: d and dmin).
+__device__ __forceinline__ uint32_t scale_byte(const uint32_t (&h)[4], uint32_t i) {
+  const uint32_t word = i < 4 ? h[1] : i < 8 ? h[2] : h[3];
+  return (word >> (8 * (i & 3))) & 0xff;
+}
+
+// Sub-block j's d * scale and dmin * min, as qd::k4_scale_min and matvec_int16.cu's k4_factors make them.
+__device__ __forceinline__ float2 k4_factor(const uint32_t (&h)[4], uint32_t j) {
+  uint32_t sc, m;
+  if (j < 4) {
+    sc = scale_byte(h, j) & 63;
+    m = scale_byte(h, j + 4) & 63;
+  } else {
+    sc = (scale_byte(h, j + 4) & 0xf) | ((scale_byte(h, j - 4) >> 6) << 4);
+    m = (scale_byte(h, j + 4) >> 4) | ((scale_byte(h, j) >> 6) << 4);
+  }
+  const float d = qd::h2f(h[0] & 0xffff), dmin = qd::h2f(h[0] >> 16);
+  return make_float2(d * static_cast<float>(sc), dmin * static_cast<float>(m));
+}
+
+// IQ3_S sub-block j of the block at b (2-byte aligned), as matvec_int16.cu's Reader<IQ3_S> reads it:
+// its 8 grid indices' low bytes, its sign bits, and its qh byte | its scale nibble << 8 | d << 16.
+__device__ __forceinline__ void iq3s_load(const uint8_t* b, uint32_t j, uint32_t (&u)[4]) {
+  u[0] = qd::ld_u32_a2(b + 2 + 8 * j);
+  u[1] = qd::ld_u32_a2(b + 6 + 8 * j);
+  u[2] = qd::ld_u32_a2(b + 74 + 4 * j);
+  u[3] = b[66 + j] | (((b[106 + j / 2] >> (4 * (j % 2))) & 0xfu) << 8) | (qd::ld_u16(b) << 16);
+}
+
+// Its 32 values as int8 (column order, four a word: grid entries with their signs) and d * scale.
+__device__ __forceinline__ float iq3s_decode(const uint32_t (&u)[4], const uint32_t* grid, uint32_t (&v)[8]) {
+#pragma unroll
+  for (int g = 0; g < 8; ++g) {
+    const uint32_t qs = ((g < 4 ? u[0] : u[1]) >> (8 * (g & 3))) & 0xff;
+    const uint32_t entry = grid[qs | (((u[3] >> g) & 1) << 8)];
+    // Sign bit k to byte k, then 0xff in negative bytes: (e ^ 0xff) - 0xff is -e bytewise.
+    const uint32_t neg = ((((u[2] >> (4 * g)) & 0xf) * 0x00204081u) & 0x01010101u) * 0xffu;
+    v[g] = __vsub4(entry ^ neg, neg);
+  }
+  return qd::h2f(u[3] >> 16) * static_cast<float>(1 + 2 * ((u[3] >> 8) & 0xf));
+}
+
+// One thread's 16 values of row r, columns 16p..: their int16 bytes into the row's k-tile, and (the
+// even lane of the pair) the block's step and sum.
+__global__ void __launch_bounds__(256) quantize_rows_kernel(const float* x, size_t ldx, uint32_t rows, uint32_t cols,
+                                                            uint8_t* xq, float2* xf) {
+  const uint32_t per_row = cols / 16;
+  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const bool valid = i < static_cast<size_t>(rows) * per_row;
+  const uint32_t r = valid ? static_cast<uint32_t>(i / per_row) : 0, p = valid ? static_cast<uint32_t>(i % per_row) : 0;
+  float v[16];
+  float amax = 0.0f, sum = 0.0f;
+  if (valid) {
+    const float4* src = reinterpret_cast<const float4*>(x + static_cast<size_t>(r) * ldx + 16 * p);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float4 f = src[k];
+      v[4 * k] = f.x, v[4 * k + 1] = f.y, v[4 * k + 2] = f.z, v[4 * k + 3] = f.w;
+    }
+    x16_stats(v, amax, sum);
+  }
+  amax = x32_amax(amax);  // every lane: the pair (p even, p + 1) is lanes i, i ^ 1 of one row
+  const float sum32 = sum + __shfl_xor_sync(0xffffffffu, sum, 1);
+  if (!valid) return;
+  uint32_t packed[8];
+  x16_pack(v, amax, packed);
+  uint32_t hi[4], lo[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    hi[k] = __byte_perm(packed[2 * k], packed[2 * k + 1], 0x7531);
+    lo[k] = __byte_perm(packed[2 * k], packed[2 * k + 1], 0x6420);
+  }
+  const uint32_t c = 16 * p;
+  uint8_t* dst = xq + static_cast<size_t>(r) * 2 * cols + 2 * (c / BK) * BK + c % BK;
+  *reinterpret_cast<uint4*>(dst) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+  *reinterpret_cast<uint4*>(dst + BK) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+  if (p % 2 == 0) xf[static_cast<size_t>(r) * (cols / 32) + p / 2] = make_float2(x32_scale(amax), sum32);
+}
+
+// A block's tile: its expert, first sorted row, tokens and first weight row.
+struct BlockTile {
+  uint32_t e = 0, first = 0, ntok = 0, m0 = 0;
+};
+
+// What a thread copies of each k-tile, and the bytes it makes the weight factors from. Weight items
+// tid and tid + 256 of 128 rows x 4 chunks (row item / 4; chunk, and the sub-block whose factors
+// the thread makes, tid % 4); Q5_K's fifth bits, 128 rows x 2 chunks (row tid / 2, chunk tid % 2);
+// token items tid + 256j of 64 tokens x 16 chunks; the factors of token tid / 4, block tid % 4.
+// Rows past the matrix and tokens past the tile read row rows - 1 and the tile's first token: their
+// products are not stored.
+template <int T, int NM>
+struct TileLoader {
+  using K = KQuant<T>;
+  static constexpr uint32_t RM = BR / NM;  // rows of each matrix in the block
+  const uint8_t* wrow[2];
+  uint32_t wlr[2];
+  const uint8_t* hrow = nullptr;
+  size_t xoff[4];
+  size_t xfoff;
+  bool w16 = true;     // every matrix 16-byte aligned (blocks of 144 / 176 bytes): 16-byte copies
+  uint32_t hdr[2][4];  // the leading words of the weight items' blocks (IQ3_S: their sub-blocks' bytes)
+
+  __device__ TileLoader(const Int8Args& a, const BlockTile& bt) {
+    const uint32_t tid = threadIdx.x;
+    const uint8_t* w[NM];
+#pragma unroll
+    for (int m = 0; m < NM; ++m) {
+      w[m] = a.table[m] != nullptr ? a.table[m][bt.e] : a.base[m] + bt.e * a.stride[m];
+      w16 = w16 && reinterpret_cast<uintptr_t>(w[m]) % 16 == 0;
+    }
+    // The matrix of local row lr, without indexing by a variable (local memory).
+    auto row = [&](uint32_t lr) {
+      return (NM == 1 || lr < RM ? w[0] : w[NM - 1]) +
+             static_cast<size_t>(min(bt.m0 + lr % RM, a.rows - 1)) * a.row_bytes;
+    };
+    if constexpr (K::kHighBits) hrow = row(tid / 2);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      wlr[j] = (tid + kThreads * j) / 4;
+      wrow[j] = row(wlr[j]);
+    }
+    auto token_row = [&](uint32_t tok) -> size_t {
+      const uint32_t t = tok < bt.ntok ? tok : 0;
+      return a.gather != nullptr ? static_cast<size_t>(a.gather[bt.first + t]) : bt.first + t;
+    };
+#pragma unroll
+    for (int j = 0; j < 4; ++j) xoff[j] = token_row(tid / 16 + 16 * j) * 2 * a.cols;
+    xfoff = token_row(tid / 4) * (a.cols / 32) + tid % 4;
+  }
+
+  // k-tile kt's copies into s, one group.
+  __device__ void issue(const Int8Args& a, uint32_t kt, Stage<T>& s) const {
+    const uint32_t tid = threadIdx.x, wch = tid % 4, xch = tid % 16;
+    const size_t wb = (kt / 2) * K::kBlockBytes + K::kNibbles + 64 * (kt % 2) + 16 * wch;
+#pragma unroll
+    for (int j = 0; j < 2 && !K::kDecoded; ++j) {
+      uint32_t* dst = &s.w[wlr[j] * K::kWWords + 4 * wch];
+      if (w16) {
+        cp_async(dst, wrow[j] + wb, 16);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) cp_async(dst + i, wrow[j] + wb + 4 * i, 4);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      cp_async(&s.x[(tid / 16 + 16 * j) * kXWords + 4 * xch], a.xq + xoff[j] + 2 * BK * kt + 16 * xch, 16);
+    }
+    cp_async(&s.xf[tid % 4][tid / 4], a.xf + xfoff + kSteps * kt, 8);
+    if constexpr (K::kHighBits) {
+      uint32_t* dst = &s.w[(tid / 2) * K::kWWords + 16 + 4 * (tid % 2)];
+      const uint8_t* src = hrow + (kt / 2) * K::kBlockBytes + 16 + 16 * (tid % 2);
+      if (w16) {
+        cp_async(dst, src, 16);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) cp_async(dst + i, src + 4 * i, 4);
+      }
+    }
+    cp_commit();
+  }
+
+  __device__ void load_headers(uint32_t kt) {
+    const uint32_t wch = threadIdx.x % 4;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const uint8_t* p = wrow[j] + (kt / 2) * K::kBlockBytes;
+      if constexpr (K::kDecoded) {
+        iq3s_load(p, kSteps * (kt % 2) + wch, hdr[j]);
+      } else if (w16) {
+        const uint4 v = *reinterpret_cast<const uint4*>(p);
+        hdr[j][0] = v.x, hdr[j][1] = v.y, hdr[j][2] = v.z, hdr[j][3] = v.w;
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) hdr[j][i] = qd::ld_u32(p + 4 * i);
+      }
+    }
+  }
+
+  // k-tile kt's weight factors (IQ3_S: and values) from the headers loaded, into s.
+  __device__ void store_factors(uint32_t kt, Stage<T>& s, const uint32_t* grid) const {
+    const uint32_t wch = threadIdx.x % 4;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      if constexpr (K::kDecoded) {  // and the sub-block's values, words 8 * wch.. of the row
+        uint32_t v[8];
+        const float d = iq3s_decode(hdr[j], grid, v);
+        uint4* dst = reinterpret_cast<uint4*>(&s.w[wlr[j] * K::kWWords + 8 * wch]);
+        dst[0] = make_uint4(v[0], v[1], v[2], v[3]);
+        dst[1] = make_uint4(v[4], v[5], v[6], v[7]);
+        s.wf[wch][wlr[j]] = make_float2(d, 0.0f);
+      } else {
+        s.wf[wch][wlr[j]] = k4_factor(hdr[j], kSteps * (kt % 2) + wch);
+      }
+    }
+  }
+};
+
+// A warp's part of the block's tile: two 16-row tiles (32 rows of the matrix, or 16 of gate and of
+// up) x 32 tokens, of which the 8-token tiles that hold tokens (the same for all its lanes). C's
+// layout: acc[i][n][k], k = 0, 1 row g, tokens 2q, 2q + 1; k = 2, 3 row g + 8.
+struct WarpTile {
+  uint32_t g, q, wt, lrb[2];
+  bool live[4];
+};
+
+template <int NM>
+__device__ __forceinline__ WarpTile warp_tile(uint32_t ntok) {
+  const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, wr = warp % 4;
+  WarpTile t;
+  t.g = lane / 4;
+  t.q = lane % 4;
+  t.wt = warp / 4;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) t.lrb[i] = NM == 1 ? wr * 32 + 16 * i : BR / 2 * i + wr * 16;
+#pragma unroll
+  for (int n = 0; n < 4; ++n) t.live[n] = t.wt * 32 + 8 * n < ntok;
+  return t;
+}
+
+// One k-tile's products of a warp (k-tile kt, in s) into acc.
+template <int T>
+__device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const WarpTile& t, float (&acc)[2][4][4]) {
+  using K = KQuant<T>;
+  constexpr uint32_t kWWords = K::kWWords;
+  const uint32_t g = t.g, q = t.q;
+#pragma unroll
+  for (uint32_t c = 0; c < kSteps / 2; ++c) {  // the sub-blocks of 64 columns share their bytes
+    uint32_t raw[2][4], high[2][4];
+#pragma unroll
+    for (int i = 0; i < 2 && !K::kDecoded; ++i) {
+      const uint32_t* r0 = &s.w[(t.lrb[i] + g) * kWWords + 8 * c + q];
+      const uint32_t* r8 = r0 + 8 * kWWords;
+      raw[i][0] = r0[0], raw[i][1] = r8[0], raw[i][2] = r0[4], raw[i][3] = r8[4];
+      if constexpr (K::kHighBits) {  // the fifth bits of the same columns: bytes 4q.. and 16 + 4q..
+        const uint32_t* h0 = &s.w[(t.lrb[i] + g) * kWWords + 16 + q];
+        const uint32_t* h8 = h0 + 8 * kWWords;
+        high[i][0] = h0[0], high[i][1] = h8[0], high[i][2] = h0[4], high[i][3] = h8[4];
+      }
+    }
+#pragma unroll
+    for (uint32_t h = 0; h < 2; ++h) {
+      const uint32_t step = 2 * c + h;
+      mma::FragA A[2];
+      float2 wf[2][2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        if constexpr (K::kDecoded) {  // int8 values in column order: words 8 * step + q and + 4
+          const uint32_t* r0 = &s.w[(t.lrb[i] + g) * kWWords + 8 * step + q];
+          const uint32_t* r8 = r0 + 8 * kWWords;
+          A[i].r[0] = r0[0], A[i].r[1] = r8[0], A[i].r[2] = r0[4], A[i].r[3] = r8[4];
+        } else {
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            A[i].r[k] = (raw[i][k] >> (4 * h)) & 0x0f0f0f0fu;
+            if constexpr (K::kHighBits) A[i].r[k] |= ((high[i][k] >> (kSteps * (kt % 2) + step)) & 0x01010101u) << 4;
+          }
+        }
+        wf[i][0] = s.wf[step][t.lrb[i] + g];
+        wf[i][1] = s.wf[step][t.lrb[i] + g + 8];
+      }
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        if (!t.live[n]) continue;
+        const uint32_t tb = t.wt * 32 + 8 * n;
+        const uint32_t* xr = &s.x[(tb + g) * kXWords + 8 * step + q];
+        const mma::FragB bh{{xr[0], xr[4]}}, bl{{xr[32], xr[36]}};
+        const float4 xv = *reinterpret_cast<const float4*>(&s.xf[step][tb + 2 * q]);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          mma::FragC ch{{kHiBits, kHiBits, kHiBits, kHiBits}}, cl{{kLoBits, kLoBits, kLoBits, kLoBits}};
+          mma::mma_k32<K::kDecoded, true>(ch, A[i], bh);  // IQ3_S's values are signed, the nibbles not
+          mma::mma_k32<K::kDecoded, false>(cl, A[i], bl);
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const float2 f = wf[i][k / 2];
+            const float dx = k % 2 == 0 ? xv.x : xv.z, sx = k % 2 == 0 ? xv.y : xv.w;
+            const float sum = (__int_as_float(ch.r[k]) - kMagic) + __int_as_float(cl.r[k]);
+            acc[i][n][k] = fmaf(f.x * dx, sum, acc[i][n][k]);
+            if constexpr (!K::kDecoded) acc[i][n][k] = fmaf(-f.y, sx, acc[i][n][k]);
+          }
+        }
+      }
+    }
+  }
+}
+
+// The warp's outputs of the tile's tokens and the matrix's rows (NM 2: SwiGLU of gate and up).
+template <int NM>
+__device__ __forceinline__ void store_outputs(const Int8Args& a, const BlockTile& bt, const WarpTile& t,
+                                              const float (&acc)[2][4][4]) {
+#pragma unroll
+  for (int n = 0; n < 4; ++n) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t tok = t.wt * 32 + 8 * n + 2 * t.q + k % 2;
+      if (tok >= bt.ntok) continue;
+      float* yt = a.y + static_cast<size_t>(bt.first + tok) * a.ldy;
+      if constexpr (NM == 2) {
+        const uint32_t row = bt.m0 + t.lrb[0] + t.g + 8 * (k / 2);
+        if (row < a.rows) yt[row] = swiglu_value(acc[0][n][k], acc[1][n][k], a.limit);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const uint32_t row = bt.m0 + t.lrb[i] + t.g + 8 * (k / 2);
+          if (row < a.rows) yt[row] = acc[i][n][k];
+        }
+      }
+    }
+  }
+}
+
+template <int T, int NM>
+__global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ uint32_t grid[KQuant<T>::kDecoded ? 512 : 1];
+  Stage<T>* st = reinterpret_cast<Stage<T>*>(smem);
+  const uint32_t tile = blockIdx.y;
+  if (tile >= a.tiles[a.E]) return;  // the grid is sized for the most tiles the routes can make
+  uint32_t lo_e = 0, hi_e = a.E;     // tiles[lo_e] <= tile < tiles[hi_e]
+  while (hi_e - lo_e > 1) {
+    const uint32_t mid = (lo_e + hi_e) / 2;
+    if (a.tiles[mid] <= tile) {
+      lo_e = mid;
+    } else {
+      hi_e = mid;
+    }
+  }
+  BlockTile bt;
+  bt.e = lo_e;
+  const uint32_t t0 = (tile - a.tiles[bt.e]) * BN;
+  bt.first = a.offsets[bt.e] + t0;
+  bt.ntok = min(BN, a.offsets[bt.e + 1] - a.offsets[bt.e] - t0);
+  bt.m0 = blockIdx.x * (BR / NM);
+  if constexpr (KQuant<T>::kDecoded) {
+    for (uint32_t i = threadIdx.x; i < 512; i += kThreads) grid[i] = a.iq3s_grid[i];
+    __syncthreads();  // before the first decode
+  }
+  TileLoader<T, NM> ld(a, bt);
+  const WarpTile wt = warp_tile<NM>(bt.ntok);
+  float acc[2][4][4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) acc[i][n][k] = 0.0f;
+    }
+  }
+
+  // k-tile kt's copies and factors are in buffer kt % 2; the next tile's copies are issued, and its
+  // block headers loaded, before this one's products, its factors stored after them.
+  const uint32_t ktiles = a.cols / BK;
+  ld.load_headers(0);
+  ld.issue(a, 0, st[0]);
+  ld.store_factors(0, st[0], grid);
+  for (uint32_t kt = 0; kt < ktiles; ++kt) {
+    const uint32_t b = kt % 2;
+    const bool next = kt + 1 < ktiles;
+    if (next) {
+      ld.issue(a, kt + 1, st[1 - b]);
+      ld.load_headers(kt + 1);
+      cp_wait<1>();
+    } else {
+      cp_wait<0>();
+    }
+    __syncthreads();
+    multiply<T>(st[b], kt, wt, acc);
+    if (next) ld.store_factors(kt + 1, st[1 - b], grid);
+    __syncthreads();
+  }
+  store_outputs<NM>(a, bt, wt, acc);
+}
+
+// The kernel's type id for weights of `type`, or -1 where it has none.
+int int8_type(model::GgmlType type) {
+  switch (type) {
+    case model::GgmlType::Q4_K: return qd::kQ4_K;
+    case model::GgmlType::Q5_K: return qd::kQ5_K;
+    case model::GgmlType::IQ3_S: return qd::kIQ3_S;
+    default: return -1;
+  }
+}
+
+template <int NM>
+const void* kernel_of(int t) {
+  return t == qd::kQ4_K   ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ4_K, NM>)
+         : t == qd::kQ5_K ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ5_K, NM>)
+                          : reinterpret_cast<const void*>(kquant_int8_kernel<qd::kIQ3_S, NM>);
+}
+const void* kernel_of(int t, bool up) { return up ? kernel_of<2>(t) : kernel_of<1>(t); }
+
+bool same_layout(const DevMatrix& a, const DevMatrix& b) {
+  return a.type == b.type && a.rows == b.rows && a.cols == b.cols && a.row_bytes == b.row_bytes;
+}
+
+// Where the quantized rows go in the split scratch: the bytes in hi, the block factors in lo from
+// its first 16-byte boundary; null where they do not fit.
+struct QuantScratch {
+  uint8_t* q = nullptr;
+  float2* f = nullptr;
+};
+QuantScratch quant_scratch(const SplitScratch& split, uint32_t rows, uint32_t cols) {
+  if (split.hi == nullptr || split.lo == nullptr || reinterpret_cast<uintptr_t>(split.hi) % 16 != 0) return {};
+  const size_t part = split.elems * 2;  // bytes of each part
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(split.lo), lo16 = (lo + 15) / 16 * 16;
+  const size_t need_q = size_t{rows} * cols * 2, need_f = size_t{rows} * (cols / 32) * sizeof(float2);
+  if (need_q > part || lo16 - lo + need_f > part) return {};
+  return {static_cast<uint8_t*>(split.hi), reinterpret_cast<float2*>(lo16)};
+}
+
+}  // namespace
+
+bool grouped_int8_takes(const ExpertMatrices& w, const ExpertMatrices* up, const float* x, size_t ldx,
+                        uint32_t x_rows, const SplitScratch& split) {
+  const int t = int8_type(w.m.type);
+  if (t < 0 || w.m.cols == 0 || w.m.cols % 256 != 0) return false;
+  const uint32_t block = t == qd::kQ4_K   ? KQuant<qd::kQ4_K>::kBlockBytes
+                         : t == qd::kQ5_K ? KQuant<qd::kQ5_K>::kBlockBytes
+                                          : KQuant<qd::kIQ3_S>::kBlockBytes;
+  if (w.m.row_bytes != size_t{w.m.cols} / 256 * block) return false;
+  if (up != nullptr && !same_layout(w.m, up->m)) return false;
+  if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || ldx % 4 != 0 || ldx < w.m.cols) return false;
+  if (quant_scratch(split, x_rows, w.m.cols).q == nullptr) return false;
+  return code_built_for(kernel_of(t, up != nullptr), 8);
+}
+
+namespace {
+
+template <int T, int NM>
+void launch(const Int8Args& a, dim3 grid, cudaStream_t stream) {
+  constexpr size_t smem = 2 * sizeof(Stage<T>);
+  FERRY_CUDA(cudaFuncSetAttribute(kquant_int8_kernel<T, NM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(smem)));
+  kquant_int8_kernel<T, NM><<<grid, kThreads, smem, stream>>>(a);
+}
+template <int NM>
+void launch(int t, const Int8Args& a, dim3 grid, cudaStream_t stream) {
+  if (t == qd::kQ4_K) {
+    launch<qd::kQ4_K, NM>(a, grid, stream);
+  } else if (t == qd::kQ5_K) {
+    launch<qd::kQ5_K, NM>(a, grid, stream);
+  } else {
+    launch<qd::kIQ3_S, NM>(a, grid, stream);
+  }
+}
+
+}  // namespace
+
+void grouped_gemm_int8(const ExpertMatrices& w, const ExpertMatrices* up, const float* x, size_t ldx, uint32_t x_rows,
+                       const int32_t* gather, const RouteSort& sort, uint32_t routes, uint32_t E, float limit, float* y,
+                       size_t ldy, const SplitScratch& split, cudaStream_t stream) {
+  if (routes == 0 || w.m.rows == 0 || x_rows == 0) return;
+  if (!grouped_int8_takes(w, up, x, ldx, x_rows, split)) {
+    throw CudaError("grouped_gemm_int8: not an int8 call (Q4_K / Q5_K / IQ3_S rows of whole blocks, gate and up "
+                    "alike, aligned input, a scratch for " + std::to_string(x_rows) + " x " +
+                    std::to_string(w.m.cols) + " values, sm80+ code)");
+  }
+  if (gather == nullptr && x_rows < routes) {
+    throw CudaError("grouped_gemm_int8: " + std::to_string(routes) + " routes read rows of an input of " +
+                    std::to_string(x_rows));
+  }
+  if (w.table == nullptr && w.m.data == nullptr) throw CudaError("grouped_gemm_int8: no expert weights");
+  const uint32_t cols = w.m.cols;
+  const QuantScratch qs = quant_scratch(split, x_rows, cols);
+  const size_t pieces = size_t{x_rows} * (cols / 16);
+  if ((pieces + 255) / 256 > 0x7fffffffu) throw CudaError("grouped_gemm_int8: too many input rows");
+  quantize_rows_kernel<<<static_cast<unsigned>((pieces + 255) / 256), 256, 0, stream>>>(x, ldx, x_rows, cols, qs.q,
+                                                                                       qs.f);
+  FERRY_CUDA_LAUNCHED();
+
+  Int8Args a{};
+  a.base[0] = w.m.data;
+  a.stride[0] = w.stride;
+  a.table[0] = w.table;
+  if (up != nullptr) {
+    a.base[1] = up->m.data;
+    a.stride[1] = up->stride;
+    a.table[1] = up->table;
+  }
+  a.rows = w.m.rows;
+  a.cols = cols;
+  a.row_bytes = w.m.row_bytes;
+  a.xq = qs.q;
+  a.xf = qs.f;
+  a.gather = gather;
+  a.offsets = sort.offsets;
+  a.tiles = sort.tiles;
+  a.E = E;
+  a.y = y;
+  a.ldy = ldy;
+  a.limit = limit;
+  // Each expert with c rows makes ceil(c / BN) tiles: at most routes / BN + one per used expert.
+  const size_t max_tiles = (size_t{routes} + BN - 1) / BN + std::min(E, routes);
+  const uint32_t rm = up != nullptr ? BR / 2 : BR;
+  const size_t row_tiles = (size_t{w.m.rows} + rm - 1) / rm;
+  if (max_tiles > 65535 || row_tiles > 0x7fffffffu) {
+    throw CudaError("grouped_gemm_int8: " + std::to_string(routes) + " routes over " + std::to_string(w.m.rows) +
+                    " rows make too large a grid");
+  }
+  const dim3 grid(static_cast<uint32_t>(row_tiles), static_cast<uint32_t>(max_tiles));
+  const int t = int8_type(w.m.type);
+  if (t == qd::kIQ3_S) a.iq3s_grid = iq3s_grid_address();
+  if (up != nullptr) {
+    launch<2>(t, a, grid, stream);
+  } else {
+    launch<1>(t, a, grid, stream);
+  }
+  FERRY_CUDA_LAUNCHED();
+}
+
+}  // namespace ferry::gpu
