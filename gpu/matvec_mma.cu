@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <set>
@@ -31,6 +32,7 @@
 #include "gpu/pdl.hpp"
 #include "gpu/quant_device.cuh"
 #include "gpu/swiglu.cuh"
+#include "model/formats/iq_grids.hpp"
 
 namespace ferry::gpu {
 namespace {
@@ -42,61 +44,126 @@ constexpr size_t kMaxSmem = 64 * 1024;
 
 // Shared memory of a block for `tokens` tokens of `units` 32-column units:
 //   B: per token (tok_stride bytes, 64 more than the values so that two tokens' fragment loads of one
-//      quarter-warp fall in different banks), per unit, per lane q 16 bytes: the hi bytes of columns
-//      8q..8q+7 of the unit, then their lo bytes;
+//      quarter-warp fall in different banks), per unit, per lane q 16 bytes: the hi bytes of the
+//      lane's 8 columns of the unit (b[0]'s four, then b[1]'s), then their lo bytes;
 //   scales: per token (units + 1: the pad again), per unit, float2 {amax / 32767, sum of the 32 x};
-//   partial sums: two buffers (steps alternate) x warps x tokens x 16 rows.
+//   partial sums: two buffers (steps alternate) x warps x tokens x 16 rows;
+//   the IQ3_S grid where the type reads it.
 struct Layout {
-  uint32_t units, tokens;
+  uint32_t units, tokens, grid_bytes;
   __host__ __device__ uint32_t tok_stride() const { return units * 64 + 64; }
   __host__ __device__ uint32_t scale_stride() const { return units + 1; }
   __host__ __device__ uint32_t scales_at() const { return tokens * tok_stride(); }
   __host__ __device__ uint32_t partials_at() const { return scales_at() + tokens * scale_stride() * 8; }
-  __host__ __device__ uint32_t bytes() const { return partials_at() + 2 * kWarps * tokens * 16 * 4; }
+  __host__ __device__ uint32_t grid_at() const { return partials_at() + 2 * kWarps * tokens * 16 * 4; }
+  __host__ __device__ uint32_t bytes() const { return grid_at() + grid_bytes; }
 };
 
-// Warps sharing a tile's superblocks: a power of two up to 8, at most the superblocks of a row.
-__host__ __device__ constexpr uint32_t warps_per_tile(uint32_t superblocks) {
-  return superblocks >= 8 ? 8 : superblocks >= 4 ? 4 : superblocks >= 2 ? 2 : 1;
+// Warps sharing a tile's items: a power of two up to 8, at most the items of a row.
+__host__ __device__ constexpr uint32_t warps_per_tile(uint32_t items) {
+  return items >= 8 ? 8 : items >= 4 ? 4 : items >= 2 ? 2 : 1;
 }
 
-// The int32 sums of one 32-column sub-block for the lane's C fragment (rows g, g + 8 x tokens 2q,
-// 2q + 1: s[2r + t]): A holds the lane's weight bytes of rows g and g + 8 for columns 8q..8q+7 of
-// the sub-block (a[0], a[1]: columns 8q..8q+3; a[2], a[3]: 8q+4..8q+7), B token g's activations of
-// the same columns from shared memory.
-template <bool SignedA>
-__device__ __forceinline__ void sub_block_sums(const mma::FragA& A, const unsigned char* xb, uint32_t tok_stride,
-                                               uint32_t unit, uint32_t g, uint32_t q, uint32_t ntok, int (&s)[4]) {
+// What a product reads besides the weights: the quantized x in shared memory, the lane's place in
+// the MMA fragments (g = lane / 4, q = lane % 4), the group's token count, the IQ3_S grid (shared
+// memory) and the IQ4_NL levels as 16 bytes for byte permutes.
+struct Ctx {
+  const unsigned char* xb;
+  const float2* xs;
+  const uint32_t* grid;
+  Layout lay;
+  uint32_t g, q, ntok;
+  uint32_t iq4nl[4];
+};
+struct Tables {
+  const uint32_t* iq3s_grid;
+  uint32_t iq4nl[4];
+};
+
+// Token g's B fragments of unit `unit` (zero past the group's tokens).
+__device__ __forceinline__ void load_b(const Ctx& c, uint32_t unit, mma::FragB& hi, mma::FragB& lo) {
   uint4 v = make_uint4(0, 0, 0, 0);
-  if (g < ntok) v = *reinterpret_cast<const uint4*>(xb + g * tok_stride + unit * 64 + q * 16);
-  const mma::FragB hi{{v.x, v.y}}, lo{{v.z, v.w}};
+  if (c.g < c.ntok) v = *reinterpret_cast<const uint4*>(c.xb + c.g * c.lay.tok_stride() + unit * 64 + c.q * 16);
+  hi = {{v.x, v.y}};
+  lo = {{v.z, v.w}};
+}
+// The int32 sums of A's rows (g, g + 8) with the lane's tokens (2q, 2q + 1): s[2r + t], hi * 256 + lo.
+template <bool SignedA>
+__device__ __forceinline__ void sums(const mma::FragA& A, const mma::FragB& hi, const mma::FragB& lo, int (&s)[4]) {
   mma::FragC ch{{0, 0, 0, 0}}, cl{{0, 0, 0, 0}};
   mma::mma_k32<SignedA, true>(ch, A, hi);
   mma::mma_k32<SignedA, false>(cl, A, lo);
 #pragma unroll
   for (int i = 0; i < 4; ++i) s[i] = ch.r[i] * 256 + cl.r[i];
 }
-
 // Token t's scale and sum of unit `unit`, zero past the group's tokens.
-__device__ __forceinline__ float2 x_scale(const float2* xs, const Layout& lay, uint32_t t, uint32_t unit,
-                                          uint32_t ntok) {
-  return t < ntok ? xs[t * lay.scale_stride() + unit] : make_float2(0.0f, 0.0f);
+__device__ __forceinline__ float2 x_scale(const Ctx& c, uint32_t t, uint32_t unit) {
+  return t < c.ntok ? c.xs[t * c.lay.scale_stride() + unit] : make_float2(0.0f, 0.0f);
 }
 
-// Per type: a superblock's bytes, what a lane loads of it for rows g and g + 8 (Regs, load), and its
-// products for the lane's C fragment added to acc (product).
+// Per type: a superblock's bytes and the items it is read in (one, or Q6_K's two halves), which
+// columns lane q multiplies (kNatural: 4q..4q+3 and 16+4q..16+4q+3 of a unit, MMA k order; else
+// 8q..8q+7), what a lane loads of an item for rows g and g + 8 (Regs, load, clear) and its products
+// for the lane's C fragment added to acc (product). A's registers: a[0] / a[2] row g, the lane's
+// first / second four columns; a[1] / a[3] row g + 8.
 template <int T> struct MmaReader;
 
-// Q4_K: d, dmin (f16), 12 bytes of 6-bit scales and minimums, then 4 chunks of 32 bytes: chunk c's
-// low nibbles are sub-block 2c, its high nibbles sub-block 2c + 1 (byte l: column l of both).
+// Q4_K and Q5_K: d, dmin, 12 bytes of 6-bit scales and minimums (k4_scale_min's rule), sub-block j's
+// 32 columns from chunk j / 2 (low nibbles for even j, high for odd); per sub-block sum(q x) *
+// scale * x's step and minimum * sum(x) in f32, d and dmin once a superblock.
+struct K4Scales {
+  float d[2], dmin[2];
+  uint32_t sc[2][2], mn[2][2];  // byte j of [r][0] / [r][1]: sub-block j / 4 + j of row r
+  __device__ explicit K4Scales(const uint4 (&head)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const uint4 h = head[r];
+      d[r] = qd::h2f(h.x & 0xffff);
+      dmin[r] = qd::h2f(h.x >> 16);
+      sc[r][0] = h.y & 0x3f3f3f3fu;
+      mn[r][0] = h.z & 0x3f3f3f3fu;
+      sc[r][1] = (h.w & 0x0f0f0f0fu) | ((h.y >> 2) & 0x30303030u);
+      mn[r][1] = ((h.w >> 4) & 0x0f0f0f0fu) | ((h.z >> 2) & 0x30303030u);
+    }
+  }
+};
+// a_of(j, A) fills sub-block j's A fragment.
+template <class AOf>
+__device__ __forceinline__ void k4_product(const K4Scales& k, uint32_t sb, const Ctx& c, AOf a_of, float (&acc)[4]) {
+  float sd[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    mma::FragA A;
+    a_of(j, A);
+    const uint32_t unit = 8 * sb + j;
+    mma::FragB hi, lo;
+    load_b(c, unit, hi, lo);
+    int s[4];
+    sums<false>(A, hi, lo, s);
+    const float2 x0 = x_scale(c, 2 * c.q, unit), x1 = x_scale(c, 2 * c.q + 1, unit);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int scale = static_cast<int>((k.sc[r][j >> 2] >> (8 * (j & 3))) & 0xff);
+      const float m = qd::byte_f(k.mn[r][j >> 2], j & 3);
+      // |s| * scale < 31 * 32767 * 32 * 63: no int32 overflow.
+      sd[2 * r] += static_cast<float>(s[2 * r] * scale) * x0.x;
+      sd[2 * r + 1] += static_cast<float>(s[2 * r + 1] * scale) * x1.x;
+      sm[2 * r] += m * x0.y;
+      sm[2 * r + 1] += m * x1.y;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) acc[i] += k.d[i >> 1] * sd[i] - k.dmin[i >> 1] * sm[i];
+}
+
 template <> struct MmaReader<qd::kQ4_K> {
-  static constexpr uint32_t kBlockBytes = 144;
-  static constexpr bool kSignedA = false;
+  static constexpr uint32_t kBlockBytes = 144, kItems = 1;
+  static constexpr bool kNatural = false;
   struct Regs {
-    uint4 head[2];    // bytes 0..15 of rows g, g + 8
-    uint2 qs[2][4];   // bytes 8q..8q+7 of each chunk
+    uint4 head[2];   // bytes 0..15 of rows g, g + 8
+    uint2 qs[2][4];  // bytes 8q..8q+7 of each chunk
   };
-  __device__ static void load(const uint8_t* blk, uint32_t r, uint32_t q, Regs& w) {
+  __device__ static void load(const uint8_t* blk, uint32_t, uint32_t r, uint32_t q, Regs& w) {
     w.head[r] = *reinterpret_cast<const uint4*>(blk);
 #pragma unroll
     for (int c = 0; c < 4; ++c) w.qs[r][c] = *reinterpret_cast<const uint2*>(blk + 16 + 32 * c + 8 * q);
@@ -106,48 +173,256 @@ template <> struct MmaReader<qd::kQ4_K> {
 #pragma unroll
     for (int c = 0; c < 4; ++c) w.qs[r][c] = make_uint2(0, 0);
   }
-  // Superblock sb: per sub-block j, sum(q x) * scale * x's step summed in f32, and minimum * sum(x);
-  // d and dmin once for the superblock.
-  __device__ static void product(const Regs& w, uint32_t sb, const unsigned char* xb, const float2* xs,
-                                 const Layout& lay, uint32_t g, uint32_t q, uint32_t ntok, float (&acc)[4]) {
-    float d[2], dmin[2];
-    uint32_t sc[2][2], mn[2][2];
+  __device__ static void product(const Regs& w, uint32_t sb, uint32_t, const Ctx& c, float (&acc)[4]) {
+    k4_product(K4Scales(w.head), sb, c,
+               [&](int j, mma::FragA& A) {
+                 const int ch = j >> 1, shift = 4 * (j & 1);
+                 A.r[0] = (w.qs[0][ch].x >> shift) & 0x0f0f0f0fu;
+                 A.r[1] = (w.qs[1][ch].x >> shift) & 0x0f0f0f0fu;
+                 A.r[2] = (w.qs[0][ch].y >> shift) & 0x0f0f0f0fu;
+                 A.r[3] = (w.qs[1][ch].y >> shift) & 0x0f0f0f0fu;
+               },
+               acc);
+  }
+};
+
+// Q5_K: Q4_K's nibbles at byte 48, their fifth bits in qh (byte 16): bit j of qh[l] for column l of
+// sub-block j.
+template <> struct MmaReader<qd::kQ5_K> {
+  static constexpr uint32_t kBlockBytes = 176, kItems = 1;
+  static constexpr bool kNatural = false;
+  struct Regs {
+    uint4 head[2];
+    uint2 qh[2];     // qh bytes 8q..8q+7
+    uint2 qs[2][4];
+  };
+  __device__ static void load(const uint8_t* blk, uint32_t, uint32_t r, uint32_t q, Regs& w) {
+    w.head[r] = *reinterpret_cast<const uint4*>(blk);
+    w.qh[r] = *reinterpret_cast<const uint2*>(blk + 16 + 8 * q);
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const uint4 h = w.head[r];
-      d[r] = qd::h2f(h.x & 0xffff);
-      dmin[r] = qd::h2f(h.x >> 16);
-      // Bytes j of sc[r][0] / sc[r][1]: the scales of sub-blocks j / 4 + j (k4_scale_min's rule).
-      sc[r][0] = h.y & 0x3f3f3f3fu;
-      mn[r][0] = h.z & 0x3f3f3f3fu;
-      sc[r][1] = (h.w & 0x0f0f0f0fu) | ((h.y >> 2) & 0x30303030u);
-      mn[r][1] = ((h.w >> 4) & 0x0f0f0f0fu) | ((h.z >> 2) & 0x30303030u);
+    for (int c = 0; c < 4; ++c) w.qs[r][c] = *reinterpret_cast<const uint2*>(blk + 48 + 32 * c + 8 * q);
+  }
+  __device__ static void clear(uint32_t r, Regs& w) {
+    w.head[r] = make_uint4(0, 0, 0, 0);
+    w.qh[r] = make_uint2(0, 0);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) w.qs[r][c] = make_uint2(0, 0);
+  }
+  __device__ static void product(const Regs& w, uint32_t sb, uint32_t, const Ctx& c, float (&acc)[4]) {
+    k4_product(K4Scales(w.head), sb, c,
+               [&](int j, mma::FragA& A) {
+                 const int ch = j >> 1, shift = 4 * (j & 1);
+                 auto v = [&](uint32_t q4, uint32_t h) { return ((q4 >> shift) & 0x0f0f0f0fu) | (((h >> j) & 0x01010101u) << 4); };
+                 A.r[0] = v(w.qs[0][ch].x, w.qh[0].x);
+                 A.r[1] = v(w.qs[1][ch].x, w.qh[1].x);
+                 A.r[2] = v(w.qs[0][ch].y, w.qh[0].y);
+                 A.r[3] = v(w.qs[1][ch].y, w.qh[1].y);
+               },
+               acc);
+  }
+};
+
+// Q6_K, read in halves n (columns 128n..): unit 4n + m's columns l = 0..31 are the low (m < 2) or
+// high nibbles of ql[64n + 32 (m & 1) + l] with bits 2m, 2m + 1 of qh[32n + l] above them, minus 32;
+// one int8 scale a 16 columns (sc[8n + 2m + l / 16]), d last. Natural columns: the lane's first four
+// are in the unit's first 16, its second four in the second, so each half's sum is an MMA over A
+// with the other half's registers zero. Blocks are 210 bytes: 2-byte loads.
+template <> struct MmaReader<qd::kQ6_K> {
+  static constexpr uint32_t kBlockBytes = 210, kItems = 2;
+  static constexpr bool kNatural = true;
+  struct Regs {
+    uint32_t ql[2][4];  // ql[64n + 16i + 4q..] for i = 0..3
+    uint32_t qh[2][2];  // qh[32n + 16i + 4q..] for i = 0, 1
+    uint32_t sc[2][2];  // sc[8n..8n + 7]
+    uint32_t d[2];
+  };
+  __device__ static void load(const uint8_t* blk, uint32_t n, uint32_t r, uint32_t q, Regs& w) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w.ql[r][i] = qd::ld_u32_a2(blk + 64 * n + 16 * i + 4 * q);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      w.qh[r][i] = qd::ld_u32_a2(blk + 128 + 32 * n + 16 * i + 4 * q);
+      w.sc[r][i] = qd::ld_u32_a2(blk + 192 + 8 * n + 4 * i);
     }
-    float sd[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    w.d[r] = qd::ld_u16(blk + 208);
+  }
+  __device__ static void clear(uint32_t r, Regs& w) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int c = j >> 1, shift = 4 * (j & 1);
-      mma::FragA A;
-      A.r[0] = (w.qs[0][c].x >> shift) & 0x0f0f0f0fu;
-      A.r[1] = (w.qs[1][c].x >> shift) & 0x0f0f0f0fu;
-      A.r[2] = (w.qs[0][c].y >> shift) & 0x0f0f0f0fu;
-      A.r[3] = (w.qs[1][c].y >> shift) & 0x0f0f0f0fu;
-      const uint32_t unit = 8 * sb + j;
-      int s[4];
-      sub_block_sums<kSignedA>(A, xb, lay.tok_stride(), unit, g, q, ntok, s);
-      const float2 x0 = x_scale(xs, lay, 2 * q, unit, ntok), x1 = x_scale(xs, lay, 2 * q + 1, unit, ntok);
+    for (int i = 0; i < 4; ++i) w.ql[r][i] = 0;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) w.qh[r][i] = w.sc[r][i] = 0;
+    w.d[r] = 0;
+  }
+  __device__ static void product(const Regs& w, uint32_t sb, uint32_t n, const Ctx& c, float (&acc)[4]) {
+    float sd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      // v[r][h]: row r's four values in half h of unit m (q - 32 bytewise: 6-bit q, so the wrapped
+      // bytes read as int8 are exact).
+      uint32_t v[2][2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int scale = static_cast<int>((sc[r][j >> 2] >> (8 * (j & 3))) & 0xff);
-        const float m = qd::byte_f(mn[r][j >> 2], j & 3);
-        sd[2 * r] += static_cast<float>(s[2 * r] * scale) * x0.x;
-        sd[2 * r + 1] += static_cast<float>(s[2 * r + 1] * scale) * x1.x;
-        sm[2 * r] += m * x0.y;
-        sm[2 * r + 1] += m * x1.y;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t raw = w.ql[r][2 * (m & 1) + h];
+          const uint32_t nib = (m >> 1) ? (raw >> 4) & 0x0f0f0f0fu : raw & 0x0f0f0f0fu;
+          v[r][h] = __vsub4(nib | (((w.qh[r][h] >> (2 * m)) & 0x03030303u) << 4), 0x20202020u);
+        }
+      }
+      const uint32_t unit = 8 * sb + 4 * n + m;
+      mma::FragB hi, lo;
+      load_b(c, unit, hi, lo);
+      const mma::FragA a0{{v[0][0], v[1][0], 0u, 0u}}, a1{{0u, 0u, v[0][1], v[1][1]}};
+      int s0[4], s1[4];
+      sums<true>(a0, hi, lo, s0);
+      sums<true>(a1, hi, lo, s1);
+      const float2 x0 = x_scale(c, 2 * c.q, unit), x1 = x_scale(c, 2 * c.q + 1, unit);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        // Scales 2m and 2m + 1 of the half: bytes 2 (m & 1) and 2 (m & 1) + 1 of word m / 2.
+        const uint32_t word = w.sc[r][m >> 1];
+        const float f0 = static_cast<float>(static_cast<int8_t>((word >> (16 * (m & 1))) & 0xff));
+        const float f1 = static_cast<float>(static_cast<int8_t>((word >> (16 * (m & 1) + 8)) & 0xff));
+        // |s| < 32 * 32767 * 16 < 2^24: exact in f32.
+        sd[2 * r] += (static_cast<float>(s0[2 * r]) * f0 + static_cast<float>(s1[2 * r]) * f1) * x0.x;
+        sd[2 * r + 1] += (static_cast<float>(s0[2 * r + 1]) * f0 + static_cast<float>(s1[2 * r + 1]) * f1) * x1.x;
       }
     }
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[i] += d[i >> 1] * sd[i] - dmin[i >> 1] * sm[i];
+    for (int i = 0; i < 4; ++i) acc[i] += qd::h2f(w.d[i >> 1]) * sd[i];
+  }
+};
+
+// The IQ4_NL levels of the 4 indices in the low nibbles of idx's bytes: levels 0-7 and 8-15 permuted
+// by the low 3 bits, chosen between by bit 3.
+__device__ __forceinline__ uint32_t iq4nl_levels(uint32_t idx, const uint32_t (&t)[4]) {
+  const uint32_t low3 = idx & 0x07070707u;
+  const uint32_t sel = __byte_perm(low3 | (low3 >> 4), 0, 0x0020);
+  const uint32_t lo = __byte_perm(t[0], t[1], sel), hi = __byte_perm(t[2], t[3], sel);
+  const uint32_t high = ((idx >> 3) & 0x01010101u) * 0xffu;
+  return (lo & ~high) | (hi & high);
+}
+
+// IQ4_XS: d, scales_h (u16), scales_l (4 bytes), then sub-block j's columns l < 16 in the low
+// nibbles of qs[16j + l], l >= 16 in the high nibbles of qs[16j + l - 16]: with natural columns a
+// lane's four bytes give both of its fours. One 6-bit scale (minus 32) a sub-block.
+template <> struct MmaReader<qd::kIQ4_XS> {
+  static constexpr uint32_t kBlockBytes = 136, kItems = 1;
+  static constexpr bool kNatural = true;
+  struct Regs {
+    uint2 head[2];       // d | scales_h << 16, scales_l
+    uint32_t qs[2][8];   // qs[16j + 4q..]
+  };
+  __device__ static void load(const uint8_t* blk, uint32_t, uint32_t r, uint32_t q, Regs& w) {
+    w.head[r] = *reinterpret_cast<const uint2*>(blk);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) w.qs[r][j] = *reinterpret_cast<const uint32_t*>(blk + 8 + 16 * j + 4 * q);
+  }
+  __device__ static void clear(uint32_t r, Regs& w) {
+    w.head[r] = make_uint2(0, 0);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) w.qs[r][j] = 0;
+  }
+  __device__ static void product(const Regs& w, uint32_t sb, uint32_t, const Ctx& c, float (&acc)[4]) {
+    float sd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      mma::FragA A;
+      A.r[0] = iq4nl_levels(w.qs[0][j] & 0x0f0f0f0fu, c.iq4nl);
+      A.r[1] = iq4nl_levels(w.qs[1][j] & 0x0f0f0f0fu, c.iq4nl);
+      A.r[2] = iq4nl_levels((w.qs[0][j] >> 4) & 0x0f0f0f0fu, c.iq4nl);
+      A.r[3] = iq4nl_levels((w.qs[1][j] >> 4) & 0x0f0f0f0fu, c.iq4nl);
+      const uint32_t unit = 8 * sb + j;
+      mma::FragB hi, lo;
+      load_b(c, unit, hi, lo);
+      int s[4];
+      sums<true>(A, hi, lo, s);
+      const float2 x0 = x_scale(c, 2 * c.q, unit), x1 = x_scale(c, 2 * c.q + 1, unit);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const uint32_t scales_h = w.head[r].x >> 16, scales_l = w.head[r].y;
+        const int ls = static_cast<int>(((scales_l >> (4 * j)) & 0xf) | (((scales_h >> (2 * j)) & 3) << 4)) - 32;
+        const float f = static_cast<float>(ls);
+        sd[2 * r] += static_cast<float>(s[2 * r]) * f * x0.x;
+        sd[2 * r + 1] += static_cast<float>(s[2 * r + 1]) * f * x1.x;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[i] += qd::h2f(w.head[i >> 1].x & 0xffff) * sd[i];
+  }
+};
+
+// IQ3_S: d, qs (64 bytes), qh (8), signs (32), scales (4). Sub-block j's columns in 8 groups of 4,
+// group k a grid entry (qs[8j + k] and bit k of qh[j]) with the 4 sign bits 4k.. of signs[4j..];
+// a lane's eight columns are groups 2q, 2q + 1. One scale 1 + 2 * nibble a sub-block. Blocks are
+// 110 bytes: 2-byte loads.
+template <> struct MmaReader<qd::kIQ3_S> {
+  static constexpr uint32_t kBlockBytes = 110, kItems = 1;
+  static constexpr bool kNatural = false;
+  struct Regs {
+    uint32_t qs[2][4];     // qs[8j + 2q], qs[8j + 2q + 1] in bytes 2 (j & 1), + 1 of word j / 2
+    uint32_t qh[2][2];     // qh[0..7]
+    uint32_t signs[2][2];  // signs[4j + q] in byte j & 3 of word j / 4
+    uint32_t head[2];      // d | scales[0..1] << 16
+    uint32_t scales[2];    // scales[2..3]
+  };
+  __device__ static void load(const uint8_t* blk, uint32_t, uint32_t r, uint32_t q, Regs& w) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      w.qs[r][i] = qd::ld_u16(blk + 2 + 16 * i + 2 * q) | (qd::ld_u16(blk + 10 + 16 * i + 2 * q) << 16);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      w.qh[r][i] = qd::ld_u32_a2(blk + 66 + 4 * i);
+      const uint8_t* sg = blk + 74 + 16 * i + q;
+      w.signs[r][i] = sg[0] | (sg[4] << 8) | (sg[8] << 16) | (static_cast<uint32_t>(sg[12]) << 24);
+    }
+    w.head[r] = qd::ld_u16(blk) | (qd::ld_u16(blk + 106) << 16);
+    w.scales[r] = qd::ld_u16(blk + 108);
+  }
+  __device__ static void clear(uint32_t r, Regs& w) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w.qs[r][i] = 0;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) w.qh[r][i] = w.signs[r][i] = 0;
+    w.head[r] = w.scales[r] = 0;
+  }
+  __device__ static void product(const Regs& w, uint32_t sb, uint32_t, const Ctx& c, float (&acc)[4]) {
+    float sd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      // v[r][e]: row r's group 2q + e.
+      uint32_t v[2][2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const uint32_t qs2 = (w.qs[r][j >> 1] >> (16 * (j & 1))) & 0xffff;
+        const uint32_t qh = (w.qh[r][j >> 2] >> (8 * (j & 3) + 2 * c.q)) & 3;
+        const uint32_t sg = (w.signs[r][j >> 2] >> (8 * (j & 3))) & 0xff;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const uint32_t entry = c.grid[((qs2 >> (8 * e)) & 0xff) | (((qh >> e) & 1) << 8)];
+          // Sign bit k to byte k, then 0xff in negative bytes: (x ^ 0xff) - 0xff is -x bytewise.
+          const uint32_t neg = ((((sg >> (4 * e)) & 0xf) * 0x00204081u) & 0x01010101u) * 0xffu;
+          v[r][e] = __vsub4(entry ^ neg, neg);
+        }
+      }
+      const mma::FragA A{{v[0][0], v[1][0], v[0][1], v[1][1]}};
+      const uint32_t unit = 8 * sb + j;
+      mma::FragB hi, lo;
+      load_b(c, unit, hi, lo);
+      int s[4];
+      sums<true>(A, hi, lo, s);
+      const float2 x0 = x_scale(c, 2 * c.q, unit), x1 = x_scale(c, 2 * c.q + 1, unit);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const uint32_t nibbles = j < 4 ? w.head[r] >> 16 : w.scales[r];
+        const float f = static_cast<float>(1 + 2 * ((nibbles >> (4 * (j & 3))) & 0xf));
+        sd[2 * r] += static_cast<float>(s[2 * r]) * f * x0.x;
+        sd[2 * r + 1] += static_cast<float>(s[2 * r + 1]) * f * x1.x;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[i] += qd::h2f(w.head[i >> 1] & 0xffff) * sd[i];
   }
 };
 
@@ -177,6 +452,7 @@ __device__ __forceinline__ void read_x16(const MatvecArgs& a, const MatvecPartVi
 // Quantizes the group's tokens into the B layout: a thread 16 values (half of a 32-value unit, its
 // neighbour the other half), with the dp2a kernel's rounding: step amax / 32767 of the unit,
 // round-to-nearest of v * (32767 / amax).
+template <bool kNatural>
 __device__ void quantize_x(const MatvecArgs& a, const MatvecPartView& view, uint32_t g, const int32_t* tok_x,
                            uint32_t ntok, const Layout& lay, unsigned char* smem) {
   const uint32_t K = a.w.cols, pieces = ntok * (K / 16);
@@ -200,6 +476,7 @@ __device__ void quantize_x(const MatvecArgs& a, const MatvecPartView& view, uint
     if (!valid) continue;
     const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
     const uint32_t unit = p / 2, half = p % 2;
+    // hi[k / 4], lo[k / 4]: columns 16 half + k.
     uint32_t hi[4] = {0, 0, 0, 0}, lo[4] = {0, 0, 0, 0};
 #pragma unroll
     for (int k = 0; k < 16; ++k) {
@@ -207,16 +484,30 @@ __device__ void quantize_x(const MatvecArgs& a, const MatvecPartView& view, uint
       hi[k / 4] |= (static_cast<uint32_t>(x >> 8) & 0xffu) << (8 * (k % 4));
       lo[k / 4] |= (static_cast<uint32_t>(x) & 0xffu) << (8 * (k % 4));
     }
-    // Columns 16 * half + 0..7 are lane q = 2 * half's, 8..15 lane 2 * half + 1's.
-    uint4* dst = reinterpret_cast<uint4*>(smem + t * lay.tok_stride() + unit * 64 + half * 32);
-    dst[0] = make_uint4(hi[0], hi[1], lo[0], lo[1]);
-    dst[1] = make_uint4(hi[2], hi[3], lo[2], lo[3]);
+    unsigned char* slots = smem + t * lay.tok_stride() + unit * 64;
+    if constexpr (kNatural) {
+      // Columns 16 half + 4k.. are lane k's b[half].
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        uint32_t* slot = reinterpret_cast<uint32_t*>(slots + 16 * k);
+        slot[half] = hi[k];
+        slot[2 + half] = lo[k];
+      }
+    } else {
+      // Columns 16 half + 0..7 are lane 2 half's, 8..15 lane 2 half + 1's.
+      uint4* dst = reinterpret_cast<uint4*>(slots + half * 32);
+      dst[0] = make_uint4(hi[0], hi[1], lo[0], lo[1]);
+      dst[1] = make_uint4(hi[2], hi[3], lo[2], lo[3]);
+    }
     if (half == 0) xs[t * lay.scale_stride() + unit] = make_float2(amax / 32767.0f, sum + other_sum);
   }
 }
 
+constexpr uint32_t kGridBytes = sizeof(uint32_t) * 512;
+__host__ __device__ constexpr uint32_t grid_bytes(int type) { return type == qd::kIQ3_S ? kGridBytes : 0; }
+
 template <int T>
-__global__ void __launch_bounds__(kThreads, 2) mma_kernel(MatvecArgs a) {
+__global__ void __launch_bounds__(kThreads, 2) mma_kernel(MatvecArgs a, Tables tables) {
   using R = MmaReader<T>;
   extern __shared__ __align__(16) unsigned char smem[];
   // Groups, tokens named on the device and PDL as in the dp2a kernel (gpu/matvec_int16.cu): the
@@ -239,24 +530,24 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(MatvecArgs a) {
     tok_y = a.tok_y + static_cast<size_t>(g) * a.tokens;
   }
   if (a.skip_negative_index && a.w_group_index[g] < 0) return;
-  const uint32_t superblocks = a.w.cols / 256;
-  const Layout lay{a.w.cols / 32, a.tokens};
+  const uint32_t items = a.w.cols / 256 * R::kItems;
+  const Layout lay{a.w.cols / 32, a.tokens, grid_bytes(T)};
   const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, lg = lane >> 2, lq = lane & 3;
-  // Warp `warp` takes superblocks slice, slice + wpt, ... of tile `in_step` of each block step.
-  const uint32_t wpt = warps_per_tile(superblocks), tiles_per_step = kWarps / wpt;
+  // Warp `warp` takes items slice, slice + wpt, ... of tile `in_step` of each block step.
+  const uint32_t wpt = warps_per_tile(items), tiles_per_step = kWarps / wpt;
   const uint32_t in_step = warp / wpt, slice = warp % wpt;
-  const uint32_t mine = (superblocks - slice + wpt - 1) / wpt;
+  const uint32_t mine = (items - slice + wpt - 1) / wpt;
   const MatvecPartView view = matvec_part_view(a, g);
   const uint32_t tiles = (view.rows + 15) / 16;
   auto tile_of = [&](uint32_t step, uint32_t at) { return (bx + step * nb) * tiles_per_step + at; };
   auto load = [&](uint32_t step, uint32_t j, typename R::Regs& w) {
-    const uint32_t row0 = tile_of(step, in_step) * 16 + lg;
-    const size_t col_bytes = static_cast<size_t>(slice + j * wpt) * R::kBlockBytes;
+    const uint32_t row0 = tile_of(step, in_step) * 16 + lg, item = slice + j * wpt;
+    const size_t col_bytes = static_cast<size_t>(item / R::kItems) * R::kBlockBytes;
 #pragma unroll
     for (uint32_t r = 0; r < 2; ++r) {
       const uint32_t row = row0 + 8 * r;
       if (row < view.rows) {
-        R::load(view.w + static_cast<size_t>(row) * a.w.row_bytes + col_bytes, r, lq, w);
+        R::load(view.w + static_cast<size_t>(row) * a.w.row_bytes + col_bytes, item % R::kItems, r, lq, w);
       } else {
         R::clear(r, w);
       }
@@ -265,12 +556,23 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(MatvecArgs a) {
 
   typename R::Regs cur;
   load(0, 0, cur);
+  uint32_t* grid = reinterpret_cast<uint32_t*>(smem + lay.grid_at());
+  if constexpr (T == qd::kIQ3_S) {
+    for (uint32_t i = threadIdx.x; i < kGridBytes / 4; i += kThreads) grid[i] = tables.iq3s_grid[i];
+  }
   if (fixed_weights) pdl_wait();
   pdl_launch_dependents();
-  quantize_x(a, view, g, tok_x, ntok, lay, smem);
+  quantize_x<R::kNatural>(a, view, g, tok_x, ntok, lay, smem);
   __syncthreads();
 
-  const float2* xs = reinterpret_cast<const float2*>(smem + lay.scales_at());
+  const Ctx ctx{smem,
+                reinterpret_cast<const float2*>(smem + lay.scales_at()),
+                grid,
+                lay,
+                lg,
+                lq,
+                ntok,
+                {tables.iq4nl[0], tables.iq4nl[1], tables.iq4nl[2], tables.iq4nl[3]}};
   float* partials = reinterpret_cast<float*>(smem + lay.partials_at());
   auto store = [&](uint32_t row, uint32_t t, float v) {
     const size_t yt = tok_y != nullptr ? static_cast<size_t>(tok_y[t]) : static_cast<size_t>(t);
@@ -285,7 +587,8 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(MatvecArgs a) {
       } else {
         load(step + 1, 0, next);
       }
-      R::product(cur, slice + j * wpt, smem, xs, lay, lg, lq, ntok, acc);
+      const uint32_t item = slice + j * wpt;
+      R::product(cur, item / R::kItems, item % R::kItems, ctx, acc);
       cur = next;
     }
     // acc[2r + t]: row lg + 8r, token 2 lq + t of the tile.
@@ -316,16 +619,25 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(MatvecArgs a) {
   }
 }
 
-void (*kernel_for(model::GgmlType type))(MatvecArgs) {
+using Kernel = void (*)(MatvecArgs, Tables);
+Kernel kernel_for(model::GgmlType type) {
   switch (type) {
     case model::GgmlType::Q4_K: return mma_kernel<qd::kQ4_K>;
+    case model::GgmlType::Q5_K: return mma_kernel<qd::kQ5_K>;
+    case model::GgmlType::Q6_K: return mma_kernel<qd::kQ6_K>;
+    case model::GgmlType::IQ4_XS: return mma_kernel<qd::kIQ4_XS>;
+    case model::GgmlType::IQ3_S: return mma_kernel<qd::kIQ3_S>;
     default: return nullptr;
   }
+}
+uint32_t items_per_superblock(model::GgmlType type) { return type == model::GgmlType::Q6_K ? 2 : 1; }
+Layout layout_of(const MatvecArgs& a) {
+  return {a.w.cols / 32, a.tokens, a.w.type == model::GgmlType::IQ3_S ? kGridBytes : 0};
 }
 
 // The shared-memory opt-in, once a kernel and device; then the blocks an SM holds at `smem` bytes
 // (asked once a device, kernel and size: a decode graph's capture finds them asked by its eager step).
-uint32_t resident_per_sm(void (*kernel)(MatvecArgs), size_t smem) {
+uint32_t resident_per_sm(Kernel kernel, size_t smem) {
   static std::mutex mutex;
   static std::set<std::pair<int, const void*>> opted;
   static std::map<std::tuple<int, const void*, size_t>, uint32_t> cache;
@@ -349,16 +661,22 @@ uint32_t resident_per_sm(void (*kernel)(MatvecArgs), size_t smem) {
 
 bool matvec_mma_applies(const MatvecArgs& a) {
   if (!matvec_quantizes_activations(a)) return false;
-  void (*kernel)(MatvecArgs) = kernel_for(a.w.type);
+  const Kernel kernel = kernel_for(a.w.type);
   return kernel != nullptr && code_built_for(reinterpret_cast<const void*>(kernel), 8) &&
-         Layout{a.w.cols / 32, a.tokens}.bytes() <= kMaxSmem;
+         layout_of(a).bytes() <= kMaxSmem;
 }
 
-void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream) {
+void launch_matvec_mma(const MatvecArgs& a, const uint32_t* iq3s_grid, cudaStream_t stream) {
   if (!matvec_mma_applies(a)) throw CudaError("launch_matvec_mma: no tensor-core kernel for this call");
-  void (*kernel)(MatvecArgs) = kernel_for(a.w.type);
-  const size_t smem = Layout{a.w.cols / 32, a.tokens}.bytes();
-  const uint32_t rows_per_block = 16 * (kWarps / warps_per_tile(a.w.cols / 256));
+  if (a.w.type == model::GgmlType::IQ3_S && iq3s_grid == nullptr) {
+    throw CudaError("launch_matvec_mma: IQ3_S weights need the device grid");
+  }
+  Tables tables{iq3s_grid, {}};
+  std::memcpy(tables.iq4nl, model::kIq4nlValues, sizeof(tables.iq4nl));
+  const Kernel kernel = kernel_for(a.w.type);
+  const size_t smem = layout_of(a).bytes();
+  const uint32_t items = a.w.cols / 256 * items_per_superblock(a.w.type);
+  const uint32_t rows_per_block = 16 * (kWarps / warps_per_tile(items));
   // Enough blocks to fill the device once; each block quantizes its input once and loops over tiles.
   const uint32_t wanted = (matvec_max_rows(a) + rows_per_block - 1) / rows_per_block;
   const uint32_t resident = static_cast<uint32_t>(current_sm_count()) * resident_per_sm(kernel, smem);
@@ -377,7 +695,7 @@ void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream) {
   cfg.stream = stream;
   cudaLaunchAttribute attr{};
   pdl_configure(cfg, attr, reinterpret_cast<const void*>(kernel));
-  FERRY_CUDA(cudaLaunchKernelEx(&cfg, kernel, a));
+  FERRY_CUDA(cudaLaunchKernelEx(&cfg, kernel, a, tables));
   FERRY_CUDA_LAUNCHED();
 }
 

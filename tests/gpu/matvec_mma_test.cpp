@@ -1,8 +1,8 @@
-// The decode matvec on int8 tensor cores (gpu/matvec_mma.cu) against the dp2a kernel it replaces
-// (launch_matvec_dp2a: the same int16 activations and integer sums, so only the f32 order of the
-// scale and minimum terms differs: 1e-5 of the largest |y| of the launch) on every MatvecArgs
-// feature, and against a double-precision CPU dot product at matvec_test's int16 bounds. A timing
-// line (printed, not asserted) for an output-head-sized matrix and a 4096 x 2048 one. Outputs are
+// The decode matvec on int8 tensor cores (gpu/matvec_mma.cu), every type it reads, against the dp2a
+// kernel it replaces (launch_matvec_dp2a: the same int16 activations and integer sums, so only the
+// f32 order of the scale and minimum terms differs: 1e-5 of the largest |y| of the launch) on every
+// MatvecArgs feature, and against a double-precision CPU dot product at matvec_test's int16 bounds. Timing
+// lines (printed, not asserted) for an output-head-sized matrix and 4096 x 2048 ones. Outputs are
 // poisoned (NaN) before each run; a value one kernel writes and the other does not fails.
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -82,19 +82,44 @@ MatvecArgs rebased(const MatvecArgs& a, Outputs& o, float* to) {
   return r;
 }
 enum class Kernel { mma, dp2a };
+void launch(const MatvecArgs& a, Kernel k) {
+  const uint32_t* grid = a.w.type == GgmlType::IQ3_S ? iq3s_grid_address() : nullptr;
+  if (k == Kernel::mma) {
+    launch_matvec_mma(a, grid, nullptr);
+  } else {
+    launch_matvec_dp2a(a, grid, nullptr);
+  }
+}
 std::vector<float> run(const MatvecArgs& a, Outputs& o, Kernel k) {
   DeviceBuffer y(o.floats() * 4);
   EXPECT_EQ(cudaMemset(y.get(), 0xff, o.floats() * 4), cudaSuccess);
   const MatvecArgs r = rebased(a, o, y.as<float>());
-  if (k == Kernel::mma) {
-    launch_matvec_mma(r, nullptr);
-  } else {
-    launch_matvec_dp2a(r, nullptr, nullptr);
-  }
+  launch(r, k);
   std::vector<float> out(o.floats());
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(cudaMemcpy(out.data(), y.get(), o.floats() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
   return out;
+}
+
+// Random bytes of `type` with small finite f16 scales (d, and Q4_K / Q5_K's dmin): quantizing tens of
+// millions of values on the host takes seconds.
+std::vector<uint8_t> random_blocks(GgmlType type, size_t rows, size_t cols) {
+  const auto tr = model::ggml_type_traits(type);
+  const size_t bytes = *model::ggml_bytes(type, rows * cols);
+  std::vector<uint8_t> data(bytes);
+  uint64_t s = 0x9e3779b97f4a7c15ull;
+  for (size_t i = 0; i + 8 <= bytes; i += 8) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    std::memcpy(&data[i], &s, 8);
+  }
+  const size_t d_at = type == GgmlType::Q6_K ? 208 : 0;
+  const bool dmin = type == GgmlType::Q4_K || type == GgmlType::Q5_K;
+  for (size_t b = 0; b < bytes; b += tr.block_bytes) {
+    const uint16_t d = model::f32_to_fp16(0.01f + 0.001f * (b / tr.block_bytes % 64));
+    std::memcpy(&data[b + d_at], &d, 2);
+    if (dmin) std::memcpy(&data[b + 2], &d, 2);
+  }
+  return data;
 }
 
 // Both kernels' outputs: the same values written (NaN where neither writes), within 1e-5 of the
@@ -121,13 +146,13 @@ std::string diff_kernels(const MatvecArgs& a, Outputs& o) {
   return compare(run(a, o, Kernel::mma), run(a, o, Kernel::dp2a));
 }
 
-class MatvecMmaTest : public ::testing::Test {
+class MatvecMmaTest : public ::testing::TestWithParam<GgmlType> {
  protected:
   void SetUp() override {
     if (!have_device()) GTEST_SKIP() << "no CUDA device";
     upload_quant_tables();
     MatvecArgs probe;
-    probe.w.type = GgmlType::Q4_K;
+    probe.w.type = GetParam();
     probe.w.cols = 256;
     probe.w.rows = 16;
     if (!matvec_mma_applies(probe)) GTEST_SKIP() << "no sm80+ code of the tensor-core kernel on this device";
@@ -136,13 +161,14 @@ class MatvecMmaTest : public ::testing::Test {
 
 // Plain launches of every token count that takes the int16 path: rows off the 16-row tiles, rows of
 // 1..16 superblocks (1, 2, 4 and 8 warps a tile, some warps with one superblock more than others).
-TEST_F(MatvecMmaTest, MatchesTheDp2aKernelAndTheCpu) {
-  std::mt19937 rng(515);
+TEST_P(MatvecMmaTest, MatchesTheDp2aKernelAndTheCpu) {
+  const GgmlType type = GetParam();
+  std::mt19937 rng(515 + static_cast<int>(type));
   const std::pair<size_t, size_t> shapes[] = {{5, 256},    {301, 256},  {301, 512}, {301, 768},
                                               {301, 1536}, {140, 2048}, {70, 2560}, {77, 4096}};
   for (const auto& [rows, cols] : shapes) {
-    Matrix w = random_matrix(GgmlType::Q4_K, rows, cols, rng);
-    const auto wf = dequant(GgmlType::Q4_K, w.data, rows * cols);
+    Matrix w = random_matrix(type, rows, cols, rng);
+    const auto wf = dequant(type, w.data, rows * cols);
     for (uint32_t tokens = 1; tokens <= kMaxMatvecTokens; ++tokens) {
       const auto x = normal(tokens * cols, rng);
       DeviceBuffer dx = to_device(x);
@@ -181,15 +207,17 @@ TEST_F(MatvecMmaTest, MatchesTheDp2aKernelAndTheCpu) {
 
 // Matrices of more tiles than the blocks of one wave: blocks loop over their steps (and the partial
 // sums' two buffers alternate).
-TEST_F(MatvecMmaTest, BlocksLoopOverManyTiles) {
-  std::mt19937 rng(61);
+TEST_P(MatvecMmaTest, BlocksLoopOverManyTiles) {
+  const GgmlType type = GetParam();
+  std::mt19937 rng(61 + static_cast<int>(type));
   for (const auto& [rows, cols] : {std::pair<size_t, size_t>{40000, 256}, {9001, 1024}, {5000, 4096}}) {
-    Matrix w = random_matrix(GgmlType::Q4_K, rows, cols, rng);
+    DeviceBuffer dw = to_device(random_blocks(type, rows, cols));
+    const size_t row_bytes = *model::ggml_bytes(type, cols);
     for (uint32_t tokens : {1u, 3u, 8u}) {
       const auto x = normal(tokens * cols, rng);
       DeviceBuffer dx = to_device(x);
       MatvecArgs a;
-      a.w = w.m;
+      a.w = {type, dw.as<uint8_t>(), static_cast<uint32_t>(rows), static_cast<uint32_t>(cols), row_bytes};
       a.x = dx.as<float>();
       a.x_tok_stride = cols;
       Outputs o(tokens * rows);
@@ -204,11 +232,12 @@ TEST_F(MatvecMmaTest, BlocksLoopOverManyTiles) {
 
 // Experts by index (x per token, two experts a token), a skipped group, SwiGLU inputs, parts with
 // their own rows, inputs and strides, pointer tables, tokens named on the device.
-TEST_F(MatvecMmaTest, EveryMatvecArgsFeatureMatchesTheDp2aKernel) {
-  std::mt19937 rng(8);
+TEST_P(MatvecMmaTest, EveryMatvecArgsFeatureMatchesTheDp2aKernel) {
+  const GgmlType type = GetParam();
+  std::mt19937 rng(8 + static_cast<int>(type));
   const size_t rows = 40, cols = 1024, mats = 5;
-  Matrix w = random_matrix(GgmlType::Q4_K, rows * mats, cols, rng);
-  Matrix w2 = random_matrix(GgmlType::Q4_K, rows * mats, cols, rng);
+  Matrix w = random_matrix(type, rows * mats, cols, rng);
+  Matrix w2 = random_matrix(type, rows * mats, cols, rng);
   const std::vector<int32_t> ids = {4, 1, 0, 4, -1, 3};
   const uint32_t k = 2, groups = 6;
   std::vector<const uint8_t*> ptrs(mats);
@@ -286,35 +315,26 @@ TEST_F(MatvecMmaTest, EveryMatvecArgsFeatureMatchesTheDp2aKernel) {
   ASSERT_EQ(diff_kernels(n, o), "") << "tokens named on the device";
 }
 
-// Timing lines: an output-head-sized matrix (154,880 x 4,096 Q4_K, 357 MB) and 4,096 x 2,048, 1 and 2
-// tokens, both kernels; GB/s of weights read against the copy bandwidth (read + write). Printed,
-// not asserted; the outputs of the two kernels are compared as above.
-TEST_F(MatvecMmaTest, TimingLines) {
+// Timing lines: 4,096 x 2,048 of the type, and for Q4_K an output-head-sized matrix (154,880 x 4,096,
+// 357 MB); 1 and 2 tokens, both kernels; GB/s of weights read against the copy bandwidth (read +
+// write). Printed, not asserted; the outputs of the two kernels are compared as above.
+TEST_P(MatvecMmaTest, TimingLines) {
+  const GgmlType type = GetParam();
   int dev = 0;
   ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
-  const double copy = measure_copy_bandwidth(dev, 256ull << 20, 5);
-  std::printf("[ timing ] copy bandwidth %.0f GB/s\n", copy / 1e9);
-  for (const auto& [rows, cols] : {std::pair<size_t, size_t>{154880, 4096}, {4096, 2048}}) {
-    // Random bytes with small finite d and dmin: quantizing 634M values on the host takes too long.
-    const size_t row_bytes = *model::ggml_bytes(GgmlType::Q4_K, cols), bytes = rows * row_bytes;
-    std::vector<uint8_t> data(bytes);
-    uint64_t s = 0x9e3779b97f4a7c15ull;
-    for (size_t i = 0; i + 8 <= bytes; i += 8) {
-      s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-      std::memcpy(&data[i], &s, 8);
-    }
-    for (size_t b = 0; b < bytes; b += 144) {
-      const uint16_t d = model::f32_to_fp16(0.01f + 0.001f * (b / 144 % 64));
-      std::memcpy(&data[b], &d, 2);
-      std::memcpy(&data[b + 2], &d, 2);
-    }
-    DeviceBuffer dw = to_device(data);
+  static const double copy = measure_copy_bandwidth(dev, 256ull << 20, 5);
+  if (type == GgmlType::Q4_K) std::printf("[ timing ] copy bandwidth %.0f GB/s\n", copy / 1e9);
+  std::vector<std::pair<size_t, size_t>> shapes = {{4096, 2048}};
+  if (type == GgmlType::Q4_K) shapes.insert(shapes.begin(), {154880, 4096});
+  for (const auto& [rows, cols] : shapes) {
+    const size_t row_bytes = *model::ggml_bytes(type, cols), bytes = rows * row_bytes;
+    DeviceBuffer dw = to_device(random_blocks(type, rows, cols));
     std::mt19937 rng(3);
     const auto x = normal(2 * cols, rng);
     DeviceBuffer dx = to_device(x);
     for (uint32_t tokens : {1u, 2u}) {
       MatvecArgs a;
-      a.w = {GgmlType::Q4_K, dw.as<uint8_t>(), static_cast<uint32_t>(rows), static_cast<uint32_t>(cols), row_bytes};
+      a.w = {type, dw.as<uint8_t>(), static_cast<uint32_t>(rows), static_cast<uint32_t>(cols), row_bytes};
       a.x = dx.as<float>();
       a.x_tok_stride = cols;
       Outputs o(tokens * rows);
@@ -326,20 +346,13 @@ TEST_F(MatvecMmaTest, TimingLines) {
       const MatvecArgs r = rebased(a, o, y.as<float>());
       double us[2];
       for (Kernel k : {Kernel::mma, Kernel::dp2a}) {
-        auto once = [&] {
-          if (k == Kernel::mma) {
-            launch_matvec_mma(r, nullptr);
-          } else {
-            launch_matvec_dp2a(r, nullptr, nullptr);
-          }
-        };
-        for (int i = 0; i < 3; ++i) once();
+        for (int i = 0; i < 3; ++i) launch(r, k);
         cudaEvent_t e0, e1;
         ASSERT_EQ(cudaEventCreate(&e0), cudaSuccess);
         ASSERT_EQ(cudaEventCreate(&e1), cudaSuccess);
         const int reps = rows > 100000 ? 20 : 200;
         ASSERT_EQ(cudaEventRecord(e0), cudaSuccess);
-        for (int i = 0; i < reps; ++i) once();
+        for (int i = 0; i < reps; ++i) launch(r, k);
         ASSERT_EQ(cudaEventRecord(e1), cudaSuccess);
         ASSERT_EQ(cudaEventSynchronize(e1), cudaSuccess);
         float ms = 0;
@@ -348,13 +361,19 @@ TEST_F(MatvecMmaTest, TimingLines) {
         cudaEventDestroy(e1);
         us[k == Kernel::mma ? 0 : 1] = 1e3 * ms / reps;
       }
-      std::printf("[ timing ] Q4_K %zu x %zu, %u token(s): mma %.1f us (%.0f GB/s, %.0f%% of copy), dp2a %.1f us "
-                  "(%.0f GB/s, %.0f%%)\n",
-                  rows, cols, tokens, us[0], bytes / us[0] / 1e3, 100.0 * bytes / us[0] / 1e3 / (copy / 1e9), us[1],
-                  bytes / us[1] / 1e3, 100.0 * bytes / us[1] / 1e3 / (copy / 1e9));
+      const double gbs_mma = bytes / us[0] / 1e3, gbs_dp2a = bytes / us[1] / 1e3;
+      const std::string name(model::ggml_type_traits(type).name);
+      std::printf("[ timing ] %s %zu x %zu, %u tok: mma %.1f us %.0f GB/s %.0f%% of copy; dp2a %.1f us %.0f GB/s %.0f%%\n",
+                  name.c_str(), rows, cols, tokens, us[0], gbs_mma, 100.0 * gbs_mma / (copy / 1e9),
+                  us[1], gbs_dp2a, 100.0 * gbs_dp2a / (copy / 1e9));
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Types, MatvecMmaTest,
+                         ::testing::Values(GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS,
+                                           GgmlType::IQ3_S),
+                         [](const auto& info) { return std::string(model::ggml_type_traits(info.param).name); });
 
 }  // namespace
 }  // namespace ferry::gpu
