@@ -5,9 +5,10 @@
 // (gpu/mma_int8.cuh) multiplies a 16-row x 32-column tile of weights, their quantized bytes as they
 // lie (A), by the launch's tokens (B: up to 8 columns, unused ones zero); each int16 activation is
 // hi (s8) * 256 + lo (u8), two exact MMAs, so the int32 sum of a 32-weight sub-block is the dp2a
-// kernel's, and only the f32 order of the scale and minimum terms differs. The activations are
-// quantized as the dp2a kernel does (one scale a 32 values, amax / 32767; the f32 sums of the
-// values for the minimum terms) into shared memory in B's fragment order.
+// kernel's, and only the f32 order of the scale terms differs; Q4_K's and Q5_K's minimum terms (a
+// superblock's 8 minimums times the f32 sums of x) are one more MMA over tf32, the sums split into
+// two tf32 parts (~22 bits). The activations are quantized as the dp2a kernel does (one scale a 32
+// values, amax / 32767) into shared memory in B's fragment order.
 //
 // Work: a warp's step is 16 rows x one 256-column superblock, its loads (8-byte pieces: a lane holds
 // rows g and g + 8 of an MMA tile, at the same columns) requested one step ahead. The warps of a
@@ -39,22 +40,27 @@ namespace {
 
 constexpr uint32_t kWarps = 8, kThreads = kWarps * 32;
 // Dynamic shared memory the kernels are allowed (the opt-in above 48 KiB, sm80+): what the largest
-// call that takes the int16 path needs here (8 tokens of 2,432 columns: ~52 KiB) fits.
+// call that takes the int16 path needs here (8 tokens of 2,304 IQ3_S columns: ~54 KiB) fits.
 constexpr size_t kMaxSmem = 64 * 1024;
 
 // Shared memory of a block for `tokens` tokens of `units` 32-column units:
 //   B: per token (tok_stride bytes, 64 more than the values so that two tokens' fragment loads of one
 //      quarter-warp fall in different banks), per unit, per lane q 16 bytes: the hi bytes of the
 //      lane's 8 columns of the unit (b[0]'s four, then b[1]'s), then their lo bytes;
-//   scales: per token (units + 1: the pad again), per unit, float2 {amax / 32767, sum of the 32 x};
+//   steps: per token (units + 1: the pad again), per unit, amax / 32767;
+//   sums (for the K-quant minimum terms, a tf32 MMA's B): per token (an odd number of 64 bytes: the
+//      pad again), per superblock, per lane q 16 bytes: the sums of the 32 x of units q and q + 4 as
+//      tf32 hi parts, then the lo parts (the remainders, tf32);
 //   partial sums: two buffers (steps alternate) x warps x tokens x 16 rows;
 //   the IQ3_S grid where the type reads it.
 struct Layout {
   uint32_t units, tokens, grid_bytes;
   __host__ __device__ uint32_t tok_stride() const { return units * 64 + 64; }
-  __host__ __device__ uint32_t scale_stride() const { return units + 1; }
-  __host__ __device__ uint32_t scales_at() const { return tokens * tok_stride(); }
-  __host__ __device__ uint32_t partials_at() const { return scales_at() + tokens * scale_stride() * 8; }
+  __host__ __device__ uint32_t step_stride() const { return units + 1; }
+  __host__ __device__ uint32_t sum_stride() const { return (units / 8 | 1) * 64; }
+  __host__ __device__ uint32_t steps_at() const { return tokens * tok_stride(); }
+  __host__ __device__ uint32_t sums_at() const { return steps_at() + (tokens * step_stride() * 4 + 15) / 16 * 16; }
+  __host__ __device__ uint32_t partials_at() const { return sums_at() + tokens * sum_stride(); }
   __host__ __device__ uint32_t grid_at() const { return partials_at() + 2 * kWarps * tokens * 16 * 4; }
   __host__ __device__ uint32_t bytes() const { return grid_at() + grid_bytes; }
 };
@@ -69,7 +75,8 @@ __host__ __device__ constexpr uint32_t warps_per_tile(uint32_t items) {
 // memory) and the IQ4_NL levels as 16 bytes for byte permutes.
 struct Ctx {
   const unsigned char* xb;
-  const float2* xs;
+  const float* steps;
+  const unsigned char* sums;
   const uint32_t* grid;
   Layout lay;
   uint32_t g, q, ntok;
@@ -80,37 +87,96 @@ struct Tables {
   uint32_t iq4nl[4];
 };
 
-// Token g's B fragments of unit `unit` (zero past the group's tokens).
+// Token g's B fragments of unit `unit`. Columns past the group's tokens read its last token: their
+// sums are never stored, and each column's sums are its own, so no register is zeroed for them.
 __device__ __forceinline__ void load_b(const Ctx& c, uint32_t unit, mma::FragB& hi, mma::FragB& lo) {
-  uint4 v = make_uint4(0, 0, 0, 0);
-  if (c.g < c.ntok) v = *reinterpret_cast<const uint4*>(c.xb + c.g * c.lay.tok_stride() + unit * 64 + c.q * 16);
+  const uint4 v = *reinterpret_cast<const uint4*>(c.xb + min(c.g, c.ntok - 1) * c.lay.tok_stride() + unit * 64 +
+                                                  c.q * 16);
   hi = {{v.x, v.y}};
   lo = {{v.z, v.w}};
+}
+// d = a * b with a zero C operand (RZ in the instruction: no registers zeroed for it), the
+// signedness of mma::mma_k32.
+template <bool SignedA, bool SignedB>
+__device__ __forceinline__ void mma_k32_zero_c(mma::FragC& d, const mma::FragA& a, const mma::FragB& b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define FERRY_MMA_K32_ZERO_C(AT, BT)                                                                  \
+  asm("mma.sync.aligned.m16n8k32.row.col.s32." AT "." BT ".s32 "                                    \
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};"                         \
+      : "=r"(d.r[0]), "=r"(d.r[1]), "=r"(d.r[2]), "=r"(d.r[3])                                      \
+      : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[0]), "r"(b.r[1]), "r"(0))
+  if constexpr (SignedA && SignedB) {
+    FERRY_MMA_K32_ZERO_C("s8", "s8");
+  } else if constexpr (SignedA) {
+    FERRY_MMA_K32_ZERO_C("s8", "u8");
+  } else if constexpr (SignedB) {
+    FERRY_MMA_K32_ZERO_C("u8", "s8");
+  } else {
+    FERRY_MMA_K32_ZERO_C("u8", "u8");
+  }
+#undef FERRY_MMA_K32_ZERO_C
+#else
+  (void)d;
+  (void)a;
+  (void)b;
+  __trap();
+#endif
 }
 // The int32 sums of A's rows (g, g + 8) with the lane's tokens (2q, 2q + 1): s[2r + t], hi * 256 + lo.
 template <bool SignedA>
 __device__ __forceinline__ void sums(const mma::FragA& A, const mma::FragB& hi, const mma::FragB& lo, int (&s)[4]) {
-  mma::FragC ch{{0, 0, 0, 0}}, cl{{0, 0, 0, 0}};
-  mma::mma_k32<SignedA, true>(ch, A, hi);
-  mma::mma_k32<SignedA, false>(cl, A, lo);
+  mma::FragC ch, cl;
+  mma_k32_zero_c<SignedA, true>(ch, A, hi);
+  mma_k32_zero_c<SignedA, false>(cl, A, lo);
 #pragma unroll
   for (int i = 0; i < 4; ++i) s[i] = ch.r[i] * 256 + cl.r[i];
 }
-// Token t's scale and sum of unit `unit`, zero past the group's tokens.
-__device__ __forceinline__ float2 x_scale(const Ctx& c, uint32_t t, uint32_t unit) {
-  return t < c.ntok ? c.xs[t * c.lay.scale_stride() + unit] : make_float2(0.0f, 0.0f);
+// Token t's step of unit `unit` (past the group's tokens its last token's, as load_b).
+__device__ __forceinline__ float x_step(const Ctx& c, uint32_t t, uint32_t unit) {
+  return c.steps[min(t, c.ntok - 1) * c.lay.step_stride() + unit];
+}
+
+// d = a * b + c over tf32 (m16n8k8, f32 sums): a[0] / a[1] rows g / g + 8 and a[2] / a[3] the same
+// rows at a second k, b[0] / b[1] column g at those two k; d as mma_k32's C.
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint4& b_pair, bool lo) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t b0 = lo ? b_pair.z : b_pair.x, b1 = lo ? b_pair.w : b_pair.y;
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  (void)d;
+  (void)a;
+  (void)b_pair;
+  (void)lo;
+  __trap();
+#endif
+}
+// x rounded to tf32 (nearest, ties away), as an f32.
+__device__ __forceinline__ float tf32_round(float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return __uint_as_float(r);
+#else
+  __trap();
+  return x;
+#endif
 }
 
 // Per type: a superblock's bytes and the items it is read in (one, or Q6_K's two halves), which
 // columns lane q multiplies (kNatural: 4q..4q+3 and 16+4q..16+4q+3 of a unit, MMA k order; else
-// 8q..8q+7), what a lane loads of an item for rows g and g + 8 (Regs, load, clear) and its products
+// 8q..8q+7), what a lane loads of an item for rows g and g + 8 (Regs, load) and its products
 // for the lane's C fragment added to acc (product). A's registers: a[0] / a[2] row g, the lane's
 // first / second four columns; a[1] / a[3] row g + 8.
 template <int T> struct MmaReader;
 
 // Q4_K and Q5_K: d, dmin, 12 bytes of 6-bit scales and minimums (k4_scale_min's rule), sub-block j's
 // 32 columns from chunk j / 2 (low nibbles for even j, high for odd); per sub-block sum(q x) *
-// scale * x's step and minimum * sum(x) in f32, d and dmin once a superblock.
+// scale * x's step in f32; the minimum terms sum(minimum * sum(x)) over the 8 sub-blocks as one tf32
+// MMA (the minimums are small integers, the sums split into two tf32 parts: ~22 bits of each); d
+// and dmin once a superblock.
 struct K4Scales {
   float d[2], dmin[2];
   uint32_t sc[2][2], mn[2][2];  // byte j of [r][0] / [r][1]: sub-block j / 4 + j of row r
@@ -130,7 +196,7 @@ struct K4Scales {
 // a_of(j, A) fills sub-block j's A fragment.
 template <class AOf>
 __device__ __forceinline__ void k4_product(const K4Scales& k, uint32_t sb, const Ctx& c, AOf a_of, float (&acc)[4]) {
-  float sd[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float sd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     mma::FragA A;
@@ -140,18 +206,23 @@ __device__ __forceinline__ void k4_product(const K4Scales& k, uint32_t sb, const
     load_b(c, unit, hi, lo);
     int s[4];
     sums<false>(A, hi, lo, s);
-    const float2 x0 = x_scale(c, 2 * c.q, unit), x1 = x_scale(c, 2 * c.q + 1, unit);
+    const float x0 = x_step(c, 2 * c.q, unit), x1 = x_step(c, 2 * c.q + 1, unit);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int scale = static_cast<int>((k.sc[r][j >> 2] >> (8 * (j & 3))) & 0xff);
-      const float m = qd::byte_f(k.mn[r][j >> 2], j & 3);
       // |s| * scale < 31 * 32767 * 32 * 63: no int32 overflow.
-      sd[2 * r] += static_cast<float>(s[2 * r] * scale) * x0.x;
-      sd[2 * r + 1] += static_cast<float>(s[2 * r + 1] * scale) * x1.x;
-      sm[2 * r] += m * x0.y;
-      sm[2 * r + 1] += m * x1.y;
+      sd[2 * r] += static_cast<float>(s[2 * r] * scale) * x0;
+      sd[2 * r + 1] += static_cast<float>(s[2 * r + 1] * scale) * x1;
     }
   }
+  // A: the minimums of sub-blocks q (a[0], a[1]) and q + 4 (a[2], a[3]); B: token g's sums of them.
+  const uint32_t am[4] = {__float_as_uint(qd::byte_f(k.mn[0][0], c.q)), __float_as_uint(qd::byte_f(k.mn[1][0], c.q)),
+                          __float_as_uint(qd::byte_f(k.mn[0][1], c.q)), __float_as_uint(qd::byte_f(k.mn[1][1], c.q))};
+  const uint4 bm = *reinterpret_cast<const uint4*>(c.sums + min(c.g, c.ntok - 1) * c.lay.sum_stride() + sb * 64 +
+                                                   c.q * 16);
+  float sm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  mma_tf32(sm, am, bm, false);
+  mma_tf32(sm, am, bm, true);
 #pragma unroll
   for (int i = 0; i < 4; ++i) acc[i] += k.d[i >> 1] * sd[i] - k.dmin[i >> 1] * sm[i];
 }
@@ -167,11 +238,6 @@ template <> struct MmaReader<qd::kQ4_K> {
     w.head[r] = *reinterpret_cast<const uint4*>(blk);
 #pragma unroll
     for (int c = 0; c < 4; ++c) w.qs[r][c] = *reinterpret_cast<const uint2*>(blk + 16 + 32 * c + 8 * q);
-  }
-  __device__ static void clear(uint32_t r, Regs& w) {
-    w.head[r] = make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int c = 0; c < 4; ++c) w.qs[r][c] = make_uint2(0, 0);
   }
   __device__ static void product(const Regs& w, uint32_t sb, uint32_t, const Ctx& c, float (&acc)[4]) {
     k4_product(K4Scales(w.head), sb, c,
@@ -201,12 +267,6 @@ template <> struct MmaReader<qd::kQ5_K> {
     w.qh[r] = *reinterpret_cast<const uint2*>(blk + 16 + 8 * q);
 #pragma unroll
     for (int c = 0; c < 4; ++c) w.qs[r][c] = *reinterpret_cast<const uint2*>(blk + 48 + 32 * c + 8 * q);
-  }
-  __device__ static void clear(uint32_t r, Regs& w) {
-    w.head[r] = make_uint4(0, 0, 0, 0);
-    w.qh[r] = make_uint2(0, 0);
-#pragma unroll
-    for (int c = 0; c < 4; ++c) w.qs[r][c] = make_uint2(0, 0);
   }
   __device__ static void product(const Regs& w, uint32_t sb, uint32_t, const Ctx& c, float (&acc)[4]) {
     k4_product(K4Scales(w.head), sb, c,
@@ -246,13 +306,6 @@ template <> struct MmaReader<qd::kQ6_K> {
     }
     w.d[r] = qd::ld_u16(blk + 208);
   }
-  __device__ static void clear(uint32_t r, Regs& w) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) w.ql[r][i] = 0;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) w.qh[r][i] = w.sc[r][i] = 0;
-    w.d[r] = 0;
-  }
   __device__ static void product(const Regs& w, uint32_t sb, uint32_t n, const Ctx& c, float (&acc)[4]) {
     float sd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -276,7 +329,7 @@ template <> struct MmaReader<qd::kQ6_K> {
       int s0[4], s1[4];
       sums<true>(a0, hi, lo, s0);
       sums<true>(a1, hi, lo, s1);
-      const float2 x0 = x_scale(c, 2 * c.q, unit), x1 = x_scale(c, 2 * c.q + 1, unit);
+      const float x0 = x_step(c, 2 * c.q, unit), x1 = x_step(c, 2 * c.q + 1, unit);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         // Scales 2m and 2m + 1 of the half: bytes 2 (m & 1) and 2 (m & 1) + 1 of word m / 2.
@@ -284,8 +337,8 @@ template <> struct MmaReader<qd::kQ6_K> {
         const float f0 = static_cast<float>(static_cast<int8_t>((word >> (16 * (m & 1))) & 0xff));
         const float f1 = static_cast<float>(static_cast<int8_t>((word >> (16 * (m & 1) + 8)) & 0xff));
         // |s| < 32 * 32767 * 16 < 2^24: exact in f32.
-        sd[2 * r] += (static_cast<float>(s0[2 * r]) * f0 + static_cast<float>(s1[2 * r]) * f1) * x0.x;
-        sd[2 * r + 1] += (static_cast<float>(s0[2 * r + 1]) * f0 + static_cast<float>(s1[2 * r + 1]) * f1) * x1.x;
+        sd[2 * r] += (static_cast<float>(s0[2 * r]) * f0 + static_cast<float>(s1[2 * r]) * f1) * x0;
+        sd[2 * r + 1] += (static_cast<float>(s0[2 * r + 1]) * f0 + static_cast<float>(s1[2 * r + 1]) * f1) * x1;
       }
     }
 #pragma unroll
@@ -318,11 +371,6 @@ template <> struct MmaReader<qd::kIQ4_XS> {
 #pragma unroll
     for (int j = 0; j < 8; ++j) w.qs[r][j] = *reinterpret_cast<const uint32_t*>(blk + 8 + 16 * j + 4 * q);
   }
-  __device__ static void clear(uint32_t r, Regs& w) {
-    w.head[r] = make_uint2(0, 0);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) w.qs[r][j] = 0;
-  }
   __device__ static void product(const Regs& w, uint32_t sb, uint32_t, const Ctx& c, float (&acc)[4]) {
     float sd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -337,14 +385,14 @@ template <> struct MmaReader<qd::kIQ4_XS> {
       load_b(c, unit, hi, lo);
       int s[4];
       sums<true>(A, hi, lo, s);
-      const float2 x0 = x_scale(c, 2 * c.q, unit), x1 = x_scale(c, 2 * c.q + 1, unit);
+      const float x0 = x_step(c, 2 * c.q, unit), x1 = x_step(c, 2 * c.q + 1, unit);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const uint32_t scales_h = w.head[r].x >> 16, scales_l = w.head[r].y;
         const int ls = static_cast<int>(((scales_l >> (4 * j)) & 0xf) | (((scales_h >> (2 * j)) & 3) << 4)) - 32;
         const float f = static_cast<float>(ls);
-        sd[2 * r] += static_cast<float>(s[2 * r]) * f * x0.x;
-        sd[2 * r + 1] += static_cast<float>(s[2 * r + 1]) * f * x1.x;
+        sd[2 * r] += static_cast<float>(s[2 * r]) * f * x0;
+        sd[2 * r + 1] += static_cast<float>(s[2 * r + 1]) * f * x1;
       }
     }
 #pragma unroll
@@ -380,13 +428,6 @@ template <> struct MmaReader<qd::kIQ3_S> {
     w.head[r] = qd::ld_u16(blk) | (qd::ld_u16(blk + 106) << 16);
     w.scales[r] = qd::ld_u16(blk + 108);
   }
-  __device__ static void clear(uint32_t r, Regs& w) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) w.qs[r][i] = 0;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) w.qh[r][i] = w.signs[r][i] = 0;
-    w.head[r] = w.scales[r] = 0;
-  }
   __device__ static void product(const Regs& w, uint32_t sb, uint32_t, const Ctx& c, float (&acc)[4]) {
     float sd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -412,13 +453,13 @@ template <> struct MmaReader<qd::kIQ3_S> {
       load_b(c, unit, hi, lo);
       int s[4];
       sums<true>(A, hi, lo, s);
-      const float2 x0 = x_scale(c, 2 * c.q, unit), x1 = x_scale(c, 2 * c.q + 1, unit);
+      const float x0 = x_step(c, 2 * c.q, unit), x1 = x_step(c, 2 * c.q + 1, unit);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const uint32_t nibbles = j < 4 ? w.head[r] >> 16 : w.scales[r];
         const float f = static_cast<float>(1 + 2 * ((nibbles >> (4 * (j & 3))) & 0xf));
-        sd[2 * r] += static_cast<float>(s[2 * r]) * f * x0.x;
-        sd[2 * r + 1] += static_cast<float>(s[2 * r + 1]) * f * x1.x;
+        sd[2 * r] += static_cast<float>(s[2 * r]) * f * x0;
+        sd[2 * r + 1] += static_cast<float>(s[2 * r + 1]) * f * x1;
       }
     }
 #pragma unroll
@@ -456,7 +497,7 @@ template <bool kNatural>
 __device__ void quantize_x(const MatvecArgs& a, const MatvecPartView& view, uint32_t g, const int32_t* tok_x,
                            uint32_t ntok, const Layout& lay, unsigned char* smem) {
   const uint32_t K = a.w.cols, pieces = ntok * (K / 16);
-  float2* xs = reinterpret_cast<float2*>(smem + lay.scales_at());
+  float* steps = reinterpret_cast<float*>(smem + lay.steps_at());
   for (uint32_t base = 0; base < pieces; base += kThreads) {
     const uint32_t i = base + threadIdx.x;
     const bool valid = i < pieces;
@@ -499,7 +540,14 @@ __device__ void quantize_x(const MatvecArgs& a, const MatvecPartView& view, uint
       dst[0] = make_uint4(hi[0], hi[1], lo[0], lo[1]);
       dst[1] = make_uint4(hi[2], hi[3], lo[2], lo[3]);
     }
-    if (half == 0) xs[t * lay.scale_stride() + unit] = make_float2(amax / 32767.0f, sum + other_sum);
+    if (half == 0) {
+      steps[t * lay.step_stride() + unit] = amax / 32767.0f;
+      const float total = sum + other_sum, hi_part = tf32_round(total);
+      const uint32_t j = unit % 8;
+      float* slot = reinterpret_cast<float*>(smem + lay.sums_at() + t * lay.sum_stride() + unit / 8 * 64 + (j % 4) * 16);
+      slot[j / 4] = hi_part;
+      slot[2 + j / 4] = tf32_round(total - hi_part);
+    }
   }
 }
 
@@ -540,22 +588,30 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(MatvecArgs a, Tables t
   const MatvecPartView view = matvec_part_view(a, g);
   const uint32_t tiles = (view.rows + 15) / 16;
   auto tile_of = [&](uint32_t step, uint32_t at) { return (bx + step * nb) * tiles_per_step + at; };
-  auto load = [&](uint32_t step, uint32_t j, typename R::Regs& w) {
-    const uint32_t row0 = tile_of(step, in_step) * 16 + lg, item = slice + j * wpt;
-    const size_t col_bytes = static_cast<size_t>(item / R::kItems) * R::kBlockBytes;
+  if (view.rows == 0) return;
+  // The lane's rows g and g + 8 of the warp's tile in a step. Rows past the matrix (the last tile's,
+  // the step after a block's last) read its last row instead: their sums are not stored, and the
+  // loads need no predicate or zeroing.
+  struct Rows {
+    const uint8_t* p[2];
+  };
+  auto rows_of = [&](uint32_t step) {
+    const uint32_t row0 = tile_of(step, in_step) * 16 + lg;
+    Rows r;
 #pragma unroll
-    for (uint32_t r = 0; r < 2; ++r) {
-      const uint32_t row = row0 + 8 * r;
-      if (row < view.rows) {
-        R::load(view.w + static_cast<size_t>(row) * a.w.row_bytes + col_bytes, item % R::kItems, r, lq, w);
-      } else {
-        R::clear(r, w);
-      }
-    }
+    for (uint32_t i = 0; i < 2; ++i) r.p[i] = view.w + static_cast<size_t>(min(row0 + 8 * i, view.rows - 1)) * a.w.row_bytes;
+    return r;
+  };
+  auto load = [&](const Rows& rows, uint32_t j, typename R::Regs& w) {
+    const uint32_t item = slice + j * wpt;
+    const uint32_t col_bytes = item / R::kItems * R::kBlockBytes;
+#pragma unroll
+    for (uint32_t r = 0; r < 2; ++r) R::load(rows.p[r] + col_bytes, item % R::kItems, r, lq, w);
   };
 
+  Rows rows = rows_of(0);
   typename R::Regs cur;
-  load(0, 0, cur);
+  load(rows, 0, cur);
   uint32_t* grid = reinterpret_cast<uint32_t*>(smem + lay.grid_at());
   if constexpr (T == qd::kIQ3_S) {
     for (uint32_t i = threadIdx.x; i < kGridBytes / 4; i += kThreads) grid[i] = tables.iq3s_grid[i];
@@ -566,7 +622,8 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(MatvecArgs a, Tables t
   __syncthreads();
 
   const Ctx ctx{smem,
-                reinterpret_cast<const float2*>(smem + lay.scales_at()),
+                reinterpret_cast<const float*>(smem + lay.steps_at()),
+                smem + lay.sums_at(),
                 grid,
                 lay,
                 lg,
@@ -580,17 +637,19 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(MatvecArgs a, Tables t
   };
   for (uint32_t step = 0; tile_of(step, 0) < tiles; ++step) {
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const Rows after = rows_of(step + 1);
     for (uint32_t j = 0; j < mine; ++j) {
       typename R::Regs next;
       if (j + 1 < mine) {
-        load(step, j + 1, next);
+        load(rows, j + 1, next);
       } else {
-        load(step + 1, 0, next);
+        load(after, 0, next);
       }
       const uint32_t item = slice + j * wpt;
       R::product(cur, item / R::kItems, item % R::kItems, ctx, acc);
       cur = next;
     }
+    rows = after;
     // acc[2r + t]: row lg + 8r, token 2 lq + t of the tile.
     if (wpt == 1) {
 #pragma unroll
