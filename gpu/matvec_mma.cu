@@ -33,6 +33,7 @@
 #include "gpu/pdl.hpp"
 #include "gpu/quant_device.cuh"
 #include "gpu/swiglu.cuh"
+#include "gpu/x_int16.cuh"
 #include "model/formats/iq_grids.hpp"
 
 namespace ferry::gpu {
@@ -491,8 +492,8 @@ __device__ __forceinline__ void read_x16(const MatvecArgs& a, const MatvecPartVi
 }
 
 // Quantizes the group's tokens into the B layout: a thread 16 values (half of a 32-value unit, its
-// neighbour the other half), with the dp2a kernel's rounding: step amax / 32767 of the unit,
-// round-to-nearest of v * (32767 / amax).
+// neighbour the other half), rounded as the dp2a kernel rounds them (gpu/x_int16.cuh), each int16 as
+// its hi and lo bytes.
 template <bool kNatural>
 __device__ void quantize_x(const MatvecArgs& a, const MatvecPartView& view, uint32_t g, const int32_t* tok_x,
                            uint32_t ntok, const Layout& lay, unsigned char* smem) {
@@ -502,29 +503,23 @@ __device__ void quantize_x(const MatvecArgs& a, const MatvecPartView& view, uint
     const uint32_t i = base + threadIdx.x;
     const bool valid = i < pieces;
     const uint32_t t = valid ? i / (K / 16) : 0, p = valid ? i % (K / 16) : 0;
-    float v[16];
-    float amax = 0.0f, sum = 0.0f;
-    if (valid) {
-      read_x16(a, view, g, static_cast<size_t>(tok_x != nullptr ? tok_x[t] : t) * a.x_tok_stride + 16 * p, v);
-#pragma unroll
-      for (int k = 0; k < 16; ++k) {
-        amax = fmaxf(amax, fabsf(v[k]));
-        sum += v[k];
-      }
-    }
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    float v[16] = {};
+    if (valid) read_x16(a, view, g, static_cast<size_t>(tok_x != nullptr ? tok_x[t] : t) * a.x_tok_stride + 16 * p, v);
+    float amax, sum;
+    x16_stats(v, amax, sum);
+    amax = x32_amax(amax);
     const float other_sum = __shfl_xor_sync(0xffffffffu, sum, 1);
     if (!valid) continue;
-    const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
-    const uint32_t unit = p / 2, half = p % 2;
-    // hi[k / 4], lo[k / 4]: columns 16 half + k.
-    uint32_t hi[4] = {0, 0, 0, 0}, lo[4] = {0, 0, 0, 0};
+    uint32_t packed[8];
+    x16_pack(v, amax, packed);
+    // hi[k], lo[k]: the high / low bytes of columns 16 half + 4k..4k+3 (packed: two int16 a word).
+    uint32_t hi[4], lo[4];
 #pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      const int x = __float2int_rn(v[k] * inv);
-      hi[k / 4] |= (static_cast<uint32_t>(x >> 8) & 0xffu) << (8 * (k % 4));
-      lo[k / 4] |= (static_cast<uint32_t>(x) & 0xffu) << (8 * (k % 4));
+    for (int k = 0; k < 4; ++k) {
+      hi[k] = __byte_perm(packed[2 * k], packed[2 * k + 1], 0x7531);
+      lo[k] = __byte_perm(packed[2 * k], packed[2 * k + 1], 0x6420);
     }
+    const uint32_t unit = p / 2, half = p % 2;
     unsigned char* slots = smem + t * lay.tok_stride() + unit * 64;
     if constexpr (kNatural) {
       // Columns 16 half + 4k.. are lane k's b[half].
@@ -541,7 +536,7 @@ __device__ void quantize_x(const MatvecArgs& a, const MatvecPartView& view, uint
       dst[1] = make_uint4(hi[2], hi[3], lo[2], lo[3]);
     }
     if (half == 0) {
-      steps[t * lay.step_stride() + unit] = amax / 32767.0f;
+      steps[t * lay.step_stride() + unit] = x32_scale(amax);
       const float total = sum + other_sum, hi_part = tf32_round(total);
       const uint32_t j = unit % 8;
       float* slot = reinterpret_cast<float*>(smem + lay.sums_at() + t * lay.sum_stride() + unit / 8 * 64 + (j % 4) * 16);

@@ -1,0 +1,43 @@
+#pragma once
+// The int16 activations of the quantized products (issue 15), one definition for the decode matvec
+// (gpu/matvec_int16.cu) and the prefill int8 tensor-core GEMM (gpu/moe_grouped_int8.cu), so that
+// both round every value alike: one scale per 32-value block (amax / 32767), each value rounded to
+// the nearest step, and the exact f32 sum of each 16 for the K-quant minimum terms. A thread holds
+// 16 values of a block; lane ^ 1 holds the other 16 (every lane of the warp takes part in the
+// shuffle, holding values or not).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace ferry::gpu {
+
+// The largest |v| and the f32 sum of a thread's 16 values, in column order.
+__device__ __forceinline__ void x16_stats(const float (&v)[16], float& amax, float& sum) {
+  amax = 0.0f;
+  sum = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 16; ++k) {
+    amax = fmaxf(amax, fabsf(v[k]));
+    sum += v[k];
+  }
+}
+
+// The block's amax from this thread's and lane ^ 1's.
+__device__ __forceinline__ float x32_amax(float amax16) {
+  return fmaxf(amax16, __shfl_xor_sync(0xffffffffu, amax16, 1));
+}
+
+// The step of a block of that amax (what an int16 value is multiplied by).
+__device__ __forceinline__ float x32_scale(float amax) { return amax / 32767.0f; }
+
+// The 16 values as int16 steps of the block, two a word (column 2k low, 2k + 1 high).
+__device__ __forceinline__ void x16_pack(const float (&v)[16], float amax, uint32_t (&packed)[8]) {
+  const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    packed[k] = (static_cast<uint32_t>(__float2int_rn(v[2 * k] * inv)) & 0xffffu) |
+                (static_cast<uint32_t>(__float2int_rn(v[2 * k + 1] * inv)) << 16);
+  }
+}
+
+}  // namespace ferry::gpu
