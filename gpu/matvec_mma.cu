@@ -154,6 +154,20 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
   __trap();
 #endif
 }
+// Asks for `bytes` from p into L2 (sm90's bulk prefetch; a hint, nothing waits for it). p and bytes
+// are rounded out to 16 bytes: the rows of a matrix, whose allocation extends to that.
+__device__ __forceinline__ void prefetch_l2(const uint8_t* p, size_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const size_t from = __cvta_generic_to_global(p) & ~size_t{15};
+  const size_t to = (__cvta_generic_to_global(p + bytes) + 15) & ~size_t{15};
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(from), "r"(static_cast<uint32_t>(to - from))
+               : "memory");
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
 // x rounded to tf32 (nearest, ties away), as an f32.
 __device__ __forceinline__ float tf32_round(float x) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -604,6 +618,18 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(MatvecArgs a, Tables t
     for (uint32_t r = 0; r < 2; ++r) R::load(rows.p[r] + col_bytes, item % R::kItems, r, lq, w);
   };
 
+  // The rows of a block step lie together: one thread asks for the next step's into L2 while the
+  // current one runs (weights that no earlier kernel picks only: a routed expert's call is one step
+  // a block, and its pointers may be mapped host memory), so that the warps' own loads, one
+  // superblock ahead, find them there.
+  auto prefetch_step = [&](uint32_t step) {
+    const uint32_t row0 = tile_of(step, 0) * 16;
+    if (!fixed_weights || threadIdx.x != 0 || row0 >= view.rows) return;
+    const uint32_t n = min(tiles_per_step * 16, view.rows - row0);
+    prefetch_l2(view.w + static_cast<size_t>(row0) * a.w.row_bytes, static_cast<size_t>(n) * a.w.row_bytes);
+  };
+  prefetch_step(0);
+  prefetch_step(1);
   Rows rows = rows_of(0);
   typename R::Regs cur;
   load(rows, 0, cur);
@@ -645,6 +671,7 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(MatvecArgs a, Tables t
       cur = next;
     }
     rows = after;
+    prefetch_step(step + 2);
     // acc[2r + t]: row lg + 8r, token 2 lq + t of the tile.
     if (wpt == 1) {
 #pragma unroll
