@@ -561,7 +561,7 @@ bool matvec_quantizes_activations(const MatvecArgs& a) {
 
 void launch_matvec_int16(const MatvecArgs& a, const uint32_t* iq3s_grid, cudaStream_t stream) {
   if (matvec_mma_applies(a)) {
-    launch_matvec_mma(a, iq3s_grid, stream);
+    launch_matvec_mma(a, stream);
   } else {
     launch_matvec_dp2a(a, iq3s_grid, stream);
   }

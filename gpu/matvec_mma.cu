@@ -1,14 +1,13 @@
-// The int16-activation decode matvec (gpu/matvec_int16.cu) on int8 tensor cores (issue 15).
+// The int16-activation decode matvec (gpu/matvec_int16.cu) on int8 tensor cores for Q4_K (issue 15).
 //
-// The dp2a kernel spends its time unpacking weights and issuing 2 MACs an instruction, not waiting on
-// memory (the output head streams at ~60% of the copy bandwidth). Here one mma.sync m16n8k32
-// (gpu/mma_int8.cuh) multiplies a 16-row x 32-column tile of weights, their quantized bytes as they
-// lie (A), by the launch's tokens (B: up to 8 columns, unused ones zero); each int16 activation is
-// hi (s8) * 256 + lo (u8), two exact MMAs, so the int32 sum of a 32-weight sub-block is the dp2a
-// kernel's, and only the f32 order of the scale terms differs; Q4_K's and Q5_K's minimum terms (a
+// The dp2a kernel spends much of its time unpacking weights and issuing 2 MACs an instruction. Here
+// one mma.sync m16n8k32 (gpu/mma_int8.cuh) multiplies a 16-row x 32-column tile of weights, their
+// quantized bytes as they lie (A), by the launch's tokens (B: up to 8 columns); each int16
+// activation is hi (s8) * 256 + lo (u8), two exact MMAs, so the int32 sum of a 32-weight sub-block
+// is the dp2a kernel's, and only the f32 order of the scale terms differs; the minimum terms (a
 // superblock's 8 minimums times the f32 sums of x) are one more MMA over tf32, the sums split into
-// two tf32 parts (~22 bits). The activations are quantized as the dp2a kernel does (one scale a 32
-// values, amax / 32767) into shared memory in B's fragment order.
+// two tf32 parts (~22 bits). The activations are quantized as the dp2a kernel does
+// (gpu/x_int16.cuh) into shared memory in B's fragment order.
 //
 // Work: a warp's step is 16 rows x one 256-column superblock, its loads (8-byte pieces: a lane holds
 // rows g and g + 8 of an MMA tile, at the same columns) requested one step ahead. The warps of a
@@ -18,7 +17,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <set>
@@ -34,14 +32,13 @@
 #include "gpu/quant_device.cuh"
 #include "gpu/swiglu.cuh"
 #include "gpu/x_int16.cuh"
-#include "model/formats/iq_grids.hpp"
 
 namespace ferry::gpu {
 namespace {
 
 constexpr uint32_t kWarps = 8, kThreads = kWarps * 32;
-// Dynamic shared memory the kernels are allowed (the opt-in above 48 KiB, sm80+): what the largest
-// call that takes the int16 path needs here (8 tokens of 2,304 IQ3_S columns: ~54 KiB) fits.
+// Dynamic shared memory the kernel is allowed (the opt-in above 48 KiB, sm80+): what the largest
+// call that takes the int16 path needs here (8 tokens of 2,304 columns: ~52 KiB) fits.
 constexpr size_t kMaxSmem = 64 * 1024;
 
 // Shared memory of a block for `tokens` tokens of `units` 32-column units:
@@ -52,40 +49,31 @@ constexpr size_t kMaxSmem = 64 * 1024;
 //   sums (for the K-quant minimum terms, a tf32 MMA's B): per token (an odd number of 64 bytes: the
 //      pad again), per superblock, per lane q 16 bytes: the sums of the 32 x of units q and q + 4 as
 //      tf32 hi parts, then the lo parts (the remainders, tf32);
-//   partial sums: two buffers (steps alternate) x warps x tokens x 16 rows;
-//   the IQ3_S grid where the type reads it.
+//   partial sums: two buffers (steps alternate) x warps x tokens x 16 rows.
 struct Layout {
-  uint32_t units, tokens, grid_bytes;
+  uint32_t units, tokens;
   __host__ __device__ uint32_t tok_stride() const { return units * 64 + 64; }
   __host__ __device__ uint32_t step_stride() const { return units + 1; }
   __host__ __device__ uint32_t sum_stride() const { return (units / 8 | 1) * 64; }
   __host__ __device__ uint32_t steps_at() const { return tokens * tok_stride(); }
   __host__ __device__ uint32_t sums_at() const { return steps_at() + (tokens * step_stride() * 4 + 15) / 16 * 16; }
   __host__ __device__ uint32_t partials_at() const { return sums_at() + tokens * sum_stride(); }
-  __host__ __device__ uint32_t grid_at() const { return partials_at() + 2 * kWarps * tokens * 16 * 4; }
-  __host__ __device__ uint32_t bytes() const { return grid_at() + grid_bytes; }
+  __host__ __device__ uint32_t bytes() const { return partials_at() + 2 * kWarps * tokens * 16 * 4; }
 };
 
-// Warps sharing a tile's items: a power of two up to 8, at most the items of a row.
-__host__ __device__ constexpr uint32_t warps_per_tile(uint32_t items) {
-  return items >= 8 ? 8 : items >= 4 ? 4 : items >= 2 ? 2 : 1;
+// Warps sharing a tile's superblocks: a power of two up to 8, at most the superblocks of a row.
+__host__ __device__ constexpr uint32_t warps_per_tile(uint32_t superblocks) {
+  return superblocks >= 8 ? 8 : superblocks >= 4 ? 4 : superblocks >= 2 ? 2 : 1;
 }
 
 // What a product reads besides the weights: the quantized x in shared memory, the lane's place in
-// the MMA fragments (g = lane / 4, q = lane % 4), the group's token count, the IQ3_S grid (shared
-// memory) and the IQ4_NL levels as 16 bytes for byte permutes.
+// the MMA fragments (g = lane / 4, q = lane % 4) and the group's token count.
 struct Ctx {
   const unsigned char* xb;
   const float* steps;
   const unsigned char* sums;
-  const uint32_t* grid;
   Layout lay;
   uint32_t g, q, ntok;
-  uint32_t iq4nl[4];
-};
-struct Tables {
-  const uint32_t* iq3s_grid;
-  uint32_t iq4nl[4];
 };
 
 // Token g's B fragments of unit `unit`. Columns past the group's tokens read its last token: their
@@ -180,14 +168,13 @@ __device__ __forceinline__ float tf32_round(float x) {
 #endif
 }
 
-// Per type: a superblock's bytes and the items it is read in (one, or Q6_K's two halves), which
-// columns lane q multiplies (kNatural: 4q..4q+3 and 16+4q..16+4q+3 of a unit, MMA k order; else
-// 8q..8q+7), what a lane loads of an item for rows g and g + 8 (Regs, load) and its products
-// for the lane's C fragment added to acc (product). A's registers: a[0] / a[2] row g, the lane's
-// first / second four columns; a[1] / a[3] row g + 8.
+// Per type: a superblock's bytes, what a lane loads of one for rows g and g + 8 (Regs, load) and its
+// products for the lane's C fragment added to acc (product). A lane multiplies columns 8q..8q+7 of
+// each 32-column unit; A's registers: a[0] / a[2] row g, the lane's first / second four columns;
+// a[1] / a[3] row g + 8.
 template <int T> struct MmaReader;
 
-// Q4_K and Q5_K: d, dmin, 12 bytes of 6-bit scales and minimums (k4_scale_min's rule), sub-block j's
+// Q4_K: d, dmin, 12 bytes of 6-bit scales and minimums (k4_scale_min's rule), sub-block j's
 // 32 columns from chunk j / 2 (low nibbles for even j, high for odd); per sub-block sum(q x) *
 // scale * x's step in f32; the minimum terms sum(minimum * sum(x)) over the 8 sub-blocks as one tf32
 // MMA (the minimums are small integers, the sums split into two tf32 parts: ~22 bits of each); d
@@ -243,18 +230,17 @@ __device__ __forceinline__ void k4_product(const K4Scales& k, uint32_t sb, const
 }
 
 template <> struct MmaReader<qd::kQ4_K> {
-  static constexpr uint32_t kBlockBytes = 144, kItems = 1;
-  static constexpr bool kNatural = false;
+  static constexpr uint32_t kBlockBytes = 144;
   struct Regs {
     uint4 head[2];   // bytes 0..15 of rows g, g + 8
     uint2 qs[2][4];  // bytes 8q..8q+7 of each chunk
   };
-  __device__ static void load(const uint8_t* blk, uint32_t, uint32_t r, uint32_t q, Regs& w) {
+  __device__ static void load(const uint8_t* blk, uint32_t r, uint32_t q, Regs& w) {
     w.head[r] = *reinterpret_cast<const uint4*>(blk);
 #pragma unroll
     for (int c = 0; c < 4; ++c) w.qs[r][c] = *reinterpret_cast<const uint2*>(blk + 16 + 32 * c + 8 * q);
   }
-  __device__ static void product(const Regs& w, uint32_t sb, uint32_t, const Ctx& c, float (&acc)[4]) {
+  __device__ static void product(const Regs& w, uint32_t sb, const Ctx& c, float (&acc)[4]) {
     k4_product(K4Scales(w.head), sb, c,
                [&](int j, mma::FragA& A) {
                  const int ch = j >> 1, shift = 4 * (j & 1);
@@ -264,221 +250,6 @@ template <> struct MmaReader<qd::kQ4_K> {
                  A.r[3] = (w.qs[1][ch].y >> shift) & 0x0f0f0f0fu;
                },
                acc);
-  }
-};
-
-// Q5_K: Q4_K's nibbles at byte 48, their fifth bits in qh (byte 16): bit j of qh[l] for column l of
-// sub-block j.
-template <> struct MmaReader<qd::kQ5_K> {
-  static constexpr uint32_t kBlockBytes = 176, kItems = 1;
-  static constexpr bool kNatural = false;
-  struct Regs {
-    uint4 head[2];
-    uint2 qh[2];     // qh bytes 8q..8q+7
-    uint2 qs[2][4];
-  };
-  __device__ static void load(const uint8_t* blk, uint32_t, uint32_t r, uint32_t q, Regs& w) {
-    w.head[r] = *reinterpret_cast<const uint4*>(blk);
-    w.qh[r] = *reinterpret_cast<const uint2*>(blk + 16 + 8 * q);
-#pragma unroll
-    for (int c = 0; c < 4; ++c) w.qs[r][c] = *reinterpret_cast<const uint2*>(blk + 48 + 32 * c + 8 * q);
-  }
-  __device__ static void product(const Regs& w, uint32_t sb, uint32_t, const Ctx& c, float (&acc)[4]) {
-    k4_product(K4Scales(w.head), sb, c,
-               [&](int j, mma::FragA& A) {
-                 const int ch = j >> 1, shift = 4 * (j & 1);
-                 auto v = [&](uint32_t q4, uint32_t h) { return ((q4 >> shift) & 0x0f0f0f0fu) | (((h >> j) & 0x01010101u) << 4); };
-                 A.r[0] = v(w.qs[0][ch].x, w.qh[0].x);
-                 A.r[1] = v(w.qs[1][ch].x, w.qh[1].x);
-                 A.r[2] = v(w.qs[0][ch].y, w.qh[0].y);
-                 A.r[3] = v(w.qs[1][ch].y, w.qh[1].y);
-               },
-               acc);
-  }
-};
-
-// Q6_K, read in halves n (columns 128n..): unit 4n + m's columns l = 0..31 are the low (m < 2) or
-// high nibbles of ql[64n + 32 (m & 1) + l] with bits 2m, 2m + 1 of qh[32n + l] above them, minus 32;
-// one int8 scale a 16 columns (sc[8n + 2m + l / 16]), d last. Natural columns: the lane's first four
-// are in the unit's first 16, its second four in the second, so each half's sum is an MMA over A
-// with the other half's registers zero. Blocks are 210 bytes: 2-byte loads.
-template <> struct MmaReader<qd::kQ6_K> {
-  static constexpr uint32_t kBlockBytes = 210, kItems = 2;
-  static constexpr bool kNatural = true;
-  struct Regs {
-    uint32_t ql[2][4];  // ql[64n + 16i + 4q..] for i = 0..3
-    uint32_t qh[2][2];  // qh[32n + 16i + 4q..] for i = 0, 1
-    uint32_t sc[2][2];  // sc[8n..8n + 7]
-    uint32_t d[2];
-  };
-  __device__ static void load(const uint8_t* blk, uint32_t n, uint32_t r, uint32_t q, Regs& w) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) w.ql[r][i] = qd::ld_u32_a2(blk + 64 * n + 16 * i + 4 * q);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      w.qh[r][i] = qd::ld_u32_a2(blk + 128 + 32 * n + 16 * i + 4 * q);
-      w.sc[r][i] = qd::ld_u32_a2(blk + 192 + 8 * n + 4 * i);
-    }
-    w.d[r] = qd::ld_u16(blk + 208);
-  }
-  __device__ static void product(const Regs& w, uint32_t sb, uint32_t n, const Ctx& c, float (&acc)[4]) {
-    float sd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int m = 0; m < 4; ++m) {
-      // v[r][h]: row r's four values in half h of unit m (q - 32 bytewise: 6-bit q, so the wrapped
-      // bytes read as int8 are exact).
-      uint32_t v[2][2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const uint32_t raw = w.ql[r][2 * (m & 1) + h];
-          const uint32_t nib = (m >> 1) ? (raw >> 4) & 0x0f0f0f0fu : raw & 0x0f0f0f0fu;
-          v[r][h] = __vsub4(nib | (((w.qh[r][h] >> (2 * m)) & 0x03030303u) << 4), 0x20202020u);
-        }
-      }
-      const uint32_t unit = 8 * sb + 4 * n + m;
-      mma::FragB hi, lo;
-      load_b(c, unit, hi, lo);
-      const mma::FragA a0{{v[0][0], v[1][0], 0u, 0u}}, a1{{0u, 0u, v[0][1], v[1][1]}};
-      int s0[4], s1[4];
-      sums<true>(a0, hi, lo, s0);
-      sums<true>(a1, hi, lo, s1);
-      const float x0 = x_step(c, 2 * c.q, unit), x1 = x_step(c, 2 * c.q + 1, unit);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        // Scales 2m and 2m + 1 of the half: bytes 2 (m & 1) and 2 (m & 1) + 1 of word m / 2.
-        const uint32_t word = w.sc[r][m >> 1];
-        const float f0 = static_cast<float>(static_cast<int8_t>((word >> (16 * (m & 1))) & 0xff));
-        const float f1 = static_cast<float>(static_cast<int8_t>((word >> (16 * (m & 1) + 8)) & 0xff));
-        // |s| < 32 * 32767 * 16 < 2^24: exact in f32.
-        sd[2 * r] += (static_cast<float>(s0[2 * r]) * f0 + static_cast<float>(s1[2 * r]) * f1) * x0;
-        sd[2 * r + 1] += (static_cast<float>(s0[2 * r + 1]) * f0 + static_cast<float>(s1[2 * r + 1]) * f1) * x1;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[i] += qd::h2f(w.d[i >> 1]) * sd[i];
-  }
-};
-
-// The IQ4_NL levels of the 4 indices in the low nibbles of idx's bytes: levels 0-7 and 8-15 permuted
-// by the low 3 bits, chosen between by bit 3.
-__device__ __forceinline__ uint32_t iq4nl_levels(uint32_t idx, const uint32_t (&t)[4]) {
-  const uint32_t low3 = idx & 0x07070707u;
-  const uint32_t sel = __byte_perm(low3 | (low3 >> 4), 0, 0x0020);
-  const uint32_t lo = __byte_perm(t[0], t[1], sel), hi = __byte_perm(t[2], t[3], sel);
-  const uint32_t high = ((idx >> 3) & 0x01010101u) * 0xffu;
-  return (lo & ~high) | (hi & high);
-}
-
-// IQ4_XS: d, scales_h (u16), scales_l (4 bytes), then sub-block j's columns l < 16 in the low
-// nibbles of qs[16j + l], l >= 16 in the high nibbles of qs[16j + l - 16]: with natural columns a
-// lane's four bytes give both of its fours. One 6-bit scale (minus 32) a sub-block.
-template <> struct MmaReader<qd::kIQ4_XS> {
-  static constexpr uint32_t kBlockBytes = 136, kItems = 1;
-  static constexpr bool kNatural = true;
-  struct Regs {
-    uint2 head[2];       // d | scales_h << 16, scales_l
-    uint32_t qs[2][8];   // qs[16j + 4q..]
-  };
-  __device__ static void load(const uint8_t* blk, uint32_t, uint32_t r, uint32_t q, Regs& w) {
-    w.head[r] = *reinterpret_cast<const uint2*>(blk);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) w.qs[r][j] = *reinterpret_cast<const uint32_t*>(blk + 8 + 16 * j + 4 * q);
-  }
-  __device__ static void product(const Regs& w, uint32_t sb, uint32_t, const Ctx& c, float (&acc)[4]) {
-    float sd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      mma::FragA A;
-      A.r[0] = iq4nl_levels(w.qs[0][j] & 0x0f0f0f0fu, c.iq4nl);
-      A.r[1] = iq4nl_levels(w.qs[1][j] & 0x0f0f0f0fu, c.iq4nl);
-      A.r[2] = iq4nl_levels((w.qs[0][j] >> 4) & 0x0f0f0f0fu, c.iq4nl);
-      A.r[3] = iq4nl_levels((w.qs[1][j] >> 4) & 0x0f0f0f0fu, c.iq4nl);
-      const uint32_t unit = 8 * sb + j;
-      mma::FragB hi, lo;
-      load_b(c, unit, hi, lo);
-      int s[4];
-      sums<true>(A, hi, lo, s);
-      const float x0 = x_step(c, 2 * c.q, unit), x1 = x_step(c, 2 * c.q + 1, unit);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const uint32_t scales_h = w.head[r].x >> 16, scales_l = w.head[r].y;
-        const int ls = static_cast<int>(((scales_l >> (4 * j)) & 0xf) | (((scales_h >> (2 * j)) & 3) << 4)) - 32;
-        const float f = static_cast<float>(ls);
-        sd[2 * r] += static_cast<float>(s[2 * r]) * f * x0;
-        sd[2 * r + 1] += static_cast<float>(s[2 * r + 1]) * f * x1;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[i] += qd::h2f(w.head[i >> 1].x & 0xffff) * sd[i];
-  }
-};
-
-// IQ3_S: d, qs (64 bytes), qh (8), signs (32), scales (4). Sub-block j's columns in 8 groups of 4,
-// group k a grid entry (qs[8j + k] and bit k of qh[j]) with the 4 sign bits 4k.. of signs[4j..];
-// a lane's eight columns are groups 2q, 2q + 1. One scale 1 + 2 * nibble a sub-block. Blocks are
-// 110 bytes: 2-byte loads.
-template <> struct MmaReader<qd::kIQ3_S> {
-  static constexpr uint32_t kBlockBytes = 110, kItems = 1;
-  static constexpr bool kNatural = false;
-  struct Regs {
-    uint32_t qs[2][4];     // qs[8j + 2q], qs[8j + 2q + 1] in bytes 2 (j & 1), + 1 of word j / 2
-    uint32_t qh[2][2];     // qh[0..7]
-    uint32_t signs[2][2];  // signs[4j + q] in byte j & 3 of word j / 4
-    uint32_t head[2];      // d | scales[0..1] << 16
-    uint32_t scales[2];    // scales[2..3]
-  };
-  __device__ static void load(const uint8_t* blk, uint32_t, uint32_t r, uint32_t q, Regs& w) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      w.qs[r][i] = qd::ld_u16(blk + 2 + 16 * i + 2 * q) | (qd::ld_u16(blk + 10 + 16 * i + 2 * q) << 16);
-    }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      w.qh[r][i] = qd::ld_u32_a2(blk + 66 + 4 * i);
-      const uint8_t* sg = blk + 74 + 16 * i + q;
-      w.signs[r][i] = sg[0] | (sg[4] << 8) | (sg[8] << 16) | (static_cast<uint32_t>(sg[12]) << 24);
-    }
-    w.head[r] = qd::ld_u16(blk) | (qd::ld_u16(blk + 106) << 16);
-    w.scales[r] = qd::ld_u16(blk + 108);
-  }
-  __device__ static void product(const Regs& w, uint32_t sb, uint32_t, const Ctx& c, float (&acc)[4]) {
-    float sd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      // v[r][e]: row r's group 2q + e.
-      uint32_t v[2][2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const uint32_t qs2 = (w.qs[r][j >> 1] >> (16 * (j & 1))) & 0xffff;
-        const uint32_t qh = (w.qh[r][j >> 2] >> (8 * (j & 3) + 2 * c.q)) & 3;
-        const uint32_t sg = (w.signs[r][j >> 2] >> (8 * (j & 3))) & 0xff;
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const uint32_t entry = c.grid[((qs2 >> (8 * e)) & 0xff) | (((qh >> e) & 1) << 8)];
-          // Sign bit k to byte k, then 0xff in negative bytes: (x ^ 0xff) - 0xff is -x bytewise.
-          const uint32_t neg = ((((sg >> (4 * e)) & 0xf) * 0x00204081u) & 0x01010101u) * 0xffu;
-          v[r][e] = __vsub4(entry ^ neg, neg);
-        }
-      }
-      const mma::FragA A{{v[0][0], v[1][0], v[0][1], v[1][1]}};
-      const uint32_t unit = 8 * sb + j;
-      mma::FragB hi, lo;
-      load_b(c, unit, hi, lo);
-      int s[4];
-      sums<true>(A, hi, lo, s);
-      const float x0 = x_step(c, 2 * c.q, unit), x1 = x_step(c, 2 * c.q + 1, unit);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const uint32_t nibbles = j < 4 ? w.head[r] >> 16 : w.scales[r];
-        const float f = static_cast<float>(1 + 2 * ((nibbles >> (4 * (j & 3))) & 0xf));
-        sd[2 * r] += static_cast<float>(s[2 * r]) * f * x0;
-        sd[2 * r + 1] += static_cast<float>(s[2 * r + 1]) * f * x1;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[i] += qd::h2f(w.head[i >> 1] & 0xffff) * sd[i];
   }
 };
 
@@ -508,7 +279,6 @@ __device__ __forceinline__ void read_x16(const MatvecArgs& a, const MatvecPartVi
 // Quantizes the group's tokens into the B layout: a thread 16 values (half of a 32-value unit, its
 // neighbour the other half), rounded as the dp2a kernel rounds them (gpu/x_int16.cuh), each int16 as
 // its hi and lo bytes.
-template <bool kNatural>
 __device__ void quantize_x(const MatvecArgs& a, const MatvecPartView& view, uint32_t g, const int32_t* tok_x,
                            uint32_t ntok, const Layout& lay, unsigned char* smem) {
   const uint32_t K = a.w.cols, pieces = ntok * (K / 16);
@@ -534,21 +304,10 @@ __device__ void quantize_x(const MatvecArgs& a, const MatvecPartView& view, uint
       lo[k] = __byte_perm(packed[2 * k], packed[2 * k + 1], 0x6420);
     }
     const uint32_t unit = p / 2, half = p % 2;
-    unsigned char* slots = smem + t * lay.tok_stride() + unit * 64;
-    if constexpr (kNatural) {
-      // Columns 16 half + 4k.. are lane k's b[half].
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        uint32_t* slot = reinterpret_cast<uint32_t*>(slots + 16 * k);
-        slot[half] = hi[k];
-        slot[2 + half] = lo[k];
-      }
-    } else {
-      // Columns 16 half + 0..7 are lane 2 half's, 8..15 lane 2 half + 1's.
-      uint4* dst = reinterpret_cast<uint4*>(slots + half * 32);
-      dst[0] = make_uint4(hi[0], hi[1], lo[0], lo[1]);
-      dst[1] = make_uint4(hi[2], hi[3], lo[2], lo[3]);
-    }
+    // Columns 16 half + 0..7 are lane 2 half's, 8..15 lane 2 half + 1's.
+    uint4* dst = reinterpret_cast<uint4*>(smem + t * lay.tok_stride() + unit * 64 + half * 32);
+    dst[0] = make_uint4(hi[0], hi[1], lo[0], lo[1]);
+    dst[1] = make_uint4(hi[2], hi[3], lo[2], lo[3]);
     if (half == 0) {
       steps[t * lay.step_stride() + unit] = x32_scale(amax);
       const float total = sum + other_sum, hi_part = tf32_round(total);
@@ -560,11 +319,8 @@ __device__ void quantize_x(const MatvecArgs& a, const MatvecPartView& view, uint
   }
 }
 
-constexpr uint32_t kGridBytes = sizeof(uint32_t) * 512;
-__host__ __device__ constexpr uint32_t grid_bytes(int type) { return type == qd::kIQ3_S ? kGridBytes : 0; }
-
 template <int T>
-__global__ void __launch_bounds__(kThreads, 2) mma_kernel(MatvecArgs a, Tables tables) {
+__global__ void __launch_bounds__(kThreads, 2) mma_kernel(MatvecArgs a) {
   using R = MmaReader<T>;
   extern __shared__ __align__(16) unsigned char smem[];
   // Groups, tokens named on the device and PDL as in the dp2a kernel (gpu/matvec_int16.cu): the
@@ -587,13 +343,13 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(MatvecArgs a, Tables t
     tok_y = a.tok_y + static_cast<size_t>(g) * a.tokens;
   }
   if (a.skip_negative_index && a.w_group_index[g] < 0) return;
-  const uint32_t items = a.w.cols / 256 * R::kItems;
-  const Layout lay{a.w.cols / 32, a.tokens, grid_bytes(T)};
+  const uint32_t superblocks = a.w.cols / 256;
+  const Layout lay{a.w.cols / 32, a.tokens};
   const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, lg = lane >> 2, lq = lane & 3;
-  // Warp `warp` takes items slice, slice + wpt, ... of tile `in_step` of each block step.
-  const uint32_t wpt = warps_per_tile(items), tiles_per_step = kWarps / wpt;
+  // Warp `warp` takes superblocks slice, slice + wpt, ... of tile `in_step` of each block step.
+  const uint32_t wpt = warps_per_tile(superblocks), tiles_per_step = kWarps / wpt;
   const uint32_t in_step = warp / wpt, slice = warp % wpt;
-  const uint32_t mine = (items - slice + wpt - 1) / wpt;
+  const uint32_t mine = (superblocks - slice + wpt - 1) / wpt;
   const MatvecPartView view = matvec_part_view(a, g);
   const uint32_t tiles = (view.rows + 15) / 16;
   auto tile_of = [&](uint32_t step, uint32_t at) { return (bx + step * nb) * tiles_per_step + at; };
@@ -612,14 +368,13 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(MatvecArgs a, Tables t
     return r;
   };
   auto load = [&](const Rows& rows, uint32_t j, typename R::Regs& w) {
-    const uint32_t item = slice + j * wpt;
-    const uint32_t col_bytes = item / R::kItems * R::kBlockBytes;
+    const uint32_t col_bytes = (slice + j * wpt) * R::kBlockBytes;
 #pragma unroll
-    for (uint32_t r = 0; r < 2; ++r) R::load(rows.p[r] + col_bytes, item % R::kItems, r, lq, w);
+    for (uint32_t r = 0; r < 2; ++r) R::load(rows.p[r] + col_bytes, r, lq, w);
   };
 
   // The rows of a block step lie together: one thread asks for the next step's into L2 while the
-  // current one runs (weights that no earlier kernel picks only: a routed expert's call is one step
+  // current one runs (step 0's are the warps' first loads: asking twice slowed 1-step calls) (weights that no earlier kernel picks only: a routed expert's call is one step
   // a block, and its pointers may be mapped host memory), so that the warps' own loads, one
   // superblock ahead, find them there.
   auto prefetch_step = [&](uint32_t step) {
@@ -628,29 +383,16 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(MatvecArgs a, Tables t
     const uint32_t n = min(tiles_per_step * 16, view.rows - row0);
     prefetch_l2(view.w + static_cast<size_t>(row0) * a.w.row_bytes, static_cast<size_t>(n) * a.w.row_bytes);
   };
-  prefetch_step(0);
   prefetch_step(1);
   Rows rows = rows_of(0);
   typename R::Regs cur;
   load(rows, 0, cur);
-  uint32_t* grid = reinterpret_cast<uint32_t*>(smem + lay.grid_at());
-  if constexpr (T == qd::kIQ3_S) {
-    for (uint32_t i = threadIdx.x; i < kGridBytes / 4; i += kThreads) grid[i] = tables.iq3s_grid[i];
-  }
   if (fixed_weights) pdl_wait();
   pdl_launch_dependents();
-  quantize_x<R::kNatural>(a, view, g, tok_x, ntok, lay, smem);
+  quantize_x(a, view, g, tok_x, ntok, lay, smem);
   __syncthreads();
 
-  const Ctx ctx{smem,
-                reinterpret_cast<const float*>(smem + lay.steps_at()),
-                smem + lay.sums_at(),
-                grid,
-                lay,
-                lg,
-                lq,
-                ntok,
-                {tables.iq4nl[0], tables.iq4nl[1], tables.iq4nl[2], tables.iq4nl[3]}};
+  const Ctx ctx{smem, reinterpret_cast<const float*>(smem + lay.steps_at()), smem + lay.sums_at(), lay, lg, lq, ntok};
   float* partials = reinterpret_cast<float*>(smem + lay.partials_at());
   auto store = [&](uint32_t row, uint32_t t, float v) {
     const size_t yt = tok_y != nullptr ? static_cast<size_t>(tok_y[t]) : static_cast<size_t>(t);
@@ -666,8 +408,7 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(MatvecArgs a, Tables t
       } else {
         load(after, 0, next);
       }
-      const uint32_t item = slice + j * wpt;
-      R::product(cur, item / R::kItems, item % R::kItems, ctx, acc);
+      R::product(cur, slice + j * wpt, ctx, acc);
       cur = next;
     }
     rows = after;
@@ -700,21 +441,11 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(MatvecArgs a, Tables t
   }
 }
 
-using Kernel = void (*)(MatvecArgs, Tables);
-Kernel kernel_for(model::GgmlType type) {
-  switch (type) {
-    case model::GgmlType::Q4_K: return mma_kernel<qd::kQ4_K>;
-    case model::GgmlType::Q5_K: return mma_kernel<qd::kQ5_K>;
-    case model::GgmlType::Q6_K: return mma_kernel<qd::kQ6_K>;
-    case model::GgmlType::IQ4_XS: return mma_kernel<qd::kIQ4_XS>;
-    case model::GgmlType::IQ3_S: return mma_kernel<qd::kIQ3_S>;
-    default: return nullptr;
-  }
-}
-uint32_t items_per_superblock(model::GgmlType type) { return type == model::GgmlType::Q6_K ? 2 : 1; }
-Layout layout_of(const MatvecArgs& a) {
-  return {a.w.cols / 32, a.tokens, a.w.type == model::GgmlType::IQ3_S ? kGridBytes : 0};
-}
+using Kernel = void (*)(MatvecArgs);
+// The types the kernel reads: Q4_K, where it is not slower than the dp2a kernel at one token (Q5_K,
+// Q6_K, IQ4_XS and IQ3_S readers measured 3-25% slower there on the H200: gpu/PERF.md).
+Kernel kernel_for(model::GgmlType type) { return type == model::GgmlType::Q4_K ? mma_kernel<qd::kQ4_K> : nullptr; }
+Layout layout_of(const MatvecArgs& a) { return {a.w.cols / 32, a.tokens}; }
 
 // The shared-memory opt-in, once a kernel and device; then the blocks an SM holds at `smem` bytes
 // (asked once a device, kernel and size: a decode graph's capture finds them asked by its eager step).
@@ -747,17 +478,11 @@ bool matvec_mma_applies(const MatvecArgs& a) {
          layout_of(a).bytes() <= kMaxSmem;
 }
 
-void launch_matvec_mma(const MatvecArgs& a, const uint32_t* iq3s_grid, cudaStream_t stream) {
+void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream) {
   if (!matvec_mma_applies(a)) throw CudaError("launch_matvec_mma: no tensor-core kernel for this call");
-  if (a.w.type == model::GgmlType::IQ3_S && iq3s_grid == nullptr) {
-    throw CudaError("launch_matvec_mma: IQ3_S weights need the device grid");
-  }
-  Tables tables{iq3s_grid, {}};
-  std::memcpy(tables.iq4nl, model::kIq4nlValues, sizeof(tables.iq4nl));
   const Kernel kernel = kernel_for(a.w.type);
   const size_t smem = layout_of(a).bytes();
-  const uint32_t items = a.w.cols / 256 * items_per_superblock(a.w.type);
-  const uint32_t rows_per_block = 16 * (kWarps / warps_per_tile(items));
+  const uint32_t rows_per_block = 16 * (kWarps / warps_per_tile(a.w.cols / 256));
   // Enough blocks to fill the device once; each block quantizes its input once and loops over tiles.
   const uint32_t wanted = (matvec_max_rows(a) + rows_per_block - 1) / rows_per_block;
   const uint32_t resident = static_cast<uint32_t>(current_sm_count()) * resident_per_sm(kernel, smem);
@@ -776,7 +501,7 @@ void launch_matvec_mma(const MatvecArgs& a, const uint32_t* iq3s_grid, cudaStrea
   cfg.stream = stream;
   cudaLaunchAttribute attr{};
   pdl_configure(cfg, attr, reinterpret_cast<const void*>(kernel));
-  FERRY_CUDA(cudaLaunchKernelEx(&cfg, kernel, a, tables));
+  FERRY_CUDA(cudaLaunchKernelEx(&cfg, kernel, a));
   FERRY_CUDA_LAUNCHED();
 }
 

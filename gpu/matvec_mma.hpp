@@ -6,12 +6,11 @@
 
 namespace ferry::gpu {
 
-// Whether this call runs on the tensor-core kernel: a call that takes the int16 path
-// (matvec_quantizes_activations: Q4_K, Q5_K, Q6_K, IQ4_XS, IQ3_S) on a device whose code of the
-// kernel was built for sm80+ (not the Volta build).
+// Whether this call runs on the tensor-core kernel: a Q4_K call that takes the int16 path
+// (matvec_quantizes_activations) on a device whose code of the kernel was built for sm80+ (not the
+// Volta build).
 bool matvec_mma_applies(const MatvecArgs& a);
-// Launches it (iq3s_grid: the device copy of model::kIq3sGrid, for IQ3_S weights); throws CudaError
-// where matvec_mma_applies does not hold.
-void launch_matvec_mma(const MatvecArgs& a, const uint32_t* iq3s_grid, cudaStream_t stream);
+// Launches it; throws CudaError where matvec_mma_applies does not hold.
+void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream);
 
 }  // namespace ferry::gpu

@@ -1,5 +1,5 @@
-// The decode matvec on int8 tensor cores (gpu/matvec_mma.cu), every type it reads, against the dp2a
-// kernel it replaces (launch_matvec_dp2a: the same int16 activations and integer sums, so only the
+// The decode matvec on int8 tensor cores (gpu/matvec_mma.cu, Q4_K) against the dp2a kernel it
+// replaces (launch_matvec_dp2a: the same int16 activations and integer sums, so only the
 // f32 order of the scale and minimum terms differs: 1e-5 of the largest |y| of the launch) on every
 // MatvecArgs feature, and against a double-precision CPU dot product at matvec_test's int16 bounds. Timing
 // lines (printed, not asserted) for an output-head-sized matrix and 4096 x 2048 ones. Outputs are
@@ -34,6 +34,7 @@ using ferry::testing::dequant;
 using ferry::testing::have_device;
 using ferry::testing::random_rows;
 using model::GgmlType;
+constexpr GgmlType kType = GgmlType::Q4_K;
 
 DeviceBuffer to_device(const void* p, size_t bytes) {
   DeviceBuffer b(bytes);
@@ -83,11 +84,10 @@ MatvecArgs rebased(const MatvecArgs& a, Outputs& o, float* to) {
 }
 enum class Kernel { mma, dp2a };
 void launch(const MatvecArgs& a, Kernel k) {
-  const uint32_t* grid = a.w.type == GgmlType::IQ3_S ? iq3s_grid_address() : nullptr;
   if (k == Kernel::mma) {
-    launch_matvec_mma(a, grid, nullptr);
+    launch_matvec_mma(a, nullptr);
   } else {
-    launch_matvec_dp2a(a, grid, nullptr);
+    launch_matvec_dp2a(a, nullptr, nullptr);
   }
 }
 std::vector<float> run(const MatvecArgs& a, Outputs& o, Kernel k) {
@@ -101,23 +101,20 @@ std::vector<float> run(const MatvecArgs& a, Outputs& o, Kernel k) {
   return out;
 }
 
-// Random bytes of `type` with small finite f16 scales (d, and Q4_K / Q5_K's dmin): quantizing tens of
-// millions of values on the host takes seconds.
-std::vector<uint8_t> random_blocks(GgmlType type, size_t rows, size_t cols) {
-  const auto tr = model::ggml_type_traits(type);
-  const size_t bytes = *model::ggml_bytes(type, rows * cols);
+// Random Q4_K bytes with small finite f16 d and dmin: quantizing tens of millions of values on the
+// host takes seconds.
+std::vector<uint8_t> random_blocks(size_t rows, size_t cols) {
+  const size_t bytes = *model::ggml_bytes(kType, rows * cols);
   std::vector<uint8_t> data(bytes);
   uint64_t s = 0x9e3779b97f4a7c15ull;
   for (size_t i = 0; i + 8 <= bytes; i += 8) {
     s ^= s << 13, s ^= s >> 7, s ^= s << 17;
     std::memcpy(&data[i], &s, 8);
   }
-  const size_t d_at = type == GgmlType::Q6_K ? 208 : 0;
-  const bool dmin = type == GgmlType::Q4_K || type == GgmlType::Q5_K;
-  for (size_t b = 0; b < bytes; b += tr.block_bytes) {
-    const uint16_t d = model::f32_to_fp16(0.01f + 0.001f * (b / tr.block_bytes % 64));
-    std::memcpy(&data[b + d_at], &d, 2);
-    if (dmin) std::memcpy(&data[b + 2], &d, 2);
+  for (size_t b = 0; b < bytes; b += 144) {
+    const uint16_t d = model::f32_to_fp16(0.01f + 0.001f * (b / 144 % 64));
+    std::memcpy(&data[b], &d, 2);
+    std::memcpy(&data[b + 2], &d, 2);
   }
   return data;
 }
@@ -146,13 +143,13 @@ std::string diff_kernels(const MatvecArgs& a, Outputs& o) {
   return compare(run(a, o, Kernel::mma), run(a, o, Kernel::dp2a));
 }
 
-class MatvecMmaTest : public ::testing::TestWithParam<GgmlType> {
+class MatvecMmaTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!have_device()) GTEST_SKIP() << "no CUDA device";
     upload_quant_tables();
     MatvecArgs probe;
-    probe.w.type = GetParam();
+    probe.w.type = kType;
     probe.w.cols = 256;
     probe.w.rows = 16;
     if (!matvec_mma_applies(probe)) GTEST_SKIP() << "no sm80+ code of the tensor-core kernel on this device";
@@ -161,8 +158,8 @@ class MatvecMmaTest : public ::testing::TestWithParam<GgmlType> {
 
 // Plain launches of every token count that takes the int16 path: rows off the 16-row tiles, rows of
 // 1..16 superblocks (1, 2, 4 and 8 warps a tile, some warps with one superblock more than others).
-TEST_P(MatvecMmaTest, MatchesTheDp2aKernelAndTheCpu) {
-  const GgmlType type = GetParam();
+TEST_F(MatvecMmaTest, MatchesTheDp2aKernelAndTheCpu) {
+  const GgmlType type = kType;
   std::mt19937 rng(515 + static_cast<int>(type));
   const std::pair<size_t, size_t> shapes[] = {{5, 256},    {301, 256},  {301, 512}, {301, 768},
                                               {301, 1536}, {140, 2048}, {70, 2560}, {77, 4096}};
@@ -207,11 +204,11 @@ TEST_P(MatvecMmaTest, MatchesTheDp2aKernelAndTheCpu) {
 
 // Matrices of more tiles than the blocks of one wave: blocks loop over their steps (and the partial
 // sums' two buffers alternate).
-TEST_P(MatvecMmaTest, BlocksLoopOverManyTiles) {
-  const GgmlType type = GetParam();
+TEST_F(MatvecMmaTest, BlocksLoopOverManyTiles) {
+  const GgmlType type = kType;
   std::mt19937 rng(61 + static_cast<int>(type));
   for (const auto& [rows, cols] : {std::pair<size_t, size_t>{40000, 256}, {9001, 1024}, {5000, 4096}}) {
-    DeviceBuffer dw = to_device(random_blocks(type, rows, cols));
+    DeviceBuffer dw = to_device(random_blocks(rows, cols));
     const size_t row_bytes = *model::ggml_bytes(type, cols);
     for (uint32_t tokens : {1u, 3u, 8u}) {
       const auto x = normal(tokens * cols, rng);
@@ -232,8 +229,8 @@ TEST_P(MatvecMmaTest, BlocksLoopOverManyTiles) {
 
 // Experts by index (x per token, two experts a token), a skipped group, SwiGLU inputs, parts with
 // their own rows, inputs and strides, pointer tables, tokens named on the device.
-TEST_P(MatvecMmaTest, EveryMatvecArgsFeatureMatchesTheDp2aKernel) {
-  const GgmlType type = GetParam();
+TEST_F(MatvecMmaTest, EveryMatvecArgsFeatureMatchesTheDp2aKernel) {
+  const GgmlType type = kType;
   std::mt19937 rng(8 + static_cast<int>(type));
   const size_t rows = 40, cols = 1024, mats = 5;
   Matrix w = random_matrix(type, rows * mats, cols, rng);
@@ -315,20 +312,18 @@ TEST_P(MatvecMmaTest, EveryMatvecArgsFeatureMatchesTheDp2aKernel) {
   ASSERT_EQ(diff_kernels(n, o), "") << "tokens named on the device";
 }
 
-// Timing lines: 4,096 x 2,048 of the type, and for Q4_K an output-head-sized matrix (154,880 x 4,096,
-// 357 MB); 1 and 2 tokens, both kernels; GB/s of weights read against the copy bandwidth (read +
+// Timing lines: an output-head-sized matrix (154,880 x 4,096, 357 MB) and 4,096 x 2,048; 1 and 2
+// tokens, both kernels; GB/s of weights read against the copy bandwidth (read +
 // write). Printed, not asserted; the outputs of the two kernels are compared as above.
-TEST_P(MatvecMmaTest, TimingLines) {
-  const GgmlType type = GetParam();
+TEST_F(MatvecMmaTest, TimingLines) {
+  const GgmlType type = kType;
   int dev = 0;
   ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
-  static const double copy = measure_copy_bandwidth(dev, 256ull << 20, 5);
-  if (type == GgmlType::Q4_K) std::printf("[ timing ] copy bandwidth %.0f GB/s\n", copy / 1e9);
-  std::vector<std::pair<size_t, size_t>> shapes = {{4096, 2048}};
-  if (type == GgmlType::Q4_K) shapes.insert(shapes.begin(), {154880, 4096});
-  for (const auto& [rows, cols] : shapes) {
+  const double copy = measure_copy_bandwidth(dev, 256ull << 20, 5);
+  std::printf("[ timing ] copy bandwidth %.0f GB/s\n", copy / 1e9);
+  for (const auto& [rows, cols] : {std::pair<size_t, size_t>{154880, 4096}, {4096, 2048}}) {
     const size_t row_bytes = *model::ggml_bytes(type, cols), bytes = rows * row_bytes;
-    DeviceBuffer dw = to_device(random_blocks(type, rows, cols));
+    DeviceBuffer dw = to_device(random_blocks(rows, cols));
     std::mt19937 rng(3);
     const auto x = normal(2 * cols, rng);
     DeviceBuffer dx = to_device(x);
@@ -369,11 +364,6 @@ TEST_P(MatvecMmaTest, TimingLines) {
     }
   }
 }
-
-INSTANTIATE_TEST_SUITE_P(Types, MatvecMmaTest,
-                         ::testing::Values(GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS,
-                                           GgmlType::IQ3_S),
-                         [](const auto& info) { return std::string(model::ggml_type_traits(info.param).name); });
 
 }  // namespace
 }  // namespace ferry::gpu
