@@ -24,6 +24,7 @@
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/matvec_int16.hpp"
+#include "gpu/matvec_mma.hpp"
 #include "gpu/matvec_part.cuh"
 #include "gpu/pdl.cuh"
 #include "gpu/pdl.hpp"
@@ -551,6 +552,14 @@ bool matvec_quantizes_activations(const MatvecArgs& a) {
 }
 
 void launch_matvec_int16(const MatvecArgs& a, const uint32_t* iq3s_grid, cudaStream_t stream) {
+  if (matvec_mma_applies(a)) {
+    launch_matvec_mma(a, stream);
+  } else {
+    launch_matvec_dp2a(a, iq3s_grid, stream);
+  }
+}
+
+void launch_matvec_dp2a(const MatvecArgs& a, const uint32_t* iq3s_grid, cudaStream_t stream) {
   Tables tables{iq3s_grid, {}};
   std::memcpy(tables.iq4nl, model::kIq4nlValues, sizeof(tables.iq4nl));
   switch (a.w.type) {
@@ -559,7 +568,7 @@ void launch_matvec_int16(const MatvecArgs& a, const uint32_t* iq3s_grid, cudaStr
     case model::GgmlType::Q6_K: launch<qd::kQ6_K>(a, tables, stream); break;
     case model::GgmlType::IQ4_XS: launch<qd::kIQ4_XS>(a, tables, stream); break;
     case model::GgmlType::IQ3_S: launch<qd::kIQ3_S>(a, tables, stream); break;
-    default: throw CudaError("launch_matvec_int16: no int16 kernel for this weight type");
+    default: throw CudaError("launch_matvec_dp2a: no int16 kernel for this weight type");
   }
   FERRY_CUDA_LAUNCHED();
 }

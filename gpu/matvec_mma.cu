@@ -1,0 +1,508 @@
+// The int16-activation decode matvec (gpu/matvec_int16.cu) on int8 tensor cores for Q4_K (issue 15).
+//
+// The dp2a kernel spends much of its time unpacking weights and issuing 2 MACs an instruction. Here
+// one mma.sync m16n8k32 (gpu/mma_int8.cuh) multiplies a 16-row x 32-column tile of weights, their
+// quantized bytes as they lie (A), by the launch's tokens (B: up to 8 columns); each int16
+// activation is hi (s8) * 256 + lo (u8), two exact MMAs, so the int32 sum of a 32-weight sub-block
+// is the dp2a kernel's, and only the f32 order of the scale terms differs; the minimum terms (a
+// superblock's 8 minimums times the f32 sums of x) are one more MMA over tf32, the sums split into
+// two tf32 parts (~22 bits). The activations are quantized as the dp2a kernel does
+// (gpu/x_int16.cuh) into shared memory in B's fragment order.
+//
+// Work: a warp's step is 16 rows x one 256-column superblock, its loads (8-byte pieces: a lane holds
+// rows g and g + 8 of an MMA tile, at the same columns) requested one step ahead. The warps of a
+// block share a tile's superblocks (8 warps on rows of 8 or more superblocks, fewer tiles a block
+// otherwise) and add their partial sums through shared memory in a fixed order; a token's result
+// is the same whatever the launch's token count.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <set>
+#include <tuple>
+#include <utility>
+
+#include "gpu/cuda_check.hpp"
+#include "gpu/matvec_mma.hpp"
+#include "gpu/matvec_part.cuh"
+#include "gpu/mma_int8.cuh"
+#include "gpu/pdl.cuh"
+#include "gpu/pdl.hpp"
+#include "gpu/quant_device.cuh"
+#include "gpu/swiglu.cuh"
+#include "gpu/x_int16.cuh"
+
+namespace ferry::gpu {
+namespace {
+
+constexpr uint32_t kWarps = 8, kThreads = kWarps * 32;
+// Dynamic shared memory the kernel is allowed (the opt-in above 48 KiB, sm80+): what the largest
+// call that takes the int16 path needs here (8 tokens of 2,304 columns: ~52 KiB) fits.
+constexpr size_t kMaxSmem = 64 * 1024;
+
+// Shared memory of a block for `tokens` tokens of `units` 32-column units:
+//   B: per token (tok_stride bytes, 64 more than the values so that two tokens' fragment loads of one
+//      quarter-warp fall in different banks), per unit, per lane q 16 bytes: the hi bytes of the
+//      lane's 8 columns of the unit (b[0]'s four, then b[1]'s), then their lo bytes;
+//   steps: per token (units + 1: the pad again), per unit, amax / 32767;
+//   sums (for the K-quant minimum terms, a tf32 MMA's B): per token (an odd number of 64 bytes: the
+//      pad again), per superblock, per lane q 16 bytes: the sums of the 32 x of units q and q + 4 as
+//      tf32 hi parts, then the lo parts (the remainders, tf32);
+//   partial sums: two buffers (steps alternate) x warps x tokens x 16 rows.
+struct Layout {
+  uint32_t units, tokens;
+  __host__ __device__ uint32_t tok_stride() const { return units * 64 + 64; }
+  __host__ __device__ uint32_t step_stride() const { return units + 1; }
+  __host__ __device__ uint32_t sum_stride() const { return (units / 8 | 1) * 64; }
+  __host__ __device__ uint32_t steps_at() const { return tokens * tok_stride(); }
+  __host__ __device__ uint32_t sums_at() const { return steps_at() + (tokens * step_stride() * 4 + 15) / 16 * 16; }
+  __host__ __device__ uint32_t partials_at() const { return sums_at() + tokens * sum_stride(); }
+  __host__ __device__ uint32_t bytes() const { return partials_at() + 2 * kWarps * tokens * 16 * 4; }
+};
+
+// Warps sharing a tile's superblocks: a power of two up to 8, at most the superblocks of a row.
+__host__ __device__ constexpr uint32_t warps_per_tile(uint32_t superblocks) {
+  return superblocks >= 8 ? 8 : superblocks >= 4 ? 4 : superblocks >= 2 ? 2 : 1;
+}
+
+// What a product reads besides the weights: the quantized x in shared memory, the lane's place in
+// the MMA fragments (g = lane / 4, q = lane % 4) and the group's token count.
+struct Ctx {
+  const unsigned char* xb;
+  const float* steps;
+  const unsigned char* sums;
+  Layout lay;
+  uint32_t g, q, ntok;
+};
+
+// Token g's B fragments of unit `unit`. Columns past the group's tokens read its last token: their
+// sums are never stored, and each column's sums are its own, so no register is zeroed for them.
+__device__ __forceinline__ void load_b(const Ctx& c, uint32_t unit, mma::FragB& hi, mma::FragB& lo) {
+  const uint4 v = *reinterpret_cast<const uint4*>(c.xb + min(c.g, c.ntok - 1) * c.lay.tok_stride() + unit * 64 +
+                                                  c.q * 16);
+  hi = {{v.x, v.y}};
+  lo = {{v.z, v.w}};
+}
+// d = a * b with a zero C operand (RZ in the instruction: no registers zeroed for it), the
+// signedness of mma::mma_k32.
+template <bool SignedA, bool SignedB>
+__device__ __forceinline__ void mma_k32_zero_c(mma::FragC& d, const mma::FragA& a, const mma::FragB& b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define FERRY_MMA_K32_ZERO_C(AT, BT)                                                                  \
+  asm("mma.sync.aligned.m16n8k32.row.col.s32." AT "." BT ".s32 "                                    \
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};"                         \
+      : "=r"(d.r[0]), "=r"(d.r[1]), "=r"(d.r[2]), "=r"(d.r[3])                                      \
+      : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[0]), "r"(b.r[1]), "r"(0))
+  if constexpr (SignedA && SignedB) {
+    FERRY_MMA_K32_ZERO_C("s8", "s8");
+  } else if constexpr (SignedA) {
+    FERRY_MMA_K32_ZERO_C("s8", "u8");
+  } else if constexpr (SignedB) {
+    FERRY_MMA_K32_ZERO_C("u8", "s8");
+  } else {
+    FERRY_MMA_K32_ZERO_C("u8", "u8");
+  }
+#undef FERRY_MMA_K32_ZERO_C
+#else
+  (void)d;
+  (void)a;
+  (void)b;
+  __trap();
+#endif
+}
+// The int32 sums of A's rows (g, g + 8) with the lane's tokens (2q, 2q + 1): s[2r + t], hi * 256 + lo.
+template <bool SignedA>
+__device__ __forceinline__ void sums(const mma::FragA& A, const mma::FragB& hi, const mma::FragB& lo, int (&s)[4]) {
+  mma::FragC ch, cl;
+  mma_k32_zero_c<SignedA, true>(ch, A, hi);
+  mma_k32_zero_c<SignedA, false>(cl, A, lo);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) s[i] = ch.r[i] * 256 + cl.r[i];
+}
+// Token t's step of unit `unit` (past the group's tokens its last token's, as load_b).
+__device__ __forceinline__ float x_step(const Ctx& c, uint32_t t, uint32_t unit) {
+  return c.steps[min(t, c.ntok - 1) * c.lay.step_stride() + unit];
+}
+
+// d = a * b + c over tf32 (m16n8k8, f32 sums): a[0] / a[1] rows g / g + 8 and a[2] / a[3] the same
+// rows at a second k, b[0] / b[1] column g at those two k; d as mma_k32's C.
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint4& b_pair, bool lo) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t b0 = lo ? b_pair.z : b_pair.x, b1 = lo ? b_pair.w : b_pair.y;
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  (void)d;
+  (void)a;
+  (void)b_pair;
+  (void)lo;
+  __trap();
+#endif
+}
+// Asks for `bytes` from p into L2 (sm90's bulk prefetch; a hint, nothing waits for it). p and bytes
+// are rounded out to 16 bytes: the rows of a matrix, whose allocation extends to that.
+__device__ __forceinline__ void prefetch_l2(const uint8_t* p, size_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const size_t from = __cvta_generic_to_global(p) & ~size_t{15};
+  const size_t to = (__cvta_generic_to_global(p + bytes) + 15) & ~size_t{15};
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(from), "r"(static_cast<uint32_t>(to - from))
+               : "memory");
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
+// x rounded to tf32 (nearest, ties away), as an f32.
+__device__ __forceinline__ float tf32_round(float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return __uint_as_float(r);
+#else
+  __trap();
+  return x;
+#endif
+}
+
+// Per type: a superblock's bytes, what a lane loads of one for rows g and g + 8 (Regs, load) and its
+// products for the lane's C fragment added to acc (product). A lane multiplies columns 8q..8q+7 of
+// each 32-column unit; A's registers: a[0] / a[2] row g, the lane's first / second four columns;
+// a[1] / a[3] row g + 8.
+template <int T> struct MmaReader;
+
+// Q4_K: d, dmin, 12 bytes of 6-bit scales and minimums (k4_scale_min's rule), sub-block j's
+// 32 columns from chunk j / 2 (low nibbles for even j, high for odd); per sub-block sum(q x) *
+// scale * x's step in f32; the minimum terms sum(minimum * sum(x)) over the 8 sub-blocks as one tf32
+// MMA (the minimums are small integers, the sums split into two tf32 parts: ~22 bits of each); d
+// and dmin once a superblock.
+struct K4Scales {
+  float d[2], dmin[2];
+  uint32_t sc[2][2], mn[2][2];  // byte j of [r][0] / [r][1]: sub-block j / 4 + j of row r
+  __device__ explicit K4Scales(const uint4 (&head)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const uint4 h = head[r];
+      d[r] = qd::h2f(h.x & 0xffff);
+      dmin[r] = qd::h2f(h.x >> 16);
+      sc[r][0] = h.y & 0x3f3f3f3fu;
+      mn[r][0] = h.z & 0x3f3f3f3fu;
+      sc[r][1] = (h.w & 0x0f0f0f0fu) | ((h.y >> 2) & 0x30303030u);
+      mn[r][1] = ((h.w >> 4) & 0x0f0f0f0fu) | ((h.z >> 2) & 0x30303030u);
+    }
+  }
+};
+// a_of(j, A) fills sub-block j's A fragment.
+template <class AOf>
+__device__ __forceinline__ void k4_product(const K4Scales& k, uint32_t sb, const Ctx& c, AOf a_of, float (&acc)[4]) {
+  float sd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    mma::FragA A;
+    a_of(j, A);
+    const uint32_t unit = 8 * sb + j;
+    mma::FragB hi, lo;
+    load_b(c, unit, hi, lo);
+    int s[4];
+    sums<false>(A, hi, lo, s);
+    const float x0 = x_step(c, 2 * c.q, unit), x1 = x_step(c, 2 * c.q + 1, unit);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int scale = static_cast<int>((k.sc[r][j >> 2] >> (8 * (j & 3))) & 0xff);
+      // |s| * scale < 31 * 32767 * 32 * 63: no int32 overflow.
+      sd[2 * r] += static_cast<float>(s[2 * r] * scale) * x0;
+      sd[2 * r + 1] += static_cast<float>(s[2 * r + 1] * scale) * x1;
+    }
+  }
+  // A: the minimums of sub-blocks q (a[0], a[1]) and q + 4 (a[2], a[3]); B: token g's sums of them.
+  const uint32_t am[4] = {__float_as_uint(qd::byte_f(k.mn[0][0], c.q)), __float_as_uint(qd::byte_f(k.mn[1][0], c.q)),
+                          __float_as_uint(qd::byte_f(k.mn[0][1], c.q)), __float_as_uint(qd::byte_f(k.mn[1][1], c.q))};
+  const uint4 bm = *reinterpret_cast<const uint4*>(c.sums + min(c.g, c.ntok - 1) * c.lay.sum_stride() + sb * 64 +
+                                                   c.q * 16);
+  float sm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  mma_tf32(sm, am, bm, false);
+  mma_tf32(sm, am, bm, true);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) acc[i] += k.d[i >> 1] * sd[i] - k.dmin[i >> 1] * sm[i];
+}
+
+template <> struct MmaReader<qd::kQ4_K> {
+  static constexpr uint32_t kBlockBytes = 144;
+  struct Regs {
+    uint4 head[2];   // bytes 0..15 of rows g, g + 8
+    uint2 qs[2][4];  // bytes 8q..8q+7 of each chunk
+  };
+  __device__ static void load(const uint8_t* blk, uint32_t r, uint32_t q, Regs& w) {
+    w.head[r] = *reinterpret_cast<const uint4*>(blk);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) w.qs[r][c] = *reinterpret_cast<const uint2*>(blk + 16 + 32 * c + 8 * q);
+  }
+  __device__ static void product(const Regs& w, uint32_t sb, const Ctx& c, float (&acc)[4]) {
+    k4_product(K4Scales(w.head), sb, c,
+               [&](int j, mma::FragA& A) {
+                 const int ch = j >> 1, shift = 4 * (j & 1);
+                 A.r[0] = (w.qs[0][ch].x >> shift) & 0x0f0f0f0fu;
+                 A.r[1] = (w.qs[1][ch].x >> shift) & 0x0f0f0f0fu;
+                 A.r[2] = (w.qs[0][ch].y >> shift) & 0x0f0f0f0fu;
+                 A.r[3] = (w.qs[1][ch].y >> shift) & 0x0f0f0f0fu;
+               },
+               acc);
+  }
+};
+
+// Token t's 16 values at columns 16p.. (SwiGLU of gate and up where x_up is set), as the dp2a kernel
+// reads them.
+__device__ __forceinline__ void read_x16(const MatvecArgs& a, const MatvecPartView& view, uint32_t g, size_t at,
+                                         float (&v)[16]) {
+  const float4* src = reinterpret_cast<const float4*>(view.x + at);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float4 f = src[k];
+    v[4 * k] = f.x, v[4 * k + 1] = f.y, v[4 * k + 2] = f.z, v[4 * k + 3] = f.w;
+  }
+  if (a.x_up == nullptr) return;
+  const float4* up =
+      reinterpret_cast<const float4*>(a.x_up + static_cast<size_t>(g / a.x_group_div) * a.x_group_stride + at);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float4 u = up[k];
+    v[4 * k] = swiglu_value(v[4 * k], u.x, a.swiglu_limit);
+    v[4 * k + 1] = swiglu_value(v[4 * k + 1], u.y, a.swiglu_limit);
+    v[4 * k + 2] = swiglu_value(v[4 * k + 2], u.z, a.swiglu_limit);
+    v[4 * k + 3] = swiglu_value(v[4 * k + 3], u.w, a.swiglu_limit);
+  }
+}
+
+// Quantizes the group's tokens into the B layout: a thread 16 values (half of a 32-value unit, its
+// neighbour the other half), rounded as the dp2a kernel rounds them (gpu/x_int16.cuh), each int16 as
+// its hi and lo bytes.
+__device__ void quantize_x(const MatvecArgs& a, const MatvecPartView& view, uint32_t g, const int32_t* tok_x,
+                           uint32_t ntok, const Layout& lay, unsigned char* smem) {
+  const uint32_t K = a.w.cols, pieces = ntok * (K / 16);
+  float* steps = reinterpret_cast<float*>(smem + lay.steps_at());
+  for (uint32_t base = 0; base < pieces; base += kThreads) {
+    const uint32_t i = base + threadIdx.x;
+    const bool valid = i < pieces;
+    const uint32_t t = valid ? i / (K / 16) : 0, p = valid ? i % (K / 16) : 0;
+    float v[16] = {};
+    if (valid) read_x16(a, view, g, static_cast<size_t>(tok_x != nullptr ? tok_x[t] : t) * a.x_tok_stride + 16 * p, v);
+    float amax, sum;
+    x16_stats(v, amax, sum);
+    amax = x32_amax(amax);
+    const float other_sum = __shfl_xor_sync(0xffffffffu, sum, 1);
+    if (!valid) continue;
+    uint32_t packed[8];
+    x16_pack(v, amax, packed);
+    // hi[k], lo[k]: the high / low bytes of columns 16 half + 4k..4k+3 (packed: two int16 a word).
+    uint32_t hi[4], lo[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      hi[k] = __byte_perm(packed[2 * k], packed[2 * k + 1], 0x7531);
+      lo[k] = __byte_perm(packed[2 * k], packed[2 * k + 1], 0x6420);
+    }
+    const uint32_t unit = p / 2, half = p % 2;
+    // Columns 16 half + 0..7 are lane 2 half's, 8..15 lane 2 half + 1's.
+    uint4* dst = reinterpret_cast<uint4*>(smem + t * lay.tok_stride() + unit * 64 + half * 32);
+    dst[0] = make_uint4(hi[0], hi[1], lo[0], lo[1]);
+    dst[1] = make_uint4(hi[2], hi[3], lo[2], lo[3]);
+    if (half == 0) {
+      steps[t * lay.step_stride() + unit] = x32_scale(amax);
+      const float total = sum + other_sum, hi_part = tf32_round(total);
+      const uint32_t j = unit % 8;
+      float* slot = reinterpret_cast<float*>(smem + lay.sums_at() + t * lay.sum_stride() + unit / 8 * 64 + (j % 4) * 16);
+      slot[j / 4] = hi_part;
+      slot[2 + j / 4] = tf32_round(total - hi_part);
+    }
+  }
+}
+
+template <int T>
+__global__ void __launch_bounds__(kThreads, 2) mma_kernel(MatvecArgs a) {
+  using R = MmaReader<T>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  // Groups, tokens named on the device and PDL as in the dp2a kernel (gpu/matvec_int16.cu): the
+  // weights no earlier kernel picks are requested before the wait, x and y touched only after it.
+  const bool fixed_weights = a.w_group_index == nullptr && a.w_group_ptrs == nullptr && a.group_count == nullptr &&
+                             (a.parts < 2 || a.more[0].group_ptrs == nullptr) &&
+                             (a.parts < 3 || a.more[1].group_ptrs == nullptr);
+  if (!fixed_weights) pdl_wait();
+  uint32_t g = blockIdx.y, bx = blockIdx.x, nb = gridDim.x, ntok = a.tokens;
+  const int32_t *tok_x = nullptr, *tok_y = nullptr;
+  if (a.group_count != nullptr) {
+    const uint32_t groups = min(static_cast<uint32_t>(max(*a.group_count, 0)), a.groups);
+    if (groups == 0) return;
+    g = blockIdx.x % groups;
+    bx = blockIdx.x / groups;
+    nb = gridDim.x / groups + (g < gridDim.x % groups ? 1 : 0);
+    ntok = min(static_cast<uint32_t>(max(a.tok_count[g], 0)), a.tokens);
+    if (ntok == 0) return;
+    tok_x = a.tok_x + static_cast<size_t>(g) * a.tokens;
+    tok_y = a.tok_y + static_cast<size_t>(g) * a.tokens;
+  }
+  if (a.skip_negative_index && a.w_group_index[g] < 0) return;
+  const uint32_t superblocks = a.w.cols / 256;
+  const Layout lay{a.w.cols / 32, a.tokens};
+  const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, lg = lane >> 2, lq = lane & 3;
+  // Warp `warp` takes superblocks slice, slice + wpt, ... of tile `in_step` of each block step.
+  const uint32_t wpt = warps_per_tile(superblocks), tiles_per_step = kWarps / wpt;
+  const uint32_t in_step = warp / wpt, slice = warp % wpt;
+  const uint32_t mine = (superblocks - slice + wpt - 1) / wpt;
+  const MatvecPartView view = matvec_part_view(a, g);
+  const uint32_t tiles = (view.rows + 15) / 16;
+  auto tile_of = [&](uint32_t step, uint32_t at) { return (bx + step * nb) * tiles_per_step + at; };
+  if (view.rows == 0) return;
+  // The lane's rows g and g + 8 of the warp's tile in a step. Rows past the matrix (the last tile's,
+  // the step after a block's last) read its last row instead: their sums are not stored, and the
+  // loads need no predicate or zeroing.
+  struct Rows {
+    const uint8_t* p[2];
+  };
+  auto rows_of = [&](uint32_t step) {
+    const uint32_t row0 = tile_of(step, in_step) * 16 + lg;
+    Rows r;
+#pragma unroll
+    for (uint32_t i = 0; i < 2; ++i) r.p[i] = view.w + static_cast<size_t>(min(row0 + 8 * i, view.rows - 1)) * a.w.row_bytes;
+    return r;
+  };
+  auto load = [&](const Rows& rows, uint32_t j, typename R::Regs& w) {
+    const uint32_t col_bytes = (slice + j * wpt) * R::kBlockBytes;
+#pragma unroll
+    for (uint32_t r = 0; r < 2; ++r) R::load(rows.p[r] + col_bytes, r, lq, w);
+  };
+
+  // The rows of a block step lie together: one thread asks for the next step's into L2 while the
+  // current one runs (step 0's are the warps' first loads: asking twice slowed 1-step calls) (weights that no earlier kernel picks only: a routed expert's call is one step
+  // a block, and its pointers may be mapped host memory), so that the warps' own loads, one
+  // superblock ahead, find them there.
+  auto prefetch_step = [&](uint32_t step) {
+    const uint32_t row0 = tile_of(step, 0) * 16;
+    if (!fixed_weights || threadIdx.x != 0 || row0 >= view.rows) return;
+    const uint32_t n = min(tiles_per_step * 16, view.rows - row0);
+    prefetch_l2(view.w + static_cast<size_t>(row0) * a.w.row_bytes, static_cast<size_t>(n) * a.w.row_bytes);
+  };
+  prefetch_step(1);
+  Rows rows = rows_of(0);
+  typename R::Regs cur;
+  load(rows, 0, cur);
+  if (fixed_weights) pdl_wait();
+  pdl_launch_dependents();
+  quantize_x(a, view, g, tok_x, ntok, lay, smem);
+  __syncthreads();
+
+  const Ctx ctx{smem, reinterpret_cast<const float*>(smem + lay.steps_at()), smem + lay.sums_at(), lay, lg, lq, ntok};
+  float* partials = reinterpret_cast<float*>(smem + lay.partials_at());
+  auto store = [&](uint32_t row, uint32_t t, float v) {
+    const size_t yt = tok_y != nullptr ? static_cast<size_t>(tok_y[t]) : static_cast<size_t>(t);
+    view.y[static_cast<size_t>(g) * a.y_group_stride + row + yt * view.y_tok_stride] = v;
+  };
+  for (uint32_t step = 0; tile_of(step, 0) < tiles; ++step) {
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const Rows after = rows_of(step + 1);
+    for (uint32_t j = 0; j < mine; ++j) {
+      typename R::Regs next;
+      if (j + 1 < mine) {
+        load(rows, j + 1, next);
+      } else {
+        load(after, 0, next);
+      }
+      R::product(cur, slice + j * wpt, ctx, acc);
+      cur = next;
+    }
+    rows = after;
+    prefetch_step(step + 2);
+    // acc[2r + t]: row lg + 8r, token 2 lq + t of the tile.
+    if (wpt == 1) {
+#pragma unroll
+      for (uint32_t i = 0; i < 4; ++i) {
+        const uint32_t row = tile_of(step, in_step) * 16 + lg + 8 * (i >> 1), t = 2 * lq + (i & 1);
+        if (row < view.rows && t < ntok) store(row, t, acc[i]);
+      }
+      continue;
+    }
+    float* buf = partials + (step & 1) * kWarps * a.tokens * 16;
+#pragma unroll
+    for (uint32_t i = 0; i < 4; ++i) {
+      const uint32_t t = 2 * lq + (i & 1);
+      if (t < ntok) buf[(warp * a.tokens + t) * 16 + lg + 8 * (i >> 1)] = acc[i];
+    }
+    // One barrier a step: a buffer is written again two steps on, after every thread has passed the
+    // next step's barrier and so finished reading it.
+    __syncthreads();
+    for (uint32_t idx = threadIdx.x; idx < tiles_per_step * ntok * 16; idx += kThreads) {
+      const uint32_t at = idx / (ntok * 16), t = idx / 16 % ntok, rl = idx % 16;
+      const uint32_t row = tile_of(step, at) * 16 + rl;
+      float sum = 0.0f;
+      for (uint32_t w = 0; w < wpt; ++w) sum += buf[((at * wpt + w) * a.tokens + t) * 16 + rl];
+      if (row < view.rows) store(row, t, sum);
+    }
+  }
+}
+
+using Kernel = void (*)(MatvecArgs);
+// The types the kernel reads: Q4_K, where it is not slower than the dp2a kernel at one token (Q5_K,
+// Q6_K, IQ4_XS and IQ3_S readers measured 3-25% slower there on the H200: gpu/PERF.md).
+Kernel kernel_for(model::GgmlType type) { return type == model::GgmlType::Q4_K ? mma_kernel<qd::kQ4_K> : nullptr; }
+Layout layout_of(const MatvecArgs& a) { return {a.w.cols / 32, a.tokens}; }
+
+// The shared-memory opt-in, once a kernel and device; then the blocks an SM holds at `smem` bytes
+// (asked once a device, kernel and size: a decode graph's capture finds them asked by its eager step).
+uint32_t resident_per_sm(Kernel kernel, size_t smem) {
+  static std::mutex mutex;
+  static std::set<std::pair<int, const void*>> opted;
+  static std::map<std::tuple<int, const void*, size_t>, uint32_t> cache;
+  int dev = 0;
+  FERRY_CUDA(cudaGetDevice(&dev));
+  const std::lock_guard<std::mutex> lock(mutex);
+  const void* k = reinterpret_cast<const void*>(kernel);
+  if (opted.insert({dev, k}).second) {
+    FERRY_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxSmem)));
+  }
+  auto [it, fresh] = cache.try_emplace({dev, k, smem}, 0);
+  if (fresh) {
+    int n = 0;
+    FERRY_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem));
+    it->second = static_cast<uint32_t>(std::max(n, 1));
+  }
+  return it->second;
+}
+
+}  // namespace
+
+bool matvec_mma_applies(const MatvecArgs& a) {
+  if (!matvec_quantizes_activations(a)) return false;
+  const Kernel kernel = kernel_for(a.w.type);
+  return kernel != nullptr && code_built_for(reinterpret_cast<const void*>(kernel), 8) &&
+         layout_of(a).bytes() <= kMaxSmem;
+}
+
+void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream) {
+  if (!matvec_mma_applies(a)) throw CudaError("launch_matvec_mma: no tensor-core kernel for this call");
+  const Kernel kernel = kernel_for(a.w.type);
+  const size_t smem = layout_of(a).bytes();
+  const uint32_t rows_per_block = 16 * (kWarps / warps_per_tile(a.w.cols / 256));
+  // Enough blocks to fill the device once; each block quantizes its input once and loops over tiles.
+  const uint32_t wanted = (matvec_max_rows(a) + rows_per_block - 1) / rows_per_block;
+  const uint32_t resident = static_cast<uint32_t>(current_sm_count()) * resident_per_sm(kernel, smem);
+  dim3 grid;
+  if (a.group_count != nullptr) {
+    const uint32_t all = std::max<uint32_t>(1, resident / a.parts);
+    grid = dim3(std::max(a.groups, std::min(wanted * a.groups, all)), 1, a.parts);
+  } else {
+    const uint32_t fill = std::max<uint32_t>(1, resident / (a.groups * a.parts));
+    grid = dim3(std::min(wanted, fill), a.groups, a.parts);
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  pdl_configure(cfg, attr, reinterpret_cast<const void*>(kernel));
+  FERRY_CUDA(cudaLaunchKernelEx(&cfg, kernel, a));
+  FERRY_CUDA_LAUNCHED();
+}
+
+}  // namespace ferry::gpu
