@@ -320,7 +320,7 @@ __device__ void quantize_x(const MatvecArgs& a, const MatvecPartView& view, uint
 }
 
 template <int T>
-__global__ void __launch_bounds__(kThreads, 2) mma_kernel(MatvecArgs a) {
+__global__ void __launch_bounds__(kThreads, 2) matvec_mma_kernel(MatvecArgs a) {
   using R = MmaReader<T>;
   extern __shared__ __align__(16) unsigned char smem[];
   // Groups, tokens named on the device and PDL as in the dp2a kernel (gpu/matvec_int16.cu): the
@@ -444,7 +444,7 @@ __global__ void __launch_bounds__(kThreads, 2) mma_kernel(MatvecArgs a) {
 using Kernel = void (*)(MatvecArgs);
 // The types the kernel reads: Q4_K, where it is not slower than the dp2a kernel at one token (Q5_K,
 // Q6_K, IQ4_XS and IQ3_S readers measured 3-25% slower there on the H200: gpu/PERF.md).
-Kernel kernel_for(model::GgmlType type) { return type == model::GgmlType::Q4_K ? mma_kernel<qd::kQ4_K> : nullptr; }
+Kernel kernel_for(model::GgmlType type) { return type == model::GgmlType::Q4_K ? matvec_mma_kernel<qd::kQ4_K> : nullptr; }
 Layout layout_of(const MatvecArgs& a) { return {a.w.cols / 32, a.tokens}; }
 
 // The shared-memory opt-in, once a kernel and device; then the blocks an SM holds at `smem` bytes

@@ -476,7 +476,7 @@ int bench(const Options& o) {
     if (cs == nullptr) continue;
     for (const std::string& k : cs->decode_graph_kernels(1, 1, 1)) {
       ++launches;
-      products += k.rfind("int16_kernel", 0) == 0 || k.rfind("matvec_kernel", 0) == 0 || k.rfind("wide_kernel", 0) == 0;
+      products += k.rfind("int16_kernel", 0) == 0 || k.rfind("matvec_", 0) == 0 || k.rfind("wide_kernel", 0) == 0;
     }
   }
   if (launches > 0) {
