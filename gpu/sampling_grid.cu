@@ -18,8 +18,11 @@
 // goes on with the radix passes over all blocks, unless each of its cuts falls in a value bucket of one
 // value (rows of ties): then the first block decides the row from the value histogram alone
 // (model/cpu/sampling_buckets.hpp), finding the i-th id of a run of ties from per-block counts of its
-// bucket and one read of the block's logits. Over 800 lines: one kernel's executor, its parts share
-// its registers and shared memory.
+// bucket and one read of the block's logits. The sizes, scratch and shared memory are in
+// sampling_grid_state.cuh; the block-wide parts the executor calls from many sites, out of line, in
+// sampling_grid_parts.cuh. The launch's first block marks its phases (GridRow::mark: after the load,
+// the arg-max, the weights, the value histogram and its barrier, the plan, the list, each scan and
+// select of a list or walk, the end), which sample_phases reads for the timing tests.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -28,6 +31,9 @@
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/sample_scratch.hpp"
+#include "gpu/sampling_grid_parts.cuh"
+#include "gpu/sampling_grid_state.cuh"
+#include "gpu/warp_u128.cuh"
 #include "model/cpu/sampling_buckets.hpp"
 #include "model/cpu/sampling_list.hpp"
 #include "model/cpu/sampling_rule.hpp"
@@ -39,139 +45,8 @@ namespace rule = model::sampling;
 using rule::u128;
 using ull = unsigned long long;
 
-constexpr int kThreads = 512;
-constexpr int kPer = 8;  // keys a thread holds
-constexpr uint32_t kBlockKeys = uint32_t{kThreads} * kPer;
-constexpr uint32_t kMaxRows = 8;  // rows of one launch: the scratch holds this many
-// Barriers of one row: the argmax, the value histogram, then either the gather or up to 8 digits of a
-// 63-bit key for each of the three selects (top-k, top-p, the draw) and min-p's.
-constexpr int kPasses = 2 + 3 * 8 + 1;
-// Keys gathered during the value histogram already: buckets from here up, (value - top) / T > -16.125.
-constexpr int kSpecBucket = 255 - 128;
-constexpr unsigned kAll = 0xffffffffu;
-constexpr int kTallies = 4;  // value-bucket sums a plan takes at once
-constexpr uint32_t kCountedBlocks = 64;  // blocks of a row whose value-bucket counts are kept (the walk)
-// A list's value bucket of up to this many keys is ordered by counting (each key against all), more by
-// the radix passes: the counting is one pass of m steps a key, the passes ~4 block barriers each.
-constexpr uint32_t kRankKeys = 128;
-static_assert(kRankKeys <= kThreads, "a counted bucket takes one thread a key");
-
-// One pass's histogram summed over a row's blocks: a block's weight W of a bucket adds W mod 2^32 to lo
-// and W >> 32 to hi (the bucket's weight is lo + hi * 2^32); neither sum can wrap for 2^31 keys.
-struct Pass {
-  uint32_t count[256];
-  ull lo[256], hi[256];
-  ull top[256];  // a key of the bucket, stored by each block that has one: the key when count is 1
-};
-struct RowScratch {
-  unsigned arrived;  // blocks at a barrier, over the whole launch
-  unsigned exited;
-  unsigned listed_early, listed;  // keys gathered during the value histogram, and after it
-  ull past;  // 1 + the largest key lighter than min-p's threshold (0: none), over the whole row
-  Pass pass[kPasses];
-  ull list[kBlockKeys];  // the gathered keys, in no order
-  // Of the value histogram: per bucket the largest value's order bits and the smallest's complement
-  // (maxima, so that zero is empty), and each block's count (at most kBlockKeys).
-  uint32_t vmax[256], vlow[256];
-  uint16_t block_count[kCountedBlocks][256];
-};
-
+using namespace sample_grid;
 using rule::ValueBuckets;
-
-// A block's histogram. Shared-memory atomics on 64 bits are compare-and-swap loops, slow when many
-// warps hit one bucket, so a bucket's weight is a 96-bit number in three 32-bit words (m0 low) added
-// with carries, and its key is stored, not maxed: it is read only when the bucket holds one key.
-struct Local {
-  uint32_t count[256];
-  uint32_t m0[256], m1[256], m2[256];
-  ull top[256];
-  uint32_t vmax[256], vlow[256];  // the value histogram's value range per bucket, as in RowScratch
-  ull group_w[kThreads], group_k[kThreads];  // a warp's weights and keys, for the lowest lane of a bucket
-  uint32_t bucket, bucket_count;
-  ull count_before, need_lo, need_hi, only;
-  uint32_t nth_block, warp_total[kThreads / 32];  // nth_key
-  ull nth_rank, nth_key;
-  uint32_t pick_count[256];  // choose: the measures of warp 0's buckets
-  ull pick_lo[256], pick_hi[256];
-  uint32_t rank_n;  // select_in: the bucket's keys gathered, and the key found with its measure
-  ull sel_key, sel_n, sel_lo, sel_hi;
-  // Read by the bucket walk only, so kept here rather than in registers: the row's logits, a drawn
-  // row's weight rule, and choose's floor (buckets below it count nothing, it counts floor_measure).
-  const float* row;
-  uint32_t vocab;
-  float wr_top;
-  double wr_inv_t;
-  int floor;
-  ull floor_lo, floor_hi;
-  ull tally_count[kTallies], tally_lo[kTallies], tally_hi[kTallies];
-};
-
-struct Tally {
-  ull count;
-  u128 mass;
-};
-
-// Value buckets to gather: `one`, and lo to hi.
-struct Band {
-  int one, lo, hi;
-  __device__ bool has(int b) const { return b == one || (lo <= b && b <= hi); }
-};
-
-// How a drawn row goes on after its value histogram.
-enum class Way { all_blocks, list, buckets, elsewhere };
-
-// Reads of what other blocks added: from L2, past this SM's L1 (ld.global.cg).
-__device__ uint32_t load_l2(const uint32_t& x) {
-  uint32_t v;
-  asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(&x));
-  return v;
-}
-__device__ ull load_l2(const ull& x) {
-  ull v;
-  asm volatile("ld.global.cg.u64 %0, [%1];" : "=l"(v) : "l"(&x));
-  return v;
-}
-__device__ uint16_t load_l2(const uint16_t& x) {
-  unsigned short v;
-  asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(&x));
-  return v;
-}
-__device__ void store_l2(ull& x, ull v) { asm volatile("st.global.cg.u64 [%0], %1;" ::"l"(&x), "l"(v) : "memory"); }
-
-__device__ ull warp_max_u64(ull v) {
-  for (int o = 16; o > 0; o >>= 1) {
-    const ull other = __shfl_xor_sync(kAll, v, o);
-    v = other > v ? other : v;
-  }
-  return v;
-}
-__device__ ull warp_min_u64(ull v) {
-  for (int o = 16; o > 0; o >>= 1) {
-    const ull other = __shfl_xor_sync(kAll, v, o);
-    v = other < v ? other : v;
-  }
-  return v;
-}
-__device__ ull warp_sum_u64(ull v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kAll, v, o);
-  return v;
-}
-
-__device__ u128 shfl_up128(u128 v, int by) {
-  const ull lo = __shfl_up_sync(kAll, static_cast<ull>(v), by);
-  const ull hi = __shfl_up_sync(kAll, static_cast<ull>(v >> 64), by);
-  return (static_cast<u128>(hi) << 64) | lo;
-}
-__device__ u128 shfl_xor128(u128 v, int by) {
-  const ull lo = __shfl_xor_sync(kAll, static_cast<ull>(v), by);
-  const ull hi = __shfl_xor_sync(kAll, static_cast<ull>(v >> 64), by);
-  return (static_cast<u128>(hi) << 64) | lo;
-}
-__device__ u128 shfl128(u128 v, int lane) {
-  const ull lo = __shfl_sync(kAll, static_cast<ull>(v), lane);
-  const ull hi = __shfl_sync(kAll, static_cast<ull>(v >> 64), lane);
-  return (static_cast<u128>(hi) << 64) | lo;
-}
 
 // The executor of rule::draw_token for one row's blocks: every thread of each of them calls each
 // method, in the same order, so every block passes the same barriers.
@@ -179,6 +54,20 @@ class GridRow {
  public:
   __device__ GridRow(Local& sh, RowScratch& g, uint32_t blocks, bool first, uint32_t bits)
       : sh_(sh), g_(g), blocks_(blocks), first_(first), bits_(bits) {}
+
+  // A phase mark of the launch's first block (sample_phases reads them): thread 0's SM clock, and
+  // the global timer at the first and the last.
+  __device__ void mark() {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    const unsigned n = marks_++;
+    if (n >= kMarks) return;
+    ull ns;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+    g_.mark_clock[n] = clock64();
+    if (n == 0) g_.mark_ns[0] = ns;
+    g_.mark_ns[1] = ns;
+    g_.marks = n + 1;
+  }
 
   __device__ void load(const float* row, uint32_t vocab, uint32_t begin, const rule::KeySpace& ks) {
     if (threadIdx.x == 0) {  // read after max_key's barrier
@@ -206,7 +95,7 @@ class GridRow {
 
   __device__ void weigh(const rule::WeightRule& weight, const rule::KeySpace& ks) {
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) w_[j] = key_[j] != 0 ? weight(ks.value(key_[j])) : 0;
+    for (int j = 0; j < kPer; ++j) w_[j] = key_[j] != 0 ? weight_of(weight, ks.value(key_[j])) : 0;
   }
 
   __device__ void histogram(uint64_t lb, uint64_t prefix, uint32_t left, uint32_t shift, bool by_mass) {
@@ -217,7 +106,7 @@ class GridRow {
     for (int j = 0; j < kPer; ++j) {
       const ull k = key_[j];
       const bool in = k != 0 && k >= lb && (k >> left) == prefix && ((view_ >> j) & 1u) != 0;
-      add_grouped(in ? static_cast<int>((k >> shift) & digit) : -1, by_mass ? w_[j] : 0, k, false);
+      add_grouped(in ? static_cast<int>((k >> shift) & digit) : -1, by_mass ? w_[j] : 0, k, false, bits_);
     }
     if (local_) {
       __syncthreads();
@@ -226,75 +115,9 @@ class GridRow {
     publish(next_pass(), false);
   }
 
-  // Warp 0 scans the summed buckets from the highest, 8 per lane; the lane holding the goal writes it.
+  // Warp 0 scans the summed buckets (choose_bucket); every thread gets the choice.
   __device__ rule::Choice choose(const rule::Goal& goal) {
-    const bool local = local_ && !scan_value_;
-    const Pass& p = g_.pass[scan_value_ ? 1 : pass_];
-    if (threadIdx.x < 32) {
-      const int lane = static_cast<int>(threadIdx.x);
-      u128 mine = 0;
-      ull mine_count = 0;
-      // The lane's buckets are kept in shared memory for the one lane that looks again (registers
-      // here would be live across the whole kernel's allocation).
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int b = 255 - 8 * lane - j;
-        uint32_t c;
-        u128 m;
-        if (local) {
-          c = sh_.count[b];
-          m = by_mass_ ? static_cast<u128>(sh_.m0[b]) + (static_cast<u128>(sh_.m1[b]) << 32) +
-                             (static_cast<u128>(sh_.m2[b]) << 64)
-                       : u128{c};
-        } else {
-          c = load_l2(p.count[b]);
-          m = by_mass_ ? static_cast<u128>(load_l2(p.lo[b])) + (static_cast<u128>(load_l2(p.hi[b])) << 32) : u128{c};
-        }
-        if (b < sh_.floor) {
-          c = 0;
-          m = 0;
-        } else if (b == sh_.floor) {
-          m = (static_cast<u128>(sh_.floor_hi) << 64) | sh_.floor_lo;
-        }
-        sh_.pick_count[b] = c;
-        sh_.pick_lo[b] = static_cast<ull>(m);
-        sh_.pick_hi[b] = static_cast<ull>(m >> 64);
-        mine += m;
-        mine_count += c;
-      }
-      u128 incl = mine;
-      ull incl_count = mine_count;
-      for (int o = 1; o < 32; o <<= 1) {
-        const u128 up = shfl_up128(incl, o);
-        const ull cu = __shfl_up_sync(kAll, incl_count, o);
-        if (lane >= o) {
-          incl += up;
-          incl_count += cu;
-        }
-      }
-      const u128 want = goal.of(shfl128(incl, 31));
-      u128 before = incl - mine;
-      ull count_before = incl_count - mine_count;
-      if (before < want && want <= incl) {
-        for (int j = 0; j < 8; ++j) {
-          const int b = 255 - 8 * lane - j;
-          const u128 m = (static_cast<u128>(sh_.pick_hi[b]) << 64) | sh_.pick_lo[b];
-          if (want <= before + m) {
-            const u128 need = want - before;
-            sh_.bucket = static_cast<uint32_t>(b);
-            sh_.bucket_count = sh_.pick_count[b];
-            sh_.count_before = count_before;
-            sh_.need_lo = static_cast<ull>(need);
-            sh_.need_hi = static_cast<ull>(need >> 64);
-            sh_.only = local ? sh_.top[b] : load_l2(p.top[b]);
-            break;
-          }
-          before += m;
-          count_before += sh_.pick_count[b];
-        }
-      }
-    }
-    __syncthreads();
+    choose_bucket(g_.pass[scan_value_ ? 1 : pass_], local_ && !scan_value_, by_mass_, goal);
     rule::Choice ch;
     ch.bucket = sh_.bucket;
     ch.count = sh_.bucket_count;
@@ -334,7 +157,7 @@ class GridRow {
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       const ull k = key_[j];
-      add_grouped(k != 0 ? vb(ks.value(k)) : -1, w_[j], k, true);
+      add_grouped(k != 0 ? vb(ks.value(k)) : -1, w_[j], k, true, bits_);
       if (k != 0 && w_[j] < light && k + 1 > past) past = k + 1;
     }
     past = warp_max_u64(past);
@@ -344,7 +167,9 @@ class GridRow {
       sh_.wr_top = wr.top;
       sh_.wr_inv_t = wr.inv_t;
     }
+    mark();
     publish(next_pass(), true);
+    mark();
     if (light != 0) past_ = load_l2(g_.past);
 
     // The bucket of the first cut: every key the rule looks at after it is in that bucket or above.
@@ -367,6 +192,7 @@ class GridRow {
     const int from[kTallies] = {cut, kSpecBucket, cut + 1, 256};  // 256: none
     Tally t[kTallies];
     tally(g_.pass[pass_], from, t);
+    mark();
     ull listed = 0;  // keys in the list
     if (cut >= kSpecBucket && t[1].count <= kBlockKeys) {
       listed = t[1].count;
@@ -407,6 +233,7 @@ class GridRow {
     }
     weigh(wr, ks);
     local_ = true;
+    mark();
     return Way::list;
   }
 
@@ -433,6 +260,7 @@ class GridRow {
   // gathered in shared memory and each key's count and weight over those at or above it counted by
   // one thread. Any digits give the same key: it is the one where the goal is reached.
   __device__ rule::Within select_in(int b, uint64_t lb, u128 need, bool by_mass) {
+    mark();
     view(ValueBuckets(weight_rule()), rule::KeySpace(sh_.vocab), b);
     const uint32_t vhi = load_l2(g_.vmax[b]), vlo = ~load_l2(g_.vlow[b]);
     const auto common = static_cast<uint32_t>(__clz(static_cast<int>(vhi ^ vlo)));
@@ -514,6 +342,7 @@ class GridRow {
 
   // The walk's executor, over the value histogram (pass 1) summed over the row's blocks.
   __device__ rule::Choice scan(const rule::Goal& goal, bool by_mass, int low, u128 low_measure) {
+    mark();
     __syncthreads();  // the previous choice has been read: scans follow one another
     by_mass_ = by_mass;
     if (threadIdx.x == 0) {
@@ -536,65 +365,17 @@ class GridRow {
   __device__ bool one_value(int b) const {
     return load_l2(g_.pass[1].count[b]) != 0 && load_l2(g_.vmax[b]) == ~load_l2(g_.vlow[b]);
   }
-  __device__ uint64_t weight(int b) const { return weight_rule()(rule::order_value(load_l2(g_.vmax[b]))); }
+  __device__ uint64_t weight(int b) const { return weight_of(weight_rule(), rule::order_value(load_l2(g_.vmax[b]))); }
   __device__ uint64_t past() const { return past_; }
   __device__ int bucket_of(uint64_t key) const {
     return ValueBuckets(weight_rule())(rule::order_value(static_cast<uint32_t>(key >> (bits_ - 32))));
   }
 
-  // The i-th largest key of one-value bucket b (1-based): the i-th lowest id of its value. The block
-  // holding it from the per-block counts of b, then its rank there from the block's logits. Every
-  // thread of the first block calls it.
+  // The i-th largest key of one-value bucket b (1-based), on every thread of the first block (find_nth).
   __device__ uint64_t nth_key(int b, uint64_t i) {
-    __syncthreads();  // the previous answer has been read
-    if (threadIdx.x < 32) {
-      const uint32_t lane = threadIdx.x, p0 = 2 * lane, p1 = p0 + 1;
-      const ull c0 = p0 < blocks_ ? load_l2(g_.block_count[p0][b]) : 0;
-      const ull c1 = p1 < blocks_ ? load_l2(g_.block_count[p1][b]) : 0;
-      ull incl = c0 + c1;
-      for (int o = 1; o < 32; o <<= 1) {
-        const ull up = __shfl_up_sync(kAll, incl, o);
-        if (static_cast<int>(lane) >= o) incl += up;
-      }
-      const ull before = incl - c0 - c1;
-      if (before < i && i <= incl) {
-        const bool second = i > before + c0;
-        sh_.nth_block = second ? p1 : p0;
-        sh_.nth_rank = i - before - (second ? c0 : 0);
-      }
-    }
-    __syncthreads();
-    const uint32_t vbits = load_l2(g_.vmax[b]);
-    const uint64_t rank = sh_.nth_rank;
-    const uint32_t first_id = sh_.nth_block * kBlockKeys + threadIdx.x * kPer;
-    const float* row = sh_.row;
-    const uint32_t vocab = sh_.vocab;
-    unsigned match = 0;
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const uint32_t id = first_id + static_cast<uint32_t>(j);
-      if (id < vocab && rule::order_bits(row[id]) == vbits) match |= 1u << j;
-    }
-    const auto c = static_cast<unsigned>(__popc(match));
-    const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    unsigned incl = c;
-    for (int o = 1; o < 32; o <<= 1) {
-      const unsigned up = __shfl_up_sync(kAll, incl, o);
-      if (static_cast<int>(lane) >= o) incl += up;
-    }
-    if (lane == 31) sh_.warp_total[warp] = incl;
-    __syncthreads();
-    uint64_t before = incl - c;
-    for (unsigned w = 0; w < warp; ++w) before += sh_.warp_total[w];
-    if (before < rank && rank <= before + c) {
-      unsigned m = match;
-      for (uint64_t k = rank - before; k > 1; --k) m &= m - 1;  // drop the lower matches
-      const uint32_t id = first_id + static_cast<uint32_t>(__ffs(m) - 1);
-      const ull id_mask = (ull{1} << (bits_ - 32)) - 1;
-      sh_.nth_key = (ull{vbits} << (bits_ - 32)) | (id_mask - id);
-    }
-    __syncthreads();
-    return sh_.nth_key;
+    const uint64_t k = find_nth(g_, b, i, blocks_, bits_);
+    mark();
+    return k;
   }
 
   // The last block of the row to leave resets what the next launch expects zero.
@@ -664,35 +445,9 @@ class GridRow {
     }
   }
 
-  __device__ void clear_local() {
-    __syncthreads();  // the previous choice has been read
-    for (int b = threadIdx.x; b < 256; b += kThreads) {
-      sh_.count[b] = sh_.m0[b] = sh_.m1[b] = sh_.m2[b] = 0;
-      sh_.vmax[b] = sh_.vlow[b] = 0;
-    }
-    __syncthreads();
-  }
-
-  // Adds the block's histogram into the pass's sums, then waits for the row's other blocks. The value
-  // histogram also keeps each bucket's value range and this block's counts.
+  // Adds the block's histogram into the pass's sums (publish_sums), then waits for the row's other blocks.
   __device__ void publish(Pass& p, bool value_pass) {
-    __syncthreads();
-    for (int b = threadIdx.x; b < 256; b += kThreads) {
-      const uint32_t part = blockIdx.x % blocks_;
-      if (value_pass && part < kCountedBlocks) {
-        *reinterpret_cast<volatile uint16_t*>(&g_.block_count[part][b]) = static_cast<uint16_t>(sh_.count[b]);
-      }
-      if (sh_.count[b] == 0) continue;
-      if (value_pass) {
-        atomicMax(&g_.vmax[b], sh_.vmax[b]);
-        atomicMax(&g_.vlow[b], sh_.vlow[b]);
-      }
-      atomicAdd(&p.count[b], sh_.count[b]);
-      if (sh_.m0[b] != 0) atomicAdd(&p.lo[b], ull{sh_.m0[b]});
-      const ull hi = sh_.m1[b] | (ull{sh_.m2[b]} << 32);
-      if (hi != 0) atomicAdd(&p.hi[b], hi);
-      *reinterpret_cast<volatile ull*>(&p.top[b]) = sh_.top[b];  // the one writer when the row's count is 1
-    }
+    publish_sums(g_, p, value_pass, blockIdx.x % blocks_);
     barrier();
   }
 
@@ -724,37 +479,10 @@ class GridRow {
 
   // The count and weight of the keys in value buckets from[i] and above (none for 256), on every thread.
   __device__ void tally(const Pass& p, const int (&from)[kTallies], Tally (&t)[kTallies]) {
-    if (threadIdx.x < 32) {
-      const int lane = static_cast<int>(threadIdx.x);
-      ull c[kTallies] = {};
-      u128 m[kTallies] = {};
+    Froms f;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int b = 8 * lane + j;
-        const ull cb = load_l2(p.count[b]);
-        const u128 mb = static_cast<u128>(load_l2(p.lo[b])) + (static_cast<u128>(load_l2(p.hi[b])) << 32);
-#pragma unroll
-        for (int i = 0; i < kTallies; ++i) {
-          if (b >= from[i]) {
-            c[i] += cb;
-            m[i] += mb;
-          }
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < kTallies; ++i) {
-        for (int o = 16; o > 0; o >>= 1) {
-          c[i] += __shfl_xor_sync(kAll, c[i], o);
-          m[i] += shfl_xor128(m[i], o);
-        }
-        if (lane == 0) {
-          sh_.tally_count[i] = c[i];
-          sh_.tally_lo[i] = static_cast<ull>(m[i]);
-          sh_.tally_hi[i] = static_cast<ull>(m[i] >> 64);
-        }
-      }
-    }
-    __syncthreads();
+    for (int i = 0; i < kTallies; ++i) f.b[i] = from[i];
+    tally_sums(p, f);
 #pragma unroll
     for (int i = 0; i < kTallies; ++i) {
       t[i].count = sh_.tally_count[i];
@@ -762,83 +490,7 @@ class GridRow {
     }
   }
 
-  // Adds key k (bucket b, -1 for none) of every lane. Lanes of one bucket are summed in the warp
-  // first, since the first digits put most of a row in a few buckets: a whole-warp bucket by shuffles,
-  // smaller groups by their lowest lane reading its peers' weights from shared memory. `ranged` also
-  // keeps the bucket's value range.
-  __device__ void add_grouped(int b, ull w, ull k, bool ranged) {
-    if (__ballot_sync(kAll, b >= 0) == 0) return;
-    const unsigned peers = __match_any_sync(kAll, b);
-    const int lane = static_cast<int>(threadIdx.x & 31);
-    if (__all_sync(kAll, peers == kAll)) {  // every lane in bucket b
-      const ull lo = warp_sum_u64(w & 0xffffffffull), hi = warp_sum_u64(w >> 32), top = warp_max_u64(k);
-      const ull low = ranged ? warp_min_u64(k) : k;
-      if (lane == 0) add_local(b, 32, lo, hi, top, low, ranged);
-      return;
-    }
-    const unsigned base = threadIdx.x & ~31u;
-    sh_.group_w[threadIdx.x] = w;
-    sh_.group_k[threadIdx.x] = k;
-    __syncwarp();
-    if (b >= 0 && lane == __ffs(peers) - 1) {
-      ull lo = 0, hi = 0, top = 0, low = ~0ull;
-      for (unsigned m = peers; m != 0; m &= m - 1) {
-        const unsigned i = base + static_cast<unsigned>(__ffs(m) - 1);
-        const ull wi = sh_.group_w[i], ki = sh_.group_k[i];
-        lo += wi & 0xffffffffull;
-        hi += wi >> 32;
-        top = ki > top ? ki : top;
-        low = ki < low ? ki : low;
-      }
-      add_local(b, static_cast<uint32_t>(__popc(peers)), lo, hi, top, low, ranged);
-    }
-    __syncwarp();
-  }
-
-  // Adds `count` keys of weight lo + hi * 2^32 (lo, hi < 2^37) and one of their keys to bucket b; when
-  // `ranged`, their largest and smallest value too (top, low: their largest and smallest key).
-  __device__ void add_local(int b, uint32_t count, ull lo, ull hi, ull top, ull low, bool ranged) {
-    atomicAdd(&sh_.count[b], count);
-    sh_.top[b] = top;
-    if (ranged) {
-      atomicMax(&sh_.vmax[b], static_cast<uint32_t>(top >> (bits_ - 32)));
-      atomicMax(&sh_.vlow[b], ~static_cast<uint32_t>(low >> (bits_ - 32)));
-    }
-    if ((lo | hi) == 0) return;
-    const auto v0 = static_cast<uint32_t>(lo);
-    const ull rest = (lo >> 32) + hi;
-    const auto v1 = static_cast<uint32_t>(rest);
-    uint32_t v2 = static_cast<uint32_t>(rest >> 32);
-    if (v0 != 0 && atomicAdd(&sh_.m0[b], v0) > ~v0) {  // the low word wrapped: carry 1 into m1
-      if (atomicAdd(&sh_.m1[b], 1u) == ~0u) ++v2;
-    }
-    if (v1 != 0 && atomicAdd(&sh_.m1[b], v1) > ~v1) ++v2;
-    if (v2 != 0) atomicAdd(&sh_.m2[b], v2);
-  }
-
-  // Block 0 clears the next pass's sums before arriving: nobody adds into them until all have arrived.
-  __device__ void barrier() {
-    if (first_ && pass_ + 1 < kPasses) {
-      Pass& n = g_.pass[pass_ + 1];
-      for (int b = threadIdx.x; b < 256; b += kThreads) {
-        n.count[b] = 0;
-        n.lo[b] = n.hi[b] = n.top[b] = 0;
-        if (pass_ == 0) g_.vmax[b] = g_.vlow[b] = 0;  // the value histogram's ranges, too
-      }
-    }
-    // The block's writes are ordered before thread 0's release by the block barrier, and the other
-    // blocks' before this block's reads by its acquire and the barrier after it.
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(&g_.arrived) : "memory");
-      const unsigned target = blocks_ * static_cast<unsigned>(pass_ + 1);
-      unsigned seen = 0;
-      do {
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(&g_.arrived) : "memory");
-      } while (seen < target);
-    }
-    __syncthreads();
-  }
+  __device__ void barrier() { grid_barrier(g_, first_, pass_, blocks_); }
 
   Local& sh_;
   RowScratch& g_;
@@ -851,6 +503,7 @@ class GridRow {
   bool local_ = false;  // drawing from the list in registers: no global sums, no barriers
   bool scan_value_ = false;  // choose scans the value histogram (pass 1), also on a list
   ull past_ = 0;        // min-p's first_past_lighter over the whole row
+  unsigned marks_ = 0;
   unsigned view_ = 0xffu;  // bit j: key_[j] takes part (select_in looks at one value bucket at a time)
   ull key_[kPer];
   ull w_[kPer] = {};
@@ -858,17 +511,21 @@ class GridRow {
 
 __global__ void __launch_bounds__(kThreads) sample_grid_kernel(const float* logits, uint32_t vocab, const SampleRow* rows,
                                                                int32_t* out, RowScratch* scratch, uint32_t blocks) {
-  __shared__ Local sh;
+  Local& sh = block_sh;
   const uint32_t r = blockIdx.x / blocks, part = blockIdx.x % blocks;
   const SampleRow row = rows[r];
   const rule::KeySpace ks(vocab);
   GridRow ex(sh, scratch[r], blocks, part == 0, ks.bits());
+  ex.mark();
   ex.load(logits + static_cast<size_t>(row.logit_row) * vocab, vocab, part * kBlockKeys, ks);
+  ex.mark();
   const ull top = ex.max_key();
+  ex.mark();
   uint32_t token = ks.id(top);
   if (row.temperature > 0.0f) {
     const rule::WeightRule wr(ks.value(top), row.temperature);
     ex.weigh(wr, ks);
+    ex.mark();
     const uint64_t bits = rule::draw_bits(row.seed, row.position);
     const Way way = ex.shortcut(row, vocab, ks, wr, bits);
     if (way == Way::list) {
@@ -879,6 +536,7 @@ __global__ void __launch_bounds__(kThreads) sample_grid_kernel(const float* logi
       token = rule::draw_token(ex, ks, vocab, row.top_k, row.top_p, row.min_p, bits);
     }
   }
+  ex.mark();
   if (part == 0 && threadIdx.x == 0) out[r] = static_cast<int32_t>(token);
   ex.leave();
 }
@@ -901,6 +559,19 @@ uint32_t resident_blocks() {
 }  // namespace
 
 static_assert(sizeof(RowScratch) * kMaxRows <= kSampleScratchBytes, "the memory plan counts kSampleScratchBytes");
+
+SamplePhases sample_phases(const void* scratch) {
+  const auto* row0 = static_cast<const RowScratch*>(scratch);
+  unsigned n = 0;
+  FERRY_CUDA(cudaMemcpy(&n, &row0->marks, sizeof n, cudaMemcpyDeviceToHost));
+  SamplePhases p;
+  p.clocks.resize(std::min(n, kMarks));
+  FERRY_CUDA(cudaMemcpy(p.clocks.data(), row0->mark_clock, p.clocks.size() * sizeof(ull), cudaMemcpyDeviceToHost));
+  ull ns[2] = {};
+  FERRY_CUDA(cudaMemcpy(ns, row0->mark_ns, sizeof ns, cudaMemcpyDeviceToHost));
+  p.span_ns = ns[1] - ns[0];
+  return p;
+}
 size_t sample_scratch_bytes() { return kSampleScratchBytes; }
 
 void sample_rows(const float* logits, uint32_t vocab, const SampleRow* rows, uint32_t n, int32_t* out, void* scratch,
