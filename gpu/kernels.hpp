@@ -293,11 +293,10 @@ size_t sample_scratch_bytes();
 void sample_rows(const float* logits, uint32_t vocab, const SampleRow* rows, uint32_t n, int32_t* out, void* scratch,
                  cudaStream_t stream);
 // Where the last many-block launch on `scratch` spent its time: the SM clock of its first block at
-// each phase mark (gpu/sampling_grid.cu says where they are), and the global timer's nanoseconds
-// from the first mark to the last. Read by the timing tests, after the launch has finished.
+// each phase mark (gpu/sampling_grid.cu says where they are). Read by the timing tests, after the
+// launch has finished.
 struct SamplePhases {
   std::vector<uint64_t> clocks;
-  uint64_t span_ns = 0;
 };
 SamplePhases sample_phases(const void* scratch);
 // The same tokens, one thread block per row (gpu/sampling.cu): what sample_rows does for a

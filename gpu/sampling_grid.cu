@@ -18,11 +18,12 @@
 // goes on with the radix passes over all blocks, unless each of its cuts falls in a value bucket of one
 // value (rows of ties): then the first block decides the row from the value histogram alone
 // (model/cpu/sampling_buckets.hpp), finding the i-th id of a run of ties from per-block counts of its
-// bucket and one read of the block's logits. The sizes, scratch and shared memory are in
-// sampling_grid_state.cuh; the block-wide parts the executor calls from many sites, out of line, in
-// sampling_grid_parts.cuh. The launch's first block marks its phases (GridRow::mark: after the load,
-// the arg-max, the weights, the value histogram and its barrier, the plan, the list, each scan and
-// select of a list or walk, the end), which sample_phases reads for the timing tests.
+// bucket and one read of the block's logits. The sizes, the scratch and the shared memory are in
+// sampling_grid_state.cuh. Over 800 lines: one kernel's executor, its parts share its registers and
+// shared memory (out of line, as calls, they measured ~7 us slower a launch: gpu/PERF.md, h43).
+// The launch's first block marks its phases (GridRow::mark: after the load, the arg-max, the
+// weights, the value histogram and its barrier, the plan, the list, each scan and select of a list
+// or walk, each key of a walk, the end), which sample_phases reads for the timing tests.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -31,7 +32,6 @@
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/sample_scratch.hpp"
-#include "gpu/sampling_grid_parts.cuh"
 #include "gpu/sampling_grid_state.cuh"
 #include "gpu/warp_u128.cuh"
 #include "model/cpu/sampling_buckets.hpp"
@@ -55,18 +55,11 @@ class GridRow {
   __device__ GridRow(Local& sh, RowScratch& g, uint32_t blocks, bool first, uint32_t bits)
       : sh_(sh), g_(g), blocks_(blocks), first_(first), bits_(bits) {}
 
-  // A phase mark of the launch's first block (sample_phases reads them): thread 0's SM clock, and
-  // the global timer at the first and the last.
+  // A phase mark of the launch's first block (sample_phases reads them): thread 0's SM clock.
   __device__ void mark() {
-    if (blockIdx.x != 0 || threadIdx.x != 0) return;
-    const unsigned n = marks_++;
-    if (n >= kMarks) return;
-    ull ns;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
-    g_.mark_clock[n] = clock64();
-    if (n == 0) g_.mark_ns[0] = ns;
-    g_.mark_ns[1] = ns;
-    g_.marks = n + 1;
+    if (blockIdx.x != 0 || threadIdx.x != 0 || marks_ >= kMarks) return;
+    g_.mark_clock[marks_++] = clock64();
+    g_.marks = marks_;
   }
 
   __device__ void load(const float* row, uint32_t vocab, uint32_t begin, const rule::KeySpace& ks) {
@@ -95,7 +88,7 @@ class GridRow {
 
   __device__ void weigh(const rule::WeightRule& weight, const rule::KeySpace& ks) {
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) w_[j] = key_[j] != 0 ? weight_of(weight, ks.value(key_[j])) : 0;
+    for (int j = 0; j < kPer; ++j) w_[j] = key_[j] != 0 ? weight(ks.value(key_[j])) : 0;
   }
 
   __device__ void histogram(uint64_t lb, uint64_t prefix, uint32_t left, uint32_t shift, bool by_mass) {
@@ -106,7 +99,7 @@ class GridRow {
     for (int j = 0; j < kPer; ++j) {
       const ull k = key_[j];
       const bool in = k != 0 && k >= lb && (k >> left) == prefix && ((view_ >> j) & 1u) != 0;
-      add_grouped(in ? static_cast<int>((k >> shift) & digit) : -1, by_mass ? w_[j] : 0, k, false, bits_);
+      add_grouped(in ? static_cast<int>((k >> shift) & digit) : -1, by_mass ? w_[j] : 0, k, false);
     }
     if (local_) {
       __syncthreads();
@@ -115,9 +108,75 @@ class GridRow {
     publish(next_pass(), false);
   }
 
-  // Warp 0 scans the summed buckets (choose_bucket); every thread gets the choice.
+  // Warp 0 scans the summed buckets from the highest, 8 per lane; the lane holding the goal writes it.
   __device__ rule::Choice choose(const rule::Goal& goal) {
-    choose_bucket(g_.pass[scan_value_ ? 1 : pass_], local_ && !scan_value_, by_mass_, goal);
+    const bool local = local_ && !scan_value_;
+    const Pass& p = g_.pass[scan_value_ ? 1 : pass_];
+    if (threadIdx.x < 32) {
+      const int lane = static_cast<int>(threadIdx.x);
+      u128 mine = 0;
+      ull mine_count = 0;
+      // The lane's buckets are kept in shared memory for the one lane that looks again (registers
+      // here would be live across the whole kernel's allocation).
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int b = 255 - 8 * lane - j;
+        uint32_t c;
+        u128 m;
+        if (local) {
+          c = sh_.count[b];
+          m = by_mass_ ? static_cast<u128>(sh_.m0[b]) + (static_cast<u128>(sh_.m1[b]) << 32) +
+                             (static_cast<u128>(sh_.m2[b]) << 64)
+                       : u128{c};
+        } else {
+          c = load_l2(p.count[b]);
+          m = by_mass_ ? static_cast<u128>(load_l2(p.lo[b])) + (static_cast<u128>(load_l2(p.hi[b])) << 32) : u128{c};
+        }
+        if (b < sh_.floor) {
+          c = 0;
+          m = 0;
+        } else if (b == sh_.floor) {
+          m = (static_cast<u128>(sh_.floor_hi) << 64) | sh_.floor_lo;
+        }
+        sh_.pick_count[b] = c;
+        sh_.pick_lo[b] = static_cast<ull>(m);
+        sh_.pick_hi[b] = static_cast<ull>(m >> 64);
+        mine += m;
+        mine_count += c;
+      }
+      u128 incl = mine;
+      ull incl_count = mine_count;
+      for (int o = 1; o < 32; o <<= 1) {
+        const u128 up = shfl_up128(incl, o);
+        const ull cu = __shfl_up_sync(kAll, incl_count, o);
+        if (lane >= o) {
+          incl += up;
+          incl_count += cu;
+        }
+      }
+      const u128 want = goal.of(shfl128(incl, 31));
+      u128 before = incl - mine;
+      ull count_before = incl_count - mine_count;
+      if (before < want && want <= incl) {
+        for (int j = 0; j < 8; ++j) {
+          const int b = 255 - 8 * lane - j;
+          const u128 m = (static_cast<u128>(sh_.pick_hi[b]) << 64) | sh_.pick_lo[b];
+          if (want <= before + m) {
+            const u128 need = want - before;
+            sh_.bucket = static_cast<uint32_t>(b);
+            sh_.bucket_count = sh_.pick_count[b];
+            sh_.count_before = count_before;
+            sh_.need_lo = static_cast<ull>(need);
+            sh_.need_hi = static_cast<ull>(need >> 64);
+            sh_.only = local ? sh_.top[b] : load_l2(p.top[b]);
+            break;
+          }
+          before += m;
+          count_before += sh_.pick_count[b];
+        }
+      }
+    }
+    __syncthreads();
     rule::Choice ch;
     ch.bucket = sh_.bucket;
     ch.count = sh_.bucket_count;
@@ -157,7 +216,7 @@ class GridRow {
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       const ull k = key_[j];
-      add_grouped(k != 0 ? vb(ks.value(k)) : -1, w_[j], k, true, bits_);
+      add_grouped(k != 0 ? vb(ks.value(k)) : -1, w_[j], k, true);
       if (k != 0 && w_[j] < light && k + 1 > past) past = k + 1;
     }
     past = warp_max_u64(past);
@@ -365,17 +424,66 @@ class GridRow {
   __device__ bool one_value(int b) const {
     return load_l2(g_.pass[1].count[b]) != 0 && load_l2(g_.vmax[b]) == ~load_l2(g_.vlow[b]);
   }
-  __device__ uint64_t weight(int b) const { return weight_of(weight_rule(), rule::order_value(load_l2(g_.vmax[b]))); }
+  __device__ uint64_t weight(int b) const { return weight_rule()(rule::order_value(load_l2(g_.vmax[b]))); }
   __device__ uint64_t past() const { return past_; }
   __device__ int bucket_of(uint64_t key) const {
     return ValueBuckets(weight_rule())(rule::order_value(static_cast<uint32_t>(key >> (bits_ - 32))));
   }
 
-  // The i-th largest key of one-value bucket b (1-based), on every thread of the first block (find_nth).
+  // The i-th largest key of one-value bucket b (1-based): the i-th lowest id of its value. The block
+  // holding it from the per-block counts of b, then its rank there from the block's logits. Every
+  // thread of the first block calls it.
   __device__ uint64_t nth_key(int b, uint64_t i) {
-    const uint64_t k = find_nth(g_, b, i, blocks_, bits_);
+    __syncthreads();  // the previous answer has been read
+    if (threadIdx.x < 32) {
+      const uint32_t lane = threadIdx.x, p0 = 2 * lane, p1 = p0 + 1;
+      const ull c0 = p0 < blocks_ ? load_l2(g_.block_count[p0][b]) : 0;
+      const ull c1 = p1 < blocks_ ? load_l2(g_.block_count[p1][b]) : 0;
+      ull incl = c0 + c1;
+      for (int o = 1; o < 32; o <<= 1) {
+        const ull up = __shfl_up_sync(kAll, incl, o);
+        if (static_cast<int>(lane) >= o) incl += up;
+      }
+      const ull before = incl - c0 - c1;
+      if (before < i && i <= incl) {
+        const bool second = i > before + c0;
+        sh_.nth_block = second ? p1 : p0;
+        sh_.nth_rank = i - before - (second ? c0 : 0);
+      }
+    }
+    __syncthreads();
+    const uint32_t vbits = load_l2(g_.vmax[b]);
+    const uint64_t rank = sh_.nth_rank;
+    const uint32_t first_id = sh_.nth_block * kBlockKeys + threadIdx.x * kPer;
+    const float* row = sh_.row;
+    const uint32_t vocab = sh_.vocab;
+    unsigned match = 0;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const uint32_t id = first_id + static_cast<uint32_t>(j);
+      if (id < vocab && rule::order_bits(row[id]) == vbits) match |= 1u << j;
+    }
+    const auto c = static_cast<unsigned>(__popc(match));
+    const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    unsigned incl = c;
+    for (int o = 1; o < 32; o <<= 1) {
+      const unsigned up = __shfl_up_sync(kAll, incl, o);
+      if (static_cast<int>(lane) >= o) incl += up;
+    }
+    if (lane == 31) sh_.warp_total[warp] = incl;
+    __syncthreads();
+    uint64_t before = incl - c;
+    for (unsigned w = 0; w < warp; ++w) before += sh_.warp_total[w];
+    if (before < rank && rank <= before + c) {
+      unsigned m = match;
+      for (uint64_t k = rank - before; k > 1; --k) m &= m - 1;  // drop the lower matches
+      const uint32_t id = first_id + static_cast<uint32_t>(__ffs(m) - 1);
+      const ull id_mask = (ull{1} << (bits_ - 32)) - 1;
+      sh_.nth_key = (ull{vbits} << (bits_ - 32)) | (id_mask - id);
+    }
+    __syncthreads();
     mark();
-    return k;
+    return sh_.nth_key;
   }
 
   // The last block of the row to leave resets what the next launch expects zero.
@@ -445,9 +553,35 @@ class GridRow {
     }
   }
 
-  // Adds the block's histogram into the pass's sums (publish_sums), then waits for the row's other blocks.
+  __device__ void clear_local() {
+    __syncthreads();  // the previous choice has been read
+    for (int b = threadIdx.x; b < 256; b += kThreads) {
+      sh_.count[b] = sh_.m0[b] = sh_.m1[b] = sh_.m2[b] = 0;
+      sh_.vmax[b] = sh_.vlow[b] = 0;
+    }
+    __syncthreads();
+  }
+
+  // Adds the block's histogram into the pass's sums, then waits for the row's other blocks. The value
+  // histogram also keeps each bucket's value range and this block's counts.
   __device__ void publish(Pass& p, bool value_pass) {
-    publish_sums(g_, p, value_pass, blockIdx.x % blocks_);
+    __syncthreads();
+    for (int b = threadIdx.x; b < 256; b += kThreads) {
+      const uint32_t part = blockIdx.x % blocks_;
+      if (value_pass && part < kCountedBlocks) {
+        *reinterpret_cast<volatile uint16_t*>(&g_.block_count[part][b]) = static_cast<uint16_t>(sh_.count[b]);
+      }
+      if (sh_.count[b] == 0) continue;
+      if (value_pass) {
+        atomicMax(&g_.vmax[b], sh_.vmax[b]);
+        atomicMax(&g_.vlow[b], sh_.vlow[b]);
+      }
+      atomicAdd(&p.count[b], sh_.count[b]);
+      if (sh_.m0[b] != 0) atomicAdd(&p.lo[b], ull{sh_.m0[b]});
+      const ull hi = sh_.m1[b] | (ull{sh_.m2[b]} << 32);
+      if (hi != 0) atomicAdd(&p.hi[b], hi);
+      *reinterpret_cast<volatile ull*>(&p.top[b]) = sh_.top[b];  // the one writer when the row's count is 1
+    }
     barrier();
   }
 
@@ -479,10 +613,37 @@ class GridRow {
 
   // The count and weight of the keys in value buckets from[i] and above (none for 256), on every thread.
   __device__ void tally(const Pass& p, const int (&from)[kTallies], Tally (&t)[kTallies]) {
-    Froms f;
+    if (threadIdx.x < 32) {
+      const int lane = static_cast<int>(threadIdx.x);
+      ull c[kTallies] = {};
+      u128 m[kTallies] = {};
 #pragma unroll
-    for (int i = 0; i < kTallies; ++i) f.b[i] = from[i];
-    tally_sums(p, f);
+      for (int j = 0; j < 8; ++j) {
+        const int b = 8 * lane + j;
+        const ull cb = load_l2(p.count[b]);
+        const u128 mb = static_cast<u128>(load_l2(p.lo[b])) + (static_cast<u128>(load_l2(p.hi[b])) << 32);
+#pragma unroll
+        for (int i = 0; i < kTallies; ++i) {
+          if (b >= from[i]) {
+            c[i] += cb;
+            m[i] += mb;
+          }
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kTallies; ++i) {
+        for (int o = 16; o > 0; o >>= 1) {
+          c[i] += __shfl_xor_sync(kAll, c[i], o);
+          m[i] += shfl_xor128(m[i], o);
+        }
+        if (lane == 0) {
+          sh_.tally_count[i] = c[i];
+          sh_.tally_lo[i] = static_cast<ull>(m[i]);
+          sh_.tally_hi[i] = static_cast<ull>(m[i] >> 64);
+        }
+      }
+    }
+    __syncthreads();
 #pragma unroll
     for (int i = 0; i < kTallies; ++i) {
       t[i].count = sh_.tally_count[i];
@@ -490,7 +651,83 @@ class GridRow {
     }
   }
 
-  __device__ void barrier() { grid_barrier(g_, first_, pass_, blocks_); }
+  // Adds key k (bucket b, -1 for none) of every lane. Lanes of one bucket are summed in the warp
+  // first, since the first digits put most of a row in a few buckets: a whole-warp bucket by shuffles,
+  // smaller groups by their lowest lane reading its peers' weights from shared memory. `ranged` also
+  // keeps the bucket's value range.
+  __device__ void add_grouped(int b, ull w, ull k, bool ranged) {
+    if (__ballot_sync(kAll, b >= 0) == 0) return;
+    const unsigned peers = __match_any_sync(kAll, b);
+    const int lane = static_cast<int>(threadIdx.x & 31);
+    if (__all_sync(kAll, peers == kAll)) {  // every lane in bucket b
+      const ull lo = warp_sum_u64(w & 0xffffffffull), hi = warp_sum_u64(w >> 32), top = warp_max_u64(k);
+      const ull low = ranged ? warp_min_u64(k) : k;
+      if (lane == 0) add_local(b, 32, lo, hi, top, low, ranged);
+      return;
+    }
+    const unsigned base = threadIdx.x & ~31u;
+    sh_.group_w[threadIdx.x] = w;
+    sh_.group_k[threadIdx.x] = k;
+    __syncwarp();
+    if (b >= 0 && lane == __ffs(peers) - 1) {
+      ull lo = 0, hi = 0, top = 0, low = ~0ull;
+      for (unsigned m = peers; m != 0; m &= m - 1) {
+        const unsigned i = base + static_cast<unsigned>(__ffs(m) - 1);
+        const ull wi = sh_.group_w[i], ki = sh_.group_k[i];
+        lo += wi & 0xffffffffull;
+        hi += wi >> 32;
+        top = ki > top ? ki : top;
+        low = ki < low ? ki : low;
+      }
+      add_local(b, static_cast<uint32_t>(__popc(peers)), lo, hi, top, low, ranged);
+    }
+    __syncwarp();
+  }
+
+  // Adds `count` keys of weight lo + hi * 2^32 (lo, hi < 2^37) and one of their keys to bucket b; when
+  // `ranged`, their largest and smallest value too (top, low: their largest and smallest key).
+  __device__ void add_local(int b, uint32_t count, ull lo, ull hi, ull top, ull low, bool ranged) {
+    atomicAdd(&sh_.count[b], count);
+    sh_.top[b] = top;
+    if (ranged) {
+      atomicMax(&sh_.vmax[b], static_cast<uint32_t>(top >> (bits_ - 32)));
+      atomicMax(&sh_.vlow[b], ~static_cast<uint32_t>(low >> (bits_ - 32)));
+    }
+    if ((lo | hi) == 0) return;
+    const auto v0 = static_cast<uint32_t>(lo);
+    const ull rest = (lo >> 32) + hi;
+    const auto v1 = static_cast<uint32_t>(rest);
+    uint32_t v2 = static_cast<uint32_t>(rest >> 32);
+    if (v0 != 0 && atomicAdd(&sh_.m0[b], v0) > ~v0) {  // the low word wrapped: carry 1 into m1
+      if (atomicAdd(&sh_.m1[b], 1u) == ~0u) ++v2;
+    }
+    if (v1 != 0 && atomicAdd(&sh_.m1[b], v1) > ~v1) ++v2;
+    if (v2 != 0) atomicAdd(&sh_.m2[b], v2);
+  }
+
+  // Block 0 clears the next pass's sums before arriving: nobody adds into them until all have arrived.
+  __device__ void barrier() {
+    if (first_ && pass_ + 1 < kPasses) {
+      Pass& n = g_.pass[pass_ + 1];
+      for (int b = threadIdx.x; b < 256; b += kThreads) {
+        n.count[b] = 0;
+        n.lo[b] = n.hi[b] = n.top[b] = 0;
+        if (pass_ == 0) g_.vmax[b] = g_.vlow[b] = 0;  // the value histogram's ranges, too
+      }
+    }
+    // The block's writes are ordered before thread 0's release by the block barrier, and the other
+    // blocks' before this block's reads by its acquire and the barrier after it.
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(&g_.arrived) : "memory");
+      const unsigned target = blocks_ * static_cast<unsigned>(pass_ + 1);
+      unsigned seen = 0;
+      do {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(&g_.arrived) : "memory");
+      } while (seen < target);
+    }
+    __syncthreads();
+  }
 
   Local& sh_;
   RowScratch& g_;
@@ -511,7 +748,7 @@ class GridRow {
 
 __global__ void __launch_bounds__(kThreads) sample_grid_kernel(const float* logits, uint32_t vocab, const SampleRow* rows,
                                                                int32_t* out, RowScratch* scratch, uint32_t blocks) {
-  Local& sh = block_sh;
+  __shared__ Local sh;
   const uint32_t r = blockIdx.x / blocks, part = blockIdx.x % blocks;
   const SampleRow row = rows[r];
   const rule::KeySpace ks(vocab);
@@ -567,9 +804,6 @@ SamplePhases sample_phases(const void* scratch) {
   SamplePhases p;
   p.clocks.resize(std::min(n, kMarks));
   FERRY_CUDA(cudaMemcpy(p.clocks.data(), row0->mark_clock, p.clocks.size() * sizeof(ull), cudaMemcpyDeviceToHost));
-  ull ns[2] = {};
-  FERRY_CUDA(cudaMemcpy(ns, row0->mark_ns, sizeof ns, cudaMemcpyDeviceToHost));
-  p.span_ns = ns[1] - ns[0];
   return p;
 }
 size_t sample_scratch_bytes() { return kSampleScratchBytes; }

@@ -48,11 +48,10 @@ struct RowScratch {
   // (maxima, so that zero is empty), and each block's count (at most kBlockKeys).
   uint32_t vmax[256], vlow[256];
   uint16_t block_count[kCountedBlocks][256];
-  // The launch's first block (row 0's first): its SM clock at each phase mark of the last launch, how
-  // many marks it made, and the global timer (ns) at the first and the last.
+  // The launch's first block (row 0's first): its SM clock at each phase mark of the last launch, and
+  // how many marks it made.
   ull mark_clock[kMarks];
   unsigned marks;
-  ull mark_ns[2];
 };
 
 // A block's histogram. Shared-memory atomics on 64 bits are compare-and-swap loops, slow when many

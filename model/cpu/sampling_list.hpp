@@ -46,42 +46,33 @@ FERRY_HD void list_select(Exec& ex, BucketWalk& w, Goal goal, bool by_mass) {
   w.whole = false;
 }
 
-// draw_token's cuts and draw, in the same order and with the same goals; returns the drawn key. The
-// selects (top-k, top-p, the draw) are steps of one loop, so that a device executor's select, the
-// bulk of its code, is compiled once (gpu/sampling_grid.cu: a launch runs its code cold).
+// draw_token's cuts and draw, in the same order and with the same goals; returns the drawn key.
 FERRY_HD_TEMPLATE
 template <class Exec>
 FERRY_HD uint64_t list_draw(Exec& ex, uint32_t vocab, uint32_t top_k, float top_p, float min_p, uint64_t bits) {
   BucketWalk w;
   w.n = ex.count(0);
   w.mass = ex.mass(0);
-  enum Step { top_k_cut, top_p_cut, draw };
-  FERRY_ROLLED
-  for (int step = top_k_cut; step <= draw; ++step) {
-    Goal goal{Goal::draw, bits, 0};
-    if (step == top_k_cut) {
-      if (!(top_k > 0 && top_k < vocab)) continue;
-      goal = Goal::exactly(top_k);
-    } else if (step == top_p_cut) {
-      if (!(top_p < 1.0f)) continue;
-      goal = Goal::nucleus(top_p);
-    } else if (min_p > 0.0f) {
-      // draw_token's first_past_lighter over the whole row: the largest light key is at or above the
-      // bound exactly when some key there is light, and then it is the same key.
-      const uint64_t past = ex.past();
-      if (past > w.key) {
-        // The keys >= past: those of the buckets above the light key's, and its bucket's above it.
-        const int d = ex.bucket_of(past - 1);
-        const Measure m = ex.measure_in(d, past);
-        w.low = d;
-        w.n = m.n;
-        w.mass = m.mass;
-        w.key = past;
-        w.whole = false;
-      }
-    }
-    list_select(ex, w, goal, step != top_k_cut);
+  if (top_k > 0 && top_k < vocab) list_select(ex, w, Goal::exactly(top_k), false);
+  if (top_p < 1.0f) {
+    list_select(ex, w, Goal::nucleus(top_p), true);
   }
+  if (min_p > 0.0f) {
+    // draw_token's first_past_lighter over the whole row: the largest light key is at or above the
+    // bound exactly when some key there is light, and then it is the same key.
+    const uint64_t past = ex.past();
+    if (past > w.key) {
+      // The keys >= past: those of the buckets above the light key's, and its bucket's above it.
+      const int d = ex.bucket_of(past - 1);
+      const Measure m = ex.measure_in(d, past);
+      w.low = d;
+      w.n = m.n;
+      w.mass = m.mass;
+      w.key = past;
+      w.whole = false;
+    }
+  }
+  list_select(ex, w, Goal{Goal::draw, bits, 0}, true);
   return w.key;
 }
 

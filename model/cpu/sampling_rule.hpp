@@ -24,13 +24,6 @@
 #else
 #define FERRY_HD_TEMPLATE
 #endif
-// A loop the device compiler keeps rolled: its body is in the code once (the device samplers run
-// their code once a launch, cold, so its size is time).
-#if defined(__CUDACC__)
-#define FERRY_ROLLED _Pragma("unroll 1")
-#else
-#define FERRY_ROLLED
-#endif
 
 namespace ferry::model::sampling {
 

@@ -82,7 +82,7 @@ class DeviceRows {
     return ms[ms.size() / 2];
   }
   // The last many-block launch's phase marks, as one line: microseconds from each mark to the next at
-  // the device's clock rate, and the marks' span by the global timer.
+  // the device's clock rate, and from the first to the last.
   std::string phases() const {
     const SamplePhases p = sample_phases(scratch_.get());
     int khz = 0, dev = 0;
@@ -94,7 +94,8 @@ class DeviceRows {
       std::snprintf(buf, sizeof buf, " %.2f", static_cast<double>(p.clocks[i] - p.clocks[i - 1]) * 1e3 / khz);
       line += buf;
     }
-    std::snprintf(buf, sizeof buf, " | span %.2f us", static_cast<double>(p.span_ns) * 1e-3);
+    const double span = p.clocks.size() > 1 ? static_cast<double>(p.clocks.back() - p.clocks.front()) : 0.0;
+    std::snprintf(buf, sizeof buf, " | span %.2f us", khz > 0 ? span * 1e3 / khz : 0.0);
     return line + buf;
   }
 
