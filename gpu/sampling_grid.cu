@@ -55,11 +55,15 @@ class GridRow {
   __device__ GridRow(Local& sh, RowScratch& g, uint32_t blocks, bool first, uint32_t bits)
       : sh_(sh), g_(g), blocks_(blocks), first_(first), bits_(bits) {}
 
-  // A phase mark of the launch's first block (sample_phases reads them): thread 0's SM clock.
-  __device__ void mark() {
-    if (blockIdx.x != 0 || threadIdx.x != 0 || marks_ >= kMarks) return;
-    g_.mark_clock[marks_++] = clock64();
-    g_.marks = marks_;
+  // A phase mark of the launch's first block (sample_phases reads them): thread 0's SM clock, counted
+  // in shared memory so that no register is held for it across the kernel.
+  __device__ void mark(bool first = false) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    const unsigned n = first ? 0 : sh_.marks;
+    if (n >= kMarks) return;
+    g_.mark_clock[n] = clock64();
+    sh_.marks = n + 1;
+    g_.marks = n + 1;
   }
 
   __device__ void load(const float* row, uint32_t vocab, uint32_t begin, const rule::KeySpace& ks) {
@@ -740,7 +744,6 @@ class GridRow {
   bool local_ = false;  // drawing from the list in registers: no global sums, no barriers
   bool scan_value_ = false;  // choose scans the value histogram (pass 1), also on a list
   ull past_ = 0;        // min-p's first_past_lighter over the whole row
-  unsigned marks_ = 0;
   unsigned view_ = 0xffu;  // bit j: key_[j] takes part (select_in looks at one value bucket at a time)
   ull key_[kPer];
   ull w_[kPer] = {};
@@ -753,7 +756,7 @@ __global__ void __launch_bounds__(kThreads) sample_grid_kernel(const float* logi
   const SampleRow row = rows[r];
   const rule::KeySpace ks(vocab);
   GridRow ex(sh, scratch[r], blocks, part == 0, ks.bits());
-  ex.mark();
+  ex.mark(true);
   ex.load(logits + static_cast<size_t>(row.logit_row) * vocab, vocab, part * kBlockKeys, ks);
   ex.mark();
   const ull top = ex.max_key();

@@ -80,6 +80,7 @@ struct Local {
   int floor;
   ull floor_lo, floor_hi;
   ull tally_count[kTallies], tally_lo[kTallies], tally_hi[kTallies];
+  unsigned marks;  // phase marks made (GridRow::mark)
 };
 
 struct Tally {
