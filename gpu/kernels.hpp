@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "config/kv_type.hpp"
 #include "model/formats/ggml_type.hpp"
@@ -291,6 +292,13 @@ struct SampleRow {
 size_t sample_scratch_bytes();
 void sample_rows(const float* logits, uint32_t vocab, const SampleRow* rows, uint32_t n, int32_t* out, void* scratch,
                  cudaStream_t stream);
+// Where the last many-block launch on `scratch` spent its time: the SM clock of its first block at
+// each phase mark (gpu/sampling_grid.cu says where they are). Read by the timing tests, after the
+// launch has finished.
+struct SamplePhases {
+  std::vector<uint64_t> clocks;
+};
+SamplePhases sample_phases(const void* scratch);
 // The same tokens, one thread block per row (gpu/sampling.cu): what sample_rows does for a
 // vocabulary beyond what the device holds at once on many blocks.
 void sample_rows_by_block(const float* logits, uint32_t vocab, const SampleRow* rows, uint32_t n, int32_t* out,

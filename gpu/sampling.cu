@@ -9,6 +9,7 @@
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernels.hpp"
+#include "gpu/warp_u128.cuh"
 #include "model/cpu/sampling_rule.hpp"
 
 namespace ferry::gpu {
@@ -33,17 +34,6 @@ struct Shared {
   float best_v[32];
   int best_i[32];
 };
-
-__device__ u128 shfl_up128(u128 v, int by) {
-  const ull lo = __shfl_up_sync(0xffffffffu, static_cast<ull>(v), by);
-  const ull hi = __shfl_up_sync(0xffffffffu, static_cast<ull>(v >> 64), by);
-  return (static_cast<u128>(hi) << 64) | lo;
-}
-__device__ u128 shfl128(u128 v, int lane) {
-  const ull lo = __shfl_sync(0xffffffffu, static_cast<ull>(v), lane);
-  const ull hi = __shfl_sync(0xffffffffu, static_cast<ull>(v >> 64), lane);
-  return (static_cast<u128>(hi) << 64) | lo;
-}
 
 // The first maximum of the row (NaN never wins; a row without a number above -inf gives token 0),
 // which is the rank-0 token of the sampling order. Every thread gets it.

@@ -18,8 +18,12 @@
 // goes on with the radix passes over all blocks, unless each of its cuts falls in a value bucket of one
 // value (rows of ties): then the first block decides the row from the value histogram alone
 // (model/cpu/sampling_buckets.hpp), finding the i-th id of a run of ties from per-block counts of its
-// bucket and one read of the block's logits. Over 800 lines: one kernel's executor, its parts share
-// its registers and shared memory.
+// bucket and one read of the block's logits. The sizes, the scratch and the shared memory are in
+// sampling_grid_state.cuh. Over 800 lines: one kernel's executor, its parts share its registers and
+// shared memory (out of line, as calls, they measured ~7 us slower a launch: gpu/PERF.md, h43).
+// The launch's first block marks its phases (GridRow::mark: after the load, the arg-max, the
+// weights, the value histogram and its barrier, the plan, the list, each scan and select of a list
+// or walk, each key of a walk, the end), which sample_phases reads for the timing tests.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -28,6 +32,8 @@
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/sample_scratch.hpp"
+#include "gpu/sampling_grid_state.cuh"
+#include "gpu/warp_u128.cuh"
 #include "model/cpu/sampling_buckets.hpp"
 #include "model/cpu/sampling_list.hpp"
 #include "model/cpu/sampling_rule.hpp"
@@ -39,139 +45,8 @@ namespace rule = model::sampling;
 using rule::u128;
 using ull = unsigned long long;
 
-constexpr int kThreads = 512;
-constexpr int kPer = 8;  // keys a thread holds
-constexpr uint32_t kBlockKeys = uint32_t{kThreads} * kPer;
-constexpr uint32_t kMaxRows = 8;  // rows of one launch: the scratch holds this many
-// Barriers of one row: the argmax, the value histogram, then either the gather or up to 8 digits of a
-// 63-bit key for each of the three selects (top-k, top-p, the draw) and min-p's.
-constexpr int kPasses = 2 + 3 * 8 + 1;
-// Keys gathered during the value histogram already: buckets from here up, (value - top) / T > -16.125.
-constexpr int kSpecBucket = 255 - 128;
-constexpr unsigned kAll = 0xffffffffu;
-constexpr int kTallies = 4;  // value-bucket sums a plan takes at once
-constexpr uint32_t kCountedBlocks = 64;  // blocks of a row whose value-bucket counts are kept (the walk)
-// A list's value bucket of up to this many keys is ordered by counting (each key against all), more by
-// the radix passes: the counting is one pass of m steps a key, the passes ~4 block barriers each.
-constexpr uint32_t kRankKeys = 128;
-static_assert(kRankKeys <= kThreads, "a counted bucket takes one thread a key");
-
-// One pass's histogram summed over a row's blocks: a block's weight W of a bucket adds W mod 2^32 to lo
-// and W >> 32 to hi (the bucket's weight is lo + hi * 2^32); neither sum can wrap for 2^31 keys.
-struct Pass {
-  uint32_t count[256];
-  ull lo[256], hi[256];
-  ull top[256];  // a key of the bucket, stored by each block that has one: the key when count is 1
-};
-struct RowScratch {
-  unsigned arrived;  // blocks at a barrier, over the whole launch
-  unsigned exited;
-  unsigned listed_early, listed;  // keys gathered during the value histogram, and after it
-  ull past;  // 1 + the largest key lighter than min-p's threshold (0: none), over the whole row
-  Pass pass[kPasses];
-  ull list[kBlockKeys];  // the gathered keys, in no order
-  // Of the value histogram: per bucket the largest value's order bits and the smallest's complement
-  // (maxima, so that zero is empty), and each block's count (at most kBlockKeys).
-  uint32_t vmax[256], vlow[256];
-  uint16_t block_count[kCountedBlocks][256];
-};
-
+using namespace sample_grid;
 using rule::ValueBuckets;
-
-// A block's histogram. Shared-memory atomics on 64 bits are compare-and-swap loops, slow when many
-// warps hit one bucket, so a bucket's weight is a 96-bit number in three 32-bit words (m0 low) added
-// with carries, and its key is stored, not maxed: it is read only when the bucket holds one key.
-struct Local {
-  uint32_t count[256];
-  uint32_t m0[256], m1[256], m2[256];
-  ull top[256];
-  uint32_t vmax[256], vlow[256];  // the value histogram's value range per bucket, as in RowScratch
-  ull group_w[kThreads], group_k[kThreads];  // a warp's weights and keys, for the lowest lane of a bucket
-  uint32_t bucket, bucket_count;
-  ull count_before, need_lo, need_hi, only;
-  uint32_t nth_block, warp_total[kThreads / 32];  // nth_key
-  ull nth_rank, nth_key;
-  uint32_t pick_count[256];  // choose: the measures of warp 0's buckets
-  ull pick_lo[256], pick_hi[256];
-  uint32_t rank_n;  // select_in: the bucket's keys gathered, and the key found with its measure
-  ull sel_key, sel_n, sel_lo, sel_hi;
-  // Read by the bucket walk only, so kept here rather than in registers: the row's logits, a drawn
-  // row's weight rule, and choose's floor (buckets below it count nothing, it counts floor_measure).
-  const float* row;
-  uint32_t vocab;
-  float wr_top;
-  double wr_inv_t;
-  int floor;
-  ull floor_lo, floor_hi;
-  ull tally_count[kTallies], tally_lo[kTallies], tally_hi[kTallies];
-};
-
-struct Tally {
-  ull count;
-  u128 mass;
-};
-
-// Value buckets to gather: `one`, and lo to hi.
-struct Band {
-  int one, lo, hi;
-  __device__ bool has(int b) const { return b == one || (lo <= b && b <= hi); }
-};
-
-// How a drawn row goes on after its value histogram.
-enum class Way { all_blocks, list, buckets, elsewhere };
-
-// Reads of what other blocks added: from L2, past this SM's L1 (ld.global.cg).
-__device__ uint32_t load_l2(const uint32_t& x) {
-  uint32_t v;
-  asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(&x));
-  return v;
-}
-__device__ ull load_l2(const ull& x) {
-  ull v;
-  asm volatile("ld.global.cg.u64 %0, [%1];" : "=l"(v) : "l"(&x));
-  return v;
-}
-__device__ uint16_t load_l2(const uint16_t& x) {
-  unsigned short v;
-  asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(&x));
-  return v;
-}
-__device__ void store_l2(ull& x, ull v) { asm volatile("st.global.cg.u64 [%0], %1;" ::"l"(&x), "l"(v) : "memory"); }
-
-__device__ ull warp_max_u64(ull v) {
-  for (int o = 16; o > 0; o >>= 1) {
-    const ull other = __shfl_xor_sync(kAll, v, o);
-    v = other > v ? other : v;
-  }
-  return v;
-}
-__device__ ull warp_min_u64(ull v) {
-  for (int o = 16; o > 0; o >>= 1) {
-    const ull other = __shfl_xor_sync(kAll, v, o);
-    v = other < v ? other : v;
-  }
-  return v;
-}
-__device__ ull warp_sum_u64(ull v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kAll, v, o);
-  return v;
-}
-
-__device__ u128 shfl_up128(u128 v, int by) {
-  const ull lo = __shfl_up_sync(kAll, static_cast<ull>(v), by);
-  const ull hi = __shfl_up_sync(kAll, static_cast<ull>(v >> 64), by);
-  return (static_cast<u128>(hi) << 64) | lo;
-}
-__device__ u128 shfl_xor128(u128 v, int by) {
-  const ull lo = __shfl_xor_sync(kAll, static_cast<ull>(v), by);
-  const ull hi = __shfl_xor_sync(kAll, static_cast<ull>(v >> 64), by);
-  return (static_cast<u128>(hi) << 64) | lo;
-}
-__device__ u128 shfl128(u128 v, int lane) {
-  const ull lo = __shfl_sync(kAll, static_cast<ull>(v), lane);
-  const ull hi = __shfl_sync(kAll, static_cast<ull>(v >> 64), lane);
-  return (static_cast<u128>(hi) << 64) | lo;
-}
 
 // The executor of rule::draw_token for one row's blocks: every thread of each of them calls each
 // method, in the same order, so every block passes the same barriers.
@@ -179,6 +54,17 @@ class GridRow {
  public:
   __device__ GridRow(Local& sh, RowScratch& g, uint32_t blocks, bool first, uint32_t bits)
       : sh_(sh), g_(g), blocks_(blocks), first_(first), bits_(bits) {}
+
+  // A phase mark of the launch's first block (sample_phases reads them): thread 0's SM clock, counted
+  // in shared memory so that no register is held for it across the kernel.
+  __device__ void mark(bool first = false) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    const unsigned n = first ? 0 : sh_.marks;
+    if (n >= kMarks) return;
+    g_.mark_clock[n] = clock64();
+    sh_.marks = n + 1;
+    g_.marks = n + 1;
+  }
 
   __device__ void load(const float* row, uint32_t vocab, uint32_t begin, const rule::KeySpace& ks) {
     if (threadIdx.x == 0) {  // read after max_key's barrier
@@ -344,7 +230,9 @@ class GridRow {
       sh_.wr_top = wr.top;
       sh_.wr_inv_t = wr.inv_t;
     }
+    mark();
     publish(next_pass(), true);
+    mark();
     if (light != 0) past_ = load_l2(g_.past);
 
     // The bucket of the first cut: every key the rule looks at after it is in that bucket or above.
@@ -367,6 +255,7 @@ class GridRow {
     const int from[kTallies] = {cut, kSpecBucket, cut + 1, 256};  // 256: none
     Tally t[kTallies];
     tally(g_.pass[pass_], from, t);
+    mark();
     ull listed = 0;  // keys in the list
     if (cut >= kSpecBucket && t[1].count <= kBlockKeys) {
       listed = t[1].count;
@@ -407,6 +296,7 @@ class GridRow {
     }
     weigh(wr, ks);
     local_ = true;
+    mark();
     return Way::list;
   }
 
@@ -433,6 +323,7 @@ class GridRow {
   // gathered in shared memory and each key's count and weight over those at or above it counted by
   // one thread. Any digits give the same key: it is the one where the goal is reached.
   __device__ rule::Within select_in(int b, uint64_t lb, u128 need, bool by_mass) {
+    mark();
     view(ValueBuckets(weight_rule()), rule::KeySpace(sh_.vocab), b);
     const uint32_t vhi = load_l2(g_.vmax[b]), vlo = ~load_l2(g_.vlow[b]);
     const auto common = static_cast<uint32_t>(__clz(static_cast<int>(vhi ^ vlo)));
@@ -514,6 +405,7 @@ class GridRow {
 
   // The walk's executor, over the value histogram (pass 1) summed over the row's blocks.
   __device__ rule::Choice scan(const rule::Goal& goal, bool by_mass, int low, u128 low_measure) {
+    mark();
     __syncthreads();  // the previous choice has been read: scans follow one another
     by_mass_ = by_mass;
     if (threadIdx.x == 0) {
@@ -594,6 +486,7 @@ class GridRow {
       sh_.nth_key = (ull{vbits} << (bits_ - 32)) | (id_mask - id);
     }
     __syncthreads();
+    mark();
     return sh_.nth_key;
   }
 
@@ -863,12 +756,16 @@ __global__ void __launch_bounds__(kThreads) sample_grid_kernel(const float* logi
   const SampleRow row = rows[r];
   const rule::KeySpace ks(vocab);
   GridRow ex(sh, scratch[r], blocks, part == 0, ks.bits());
+  ex.mark(true);
   ex.load(logits + static_cast<size_t>(row.logit_row) * vocab, vocab, part * kBlockKeys, ks);
+  ex.mark();
   const ull top = ex.max_key();
+  ex.mark();
   uint32_t token = ks.id(top);
   if (row.temperature > 0.0f) {
     const rule::WeightRule wr(ks.value(top), row.temperature);
     ex.weigh(wr, ks);
+    ex.mark();
     const uint64_t bits = rule::draw_bits(row.seed, row.position);
     const Way way = ex.shortcut(row, vocab, ks, wr, bits);
     if (way == Way::list) {
@@ -879,6 +776,7 @@ __global__ void __launch_bounds__(kThreads) sample_grid_kernel(const float* logi
       token = rule::draw_token(ex, ks, vocab, row.top_k, row.top_p, row.min_p, bits);
     }
   }
+  ex.mark();
   if (part == 0 && threadIdx.x == 0) out[r] = static_cast<int32_t>(token);
   ex.leave();
 }
@@ -901,6 +799,16 @@ uint32_t resident_blocks() {
 }  // namespace
 
 static_assert(sizeof(RowScratch) * kMaxRows <= kSampleScratchBytes, "the memory plan counts kSampleScratchBytes");
+
+SamplePhases sample_phases(const void* scratch) {
+  const auto* row0 = static_cast<const RowScratch*>(scratch);
+  unsigned n = 0;
+  FERRY_CUDA(cudaMemcpy(&n, &row0->marks, sizeof n, cudaMemcpyDeviceToHost));
+  SamplePhases p;
+  p.clocks.resize(std::min(n, kMarks));
+  FERRY_CUDA(cudaMemcpy(p.clocks.data(), row0->mark_clock, p.clocks.size() * sizeof(ull), cudaMemcpyDeviceToHost));
+  return p;
+}
 size_t sample_scratch_bytes() { return kSampleScratchBytes; }
 
 void sample_rows(const float* logits, uint32_t vocab, const SampleRow* rows, uint32_t n, int32_t* out, void* scratch,

@@ -4,7 +4,8 @@
 // (temperature, top-k, top-p, min-p) with seeds and positions, greedy rows among them, and many seeds
 // at serve's settings on the GLM vocabulary, and rows built to take each way of the many-block path
 // (a list, a band, all blocks, the bucket walk of rows of ties); the tokens must be identical. Also prints both paths' times for a
-// decode step's 3 and 8 rows of the GLM vocabulary at common settings, and each way's.
+// decode step's 3 and 8 rows of the GLM vocabulary at common settings, and each way's, with the phase
+// marks of the many-block launch's first block (row 0's).
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -79,6 +80,23 @@ class DeviceRows {
     }
     std::sort(ms.begin(), ms.end());
     return ms[ms.size() / 2];
+  }
+  // The last many-block launch's phase marks, as one line: microseconds from each mark to the next at
+  // the device's clock rate, and from the first to the last.
+  std::string phases() const {
+    const SamplePhases p = sample_phases(scratch_.get());
+    int khz = 0, dev = 0;
+    EXPECT_EQ(cudaGetDevice(&dev), cudaSuccess);
+    EXPECT_EQ(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev), cudaSuccess);
+    std::string line = "  marks (us):";
+    char buf[32];
+    for (size_t i = 1; i < p.clocks.size() && khz > 0; ++i) {
+      std::snprintf(buf, sizeof buf, " %.2f", static_cast<double>(p.clocks[i] - p.clocks[i - 1]) * 1e3 / khz);
+      line += buf;
+    }
+    const double span = p.clocks.size() > 1 ? static_cast<double>(p.clocks.back() - p.clocks.front()) : 0.0;
+    std::snprintf(buf, sizeof buf, " | span %.2f us", khz > 0 ? span * 1e3 / khz : 0.0);
+    return line + buf;
   }
 
  private:
@@ -278,6 +296,7 @@ TEST(DeviceSampler, EveryWayOfTheManyBlockPathDrawsTheCpuTokens) {
     p.top_k = t.top_k;
     const std::vector<SampleRow> batch(3, device_row(t.row, p, 100));
     std::printf("3 rows of %u, %-46s %8.1f us\n", vocab, t.name, 1000.0f * dev.time(batch, 20, Path::grid));
+    std::printf("%s\n", dev.phases().c_str());
   }
 }
 
@@ -346,6 +365,7 @@ TEST(DeviceSampler, TiesTakeTheBucketWalkAndDrawTheCpuTokens) {
     p.top_k = t.top_k;
     const std::vector<SampleRow> batch(3, device_row(t.row, p, 100));
     std::printf("3 rows of %u, bucket walk: %-40s %8.1f us\n", vocab, t.name, 1000.0f * dev.time(batch, 20, Path::grid));
+    std::printf("%s\n", dev.phases().c_str());
   }
 }
 
@@ -382,6 +402,7 @@ TEST(DeviceSampler, GlmRowsMatchTheCpuAndReportTheirTime) {
         std::printf("%d rows of %u, %-16s %-34s %8.1f us\n", n, vocab,
                     path == Path::grid ? "many blocks:" : "one block a row:", s.name,
                     1000.0f * dev.time(batch, 20, path));
+        if (path == Path::grid && n == 3) std::printf("%s\n", dev.phases().c_str());
       }
     }
   }
