@@ -323,30 +323,17 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
   extern __shared__ __align__(16) unsigned char smem_all[];
   const uint32_t* grid = reinterpret_cast<const uint32_t*>(smem_all);
   unsigned char* smem = smem_all + (T == qd::kIQ3_S ? kGridBytes : 0);
-  // Groups named on the device (MatvecArgs::group_count, 2 tokens or more: the 1-token kernel
-  // keeps its registers) share the launch's blocks by blockIdx.x: block b works on group b % G as
-  // its (b / G)-th block of nb.
+  // Groups named on the device (matvec_block_take) only for 2 tokens or more: the 1-token kernel
+  // keeps its registers.
   // Launched with PDL (gpu/pdl.hpp), the kernel may start before the previous one ends: weights that
   // no earlier kernel picks are requested before the wait, the routed experts' (through the router's
   // ids, the pool's tables or groups named on the device) only after it, and x and y only after it.
-  const bool fixed_weights = a.w_group_index == nullptr && a.w_group_ptrs == nullptr && a.group_count == nullptr &&
-                             (a.parts < 2 || a.more[0].group_ptrs == nullptr) &&
-                             (a.parts < 3 || a.more[1].group_ptrs == nullptr);
+  const bool fixed_weights = matvec_fixed_weights(a);
   if (!fixed_weights) pdl_wait();
-  uint32_t g = blockIdx.y, bx = blockIdx.x, nb = gridDim.x, ntok = a.tokens;
-  const int32_t *tok_x = nullptr, *tok_y = nullptr;
-  if (NT > 1 && a.group_count != nullptr) {
-    const uint32_t groups = min(static_cast<uint32_t>(max(*a.group_count, 0)), a.groups);
-    if (groups == 0) return;
-    g = blockIdx.x % groups;
-    bx = blockIdx.x / groups;
-    nb = gridDim.x / groups + (g < gridDim.x % groups ? 1 : 0);
-    ntok = min(static_cast<uint32_t>(max(a.tok_count[g], 0)), a.tokens);
-    if (ntok == 0) return;
-    tok_x = a.tok_x + static_cast<size_t>(g) * a.tokens;
-    tok_y = a.tok_y + static_cast<size_t>(g) * a.tokens;
-  }
-  if (a.skip_negative_index && a.w_group_index[g] < 0) return;
+  MatvecBlockTake take;
+  if (!matvec_block_take(a, NT > 1 && a.group_count != nullptr, take)) return;
+  const uint32_t g = take.g, bx = take.bx, nb = take.nb, ntok = take.ntok;
+  const int32_t *tok_x = take.tok_x, *tok_y = take.tok_y;
   const uint32_t K = a.w.cols, units = K / 32;
   const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 

@@ -296,13 +296,9 @@ __device__ void quantize_x(const MatvecArgs& a, const MatvecPartView& view, uint
     if (!valid) continue;
     uint32_t packed[8];
     x16_pack(v, amax, packed);
-    // hi[k], lo[k]: the high / low bytes of columns 16 half + 4k..4k+3 (packed: two int16 a word).
+    // hi[k], lo[k]: the high / low bytes of columns 16 half + 4k..4k+3.
     uint32_t hi[4], lo[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      hi[k] = __byte_perm(packed[2 * k], packed[2 * k + 1], 0x7531);
-      lo[k] = __byte_perm(packed[2 * k], packed[2 * k + 1], 0x6420);
-    }
+    x16_bytes(packed, hi, lo);
     const uint32_t unit = p / 2, half = p % 2;
     // Columns 16 half + 0..7 are lane 2 half's, 8..15 lane 2 half + 1's.
     uint4* dst = reinterpret_cast<uint4*>(smem + t * lay.tok_stride() + unit * 64 + half * 32);
@@ -325,24 +321,12 @@ __global__ void __launch_bounds__(kThreads, 2) matvec_mma_kernel(MatvecArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
   // Groups, tokens named on the device and PDL as in the dp2a kernel (gpu/matvec_int16.cu): the
   // weights no earlier kernel picks are requested before the wait, x and y touched only after it.
-  const bool fixed_weights = a.w_group_index == nullptr && a.w_group_ptrs == nullptr && a.group_count == nullptr &&
-                             (a.parts < 2 || a.more[0].group_ptrs == nullptr) &&
-                             (a.parts < 3 || a.more[1].group_ptrs == nullptr);
+  const bool fixed_weights = matvec_fixed_weights(a);
   if (!fixed_weights) pdl_wait();
-  uint32_t g = blockIdx.y, bx = blockIdx.x, nb = gridDim.x, ntok = a.tokens;
-  const int32_t *tok_x = nullptr, *tok_y = nullptr;
-  if (a.group_count != nullptr) {
-    const uint32_t groups = min(static_cast<uint32_t>(max(*a.group_count, 0)), a.groups);
-    if (groups == 0) return;
-    g = blockIdx.x % groups;
-    bx = blockIdx.x / groups;
-    nb = gridDim.x / groups + (g < gridDim.x % groups ? 1 : 0);
-    ntok = min(static_cast<uint32_t>(max(a.tok_count[g], 0)), a.tokens);
-    if (ntok == 0) return;
-    tok_x = a.tok_x + static_cast<size_t>(g) * a.tokens;
-    tok_y = a.tok_y + static_cast<size_t>(g) * a.tokens;
-  }
-  if (a.skip_negative_index && a.w_group_index[g] < 0) return;
+  MatvecBlockTake take;
+  if (!matvec_block_take(a, a.group_count != nullptr, take)) return;
+  const uint32_t g = take.g, bx = take.bx, nb = take.nb, ntok = take.ntok;
+  const int32_t *tok_x = take.tok_x, *tok_y = take.tok_y;
   const uint32_t superblocks = a.w.cols / 256;
   const Layout lay{a.w.cols / 32, a.tokens};
   const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, lg = lane >> 2, lq = lane & 3;

@@ -28,6 +28,41 @@ __device__ __forceinline__ MatvecPartView matvec_part_view(const MatvecArgs& a, 
           part == 0 || more.y_tok_stride == 0 ? a.y_tok_stride : more.y_tok_stride};
 }
 
+// Whether no earlier kernel picks the launch's weights (no router ids, pool tables or groups named on
+// the device): under PDL (gpu/pdl.hpp) only such weights may be requested before the wait.
+__device__ __forceinline__ bool matvec_fixed_weights(const MatvecArgs& a) {
+  return a.w_group_index == nullptr && a.w_group_ptrs == nullptr && a.group_count == nullptr &&
+         (a.parts < 2 || a.more[0].group_ptrs == nullptr) && (a.parts < 3 || a.more[1].group_ptrs == nullptr);
+}
+
+// What one block of a launch works on: group g as its bx-th block of nb, over ntok tokens (named by
+// tok_x / tok_y when the groups are named on the device).
+struct MatvecBlockTake {
+  uint32_t g, bx, nb, ntok;
+  const int32_t* tok_x;
+  const int32_t* tok_y;
+};
+
+// With `named` (groups named on the device, MatvecArgs::group_count) the groups share the launch's
+// blocks by blockIdx.x: block b works on group b % G as its (b / G)-th block of nb; otherwise
+// blockIdx.y is the group. False: the block has nothing to do (no groups, no tokens, or a skipped
+// group). Read after the PDL wait: the counts are written by earlier kernels.
+__device__ __forceinline__ bool matvec_block_take(const MatvecArgs& a, bool named, MatvecBlockTake& t) {
+  t = {blockIdx.y, blockIdx.x, gridDim.x, a.tokens, nullptr, nullptr};
+  if (named) {
+    const uint32_t groups = min(static_cast<uint32_t>(max(*a.group_count, 0)), a.groups);
+    if (groups == 0) return false;
+    t.g = blockIdx.x % groups;
+    t.bx = blockIdx.x / groups;
+    t.nb = gridDim.x / groups + (t.g < gridDim.x % groups ? 1 : 0);
+    t.ntok = min(static_cast<uint32_t>(max(a.tok_count[t.g], 0)), a.tokens);
+    if (t.ntok == 0) return false;
+    t.tok_x = a.tok_x + static_cast<size_t>(t.g) * a.tokens;
+    t.tok_y = a.tok_y + static_cast<size_t>(t.g) * a.tokens;
+  }
+  return !(a.skip_negative_index && a.w_group_index[t.g] < 0);
+}
+
 // The most rows of any part (the launch's grid covers them) and the rows of all parts together.
 inline uint32_t matvec_max_rows(const MatvecArgs& a) {
   uint32_t m = a.w.rows;

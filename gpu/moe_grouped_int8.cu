@@ -198,11 +198,7 @@ __global__ void __launch_bounds__(256) quantize_rows_kernel(const float* x, size
   uint32_t packed[8];
   x16_pack(v, amax, packed);
   uint32_t hi[4], lo[4];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    hi[k] = __byte_perm(packed[2 * k], packed[2 * k + 1], 0x7531);
-    lo[k] = __byte_perm(packed[2 * k], packed[2 * k + 1], 0x6420);
-  }
+  x16_bytes(packed, hi, lo);
   const uint32_t c = 16 * p;
   uint8_t* dst = xq + static_cast<size_t>(r) * 2 * cols + 2 * (c / BK) * BK + c % BK;
   *reinterpret_cast<uint4*>(dst) = make_uint4(hi[0], hi[1], hi[2], hi[3]);

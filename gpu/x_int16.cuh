@@ -1,6 +1,6 @@
 #pragma once
 // The int16 activations of the quantized products (issue 15), one definition for the decode matvec
-// (gpu/matvec_int16.cu) and the prefill int8 tensor-core GEMM (gpu/moe_grouped_int8.cu), so that
+// (gpu/matvec_int16.cu, gpu/matvec_mma.cu) and the prefill int8 tensor-core GEMM (gpu/moe_grouped_int8.cu), so that
 // both round every value alike: one scale per 32-value block (amax / 32767), each value rounded to
 // the nearest step, and the exact f32 sum of each 16 for the K-quant minimum terms. A thread holds
 // 16 values of a block; lane ^ 1 holds the other 16 (every lane of the warp takes part in the
@@ -37,6 +37,16 @@ __device__ __forceinline__ void x16_pack(const float (&v)[16], float amax, uint3
   for (int k = 0; k < 8; ++k) {
     packed[k] = (static_cast<uint32_t>(__float2int_rn(v[2 * k] * inv)) & 0xffffu) |
                 (static_cast<uint32_t>(__float2int_rn(v[2 * k + 1] * inv)) << 16);
+  }
+}
+
+// The packed values as the int8 tensor-core products take them (gpu/mma_int8.cuh): hi[k] the high
+// bytes (s8) and lo[k] the low bytes (u8) of columns 4k..4k + 3, so that a value is hi * 256 + lo.
+__device__ __forceinline__ void x16_bytes(const uint32_t (&packed)[8], uint32_t (&hi)[4], uint32_t (&lo)[4]) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    hi[k] = __byte_perm(packed[2 * k], packed[2 * k + 1], 0x7531);
+    lo[k] = __byte_perm(packed[2 * k], packed[2 * k + 1], 0x6420);
   }
 }
 
