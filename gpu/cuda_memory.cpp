@@ -80,7 +80,15 @@ void GraphExec::end_capture(cudaStream_t s, size_t* programmatic, std::vector<st
   if (programmatic != nullptr || kernels != nullptr) {
     try {
       if (programmatic != nullptr) *programmatic = programmatic_edges(graph);
-      if (kernels != nullptr) *kernels = graph_kernel_names(graph);
+      if (kernels != nullptr) {
+        // A diagnostic (bench's launch count, the tests' listing): where the nodes cannot be named,
+        // the list stays empty rather than failing the step.
+        try {
+          *kernels = graph_kernel_names(graph);
+        } catch (const CudaError&) {
+          kernels->clear();
+        }
+      }
     } catch (...) {
       cudaGraphDestroy(graph);
       throw;

@@ -11,8 +11,8 @@
 //
 // Work: a warp's step is 16 rows x one 256-column superblock, its loads (8-byte pieces: a lane holds
 // rows g and g + 8 of an MMA tile, at the same columns) requested one step ahead. The warps of a
-// block share a tile's superblocks (8 warps on rows of 8 or more superblocks, fewer tiles a block
-// otherwise) and add their partial sums through shared memory in a fixed order; a token's result
+// block share a tile's superblocks (8 warps a tile on rows of 8 or more superblocks; fewer warps a
+// tile, so more tiles a block, otherwise) and add their partial sums through shared memory in a fixed order; a token's result
 // is the same whatever the launch's token count.
 #include <cuda_runtime.h>
 
@@ -84,39 +84,12 @@ __device__ __forceinline__ void load_b(const Ctx& c, uint32_t unit, mma::FragB& 
   hi = {{v.x, v.y}};
   lo = {{v.z, v.w}};
 }
-// d = a * b with a zero C operand (RZ in the instruction: no registers zeroed for it), the
-// signedness of mma::mma_k32.
-template <bool SignedA, bool SignedB>
-__device__ __forceinline__ void mma_k32_zero_c(mma::FragC& d, const mma::FragA& a, const mma::FragB& b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-#define FERRY_MMA_K32_ZERO_C(AT, BT)                                                                  \
-  asm("mma.sync.aligned.m16n8k32.row.col.s32." AT "." BT ".s32 "                                    \
-      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};"                         \
-      : "=r"(d.r[0]), "=r"(d.r[1]), "=r"(d.r[2]), "=r"(d.r[3])                                      \
-      : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[0]), "r"(b.r[1]), "r"(0))
-  if constexpr (SignedA && SignedB) {
-    FERRY_MMA_K32_ZERO_C("s8", "s8");
-  } else if constexpr (SignedA) {
-    FERRY_MMA_K32_ZERO_C("s8", "u8");
-  } else if constexpr (SignedB) {
-    FERRY_MMA_K32_ZERO_C("u8", "s8");
-  } else {
-    FERRY_MMA_K32_ZERO_C("u8", "u8");
-  }
-#undef FERRY_MMA_K32_ZERO_C
-#else
-  (void)d;
-  (void)a;
-  (void)b;
-  __trap();
-#endif
-}
 // The int32 sums of A's rows (g, g + 8) with the lane's tokens (2q, 2q + 1): s[2r + t], hi * 256 + lo.
 template <bool SignedA>
 __device__ __forceinline__ void sums(const mma::FragA& A, const mma::FragB& hi, const mma::FragB& lo, int (&s)[4]) {
   mma::FragC ch, cl;
-  mma_k32_zero_c<SignedA, true>(ch, A, hi);
-  mma_k32_zero_c<SignedA, false>(cl, A, lo);
+  mma::mma_k32_zero_c<SignedA, true>(ch, A, hi);
+  mma::mma_k32_zero_c<SignedA, false>(cl, A, lo);
 #pragma unroll
   for (int i = 0; i < 4; ++i) s[i] = ch.r[i] * 256 + cl.r[i];
 }
@@ -458,7 +431,8 @@ uint32_t resident_per_sm(Kernel kernel, size_t smem) {
 bool matvec_mma_applies(const MatvecArgs& a) {
   if (!matvec_quantizes_activations(a)) return false;
   const Kernel kernel = kernel_for(a.w.type);
-  return kernel != nullptr && code_built_for(reinterpret_cast<const void*>(kernel), 8) &&
+  // The tokens are the MMA's 8 columns (n of m16n8k32).
+  return kernel != nullptr && a.tokens <= 8 && code_built_for(reinterpret_cast<const void*>(kernel), 8) &&
          layout_of(a).bytes() <= kMaxSmem;
 }
 

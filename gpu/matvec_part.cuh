@@ -46,7 +46,8 @@ struct MatvecBlockTake {
 // With `named` (groups named on the device, MatvecArgs::group_count) the groups share the launch's
 // blocks by blockIdx.x: block b works on group b % G as its (b / G)-th block of nb; otherwise
 // blockIdx.y is the group. False: the block has nothing to do (no groups, no tokens, or a skipped
-// group). Read after the PDL wait: the counts are written by earlier kernels.
+// group). Named groups and skipped groups read what earlier kernels write, so a kernel under PDL
+// calls this after its wait whenever matvec_fixed_weights does not hold (both do).
 __device__ __forceinline__ bool matvec_block_take(const MatvecArgs& a, bool named, MatvecBlockTake& t) {
   t = {blockIdx.y, blockIdx.x, gridDim.x, a.tokens, nullptr, nullptr};
   if (named) {

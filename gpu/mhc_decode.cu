@@ -308,6 +308,9 @@ bool mhc_pre_clustered(const MhcArgs& a, cudaStream_t stream) {
 bool mhc_post_pre(const MhcPostPre& p, cudaStream_t stream) {
   const MhcArgs& a = p.pre;
   const DevMatrix& fn = *p.fn;
+  if (p.combine != nullptr && (p.combine->eo == nullptr || p.combine->weights == nullptr || p.combine->k == 0)) {
+    throw CudaError("mhc_post_pre: a MoE combine needs its expert outputs, weights and k");
+  }
   const bool f32_mixer =
       fn.type == model::GgmlType::F32 && fn.rows == kMix && fn.cols == kH * a.D && fn.row_bytes == size_t{fn.cols} * 4;
   bool aligned = reinterpret_cast<uintptr_t>(fn.data) % 16 == 0 && reinterpret_cast<uintptr_t>(p.y) % 16 == 0;
@@ -316,9 +319,6 @@ bool mhc_post_pre(const MhcPostPre& p, cudaStream_t stream) {
               reinterpret_cast<uintptr_t>(p.combine->shared) % 16 == 0;
   }
   if (!f32_mixer || !aligned || !cluster_applies(a)) return false;
-  if (p.combine != nullptr && (p.combine->eo == nullptr || p.combine->weights == nullptr || p.combine->k == 0)) {
-    throw CudaError("mhc_post_pre: a MoE combine needs its expert outputs, weights and k");
-  }
   ClusterArgs f;
   f.a = a;
   f.a.mix = nullptr;

@@ -18,13 +18,6 @@ bool mhc_pre_clustered(const MhcArgs& a, cudaStream_t stream);
 // The one-block-a-row kernel, whatever the rows (mhc_pre picks; the tests compare the two).
 void mhc_pre_one_block(const MhcArgs& a, cudaStream_t stream);
 
-// One mHC site in one launch: when y is set, first the post of the site before (streams[h'] =
-// post_in[h'] * y + sum_h comb_in[h][h'] * streams[h], in place: mhc_post's bits); then the mixing
-// logits fn @ streams (pre.mix is not read), then mhc_pre's outputs into pre.x / pre.post / pre.comb
-// (which may be post_in / comb_in: they are read first). fn is the site's [(2+H)*H][H*D] mixer.
-// Returns false (launching nothing) where mhc_pre_clustered would, or when fn is not f32 of that
-// shape or fn / y (or the combine's eo / shared) are not 16-byte aligned: the caller then runs
-// moe_combine, mhc_post, the product and mhc_pre.
 // The MoE combine of a decode step (moe_combine without `where`) for a site to make the post's y
 // itself: y[r] = shared[r] + sum_j weights[r][j] * eo[r * k + j], moe_combine's operations in its
 // order (the same bits), so that the combine needs no launch of its own.
@@ -34,6 +27,15 @@ struct MoeCombineIn {
   const float* shared = nullptr;   // [rows][D]; null: none
   uint32_t k = 0;
 };
+
+// One mHC site in one launch: when y or combine is set, first the post of the site before
+// (streams[h'] = post_in[h'] * y + sum_h comb_in[h][h'] * streams[h], in place: mhc_post's bits);
+// then the mixing logits fn @ streams (pre.mix is not read), then mhc_pre's outputs into pre.x /
+// pre.post / pre.comb (which may be post_in / comb_in: they are read first). fn is the site's
+// [(2+H)*H][H*D] mixer. Returns false (launching nothing) where mhc_pre_clustered would, or when fn
+// is not f32 of that shape or fn / y (or the combine's eo / shared) are not 16-byte aligned: the
+// caller then runs moe_combine, mhc_post, the product and mhc_pre. A combine without its expert
+// outputs, weights or k is refused.
 struct MhcPostPre {
   MhcArgs pre;
   const DevMatrix* fn = nullptr;

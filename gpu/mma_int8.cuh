@@ -15,8 +15,8 @@
 // lie, activations permuted to match).
 //
 // Code built for an earlier architecture (the Volta build, or its compute_70 PTX JIT-compiled on a
-// newer device) has no such instruction: `kInt8MmaBuilt` is false in that device code and the
-// product traps; hosts choose a kernel by code_built_for(kernel, 8) (gpu/pdl.hpp).
+// newer device) has no such instruction: there the products trap, and hosts choose their kernels by
+// code_built_for(kernel, 8) (gpu/pdl.hpp).
 #include <cstdint>
 
 namespace ferry::gpu::mma {
@@ -30,12 +30,6 @@ struct FragB {
 struct FragC {
   int32_t r[4];
 };
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-constexpr bool kInt8MmaBuilt = true;
-#else
-constexpr bool kInt8MmaBuilt = false;
-#endif
 
 // c += a * b; SignedA / SignedB say whether A's / B's bytes are s8 or u8.
 template <bool SignedA, bool SignedB>
@@ -58,6 +52,34 @@ __device__ __forceinline__ void mma_k32(FragC& c, const FragA& a, const FragB& b
 #undef FERRY_MMA_K32
 #else
   (void)c;
+  (void)a;
+  (void)b;
+  __trap();
+#endif
+}
+
+// d = a * b with a zero C operand (RZ in the instruction: no registers zeroed for it), the
+// signedness of mma_k32.
+template <bool SignedA, bool SignedB>
+__device__ __forceinline__ void mma_k32_zero_c(FragC& d, const FragA& a, const FragB& b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define FERRY_MMA_K32_ZERO_C(AT, BT)                                                                  \
+  asm("mma.sync.aligned.m16n8k32.row.col.s32." AT "." BT ".s32 "                                    \
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};"                         \
+      : "=r"(d.r[0]), "=r"(d.r[1]), "=r"(d.r[2]), "=r"(d.r[3])                                      \
+      : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[0]), "r"(b.r[1]), "r"(0))
+  if constexpr (SignedA && SignedB) {
+    FERRY_MMA_K32_ZERO_C("s8", "s8");
+  } else if constexpr (SignedA) {
+    FERRY_MMA_K32_ZERO_C("s8", "u8");
+  } else if constexpr (SignedB) {
+    FERRY_MMA_K32_ZERO_C("u8", "s8");
+  } else {
+    FERRY_MMA_K32_ZERO_C("u8", "u8");
+  }
+#undef FERRY_MMA_K32_ZERO_C
+#else
+  (void)d;
   (void)a;
   (void)b;
   __trap();

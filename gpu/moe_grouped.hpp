@@ -61,7 +61,7 @@ struct SplitScratch {
   size_t elems = 0;
 };
 
-// Which kernel grouped_gemm runs: the best the weights and the device have (Q4_K / Q5_K on sm80+ code: the
+// Which kernel grouped_gemm runs: the best the weights and the device have (Q4_K / Q5_K / IQ3_S on sm80+ code: the
 // int8 tensor-core kernel of gpu/moe_grouped_int8.hpp, with the decode matvec's int16 numerics;
 // otherwise the fp16 WMMA kernel above), or the fp16 kernel always (its tests, the Volta path).
 enum class GroupedPath { best, fp16 };

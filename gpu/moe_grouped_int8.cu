@@ -42,6 +42,8 @@ constexpr uint32_t BR = 128;                 // weight rows of a block (NM matri
 constexpr uint32_t BK = 128;                 // columns of a k-tile
 constexpr uint32_t kSteps = BK / 32;         // k32 steps (sub-blocks) of a k-tile
 constexpr uint32_t kThreads = 256;
+// The tile loaders' and warp tiles' thread maps are written for these sizes.
+static_assert(BN == 64 && BR == 128 && kThreads == 256, "moe_grouped_int8: thread maps assume 64 x 128 tiles, 256 threads");
 // A token's k-tile in shared memory: 32 words of high bytes, 32 of low, padded to 68 words apart so
 // that the 8 tokens x 4 words of a fragment hit 32 banks.
 constexpr uint32_t kXWords = 68;

@@ -25,13 +25,14 @@ enum class OpGroup : uint8_t {
   kda_recurrence,  // KDA: the gated delta-rule recurrence and its gated RMS norm
   kda_out,         // KDA: the output projection
   dsa_proj,        // DSA: q_a, kv_a, their norms, q_b, latents stored, k_b absorbed into q
-  indexer_proj,    // DSA: the indexer's q_b, k and gate products, key norm, cache writes
-  indexer_select,  // DSA: pool keys, pool scores, top-k selection
+  indexer_proj,    // DSA: the indexer's q_b, k and gate products, key norm, cache writes (in decode the pool keys too)
+  indexer_select,  // DSA: pool keys (prefill), pool scores, top-k selection
   sparse_mla,      // DSA: attention over the selected latents
   dsa_out,         // DSA: v_b and the output projection
   moe_router,      // MoE: router product and top-k routing
   moe_shared,      // MoE: the shared expert
-  moe_experts,     // MoE: routed experts (sort, grouped GEMMs or matvecs) and the combine
+  moe_experts,     // MoE: routed experts (sort, grouped GEMMs or matvecs) and the combine (in decode the
+                   // combine is made by the next mHC site: mhc_pre / mhc_post)
   dense_ffn,       // a dense layer's FFN
   head,            // final norm, output head, sampling, results to the host
   count

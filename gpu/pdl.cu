@@ -48,6 +48,8 @@ bool code_built_for(const void* kernel, int major) {
 
 bool sm90_code_built(const void* kernel) { return code_built_for(kernel, 9); }
 
+bool sm80_code_ready() { return code_built_for(reinterpret_cast<const void*>(pdl_probe_kernel), 8); }
+
 bool pdl_device_ready() { return sm90_code_built(reinterpret_cast<const void*>(pdl_probe_kernel)); }
 
 void pdl_configure(cudaLaunchConfig_t& cfg, cudaLaunchAttribute& attr, const void* kernel) {

@@ -38,6 +38,9 @@ bool pdl_device_ready();
 // later (and the device is one), cached per kernel, device and major: a compute_70 build
 // JIT-compiled on a newer device is not. Call it outside a capture first.
 bool code_built_for(const void* kernel, int major);
+// Whether this build's code on the current device has sm80+ instructions (the int8 tensor-core
+// products, gpu/mma_int8.cuh): what the tests of those kernels may skip on, and nothing else.
+bool sm80_code_ready();
 // Whether `kernel`'s code on the current device is sm90+ code (PDL's instructions, clusters: a
 // compute_70 build JIT-compiled on an sm90 device is not), cached per kernel and device. Call it
 // outside a capture first (the eager step before a graph is captured does).

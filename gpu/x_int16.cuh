@@ -2,7 +2,7 @@
 // The int16 activations of the quantized products (issue 15), one definition for the decode matvec
 // (gpu/matvec_int16.cu, gpu/matvec_mma.cu) and the prefill int8 tensor-core GEMM (gpu/moe_grouped_int8.cu), so that
 // both round every value alike: one scale per 32-value block (amax / 32767), each value rounded to
-// the nearest step, and the exact f32 sum of each 16 for the K-quant minimum terms. A thread holds
+// the nearest step, and the f32 sum of each 16 (in column order) for the K-quant minimum terms. A thread holds
 // 16 values of a block; lane ^ 1 holds the other 16 (every lane of the warp takes part in the
 // shuffle, holding values or not).
 #include <cuda_runtime.h>

@@ -22,6 +22,7 @@
 #include "gpu/kernels.hpp"
 #include "gpu/matvec_int16.hpp"
 #include "gpu/matvec_mma.hpp"
+#include "gpu/pdl.hpp"
 #include "model/formats/half.hpp"
 #include "model/formats/quant.hpp"
 #include "tests/gpu/gpu_test_support.hpp"
@@ -152,7 +153,8 @@ class MatvecMmaTest : public ::testing::Test {
     probe.w.type = kType;
     probe.w.cols = 256;
     probe.w.rows = 16;
-    if (!matvec_mma_applies(probe)) GTEST_SKIP() << "no sm80+ code of the tensor-core kernel on this device";
+    if (!sm80_code_ready()) GTEST_SKIP() << "no sm80+ code of the tensor-core kernel on this device";
+    ASSERT_TRUE(matvec_mma_applies(probe)) << "sm80+ code, yet a Q4_K call does not take the tensor-core kernel";
   }
 };
 

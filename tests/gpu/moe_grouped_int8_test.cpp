@@ -1,6 +1,6 @@
 // The int8 tensor-core path of the grouped expert GEMMs for Q4_K, Q5_K and IQ3_S
 // (gpu/moe_grouped_int8.hpp), checked twice for every sorted row:
-// - against the decode int16 matvec (gpu/matvec_int16.cu) of the same expert on the same input row
+// - against the decode int16 matvec (gpu/matvec_int16.cu; Q4_K on gpu/matvec_mma.cu) of the same expert on the same input row
 //   (gate and up, whose SwiGLU is taken here; down on the device's own SwiGLU output): the same
 //   int16 activations and the same integer sums, only the f32 order of the scale and minimum terms
 //   differs, so within 1e-5 of the row's largest |product| (a wrong step, byte or sub-block factor is
@@ -26,6 +26,7 @@
 #include "gpu/kernels.hpp"
 #include "gpu/moe_grouped.hpp"
 #include "gpu/moe_grouped_int8.hpp"
+#include "gpu/pdl.hpp"
 #include "model/formats/quant.hpp"
 #include "tests/gpu/gpu_test_support.hpp"
 #include "tests/gpu/quant_rows.hpp"
@@ -215,9 +216,8 @@ void run_case(const Case& c, const Experts& ex, std::mt19937& rng) {
   const SplitScratch split{dsh.get(), dsl.get(), split_elems};
   const RouteSort sort{doff.as<uint32_t>(), dtiles.as<uint32_t>(), dgather.as<int32_t>(), dwhere.as<int32_t>()};
   const ExpertMatrices* up = c.up ? &ex.m[1] : nullptr;
-  if (!grouped_int8_takes(ex.m[0], up, dx.as<float>(), D, c.n, split)) {
-    GTEST_SKIP() << "no sm80+ code for the int8 kernel on this device";
-  }
+  if (!sm80_code_ready()) GTEST_SKIP() << "no sm80+ code for the int8 kernel on this device";
+  ASSERT_TRUE(grouped_int8_takes(ex.m[0], up, dx.as<float>(), D, c.n, split)) << "sm80+ code, yet not the int8 path";
   sort_routes(dids.as<int32_t>(), routes, c.k, c.E, sort, RouteTally{}, nullptr);
   grouped_gemm_int8(ex.m[0], up, dx.as<float>(), D, c.n, sort.gather, sort, routes, c.E, kLimit, deg.as<float>(),
                     I, split, nullptr);
