@@ -74,7 +74,11 @@ def test_at_the_cap_a_new_connection_closes_the_longest_idle_one(ferry_bin):
         assert closed_by_server(idle[0], within=2)
         assert not closed_by_server(idle[7], within=0.2)
         assert s.metric("ferry_http_connection_limit") == 8
-        assert s.metric("ferry_http_connections_evicted_total") == 1  # /health closed again before /metrics came
+        # /metrics comes on a connection of its own: where /health's is not yet counted closed by then
+        # (a loaded machine), it takes the place of the next idle one. Each eviction closed one.
+        evicted = int(s.metric("ferry_http_connections_evicted_total"))
+        assert evicted in (1, 2)
+        assert closed_by_server(idle[1], within=1) == (evicted == 2)
         assert "the limit of 8 is reached" in s.output()
         for c in idle:
             c.close()
