@@ -343,14 +343,18 @@ void store_latents(const float* src, size_t src_stride, RowInfo rows, uint32_t n
   FERRY_CUDA_LAUNCHED();
 }
 
-void indexer_pool_keys(const IndexerArgs& a, cudaStream_t stream) {
-  if (a.segments == 0) return;
+void check_pool_ring(const IndexerArgs& a) {
   // A segment's new pools read from kpool - 1 positions before it to its end: all in the ring.
   if (a.key_rows < std::min(a.ctx, a.max_rows_per_segment + a.kpool - 1)) {
     throw CudaError("indexer: a segment of " + std::to_string(a.max_rows_per_segment) + " rows needs " +
                     std::to_string(a.max_rows_per_segment + a.kpool - 1) + " rows of keys, the ring holds " +
                     std::to_string(a.key_rows));
   }
+}
+
+void indexer_pool_keys(const IndexerArgs& a, cudaStream_t stream) {
+  if (a.segments == 0) return;
+  check_pool_ring(a);
   const dim3 grid(a.max_rows_per_segment / a.kpool + 1, a.segments);
   pool_key_kernel<<<grid, std::min<uint32_t>(a.head_dim, 256), 0, stream>>>(a);
   FERRY_CUDA_LAUNCHED();

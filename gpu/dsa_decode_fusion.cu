@@ -30,9 +30,8 @@ __global__ void __launch_bounds__(kRmsNormThreads) dsa_norms_kernel(DsaNormsArgs
   store_latent_row(lat, row, a.kvlr, a.type, a.cache, a.scales, scratch);
 }
 
-__global__ void __launch_bounds__(kLayerNormThreads) indexer_keys_kernel(IndexerKeysArgs a) {
-  __shared__ float scratch[32];
-  const uint32_t r = blockIdx.x;
+// Row r's key normed in place, then it and its gate written to the slot's ring rows (a block's threads).
+__device__ __forceinline__ void indexer_key_row(const IndexerKeysArgs& a, uint32_t r, float* scratch) {
   float* kk = a.kk + r * a.kk_stride;
   layer_norm_row(kk, a.w, a.b, a.width, a.eps, kk, scratch);
   __syncthreads();  // the normalised row is written
@@ -45,24 +44,18 @@ __global__ void __launch_bounds__(kLayerNormThreads) indexer_keys_kernel(Indexer
   }
 }
 
+__global__ void __launch_bounds__(kLayerNormThreads) indexer_keys_kernel(IndexerKeysArgs a) {
+  __shared__ float scratch[32];
+  indexer_key_row(a, blockIdx.x, scratch);
+}
+
 // Block s: segment s's rows as indexer_keys_kernel makes them, then (their ring rows written) the
 // keys of the pools the segment completes, as pool_key_kernel makes them.
 __global__ void __launch_bounds__(kLayerNormThreads) indexer_keys_pools_kernel(IndexerKeysArgs k, IndexerArgs a) {
   __shared__ float scratch[32];
   const uint32_t s = blockIdx.x, first = static_cast<uint32_t>(a.seg.first_row[s]);
   const int start = a.seg.start[s], len = a.seg.len[s];
-  for (uint32_t r = first; r < first + static_cast<uint32_t>(len); ++r) {
-    float* kk = k.kk + r * k.kk_stride;
-    layer_norm_row(kk, k.w, k.b, k.width, k.eps, kk, scratch);
-    __syncthreads();
-    const float* gs = k.gs + r * k.gs_stride;
-    const size_t at =
-        (static_cast<size_t>(k.row.slot[r]) * k.key_rows + static_cast<uint32_t>(k.row.pos[r]) % k.key_rows) * k.width;
-    for (uint32_t c = threadIdx.x; c < k.width; c += blockDim.x) {
-      k.keys[at + c] = kk[c];
-      k.gates[at + c] = gs[c];
-    }
-  }
+  for (uint32_t r = first; r < first + static_cast<uint32_t>(len); ++r) indexer_key_row(k, r, scratch);
   __syncthreads();  // the segment's ring rows are written
   const int kp = static_cast<int>(a.kpool);
   for (int p = start / kp; p < (start + len) / kp; ++p) pool_key_channels(a, static_cast<size_t>(a.seg.slot[s]), p);
@@ -81,12 +74,7 @@ void indexer_keys_and_pools(const IndexerKeysArgs& k, const IndexerArgs& pools, 
     indexer_pool_keys(pools, stream);
     return;
   }
-  // indexer_pool_keys' bound: a segment's new pools read from kpool - 1 positions before it.
-  if (k.key_rows < std::min(pools.ctx, pools.max_rows_per_segment + pools.kpool - 1)) {
-    throw CudaError("indexer: a segment of " + std::to_string(pools.max_rows_per_segment) + " rows needs " +
-                    std::to_string(pools.max_rows_per_segment + pools.kpool - 1) + " rows of keys, the ring holds " +
-                    std::to_string(k.key_rows));
-  }
+  check_pool_ring(pools);  // pools.key_rows is k.key_rows (checked above)
   if (k.row.slot == nullptr || k.row.pos == nullptr) throw CudaError("indexer_keys_and_pools: rows without slots");
   indexer_keys_pools_kernel<<<pools.segments, kLayerNormThreads, 0, stream>>>(k, pools);
   FERRY_CUDA_LAUNCHED();

@@ -18,36 +18,6 @@ void erase_all(std::string& s, const std::string& what) {
   for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at)) s.erase(at, what.size());
 }
 
-// Every edge, with its data where the runtime has edge data: a query without it fails on a graph
-// with programmatic (PDL) edges.
-std::vector<std::pair<cudaGraphNode_t, cudaGraphNode_t>> edges_of(cudaGraph_t graph) {
-#if CUDART_VERSION >= 13000
-  auto get = [&](cudaGraphNode_t* from, cudaGraphNode_t* to, cudaGraphEdgeData* data, size_t* n) {
-    return cudaGraphGetEdges(graph, from, to, data, n);
-  };
-#elif CUDART_VERSION >= 12030
-  auto get = [&](cudaGraphNode_t* from, cudaGraphNode_t* to, cudaGraphEdgeData* data, size_t* n) {
-    return cudaGraphGetEdges_v2(graph, from, to, data, n);
-  };
-#else
-  auto get = [&](cudaGraphNode_t* from, cudaGraphNode_t* to, void*, size_t* n) {
-    return cudaGraphGetEdges(graph, from, to, n);
-  };
-#endif
-  size_t n = 0;
-  FERRY_CUDA(get(nullptr, nullptr, nullptr, &n));
-  std::vector<cudaGraphNode_t> from(n), to(n);
-#if CUDART_VERSION >= 12030
-  std::vector<cudaGraphEdgeData> data(n);
-  FERRY_CUDA(get(from.data(), to.data(), data.data(), &n));
-#else
-  FERRY_CUDA(get(from.data(), to.data(), nullptr, &n));
-#endif
-  std::vector<std::pair<cudaGraphNode_t, cudaGraphNode_t>> e(n);
-  for (size_t i = 0; i < n; ++i) e[i] = {from[i], to[i]};
-  return e;
-}
-
 std::string node_name(cudaGraphNode_t node) {
   cudaGraphNodeType type{};
   FERRY_CUDA(cudaGraphNodeGetType(node, &type));
@@ -83,6 +53,38 @@ std::string short_kernel_name(const char* mangled) {
   return s;
 }
 
+std::vector<GraphEdge> graph_edges(cudaGraph_t graph) {
+  // A query without edge data fails on a graph with programmatic edges; CUDA 13 gave
+  // cudaGraphGetEdges the edge data that 12.3 added as cudaGraphGetEdges_v2.
+#if CUDART_VERSION >= 13000
+  auto get = [&](cudaGraphNode_t* from, cudaGraphNode_t* to, cudaGraphEdgeData* data, size_t* n) {
+    return cudaGraphGetEdges(graph, from, to, data, n);
+  };
+#elif CUDART_VERSION >= 12030
+  auto get = [&](cudaGraphNode_t* from, cudaGraphNode_t* to, cudaGraphEdgeData* data, size_t* n) {
+    return cudaGraphGetEdges_v2(graph, from, to, data, n);
+  };
+#else
+  auto get = [&](cudaGraphNode_t* from, cudaGraphNode_t* to, void*, size_t* n) {
+    return cudaGraphGetEdges(graph, from, to, n);
+  };
+#endif
+  size_t n = 0;
+  FERRY_CUDA(get(nullptr, nullptr, nullptr, &n));
+  std::vector<cudaGraphNode_t> from(n), to(n);
+  std::vector<GraphEdge> e(n);
+#if CUDART_VERSION >= 12030
+  std::vector<cudaGraphEdgeData> data(n);
+  FERRY_CUDA(get(from.data(), to.data(), data.data(), &n));
+  for (size_t i = 0; i < n; ++i) e[i] = {from[i], to[i], data[i].type == cudaGraphDependencyTypeProgrammatic};
+#else
+  FERRY_CUDA(get(from.data(), to.data(), nullptr, &n));
+  for (size_t i = 0; i < n; ++i) e[i] = {from[i], to[i], false};
+#endif
+  e.resize(n);
+  return e;
+}
+
 std::vector<std::string> graph_kernel_names(cudaGraph_t graph) {
   size_t n = 0;
   FERRY_CUDA(cudaGraphGetNodes(graph, nullptr, &n));
@@ -92,9 +94,9 @@ std::vector<std::string> graph_kernel_names(cudaGraph_t graph) {
   for (size_t i = 0; i < n; ++i) index[nodes[i]] = i;
   std::vector<size_t> preds(n, 0);
   std::vector<std::vector<size_t>> next(n);
-  for (const auto& [from, to] : edges_of(graph)) {
-    next[index.at(from)].push_back(index.at(to));
-    ++preds[index.at(to)];
+  for (const GraphEdge& e : graph_edges(graph)) {
+    next[index.at(e.from)].push_back(index.at(e.to));
+    ++preds[index.at(e.to)];
   }
   // Kahn's order, the lowest node index first among the ready ones.
   std::priority_queue<size_t, std::vector<size_t>, std::greater<size_t>> ready;

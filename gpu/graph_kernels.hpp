@@ -10,6 +10,14 @@
 namespace ferry::gpu {
 
 std::vector<std::string> graph_kernel_names(cudaGraph_t graph);
+
+// Every edge of a graph, and whether it is a programmatic (PDL) one (never before CUDA 12.3, whose
+// edges have no data).
+struct GraphEdge {
+  cudaGraphNode_t from, to;
+  bool programmatic;
+};
+std::vector<GraphEdge> graph_edges(cudaGraph_t graph);
 // A kernel's name without its namespaces, return type and parameters: "int16_kernel<5, 1>".
 std::string short_kernel_name(const char* mangled);
 

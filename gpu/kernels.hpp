@@ -245,6 +245,8 @@ struct IndexerArgs {
   size_t select_scratch_bytes = 0;
 };
 void indexer_pool_keys(const IndexerArgs& a, cudaStream_t stream);
+// Throws unless the key ring holds what a segment's new pools read (kpool - 1 rows before it, to its end).
+void check_pool_ring(const IndexerArgs& a);
 void indexer_select(const IndexerArgs& a, cudaStream_t stream);
 
 struct SparseMlaArgs {

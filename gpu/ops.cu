@@ -152,16 +152,27 @@ __global__ void mhc_post_kernel(float* streams, const float* y, const float* pos
   }
 }
 
-// moe_combine's value (the same fmas in the same order, no `where`) as the post's y.
+// Column d of row r of the MoE combine: the routes' weighted expert outputs summed by explicit fmas in
+// route order (gpu/mhc_decode.cu's float4 combine does the same), then the shared expert's added;
+// `where` maps a route to its expert-output row (null: route order).
+__device__ __forceinline__ float moe_combined(const float* eo, const int32_t* where, const float* weights,
+                                              const float* shared, size_t r, size_t d, uint32_t k, uint32_t D) {
+  float v = 0.0f;
+  for (uint32_t j = 0; j < k; ++j) {
+    const size_t slot = where ? static_cast<size_t>(where[r * k + j]) : r * k + j;
+    v = __fmaf_rn(weights[r * k + j], eo[slot * D + d], v);
+  }
+  return (shared ? shared[r * D + d] : 0.0f) + v;
+}
+
+// moe_combine's value (no `where`) as the post's y.
 __global__ void mhc_post_combine_kernel(float* streams, MoeCombineIn m, const float* post, const float* comb,
                                         uint32_t rows, uint32_t H, uint32_t D) {
   const size_t total = static_cast<size_t>(rows) * D;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const size_t r = i / D, d = i % D;
-    float v = 0.0f;
-    for (uint32_t j = 0; j < m.k; ++j) v = __fmaf_rn(m.weights[r * m.k + j], m.eo[(r * m.k + j) * D + d], v);
-    post_column(streams, (m.shared ? m.shared[i] : 0.0f) + v, post, comb, r, d, H, D);
+    post_column(streams, moe_combined(m.eo, nullptr, m.weights, m.shared, r, d, m.k, D), post, comb, r, d, H, D);
   }
 }
 
@@ -292,13 +303,7 @@ __global__ void moe_combine_kernel(const float* eo, const int32_t* where, const 
   const size_t total = static_cast<size_t>(rows) * D;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const size_t r = i / D, d = i % D;
-    float v = 0.0f;
-    for (uint32_t j = 0; j < k; ++j) {
-      const size_t slot = where ? static_cast<size_t>(where[r * k + j]) : r * k + j;
-      v = __fmaf_rn(weights[r * k + j], eo[slot * D + d], v);  // explicit: gpu/mhc_decode.cu's combine
-    }
-    y[i] = (shared ? shared[i] : 0.0f) + v;
+    y[i] = moe_combined(eo, where, weights, shared, i / D, i % D, k, D);
   }
 }
 

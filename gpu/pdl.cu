@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gpu/cuda_check.hpp"
+#include "gpu/graph_kernels.hpp"
 #include "gpu/pdl.cuh"
 
 namespace ferry::gpu {
@@ -63,29 +64,9 @@ void pdl_configure(cudaLaunchConfig_t& cfg, cudaLaunchAttribute& attr, const voi
 }
 
 size_t programmatic_edges(cudaGraph_t graph) {
-#if CUDART_VERSION >= 12030
-  // CUDA 13 gave cudaGraphGetEdges the edge data that 12.3 added as cudaGraphGetEdges_v2.
-#if CUDART_VERSION >= 13000
-  auto get = [&](cudaGraphNode_t* from, cudaGraphNode_t* to, cudaGraphEdgeData* data, size_t* n) {
-    return cudaGraphGetEdges(graph, from, to, data, n);
-  };
-#else
-  auto get = [&](cudaGraphNode_t* from, cudaGraphNode_t* to, cudaGraphEdgeData* data, size_t* n) {
-    return cudaGraphGetEdges_v2(graph, from, to, data, n);
-  };
-#endif
-  size_t n = 0;
-  FERRY_CUDA(get(nullptr, nullptr, nullptr, &n));
-  std::vector<cudaGraphNode_t> from(n), to(n);
-  std::vector<cudaGraphEdgeData> data(n);
-  FERRY_CUDA(get(from.data(), to.data(), data.data(), &n));
   size_t programmatic = 0;
-  for (size_t i = 0; i < n; ++i) programmatic += data[i].type == cudaGraphDependencyTypeProgrammatic;
+  for (const GraphEdge& e : graph_edges(graph)) programmatic += e.programmatic;
   return programmatic;
-#else
-  (void)graph;
-  return 0;
-#endif
 }
 
 }  // namespace ferry::gpu
