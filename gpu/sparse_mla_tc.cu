@@ -1,4 +1,5 @@
-// Sparse MLA of prefill rows on tensor cores (gpu/sparse_mla_tc.hpp says what and why).
+// Sparse MLA of prefill rows on tensor cores by WMMA, any KV type, sm70+ (gpu/sparse_mla_tc.hpp says
+// what and why; int8 latents on sm80+ code take gpu/sparse_mla_mma.cu's kernel).
 //
 // A block: 8 warps, 16 heads of one row (a row's last block may have fewer, its other query rows zero),
 // the row's selection in tiles of 16 latents. Per tile the block gathers the latents into shared
@@ -221,6 +222,17 @@ bool sparse_mla_tc_applies(const SparseMlaArgs& a) {
 }
 
 void sparse_mla_tc(const SparseMlaArgs& a, cudaStream_t stream) {
+  if (a.rows == 0) return;
+  const std::string why = misfit(a);
+  if (!why.empty()) throw CudaError("sparse MLA on tensor cores: " + why);
+  if (sparse_mla_mma_applies(a)) {
+    sparse_mla_mma(a, stream);
+  } else {
+    sparse_mla_wmma(a, stream);
+  }
+}
+
+void sparse_mla_wmma(const SparseMlaArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
   const std::string why = misfit(a);
   if (!why.empty()) throw CudaError("sparse MLA on tensor cores: " + why);

@@ -2,9 +2,12 @@
 // kernel and a double-precision CPU loop over the same decoded latents: random queries (some rows
 // scaled up so that the softmax is peaked) and latents, in f32, f16 and int8 KV as store_latents
 // encodes them, two slots, 32, 24 and 1 heads (whole and partial head groups), selections of 0, 1,
-// fewer than a tile, a tile and a bit, and up to 200 positions in random order. Also: which shapes sparse_mla() sends to it, that the dispatch does, and
-// the error for a shape it cannot take. Prints one DSA layer's prefill at 2,048 rows (64 heads, rank
-// 512, f32 KV, row r attending to r + 1 positions) on both kernels (times not asserted).
+// fewer than a tile, a tile and a bit, and up to 200 positions in random order. The mma.sync kernel
+// of int8 latents also against the WMMA kernel, at 64, 32, 24 and 1 heads, every rank step and
+// selections around its 32-latent tiles. Also: which shapes sparse_mla() sends to them, that the
+// dispatch does, and the errors for shapes they cannot take. Prints one DSA layer's prefill at 2,048
+// rows (64 heads, rank 512; row r attending to r + 1 positions, and every row to 2,048 of 34,816 as at
+// depth 32K) on each kernel (times not asserted).
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -19,6 +22,7 @@
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/cuda_memory.hpp"
+#include "gpu/pdl.hpp"
 #include "gpu/sparse_mla_tc.hpp"
 #include "kv/kv_codec.hpp"
 #include "tests/gpu/gpu_test_support.hpp"
@@ -54,7 +58,13 @@ struct Case {
 
   Case(uint32_t rows_, uint32_t heads_, uint32_t rank_, uint32_t ctx_, KvType type_, const std::vector<int32_t>& cnts,
        uint32_t seed)
-      : rows(rows_), heads(heads_), rank(rank_), ctx(ctx_), max_tokens(ctx_ + 4), counts(cnts), type(type_) {
+      : rows(rows_),
+        heads(heads_),
+        rank(rank_),
+        ctx(ctx_),
+        max_tokens(static_cast<uint32_t>(*std::max_element(cnts.begin(), cnts.end())) + 4),
+        counts(cnts),
+        type(type_) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     q.resize(size_t{rows} * heads * rank);
@@ -192,6 +202,61 @@ TEST(SparseMlaTc, MatchesTheCudaCoreKernelAndTheCpuOnEveryKvType) {
   }
 }
 
+TEST(SparseMlaTc, TheMmaKernelMatchesTheCpuAndTheWmmaKernelOnInt8Latents) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  // Around the kernel's 32-latent tiles: none, one, a tile less one, a tile, a tile and one, two
+  // tiles, the whole context.
+  const std::vector<int32_t> counts = {0, 1, 31, 32, 33, 63, 64, 65, 200, 137, 3, 240};
+  struct Shape {
+    uint32_t heads, rank;
+  };
+  // Two 32-head groups; one; a partial one; one head; ranks of 1 to 4 k-steps a warp.
+  for (const Shape sh : {Shape{64, 512}, Shape{32, 384}, Shape{24, 128}, Shape{1, 256}}) {
+    Case c(static_cast<uint32_t>(counts.size()), sh.heads, sh.rank, 240, KvType::int8, counts, 7 + sh.rank);
+    const std::string name = "int8 " + std::to_string(sh.heads) + " heads rank " + std::to_string(sh.rank);
+    if (!sm80_code_ready()) {
+      EXPECT_FALSE(sparse_mla_mma_applies(c.args())) << name;
+      continue;
+    }
+    ASSERT_TRUE(sparse_mla_mma_applies(c.args())) << name;
+    const std::vector<float> mma = c.run(sparse_mla_mma);
+    const std::vector<float> wmma = c.run(sparse_mla_wmma);
+    const std::vector<float> want = c.cpu();
+    expect_close(mma, want, 1e-4f, name + " mma.sync vs CPU");
+    expect_close(wmma, want, 1e-4f, name + " WMMA vs CPU");
+    expect_close(mma, wmma, 1e-4f, name + " mma.sync vs WMMA");
+    // The dispatch takes it for these rows: the same bits, run after run.
+    EXPECT_EQ(c.run(sparse_mla), mma) << name;
+    EXPECT_EQ(c.run(sparse_mla_tc), mma) << name;
+  }
+  if (!sm80_code_ready()) GTEST_SKIP() << "no sm80+ code of the mma.sync kernel on this device";
+}
+
+TEST(SparseMlaTc, TheMmaKernelTakesInt8LatentsOnly) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  SparseMlaArgs a;
+  a.rows = 12;
+  a.heads = 64;
+  a.rank = 512;
+  a.latent_type = KvType::int8;
+  EXPECT_EQ(sparse_mla_mma_applies(a), sm80_code_ready());
+  for (const KvType other : {KvType::f32, KvType::f16}) {
+    a.latent_type = other;
+    EXPECT_FALSE(sparse_mla_mma_applies(a)) << config::kv_type_name(other);
+  }
+  a.latent_type = KvType::int8;
+  a.rank = 640;
+  EXPECT_FALSE(sparse_mla_mma_applies(a));
+  a.rank = 192;
+  EXPECT_FALSE(sparse_mla_mma_applies(a));
+  try {
+    sparse_mla_mma(a, nullptr);
+    FAIL() << "rank 192 was taken";
+  } catch (const CudaError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 192"), std::string::npos) << e.what();
+  }
+}
+
 TEST(SparseMlaTc, DecodeRowsAndShapesItCannotTakeStayOnTheCudaCoreKernel) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
   SparseMlaArgs a;
@@ -218,35 +283,56 @@ TEST(SparseMlaTc, DecodeRowsAndShapesItCannotTakeStayOnTheCudaCoreKernel) {
   }
 }
 
+// Mean milliseconds of `kernel` on c over three runs after a warm-up, printed with its rate over
+// `flop`; the warm-up's output.
+template <class Kernel>
+std::vector<float> time_kernel(Case& c, Kernel kernel, double flop, const std::string& what) {
+  std::vector<float> out = c.run(kernel);
+  Event start, stop;
+  start.record(nullptr);
+  constexpr int kReps = 3;
+  for (int i = 0; i < kReps; ++i) kernel(c.args(), nullptr);
+  stop.record(nullptr);
+  FERRY_CUDA(cudaEventSynchronize(stop.get()));
+  const double ms = stop.since(start) / kReps;
+  std::printf("  sparse MLA, %s: %.2f ms (%.1f TFLOP/s of %.0f GFLOP)\n", what.c_str(), ms, flop / ms * 1e-9,
+              flop * 1e-9);
+  return out;
+}
+
+// One DSA layer's prefill of 2,048 rows x 64 heads x rank 512 (scores and values: 4 flop a head,
+// position and rank column) on the tensor-core kernels and the CUDA-core one, compared.
+void print_one_layer(uint32_t ctx, const std::vector<int32_t>& counts, const std::string& depth) {
+  double pairs = 0.0;
+  for (const int32_t n : counts) pairs += n;
+  const double flop = 2.0 * 2.0 * 64 * 512 * pairs;
+  for (const KvType type : {KvType::int8, KvType::f32}) {
+    Case c(static_cast<uint32_t>(counts.size()), 64, 512, ctx, type, counts, 5);
+    const std::string at = std::string(config::kv_type_name(type)) + " KV, 2048 rows x 64 heads x rank 512, " + depth;
+    const std::vector<float> simt = time_kernel(c, sparse_mla_simt, flop, at + ": CUDA cores");
+    const std::vector<float> wmma = time_kernel(c, sparse_mla_wmma, flop, at + ": WMMA");
+    expect_close(wmma, simt, 1e-4f, at + ", WMMA vs CUDA cores");
+    if (sparse_mla_mma_applies(c.args())) {
+      const std::vector<float> mma = time_kernel(c, sparse_mla_mma, flop, at + ": mma.sync");
+      expect_close(mma, simt, 1e-4f, at + ", mma.sync vs CUDA cores");
+    }
+  }
+}
+
 TEST(SparseMlaTc, PrintsOneLayersPrefillAt2048Rows) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
   constexpr uint32_t kRows = 2048;
   std::vector<int32_t> counts(kRows);
   std::iota(counts.begin(), counts.end(), 1);  // row r attends to r + 1 positions, as under index_topk 2,048
-  {
-    const KvType type = KvType::f32;  // the stage's default latent type
-    Case c(kRows, 64, 512, kRows, type, counts, 5);
-    double pairs = 0.0;
-    for (const int32_t n : counts) pairs += n;
-    const double flop = 2.0 * 2.0 * 64 * 512 * pairs;  // scores and values
-    std::vector<float> outs[2];
-    for (int k = 0; k < 2; ++k) {
-      auto kernel = k == 0 ? sparse_mla_tc : sparse_mla_simt;
-      outs[k] = c.run(kernel);  // warm-up and the output compared below
-      Event start, stop;
-      start.record(nullptr);
-      constexpr int kReps = 3;
-      for (int i = 0; i < kReps; ++i) kernel(c.args(), nullptr);
-      stop.record(nullptr);
-      FERRY_CUDA(cudaEventSynchronize(stop.get()));
-      const double ms = stop.since(start) / kReps;
-      std::printf("  sparse MLA, %s KV, 2048 rows x 64 heads x rank 512: %s %.2f ms (%.1f TFLOP/s of %.0f GFLOP)\n",
-                  std::string(config::kv_type_name(type)).c_str(), k == 0 ? "tensor cores" : "CUDA cores", ms, flop / ms * 1e-9,
-                  flop * 1e-9);
-    }
-    // Both kernels agree on the long selections (the CPU loop would take minutes here).
-    expect_close(outs[0], outs[1], 1e-4f, std::string(config::kv_type_name(type)) + " 2048 rows, tensor vs CUDA cores");
-  }
+  print_one_layer(kRows, counts, "depth 0");
+}
+
+TEST(SparseMlaTc, PrintsOneLayersPrefillAt2048RowsAtDepth32K) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  constexpr uint32_t kRows = 2048;
+  // Every row selects index_topk 2,048 of 32,768 + 2,048 positions (random ones: the CPU loop would
+  // take minutes, so the kernels are compared with each other).
+  print_one_layer(32768 + kRows, std::vector<int32_t>(kRows, 2048), "depth 32K");
 }
 
 }  // namespace
