@@ -43,7 +43,6 @@ constexpr uint32_t kMaxSteps = 4;     // k16 steps of a warp's columns: rank <= 
 constexpr uint32_t kLatPad = 16;      // bytes past each latent row: ldmatrix's 8 rows on distinct banks
 constexpr uint32_t kLdp = kTile + 8;  // floats a head's partial scores: float2 stores conflict-free
 constexpr uint32_t kLdw = kTile + 8;  // halves a head's weights: 80-byte rows, ldmatrix conflict-free
-constexpr uint32_t kHeadsPerWarp = kHeads / kWarps;  // of the softmax
 static_assert(kTile == 32, "the softmax takes a latent a lane, the copies a 16-byte piece a lane and step");
 
 struct Layout {
@@ -61,6 +60,7 @@ struct Layout {
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+constexpr uint32_t kHeadsPerWarp = kHeads / kWarps;  // of the softmax
 constexpr uint32_t kMagic = 0x64006400u;        // half2 (1024, 1024): byte b in the low bits reads 1024 + b
 constexpr uint32_t kMagicOffset = 0x64806480u;  // half2 (1152, 1152) = 1024 + the bias 128
 constexpr uint32_t kMagicLo = 0x34003400u;      // half2 (2^-2, 2^-2): b in the low bits reads (1024 + b) 2^-12
