@@ -130,8 +130,10 @@ __global__ void conv_decode_kernel(KdaArgs a) {
 // RP rows each, held in registers (P = 4 at DK = 128: a head spreads over 4 blocks of 128 threads,
 // and each thread's two dot products are chains of 32, not 128), the P partial sums added by
 // shuffles (the same sums in every lane, so all of them take the same delta). A block has DK
-// threads, one per element of a token's k, q and decay, and loads the next token's while it
-// multiplies the current one: the loop is bound by the arithmetic, not by memory latency. A lane
+// threads, one per element of a token's k, q and decay, and loads the inputs of the tokens kAhead
+// ahead while it multiplies the current one (a token's loop may be shorter than a load from HBM:
+// a chunk's inputs do not stay in L2), and computes the next token's decay and beta before
+// the barrier that ends the current one, so neither lies on the path from token to token. A lane
 // reads its group's k, q and decay as float4s into registers (k once for both products): 3 * RP / 4
 // shared loads a token, which would otherwise be as many as its multiply-adds.
 template <int DK>
@@ -153,6 +155,8 @@ __device__ __forceinline__ void load_row(const float* src, float* dst) {
     dst[4 * i] = v.x, dst[4 * i + 1] = v.y, dst[4 * i + 2] = v.z, dst[4 * i + 3] = v.w;
   }
 }
+
+constexpr uint32_t kAhead = 4;  // tokens of inputs a recurrence thread holds
 
 // One token's inputs to a recurrence thread: element e of k, q and f, column j of v, the head's beta
 // (thread 0 only), before any activation.
@@ -190,18 +194,27 @@ __device__ __forceinline__ void recurrence(const KdaArgs& a) {
   for (int i = 0; i < S::RP; ++i) st[i] = state[static_cast<size_t>(i) * DK];
   const float rate = -a.a[h];  // exp(A_log)
   const float dt_bias = a.dt_bias[h * DK + e];
-  // This token's inputs, loaded one token ahead.
-  TokenInputs in;
-  if (len > 0) in.load(a, first, h * DK + e, h * DK + j, h, e == 0);
+  auto decay = [&](const TokenInputs& x) { return expf(a.lower_bound / (1.0f + expf(-rate * (x.f + dt_bias)))); };
+  auto gate = [](const TokenInputs& x) { return 1.0f / (1.0f + expf(-x.beta)); };
+  // in[d]: token t + d's inputs, loaded kAhead tokens ahead; the current token's decay and beta
+  // computed in the token before it.
+  TokenInputs in[kAhead];
+#pragma unroll
+  for (uint32_t d = 0; d < kAhead; ++d) {
+    if (d < len) in[d].load(a, first + d, h * DK + e, h * DK + j, h, e == 0);
+  }
+  float token_decay = len > 0 ? decay(in[0]) : 0.0f, token_beta = len > 0 && e == 0 ? gate(in[0]) : 0.0f;
   for (uint32_t t = 0; t < len; ++t) {
     const size_t row = first + t;
-    sk[se] = in.k;
-    sq[se] = in.q;
-    sdec[se] = expf(a.lower_bound / (1.0f + expf(-rate * (in.f + dt_bias))));
-    if (e == 0) sbeta = 1.0f / (1.0f + expf(-in.beta));
-    const float v = in.v;
+    sk[se] = in[0].k;
+    sq[se] = in[0].q;
+    sdec[se] = token_decay;
+    if (e == 0) sbeta = token_beta;
+    const float v = in[0].v;
     __syncthreads();
-    if (t + 1 < len) in.load(a, row + 1, h * DK + e, h * DK + j, h, e == 0);
+#pragma unroll
+    for (uint32_t d = 0; d + 1 < kAhead; ++d) in[d] = in[d + 1];
+    if (t + kAhead < len) in[kAhead - 1].load(a, row + kAhead, h * DK + e, h * DK + j, h, e == 0);
     float k[S::RP], q[S::RP], dec[S::RP];
     load_row<S::RP>(sk + p * S::LD, k);
     load_row<S::RP>(sdec + p * S::LD, dec);
@@ -224,6 +237,10 @@ __device__ __forceinline__ void recurrence(const KdaArgs& a) {
 #pragma unroll
     for (int m = 1; m < S::P; m <<= 1) o += __shfl_xor_sync(0xffffffffu, o, m);
     if (p == 0) a.out[row * C + h * DK + j] = o;
+    if (t + 1 < len) {
+      token_decay = decay(in[0]);
+      if (e == 0) token_beta = gate(in[0]);
+    }
     __syncthreads();
   }
 #pragma unroll

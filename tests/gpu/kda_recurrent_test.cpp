@@ -3,7 +3,8 @@
 // dims 16 and 64: one step of two segments (a 19-row prefill of slot 1 and a decode row of slot 0,
 // each from a random state), every output row and the final states; and the 19 rows run as 19
 // one-row steps, which must give the prefill's outputs and state to the bit (decode and prefill run
-// the same arithmetic). Outputs are poisoned (NaN) before each run.
+// the same arithmetic). Outputs are poisoned (NaN) before each run. Prints a prefill chunk's launch
+// at 2,048 rows (not asserted).
 //
 // Tolerance: the device adds each column's dot products in P partial sums (P = 4 at head dim 128),
 // the CPU in one: f32 rounding of sums of 128 terms, compounded over 19 tokens, is ~1e-6 of the
@@ -15,6 +16,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -186,6 +188,27 @@ TEST_P(KdaRecurrentTest, GivesTheCpuRecurrenceAndDecodeGivesThePrefillToTheBit) 
   const size_t per_slot = size_t{heads} * dk * dk;
   EXPECT_EQ(0, std::memcmp(state1.data() + per_slot, state.data() + per_slot, per_slot * sizeof(float)))
       << "slot 1's state after 19 decode rows differs from the prefill's";
+}
+
+// One KDA layer's recurrence over a 2,048-row prefill chunk at the model's widths (64 heads of 128),
+// one segment: the time a launch (printed, not asserted), and every output finite.
+TEST(KdaRecurrentTiming, PrintsAPrefillChunk) {
+  if (!testing::have_device()) GTEST_SKIP() << "no CUDA device";
+  constexpr uint32_t kRows = 2048;
+  std::mt19937 rng(5);
+  const Inputs in = make_inputs(64, 128, kRows, rng);
+  DeviceStep d(in);
+  const std::vector<std::array<int32_t, 4>> chunk = {{1, 0, int32_t{kRows}, 0}};
+  d.run(in, chunk);  // warm-up
+  Event start, stop;
+  start.record(nullptr);
+  constexpr int kReps = 3;
+  for (int i = 0; i < kReps; ++i) d.run(in, chunk);
+  stop.record(nullptr);
+  ASSERT_EQ(cudaEventSynchronize(stop.get()), cudaSuccess);
+  std::printf("  KDA recurrence, 2048 rows x 64 heads x 128: %.3f ms a launch\n", stop.since(start) / kReps);
+  const std::vector<float> out = download<float>(d.out, size_t{kRows} * in.C());
+  EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float x) { return std::isfinite(x); }));
 }
 
 INSTANTIATE_TEST_SUITE_P(HeadDims, KdaRecurrentTest,
