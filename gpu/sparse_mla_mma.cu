@@ -26,6 +26,7 @@
 
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/half_split.cuh"
@@ -36,25 +37,24 @@ namespace ferry::gpu {
 namespace {
 
 constexpr uint32_t kHeads = 32;   // heads of a block: two m16 tiles
-constexpr uint32_t kTile = 32;    // latents a step: one a lane in the softmax
 constexpr uint32_t kWarps = 8;
 constexpr uint32_t kThreads = kWarps * 32;
-constexpr uint32_t kMaxSteps = 4;     // k16 steps of a warp's columns: rank <= 512
-constexpr uint32_t kLatPad = 16;      // bytes past each latent row: ldmatrix's 8 rows on distinct banks
-constexpr uint32_t kLdp = kTile + 8;  // floats a head's partial scores: float2 stores conflict-free
-constexpr uint32_t kLdw = kTile + 8;  // halves a head's weights: 80-byte rows, ldmatrix conflict-free
-static_assert(kTile == 32, "the softmax takes a latent a lane, the copies a 16-byte piece a lane and step");
+constexpr uint32_t kMaxSteps = 4;  // k16 steps of a warp's columns: rank <= 512
+constexpr uint32_t kLatPad = 16;   // bytes past each latent row: ldmatrix's 8 rows on distinct banks
 
+// Shared memory for `tile` latents a step. A head's partial scores take tile + 8 floats (its float2
+// stores conflict-free), its weights tile + 8 halves (ldmatrix rows 16 bytes apart in banks).
 struct Layout {
   uint32_t ldl;  // bytes a latent row
-  size_t lat, partial, w_hi, w_lo, rescale, sum, bytes;
-  __host__ __device__ explicit Layout(uint32_t rank) : ldl(rank + kLatPad) {
-    lat = 0;                                                        // [2][kTile][ldl] int8
-    partial = lat + 2 * size_t{kTile} * ldl;                        // [kWarps][kHeads][kLdp] f32
-    w_hi = partial + size_t{kWarps} * kHeads * kLdp * sizeof(float);  // [kHeads][kLdw] fp16
-    w_lo = w_hi + size_t{kHeads} * kLdw * sizeof(__half);
-    rescale = w_lo + size_t{kHeads} * kLdw * sizeof(__half);        // [kHeads] f32
-    sum = rescale + kHeads * sizeof(float);                         // [kHeads] f32
+  size_t lat, partial, w_hi, w_lo, scale, rescale, sum, bytes;
+  __host__ __device__ Layout(uint32_t rank, uint32_t tile) : ldl(rank + kLatPad) {
+    lat = 0;                                                                  // [2][tile][ldl] int8
+    partial = lat + 2 * size_t{tile} * ldl;                                   // [kWarps][kHeads][tile + 8] f32
+    w_hi = partial + size_t{kWarps} * kHeads * (tile + 8) * sizeof(float);    // [kHeads][tile + 8] fp16
+    w_lo = w_hi + size_t{kHeads} * (tile + 8) * sizeof(__half);
+    scale = w_lo + size_t{kHeads} * (tile + 8) * sizeof(__half);              // [tile] f32
+    rescale = scale + tile * sizeof(float);                                   // [kHeads] f32
+    sum = rescale + kHeads * sizeof(float);                                   // [kHeads] f32
     bytes = sum + kHeads * sizeof(float);
   }
 };
@@ -128,12 +128,15 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint3
 #endif
 
 // S: k16 steps of a warp's columns (rank = 128 S), constant so that the loops unroll into registers.
-template <uint32_t S>
+// T: latents a step. kLaneSoftmax: the softmax takes a (head, latent) a thread, 4 heads a warp (T =
+// 32); else thread i takes head i / 8 and latents T / 8 (i % 8) .. + T / 8.
+template <uint32_t S, uint32_t T, bool kLaneSoftmax>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_mma_kernel(SparseMlaArgs a) {
+  static_assert(T % 32 == 0 && (T == 32 || !kLaneSoftmax), "ldmatrix takes 32 latents; a lane one");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   extern __shared__ __align__(128) unsigned char smem[];
-  constexpr uint32_t R = 16 * kWarps * S, kCols = 16 * S;
-  const Layout lay(R);
+  constexpr uint32_t R = 16 * kWarps * S, kCols = 16 * S, kLdp = T + 8, kLdw = T + 8;
+  const Layout lay(R, T);
   const uint32_t ldl = lay.ldl;
   // Rows in reverse: a chunk's later rows select more, so the longest blocks start first.
   const uint32_t r = a.rows - 1 - blockIdx.y, h0 = blockIdx.x * kHeads;
@@ -144,6 +147,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_mma_kernel(SparseMlaAr
   float* partial = reinterpret_cast<float*>(smem + lay.partial);
   __half* w_hi = reinterpret_cast<__half*>(smem + lay.w_hi);
   __half* w_lo = reinterpret_cast<__half*>(smem + lay.w_lo);
+  float* s_scale = reinterpret_cast<float*>(smem + lay.scale);
   float* s_rescale = reinterpret_cast<float*>(smem + lay.rescale);
   float* s_sum = reinterpret_cast<float*>(smem + lay.sum);
 
@@ -176,52 +180,58 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_mma_kernel(SparseMlaAr
       }
     }
   }
-  float m_run[kHeadsPerWarp], l_run[kHeadsPerWarp];  // the softmax heads' max and sum (lane-uniform)
+  // The softmax heads' max and sum (the same in each thread of a head).
+  constexpr uint32_t kRuns = kLaneSoftmax ? kHeadsPerWarp : 1;
+  float m_run[kRuns], l_run[kRuns];
 #pragma unroll
-  for (uint32_t hh = 0; hh < kHeadsPerWarp; ++hh) m_run[hh] = -INFINITY, l_run[hh] = 0.0f;
+  for (uint32_t hh = 0; hh < kRuns; ++hh) m_run[hh] = -INFINITY, l_run[hh] = 0.0f;
 
   const uint32_t cnt = static_cast<uint32_t>(a.counts[r]);
   const int32_t* toks = a.tokens + static_cast<size_t>(r) * a.max_tokens;
   const size_t row0 = static_cast<size_t>(a.row.slot[r]) * a.ctx;
   const int8_t* latents = static_cast<const int8_t*>(a.latents);
-  // The warp's columns of tile t0's latents into buffer b: S 16-byte pieces a latent, S a lane.
+  // The warp's columns of tile t0's latents into buffer b: S 16-byte pieces a latent, S T / 32 a lane.
   auto copy_tile = [&](uint32_t t0, uint32_t b) {
 #pragma unroll
-    for (uint32_t k = 0; k < S; ++k) {
+    for (uint32_t k = 0; k < S * T / 32; ++k) {
       const uint32_t c = lane + 32 * k, t = c / S, piece = c % S;
       const bool valid = t0 + t < cnt;
       const int8_t* src = valid ? latents + (row0 + static_cast<size_t>(toks[t0 + t])) * R + col0 + 16 * piece
                                 : latents;
-      copy16(smem_address(lat + (b * kTile + t) * ldl + col0 + 16 * piece), src, valid);
+      copy16(smem_address(lat + (b * T + t) * ldl + col0 + 16 * piece), src, valid);
     }
   };
   if (cnt > 0) copy_tile(0, 0);
   copy_commit();
 
-  for (uint32_t t0 = 0, it = 0; t0 < cnt; t0 += kTile, ++it) {
-    const uint32_t valid = min(kTile, cnt - t0);
-    if (t0 + kTile < cnt) copy_tile(t0 + kTile, (it + 1) & 1);
+  for (uint32_t t0 = 0, it = 0; t0 < cnt; t0 += T, ++it) {
+    const uint32_t valid = min(T, cnt - t0);
+    if (t0 + T < cnt) copy_tile(t0 + T, (it + 1) & 1);
     copy_commit();
     copy_wait_all_but_one();
     __syncwarp();
-    // ldmatrix rows: lane l gives latent l's row (matrix l / 8, its row l % 8), at the warp's columns.
-    const uint32_t lat_row = smem_address(lat + ((it & 1) * kTile + lane) * ldl + col0);
+    // ldmatrix rows: lane l gives latent 32 u + l's row (matrix l / 8, its row l % 8) for the
+    // latents [32 u, 32 u + 32), at the warp's columns.
+    const uint32_t lat_row = smem_address(lat + ((it & 1) * T + lane) * ldl + col0);
 
     {  // partial scores: queries (32 x the warp's columns) x latents^T
-      float acc[2][kTile / 8][4] = {};
+      float acc[2][T / 8][4] = {};
 #pragma unroll
       for (uint32_t j = 0; j < S; ++j) {
-        uint32_t raw[4];  // n tile i: latents 8i + g, columns 16 j + 4q..4q+3
-        ldsm_x4(raw, lat_row + 16 * j);
 #pragma unroll
-        for (uint32_t i = 0; i < kTile / 8; ++i) {
-          const uint32_t x = raw[i] ^ kBias;
-          const uint32_t b0 = s8_pair(x, 0x7150), b1 = s8_pair(x, 0x7352);
-          const uint32_t s0 = s8_pair_lo(x, 0x7150), s1 = s8_pair_lo(x, 0x7352);
+        for (uint32_t u = 0; u < T / 32; ++u) {
+          uint32_t raw[4];  // n tile 4u + i: latents 32u + 8i + g, columns 16 j + 4q..4q+3
+          ldsm_x4(raw, lat_row + 32 * u * ldl + 16 * j);
 #pragma unroll
-          for (uint32_t mt = 0; mt < 2; ++mt) {
-            mma(acc[mt][i], qh[mt][j], b0, b1);
-            mma(acc[mt][i], ql[mt][j], s0, s1);
+          for (uint32_t i = 0; i < 4; ++i) {
+            const uint32_t x = raw[i] ^ kBias;
+            const uint32_t b0 = s8_pair(x, 0x7150), b1 = s8_pair(x, 0x7352);
+            const uint32_t s0 = s8_pair_lo(x, 0x7150), s1 = s8_pair_lo(x, 0x7352);
+#pragma unroll
+            for (uint32_t mt = 0; mt < 2; ++mt) {
+              mma(acc[mt][4 * u + i], qh[mt][j], b0, b1);
+              mma(acc[mt][4 * u + i], ql[mt][j], s0, s1);
+            }
           }
         }
       }
@@ -229,15 +239,20 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_mma_kernel(SparseMlaAr
 #pragma unroll
       for (uint32_t mt = 0; mt < 2; ++mt) {
 #pragma unroll
-        for (uint32_t i = 0; i < kTile / 8; ++i) {
+        for (uint32_t i = 0; i < T / 8; ++i) {
           const uint32_t h = 16 * mt + g, t = 8 * i + 2 * q;
           *reinterpret_cast<float2*>(pw + h * kLdp + t) = make_float2(acc[mt][i][0], acc[mt][i][1]);
           *reinterpret_cast<float2*>(pw + (h + 8) * kLdp + t) = make_float2(acc[mt][i][2], acc[mt][i][3]);
         }
       }
     }
+    if (!kLaneSoftmax && threadIdx.x < T) {
+      s_scale[threadIdx.x] = t0 + threadIdx.x < cnt
+                                 ? __ldg(a.latent_scales + row0 + static_cast<size_t>(toks[t0 + threadIdx.x]))
+                                 : 0.0f;
+    }
     __syncthreads();
-    {  // online softmax: warp w's heads, a latent a lane
+    if constexpr (kLaneSoftmax) {  // online softmax: warp w's heads, a latent a lane
       const bool in = lane < valid;
       const size_t at = in ? row0 + static_cast<size_t>(toks[t0 + lane]) : 0;
       const float row_scale = in ? __ldg(a.latent_scales + at) : 0.0f;
@@ -263,6 +278,46 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_mma_kernel(SparseMlaAr
         m_run[hh] = m_new;
         if (lane == 0) s_rescale[h] = rescale;
       }
+    } else {  // online softmax: head i / 8, its latents [n (i % 8), n (i % 8) + n), n = T / 8
+      constexpr uint32_t n = T / 8;
+      const uint32_t h = threadIdx.x / 8, t = n * (threadIdx.x % 8);
+      float s[n];
+#pragma unroll
+      for (uint32_t i = 0; i < n; ++i) s[i] = 0.0f;
+#pragma unroll
+      for (uint32_t w = 0; w < kWarps; ++w) {
+#pragma unroll
+        for (uint32_t i = 0; i < n; i += 4) {
+          const float4 v = *reinterpret_cast<const float4*>(partial + (w * kHeads + h) * kLdp + t + i);
+          s[i] += v.x, s[i + 1] += v.y, s[i + 2] += v.z, s[i + 3] += v.w;
+        }
+      }
+      float mx = -INFINITY;
+#pragma unroll
+      for (uint32_t i = 0; i < n; ++i) {
+        s[i] *= a.scale * s_scale[t + i];
+        if (t + i < valid) mx = fmaxf(mx, s[i]);
+      }
+#pragma unroll
+      for (int d = 4; d > 0; d /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
+      const float m_new = fmaxf(m_run[0], mx);  // finite: latent 0 of a tile is always in
+      float sum = 0.0f;
+      __align__(16) __half ph[n], pl[n];
+#pragma unroll
+      for (uint32_t i = 0; i < n; ++i) {
+        const float p = t + i < valid ? expf(s[i] - m_new) : 0.0f;
+        sum += p;
+        split_half(p * s_scale[t + i], ph[i], pl[i]);
+      }
+#pragma unroll
+      for (int d = 4; d > 0; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+      using Halves = std::conditional_t<n == 4, uint2, uint4>;
+      *reinterpret_cast<Halves*>(w_hi + h * kLdw + t) = *reinterpret_cast<const Halves*>(ph);
+      *reinterpret_cast<Halves*>(w_lo + h * kLdw + t) = *reinterpret_cast<const Halves*>(pl);
+      const float rescale = expf(m_run[0] - m_new);  // 0 on the first tile (max -inf)
+      l_run[0] = l_run[0] * rescale + sum;
+      m_run[0] = m_new;
+      if (threadIdx.x % 8 == 0) s_rescale[h] = rescale;
     }
     __syncthreads();
     {  // values: o = o * rescale + weights (32 x 32) x latents (32 x the warp's columns)
@@ -277,43 +332,50 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_mma_kernel(SparseMlaAr
           }
         }
       }
-      // The weights' A fragments: matrix i = lane / 8 holds heads + 8 (i & 1), latents + 8 (i >> 1).
-      uint32_t wh[2][kTile / 16][4], wl[2][kTile / 16][4];
+      // A fragments of the weights: matrix i = lane / 8 holds heads + 8 (i & 1), latents + 8 (i >> 1).
       const uint32_t wrow = (lane & 7) + 8 * ((lane >> 3) & 1), wcol = 8 * (lane >> 4);
 #pragma unroll
-      for (uint32_t mt = 0; mt < 2; ++mt) {
+      for (uint32_t u = 0; u < T / 32; ++u) {  // latents [32 u, 32 u + 32): two k16 steps
+        uint32_t wh[2][2][4], wl[2][2][4];
 #pragma unroll
-        for (uint32_t kk = 0; kk < kTile / 16; ++kk) {
-          const uint32_t at = (16 * mt + wrow) * kLdw + 16 * kk + wcol;
-          ldsm_x4(wh[mt][kk], smem_address(w_hi + at));
-          ldsm_x4(wl[mt][kk], smem_address(w_lo + at));
+        for (uint32_t mt = 0; mt < 2; ++mt) {
+#pragma unroll
+          for (uint32_t kk = 0; kk < 2; ++kk) {
+            const uint32_t at = (16 * mt + wrow) * kLdw + 32 * u + 16 * kk + wcol;
+            ldsm_x4(wh[mt][kk], smem_address(w_hi + at));
+            ldsm_x4(wl[mt][kk], smem_address(w_lo + at));
+          }
         }
-      }
 #pragma unroll
-      for (uint32_t G = 0; G < S; ++G) {
-        uint32_t raw[4];  // latents 8i + 2q, 8i + 2q + 1 x columns 16 G + 2g, 2g + 1
-        ldsm_x4_trans(raw, lat_row + 16 * G);
+        for (uint32_t G = 0; G < S; ++G) {
+          uint32_t raw[4];  // latents 32u + 8i + 2q, + 1 x columns 16 G + 2g, 2g + 1
+          ldsm_x4_trans(raw, lat_row + 32 * u * ldl + 16 * G);
 #pragma unroll
-        for (uint32_t kk = 0; kk < kTile / 16; ++kk) {
-          const uint32_t x0 = raw[2 * kk] ^ kBias, x1 = raw[2 * kk + 1] ^ kBias;
-          const uint32_t e0 = s8_pair(x0, 0x7250), e1 = s8_pair(x1, 0x7250);
-          const uint32_t f0 = s8_pair(x0, 0x7351), f1 = s8_pair(x1, 0x7351);
-          const uint32_t el0 = s8_pair_lo(x0, 0x7250), el1 = s8_pair_lo(x1, 0x7250);
-          const uint32_t fl0 = s8_pair_lo(x0, 0x7351), fl1 = s8_pair_lo(x1, 0x7351);
+          for (uint32_t kk = 0; kk < 2; ++kk) {
+            const uint32_t x0 = raw[2 * kk] ^ kBias, x1 = raw[2 * kk + 1] ^ kBias;
+            const uint32_t e0 = s8_pair(x0, 0x7250), e1 = s8_pair(x1, 0x7250);
+            const uint32_t f0 = s8_pair(x0, 0x7351), f1 = s8_pair(x1, 0x7351);
+            const uint32_t el0 = s8_pair_lo(x0, 0x7250), el1 = s8_pair_lo(x1, 0x7250);
+            const uint32_t fl0 = s8_pair_lo(x0, 0x7351), fl1 = s8_pair_lo(x1, 0x7351);
 #pragma unroll
-          for (uint32_t mt = 0; mt < 2; ++mt) {
-            mma(o[mt][G][0], wh[mt][kk], e0, e1);
-            mma(o[mt][G][0], wl[mt][kk], el0, el1);
-            mma(o[mt][G][1], wh[mt][kk], f0, f1);
-            mma(o[mt][G][1], wl[mt][kk], fl0, fl1);
+            for (uint32_t mt = 0; mt < 2; ++mt) {
+              mma(o[mt][G][0], wh[mt][kk], e0, e1);
+              mma(o[mt][G][0], wl[mt][kk], el0, el1);
+              mma(o[mt][G][1], wh[mt][kk], f0, f1);
+              mma(o[mt][G][1], wl[mt][kk], fl0, fl1);
+            }
           }
         }
       }
     }
   }
-  if (lane == 0) {
+  if constexpr (kLaneSoftmax) {
+    if (lane == 0) {
 #pragma unroll
-    for (uint32_t hh = 0; hh < kHeadsPerWarp; ++hh) s_sum[warp * kHeadsPerWarp + hh] = l_run[hh];
+      for (uint32_t hh = 0; hh < kHeadsPerWarp; ++hh) s_sum[warp * kHeadsPerWarp + hh] = l_run[hh];
+    }
+  } else if (threadIdx.x % 8 == 0) {
+    s_sum[threadIdx.x / 8] = l_run[0];
   }
   __syncthreads();
   // Head g's columns 16 G + 4q..4q+3 are (even c[0], odd c[0], even c[1], odd c[1]); head g + 8's c[2], c[3].
@@ -343,38 +405,46 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_mma_kernel(SparseMlaAr
 
 using Kernel = void (*)(SparseMlaArgs);
 
-Kernel kernel_for(uint32_t rank) {
-  switch (rank / (16 * kWarps)) {
-    case 1: return sparse_mla_mma_kernel<1>;
-    case 2: return sparse_mla_mma_kernel<2>;
-    case 3: return sparse_mla_mma_kernel<3>;
-    default: return sparse_mla_mma_kernel<4>;
+template <uint32_t T, bool kLaneSoftmax>
+Kernel kernel_for_steps(uint32_t steps) {
+  switch (steps) {
+    case 1: return sparse_mla_mma_kernel<1, T, kLaneSoftmax>;
+    case 2: return sparse_mla_mma_kernel<2, T, kLaneSoftmax>;
+    case 3: return sparse_mla_mma_kernel<3, T, kLaneSoftmax>;
+    default: return sparse_mla_mma_kernel<4, T, kLaneSoftmax>;
   }
 }
 static_assert(kMaxSteps == 4, "one instantiation per k-step count");
 
+Kernel kernel_for(uint32_t rank, SparseMlaMmaVariant v) {
+  const uint32_t steps = rank / (16 * kWarps);
+  if (v.tile == 64) return kernel_for_steps<64, false>(steps);
+  return v.lane_softmax ? kernel_for_steps<32, true>(steps) : kernel_for_steps<32, false>(steps);
+}
+
 }  // namespace
 
-bool sparse_mla_mma_applies(const SparseMlaArgs& a) {
+bool sparse_mla_mma_applies(const SparseMlaArgs& a, SparseMlaMmaVariant v) {
   if (a.latent_type != config::KvType::int8 || a.heads == 0 || a.rank == 0 || a.rank % (16 * kWarps) != 0 ||
       a.rank > 16 * kWarps * kMaxSteps) {
     return false;
   }
-  if (!code_built_for(reinterpret_cast<const void*>(kernel_for(a.rank)), 8)) return false;
+  if (!code_built_for(reinterpret_cast<const void*>(kernel_for(a.rank, v)), 8)) return false;
   int device = 0, limit = 0;
   FERRY_CUDA(cudaGetDevice(&device));
   FERRY_CUDA(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  return Layout(a.rank).bytes <= static_cast<size_t>(limit);
+  return Layout(a.rank, v.tile).bytes <= static_cast<size_t>(limit);
 }
 
-void sparse_mla_mma(const SparseMlaArgs& a, cudaStream_t stream) {
+void sparse_mla_mma(const SparseMlaArgs& a, cudaStream_t stream, SparseMlaMmaVariant v) {
   if (a.rows == 0) return;
-  if (!sparse_mla_mma_applies(a)) {
+  if (v.tile != 32 && (v.tile != 64 || v.lane_softmax)) throw CudaError("sparse MLA on mma.sync: no such variant");
+  if (!sparse_mla_mma_applies(a, v)) {
     throw CudaError("sparse MLA on mma.sync: needs int8 latents, rank a multiple of 128 up to 512 and sm80+ code, "
                     "has " + std::string(config::kv_type_name(a.latent_type)) + " rank " + std::to_string(a.rank));
   }
-  const Kernel kernel = kernel_for(a.rank);
-  const size_t smem = Layout(a.rank).bytes;
+  const Kernel kernel = kernel_for(a.rank, v);
+  const size_t smem = Layout(a.rank, v.tile).bytes;
   FERRY_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   kernel<<<dim3((a.heads + kHeads - 1) / kHeads, a.rows), kThreads, smem, stream>>>(a);
   FERRY_CUDA_LAUNCHED();
