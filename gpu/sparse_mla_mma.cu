@@ -2,18 +2,21 @@
 // and why).
 //
 // A block: 8 warps, 32 heads of one row (two m16 tiles; a row's last block may have fewer, its other
-// query rows zero), the row's selection in tiles of 32 latents. Warp w owns rank columns
+// query rows zero), the row's selection in tiles of 64 latents. Warp w owns rank columns
 // [w R/8, (w+1) R/8): the queries' hi/lo fragments of those columns in registers, the output
 // accumulators of those columns for all 32 heads in registers, and the same columns of each tile's
 // latents, which it copies itself (cp.async, double-buffered, raw int8) and reads by ldmatrix: no
 // block barrier guards the latents. The int8 values are exact in fp16, so a latent needs no lo part:
 // its bytes become fp16 in registers (a magic-number conversion), the row scale joins the score and
 // the softmax weight in f32. Per tile:
-//   scores: warp w's partial scores (32 heads x 32 latents over its columns) into shared memory;
-//   softmax: warp w takes heads 4w..4w+3, a lane a latent: the eight partials summed in a fixed
-//     order, scaled, the online max and sum (f32) updated, p * scale of the latent split into hi/lo;
-//   values: warp w rescales its accumulators and adds weights (32 x 32) x latents (32 x its columns).
+//   scores: warp w's partial scores (32 heads x 64 latents over its columns) into shared memory;
+//   softmax: thread i takes head i / 8 and 8 of its latents: the eight partials summed in a fixed
+//     order, scaled, the online max and sum (f32) updated over the head's 8 threads, p * scale of
+//     the latent split into hi/lo;
+//   values: warp w rescales its accumulators and adds weights (32 x 64) x latents (64 x its columns).
 // Products: hi * v + lo * (v * 2^-12), one accumulator (v * 2^-12 is exact in fp16 for int8 v).
+// Measured on the H200 (gpu/PERF.md, h54): 64 latents a step beat 32 at depth, and the softmax over
+// 8 threads a head beat a latent a lane (3 shuffle levels, not 5; one head's state a thread).
 //
 // Fragment layouts (mma.m16n8k16, lane = 4 g + q): A a[0] (row g, k 2q, 2q+1), a[1] (row g + 8, the
 // same k), a[2] (row g, k 2q+8, 2q+9), a[3] (row g + 8, those k); B b[0] (k 2q, 2q+1, column g), b[1]
@@ -26,7 +29,6 @@
 
 #include <cstring>
 #include <string>
-#include <type_traits>
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/half_split.cuh"
@@ -37,30 +39,35 @@ namespace ferry::gpu {
 namespace {
 
 constexpr uint32_t kHeads = 32;   // heads of a block: two m16 tiles
+constexpr uint32_t kTile = 64;    // latents a step
 constexpr uint32_t kWarps = 8;
 constexpr uint32_t kThreads = kWarps * 32;
 constexpr uint32_t kMaxSteps = 4;  // k16 steps of a warp's columns: rank <= 512
 constexpr uint32_t kLatPad = 16;   // bytes past each latent row: ldmatrix's 8 rows on distinct banks
 
-// Shared memory for `tile` latents a step. A head's partial scores take tile + 8 floats (its float2
-// stores conflict-free), its weights tile + 8 halves (ldmatrix rows 16 bytes apart in banks).
+constexpr uint32_t kLdp = kTile + 8;  // floats a head's partial scores: float2 stores conflict-free
+constexpr uint32_t kLdw = kTile + 8;  // halves a head's weights: ldmatrix rows 16 bytes apart in banks
+constexpr uint32_t kSoftmaxLanes = 8;  // threads a head in the softmax
+constexpr uint32_t kSoftmaxLatents = kTile / kSoftmaxLanes;  // latents a thread
+static_assert(kTile % 32 == 0, "ldmatrix takes latents 32 at a time");
+static_assert(kHeads * kSoftmaxLanes == kThreads, "the softmax takes every thread");
+
 struct Layout {
   uint32_t ldl;  // bytes a latent row
   size_t lat, partial, w_hi, w_lo, scale, rescale, sum, bytes;
-  __host__ __device__ Layout(uint32_t rank, uint32_t tile) : ldl(rank + kLatPad) {
-    lat = 0;                                                                  // [2][tile][ldl] int8
-    partial = lat + 2 * size_t{tile} * ldl;                                   // [kWarps][kHeads][tile + 8] f32
-    w_hi = partial + size_t{kWarps} * kHeads * (tile + 8) * sizeof(float);    // [kHeads][tile + 8] fp16
-    w_lo = w_hi + size_t{kHeads} * (tile + 8) * sizeof(__half);
-    scale = w_lo + size_t{kHeads} * (tile + 8) * sizeof(__half);              // [tile] f32
-    rescale = scale + tile * sizeof(float);                                   // [kHeads] f32
-    sum = rescale + kHeads * sizeof(float);                                   // [kHeads] f32
+  __host__ __device__ explicit Layout(uint32_t rank) : ldl(rank + kLatPad) {
+    lat = 0;                                                           // [2][kTile][ldl] int8
+    partial = lat + 2 * size_t{kTile} * ldl;                           // [kWarps][kHeads][kLdp] f32
+    w_hi = partial + size_t{kWarps} * kHeads * kLdp * sizeof(float);   // [kHeads][kLdw] fp16
+    w_lo = w_hi + size_t{kHeads} * kLdw * sizeof(__half);
+    scale = w_lo + size_t{kHeads} * kLdw * sizeof(__half);             // [kTile] f32
+    rescale = scale + kTile * sizeof(float);                           // [kHeads] f32
+    sum = rescale + kHeads * sizeof(float);                            // [kHeads] f32
     bytes = sum + kHeads * sizeof(float);
   }
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-constexpr uint32_t kHeadsPerWarp = kHeads / kWarps;  // of the softmax
 constexpr uint32_t kMagic = 0x64006400u;        // half2 (1024, 1024): byte b in the low bits reads 1024 + b
 constexpr uint32_t kMagicOffset = 0x64806480u;  // half2 (1152, 1152) = 1024 + the bias 128
 constexpr uint32_t kMagicLo = 0x34003400u;      // half2 (2^-2, 2^-2): b in the low bits reads (1024 + b) 2^-12
@@ -128,15 +135,12 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint3
 #endif
 
 // S: k16 steps of a warp's columns (rank = 128 S), constant so that the loops unroll into registers.
-// T: latents a step. kLaneSoftmax: the softmax takes a (head, latent) a thread, 4 heads a warp (T =
-// 32); else thread i takes head i / 8 and latents T / 8 (i % 8) .. + T / 8.
-template <uint32_t S, uint32_t T, bool kLaneSoftmax>
+template <uint32_t S>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_mma_kernel(SparseMlaArgs a) {
-  static_assert(T % 32 == 0 && (T == 32 || !kLaneSoftmax), "ldmatrix takes 32 latents; a lane one");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   extern __shared__ __align__(128) unsigned char smem[];
-  constexpr uint32_t R = 16 * kWarps * S, kCols = 16 * S, kLdp = T + 8, kLdw = T + 8;
-  const Layout lay(R, T);
+  constexpr uint32_t R = 16 * kWarps * S, kCols = 16 * S, T = kTile;
+  const Layout lay(R);
   const uint32_t ldl = lay.ldl;
   // Rows in reverse: a chunk's later rows select more, so the longest blocks start first.
   const uint32_t r = a.rows - 1 - blockIdx.y, h0 = blockIdx.x * kHeads;
@@ -180,11 +184,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_mma_kernel(SparseMlaAr
       }
     }
   }
-  // The softmax heads' max and sum (the same in each thread of a head).
-  constexpr uint32_t kRuns = kLaneSoftmax ? kHeadsPerWarp : 1;
-  float m_run[kRuns], l_run[kRuns];
-#pragma unroll
-  for (uint32_t hh = 0; hh < kRuns; ++hh) m_run[hh] = -INFINITY, l_run[hh] = 0.0f;
+  float m_run = -INFINITY, l_run = 0.0f;  // the softmax head's max and sum (the same in its 8 threads)
 
   const uint32_t cnt = static_cast<uint32_t>(a.counts[r]);
   const int32_t* toks = a.tokens + static_cast<size_t>(r) * a.max_tokens;
@@ -246,41 +246,15 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_mma_kernel(SparseMlaAr
         }
       }
     }
-    if (!kLaneSoftmax && threadIdx.x < T) {
+    if (threadIdx.x < T) {
       s_scale[threadIdx.x] = t0 + threadIdx.x < cnt
                                  ? __ldg(a.latent_scales + row0 + static_cast<size_t>(toks[t0 + threadIdx.x]))
                                  : 0.0f;
     }
     __syncthreads();
-    if constexpr (kLaneSoftmax) {  // online softmax: warp w's heads, a latent a lane
-      const bool in = lane < valid;
-      const size_t at = in ? row0 + static_cast<size_t>(toks[t0 + lane]) : 0;
-      const float row_scale = in ? __ldg(a.latent_scales + at) : 0.0f;
-      const float score_scale = a.scale * row_scale;
-#pragma unroll
-      for (uint32_t hh = 0; hh < kHeadsPerWarp; ++hh) {
-        const uint32_t h = warp * kHeadsPerWarp + hh;
-        float s = 0.0f;
-#pragma unroll
-        for (uint32_t w = 0; w < kWarps; ++w) s += partial[(w * kHeads + h) * kLdp + lane];
-        s *= score_scale;
-        float mx = in ? s : -INFINITY;
-#pragma unroll
-        for (int d = 16; d > 0; d /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
-        const float m_new = fmaxf(m_run[hh], mx);  // finite: latent 0 of a tile is always in
-        const float p = in ? expf(s - m_new) : 0.0f;
-        float sum = p;
-#pragma unroll
-        for (int d = 16; d > 0; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
-        split_half(p * row_scale, w_hi[h * kLdw + lane], w_lo[h * kLdw + lane]);
-        const float rescale = expf(m_run[hh] - m_new);  // 0 on the first tile (max -inf)
-        l_run[hh] = l_run[hh] * rescale + sum;
-        m_run[hh] = m_new;
-        if (lane == 0) s_rescale[h] = rescale;
-      }
-    } else {  // online softmax: head i / 8, its latents [n (i % 8), n (i % 8) + n), n = T / 8
-      constexpr uint32_t n = T / 8;
-      const uint32_t h = threadIdx.x / 8, t = n * (threadIdx.x % 8);
+    {  // online softmax: head i / 8, its latents [n (i % 8), n (i % 8) + n)
+      constexpr uint32_t n = kSoftmaxLatents;
+      const uint32_t h = threadIdx.x / kSoftmaxLanes, t = n * (threadIdx.x % kSoftmaxLanes);
       float s[n];
 #pragma unroll
       for (uint32_t i = 0; i < n; ++i) s[i] = 0.0f;
@@ -300,7 +274,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_mma_kernel(SparseMlaAr
       }
 #pragma unroll
       for (int d = 4; d > 0; d /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
-      const float m_new = fmaxf(m_run[0], mx);  // finite: latent 0 of a tile is always in
+      const float m_new = fmaxf(m_run, mx);  // finite: latent 0 of a tile is always in
       float sum = 0.0f;
       __align__(16) __half ph[n], pl[n];
 #pragma unroll
@@ -311,16 +285,16 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_mma_kernel(SparseMlaAr
       }
 #pragma unroll
       for (int d = 4; d > 0; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
-      using Halves = std::conditional_t<n == 4, uint2, uint4>;
-      *reinterpret_cast<Halves*>(w_hi + h * kLdw + t) = *reinterpret_cast<const Halves*>(ph);
-      *reinterpret_cast<Halves*>(w_lo + h * kLdw + t) = *reinterpret_cast<const Halves*>(pl);
-      const float rescale = expf(m_run[0] - m_new);  // 0 on the first tile (max -inf)
-      l_run[0] = l_run[0] * rescale + sum;
-      m_run[0] = m_new;
-      if (threadIdx.x % 8 == 0) s_rescale[h] = rescale;
+      static_assert(n == 8, "a thread's weights are one 16-byte store");
+      *reinterpret_cast<uint4*>(w_hi + h * kLdw + t) = *reinterpret_cast<const uint4*>(ph);
+      *reinterpret_cast<uint4*>(w_lo + h * kLdw + t) = *reinterpret_cast<const uint4*>(pl);
+      const float rescale = expf(m_run - m_new);  // 0 on the first tile (max -inf)
+      l_run = l_run * rescale + sum;
+      m_run = m_new;
+      if (threadIdx.x % kSoftmaxLanes == 0) s_rescale[h] = rescale;
     }
     __syncthreads();
-    {  // values: o = o * rescale + weights (32 x 32) x latents (32 x the warp's columns)
+    {  // values: o = o * rescale + weights (32 x 64) x latents (64 x the warp's columns)
 #pragma unroll
       for (uint32_t mt = 0; mt < 2; ++mt) {
         const float fa = s_rescale[16 * mt + g], fb = s_rescale[16 * mt + g + 8];
@@ -369,14 +343,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_mma_kernel(SparseMlaAr
       }
     }
   }
-  if constexpr (kLaneSoftmax) {
-    if (lane == 0) {
-#pragma unroll
-      for (uint32_t hh = 0; hh < kHeadsPerWarp; ++hh) s_sum[warp * kHeadsPerWarp + hh] = l_run[hh];
-    }
-  } else if (threadIdx.x % 8 == 0) {
-    s_sum[threadIdx.x / 8] = l_run[0];
-  }
+  if (threadIdx.x % kSoftmaxLanes == 0) s_sum[threadIdx.x / kSoftmaxLanes] = l_run;
   __syncthreads();
   // Head g's columns 16 G + 4q..4q+3 are (even c[0], odd c[0], even c[1], odd c[1]); head g + 8's c[2], c[3].
 #pragma unroll
@@ -405,46 +372,38 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_mma_kernel(SparseMlaAr
 
 using Kernel = void (*)(SparseMlaArgs);
 
-template <uint32_t T, bool kLaneSoftmax>
-Kernel kernel_for_steps(uint32_t steps) {
-  switch (steps) {
-    case 1: return sparse_mla_mma_kernel<1, T, kLaneSoftmax>;
-    case 2: return sparse_mla_mma_kernel<2, T, kLaneSoftmax>;
-    case 3: return sparse_mla_mma_kernel<3, T, kLaneSoftmax>;
-    default: return sparse_mla_mma_kernel<4, T, kLaneSoftmax>;
+Kernel kernel_for(uint32_t rank) {
+  switch (rank / (16 * kWarps)) {
+    case 1: return sparse_mla_mma_kernel<1>;
+    case 2: return sparse_mla_mma_kernel<2>;
+    case 3: return sparse_mla_mma_kernel<3>;
+    default: return sparse_mla_mma_kernel<4>;
   }
 }
 static_assert(kMaxSteps == 4, "one instantiation per k-step count");
 
-Kernel kernel_for(uint32_t rank, SparseMlaMmaVariant v) {
-  const uint32_t steps = rank / (16 * kWarps);
-  if (v.tile == 64) return kernel_for_steps<64, false>(steps);
-  return v.lane_softmax ? kernel_for_steps<32, true>(steps) : kernel_for_steps<32, false>(steps);
-}
-
 }  // namespace
 
-bool sparse_mla_mma_applies(const SparseMlaArgs& a, SparseMlaMmaVariant v) {
+bool sparse_mla_mma_applies(const SparseMlaArgs& a) {
   if (a.latent_type != config::KvType::int8 || a.heads == 0 || a.rank == 0 || a.rank % (16 * kWarps) != 0 ||
       a.rank > 16 * kWarps * kMaxSteps) {
     return false;
   }
-  if (!code_built_for(reinterpret_cast<const void*>(kernel_for(a.rank, v)), 8)) return false;
+  if (!code_built_for(reinterpret_cast<const void*>(kernel_for(a.rank)), 8)) return false;
   int device = 0, limit = 0;
   FERRY_CUDA(cudaGetDevice(&device));
   FERRY_CUDA(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  return Layout(a.rank, v.tile).bytes <= static_cast<size_t>(limit);
+  return Layout(a.rank).bytes <= static_cast<size_t>(limit);
 }
 
-void sparse_mla_mma(const SparseMlaArgs& a, cudaStream_t stream, SparseMlaMmaVariant v) {
+void sparse_mla_mma(const SparseMlaArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
-  if (v.tile != 32 && (v.tile != 64 || v.lane_softmax)) throw CudaError("sparse MLA on mma.sync: no such variant");
-  if (!sparse_mla_mma_applies(a, v)) {
+  if (!sparse_mla_mma_applies(a)) {
     throw CudaError("sparse MLA on mma.sync: needs int8 latents, rank a multiple of 128 up to 512 and sm80+ code, "
                     "has " + std::string(config::kv_type_name(a.latent_type)) + " rank " + std::to_string(a.rank));
   }
-  const Kernel kernel = kernel_for(a.rank, v);
-  const size_t smem = Layout(a.rank, v.tile).bytes;
+  const Kernel kernel = kernel_for(a.rank);
+  const size_t smem = Layout(a.rank).bytes;
   FERRY_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   kernel<<<dim3((a.heads + kHeads - 1) / kHeads, a.rows), kThreads, smem, stream>>>(a);
   FERRY_CUDA_LAUNCHED();

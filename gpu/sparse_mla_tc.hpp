@@ -26,15 +26,9 @@ void sparse_mla_wmma(const SparseMlaArgs& a, cudaStream_t stream);
 // rank (its queries and outputs in registers, its latents' columns copied raw by cp.async); the
 // int8 values are exact in fp16, so the latents take one product where the WMMA kernel takes
 // hi/lo pairs, and a 64-head row gathers its latents twice.
-// The kernel's variants being measured (issue 15, h54's mid check): latents a step (32 or 64) and
-// the softmax's threads (a latent a lane, 32 only; or a head's latents over 8 lanes).
-struct SparseMlaMmaVariant {
-  uint32_t tile = 32;
-  bool lane_softmax = true;
-};
-bool sparse_mla_mma_applies(const SparseMlaArgs& a, SparseMlaMmaVariant v = {});
+bool sparse_mla_mma_applies(const SparseMlaArgs& a);
 // That kernel; throws CudaError where sparse_mla_mma_applies() fails.
-void sparse_mla_mma(const SparseMlaArgs& a, cudaStream_t stream, SparseMlaMmaVariant v = {});
+void sparse_mla_mma(const SparseMlaArgs& a, cudaStream_t stream);
 // gpu/dsa.cu's CUDA-core kernel whatever the rows (the decode path, and the tests' reference).
 void sparse_mla_simt(const SparseMlaArgs& a, cudaStream_t stream);
 

@@ -4,7 +4,7 @@
 // encodes them, two slots, 32, 24 and 1 heads (whole and partial head groups), selections of 0, 1,
 // fewer than a tile, a tile and a bit, and up to 200 positions in random order. The mma.sync kernel
 // of int8 latents also against the WMMA kernel, at 64, 32, 24 and 1 heads, every rank step and
-// selections around its 32-latent tiles. Also: which shapes sparse_mla() sends to them, that the
+// selections around its 64-latent tiles. Also: which shapes sparse_mla() sends to them, that the
 // dispatch does, and the errors for shapes they cannot take. Prints one DSA layer's prefill at 2,048
 // rows (64 heads, rank 512; row r attending to r + 1 positions, and every row to 2,048 of 34,816 as at
 // depth 32K) on each kernel (times not asserted).
@@ -202,18 +202,11 @@ TEST(SparseMlaTc, MatchesTheCudaCoreKernelAndTheCpuOnEveryKvType) {
   }
 }
 
-constexpr SparseMlaMmaVariant kVariants[] = {{32, true}, {32, false}, {64, false}};
-
-std::string variant_name(SparseMlaMmaVariant v) {
-  return "mma.sync (" + std::to_string(v.tile) + " latents a step, " +
-         (v.lane_softmax ? "softmax a latent a lane)" : "softmax a head over 8 lanes)");
-}
-
 TEST(SparseMlaTc, TheMmaKernelMatchesTheCpuAndTheWmmaKernelOnInt8Latents) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
-  // Around the kernel's 32-latent tiles: none, one, a tile less one, a tile, a tile and one, two
-  // tiles, the whole context.
-  const std::vector<int32_t> counts = {0, 1, 31, 32, 33, 63, 64, 65, 200, 137, 3, 240};
+  // Around the kernel's 64-latent tiles: none, one, half a tile and one, a tile less one, a tile, a
+  // tile and one, two and three tiles and a bit, the whole context.
+  const std::vector<int32_t> counts = {0, 1, 33, 63, 64, 65, 128, 129, 200, 137, 3, 240};
   struct Shape {
     uint32_t heads, rank;
   };
@@ -225,18 +218,14 @@ TEST(SparseMlaTc, TheMmaKernelMatchesTheCpuAndTheWmmaKernelOnInt8Latents) {
       EXPECT_FALSE(sparse_mla_mma_applies(c.args())) << name;
       continue;
     }
+    ASSERT_TRUE(sparse_mla_mma_applies(c.args())) << name;
+    const std::vector<float> mma = c.run(sparse_mla_mma);
     const std::vector<float> wmma = c.run(sparse_mla_wmma);
     const std::vector<float> want = c.cpu();
+    expect_close(mma, want, 1e-4f, name + " mma.sync vs CPU");
     expect_close(wmma, want, 1e-4f, name + " WMMA vs CPU");
-    for (const SparseMlaMmaVariant v : kVariants) {
-      const std::string at = name + " " + variant_name(v);
-      ASSERT_TRUE(sparse_mla_mma_applies(c.args(), v)) << at;
-      const std::vector<float> mma = c.run([v](const SparseMlaArgs& a, cudaStream_t s) { sparse_mla_mma(a, s, v); });
-      expect_close(mma, want, 1e-4f, at + " vs CPU");
-      expect_close(mma, wmma, 1e-4f, at + " vs WMMA");
-    }
-    // The dispatch takes the default for these rows: the same bits, run after run.
-    const std::vector<float> mma = c.run([](const SparseMlaArgs& a, cudaStream_t s) { sparse_mla_mma(a, s); });
+    expect_close(mma, wmma, 1e-4f, name + " mma.sync vs WMMA");
+    // The dispatch takes it for these rows: the same bits, run after run.
     EXPECT_EQ(c.run(sparse_mla), mma) << name;
     EXPECT_EQ(c.run(sparse_mla_tc), mma) << name;
   }
@@ -260,7 +249,6 @@ TEST(SparseMlaTc, TheMmaKernelTakesInt8LatentsOnly) {
   EXPECT_FALSE(sparse_mla_mma_applies(a));
   a.rank = 192;
   EXPECT_FALSE(sparse_mla_mma_applies(a));
-  EXPECT_THROW(sparse_mla_mma(a, nullptr, SparseMlaMmaVariant{64, true}), CudaError);
   try {
     sparse_mla_mma(a, nullptr);
     FAIL() << "rank 192 was taken";
@@ -324,12 +312,9 @@ void print_one_layer(uint32_t ctx, const std::vector<int32_t>& counts, const std
     const std::vector<float> simt = time_kernel(c, sparse_mla_simt, flop, at + ": CUDA cores");
     const std::vector<float> wmma = time_kernel(c, sparse_mla_wmma, flop, at + ": WMMA");
     expect_close(wmma, simt, 1e-4f, at + ", WMMA vs CUDA cores");
-    for (const SparseMlaMmaVariant v : kVariants) {
-      if (!sparse_mla_mma_applies(c.args(), v)) continue;
-      const std::string name = at + ": " + variant_name(v);
-      const std::vector<float> mma =
-          time_kernel(c, [v](const SparseMlaArgs& a, cudaStream_t s) { sparse_mla_mma(a, s, v); }, flop, name);
-      expect_close(mma, simt, 1e-4f, name + " vs CUDA cores");
+    if (sparse_mla_mma_applies(c.args())) {
+      const std::vector<float> mma = time_kernel(c, sparse_mla_mma, flop, at + ": mma.sync");
+      expect_close(mma, simt, 1e-4f, at + ", mma.sync vs CUDA cores");
     }
   }
 }
