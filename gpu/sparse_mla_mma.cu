@@ -48,7 +48,6 @@ constexpr uint32_t kLatPad = 16;   // bytes past each latent row: ldmatrix's 8 r
 constexpr uint32_t kLdp = kTile + 8;  // floats a head's partial scores: float2 stores conflict-free
 constexpr uint32_t kLdw = kTile + 8;  // halves a head's weights: ldmatrix rows 16 bytes apart in banks
 constexpr uint32_t kSoftmaxLanes = 8;  // threads a head in the softmax
-constexpr uint32_t kSoftmaxLatents = kTile / kSoftmaxLanes;  // latents a thread
 static_assert(kTile % 32 == 0, "ldmatrix takes latents 32 at a time");
 static_assert(kHeads * kSoftmaxLanes == kThreads, "the softmax takes every thread");
 
@@ -253,7 +252,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_mma_kernel(SparseMlaAr
     }
     __syncthreads();
     {  // online softmax: head i / 8, its latents [n (i % 8), n (i % 8) + n)
-      constexpr uint32_t n = kSoftmaxLatents;
+      constexpr uint32_t n = kTile / kSoftmaxLanes;  // latents a thread
       const uint32_t h = threadIdx.x / kSoftmaxLanes, t = n * (threadIdx.x % kSoftmaxLanes);
       float s[n];
 #pragma unroll
