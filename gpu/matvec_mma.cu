@@ -9,25 +9,20 @@
 // two tf32 parts (~22 bits). The activations are quantized as the dp2a kernel does
 // (gpu/x_int16.cuh) into shared memory in B's fragment order.
 //
-// Work: a warp's item is 16 rows x one 256-column superblock. Its bytes are copied by cp.async into
-// a ring of S slots in shared memory, S - 1 items ahead (registers held one: a large matrix ran at
-// ~65% of the copy bandwidth, held by the bytes in flight), and each lane reads its fragments (rows
-// g and g + 8 of an MMA tile, at the same columns) from the slot. The warps of a block share a
-// tile's superblocks (8 warps a tile on rows of 8 or more superblocks; fewer warps a tile, so more
-// tiles a block, otherwise) and add their partial sums through shared memory in a fixed order; a
-// token's result is the same whatever the launch's token count or ring depth.
+// Work: a warp's step is 16 rows x one 256-column superblock, its loads (8-byte pieces: a lane holds
+// rows g and g + 8 of an MMA tile, at the same columns) requested one step ahead. The warps of a
+// block share a tile's superblocks (8 warps a tile on rows of 8 or more superblocks; fewer warps a
+// tile, so more tiles a block, otherwise) and add their partial sums through shared memory in a fixed order; a token's result
+// is the same whatever the launch's token count.
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 #include <map>
 #include <mutex>
 #include <set>
 #include <tuple>
 #include <utility>
 
-#include "gpu/cp_async.cuh"
 #include "gpu/cuda_check.hpp"
 #include "gpu/matvec_mma.hpp"
 #include "gpu/matvec_part.cuh"
@@ -42,13 +37,9 @@ namespace ferry::gpu {
 namespace {
 
 constexpr uint32_t kWarps = 8, kThreads = kWarps * 32;
-// A ring slot: an item's 16 rows, kRowPitch bytes apart (160 = 32 mod 128: the four rows of a
-// half-warp's 8-byte fragment loads fall in distinct banks).
-constexpr uint32_t kRowPitch = 160, kSlotBytes = 16 * kRowPitch;
-// Ring depths the kernel is built for; the launch takes the deepest whose shared memory still lets
-// two blocks share an SM.
-constexpr uint32_t kMinStages = 2, kMaxStages = 4;
-__host__ __device__ constexpr uint32_t ring_bytes(uint32_t stages) { return kWarps * stages * kSlotBytes; }
+// Dynamic shared memory the kernel is allowed (the opt-in above 48 KiB, sm80+): what the largest
+// call that takes the int16 path needs here (8 tokens of 2,304 columns: ~52 KiB) fits.
+constexpr size_t kMaxSmem = 64 * 1024;
 
 // Shared memory of a block for `tokens` tokens of `units` 32-column units:
 //   B: per token (tok_stride bytes, 64 more than the values so that two tokens' fragment loads of one
@@ -58,8 +49,7 @@ __host__ __device__ constexpr uint32_t ring_bytes(uint32_t stages) { return kWar
 //   sums (for the K-quant minimum terms, a tf32 MMA's B): per token (an odd number of 64 bytes: the
 //      pad again), per superblock, per lane q 16 bytes: the sums of the 32 x of units q and q + 4 as
 //      tf32 hi parts, then the lo parts (the remainders, tf32);
-//   partial sums: two buffers (steps alternate) x warps x tokens x 16 rows;
-//   then the warps' rings (ring_bytes).
+//   partial sums: two buffers (steps alternate) x warps x tokens x 16 rows.
 struct Layout {
   uint32_t units, tokens;
   __host__ __device__ uint32_t tok_stride() const { return units * 64 + 64; }
@@ -298,10 +288,9 @@ __device__ void quantize_x(const MatvecArgs& a, const MatvecPartView& view, uint
   }
 }
 
-template <int T, int S>
+template <int T>
 __global__ void __launch_bounds__(kThreads, 2) matvec_mma_kernel(MatvecArgs a) {
   using R = MmaReader<T>;
-  static_assert(R::kBlockBytes % 16 == 0 && R::kBlockBytes <= kRowPitch, "a superblock's row fits a slot's row");
   extern __shared__ __align__(16) unsigned char smem[];
   // Groups, tokens named on the device and PDL as in the dp2a kernel (gpu/matvec_int16.cu): the
   // weights no earlier kernel picks are requested before the wait, x and y touched only after it.
@@ -322,40 +311,29 @@ __global__ void __launch_bounds__(kThreads, 2) matvec_mma_kernel(MatvecArgs a) {
   const uint32_t tiles = (view.rows + 15) / 16;
   auto tile_of = [&](uint32_t step, uint32_t at) { return (bx + step * nb) * tiles_per_step + at; };
   if (view.rows == 0) return;
-  const uint32_t all_steps = (tiles + tiles_per_step - 1) / tiles_per_step;
-  const uint32_t steps = bx < all_steps ? (all_steps - bx + nb - 1) / nb : 0;
-
-  // The warp's items in order (step, then superblock j < mine), item i in slot i % S. A lane copies
-  // pieces lane, lane + 32, ... of an item's 16 rows x kBlockBytes (16 bytes each, row-major). Rows
-  // past the matrix (the last tile's) copy its last row instead: their sums are not stored, and the
-  // copies need no zeroing.
-  constexpr uint32_t kRowPieces = R::kBlockBytes / 16, kPieces = 16 * kRowPieces, kLanePieces = (kPieces + 31) / 32;
-  unsigned char* const ring = smem + lay.bytes() + warp * S * kSlotBytes;
-  uint32_t issue_step = 0, issue_j = 0, issue_slot = 0;
-  auto issue = [&]() {
-    if (issue_step < steps) {
-      const uint32_t row0 = tile_of(issue_step, in_step) * 16;
-      const uint8_t* src = view.w + static_cast<size_t>((slice + issue_j * wpt) * R::kBlockBytes);
-      unsigned char* dst = ring + issue_slot * kSlotBytes;
+  // The lane's rows g and g + 8 of the warp's tile in a step. Rows past the matrix (the last tile's,
+  // the step after a block's last) read its last row instead: their sums are not stored, and the
+  // loads need no predicate or zeroing.
+  struct Rows {
+    const uint8_t* p[2];
+  };
+  auto rows_of = [&](uint32_t step) {
+    const uint32_t row0 = tile_of(step, in_step) * 16 + lg;
+    Rows r;
 #pragma unroll
-      for (uint32_t i = 0; i < kLanePieces; ++i) {
-        const uint32_t piece = lane + 32 * i;
-        if (piece < kPieces) {
-          const uint32_t r = piece / kRowPieces, off = piece % kRowPieces * 16;
-          cp_async(dst + r * kRowPitch + off,
-                   src + static_cast<size_t>(min(row0 + r, view.rows - 1)) * a.w.row_bytes + off, 16);
-        }
-      }
-      if (++issue_j == mine) issue_j = 0, ++issue_step;
-      issue_slot = issue_slot + 1 == S ? 0 : issue_slot + 1;
-    }
-    cp_commit();  // empty past the warp's last item: every wait below counts S - 1 groups ahead
+    for (uint32_t i = 0; i < 2; ++i) r.p[i] = view.w + static_cast<size_t>(min(row0 + 8 * i, view.rows - 1)) * a.w.row_bytes;
+    return r;
+  };
+  auto load = [&](const Rows& rows, uint32_t j, typename R::Regs& w) {
+    const uint32_t col_bytes = (slice + j * wpt) * R::kBlockBytes;
+#pragma unroll
+    for (uint32_t r = 0; r < 2; ++r) R::load(rows.p[r] + col_bytes, r, lq, w);
   };
 
   // The rows of a block step lie together: one thread asks for the next step's into L2 while the
-  // current one runs (step 0's are the warps' first copies: asking twice slowed 1-step calls) (weights that no earlier kernel picks only: a routed expert's call is one step
-  // a block, and its pointers may be mapped host memory), so that the warps' copies, S - 1
-  // superblocks ahead, find them there.
+  // current one runs (step 0's are the warps' first loads: asking twice slowed 1-step calls) (weights that no earlier kernel picks only: a routed expert's call is one step
+  // a block, and its pointers may be mapped host memory), so that the warps' own loads, one
+  // superblock ahead, find them there.
   auto prefetch_step = [&](uint32_t step) {
     const uint32_t row0 = tile_of(step, 0) * 16;
     if (!fixed_weights || threadIdx.x != 0 || row0 >= view.rows) return;
@@ -363,8 +341,9 @@ __global__ void __launch_bounds__(kThreads, 2) matvec_mma_kernel(MatvecArgs a) {
     prefetch_l2(view.w + static_cast<size_t>(row0) * a.w.row_bytes, static_cast<size_t>(n) * a.w.row_bytes);
   };
   prefetch_step(1);
-#pragma unroll
-  for (uint32_t i = 0; i + 1 < S; ++i) issue();
+  Rows rows = rows_of(0);
+  typename R::Regs cur;
+  load(rows, 0, cur);
   if (fixed_weights) pdl_wait();
   pdl_launch_dependents();
   quantize_x(a, view, g, tok_x, ntok, lay, smem);
@@ -376,22 +355,20 @@ __global__ void __launch_bounds__(kThreads, 2) matvec_mma_kernel(MatvecArgs a) {
     const size_t yt = tok_y != nullptr ? static_cast<size_t>(tok_y[t]) : static_cast<size_t>(t);
     view.y[static_cast<size_t>(g) * a.y_group_stride + row + yt * view.y_tok_stride] = v;
   };
-  uint32_t slot = 0;
-  for (uint32_t step = 0; step < steps; ++step) {
+  for (uint32_t step = 0; tile_of(step, 0) < tiles; ++step) {
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const Rows after = rows_of(step + 1);
     for (uint32_t j = 0; j < mine; ++j) {
-      // Item `slot`'s copies landed (this lane's by the wait, the others' by the warp barrier), and
-      // every lane has read the slot that the next copy refills (one item ago).
-      cp_wait<S - 2>();
-      __syncwarp();
-      issue();
-      const unsigned char* at = ring + slot * kSlotBytes;
-      typename R::Regs cur;
-#pragma unroll
-      for (uint32_t r = 0; r < 2; ++r) R::load(at + (lg + 8 * r) * kRowPitch, r, lq, cur);
+      typename R::Regs next;
+      if (j + 1 < mine) {
+        load(rows, j + 1, next);
+      } else {
+        load(after, 0, next);
+      }
       R::product(cur, slice + j * wpt, ctx, acc);
-      slot = slot + 1 == S ? 0 : slot + 1;
+      cur = next;
     }
+    rows = after;
     prefetch_step(step + 2);
     // acc[2r + t]: row lg + 8r, token 2 lq + t of the tile.
     if (wpt == 1) {
@@ -424,64 +401,8 @@ __global__ void __launch_bounds__(kThreads, 2) matvec_mma_kernel(MatvecArgs a) {
 using Kernel = void (*)(MatvecArgs);
 // The types the kernel reads: Q4_K, where it is not slower than the dp2a kernel at one token (Q5_K,
 // Q6_K, IQ4_XS and IQ3_S readers measured 3-25% slower there on the H200: gpu/PERF.md).
-Kernel kernel_for(model::GgmlType type, uint32_t stages) {
-  if (type != model::GgmlType::Q4_K) return nullptr;
-  switch (stages) {
-    case 2: return matvec_mma_kernel<qd::kQ4_K, 2>;
-    case 3: return matvec_mma_kernel<qd::kQ4_K, 3>;
-    default: return matvec_mma_kernel<qd::kQ4_K, kMaxStages>;
-  }
-}
+Kernel kernel_for(model::GgmlType type) { return type == model::GgmlType::Q4_K ? matvec_mma_kernel<qd::kQ4_K> : nullptr; }
 Layout layout_of(const MatvecArgs& a) { return {a.w.cols / 32, a.tokens}; }
-
-// The current device's shared memory: an SM's, the most a block may opt into, what the system keeps
-// of each block (asked once a device).
-struct SmemLimits {
-  size_t per_sm, per_block, reserved;
-};
-SmemLimits smem_limits() {
-  static std::mutex mutex;
-  static std::map<int, SmemLimits> cache;
-  int dev = 0;
-  FERRY_CUDA(cudaGetDevice(&dev));
-  const std::lock_guard<std::mutex> lock(mutex);
-  auto [it, fresh] = cache.try_emplace(dev, SmemLimits{});
-  if (fresh) {
-    int per_sm = 0, optin = 0, reserved = 0;
-    FERRY_CUDA(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-    FERRY_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    FERRY_CUDA(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev));
-    it->second = {static_cast<size_t>(per_sm), static_cast<size_t>(optin), static_cast<size_t>(reserved)};
-  }
-  return it->second;
-}
-
-// FERRY_MATVEC_STAGES (2-4; the switch for measuring ring depths), else 0.
-uint32_t env_stages() {
-  static const uint32_t stages = [] {
-    const char* v = std::getenv("FERRY_MATVEC_STAGES");
-    const int n = v != nullptr ? std::atoi(v) : 0;
-    return n >= static_cast<int>(kMinStages) && n <= static_cast<int>(kMaxStages) ? static_cast<uint32_t>(n) : 0u;
-  }();
-  return stages;
-}
-
-// The ring depth of a call of `layout`: `asked` (or FERRY_MATVEC_STAGES) where a block of it fits,
-// else the deepest at which two blocks share an SM, else the shallowest if one block fits; 0: none
-// fits.
-uint32_t stages_for(const Layout& layout, uint32_t asked) {
-  const SmemLimits l = smem_limits();
-  auto fits = [&](uint32_t s, uint32_t blocks) {
-    const size_t bytes = layout.bytes() + ring_bytes(s);
-    return bytes <= l.per_block && blocks * (bytes + l.reserved) <= l.per_sm;
-  };
-  if (asked == 0) asked = env_stages();
-  if (asked != 0) return fits(asked, 1) ? asked : 0;
-  for (uint32_t s = kMaxStages; s >= kMinStages; --s) {
-    if (fits(s, 2)) return s;
-  }
-  return fits(kMinStages, 1) ? kMinStages : 0;
-}
 
 // The shared-memory opt-in, once a kernel and device; then the blocks an SM holds at `smem` bytes
 // (asked once a device, kernel and size: a decode graph's capture finds them asked by its eager step).
@@ -491,11 +412,10 @@ uint32_t resident_per_sm(Kernel kernel, size_t smem) {
   static std::map<std::tuple<int, const void*, size_t>, uint32_t> cache;
   int dev = 0;
   FERRY_CUDA(cudaGetDevice(&dev));
-  const size_t optin = smem_limits().per_block;
   const std::lock_guard<std::mutex> lock(mutex);
   const void* k = reinterpret_cast<const void*>(kernel);
   if (opted.insert({dev, k}).second) {
-    FERRY_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(optin)));
+    FERRY_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxSmem)));
   }
   auto [it, fresh] = cache.try_emplace({dev, k, smem}, 0);
   if (fresh) {
@@ -510,26 +430,16 @@ uint32_t resident_per_sm(Kernel kernel, size_t smem) {
 
 bool matvec_mma_applies(const MatvecArgs& a) {
   if (!matvec_quantizes_activations(a)) return false;
-  const Kernel kernel = kernel_for(a.w.type, kMaxStages);
+  const Kernel kernel = kernel_for(a.w.type);
   // The tokens are the MMA's 8 columns (n of m16n8k32).
   return kernel != nullptr && a.tokens <= 8 && code_built_for(reinterpret_cast<const void*>(kernel), 8) &&
-         stages_for(layout_of(a), 0) != 0;
+         layout_of(a).bytes() <= kMaxSmem;
 }
 
-uint32_t matvec_mma_stages(const MatvecArgs& a, uint32_t stages) {
-  return matvec_mma_applies(a) ? stages_for(layout_of(a), stages) : 0;
-}
-
-void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream, uint32_t stages) {
+void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream) {
   if (!matvec_mma_applies(a)) throw CudaError("launch_matvec_mma: no tensor-core kernel for this call");
-  if (stages != 0 && (stages < kMinStages || stages > kMaxStages)) {
-    throw CudaError("launch_matvec_mma: " + std::to_string(stages) + " ring stages (2 to 4)");
-  }
-  const Layout layout = layout_of(a);
-  const uint32_t s = stages_for(layout, stages);
-  if (s == 0) throw CudaError("launch_matvec_mma: a ring of " + std::to_string(stages) + " stages does not fit");
-  const Kernel kernel = kernel_for(a.w.type, s);
-  const size_t smem = layout.bytes() + ring_bytes(s);
+  const Kernel kernel = kernel_for(a.w.type);
+  const size_t smem = layout_of(a).bytes();
   const uint32_t rows_per_block = 16 * (kWarps / warps_per_tile(a.w.cols / 256));
   // Enough blocks to fill the device once; each block quantizes its input once and loops over tiles.
   const uint32_t wanted = (matvec_max_rows(a) + rows_per_block - 1) / rows_per_block;

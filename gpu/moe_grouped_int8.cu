@@ -26,7 +26,6 @@
 #include <algorithm>
 #include <string>
 
-#include "gpu/cp_async.cuh"
 #include "gpu/cuda_check.hpp"
 #include "gpu/mma_int8.cuh"
 #include "gpu/pdl.hpp"
@@ -101,6 +100,38 @@ struct Int8Args {
   float limit;
   const uint32_t* iq3s_grid;  // IQ3_S: the device copy of model::kIq3sGrid
 };
+
+__device__ __forceinline__ void cp_async(void* dst, const void* src, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  if (bytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+  } else if (bytes == 8) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(d), "l"(src) : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src) : "memory");
+  }
+#else
+  (void)dst;
+  (void)src;
+  (void)bytes;
+  __trap();  // hosts launch this kernel only on sm80+ code (code_built_for)
+#endif
+}
+
+__device__ __forceinline__ void cp_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+// Waits until at most `Pending` of this thread's latest groups are in flight.
+template <int Pending>
+__device__ __forceinline__ void cp_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" ::"n"(Pending) : "memory");
+#endif
+}
 
 // Scale byte i (0..11) of a Q4_K / Q5_K block whose leading words are h (h[0]: d and dmin).
 __device__ __forceinline__ uint32_t scale_byte(const uint32_t (&h)[4], uint32_t i) {

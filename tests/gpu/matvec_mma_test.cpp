@@ -1,9 +1,8 @@
 // The decode matvec on int8 tensor cores (gpu/matvec_mma.cu, Q4_K) against the dp2a kernel it
 // replaces (launch_matvec_dp2a: the same int16 activations and integer sums, so only the
 // f32 order of the scale and minimum terms differs: 1e-5 of the largest |y| of the launch) on every
-// MatvecArgs feature, and against a double-precision CPU dot product at matvec_test's int16 bounds; at
-// every depth of its ring of weights in shared memory the same bits. Timing lines (printed, not
-// asserted) for an output-head-sized matrix, 8192 x 4096 and 4096 x 2048, per ring depth. Outputs
+// MatvecArgs feature, and against a double-precision CPU dot product at matvec_test's int16 bounds.
+// Timing lines (printed, not asserted) for an output-head-sized matrix, 8192 x 4096 and 4096 x 2048. Outputs
 // are poisoned (NaN) before each run; a value one kernel writes and the other does not fails.
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -85,19 +84,18 @@ MatvecArgs rebased(const MatvecArgs& a, Outputs& o, float* to) {
   return r;
 }
 enum class Kernel { mma, dp2a };
-// `stages`: the mma kernel's ring depth (0: the launch's choice).
-void launch(const MatvecArgs& a, Kernel k, uint32_t stages = 0) {
+void launch(const MatvecArgs& a, Kernel k) {
   if (k == Kernel::mma) {
-    launch_matvec_mma(a, nullptr, stages);
+    launch_matvec_mma(a, nullptr);
   } else {
     launch_matvec_dp2a(a, nullptr, nullptr);
   }
 }
-std::vector<float> run(const MatvecArgs& a, Outputs& o, Kernel k, uint32_t stages = 0) {
+std::vector<float> run(const MatvecArgs& a, Outputs& o, Kernel k) {
   DeviceBuffer y(o.floats() * 4);
   EXPECT_EQ(cudaMemset(y.get(), 0xff, o.floats() * 4), cudaSuccess);
   const MatvecArgs r = rebased(a, o, y.as<float>());
-  launch(r, k, stages);
+  launch(r, k);
   std::vector<float> out(o.floats());
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(cudaMemcpy(out.data(), y.get(), o.floats() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -123,29 +121,9 @@ std::string compare(const std::vector<float>& mma, const std::vector<float>& ref
   return bad.str();
 }
 
-constexpr uint32_t kDepths[] = {2, 3, 4};
-
-// The mma kernel's outputs at every ring depth that fits against its default's: the same bits (NaN
-// where neither writes). Returns "" or the first mismatch.
-std::string diff_depths(const MatvecArgs& a, Outputs& o, const std::vector<float>& mma) {
-  for (uint32_t s : kDepths) {
-    if (matvec_mma_stages(a, s) != s) continue;
-    const std::vector<float> y = run(a, o, Kernel::mma, s);
-    for (size_t i = 0; i < y.size(); ++i) {
-      if (std::memcmp(&y[i], &mma[i], 4) != 0) {
-        return "depth " + std::to_string(s) + " [" + std::to_string(i) + "] " + std::to_string(y[i]) + " vs " +
-               std::to_string(mma[i]) + " at depth " + std::to_string(matvec_mma_stages(a));
-      }
-    }
-  }
-  return "";
-}
-
 std::string diff_kernels(const MatvecArgs& a, Outputs& o) {
   EXPECT_TRUE(matvec_mma_applies(a));
-  const std::vector<float> mma = run(a, o, Kernel::mma);
-  const std::string d = compare(mma, run(a, o, Kernel::dp2a));
-  return d.empty() ? diff_depths(a, o, mma) : d;
+  return compare(run(a, o, Kernel::mma), run(a, o, Kernel::dp2a));
 }
 
 class MatvecMmaTest : public ::testing::Test {
@@ -187,7 +165,6 @@ TEST_F(MatvecMmaTest, MatchesTheDp2aKernelAndTheCpu) {
       const auto y = run(a, o, Kernel::mma);
       const std::string d = compare(y, run(a, o, Kernel::dp2a));
       ASSERT_EQ(d, "") << rows << " x " << cols << ", " << tokens << " tokens";
-      ASSERT_EQ(diff_depths(a, o, y), "") << rows << " x " << cols << ", " << tokens << " tokens";
       for (uint32_t t = 0; t < tokens; ++t) {
         for (size_t r = 0; r < rows; ++r) {
           double ref = 0, mag = 0, rounding = 0;
@@ -341,8 +318,7 @@ TEST_F(MatvecMmaTest, EveryMatvecArgsFeatureMatchesTheDp2aKernel) {
 }
 
 // Timing lines: an output-head-sized matrix (154,880 x 4,096, 357 MB), a KDA projection's 8,192 x
-// 4,096 (18.9 MB) and 4,096 x 2,048 (an expert's down, 4.7 MB); 1 and 2 tokens, both kernels, then
-// the mma kernel at each ring depth; GB/s of weights read against the copy bandwidth (read + write).
+// 4,096 (18.9 MB) and 4,096 x 2,048 (an expert's down, 4.7 MB); 1 and 2 tokens, both kernels; GB/s of weights read against the copy bandwidth (read + write).
 // Printed, not asserted; the outputs of the two kernels are compared as above.
 TEST_F(MatvecMmaTest, TimingLines) {
   const GgmlType type = kType;
@@ -350,13 +326,13 @@ TEST_F(MatvecMmaTest, TimingLines) {
   ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
   const double copy = measure_copy_bandwidth(dev, 256ull << 20, 5);
   std::printf("[ timing ] copy bandwidth %.0f GB/s\n", copy / 1e9);
-  auto time_us = [](const MatvecArgs& r, Kernel k, uint32_t stages, int reps) {
-    for (int i = 0; i < 3; ++i) launch(r, k, stages);
+  auto time_us = [](const MatvecArgs& r, Kernel k, int reps) {
+    for (int i = 0; i < 3; ++i) launch(r, k);
     cudaEvent_t e0, e1;
     EXPECT_EQ(cudaEventCreate(&e0), cudaSuccess);
     EXPECT_EQ(cudaEventCreate(&e1), cudaSuccess);
     EXPECT_EQ(cudaEventRecord(e0), cudaSuccess);
-    for (int i = 0; i < reps; ++i) launch(r, k, stages);
+    for (int i = 0; i < reps; ++i) launch(r, k);
     EXPECT_EQ(cudaEventRecord(e1), cudaSuccess);
     EXPECT_EQ(cudaEventSynchronize(e1), cudaSuccess);
     float ms = 0;
@@ -384,19 +360,12 @@ TEST_F(MatvecMmaTest, TimingLines) {
       DeviceBuffer y(o.floats() * 4);
       const MatvecArgs r = rebased(a, o, y.as<float>());
       const int reps = rows > 100000 ? 20 : 200;
-      const double us[2] = {time_us(r, Kernel::mma, 0, reps), time_us(r, Kernel::dp2a, 0, reps)};
+      const double us[2] = {time_us(r, Kernel::mma, reps), time_us(r, Kernel::dp2a, reps)};
       const double gbs_mma = bytes / us[0] / 1e3, gbs_dp2a = bytes / us[1] / 1e3;
       const std::string name(model::ggml_type_traits(type).name);
       std::printf("[ timing ] %s %zu x %zu, %u tok: mma %.1f us %.0f GB/s %.0f%% of copy; dp2a %.1f us %.0f GB/s %.0f%%\n",
                   name.c_str(), rows, cols, tokens, us[0], gbs_mma, 100.0 * gbs_mma / (copy / 1e9),
                   us[1], gbs_dp2a, 100.0 * gbs_dp2a / (copy / 1e9));
-      std::printf("[ timing ]   mma ring depth (default %u):", matvec_mma_stages(a));
-      for (uint32_t s : kDepths) {
-        if (matvec_mma_stages(a, s) != s) continue;
-        const double t = time_us(r, Kernel::mma, s, reps);
-        std::printf(" %u: %.1f us %.0f GB/s;", s, t, bytes / t / 1e3);
-      }
-      std::printf("\n");
     }
   }
 }
