@@ -51,7 +51,12 @@ int current_sm_count();
 // y[t][r] = W[r] . x[t] for one matrix or a batch of groups (heads, experts).
 // A further matrix of MatvecArgs::w's type and columns in the same launch: its weights (data, or
 // per-group pointers as w_group_ptrs), its output (y's group stride), its input (x's strides; null:
-// the same x), its rows and its output's token stride (0: w's, y_tok_stride).
+// the same x), its rows, its output's token stride (0: w's, y_tok_stride) and its SwiGLU up input
+// (x_up's strides; null: the launch's x_up).
+// With `single`, the part is one matrix (data) over the launch's tokens, as a launch of one group
+// would run it: the blocks of every group take its rows, no group index, table or skip applies, x and
+// y are read and written at group 0 (the MoE layer's shared expert beside the routed experts). Only
+// where matvec_quantizes_activations() holds and no groups are named on the device.
 struct MatvecPart {
   const uint8_t* data = nullptr;
   const uint8_t* const* group_ptrs = nullptr;
@@ -59,8 +64,10 @@ struct MatvecPart {
   const float* x = nullptr;
   uint32_t rows = 0;
   size_t y_tok_stride = 0;
+  const float* x_up = nullptr;
+  bool single = false;
 };
-inline constexpr uint32_t kMaxMatvecParts = 3;
+inline constexpr uint32_t kMaxMatvecParts = 4;
 
 struct MatvecArgs {
   DevMatrix w;
@@ -79,7 +86,8 @@ struct MatvecArgs {
   uint32_t tokens = 1;                  // 1..kMaxMatvecTokens
   uint32_t groups = 1;
   bool f32_activations = false;         // keep x in f32 even where the int16 path applies
-  // Parts 1.. of a grouped launch (q/k/v, gate/up): part p > 0 is more[p - 1].
+  // Parts 1.. of a grouped launch (q/k/v, gate/up, the routed and shared experts' gate and up): part
+  // p > 0 is more[p - 1].
   uint32_t parts = 1;
   MatvecPart more[kMaxMatvecParts - 1];
   // When set, the input is SwiGLU(x, x_up) as swiglu() computes it (x_up has x's strides): the down

@@ -378,25 +378,28 @@ void LayerRunner::moe_layer(const StepGeometry& g, const DevLayer& l, bool uploa
   mark(OpGroup::moe_router);
   if (trace_ != nullptr) trace_->add_routes(l.index, ra.ids, n, ra.k, s_);
   const bool shared = !l.m(T::ffn_gate_shexp).empty();
-  if (shared) {
-    dense_ffn(l.m(T::ffn_gate_shexp), l.m(T::ffn_up_shexp), l.m(T::ffn_down_shexp), n, w_.sh);
-    mark(OpGroup::moe_shared);
-  }
   if (n <= kMaxMatvecTokens) {
-    decode_experts(n, l);
+    decode_experts(n, l, shared);
     combine_ = {w_.eo, w_.rweights, shared ? w_.sh : nullptr, z.k};
     combine_pending_ = true;
     if (!defer_combine) finish_combine(n);
   } else {
+    if (shared) shared_expert(l, n);
     prefill_experts(n, l, upload_misses);
     moe_combine(w_.eo, w_.where, w_.rweights, shared ? w_.sh : nullptr, n, z.k, z.D, w_.y, s_);
   }
   mark(OpGroup::moe_experts);
 }
 
+void LayerRunner::shared_expert(const DevLayer& l, uint32_t n) {
+  dense_ffn(l.m(T::ffn_gate_shexp), l.m(T::ffn_up_shexp), l.m(T::ffn_down_shexp), n, w_.sh);
+  mark(OpGroup::moe_shared);
+}
+
 // The step's routed experts (gpu/moe_decode.hpp): an expert that several rows chose read once for
-// them where the int16 kernel takes them, every other route on its own.
-void LayerRunner::decode_experts(uint32_t n, const DevLayer& l) {
+// them where the int16 kernel takes them, every other route on its own; the shared expert (`shared`)
+// in the routed experts' launches where it can be (one row), else before them.
+void LayerRunner::decode_experts(uint32_t n, const DevLayer& l, bool shared) {
   const ModelDims& z = d_;
   DecodeExperts a;
   if (experts_ != nullptr) {
@@ -418,6 +421,18 @@ void LayerRunner::decode_experts(uint32_t n, const DevLayer& l) {
   a.eg = w_.eg;
   a.eu = w_.eu;
   a.eo = w_.eo;
+  if (shared) {
+    // The shared expert's gate and up products after the routes' in eg and eu.
+    a.shared_gate = l.m(T::ffn_gate_shexp), a.shared_up = l.m(T::ffn_up_shexp), a.shared_down = l.m(T::ffn_down_shexp);
+    const size_t routed = size_t{n} * z.k * z.I;
+    if (routed + size_t{n} * a.shared_gate.rows <= w_.ffn_elems) {
+      a.sg = w_.eg + routed, a.su = w_.eu + routed, a.sh = w_.sh;
+    }
+    if (!shared_expert_fused(a)) {
+      a.shared_gate = {};
+      shared_expert(l, n);
+    }
+  }
   const uint32_t tokens = shared_expert_tokens(a);
   if (tokens == 0) {
     decode_experts_per_route(a, s_);

@@ -60,7 +60,8 @@ class LayerRunner {
   void moe_layer(const StepGeometry& g, const DevLayer& l, bool upload_misses, bool defer_combine = false);
   void finish_combine(uint32_t rows);
   // The routed experts of a decode step (up to 8 rows): every (row, expert) pair one group of a launch.
-  void decode_experts(uint32_t n, const DevLayer& l);
+  void decode_experts(uint32_t n, const DevLayer& l, bool shared);
+  void shared_expert(const DevLayer& l, uint32_t n);
   // A prefill chunk's: rows grouped by expert on the host, one GEMM triple per expert.
   void prefill_experts(uint32_t n, const DevLayer& l, bool upload_misses);
 

@@ -346,16 +346,23 @@ void upload_quant_tables() {
 void matvec(const MatvecArgs& a, cudaStream_t stream) {
   if (a.tokens == 0 || a.groups == 0 || a.w.rows == 0) return;
   if (a.tokens > kMaxMatvecTokens) throw CudaError("matvec: more than 8 tokens");
-  if (a.parts < 1 || a.parts > kMaxMatvecParts) throw CudaError("matvec: parts must be 1 to 3");
+  if (a.parts < 1 || a.parts > kMaxMatvecParts) {
+    throw CudaError("matvec: parts must be 1 to " + std::to_string(kMaxMatvecParts));
+  }
+  const bool int16 = matvec_quantizes_activations(a);
+  const bool named = a.group_count != nullptr;
   for (uint32_t p = 1; p < a.parts; ++p) {
     const MatvecPart& m = a.more[p - 1];
     if (m.y == nullptr || (m.data == nullptr && m.group_ptrs == nullptr)) {
       throw CudaError("matvec: part " + std::to_string(p) + " has no weights or no output");
     }
+    if (m.single && (m.data == nullptr || !int16 || named)) {
+      throw CudaError("matvec: single part " + std::to_string(p) +
+                      " needs its data, the int16-activation path and no groups named on the device");
+    }
+    if (m.x_up != nullptr && !int16) throw CudaError("matvec: a SwiGLU input needs the int16-activation path");
   }
-  const bool int16 = matvec_quantizes_activations(a);
   if (a.x_up != nullptr && !int16) throw CudaError("matvec: a SwiGLU input needs the int16-activation path");
-  const bool named = a.group_count != nullptr;
   if ((a.tok_count != nullptr) != named || (a.tok_x != nullptr) != named || (a.tok_y != nullptr) != named) {
     throw CudaError("matvec: group_count, tok_count, tok_x and tok_y are set together");
   }

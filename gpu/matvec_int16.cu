@@ -388,11 +388,11 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
         const float4 f = src[k];
         v[4 * k] = f.x, v[4 * k + 1] = f.y, v[4 * k + 2] = f.z, v[4 * k + 3] = f.w;
       }
-      if (a.x_up != nullptr) {
+      const float* x_up = matvec_part_x_up(a, g);
+      if (x_up != nullptr) {
         // The down projection's input, SwiGLU of the gate and up products, made here once a block
         // instead of by a kernel of its own.
-        const float4* up = reinterpret_cast<const float4*>(
-            a.x_up + static_cast<size_t>(g / a.x_group_div) * a.x_group_stride + at);
+        const float4* up = reinterpret_cast<const float4*>(x_up + at);
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           const float4 u = up[k];
@@ -501,7 +501,8 @@ void launch_tokens(const MatvecArgs& a, const Tables& tables, cudaStream_t strea
     const uint32_t all = std::max<uint32_t>(1, resident / a.parts);
     grid = dim3(std::max(a.groups, std::min(wanted * a.groups, all)), 1, a.parts);
   } else {
-    const uint32_t fill = std::max<uint32_t>(1, resident / (a.groups * a.parts));
+    // A single part's rows go to the blocks of all groups: the grouped parts set the fill.
+    const uint32_t fill = std::max<uint32_t>(1, resident / (a.groups * matvec_grouped_parts(a)));
     grid = dim3(std::min(wanted, fill), a.groups, a.parts);
   }
   // One launch, with PDL where gpu/pdl.hpp allows it.
@@ -532,7 +533,8 @@ bool matvec_quantizes_activations(const MatvecArgs& a) {
   bool aligned = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(a.x_up) % 16 == 0 &&
                  a.x_tok_stride % 4 == 0 && a.x_group_stride % 4 == 0;
   for (uint32_t p = 1; p < a.parts && p < kMaxMatvecParts; ++p) {
-    aligned = aligned && reinterpret_cast<uintptr_t>(a.more[p - 1].x) % 16 == 0;
+    aligned = aligned && reinterpret_cast<uintptr_t>(a.more[p - 1].x) % 16 == 0 &&
+              reinterpret_cast<uintptr_t>(a.more[p - 1].x_up) % 16 == 0;
   }
   return !a.f32_activations && int16_type(a.w.type) && a.w.cols % 256 == 0 && a.tokens >= 1 && aligned &&
          smem_bytes(a.w.type, padded_tokens(a.tokens), a.w.cols) <= kMaxSmem;

@@ -228,7 +228,7 @@ template <> struct MmaReader<qd::kQ4_K> {
 
 // Token t's 16 values at columns 16p.. (SwiGLU of gate and up where x_up is set), as the dp2a kernel
 // reads them.
-__device__ __forceinline__ void read_x16(const MatvecArgs& a, const MatvecPartView& view, uint32_t g, size_t at,
+__device__ __forceinline__ void read_x16(const MatvecArgs& a, const MatvecPartView& view, const float* x_up, size_t at,
                                          float (&v)[16]) {
   const float4* src = reinterpret_cast<const float4*>(view.x + at);
 #pragma unroll
@@ -236,9 +236,8 @@ __device__ __forceinline__ void read_x16(const MatvecArgs& a, const MatvecPartVi
     const float4 f = src[k];
     v[4 * k] = f.x, v[4 * k + 1] = f.y, v[4 * k + 2] = f.z, v[4 * k + 3] = f.w;
   }
-  if (a.x_up == nullptr) return;
-  const float4* up =
-      reinterpret_cast<const float4*>(a.x_up + static_cast<size_t>(g / a.x_group_div) * a.x_group_stride + at);
+  if (x_up == nullptr) return;
+  const float4* up = reinterpret_cast<const float4*>(x_up + at);
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const float4 u = up[k];
@@ -255,13 +254,14 @@ __device__ __forceinline__ void read_x16(const MatvecArgs& a, const MatvecPartVi
 __device__ void quantize_x(const MatvecArgs& a, const MatvecPartView& view, uint32_t g, const int32_t* tok_x,
                            uint32_t ntok, const Layout& lay, unsigned char* smem) {
   const uint32_t K = a.w.cols, pieces = ntok * (K / 16);
+  const float* x_up = matvec_part_x_up(a, g);
   float* steps = reinterpret_cast<float*>(smem + lay.steps_at());
   for (uint32_t base = 0; base < pieces; base += kThreads) {
     const uint32_t i = base + threadIdx.x;
     const bool valid = i < pieces;
     const uint32_t t = valid ? i / (K / 16) : 0, p = valid ? i % (K / 16) : 0;
     float v[16] = {};
-    if (valid) read_x16(a, view, g, static_cast<size_t>(tok_x != nullptr ? tok_x[t] : t) * a.x_tok_stride + 16 * p, v);
+    if (valid) read_x16(a, view, x_up, static_cast<size_t>(tok_x != nullptr ? tok_x[t] : t) * a.x_tok_stride + 16 * p, v);
     float amax, sum;
     x16_stats(v, amax, sum);
     amax = x32_amax(amax);
@@ -449,7 +449,8 @@ void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream) {
     const uint32_t all = std::max<uint32_t>(1, resident / a.parts);
     grid = dim3(std::max(a.groups, std::min(wanted * a.groups, all)), 1, a.parts);
   } else {
-    const uint32_t fill = std::max<uint32_t>(1, resident / (a.groups * a.parts));
+    // A single part's rows go to the blocks of all groups: the grouped parts set the fill.
+    const uint32_t fill = std::max<uint32_t>(1, resident / (a.groups * matvec_grouped_parts(a)));
     grid = dim3(std::min(wanted, fill), a.groups, a.parts);
   }
   cudaLaunchConfig_t cfg{};

@@ -8,31 +8,48 @@
 namespace ferry::gpu {
 
 struct MatvecPartView {
-  const uint8_t* w;  // the group's matrix
-  const float* x;    // the group's first token
-  float* y;          // the part's output (group and row offsets still to add)
+  const uint8_t* w;    // the group's matrix
+  const float* x;      // the group's first token
+  float* y;            // the part's output (group and row offsets still to add)
   uint32_t rows;
   size_t y_tok_stride;
 };
 
+// Whether the block's part is one matrix over the blocks of every group (MatvecPart::single).
+__device__ __forceinline__ bool matvec_single_part(const MatvecArgs& a) {
+  return blockIdx.z > 0 && a.more[blockIdx.z - 1].single;
+}
+
+// Group g of the block's part (g is 0 for a single part: matvec_block_take).
 __device__ __forceinline__ MatvecPartView matvec_part_view(const MatvecArgs& a, uint32_t g) {
   const uint32_t part = blockIdx.z;
   const MatvecPart& more = a.more[part > 0 ? part - 1 : 0];
-  const size_t mat = a.w_group_index ? static_cast<size_t>(a.w_group_index[g]) : g;
+  const bool single = part > 0 && more.single;
+  const size_t mat = single ? 0 : a.w_group_index ? static_cast<size_t>(a.w_group_index[g]) : g;
   const uint8_t* const* group_ptrs = part == 0 ? a.w_group_ptrs : more.group_ptrs;
   const uint8_t* data = part == 0 ? a.w.data : more.data;
   const float* x = part == 0 || more.x == nullptr ? a.x : more.x;
-  return {group_ptrs ? group_ptrs[mat] : data + mat * a.w_group_bytes,
+  return {group_ptrs && !single ? group_ptrs[mat] : data + mat * a.w_group_bytes,
           x + static_cast<size_t>(g / a.x_group_div) * a.x_group_stride, part == 0 ? a.y : more.y,
           part == 0 || more.rows == 0 ? a.w.rows : more.rows,
           part == 0 || more.y_tok_stride == 0 ? a.y_tok_stride : more.y_tok_stride};
 }
 
-// Whether no earlier kernel picks the launch's weights (no router ids, pool tables or groups named on
-// the device): under PDL (gpu/pdl.hpp) only such weights may be requested before the wait.
+// SwiGLU's up input of group g's first token in the block's part (null: none), at x's offsets.
+__device__ __forceinline__ const float* matvec_part_x_up(const MatvecArgs& a, uint32_t g) {
+  const MatvecPart& more = a.more[blockIdx.z > 0 ? blockIdx.z - 1 : 0];
+  const float* x_up = blockIdx.z == 0 || more.x_up == nullptr ? a.x_up : more.x_up;
+  return x_up != nullptr ? x_up + static_cast<size_t>(g / a.x_group_div) * a.x_group_stride : nullptr;
+}
+
+// Whether no earlier kernel picks the block's weights (no router ids, pool tables or groups named on
+// the device, or a single part's one matrix): under PDL (gpu/pdl.hpp) only such weights may be
+// requested before the wait.
 __device__ __forceinline__ bool matvec_fixed_weights(const MatvecArgs& a) {
-  return a.w_group_index == nullptr && a.w_group_ptrs == nullptr && a.group_count == nullptr &&
-         (a.parts < 2 || a.more[0].group_ptrs == nullptr) && (a.parts < 3 || a.more[1].group_ptrs == nullptr);
+  if (matvec_single_part(a)) return true;
+  bool fixed = a.w_group_index == nullptr && a.w_group_ptrs == nullptr && a.group_count == nullptr;
+  for (uint32_t p = 1; p < a.parts && p < kMaxMatvecParts; ++p) fixed = fixed && a.more[p - 1].group_ptrs == nullptr;
+  return fixed;
 }
 
 // What one block of a launch works on: group g as its bx-th block of nb, over ntok tokens (named by
@@ -50,6 +67,10 @@ struct MatvecBlockTake {
 // calls this after its wait whenever matvec_fixed_weights does not hold (both do).
 __device__ __forceinline__ bool matvec_block_take(const MatvecArgs& a, bool named, MatvecBlockTake& t) {
   t = {blockIdx.y, blockIdx.x, gridDim.x, a.tokens, nullptr, nullptr};
+  if (matvec_single_part(a)) {
+    t = {0, blockIdx.y * gridDim.x + blockIdx.x, gridDim.x * gridDim.y, a.tokens, nullptr, nullptr};
+    return true;
+  }
   if (named) {
     const uint32_t groups = min(static_cast<uint32_t>(max(*a.group_count, 0)), a.groups);
     if (groups == 0) return false;
@@ -62,6 +83,13 @@ __device__ __forceinline__ bool matvec_block_take(const MatvecArgs& a, bool name
     t.tok_y = a.tok_y + static_cast<size_t>(t.g) * a.tokens;
   }
   return !(a.skip_negative_index && a.w_group_index[t.g] < 0);
+}
+
+// The parts that are not single (each takes gridDim.x blocks of every group).
+inline uint32_t matvec_grouped_parts(const MatvecArgs& a) {
+  uint32_t n = 1;
+  for (uint32_t p = 1; p < a.parts && p < kMaxMatvecParts; ++p) n += a.more[p - 1].single ? 0 : 1;
+  return n;
 }
 
 // The most rows of any part (the launch's grid covers them) and the rows of all parts together.

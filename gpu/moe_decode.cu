@@ -154,9 +154,57 @@ bool int16_throughout(const DecodeExperts& a, uint32_t tokens) {
   return true;
 }
 
+// The shared expert's matrix w as a single part (MatvecPart::single) into y.
+MatvecPart single_part(const DevMatrix& w, float* y) {
+  MatvecPart p;
+  p.data = w.data;
+  p.y = y;
+  p.rows = w.rows;
+  p.single = true;
+  return p;
+}
+// The routed experts' gate and up, then the shared expert's.
+MatvecArgs fused_gate_up(const DecodeExperts& a) {
+  MatvecArgs m = per_route_gate(a, a.ids);
+  m.parts = 4;
+  m.more[0] = {a.up.data, a.tables[1], a.eu};
+  m.more[1] = single_part(a.shared_gate, a.sg);
+  m.more[2] = single_part(a.shared_up, a.su);
+  return m;
+}
+// The routed experts' down over SwiGLU(eg, eu), then the shared expert's over SwiGLU(sg, su).
+MatvecArgs fused_down(const DecodeExperts& a) {
+  MatvecArgs d = per_route_down(a, a.ids);
+  d.x = a.eg;
+  d.x_up = a.eu;
+  d.swiglu_limit = a.swiglu_limit;
+  d.parts = 2;
+  d.more[0] = single_part(a.shared_down, a.sh);
+  d.more[0].x = a.sg;
+  d.more[0].x_up = a.su;
+  return d;
+}
+
 }  // namespace
 
+bool shared_expert_fused(const DecodeExperts& a) {
+  if (a.rows != 1 || a.k == 0 || a.shared_gate.empty() || a.sg == nullptr || a.su == nullptr || a.sh == nullptr) {
+    return false;
+  }
+  if (!same_matrix_shape(a.gate, a.up) || !same_row_format(a.gate, a.shared_gate) ||
+      !same_row_format(a.gate, a.shared_up) || !same_row_format(a.down, a.shared_down) ||
+      a.shared_up.rows != a.shared_gate.rows || a.shared_down.cols != a.shared_gate.rows) {
+    return false;
+  }
+  return matvec_quantizes_activations(fused_gate_up(a)) && matvec_quantizes_activations(fused_down(a));
+}
+
 void decode_experts_per_route(const DecodeExperts& a, cudaStream_t stream) {
+  if (shared_expert_fused(a)) {
+    matvec(fused_gate_up(a), stream);
+    matvec(fused_down(a), stream);
+    return;
+  }
   gate_and_up(per_route_gate(a, a.ids), a, stream);
   down(per_route_down(a, a.ids), a, stream);
 }

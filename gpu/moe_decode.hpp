@@ -23,9 +23,22 @@ struct DecodeExperts {
   float* eg = nullptr;  // [rows * k][I] scratch: gate products, then SwiGLU where not fused
   float* eu = nullptr;  // [rows * k][I] scratch: up products
   float* eo = nullptr;  // [rows * k][D] route r * k + j's output in row r * k + j
+  // The layer's shared expert (gate empty: none, or run apart): where shared_expert_fused holds, the
+  // routed experts' gate/up launch takes its gate and up as further parts (products into sg and su)
+  // and their down launch its down (SwiGLU of sg and su, into sh [D]): two launches fewer a layer.
+  DevMatrix shared_gate, shared_up, shared_down;
+  float* sg = nullptr;
+  float* su = nullptr;
+  float* sh = nullptr;
 };
 
-// Per route.
+// Whether decode_experts_per_route computes the shared expert too: one row (the shared expert's one
+// token, as its own launches run it), gate, up and the shared gate and up of one row format, down and
+// the shared down of another, every launch on the int16 path (the same kernel as the launches apart,
+// so sh gets their bits).
+bool shared_expert_fused(const DecodeExperts& a);
+
+// Per route (and the shared expert where shared_expert_fused holds).
 void decode_experts_per_route(const DecodeExperts& a, cudaStream_t stream);
 
 // The tokens a group of a shared expert takes (more rows of one expert split into several groups):

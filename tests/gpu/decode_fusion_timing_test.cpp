@@ -1,7 +1,8 @@
-// Timing lines (printed, not asserted) of h44's decode fusions at the 12-layer shape, one row: each
+// Timing lines (printed, not asserted) of the decode fusions at the 12-layer shape, one row: each
 // fusion's launches and the launches it replaces, captured in a graph apiece and replayed (event-timed
 // median of 7 runs of 20 replays), so that the line shows what a launch costs inside a decode graph.
-// The bits are the fusion tests' concern (DsaDecodeFusion, KdaNormFusion, MoeCombineFusion).
+// The bits are the fusion tests' concern (DsaDecodeFusion, KdaNormFusion, MoeCombineFusion,
+// MoeDecodeTest.OneRowTakesTheSharedExpertInItsLaunches).
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -13,11 +14,15 @@
 #include <vector>
 
 #include "gpu/cuda_memory.hpp"
+#include "gpu/decode_fusion.hpp"
 #include "gpu/dsa_decode_fusion.hpp"
 #include "gpu/kda_fusion.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/mhc_decode.hpp"
+#include "gpu/moe_decode.hpp"
+#include "gpu/pdl.hpp"
 #include "tests/gpu/gpu_test_support.hpp"
+#include "tests/gpu/quant_rows.hpp"
 
 namespace ferry::gpu {
 namespace {
@@ -171,6 +176,57 @@ TEST(DecodeFusionTiming, TimingLine) {
     if (fused) line("MoE combine + mHC site", 2, plain, 1, one);
     if (!fused) std::printf("fusion timing: MoE combine + mHC site: not fused here (no sm90 code)\n");
   }
+}
+
+// The MoE layer's shared expert in the routed experts' launches (gpu/moe_decode.hpp): 8 routed
+// experts and the shared one, Q4_K, D 4,096, I 2,048 (the 12-layer shape's), with and without PDL.
+TEST(DecodeFusionTiming, SharedExpertInTheRoutedLaunches) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(12);
+  constexpr uint32_t D = 4096, I = 2048, K = 8;
+  const size_t gate_bytes = *model::ggml_bytes(model::GgmlType::Q4_K, size_t{I} * D);
+  const DeviceBuffer gate = to_device(ferry::testing::random_q4k_blocks(size_t{K + 1} * I, D)),
+                     up = to_device(ferry::testing::random_q4k_blocks(size_t{K + 1} * I, D)),
+                     down = to_device(ferry::testing::random_q4k_blocks(size_t{K + 1} * D, I));
+  std::vector<int32_t> ids(K);
+  for (uint32_t j = 0; j < K; ++j) ids[j] = static_cast<int32_t>(j);
+  const DeviceBuffer d_ids = to_device(ids);
+  DeviceBuffer x = random_buffer(D, 1, rng), eg(size_t{K + 1} * I * 4), eu(size_t{K + 1} * I * 4), eo(size_t{K} * D * 4),
+               sh(size_t{D} * 4);
+  auto matrix = [](const DeviceBuffer& b, uint32_t rows, uint32_t cols, size_t at) {
+    return DevMatrix{model::GgmlType::Q4_K, b.as<uint8_t>() + at, rows, cols,
+                     *model::ggml_bytes(model::GgmlType::Q4_K, cols)};
+  };
+  DecodeExperts a;
+  a.gate = matrix(gate, I, D, 0), a.up = matrix(up, I, D, 0), a.down = matrix(down, D, I, 0);
+  a.ids = d_ids.as<int32_t>(), a.x = x.as<float>(), a.rows = 1, a.k = K, a.swiglu_limit = 10.0f;
+  a.eg = eg.as<float>(), a.eu = eu.as<float>(), a.eo = eo.as<float>();
+  const DevMatrix sg = matrix(gate, I, D, K * gate_bytes), su = matrix(up, I, D, K * gate_bytes),
+                  sd = matrix(down, D, I, K * gate_bytes);
+  float* const sg_y = a.eg + size_t{K} * I;
+  float* const su_y = a.eu + size_t{K} * I;
+  auto apart = [&](cudaStream_t s) {
+    const MatvecProduct gate_up[] = {{&sg, sg_y}, {&su, su_y}};
+    matvec_products(gate_up, 2, a.x, D, 1, I, s);
+    MatvecArgs d;
+    d.w = sd, d.x_tok_stride = I, d.y = sh.as<float>(), d.y_tok_stride = D;
+    matvec_swiglu(d, sg_y, su_y, I, 1, I, a.swiglu_limit, s);
+    decode_experts_per_route(a, s);
+  };
+  DecodeExperts b = a;
+  b.shared_gate = sg, b.shared_up = su, b.shared_down = sd, b.sg = sg_y, b.su = su_y, b.sh = sh.as<float>();
+  ASSERT_TRUE(shared_expert_fused(b));
+  auto fused = [&](cudaStream_t s) { decode_experts_per_route(b, s); };
+  line("shared expert + routed experts (no PDL)", 4, replay_us(apart), 2, replay_us(fused));
+  const bool pdl = pdl_device_ready();
+  auto with_pdl = [&](const std::function<void(cudaStream_t)>& body) {
+    return [&, body](cudaStream_t s) {
+      const PdlScope scope(pdl);
+      body(s);
+    };
+  };
+  line(pdl ? "shared expert + routed experts (PDL)" : "shared expert + routed experts (no PDL on this device)", 4,
+       replay_us(with_pdl(apart)), 2, replay_us(with_pdl(fused)));
 }
 
 }  // namespace

@@ -1,9 +1,9 @@
 // The decode matvec on int8 tensor cores (gpu/matvec_mma.cu, Q4_K) against the dp2a kernel it
 // replaces (launch_matvec_dp2a: the same int16 activations and integer sums, so only the
 // f32 order of the scale and minimum terms differs: 1e-5 of the largest |y| of the launch) on every
-// MatvecArgs feature, and against a double-precision CPU dot product at matvec_test's int16 bounds. Timing
-// lines (printed, not asserted) for an output-head-sized matrix and 4096 x 2048 ones. Outputs are
-// poisoned (NaN) before each run; a value one kernel writes and the other does not fails.
+// MatvecArgs feature, and against a double-precision CPU dot product at matvec_test's int16 bounds.
+// Timing lines (printed, not asserted) for an output-head-sized matrix, 8192 x 4096 and 4096 x 2048. Outputs
+// are poisoned (NaN) before each run; a value one kernel writes and the other does not fails.
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -23,7 +23,6 @@
 #include "gpu/matvec_int16.hpp"
 #include "gpu/matvec_mma.hpp"
 #include "gpu/pdl.hpp"
-#include "model/formats/half.hpp"
 #include "model/formats/quant.hpp"
 #include "tests/gpu/gpu_test_support.hpp"
 #include "tests/gpu/quant_rows.hpp"
@@ -33,6 +32,7 @@ namespace {
 
 using ferry::testing::dequant;
 using ferry::testing::have_device;
+using ferry::testing::random_q4k_blocks;
 using ferry::testing::random_rows;
 using model::GgmlType;
 constexpr GgmlType kType = GgmlType::Q4_K;
@@ -100,24 +100,6 @@ std::vector<float> run(const MatvecArgs& a, Outputs& o, Kernel k) {
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(cudaMemcpy(out.data(), y.get(), o.floats() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
   return out;
-}
-
-// Random Q4_K bytes with small finite f16 d and dmin: quantizing tens of millions of values on the
-// host takes seconds.
-std::vector<uint8_t> random_blocks(size_t rows, size_t cols) {
-  const size_t bytes = *model::ggml_bytes(kType, rows * cols);
-  std::vector<uint8_t> data(bytes);
-  uint64_t s = 0x9e3779b97f4a7c15ull;
-  for (size_t i = 0; i + 8 <= bytes; i += 8) {
-    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-    std::memcpy(&data[i], &s, 8);
-  }
-  for (size_t b = 0; b < bytes; b += 144) {
-    const uint16_t d = model::f32_to_fp16(0.01f + 0.001f * (b / 144 % 64));
-    std::memcpy(&data[b], &d, 2);
-    std::memcpy(&data[b + 2], &d, 2);
-  }
-  return data;
 }
 
 // Both kernels' outputs: the same values written (NaN where neither writes), within 1e-5 of the
@@ -210,7 +192,7 @@ TEST_F(MatvecMmaTest, BlocksLoopOverManyTiles) {
   const GgmlType type = kType;
   std::mt19937 rng(61 + static_cast<int>(type));
   for (const auto& [rows, cols] : {std::pair<size_t, size_t>{40000, 256}, {9001, 1024}, {5000, 4096}}) {
-    DeviceBuffer dw = to_device(random_blocks(rows, cols));
+    DeviceBuffer dw = to_device(random_q4k_blocks(rows, cols));
     const size_t row_bytes = *model::ggml_bytes(type, cols);
     for (uint32_t tokens : {1u, 3u, 8u}) {
       const auto x = normal(tokens * cols, rng);
@@ -230,7 +212,7 @@ TEST_F(MatvecMmaTest, BlocksLoopOverManyTiles) {
 }
 
 // Experts by index (x per token, two experts a token), a skipped group, SwiGLU inputs, parts with
-// their own rows, inputs and strides, pointer tables, tokens named on the device.
+// their own rows, inputs and strides, a single part, pointer tables, tokens named on the device.
 TEST_F(MatvecMmaTest, EveryMatvecArgsFeatureMatchesTheDp2aKernel) {
   const GgmlType type = kType;
   std::mt19937 rng(8 + static_cast<int>(type));
@@ -275,6 +257,27 @@ TEST_F(MatvecMmaTest, EveryMatvecArgsFeatureMatchesTheDp2aKernel) {
                   0, 0};
     ASSERT_EQ(diff_kernels(gu, o), "") << "gate and up, " << tokens << " tokens";
 
+    // Experts by index over SwiGLU inputs beside one matrix over the blocks of every group (a shared
+    // expert: its own rows, x and up input): on both kernels the bits of a plain launch of it.
+    MatvecArgs sp = s;
+    sp.parts = 2;
+    MatvecPart& one = sp.more[0];
+    one.data = w2.m.data, one.y = arena + groups * 8 * rows, one.x = dx.as<float>() + 8 * cols, one.rows = 3 * rows;
+    one.y_tok_stride = 3 * rows, one.x_up = dup.as<float>() + 8 * cols, one.single = true;
+    ASSERT_EQ(diff_kernels(sp, o), "") << "a single part, " << tokens << " tokens";
+    MatvecArgs plain;
+    plain.w = w2.m.slice_rows(0, 3 * rows);
+    plain.x = one.x, plain.x_tok_stride = cols, plain.x_up = one.x_up, plain.swiglu_limit = s.swiglu_limit;
+    plain.y = one.y, plain.y_tok_stride = 3 * rows, plain.tokens = tokens;
+    for (Kernel k : {Kernel::mma, Kernel::dp2a}) {
+      const std::vector<float> got = run(sp, o, k), want = run(plain, o, k);
+      for (size_t i = groups * 8 * rows; i < groups * 8 * rows + tokens * 3 * rows; ++i) {
+        ASSERT_FALSE(std::isnan(want[i])) << i;
+        ASSERT_EQ(std::memcmp(&got[i], &want[i], 4), 0) << (k == Kernel::mma ? "mma" : "dp2a") << " single part, "
+                                                        << tokens << " tokens, [" << i << "]: " << got[i] << " vs " << want[i];
+      }
+    }
+
     // q/k/v-like parts of one input and of their own, other row counts and token strides.
     MatvecArgs p;
     p.w = w.m.slice_rows(0, 3 * rows);
@@ -314,18 +317,33 @@ TEST_F(MatvecMmaTest, EveryMatvecArgsFeatureMatchesTheDp2aKernel) {
   ASSERT_EQ(diff_kernels(n, o), "") << "tokens named on the device";
 }
 
-// Timing lines: an output-head-sized matrix (154,880 x 4,096, 357 MB) and 4,096 x 2,048; 1 and 2
-// tokens, both kernels; GB/s of weights read against the copy bandwidth (read +
-// write). Printed, not asserted; the outputs of the two kernels are compared as above.
+// Timing lines: an output-head-sized matrix (154,880 x 4,096, 357 MB), a KDA projection's 8,192 x
+// 4,096 (18.9 MB) and 4,096 x 2,048 (an expert's down, 4.7 MB); 1 and 2 tokens, both kernels; GB/s of weights read against the copy bandwidth (read + write).
+// Printed, not asserted; the outputs of the two kernels are compared as above.
 TEST_F(MatvecMmaTest, TimingLines) {
   const GgmlType type = kType;
   int dev = 0;
   ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
   const double copy = measure_copy_bandwidth(dev, 256ull << 20, 5);
   std::printf("[ timing ] copy bandwidth %.0f GB/s\n", copy / 1e9);
-  for (const auto& [rows, cols] : {std::pair<size_t, size_t>{154880, 4096}, {4096, 2048}}) {
+  auto time_us = [](const MatvecArgs& r, Kernel k, int reps) {
+    for (int i = 0; i < 3; ++i) launch(r, k);
+    cudaEvent_t e0, e1;
+    EXPECT_EQ(cudaEventCreate(&e0), cudaSuccess);
+    EXPECT_EQ(cudaEventCreate(&e1), cudaSuccess);
+    EXPECT_EQ(cudaEventRecord(e0), cudaSuccess);
+    for (int i = 0; i < reps; ++i) launch(r, k);
+    EXPECT_EQ(cudaEventRecord(e1), cudaSuccess);
+    EXPECT_EQ(cudaEventSynchronize(e1), cudaSuccess);
+    float ms = 0;
+    EXPECT_EQ(cudaEventElapsedTime(&ms, e0, e1), cudaSuccess);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return 1e3 * ms / reps;
+  };
+  for (const auto& [rows, cols] : {std::pair<size_t, size_t>{154880, 4096}, {8192, 4096}, {4096, 2048}}) {
     const size_t row_bytes = *model::ggml_bytes(type, cols), bytes = rows * row_bytes;
-    DeviceBuffer dw = to_device(random_blocks(rows, cols));
+    DeviceBuffer dw = to_device(random_q4k_blocks(rows, cols));
     std::mt19937 rng(3);
     const auto x = normal(2 * cols, rng);
     DeviceBuffer dx = to_device(x);
@@ -341,23 +359,8 @@ TEST_F(MatvecMmaTest, TimingLines) {
       ASSERT_EQ(diff_kernels(a, o), "") << rows << " x " << cols << ", " << tokens << " tokens";
       DeviceBuffer y(o.floats() * 4);
       const MatvecArgs r = rebased(a, o, y.as<float>());
-      double us[2];
-      for (Kernel k : {Kernel::mma, Kernel::dp2a}) {
-        for (int i = 0; i < 3; ++i) launch(r, k);
-        cudaEvent_t e0, e1;
-        ASSERT_EQ(cudaEventCreate(&e0), cudaSuccess);
-        ASSERT_EQ(cudaEventCreate(&e1), cudaSuccess);
-        const int reps = rows > 100000 ? 20 : 200;
-        ASSERT_EQ(cudaEventRecord(e0), cudaSuccess);
-        for (int i = 0; i < reps; ++i) launch(r, k);
-        ASSERT_EQ(cudaEventRecord(e1), cudaSuccess);
-        ASSERT_EQ(cudaEventSynchronize(e1), cudaSuccess);
-        float ms = 0;
-        ASSERT_EQ(cudaEventElapsedTime(&ms, e0, e1), cudaSuccess);
-        cudaEventDestroy(e0);
-        cudaEventDestroy(e1);
-        us[k == Kernel::mma ? 0 : 1] = 1e3 * ms / reps;
-      }
+      const int reps = rows > 100000 ? 20 : 200;
+      const double us[2] = {time_us(r, Kernel::mma, reps), time_us(r, Kernel::dp2a, reps)};
       const double gbs_mma = bytes / us[0] / 1e3, gbs_dp2a = bytes / us[1] / 1e3;
       const std::string name(model::ggml_type_traits(type).name);
       std::printf("[ timing ] %s %zu x %zu, %u tok: mma %.1f us %.0f GB/s %.0f%% of copy; dp2a %.1f us %.0f GB/s %.0f%%\n",

@@ -3,7 +3,8 @@
 // groups as the token cap allows); each route's output and the combined rows are the per-route
 // path's bits, with rows sharing some experts, all of them or none, more rows of one expert than a
 // group takes, and the experts read by offset or through tables that point into device memory (pool
-// hits) and mapped host memory (misses). Outputs are poisoned (NaN) before each run.
+// hits) and mapped host memory (misses). One row: the shared expert inside the routed experts'
+// launches gives the bits of its launches apart. Outputs are poisoned (NaN) before each run.
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "gpu/cuda_memory.hpp"
+#include "gpu/decode_fusion.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/moe_decode.hpp"
 #include "model/formats/quant.hpp"
@@ -260,6 +262,82 @@ TEST_P(MoeDecodeTest, SharedGivesThePerRouteBits) {
         }
       }
     }
+  }
+}
+
+// One row, the shared expert as further parts of the routed experts' gate/up and down launches: the
+// routes' outputs and the shared expert's are the bits of the launches apart (the shared expert as
+// LayerRunner::dense_ffn runs it: gate and up as one launch, then down over their SwiGLU), experts by
+// offset and through tables. Not fused for two rows or a shared down of another row format.
+TEST_P(MoeDecodeTest, OneRowTakesTheSharedExpertInItsLaunches) {
+  const GgmlType type = GetParam();
+  std::mt19937 rng(1500 + static_cast<int>(type));
+  const uint32_t E = 12, D = 512, I = 256, k = 3;
+  const Experts ex(type, E, D, I, rng), sx(type, 1, D, I, rng);
+  std::vector<bool> hit(E);
+  for (uint32_t e = 0; e < E; ++e) hit[e] = e % 3 != 1;
+  DeviceBuffer tables[3];
+  for (int p = 0; p < 3; ++p) tables[p] = to_device(ex.table(p, hit));
+  for (bool through_tables : {false, true}) {
+    const std::string at = std::string(model::ggml_type_traits(type).name) + (through_tables ? " through tables" : " by offset");
+    const std::vector<int32_t> ids = routes("some", 1, k, E, rng);
+    const auto x = normal(D, rng);
+    DeviceBuffer dids = to_device(ids), dx = to_device(x);
+    DecodeExperts a;
+    a.gate = ex.m[0].slice_rows(0, I);
+    a.up = ex.m[1].slice_rows(0, I);
+    a.down = ex.m[2].slice_rows(0, D);
+    if (through_tables) {
+      for (int p = 0; p < 3; ++p) a.tables[p] = reinterpret_cast<const uint8_t* const*>(tables[p].get());
+    }
+    a.ids = dids.as<int32_t>();
+    a.x = dx.as<float>();
+    a.rows = 1;
+    a.k = k;
+    a.swiglu_limit = 1.5f;
+    const size_t scratch = size_t{k + 1} * I;
+    DeviceBuffer eg = poisoned(scratch), eu = poisoned(scratch), eo = poisoned(size_t{k} * D), sh = poisoned(D);
+    a.eg = eg.as<float>(), a.eu = eu.as<float>(), a.eo = eo.as<float>();
+    ASSERT_FALSE(shared_expert_fused(a)) << at << ": no shared expert given";
+    decode_experts_per_route(a, nullptr);
+    float* const sg = a.eg + size_t{k} * I;
+    float* const su = a.eu + size_t{k} * I;
+    const MatvecProduct gate_up[] = {{&sx.m[0], sg}, {&sx.m[1], su}};
+    ASSERT_TRUE(matvec_products(gate_up, 2, a.x, D, 1, I, nullptr)) << at;
+    MatvecArgs d;
+    d.w = sx.m[2];
+    d.x_tok_stride = I;
+    d.y = sh.as<float>();
+    d.y_tok_stride = D;
+    matvec_swiglu(d, sg, su, I, 1, I, a.swiglu_limit, nullptr);
+    const auto want_eo = to_host<float>(eo, size_t{k} * D), want_sh = to_host<float>(sh, D);
+
+    DeviceBuffer f_eg = poisoned(scratch), f_eu = poisoned(scratch), f_eo = poisoned(size_t{k} * D), f_sh = poisoned(D);
+    DecodeExperts b = a;
+    b.eg = f_eg.as<float>(), b.eu = f_eu.as<float>(), b.eo = f_eo.as<float>();
+    b.shared_gate = sx.m[0], b.shared_up = sx.m[1], b.shared_down = sx.m[2];
+    b.sg = b.eg + size_t{k} * I, b.su = b.eu + size_t{k} * I, b.sh = f_sh.as<float>();
+    ASSERT_TRUE(shared_expert_fused(b)) << at;
+    decode_experts_per_route(b, nullptr);
+    const auto got_eo = to_host<float>(f_eo, size_t{k} * D), got_sh = to_host<float>(f_sh, D);
+    for (size_t i = 0; i < want_eo.size(); ++i) {
+      ASSERT_FALSE(std::isnan(want_eo[i])) << at << ": route " << i / D << " not written";
+      ASSERT_EQ(std::memcmp(&got_eo[i], &want_eo[i], 4), 0)
+          << at << ": route " << i / D << " column " << i % D << ": " << got_eo[i] << " vs " << want_eo[i];
+    }
+    for (size_t i = 0; i < want_sh.size(); ++i) {
+      ASSERT_FALSE(std::isnan(want_sh[i])) << at << ": shared expert row " << i << " not written";
+      ASSERT_EQ(std::memcmp(&got_sh[i], &want_sh[i], 4), 0)
+          << at << ": shared expert row " << i << ": " << got_sh[i] << " vs " << want_sh[i];
+    }
+
+    DecodeExperts two = b;
+    two.rows = 2;
+    EXPECT_FALSE(shared_expert_fused(two)) << at << ": two rows";
+    DecodeExperts other = b;
+    other.shared_down.type = GgmlType::F32;
+    other.shared_down.row_bytes = size_t{I} * 4;
+    EXPECT_FALSE(shared_expert_fused(other)) << at << ": a shared down of another row format";
   }
 }
 

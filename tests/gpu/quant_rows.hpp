@@ -35,6 +35,24 @@ inline std::vector<uint8_t> random_rows(model::GgmlType type, size_t rows, size_
   return out;
 }
 
+// Random Q4_K bytes with small finite f16 d and dmin, for matrices of the model's size (quantizing
+// tens of millions of values on the host takes seconds).
+inline std::vector<uint8_t> random_q4k_blocks(size_t rows, size_t cols) {
+  const size_t bytes = *model::ggml_bytes(model::GgmlType::Q4_K, rows * cols);
+  std::vector<uint8_t> data(bytes);
+  uint64_t s = 0x9e3779b97f4a7c15ull;
+  for (size_t i = 0; i + 8 <= bytes; i += 8) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    std::memcpy(&data[i], &s, 8);
+  }
+  for (size_t b = 0; b < bytes; b += 144) {
+    const uint16_t d = model::f32_to_fp16(0.01f + 0.001f * (b / 144 % 64));
+    std::memcpy(&data[b], &d, 2);
+    std::memcpy(&data[b + 2], &d, 2);
+  }
+  return data;
+}
+
 inline std::vector<float> dequant(model::GgmlType type, const std::vector<uint8_t>& data, size_t n) {
   std::vector<float> v(n);
   model::dequantize_row(type, data.data(), v.data(), n);
