@@ -27,7 +27,6 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <cstdlib>
 #include <string>
 
 #include "gpu/cuda_check.hpp"
@@ -158,50 +157,38 @@ class GridRow {
   // the radix passes over all blocks. list: the first block now holds the list (all keys of the value
   // buckets list_draw looks in) and draws with list_draw; elsewhere: another block does.
   __device__ Way shortcut(const SampleRow& row, uint32_t vocab, const rule::KeySpace& ks, const rule::WeightRule& wr,
-                          uint64_t bits, int hist) {
+                          uint64_t bits) {
     const ValueBuckets vb(wr);
     const uint64_t light = row.min_p > 0.0f ? rule::min_p_weight(row.min_p) : 0;
     by_mass_ = true;
     clear_local();
     ull past = 0;
-    if (hist == 0) {
+    // Bucket 0 (keys 32 T or more below the top: most of a row at a low temperature) is summed in
+    // registers, then once a warp: every warp's adds would meet there. The other buckets hold a few
+    // keys of a warp at most, on most rows, so each lane adds its own.
+    ull n0 = 0, lo0 = 0, hi0 = 0, top0 = 0, low0 = ~0ull;
 #pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        const ull k = key_[j];
-        add_grouped(k != 0 ? vb(ks.value(k)) : -1, w_[j], k, true);
-        if (k != 0 && w_[j] < light && k + 1 > past) past = k + 1;
+    for (int j = 0; j < kPer; ++j) {
+      const ull k = key_[j];
+      int b = k != 0 ? vb(ks.value(k)) : -1;
+      if (b == 0) {
+        ++n0;
+        lo0 += w_[j] & 0xffffffffull;
+        hi0 += w_[j] >> 32;
+        top0 = k > top0 ? k : top0;
+        low0 = k < low0 ? k : low0;
+        b = -1;
       }
-    } else {
-      // Bucket 0 (keys 32 T or more below the top: most of a row at a low temperature) is summed in
-      // registers, then once a warp: every warp's adds would meet there.
-      ull n0 = 0, lo0 = 0, hi0 = 0, top0 = 0, low0 = ~0ull;
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        const ull k = key_[j];
-        int b = k != 0 ? vb(ks.value(k)) : -1;
-        if (b == 0) {
-          ++n0;
-          lo0 += w_[j] & 0xffffffffull;
-          hi0 += w_[j] >> 32;
-          top0 = k > top0 ? k : top0;
-          low0 = k < low0 ? k : low0;
-          b = -1;
-        }
-        if (hist == 1) {
-          add_grouped(b, w_[j], k, true);
-        } else {
-          add_each(b, w_[j], k);
-        }
-        if (k != 0 && w_[j] < light && k + 1 > past) past = k + 1;
-      }
-      if (__any_sync(kAll, n0 != 0)) {
-        n0 = warp_sum_u64(n0);
-        lo0 = warp_sum_u64(lo0);
-        hi0 = warp_sum_u64(hi0);
-        top0 = warp_max_u64(top0);
-        low0 = warp_min_u64(low0);
-        if ((threadIdx.x & 31) == 0) add_local(0, static_cast<uint32_t>(n0), lo0, hi0, top0, low0, true);
-      }
+      add_each(b, w_[j], k);
+      if (k != 0 && w_[j] < light && k + 1 > past) past = k + 1;
+    }
+    if (__any_sync(kAll, n0 != 0)) {
+      n0 = warp_sum_u64(n0);
+      lo0 = warp_sum_u64(lo0);
+      hi0 = warp_sum_u64(hi0);
+      top0 = warp_max_u64(top0);
+      low0 = warp_min_u64(low0);
+      if ((threadIdx.x & 31) == 0) add_local(0, static_cast<uint32_t>(n0), lo0, hi0, top0, low0, true);
     }
     past = warp_max_u64(past);
     if ((threadIdx.x & 31) == 0 && past != 0) atomicMax(&g_.past, past);
@@ -773,8 +760,7 @@ class GridRow {
 };
 
 __global__ void __launch_bounds__(kThreads) sample_grid_kernel(const float* logits, uint32_t vocab, const SampleRow* rows,
-                                                               int32_t* out, RowScratch* scratch, uint32_t blocks,
-                                                               int hist) {
+                                                               int32_t* out, RowScratch* scratch, uint32_t blocks) {
   __shared__ Local sh;
   const uint32_t r = blockIdx.x / blocks, part = blockIdx.x % blocks;
   const SampleRow row = rows[r];
@@ -791,7 +777,7 @@ __global__ void __launch_bounds__(kThreads) sample_grid_kernel(const float* logi
     ex.weigh(wr, ks);
     ex.mark();
     const uint64_t bits = rule::draw_bits(row.seed, row.position);
-    const Way way = ex.shortcut(row, vocab, ks, wr, bits, hist);
+    const Way way = ex.shortcut(row, vocab, ks, wr, bits);
     if (way == Way::list) {
       token = ks.id(rule::list_draw(ex, vocab, row.top_k, row.top_p, row.min_p, bits));
     } else if (way == Way::buckets) {
@@ -846,15 +832,10 @@ void sample_rows(const float* logits, uint32_t vocab, const SampleRow* rows, uin
     return;
   }
   if (scratch == nullptr) throw CudaError("sample_rows: no scratch (sample_scratch_bytes(), zeroed)");
-  // The value histogram's way of adding in the block, chosen for the mid check's comparison.
-  static const int hist = [] {
-    const char* v = std::getenv("FERRY_SAMPLE_HIST");
-    return v != nullptr ? std::atoi(v) : 2;
-  }();
   for (uint32_t i = 0; i < n; i += per_launch) {
     const uint32_t cnt = std::min(per_launch, n - i);
     sample_grid_kernel<<<cnt * blocks, kThreads, 0, stream>>>(logits, vocab, rows + i, out + i,
-                                                              static_cast<RowScratch*>(scratch), blocks, hist);
+                                                              static_cast<RowScratch*>(scratch), blocks);
     FERRY_CUDA_LAUNCHED();
   }
 }
