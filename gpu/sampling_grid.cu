@@ -22,9 +22,8 @@
 // sampling_grid_state.cuh. Over 800 lines: one kernel's executor, its parts share its registers and
 // shared memory (out of line, as calls, they measured ~7 us slower a launch: gpu/PERF.md, h43).
 // The launch's first block marks its phases (GridRow::mark: after the load, the arg-max, the
-// weights, the value histogram and its barrier, the plan, the gather of a list, its read, each scan
-// and select of a list or walk, a select's radix passes, each key of a walk, the end), which
-// sample_phases reads for the timing tests.
+// weights, the value histogram and its barrier, the plan, the list, each scan and select of a list
+// or walk, each key of a walk, the end), which sample_phases reads for the timing tests.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -123,7 +122,7 @@ class GridRow {
       const int b = 255 - static_cast<int>(threadIdx.x);
       if (local_) {
         c = sh_.count[b];
-        m = block_weight(b);
+        m = static_cast<u128>(sh_.m0[b]) + (static_cast<u128>(sh_.m1[b]) << 32) + (static_cast<u128>(sh_.m2[b]) << 64);
         top = sh_.top[b];
       } else {
         const Pass& p = g_.pass[pass_];
@@ -252,7 +251,6 @@ class GridRow {
       return Way::all_blocks;
     }
     if (!first_) return Way::elsewhere;
-    mark();
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       const uint32_t i = static_cast<uint32_t>(j * kThreads) + threadIdx.x;
@@ -308,7 +306,6 @@ class GridRow {
         return s;
       }
     }
-    if (passes > 0) mark();
     __syncthreads();  // the previous users of group_k / group_w and sel_* are done
     if (threadIdx.x == 0) {
       sh_.rank_n = 0;
@@ -514,9 +511,7 @@ class GridRow {
   __device__ void clear_local() {
     __syncthreads();  // the previous choice has been read
     for (int b = threadIdx.x; b < 256; b += kThreads) {
-      sh_.count[b] = 0;
-#pragma unroll
-      for (int i = 0; i < kWeightParts; ++i) sh_.weight[i][b] = 0;
+      sh_.count[b] = sh_.m0[b] = sh_.m1[b] = sh_.m2[b] = 0;
       sh_.vmax[b] = sh_.vlow[b] = 0;
     }
     __syncthreads();
@@ -537,9 +532,8 @@ class GridRow {
         atomicMax(&g_.vlow[b], sh_.vlow[b]);
       }
       atomicAdd(&p.count[b], sh_.count[b]);
-      const u128 w = block_weight(b);  // below 2^75: kBlockKeys keys of at most 2^63
-      const ull lo = static_cast<ull>(w) & 0xffffffffull, hi = static_cast<ull>(w >> 32);
-      if (lo != 0) atomicAdd(&p.lo[b], lo);
+      if (sh_.m0[b] != 0) atomicAdd(&p.lo[b], ull{sh_.m0[b]});
+      const ull hi = sh_.m1[b] | (ull{sh_.m2[b]} << 32);
       if (hi != 0) atomicAdd(&p.hi[b], hi);
       *reinterpret_cast<volatile ull*>(&p.top[b]) = sh_.top[b];  // the one writer when the row's count is 1
     }
@@ -704,9 +698,8 @@ class GridRow {
     if (b >= 0) add_local(b, 1, w & 0xffffffffull, w >> 32, k, k, true);
   }
 
-  // Adds `count` keys of weight lo + hi * 2^32 (below 2^80: at most kBlockKeys keys of at most 2^63)
-  // and one of their keys to bucket b; when `ranged`, their largest and smallest value too (top, low:
-  // their largest and smallest key).
+  // Adds `count` keys of weight lo + hi * 2^32 (lo, hi < 2^63) and one of their keys to bucket b; when
+  // `ranged`, their largest and smallest value too (top, low: their largest and smallest key).
   __device__ void add_local(int b, uint32_t count, ull lo, ull hi, ull top, ull low, bool ranged) {
     atomicAdd(&sh_.count[b], count);
     sh_.top[b] = top;
@@ -714,20 +707,16 @@ class GridRow {
       atomicMax(&sh_.vmax[b], static_cast<uint32_t>(top >> (bits_ - 32)));
       atomicMax(&sh_.vlow[b], ~static_cast<uint32_t>(low >> (bits_ - 32)));
     }
-    const u128 w = static_cast<u128>(lo) + (static_cast<u128>(hi) << 32);
-#pragma unroll
-    for (int i = 0; i < kWeightParts; ++i) {
-      const auto part = static_cast<uint32_t>(w >> (kPartBits * i)) & ((1u << kPartBits) - 1);
-      if (part != 0) atomicAdd(&sh_.weight[i][b], part);
+    if ((lo | hi) == 0) return;
+    const auto v0 = static_cast<uint32_t>(lo);
+    const ull rest = (lo >> 32) + hi;
+    const auto v1 = static_cast<uint32_t>(rest);
+    uint32_t v2 = static_cast<uint32_t>(rest >> 32);
+    if (v0 != 0 && atomicAdd(&sh_.m0[b], v0) > ~v0) {  // the low word wrapped: carry 1 into m1
+      if (atomicAdd(&sh_.m1[b], 1u) == ~0u) ++v2;
     }
-  }
-
-  // The block's weight of bucket b.
-  __device__ u128 block_weight(int b) const {
-    u128 w = 0;
-#pragma unroll
-    for (int i = 0; i < kWeightParts; ++i) w += static_cast<u128>(sh_.weight[i][b]) << (kPartBits * i);
-    return w;
+    if (v1 != 0 && atomicAdd(&sh_.m1[b], v1) > ~v1) ++v2;
+    if (v2 != 0) atomicAdd(&sh_.m2[b], v2);
   }
 
   // Block 0 clears the next pass's sums before arriving: nobody adds into them until all have arrived.

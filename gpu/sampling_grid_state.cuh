@@ -63,18 +63,12 @@ struct Above {
   ull top[256];
 };
 
-// A block's histogram. Shared-memory atomics on 64 bits are compare-and-swap loops, and 32-bit words
-// added with carries wait for each add's old value, so a bucket's weight is kept in words that never
-// carry: an add's weight (below 2^80) goes in kPartBits-bit parts, part i added to word i without
-// reading it back; at most kBlockKeys adds a bucket keep every word below 2^32. The bucket's key is
-// stored, not maxed: it is read only when the bucket holds one key.
-constexpr int kWeightParts = 4;
-constexpr int kPartBits = 20;
-static_assert(uint64_t{kBlockKeys} << kPartBits <= uint64_t{1} << 32, "a block's adds cannot wrap a word");
-static_assert(kWeightParts * kPartBits >= 80, "the parts hold an add's weight");
+// A block's histogram. Shared-memory atomics on 64 bits are compare-and-swap loops, slow when many
+// warps hit one bucket, so a bucket's weight is a 96-bit number in three 32-bit words (m0 low) added
+// with carries, and its key is stored, not maxed: it is read only when the bucket holds one key.
 struct Local {
   uint32_t count[256];
-  uint32_t weight[kWeightParts][256];  // bucket b's weight: the sum of weight[i][b] * 2^(kPartBits i)
+  uint32_t m0[256], m1[256], m2[256];
   ull top[256];
   uint32_t vmax[256], vlow[256];  // the value histogram's value range per bucket, as in RowScratch
   ull group_w[kThreads], group_k[kThreads];  // a warp's weights and keys, for the lowest lane of a bucket
