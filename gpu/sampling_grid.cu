@@ -70,7 +70,6 @@ class GridRow {
     if (threadIdx.x == 0) {  // read after max_key's barrier
       sh_.row = row;
       sh_.vocab = vocab;
-      sh_.floor = -1;
     }
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
@@ -112,85 +111,32 @@ class GridRow {
     publish(next_pass(), false);
   }
 
-  // Warp 0 scans the summed buckets from the highest, 8 per lane; the lane holding the goal writes it.
+  // The value histogram's choices (the plan, the walks, a list's scans) read its sums cached after its
+  // barrier; a radix pass's sums its histogram first: this block's (a list's) or the row's in L2.
   __device__ rule::Choice choose(const rule::Goal& goal) {
-    const bool local = local_ && !scan_value_;
-    const Pass& p = g_.pass[scan_value_ ? 1 : pass_];
-    if (threadIdx.x < 32) {
-      const int lane = static_cast<int>(threadIdx.x);
-      u128 mine = 0;
-      ull mine_count = 0;
-      // The lane's buckets are kept in shared memory for the one lane that looks again (registers
-      // here would be live across the whole kernel's allocation).
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int b = 255 - 8 * lane - j;
-        uint32_t c;
-        u128 m;
-        if (local) {
-          c = sh_.count[b];
-          m = by_mass_ ? static_cast<u128>(sh_.m0[b]) + (static_cast<u128>(sh_.m1[b]) << 32) +
-                             (static_cast<u128>(sh_.m2[b]) << 64)
-                       : u128{c};
-        } else {
-          c = load_l2(p.count[b]);
-          m = by_mass_ ? static_cast<u128>(load_l2(p.lo[b])) + (static_cast<u128>(load_l2(p.hi[b])) << 32) : u128{c};
-        }
-        if (b < sh_.floor) {
-          c = 0;
-          m = 0;
-        } else if (b == sh_.floor) {
-          m = (static_cast<u128>(sh_.floor_hi) << 64) | sh_.floor_lo;
-        }
-        sh_.pick_count[b] = c;
-        sh_.pick_lo[b] = static_cast<ull>(m);
-        sh_.pick_hi[b] = static_cast<ull>(m >> 64);
-        mine += m;
-        mine_count += c;
-      }
-      u128 incl = mine;
-      ull incl_count = mine_count;
-      for (int o = 1; o < 32; o <<= 1) {
-        const u128 up = shfl_up128(incl, o);
-        const ull cu = __shfl_up_sync(kAll, incl_count, o);
-        if (lane >= o) {
-          incl += up;
-          incl_count += cu;
-        }
-      }
-      const u128 want = goal.of(shfl128(incl, 31));
-      u128 before = incl - mine;
-      ull count_before = incl_count - mine_count;
-      if (before < want && want <= incl) {
-        for (int j = 0; j < 8; ++j) {
-          const int b = 255 - 8 * lane - j;
-          const u128 m = (static_cast<u128>(sh_.pick_hi[b]) << 64) | sh_.pick_lo[b];
-          if (want <= before + m) {
-            const u128 need = want - before;
-            sh_.bucket = static_cast<uint32_t>(b);
-            sh_.bucket_count = sh_.pick_count[b];
-            sh_.count_before = count_before;
-            sh_.need_lo = static_cast<ull>(need);
-            sh_.need_hi = static_cast<ull>(need >> 64);
-            sh_.only = local ? sh_.top[b] : load_l2(p.top[b]);
-            break;
-          }
-          before += m;
-          count_before += sh_.pick_count[b];
-        }
+    if (!local_ && pass_ == 1) return pick(sh_.value_sums, goal, by_mass_, -1, 0);
+    uint32_t c = 0;
+    u128 m = 0;
+    ull top = 0;
+    if (threadIdx.x < 256) {
+      const int b = 255 - static_cast<int>(threadIdx.x);
+      if (local_) {
+        c = sh_.count[b];
+        m = static_cast<u128>(sh_.m0[b]) + (static_cast<u128>(sh_.m1[b]) << 32) + (static_cast<u128>(sh_.m2[b]) << 64);
+        top = sh_.top[b];
+      } else {
+        const Pass& p = g_.pass[pass_];
+        c = load_l2(p.count[b]);
+        m = static_cast<u128>(load_l2(p.lo[b])) + (static_cast<u128>(load_l2(p.hi[b])) << 32);
+        top = load_l2(p.top[b]);
       }
     }
-    __syncthreads();
-    rule::Choice ch;
-    ch.bucket = sh_.bucket;
-    ch.count = sh_.bucket_count;
-    ch.count_before = sh_.count_before;
-    ch.need = (static_cast<u128>(sh_.need_hi) << 64) | sh_.need_lo;
-    return ch;
+    sum_above(sh_.pass_sums, c, m, top);
+    return pick(sh_.pass_sums, goal, by_mass_, -1, 0);
   }
 
   // Called right after a choice of a bucket holding one key: the histogram kept it.
-  __device__ uint64_t only_key(uint64_t, uint64_t, uint32_t) const { return sh_.only; }
+  __device__ uint64_t only_key(uint64_t, uint64_t, uint32_t) const { return only_; }
 
   // min-p's pass over all blocks (list_draw takes the whole row's answer from the value histogram).
   __device__ uint64_t first_past_lighter(uint64_t lb, uint64_t threshold) {
@@ -217,11 +163,32 @@ class GridRow {
     by_mass_ = true;
     clear_local();
     ull past = 0;
+    // Bucket 0 (keys 32 T or more below the top: most of a row at a low temperature) is summed in
+    // registers, then once a warp: every warp's adds would meet there. The other buckets hold a few
+    // keys of a warp at most, on most rows, so each lane adds its own.
+    ull n0 = 0, lo0 = 0, hi0 = 0, top0 = 0, low0 = ~0ull;
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       const ull k = key_[j];
-      add_grouped(k != 0 ? vb(ks.value(k)) : -1, w_[j], k, true);
+      int b = k != 0 ? vb(ks.value(k)) : -1;
+      if (b == 0) {
+        ++n0;
+        lo0 += w_[j] & 0xffffffffull;
+        hi0 += w_[j] >> 32;
+        top0 = k > top0 ? k : top0;
+        low0 = k < low0 ? k : low0;
+        b = -1;
+      }
+      add_each(b, w_[j], k);
       if (k != 0 && w_[j] < light && k + 1 > past) past = k + 1;
+    }
+    if (__any_sync(kAll, n0 != 0)) {
+      n0 = warp_sum_u64(n0);
+      lo0 = warp_sum_u64(lo0);
+      hi0 = warp_sum_u64(hi0);
+      top0 = warp_max_u64(top0);
+      low0 = warp_min_u64(low0);
+      if ((threadIdx.x & 31) == 0) add_local(0, static_cast<uint32_t>(n0), lo0, hi0, top0, low0, true);
     }
     past = warp_max_u64(past);
     if ((threadIdx.x & 31) == 0 && past != 0) atomicMax(&g_.past, past);
@@ -232,6 +199,7 @@ class GridRow {
     }
     mark();
     publish(next_pass(), true);
+    cache_values();
     mark();
     if (light != 0) past_ = load_l2(g_.past);
 
@@ -252,35 +220,29 @@ class GridRow {
     } else {
       cut = static_cast<int>(choose(rule::Goal{rule::Goal::draw, bits, 0}).bucket);
     }
-    const int from[kTallies] = {cut, kSpecBucket, cut + 1, 256};  // 256: none
-    Tally t[kTallies];
-    tally(g_.pass[pass_], from, t);
+    const Tally from_cut = above(cut);
     mark();
     ull listed = 0;  // keys in the list
-    if (cut >= kSpecBucket && t[1].count <= kBlockKeys) {
-      listed = t[1].count;
+    if (cut >= kSpecBucket && above(kSpecBucket).count <= kBlockKeys) {
+      listed = above(kSpecBucket).count;
     } else if (walk(row, vocab, bits, cut)) {
       return first_ ? Way::buckets : Way::elsewhere;
-    } else if (t[0].count <= kBlockKeys) {
+    } else if (from_cut.count <= kBlockKeys) {
       gather(vb, ks, Band{cut, cut, 255}, g_.listed);
       next_pass();
       barrier();
-      listed = t[0].count;
+      listed = from_cut.count;
     } else if (!top_k && row.top_p < 1.0f && light == 0) {
       // A nucleus of more keys than a block holds: top-p's key is in bucket `cut`, and the draw's in
       // the buckets its goal can reach for any total between (keys above cut) + need and (keys of cut
       // and above). Those buckets are listed when they fit.
-      const u128 above = t[2].mass, cut_mass = t[0].mass - t[2].mass;
-      const u128 least = rule::scale_by_draw(bits, above + nucleus.need) + 1;
-      const u128 most = rule::scale_by_draw(bits, above + cut_mass) + 1;
+      const u128 over = above(cut + 1).mass, cut_mass = from_cut.mass - over;
+      const u128 least = rule::scale_by_draw(bits, over + nucleus.need) + 1;
+      const u128 most = rule::scale_by_draw(bits, over + cut_mass) + 1;
       const int hi = static_cast<int>(choose(rule::Goal::exactly(least)).bucket);
-      __syncthreads();  // every thread has read that choice
       const int lo = static_cast<int>(choose(rule::Goal::exactly(most)).bucket);
-      const int range[kTallies] = {lo, hi + 1, lo > cut ? cut : 256, lo > cut ? cut + 1 : 256};
-      Tally r[kTallies];
-      tally(g_.pass[pass_], range, r);
       // The keys of lo..hi, and of cut when it is below lo.
-      listed = r[0].count - r[1].count + r[2].count - r[3].count;
+      listed = above(lo).count - above(hi + 1).count + (lo > cut ? from_cut.count - above(cut + 1).count : 0);
       if (listed > kBlockKeys) return Way::all_blocks;
       gather(vb, ks, Band{cut, lo, hi}, g_.listed);
       next_pass();
@@ -308,10 +270,7 @@ class GridRow {
   // for the radix passes together when it does not hold.
   __device__ bool walk(const SampleRow& row, uint32_t vocab, uint64_t bits, int cut) {
     if (blocks_ > kCountedBlocks || !one_value(cut)) return false;
-    const bool by_mass = by_mass_;
     const rule::BucketDraw d = rule::bucket_draw(*this, vocab, row.top_k, row.top_p, row.min_p, bits, first_);
-    __syncthreads();
-    by_mass_ = by_mass;
     walked_ = d.key;
     return d.ok;
   }
@@ -321,15 +280,15 @@ class GridRow {
   // passes of select_key on this block, but from the first bit where b's values differ (the value
   // histogram's range of b) and only while the keys left hold more than kRankKeys: those are
   // gathered in shared memory and each key's count and weight over those at or above it counted by
-  // one thread. Any digits give the same key: it is the one where the goal is reached.
+  // kRankLanes threads. Any digits give the same key: it is the one where the goal is reached.
   __device__ rule::Within select_in(int b, uint64_t lb, u128 need, bool by_mass) {
     mark();
     view(ValueBuckets(weight_rule()), rule::KeySpace(sh_.vocab), b);
-    const uint32_t vhi = load_l2(g_.vmax[b]), vlo = ~load_l2(g_.vlow[b]);
+    const uint32_t vhi = sh_.value_max[b], vlo = ~sh_.value_low[b];
     const auto common = static_cast<uint32_t>(__clz(static_cast<int>(vhi ^ vlo)));
     uint32_t left = bits_ - common;  // keys of b agree above bit `left`
     uint64_t prefix = common == 0 ? 0 : vhi >> (32 - common);
-    uint64_t count = load_l2(g_.pass[1].count[b]);  // at least the keys left
+    uint64_t count = this->count(b);  // at least the keys left
     int passes = 0;
     while (count > kRankKeys) {
       const uint32_t shift = left > 8 ? left - 8 : 0;
@@ -342,7 +301,7 @@ class GridRow {
       ++passes;
       if (count == 1) {
         rule::Within s;
-        s.key = left > 0 ? sh_.only : prefix;
+        s.key = left > 0 ? only_ : prefix;
         s.at = measure_view(s.key);
         return s;
       }
@@ -366,16 +325,25 @@ class GridRow {
     __syncthreads();
     const unsigned m = sh_.rank_n;
     if (m > kRankKeys) __trap();  // the histograms counted at most kRankKeys keys left
-    if (threadIdx.x < m) {
-      const ull k = sh_.group_k[threadIdx.x], wk = sh_.group_w[threadIdx.x];
-      ull n = 0;
-      u128 c = 0;
-      for (unsigned i = 0; i < m; ++i) {
+    // Key q's count and weight over the keys at or above it: its four threads take a quarter each.
+    const unsigned q = threadIdx.x / kRankLanes, part = threadIdx.x % kRankLanes;
+    ull n = 0;
+    u128 c = 0;
+    if (q < m) {
+      const ull k = sh_.group_k[q];
+      for (unsigned i = part; i < m; i += kRankLanes) {
         if (sh_.group_k[i] >= k) {
           ++n;
           c += sh_.group_w[i];
         }
       }
+    }
+    for (unsigned o = 1; o < kRankLanes; o <<= 1) {
+      n += __shfl_xor_sync(kAll, n, o);
+      c += shfl_xor128(c, static_cast<int>(o));
+    }
+    if (q < m && part == 0) {
+      const ull k = sh_.group_k[q], wk = sh_.group_w[q];
       // Keys are distinct, so one of them is where the goal is reached.
       if (by_mass ? (c - wk < need && need <= c) : u128{n} == need) {
         sh_.sel_key = k;
@@ -406,29 +374,12 @@ class GridRow {
   // The walk's executor, over the value histogram (pass 1) summed over the row's blocks.
   __device__ rule::Choice scan(const rule::Goal& goal, bool by_mass, int low, u128 low_measure) {
     mark();
-    __syncthreads();  // the previous choice has been read: scans follow one another
-    by_mass_ = by_mass;
-    if (threadIdx.x == 0) {
-      sh_.floor = low;
-      sh_.floor_lo = static_cast<ull>(low_measure);
-      sh_.floor_hi = static_cast<ull>(low_measure >> 64);
-    }
-    __syncthreads();
-    scan_value_ = true;
-    const rule::Choice c = choose(goal);
-    scan_value_ = false;
-    // Seen by the next choose: the walk ends with a barrier, select_in's passes begin with one.
-    if (threadIdx.x == 0) sh_.floor = -1;
-    return c;
+    return pick(sh_.value_sums, goal, by_mass, low, low_measure);
   }
-  __device__ uint64_t count(int b) const { return load_l2(g_.pass[1].count[b]); }
-  __device__ u128 mass(int b) const {
-    return static_cast<u128>(load_l2(g_.pass[1].lo[b])) + (static_cast<u128>(load_l2(g_.pass[1].hi[b])) << 32);
-  }
-  __device__ bool one_value(int b) const {
-    return load_l2(g_.pass[1].count[b]) != 0 && load_l2(g_.vmax[b]) == ~load_l2(g_.vlow[b]);
-  }
-  __device__ uint64_t weight(int b) const { return weight_rule()(rule::order_value(load_l2(g_.vmax[b]))); }
+  __device__ uint64_t count(int b) const { return above(b).count - above(b + 1).count; }
+  __device__ u128 mass(int b) const { return above(b).mass - above(b + 1).mass; }
+  __device__ bool one_value(int b) const { return count(b) != 0 && sh_.value_max[b] == ~sh_.value_low[b]; }
+  __device__ uint64_t weight(int b) const { return weight_rule()(rule::order_value(sh_.value_max[b])); }
   __device__ uint64_t past() const { return past_; }
   __device__ int bucket_of(uint64_t key) const {
     return ValueBuckets(weight_rule())(rule::order_value(static_cast<uint32_t>(key >> (bits_ - 32))));
@@ -456,7 +407,7 @@ class GridRow {
       }
     }
     __syncthreads();
-    const uint32_t vbits = load_l2(g_.vmax[b]);
+    const uint32_t vbits = sh_.value_max[b];
     const uint64_t rank = sh_.nth_rank;
     const uint32_t first_id = sh_.nth_block * kBlockKeys + threadIdx.x * kPer;
     const float* row = sh_.row;
@@ -615,44 +566,90 @@ class GridRow {
     }
   }
 
-  // The count and weight of the keys in value buckets from[i] and above (none for 256), on every thread.
-  __device__ void tally(const Pass& p, const int (&from)[kTallies], Tally (&t)[kTallies]) {
-    if (threadIdx.x < 32) {
-      const int lane = static_cast<int>(threadIdx.x);
-      ull c[kTallies] = {};
-      u128 m[kTallies] = {};
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int b = 8 * lane + j;
-        const ull cb = load_l2(p.count[b]);
-        const u128 mb = static_cast<u128>(load_l2(p.lo[b])) + (static_cast<u128>(load_l2(p.hi[b])) << 32);
-#pragma unroll
-        for (int i = 0; i < kTallies; ++i) {
-          if (b >= from[i]) {
-            c[i] += cb;
-            m[i] += mb;
-          }
+  // Sums the buckets of a histogram from each one up into `a`: thread t < 256 brings bucket 255 - t's
+  // count, weight and key, its warp sums them in that order, then each adds the warps before its own.
+  __device__ void sum_above(Above& a, ull c, u128 m, ull top) {
+    const unsigned t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    if (t < 256) {
+      for (int o = 1; o < 32; o <<= 1) {
+        const ull cu = __shfl_up_sync(kAll, c, o);
+        const u128 mu = shfl_up128(m, o);
+        if (static_cast<int>(lane) >= o) {
+          c += cu;
+          m += mu;
         }
       }
-#pragma unroll
-      for (int i = 0; i < kTallies; ++i) {
-        for (int o = 16; o > 0; o >>= 1) {
-          c[i] += __shfl_xor_sync(kAll, c[i], o);
-          m[i] += shfl_xor128(m[i], o);
-        }
-        if (lane == 0) {
-          sh_.tally_count[i] = c[i];
-          sh_.tally_lo[i] = static_cast<ull>(m[i]);
-          sh_.tally_hi[i] = static_cast<ull>(m[i] >> 64);
-        }
+      if (lane == 31) {
+        sh_.sum_count[warp] = c;
+        sh_.sum_lo[warp] = static_cast<ull>(m);
+        sh_.sum_hi[warp] = static_cast<ull>(m >> 64);
       }
     }
     __syncthreads();
-#pragma unroll
-    for (int i = 0; i < kTallies; ++i) {
-      t[i].count = sh_.tally_count[i];
-      t[i].mass = (static_cast<u128>(sh_.tally_hi[i]) << 64) | sh_.tally_lo[i];
+    if (t < 256) {
+      for (unsigned w = 0; w < warp; ++w) {
+        c += sh_.sum_count[w];
+        m += (static_cast<u128>(sh_.sum_hi[w]) << 64) | sh_.sum_lo[w];
+      }
+      const unsigned b = 255 - t;
+      a.count[b] = c;
+      a.mass_lo[b] = static_cast<ull>(m);
+      a.mass_hi[b] = static_cast<ull>(m >> 64);
+      a.top[b] = top;
+      if (t == 0) a.count[256] = a.mass_lo[256] = a.mass_hi[256] = 0;
     }
+    __syncthreads();
+  }
+
+  // The bucket of `a` where the goal is reached, scanning from the highest, counting keys or adding
+  // weights: the buckets above `floor` with their own measure, `floor` with floor_measure, none below
+  // (floor -1: every bucket with its own). The measure from a bucket up never falls as the bucket
+  // does, so the bucket is the highest whose measure from it up reaches the goal: every thread finds
+  // it by bisection, with no barrier and no shared write. Sets only_ (a key of it).
+  __device__ rule::Choice pick(const Above& a, const rule::Goal& goal, bool by_mass, int floor, u128 floor_measure) {
+    const auto measure = [&](int b) {
+      return by_mass ? (static_cast<u128>(a.mass_hi[b]) << 64) | a.mass_lo[b] : u128{a.count[b]};
+    };
+    const u128 want = goal.of(floor >= 0 ? measure(floor + 1) + floor_measure : measure(0));
+    int b = floor > 0 ? floor : 0, top = 255;  // the measure from b up reaches want: it is the total
+    while (b < top) {
+      const int mid = (b + top + 1) >> 1;
+      if (measure(mid) >= want) {
+        b = mid;
+      } else {
+        top = mid - 1;
+      }
+    }
+    only_ = a.top[b];
+    rule::Choice ch;
+    ch.bucket = static_cast<uint32_t>(b);
+    ch.count = static_cast<uint32_t>(a.count[b] - a.count[b + 1]);
+    ch.count_before = a.count[b + 1];
+    ch.need = want - measure(b + 1);
+    return ch;
+  }
+
+  // The value histogram summed over the row's blocks, into shared memory (every thread, after its
+  // barrier): nothing adds to it after that barrier.
+  __device__ void cache_values() {
+    ull c = 0, top = 0;
+    u128 m = 0;
+    if (threadIdx.x < 256) {
+      const Pass& p = g_.pass[1];
+      const int b = 255 - static_cast<int>(threadIdx.x);
+      c = load_l2(p.count[b]);
+      m = static_cast<u128>(load_l2(p.lo[b])) + (static_cast<u128>(load_l2(p.hi[b])) << 32);
+      top = load_l2(p.top[b]);
+      sh_.value_max[b] = load_l2(g_.vmax[b]);
+      sh_.value_low[b] = load_l2(g_.vlow[b]);
+    }
+    sum_above(sh_.value_sums, c, m, top);
+  }
+
+  // The count and weight of the keys in value buckets b and above (none for 256).
+  __device__ Tally above(int b) const {
+    const Above& a = sh_.value_sums;
+    return Tally{a.count[b], (static_cast<u128>(a.mass_hi[b]) << 64) | a.mass_lo[b]};
   }
 
   // Adds key k (bucket b, -1 for none) of every lane. Lanes of one bucket are summed in the warp
@@ -688,7 +685,20 @@ class GridRow {
     __syncwarp();
   }
 
-  // Adds `count` keys of weight lo + hi * 2^32 (lo, hi < 2^37) and one of their keys to bucket b; when
+  // Adds key k (value bucket b, -1 for none) of every lane, each lane by its own atomics (lanes of one
+  // bucket meet in them), a bucket of the whole warp by shuffles.
+  __device__ void add_each(int b, ull w, ull k) {
+    if (__all_sync(kAll, b == __shfl_sync(kAll, b, 0))) {
+      if (b < 0) return;
+      const ull lo = warp_sum_u64(w & 0xffffffffull), hi = warp_sum_u64(w >> 32);
+      const ull top = warp_max_u64(k), low = warp_min_u64(k);
+      if ((threadIdx.x & 31) == 0) add_local(b, 32, lo, hi, top, low, true);
+      return;
+    }
+    if (b >= 0) add_local(b, 1, w & 0xffffffffull, w >> 32, k, k, true);
+  }
+
+  // Adds `count` keys of weight lo + hi * 2^32 (lo, hi < 2^63) and one of their keys to bucket b; when
   // `ranged`, their largest and smallest value too (top, low: their largest and smallest key).
   __device__ void add_local(int b, uint32_t count, ull lo, ull hi, ull top, ull low, bool ranged) {
     atomicAdd(&sh_.count[b], count);
@@ -739,10 +749,10 @@ class GridRow {
   bool first_;
   uint32_t bits_;
   ull walked_ = 0;  // the bucket walk's key
+  ull only_ = 0;    // a key of the last choice's bucket: the key when it holds one
   int pass_ = 0;
   bool by_mass_ = false;
   bool local_ = false;  // drawing from the list in registers: no global sums, no barriers
-  bool scan_value_ = false;  // choose scans the value histogram (pass 1), also on a list
   ull past_ = 0;        // min-p's first_past_lighter over the whole row
   unsigned view_ = 0xffu;  // bit j: key_[j] takes part (select_in looks at one value bucket at a time)
   ull key_[kPer];

@@ -23,12 +23,13 @@ constexpr unsigned kMarks = 24;  // phase marks kept (GridRow::mark)
 // Keys gathered during the value histogram already: buckets from here up, (value - top) / T > -16.125.
 constexpr int kSpecBucket = 255 - 128;
 constexpr unsigned kAll = 0xffffffffu;
-constexpr int kTallies = 4;  // value-bucket sums a plan takes at once
 constexpr uint32_t kCountedBlocks = 64;  // blocks of a row whose value-bucket counts are kept (the walk)
 // A list's value bucket of up to this many keys is ordered by counting (each key against all), more by
 // the radix passes: the counting is one pass of m steps a key, the passes ~4 block barriers each.
 constexpr uint32_t kRankKeys = 128;
-static_assert(kRankKeys <= kThreads, "a counted bucket takes one thread a key");
+constexpr unsigned kRankLanes = 4;  // threads that count one key's measure, each over a share of the keys
+static_assert(kRankKeys * kRankLanes <= kThreads, "a counted bucket takes kRankLanes threads a key");
+static_assert(32 % kRankLanes == 0, "a key's threads are lanes of one warp");
 
 // One pass's histogram summed over a row's blocks: a block's weight W of a bucket adds W mod 2^32 to lo
 // and W >> 32 to hi (the bucket's weight is lo + hi * 2^32); neither sum can wrap for 2^31 keys.
@@ -54,6 +55,14 @@ struct RowScratch {
   unsigned marks;
 };
 
+// A histogram's sums from each bucket up (index 256: none): the count and the weight (mass_lo, mass_hi:
+// its low and high 64 bits) of the buckets >= b, and a key of each bucket. A choice on it is a
+// bisection, a tally one read.
+struct Above {
+  ull count[257], mass_lo[257], mass_hi[257];
+  ull top[256];
+};
+
 // A block's histogram. Shared-memory atomics on 64 bits are compare-and-swap loops, slow when many
 // warps hit one bucket, so a bucket's weight is a 96-bit number in three 32-bit words (m0 low) added
 // with carries, and its key is stored, not maxed: it is read only when the bucket holds one key.
@@ -63,23 +72,21 @@ struct Local {
   ull top[256];
   uint32_t vmax[256], vlow[256];  // the value histogram's value range per bucket, as in RowScratch
   ull group_w[kThreads], group_k[kThreads];  // a warp's weights and keys, for the lowest lane of a bucket
-  uint32_t bucket, bucket_count;
-  ull count_before, need_lo, need_hi, only;
   uint32_t nth_block, warp_total[kThreads / 32];  // nth_key
   ull nth_rank, nth_key;
-  uint32_t pick_count[256];  // choose: the measures of warp 0's buckets
-  ull pick_lo[256], pick_hi[256];
+  // The value histogram summed over the row's blocks, read from L2 once after its barrier (every scan
+  // and tally of it reads these), and a radix pass's histogram summed the same way for its choice.
+  Above value_sums, pass_sums;
+  uint32_t value_max[256], value_low[256];
+  ull sum_count[256 / 32], sum_lo[256 / 32], sum_hi[256 / 32];  // sum_above: each warp's sums
   uint32_t rank_n;  // select_in: the bucket's keys gathered, and the key found with its measure
   ull sel_key, sel_n, sel_lo, sel_hi;
-  // Read by the bucket walk only, so kept here rather than in registers: the row's logits, a drawn
-  // row's weight rule, and choose's floor (buckets below it count nothing, it counts floor_measure).
+  // Read by the bucket walk only, so kept here rather than in registers: the row's logits and a
+  // drawn row's weight rule.
   const float* row;
   uint32_t vocab;
   float wr_top;
   double wr_inv_t;
-  int floor;
-  ull floor_lo, floor_hi;
-  ull tally_count[kTallies], tally_lo[kTallies], tally_hi[kTallies];
   unsigned marks;  // phase marks made (GridRow::mark)
 };
 

@@ -202,8 +202,9 @@ TEST(DeviceSampler, ManySeedsOnTheGlmVocabularyMatchTheCpu) {
 // Rows that take each way of the many-block sampler on the GLM vocabulary: few keys near the top (the
 // list gathered during the value histogram), a cut deeper than that list but over few keys (the list
 // gathered after it), a nucleus of most of the vocabulary (flat, wide: every block to the end), ties
-// across value buckets, a tie at the top, and 128 / 129 distinct keys within T / 8 of the top (one
-// value bucket of a list: its keys ordered by counting, one more by radix passes).
+// across value buckets, a tie at the top, 128 / 129 distinct keys within T / 8 of the top (one
+// value bucket of a list: its keys ordered by counting, one more by radix passes), and top-k goals met
+// exactly at the end of a group of buckets.
 std::vector<std::pair<std::string, std::vector<float>>> path_rows(uint32_t vocab) {
   std::mt19937 rng(29);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -228,6 +229,13 @@ std::vector<std::pair<std::string, std::vector<float>>> path_rows(uint32_t vocab
       return i % 1201 == 3 && i / 1201 < n ? 5.0f - 1e-4f * static_cast<float>(i / 1201) : normal(rng) - 30.0f;
     });
   }
+  // Distinct values in two groups with empty value buckets between: 40 ids near 5, 2,960 near 3, so
+  // that top-k 40 and 3000 reach their goal exactly at a group's last bucket.
+  add("groups of 40 and 2960", [&](uint32_t i) {
+    if (i % 50 == 1 && i / 50 < 40) return 5.0f - 1e-4f * static_cast<float>(i / 50);
+    if (i % 50 == 2 && i / 50 < 2960) return 3.0f - 1e-4f * static_cast<float>(i / 50);
+    return normal(rng) - 30.0f;
+  });
   return rows;
 }
 
