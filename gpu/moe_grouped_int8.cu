@@ -15,7 +15,11 @@
 // 32-column sub-block (one k32 step) 2 x 4 tiles of m16n8k32, each twice (the high and the low
 // bytes). The nibbles of a sub-block are one half of 32 consecutive bytes, so each register of A is
 // four bytes of the row masked (low or high nibbles; Q5_K ORs in bit j of the fifth-bit bytes of
-// the same columns): no decode pass and no permutation. Both int32 sums are turned into f32 without
+// the same columns): no decode pass and no permutation. Fragments are read by ldmatrix (one
+// instruction for a 16-row A tile, or for an 8-token tile's high and low B bytes), and a warp's
+// products of a k-tile are one branch-free stretch of code for its count of 8-token tiles that hold
+// tokens, so that the scheduler overlaps loads, MMAs and the f32 terms across tiles and steps. Both
+// int32 sums are turned into f32 without
 // a conversion instruction (a quarter-rate one on these devices): the MMAs accumulate onto the bits
 // of 1.5 * 2^31 and 1.5 * 2^23, so the words read as floats are those constants plus 256 * high and
 // low sum, exactly, and two adds give their sum.
@@ -24,6 +28,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "gpu/cuda_check.hpp"
@@ -71,7 +76,8 @@ template <int T>
 struct Stage {
   uint32_t w[BR * KQuant<T>::kWWords];
   uint32_t x[BN * kXWords];
-  float2 wf[kSteps][BR];  // per sub-block and weight row: d * scale, dmin * min
+  float2 wf[kSteps][BR];  // per sub-block and weight row: d * scale, dmin * min (MinMma: the min)
+  float dmin[BR];         // MinMma: per weight row, its block's dmin
   float2 xf[kSteps][BN];  // per block and token: the int16 step, the f32 sum
 };
 static_assert(sizeof(Stage<qd::kQ4_K>) % 16 == 0 && sizeof(Stage<qd::kQ5_K>) % 16 == 0 &&
@@ -139,9 +145,8 @@ __device__ __forceinline__ uint32_t scale_byte(const uint32_t (&h)[4], uint32_t 
   return (word >> (8 * (i & 3))) & 0xff;
 }
 
-// Sub-block j's d * scale and dmin * min, as qd::k4_scale_min and matvec_int16.cu's k4_factors make them.
-__device__ __forceinline__ float2 k4_factor(const uint32_t (&h)[4], uint32_t j) {
-  uint32_t sc, m;
+// Sub-block j's 6-bit scale and min, as qd::k4_scale_min and matvec_int16.cu's k4_factors read them.
+__device__ __forceinline__ void k4_scale_min(const uint32_t (&h)[4], uint32_t j, uint32_t& sc, uint32_t& m) {
   if (j < 4) {
     sc = scale_byte(h, j) & 63;
     m = scale_byte(h, j + 4) & 63;
@@ -149,8 +154,6 @@ __device__ __forceinline__ float2 k4_factor(const uint32_t (&h)[4], uint32_t j) 
     sc = (scale_byte(h, j + 4) & 0xf) | ((scale_byte(h, j - 4) >> 6) << 4);
     m = (scale_byte(h, j + 4) >> 4) | ((scale_byte(h, j) >> 6) << 4);
   }
-  const float d = qd::h2f(h[0] & 0xffff), dmin = qd::h2f(h[0] >> 16);
-  return make_float2(d * static_cast<float>(sc), dmin * static_cast<float>(m));
 }
 
 // IQ3_S sub-block j of the block at b (2-byte aligned), as matvec_int16.cu's Reader<IQ3_S> reads it:
@@ -219,7 +222,7 @@ struct BlockTile {
 // token items tid + 256j of 64 tokens x 16 chunks; the factors of token tid / 4, block tid % 4.
 // Rows past the matrix and tokens past the tile read row rows - 1 and the tile's first token: their
 // products are not stored.
-template <int T, int NM>
+template <int T, int NM, bool MinMma>
 struct TileLoader {
   using K = KQuant<T>;
   static constexpr uint32_t RM = BR / NM;  // rows of each matrix in the block
@@ -321,18 +324,24 @@ struct TileLoader {
         dst[1] = make_uint4(v[4], v[5], v[6], v[7]);
         s.wf[wch][wlr[j]] = make_float2(d, 0.0f);
       } else {
-        s.wf[wch][wlr[j]] = k4_factor(hdr[j], kSteps * (kt % 2) + wch);
+        uint32_t sc, m;
+        k4_scale_min(hdr[j], kSteps * (kt % 2) + wch, sc, m);
+        const float d = qd::h2f(hdr[j][0] & 0xffff), dmin = qd::h2f(hdr[j][0] >> 16);
+        // Q4_K's odd sub-blocks (high nibbles) are multiplied unshifted, 16 times their values: their
+        // d * scale / 16 (exact) makes the same product.
+        const float dsc = d * static_cast<float>(sc) * (!K::kHighBits && wch % 2 == 1 ? 0.0625f : 1.0f);
+        s.wf[wch][wlr[j]] = make_float2(dsc, MinMma ? static_cast<float>(m) : dmin * static_cast<float>(m));
+        if (MinMma && wch == 0) s.dmin[wlr[j]] = dmin;
       }
     }
   }
 };
 
 // A warp's part of the block's tile: two 16-row tiles (32 rows of the matrix, or 16 of gate and of
-// up) x 32 tokens, of which the 8-token tiles that hold tokens (the same for all its lanes). C's
-// layout: acc[i][n][k], k = 0, 1 row g, tokens 2q, 2q + 1; k = 2, 3 row g + 8.
+// up) x 32 tokens, of which the first `live` 8-token tiles hold tokens (the same for all its lanes).
+// C's layout: acc[i][n][k], k = 0, 1 row g, tokens 2q, 2q + 1; k = 2, 3 row g + 8.
 struct WarpTile {
-  uint32_t g, q, wt, lrb[2];
-  bool live[4];
+  uint32_t g, q, wt, lrb[2], live;
 };
 
 template <int NM>
@@ -344,31 +353,42 @@ __device__ __forceinline__ WarpTile warp_tile(uint32_t ntok) {
   t.wt = warp / 4;
 #pragma unroll
   for (int i = 0; i < 2; ++i) t.lrb[i] = NM == 1 ? wr * 32 + 16 * i : BR / 2 * i + wr * 16;
-#pragma unroll
-  for (int n = 0; n < 4; ++n) t.live[n] = t.wt * 32 + 8 * n < ntok;
+  t.live = ntok > t.wt * 32 ? min(4u, (ntok - t.wt * 32 + 7) / 8) : 0;
   return t;
 }
 
-// One k-tile's products of a warp (k-tile kt, in s) into acc.
-template <int T>
+// The A fragments of a 16-row tile whose rows are kWWords apart from `rows`, 16-byte chunks at word
+// offsets `word` (registers 0, 1: rows g, g + 8) and `word` + 4 (2, 3), by ldmatrix: lane l gives row
+// l % 8 (+ 8 for odd l / 8) of chunk l / 16.
+template <uint32_t kWWords>
+__device__ __forceinline__ void load_a(uint32_t (&r)[4], const uint32_t* rows, uint32_t word) {
+  const uint32_t lane = threadIdx.x % 32;
+  mma::ldmatrix_x4(r, rows + (lane % 8 + 8 * (lane / 8 % 2)) * kWWords + word + 4 * (lane / 16));
+}
+
+// One k-tile's products of a warp with NL live 8-token tiles (k-tile kt, in s) into acc: no branch
+// inside, so the fragment loads of the next tiles and steps are scheduled under the products.
+// MinMma (K-quants): the k-tile's minimum terms as tf32 products (below) instead of an FFMA an output
+// and sub-block.
+template <int T, int NL, bool MinMma>
 __device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const WarpTile& t, float (&acc)[2][4][4]) {
   using K = KQuant<T>;
   constexpr uint32_t kWWords = K::kWWords;
-  const uint32_t g = t.g, q = t.q;
+  const uint32_t g = t.g, q = t.q, lane = threadIdx.x % 32;
+  const mma::FragC kHiC{{kHiBits, kHiBits, kHiBits, kHiBits}}, kLoC{{kLoBits, kLoBits, kLoBits, kLoBits}};
+  // B: lane l gives token l % 8 of the 8-token tile, at the step's high-byte words (+ 4 for odd l / 8)
+  // and its low-byte words (+ 32 for l / 16 = 1): registers 0, 1 the high bytes' fragment, 2, 3 the low.
+  const uint32_t* xrow = &s.x[(t.wt * 32 + lane % 8) * kXWords + 4 * (lane / 8 % 2) + 32 * (lane / 16)];
+  uint32_t high[2][4];
+  if constexpr (K::kHighBits) {  // the fifth bits of the k-tile's columns: words 16 + q and 20 + q
+#pragma unroll
+    for (int i = 0; i < 2; ++i) load_a<kWWords>(high[i], &s.w[t.lrb[i] * kWWords], 16);
+  }
 #pragma unroll
   for (uint32_t c = 0; c < kSteps / 2; ++c) {  // the sub-blocks of 64 columns share their bytes
-    uint32_t raw[2][4], high[2][4];
+    uint32_t raw[2][4];
 #pragma unroll
-    for (int i = 0; i < 2 && !K::kDecoded; ++i) {
-      const uint32_t* r0 = &s.w[(t.lrb[i] + g) * kWWords + 8 * c + q];
-      const uint32_t* r8 = r0 + 8 * kWWords;
-      raw[i][0] = r0[0], raw[i][1] = r8[0], raw[i][2] = r0[4], raw[i][3] = r8[4];
-      if constexpr (K::kHighBits) {  // the fifth bits of the same columns: bytes 4q.. and 16 + 4q..
-        const uint32_t* h0 = &s.w[(t.lrb[i] + g) * kWWords + 16 + q];
-        const uint32_t* h8 = h0 + 8 * kWWords;
-        high[i][0] = h0[0], high[i][1] = h8[0], high[i][2] = h0[4], high[i][3] = h8[4];
-      }
-    }
+    for (int i = 0; i < 2 && !K::kDecoded; ++i) load_a<kWWords>(raw[i], &s.w[t.lrb[i] * kWWords], 8 * c);
 #pragma unroll
     for (uint32_t h = 0; h < 2; ++h) {
       const uint32_t step = 2 * c + h;
@@ -377,42 +397,86 @@ __device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const W
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         if constexpr (K::kDecoded) {  // int8 values in column order: words 8 * step + q and + 4
-          const uint32_t* r0 = &s.w[(t.lrb[i] + g) * kWWords + 8 * step + q];
-          const uint32_t* r8 = r0 + 8 * kWWords;
-          A[i].r[0] = r0[0], A[i].r[1] = r8[0], A[i].r[2] = r0[4], A[i].r[3] = r8[4];
+          load_a<kWWords>(A[i].r, &s.w[t.lrb[i] * kWWords], 8 * step);
         } else {
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
-            A[i].r[k] = (raw[i][k] >> (4 * h)) & 0x0f0f0f0fu;
-            if constexpr (K::kHighBits) A[i].r[k] |= ((high[i][k] >> (kSteps * (kt % 2) + step)) & 0x01010101u) << 4;
+            if constexpr (K::kHighBits) {
+              A[i].r[k] = ((raw[i][k] >> (4 * h)) & 0x0f0f0f0fu) |
+                          (((high[i][k] >> (kSteps * (kt % 2) + step)) & 0x01010101u) << 4);
+            } else {  // Q4_K's high nibbles as they lie: 16 times their value (store_factors' 1/16)
+              A[i].r[k] = raw[i][k] & (h == 0 ? 0x0f0f0f0fu : 0xf0f0f0f0u);
+            }
           }
         }
         wf[i][0] = s.wf[step][t.lrb[i] + g];
         wf[i][1] = s.wf[step][t.lrb[i] + g + 8];
       }
 #pragma unroll
-      for (int n = 0; n < 4; ++n) {
-        if (!t.live[n]) continue;
-        const uint32_t tb = t.wt * 32 + 8 * n;
-        const uint32_t* xr = &s.x[(tb + g) * kXWords + 8 * step + q];
-        const mma::FragB bh{{xr[0], xr[4]}}, bl{{xr[32], xr[36]}};
-        const float4 xv = *reinterpret_cast<const float4*>(&s.xf[step][tb + 2 * q]);
+      for (int n = 0; n < NL; ++n) {
+        uint32_t b[4];
+        mma::ldmatrix_x4(b, xrow + 8 * n * kXWords + 8 * step);
+        const mma::FragB bh{{b[0], b[1]}}, bl{{b[2], b[3]}};
+        const float4 xv = *reinterpret_cast<const float4*>(&s.xf[step][t.wt * 32 + 8 * n + 2 * q]);
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          mma::FragC ch{{kHiBits, kHiBits, kHiBits, kHiBits}}, cl{{kLoBits, kLoBits, kLoBits, kLoBits}};
-          mma::mma_k32<K::kDecoded, true>(ch, A[i], bh);  // IQ3_S's values are signed, the nibbles not
-          mma::mma_k32<K::kDecoded, false>(cl, A[i], bl);
+          mma::FragC ch, cl;
+          mma::mma_k32<K::kDecoded, true>(ch, A[i], bh, kHiC);  // IQ3_S's values are signed, the nibbles not
+          mma::mma_k32<K::kDecoded, false>(cl, A[i], bl, kLoC);
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
             const float2 f = wf[i][k / 2];
             const float dx = k % 2 == 0 ? xv.x : xv.z, sx = k % 2 == 0 ? xv.y : xv.w;
             const float sum = (__int_as_float(ch.r[k]) - kMagic) + __int_as_float(cl.r[k]);
             acc[i][n][k] = fmaf(f.x * dx, sum, acc[i][n][k]);
-            if constexpr (!K::kDecoded) acc[i][n][k] = fmaf(-f.y, sx, acc[i][n][k]);
+            if constexpr (!K::kDecoded && !MinMma) acc[i][n][k] = fmaf(-f.y, sx, acc[i][n][k]);
           }
         }
       }
     }
+  }
+  if constexpr (MinMma && !K::kDecoded) {
+    // sum_j min_j * sum_j(x) over the k-tile's 4 sub-blocks (its k) on tensor cores: the 6-bit mins
+    // are exact in tf32 and the f32 sums are split into a tf32 head and the rest (~2^-22 of the sum
+    // lost), then dmin (one a row in a k-tile) times that in f32.
+    uint32_t am[2][2];
+    float dmin[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        am[i][r] = __float_as_uint(s.wf[q][t.lrb[i] + g + 8 * r].y);
+        dmin[i][r] = s.dmin[t.lrb[i] + g + 8 * r];
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < NL; ++n) {
+      const float sx = s.xf[q][t.wt * 32 + 8 * n + g].y;
+      const uint32_t head = __float_as_uint(sx) & 0xffffe000u;
+      const uint32_t rest = __float_as_uint(sx - __uint_as_float(head));
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const uint32_t zero[4] = {0, 0, 0, 0};
+        uint32_t part[4], m[4];
+        mma::mma_tf32_k4(part, am[i], rest, zero);
+        mma::mma_tf32_k4(m, am[i], head, part);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) acc[i][n][k] = fmaf(-dmin[i][k / 2], __uint_as_float(m[k]), acc[i][n][k]);
+      }
+    }
+  }
+}
+
+// multiply for the warp's live tiles (warp-uniform; a warp without tokens has no products).
+template <int T, bool MinMma>
+__device__ __forceinline__ void multiply_live(const Stage<T>& s, uint32_t kt, const WarpTile& t,
+                                              float (&acc)[2][4][4]) {
+  switch (t.live) {
+    case 4: multiply<T, 4, MinMma>(s, kt, t, acc); break;
+    case 3: multiply<T, 3, MinMma>(s, kt, t, acc); break;
+    case 2: multiply<T, 2, MinMma>(s, kt, t, acc); break;
+    case 1: multiply<T, 1, MinMma>(s, kt, t, acc); break;
+    default: break;
   }
 }
 
@@ -441,7 +505,7 @@ __device__ __forceinline__ void store_outputs(const Int8Args& a, const BlockTile
   }
 }
 
-template <int T, int NM>
+template <int T, int NM, bool MinMma>
 __global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ uint32_t grid[KQuant<T>::kDecoded ? 512 : 1];
@@ -467,7 +531,7 @@ __global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
     for (uint32_t i = threadIdx.x; i < 512; i += kThreads) grid[i] = a.iq3s_grid[i];
     __syncthreads();  // before the first decode
   }
-  TileLoader<T, NM> ld(a, bt);
+  TileLoader<T, NM, MinMma> ld(a, bt);
   const WarpTile wt = warp_tile<NM>(bt.ntok);
   float acc[2][4][4];
 #pragma unroll
@@ -479,26 +543,23 @@ __global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
     }
   }
 
-  // k-tile kt's copies and factors are in buffer kt % 2; the next tile's copies are issued, and its
-  // block headers loaded, before this one's products, its factors stored after them.
+  // k-tile kt's copies and factors are in buffer kt % 2. One barrier a k-tile: after it, kt's copies
+  // (waited for) and factors (stored before it) are seen by every warp, and every warp is done with
+  // k-tile kt - 1's buffer, into which kt + 1's copies are then issued (and its block headers
+  // loaded) before kt's products; kt + 1's factors are stored at the top of the next iteration.
   const uint32_t ktiles = a.cols / BK;
   ld.load_headers(0);
   ld.issue(a, 0, st[0]);
-  ld.store_factors(0, st[0], grid);
   for (uint32_t kt = 0; kt < ktiles; ++kt) {
     const uint32_t b = kt % 2;
-    const bool next = kt + 1 < ktiles;
-    if (next) {
+    ld.store_factors(kt, st[b], grid);
+    cp_wait<0>();
+    __syncthreads();
+    if (kt + 1 < ktiles) {
       ld.issue(a, kt + 1, st[1 - b]);
       ld.load_headers(kt + 1);
-      cp_wait<1>();
-    } else {
-      cp_wait<0>();
     }
-    __syncthreads();
-    multiply<T>(st[b], kt, wt, acc);
-    if (next) ld.store_factors(kt + 1, st[1 - b], grid);
-    __syncthreads();
+    multiply_live<T, MinMma>(st[b], kt, wt, acc);
   }
   store_outputs<NM>(a, bt, wt, acc);
 }
@@ -515,9 +576,9 @@ int int8_type(model::GgmlType type) {
 
 template <int NM>
 const void* kernel_of(int t) {
-  return t == qd::kQ4_K   ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ4_K, NM>)
-         : t == qd::kQ5_K ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ5_K, NM>)
-                          : reinterpret_cast<const void*>(kquant_int8_kernel<qd::kIQ3_S, NM>);
+  return t == qd::kQ4_K   ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ4_K, NM, false>)
+         : t == qd::kQ5_K ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ5_K, NM, false>)
+                          : reinterpret_cast<const void*>(kquant_int8_kernel<qd::kIQ3_S, NM, false>);
 }
 const void* kernel_of(int t, bool up) { return up ? kernel_of<2>(t) : kernel_of<1>(t); }
 
@@ -558,21 +619,30 @@ bool grouped_int8_takes(const ExpertMatrices& w, const ExpertMatrices* up, const
 
 namespace {
 
-template <int T, int NM>
+template <int T, int NM, bool MinMma>
 void launch(const Int8Args& a, dim3 grid, cudaStream_t stream) {
   constexpr size_t smem = 2 * sizeof(Stage<T>);
-  FERRY_CUDA(cudaFuncSetAttribute(kquant_int8_kernel<T, NM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  FERRY_CUDA(cudaFuncSetAttribute(kquant_int8_kernel<T, NM, MinMma>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(smem)));
-  kquant_int8_kernel<T, NM><<<grid, kThreads, smem, stream>>>(a);
+  kquant_int8_kernel<T, NM, MinMma><<<grid, kThreads, smem, stream>>>(a);
+}
+// Mid-check variant switch (issue 15, h53): FERRY_INT8_MIN_MMA=1 takes the K-quants' minimum terms
+// on tf32 products.
+bool min_on_mma() {
+  static const bool on = [] {
+    const char* v = std::getenv("FERRY_INT8_MIN_MMA");
+    return v != nullptr && v[0] == '1';
+  }();
+  return on;
 }
 template <int NM>
 void launch(int t, const Int8Args& a, dim3 grid, cudaStream_t stream) {
   if (t == qd::kQ4_K) {
-    launch<qd::kQ4_K, NM>(a, grid, stream);
+    min_on_mma() ? launch<qd::kQ4_K, NM, true>(a, grid, stream) : launch<qd::kQ4_K, NM, false>(a, grid, stream);
   } else if (t == qd::kQ5_K) {
-    launch<qd::kQ5_K, NM>(a, grid, stream);
+    min_on_mma() ? launch<qd::kQ5_K, NM, true>(a, grid, stream) : launch<qd::kQ5_K, NM, false>(a, grid, stream);
   } else {
-    launch<qd::kIQ3_S, NM>(a, grid, stream);
+    launch<qd::kIQ3_S, NM, false>(a, grid, stream);
   }
 }
 

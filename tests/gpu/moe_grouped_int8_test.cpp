@@ -370,6 +370,70 @@ TEST_F(GroupedExpertsInt8, RowsOffTheTiles) {
   }
 }
 
+// One expert's rows for the first n tokens of x (k 1, every route to expert 3): each token's SwiGLU
+// row (gate and up) and its down row, by token.
+struct TokenRows {
+  std::vector<float> swiglu, down;
+};
+TokenRows one_expert_rows(const Case& c, const Experts& ex, const std::vector<float>& x, uint32_t n) {
+  TokenRows out;
+  const uint32_t D = c.D, I = c.I;
+  const std::vector<int32_t> ids(n, 3);
+  DeviceBuffer dids(n * 4), dx(size_t{n} * D * 4), doff((c.E + 1) * 4), dtiles((c.E + 1) * 4), dgather(n * 4),
+      dwhere(n * 4), deg(size_t{n} * I * 4), deo(size_t{n} * D * 4);
+  EXPECT_EQ(cudaMemcpy(dids.get(), ids.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(dx.get(), x.data(), size_t{n} * D * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  const size_t split_elems = size_t{n} * std::max(D, I);
+  DeviceBuffer dsh(split_elems * 2), dsl(split_elems * 2);
+  const SplitScratch split{dsh.get(), dsl.get(), split_elems};
+  const RouteSort sort{doff.as<uint32_t>(), dtiles.as<uint32_t>(), dgather.as<int32_t>(), dwhere.as<int32_t>()};
+  sort_routes(dids.as<int32_t>(), n, 1, c.E, sort, RouteTally{}, nullptr);
+  grouped_gemm_int8(ex.m[0], &ex.m[1], dx.as<float>(), D, n, sort.gather, sort, n, c.E, kLimit, deg.as<float>(), I,
+                    split, nullptr);
+  grouped_gemm_int8(ex.m[2], nullptr, deg.as<float>(), I, n, nullptr, sort, n, c.E, 0.0f, deo.as<float>(), D, split,
+                    nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<int32_t> gather(n);
+  std::vector<float> eg(size_t{n} * I), eo(size_t{n} * D);
+  EXPECT_EQ(cudaMemcpy(gather.data(), dgather.get(), n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(eg.data(), deg.get(), eg.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(eo.data(), deo.get(), eo.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  out.swiglu.resize(eg.size());
+  out.down.resize(eo.size());
+  for (uint32_t p = 0; p < n; ++p) {
+    std::copy_n(&eg[size_t{p} * I], I, &out.swiglu[size_t(gather[p]) * I]);
+    std::copy_n(&eo[size_t{p} * D], D, &out.down[size_t(gather[p]) * D]);
+  }
+  return out;
+}
+
+// A token's rows do not depend on the tokens beside it: its tile of 64 sorted rows may hold 1 to 64
+// tokens, so a warp multiplies 0 to 4 8-token tiles of its 32 (the kernel's code for each count
+// differs), and every count gives the same bits as a full tile.
+TEST_F(GroupedExpertsInt8, ATokensRowsHaveTheSameBitsWhateverItsTileHolds) {
+  if (!sm80_code_ready()) GTEST_SKIP() << "no sm80+ code for the int8 kernel on this device";
+  for (const GgmlType t : kTypes) {
+    SCOPED_TRACE(name(t));
+    Case c{4, 1, 512, 256, 192, true};
+    c.type = t;
+    std::mt19937 rng(41);
+    Experts ex;
+    make_experts(c, rng, ex);
+    if (HasFatalFailure()) return;
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> x(size_t{c.n} * c.D);
+    for (float& v : x) v = normal(rng);
+    const TokenRows full = one_expert_rows(c, ex, x, c.n);
+    for (const uint32_t n : {1u, 7u, 9u, 24u, 33u, 41u, 57u, 64u, 65u}) {
+      SCOPED_TRACE(std::to_string(n) + " tokens");
+      const TokenRows part = one_expert_rows(c, ex, x, n);
+      if (HasFailure()) return;
+      ASSERT_EQ(std::memcmp(part.swiglu.data(), full.swiglu.data(), part.swiglu.size() * 4), 0);
+      ASSERT_EQ(std::memcmp(part.down.data(), full.down.data(), part.down.size() * 4), 0);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ferry::gpu
 #endif
