@@ -12,6 +12,7 @@
 #include "gpu/mhc_decode.hpp"
 #include "gpu/moe_decode.hpp"
 #include "gpu/moe_grouped.hpp"
+#include "gpu/moe_grouped_int8.hpp"
 #include "gpu/mtp_ops.hpp"
 
 namespace ferry::gpu {
@@ -48,6 +49,15 @@ void LayerRunner::mm(const DevMatrix& m, const float* x, size_t ldx, uint32_t n,
                                    static_cast<int>(m.cols), &one, reinterpret_cast<const float*>(m.data),
                                    static_cast<int>(m.row_bytes / 4), x, static_cast<int>(ldx), &zero, y,
                                    static_cast<int>(ldy)));
+    mark(OpPart::gemm);
+    return;
+  }
+  // Q4_K / Q5_K / IQ3_S on sm80+ code: the int8 tensor-core kernel (gpu/moe_grouped_int8.hpp), faster
+  // than the three fp16 products below, with the decode matvec's int16 numerics; its rows are
+  // quantized into the fp16 staging.
+  const SplitScratch staging{w_.xh, w_.xl, w_.xh_elems};
+  if (dense_int8_takes(m, x, ldx, n, staging)) {
+    dense_gemm_int8(m, x, ldx, n, y, ldy, staging, s_);
     mark(OpPart::gemm);
     return;
   }
