@@ -1,5 +1,7 @@
 #include "gpu/layer_runner.hpp"
 
+#include <cstdlib>
+
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -56,7 +58,12 @@ void LayerRunner::mm(const DevMatrix& m, const float* x, size_t ldx, uint32_t n,
   // than the three fp16 products below, with the decode matvec's int16 numerics; its rows are
   // quantized into the fp16 staging.
   const SplitScratch staging{w_.xh, w_.xl, w_.xh_elems};
-  if (dense_int8_takes(m, x, ldx, n, staging)) {
+  // Mid-check switch (issue 15, h53): FERRY_DENSE_INT8=0 keeps the dense products on cuBLAS.
+  static const bool dense_int8 = [] {
+    const char* v = std::getenv("FERRY_DENSE_INT8");
+    return v == nullptr || v[0] != '0';
+  }();
+  if (dense_int8 && dense_int8_takes(m, x, ldx, n, staging)) {
     dense_gemm_int8(m, x, ldx, n, y, ldy, staging, s_);
     mark(OpPart::gemm);
     return;

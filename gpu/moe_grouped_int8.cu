@@ -9,8 +9,8 @@
 // registers) x the 64 sorted rows of a token tile, k-tiles of 128 columns (half a block: 64 bytes
 // of nibbles a row, and Q5_K's 32 bytes of fifth bits). Per k-tile the weight rows' nibble bytes
 // and the tokens' bytes and block factors are copied in by cp.async into one of two buffers while
-// the tensor cores work on the other, and each weight row's sub-block factors (d * scale, dmin *
-// min) are made from its block's 16 leading bytes (IQ3_S: its sub-blocks are decoded to int8 there,
+// the tensor cores work on the other, and each weight row's sub-block factors (d * scale; for
+// K-quants the min and dmin) are made from its block's 16 leading bytes (IQ3_S: its sub-blocks are decoded to int8 there,
 // from the bytes loaded before the products). A warp multiplies 32 weight rows x 32 tokens: per
 // 32-column sub-block (one k32 step) 2 x 4 tiles of m16n8k32, each twice (the high and the low
 // bytes). The nibbles of a sub-block are one half of 32 consecutive bytes, so each register of A is
@@ -28,7 +28,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include "gpu/cuda_check.hpp"
@@ -76,9 +75,10 @@ template <int T>
 struct Stage {
   uint32_t w[BR * KQuant<T>::kWWords];
   uint32_t x[BN * kXWords];
-  float2 wf[kSteps][BR];  // per sub-block and weight row: d * scale, dmin * min (MinMma: the min)
-  float dmin[BR];         // MinMma: per weight row, its block's dmin
-  float2 xf[kSteps][BN];  // per block and token: the int16 step, the f32 sum
+  float2 wf[kSteps][BR];  // per sub-block and weight row: d * scale, and (K-quants) the 6-bit min
+  float dmin[BR];         // K-quants: per weight row, its block's dmin
+  float xd[kSteps][BN];   // per block and token: the int16 step
+  float xs[kSteps][BN + 8];  // and the f32 sum (rows 8 banks apart: minimum_terms reads 4 of them at once)
 };
 static_assert(sizeof(Stage<qd::kQ4_K>) % 16 == 0 && sizeof(Stage<qd::kQ5_K>) % 16 == 0 &&
                   sizeof(Stage<qd::kIQ3_S>) % 16 == 0,
@@ -223,7 +223,7 @@ struct BlockTile {
 // token items tid + 256j of 64 tokens x 16 chunks; the factors of token tid / 4, block tid % 4.
 // Rows past the matrix and tokens past the tile read row rows - 1 and the tile's first token: their
 // products are not stored.
-template <int T, int NM, bool MinMma>
+template <int T, int NM>
 struct TileLoader {
   using K = KQuant<T>;
   static constexpr uint32_t RM = BR / NM;  // rows of each matrix in the block
@@ -281,7 +281,9 @@ struct TileLoader {
     for (int j = 0; j < 4; ++j) {
       cp_async(&s.x[(tid / 16 + 16 * j) * kXWords + 4 * xch], a.xq + xoff[j] + 2 * BK * kt + 16 * xch, 16);
     }
-    cp_async(&s.xf[tid % 4][tid / 4], a.xf + xfoff + kSteps * kt, 8);
+    const float2* xf = a.xf + xfoff + kSteps * kt;
+    cp_async(&s.xd[tid % 4][tid / 4], &xf->x, 4);
+    cp_async(&s.xs[tid % 4][tid / 4], &xf->y, 4);
     if constexpr (K::kHighBits) {
       uint32_t* dst = &s.w[(tid / 2) * K::kWWords + 16 + 4 * (tid % 2)];
       const uint8_t* src = hrow + (kt / 2) * K::kBlockBytes + 16 + 16 * (tid % 2);
@@ -331,18 +333,21 @@ struct TileLoader {
         // Q4_K's odd sub-blocks (high nibbles) are multiplied unshifted, 16 times their values: their
         // d * scale / 16 (exact) makes the same product.
         const float dsc = d * static_cast<float>(sc) * (!K::kHighBits && wch % 2 == 1 ? 0.0625f : 1.0f);
-        s.wf[wch][wlr[j]] = make_float2(dsc, MinMma ? static_cast<float>(m) : dmin * static_cast<float>(m));
-        if (MinMma && wch == 0) s.dmin[wlr[j]] = dmin;
+        s.wf[wch][wlr[j]] = make_float2(dsc, static_cast<float>(m));
+        if (wch == 0) s.dmin[wlr[j]] = dmin;
       }
     }
   }
 };
 
 // A warp's part of the block's tile: two 16-row tiles (32 rows of the matrix, or 16 of gate and of
-// up) x 32 tokens, of which the first `live` 8-token tiles hold tokens (the same for all its lanes).
-// C's layout: acc[i][n][k], k = 0, 1 row g, tokens 2q, 2q + 1; k = 2, 3 row g + 8.
+// up) x four of the tile's eight 8-token tiles, every other one (n-th: tokens 8 * (2n + wt)..), so
+// that a tile of fewer than 64 tokens gives both warps of a row range nearly the same work; the first
+// `live` of them hold tokens (the same for all its lanes). C's layout: acc[i][n][k], k = 0, 1 row g,
+// tokens 2q, 2q + 1 of the n-th; k = 2, 3 row g + 8.
 struct WarpTile {
   uint32_t g, q, wt, lrb[2], live;
+  __device__ uint32_t token(uint32_t n) const { return 8 * (2 * n + wt); }
 };
 
 template <int NM>
@@ -354,7 +359,8 @@ __device__ __forceinline__ WarpTile warp_tile(uint32_t ntok) {
   t.wt = warp / 4;
 #pragma unroll
   for (int i = 0; i < 2; ++i) t.lrb[i] = NM == 1 ? wr * 32 + 16 * i : BR / 2 * i + wr * 16;
-  t.live = ntok > t.wt * 32 ? min(4u, (ntok - t.wt * 32 + 7) / 8) : 0;
+  const uint32_t tiles = (ntok + 7) / 8;  // 8-token tiles holding tokens: the warp has those of its parity
+  t.live = tiles > t.wt ? min(4u, (tiles - t.wt + 1) / 2) : 0;
   return t;
 }
 
@@ -367,23 +373,62 @@ __device__ __forceinline__ void load_a(uint32_t (&r)[4], const uint32_t* rows, u
   mma::ldmatrix_x4(r, rows + (lane % 8 + 8 * (lane / 8 % 2)) * kWWords + word + 4 * (lane / 16));
 }
 
+// The K-quants' minimum terms of a k-tile, sum_j min_j * sum_j(x) over its 4 sub-blocks (the k of one
+// tf32 m16n8k4), on tensor cores: the 6-bit mins are exact in tf32, each f32 sum is split into a tf32
+// head and the rest (what the rest's own tf32 rounding drops is ~2^-22 of the sum), and dmin (one a
+// row in a k-tile) times the result is taken off in f32: one FFMA an output a k-tile, not one a
+// sub-block.
+template <int T, int NL>
+__device__ __forceinline__ void minimum_terms(const Stage<T>& s, const WarpTile& t, float (&acc)[2][4][4]) {
+  const uint32_t g = t.g, q = t.q;
+  uint32_t am[2][2];
+  float dmin[2][2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      am[i][r] = __float_as_uint(s.wf[q][t.lrb[i] + g + 8 * r].y);
+      dmin[i][r] = s.dmin[t.lrb[i] + g + 8 * r];
+    }
+  }
+  const uint32_t zero[4] = {0, 0, 0, 0};
+#pragma unroll
+  for (int n = 0; n < NL; ++n) {
+    const float sx = s.xs[q][t.token(n) + g];
+    const uint32_t head = __float_as_uint(sx) & 0xffffe000u;
+    const uint32_t rest = __float_as_uint(sx - __uint_as_float(head));
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      uint32_t part[4], m[4];
+      mma::mma_tf32_k4(part, am[i], rest, zero);
+      mma::mma_tf32_k4(m, am[i], head, part);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) acc[i][n][k] = fmaf(-dmin[i][k / 2], __uint_as_float(m[k]), acc[i][n][k]);
+    }
+  }
+}
+
 // One k-tile's products of a warp with NL live 8-token tiles (k-tile kt, in s) into acc: no branch
 // inside, so the fragment loads of the next tiles and steps are scheduled under the products.
-// MinMma (K-quants): the k-tile's minimum terms as tf32 products (below) instead of an FFMA an output
-// and sub-block.
-template <int T, int NL, bool MinMma>
+template <int T, int NL>
 __device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const WarpTile& t, float (&acc)[2][4][4]) {
   using K = KQuant<T>;
   constexpr uint32_t kWWords = K::kWWords;
   const uint32_t g = t.g, q = t.q, lane = threadIdx.x % 32;
   const mma::FragC kHiC{{kHiBits, kHiBits, kHiBits, kHiBits}}, kLoC{{kLoBits, kLoBits, kLoBits, kLoBits}};
-  // B: lane l gives token l % 8 of the 8-token tile, at the step's high-byte words (+ 4 for odd l / 8)
+  // B: lane l gives token l % 8 of an 8-token tile, at the step's high-byte words (+ 4 for odd l / 8)
   // and its low-byte words (+ 32 for l / 16 = 1): registers 0, 1 the high bytes' fragment, 2, 3 the low.
-  const uint32_t* xrow = &s.x[(t.wt * 32 + lane % 8) * kXWords + 4 * (lane / 8 % 2) + 32 * (lane / 16)];
+  const uint32_t* xrow = &s.x[(t.token(0) + lane % 8) * kXWords + 4 * (lane / 8 % 2) + 32 * (lane / 16)];
   uint32_t high[2][4];
   if constexpr (K::kHighBits) {  // the fifth bits of the k-tile's columns: words 16 + q and 20 + q
 #pragma unroll
-    for (int i = 0; i < 2; ++i) load_a<kWWords>(high[i], &s.w[t.lrb[i] * kWWords], 16);
+    for (int i = 0; i < 2; ++i) {
+      load_a<kWWords>(high[i], &s.w[t.lrb[i] * kWWords], 16);
+      // Sub-block step's bit to bit `step` of each byte (an odd k-tile's sub-blocks are bits 4..7;
+      // what the shift brings in from the next byte lands above bit 3, where no step reads).
+#pragma unroll
+      for (int k = 0; k < 4; ++k) high[i][k] >>= 4 * (kt % 2);
+    }
   }
 #pragma unroll
   for (uint32_t c = 0; c < kSteps / 2; ++c) {  // the sub-blocks of 64 columns share their bytes
@@ -394,7 +439,7 @@ __device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const W
     for (uint32_t h = 0; h < 2; ++h) {
       const uint32_t step = 2 * c + h;
       mma::FragA A[2];
-      float2 wf[2][2];
+      float dw[2][2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         if constexpr (K::kDecoded) {  // int8 values in column order: words 8 * step + q and + 4
@@ -403,22 +448,21 @@ __device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const W
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
             if constexpr (K::kHighBits) {
-              A[i].r[k] = ((raw[i][k] >> (4 * h)) & 0x0f0f0f0fu) |
-                          (((high[i][k] >> (kSteps * (kt % 2) + step)) & 0x01010101u) << 4);
+              A[i].r[k] = ((raw[i][k] >> (4 * h)) & 0x0f0f0f0fu) | ((high[i][k] << (4 - step)) & 0x10101010u);
             } else {  // Q4_K's high nibbles as they lie: 16 times their value (store_factors' 1/16)
               A[i].r[k] = raw[i][k] & (h == 0 ? 0x0f0f0f0fu : 0xf0f0f0f0u);
             }
           }
         }
-        wf[i][0] = s.wf[step][t.lrb[i] + g];
-        wf[i][1] = s.wf[step][t.lrb[i] + g + 8];
+        dw[i][0] = s.wf[step][t.lrb[i] + g].x;
+        dw[i][1] = s.wf[step][t.lrb[i] + g + 8].x;
       }
 #pragma unroll
       for (int n = 0; n < NL; ++n) {
         uint32_t b[4];
-        mma::ldmatrix_x4(b, xrow + 8 * n * kXWords + 8 * step);
+        mma::ldmatrix_x4(b, xrow + 16 * n * kXWords + 8 * step);
         const mma::FragB bh{{b[0], b[1]}}, bl{{b[2], b[3]}};
-        const float4 xv = *reinterpret_cast<const float4*>(&s.xf[step][t.wt * 32 + 8 * n + 2 * q]);
+        const float2 dx = *reinterpret_cast<const float2*>(&s.xd[step][t.token(n) + 2 * q]);
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           mma::FragC ch, cl;
@@ -426,57 +470,25 @@ __device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const W
           mma::mma_k32<K::kDecoded, false>(cl, A[i], bl, kLoC);
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
-            const float2 f = wf[i][k / 2];
-            const float dx = k % 2 == 0 ? xv.x : xv.z, sx = k % 2 == 0 ? xv.y : xv.w;
             const float sum = (__int_as_float(ch.r[k]) - kMagic) + __int_as_float(cl.r[k]);
-            acc[i][n][k] = fmaf(f.x * dx, sum, acc[i][n][k]);
-            if constexpr (!K::kDecoded && !MinMma) acc[i][n][k] = fmaf(-f.y, sx, acc[i][n][k]);
+            acc[i][n][k] = fmaf(dw[i][k / 2] * (k % 2 == 0 ? dx.x : dx.y), sum, acc[i][n][k]);
           }
         }
       }
     }
   }
-  if constexpr (MinMma && !K::kDecoded) {
-    // sum_j min_j * sum_j(x) over the k-tile's 4 sub-blocks (its k) on tensor cores: the 6-bit mins
-    // are exact in tf32 and the f32 sums are split into a tf32 head and the rest (~2^-22 of the sum
-    // lost), then dmin (one a row in a k-tile) times that in f32.
-    uint32_t am[2][2];
-    float dmin[2][2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        am[i][r] = __float_as_uint(s.wf[q][t.lrb[i] + g + 8 * r].y);
-        dmin[i][r] = s.dmin[t.lrb[i] + g + 8 * r];
-      }
-    }
-#pragma unroll
-    for (int n = 0; n < NL; ++n) {
-      const float sx = s.xf[q][t.wt * 32 + 8 * n + g].y;
-      const uint32_t head = __float_as_uint(sx) & 0xffffe000u;
-      const uint32_t rest = __float_as_uint(sx - __uint_as_float(head));
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const uint32_t zero[4] = {0, 0, 0, 0};
-        uint32_t part[4], m[4];
-        mma::mma_tf32_k4(part, am[i], rest, zero);
-        mma::mma_tf32_k4(m, am[i], head, part);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) acc[i][n][k] = fmaf(-dmin[i][k / 2], __uint_as_float(m[k]), acc[i][n][k]);
-      }
-    }
-  }
+  if constexpr (!K::kDecoded) minimum_terms<T, NL>(s, t, acc);
 }
 
 // multiply for the warp's live tiles (warp-uniform; a warp without tokens has no products).
-template <int T, bool MinMma>
+template <int T>
 __device__ __forceinline__ void multiply_live(const Stage<T>& s, uint32_t kt, const WarpTile& t,
                                               float (&acc)[2][4][4]) {
   switch (t.live) {
-    case 4: multiply<T, 4, MinMma>(s, kt, t, acc); break;
-    case 3: multiply<T, 3, MinMma>(s, kt, t, acc); break;
-    case 2: multiply<T, 2, MinMma>(s, kt, t, acc); break;
-    case 1: multiply<T, 1, MinMma>(s, kt, t, acc); break;
+    case 4: multiply<T, 4>(s, kt, t, acc); break;
+    case 3: multiply<T, 3>(s, kt, t, acc); break;
+    case 2: multiply<T, 2>(s, kt, t, acc); break;
+    case 1: multiply<T, 1>(s, kt, t, acc); break;
     default: break;
   }
 }
@@ -489,7 +501,7 @@ __device__ __forceinline__ void store_outputs(const Int8Args& a, const BlockTile
   for (int n = 0; n < 4; ++n) {
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const uint32_t tok = t.wt * 32 + 8 * n + 2 * t.q + k % 2;
+      const uint32_t tok = t.token(n) + 2 * t.q + k % 2;
       if (tok >= bt.ntok) continue;
       float* yt = a.y + static_cast<size_t>(bt.first + tok) * a.ldy;
       if constexpr (NM == 2) {
@@ -506,7 +518,7 @@ __device__ __forceinline__ void store_outputs(const Int8Args& a, const BlockTile
   }
 }
 
-template <int T, int NM, bool MinMma>
+template <int T, int NM>
 __global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ uint32_t grid[KQuant<T>::kDecoded ? 512 : 1];
@@ -537,7 +549,7 @@ __global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
     for (uint32_t i = threadIdx.x; i < 512; i += kThreads) grid[i] = a.iq3s_grid[i];
     __syncthreads();  // before the first decode
   }
-  TileLoader<T, NM, MinMma> ld(a, bt);
+  TileLoader<T, NM> ld(a, bt);
   const WarpTile wt = warp_tile<NM>(bt.ntok);
   float acc[2][4][4];
 #pragma unroll
@@ -565,7 +577,7 @@ __global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
       ld.issue(a, kt + 1, st[1 - b]);
       ld.load_headers(kt + 1);
     }
-    multiply_live<T, MinMma>(st[b], kt, wt, acc);
+    multiply_live<T>(st[b], kt, wt, acc);
   }
   store_outputs<NM>(a, bt, wt, acc);
 }
@@ -582,9 +594,9 @@ int int8_type(model::GgmlType type) {
 
 template <int NM>
 const void* kernel_of(int t) {
-  return t == qd::kQ4_K   ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ4_K, NM, false>)
-         : t == qd::kQ5_K ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ5_K, NM, false>)
-                          : reinterpret_cast<const void*>(kquant_int8_kernel<qd::kIQ3_S, NM, false>);
+  return t == qd::kQ4_K   ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ4_K, NM>)
+         : t == qd::kQ5_K ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ5_K, NM>)
+                          : reinterpret_cast<const void*>(kquant_int8_kernel<qd::kIQ3_S, NM>);
 }
 const void* kernel_of(int t, bool up) { return up ? kernel_of<2>(t) : kernel_of<1>(t); }
 
@@ -625,30 +637,21 @@ bool grouped_int8_takes(const ExpertMatrices& w, const ExpertMatrices* up, const
 
 namespace {
 
-template <int T, int NM, bool MinMma>
+template <int T, int NM>
 void launch(const Int8Args& a, dim3 grid, cudaStream_t stream) {
   constexpr size_t smem = 2 * sizeof(Stage<T>);
-  FERRY_CUDA(cudaFuncSetAttribute(kquant_int8_kernel<T, NM, MinMma>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  FERRY_CUDA(cudaFuncSetAttribute(kquant_int8_kernel<T, NM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(smem)));
-  kquant_int8_kernel<T, NM, MinMma><<<grid, kThreads, smem, stream>>>(a);
-}
-// Mid-check variant switch (issue 15, h53): FERRY_INT8_MIN_MMA=1 takes the K-quants' minimum terms
-// on tf32 products.
-bool min_on_mma() {
-  static const bool on = [] {
-    const char* v = std::getenv("FERRY_INT8_MIN_MMA");
-    return v != nullptr && v[0] == '1';
-  }();
-  return on;
+  kquant_int8_kernel<T, NM><<<grid, kThreads, smem, stream>>>(a);
 }
 template <int NM>
 void launch(int t, const Int8Args& a, dim3 grid, cudaStream_t stream) {
   if (t == qd::kQ4_K) {
-    min_on_mma() ? launch<qd::kQ4_K, NM, true>(a, grid, stream) : launch<qd::kQ4_K, NM, false>(a, grid, stream);
+    launch<qd::kQ4_K, NM>(a, grid, stream);
   } else if (t == qd::kQ5_K) {
-    min_on_mma() ? launch<qd::kQ5_K, NM, true>(a, grid, stream) : launch<qd::kQ5_K, NM, false>(a, grid, stream);
+    launch<qd::kQ5_K, NM>(a, grid, stream);
   } else {
-    launch<qd::kIQ3_S, NM, false>(a, grid, stream);
+    launch<qd::kIQ3_S, NM>(a, grid, stream);
   }
 }
 
