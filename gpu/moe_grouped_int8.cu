@@ -9,13 +9,17 @@
 // registers) x the 64 sorted rows of a token tile, k-tiles of 128 columns (half a block: 64 bytes
 // of nibbles a row, and Q5_K's 32 bytes of fifth bits). Per k-tile the weight rows' nibble bytes
 // and the tokens' bytes and block factors are copied in by cp.async into one of two buffers while
-// the tensor cores work on the other, and each weight row's sub-block factors (d * scale, dmin *
-// min) are made from its block's 16 leading bytes (IQ3_S: its sub-blocks are decoded to int8 there,
+// the tensor cores work on the other, and each weight row's sub-block factors (d * scale; for
+// K-quants the min and dmin) are made from its block's 16 leading bytes (IQ3_S: its sub-blocks are decoded to int8 there,
 // from the bytes loaded before the products). A warp multiplies 32 weight rows x 32 tokens: per
 // 32-column sub-block (one k32 step) 2 x 4 tiles of m16n8k32, each twice (the high and the low
 // bytes). The nibbles of a sub-block are one half of 32 consecutive bytes, so each register of A is
 // four bytes of the row masked (low or high nibbles; Q5_K ORs in bit j of the fifth-bit bytes of
-// the same columns): no decode pass and no permutation. Both int32 sums are turned into f32 without
+// the same columns): no decode pass and no permutation. Fragments are read by ldmatrix (one
+// instruction for a 16-row A tile, or for an 8-token tile's high and low B bytes), and a warp's
+// products of a k-tile are one branch-free stretch of code for its count of 8-token tiles that hold
+// tokens, so that the scheduler overlaps loads, MMAs and the f32 terms across tiles and steps. Both
+// int32 sums are turned into f32 without
 // a conversion instruction (a quarter-rate one on these devices): the MMAs accumulate onto the bits
 // of 1.5 * 2^31 and 1.5 * 2^23, so the words read as floats are those constants plus 256 * high and
 // low sum, exactly, and two adds give their sum.
@@ -71,8 +75,10 @@ template <int T>
 struct Stage {
   uint32_t w[BR * KQuant<T>::kWWords];
   uint32_t x[BN * kXWords];
-  float2 wf[kSteps][BR];  // per sub-block and weight row: d * scale, dmin * min
-  float2 xf[kSteps][BN];  // per block and token: the int16 step, the f32 sum
+  float2 wf[kSteps][BR];  // per sub-block and weight row: d * scale, and (K-quants) the 6-bit min
+  float dmin[BR];         // K-quants: per weight row, its block's dmin
+  float xd[kSteps][BN];   // per block and token: the int16 step
+  float xs[kSteps][BN + 8];  // and the f32 sum (rows 8 banks apart: minimum_terms reads 4 of them at once)
 };
 static_assert(sizeof(Stage<qd::kQ4_K>) % 16 == 0 && sizeof(Stage<qd::kQ5_K>) % 16 == 0 &&
                   sizeof(Stage<qd::kIQ3_S>) % 16 == 0,
@@ -92,9 +98,10 @@ struct Int8Args {
   const uint8_t* xq;  // quantized rows, 2 * cols bytes apart
   const float2* xf;   // their blocks' steps and sums, cols / 32 apart
   const int32_t* gather;
-  const uint32_t* offsets;
+  const uint32_t* offsets;  // null: one group of dense_rows rows (x's, in order), tile t its rows 64t..
   const uint32_t* tiles;
   uint32_t E;
+  uint32_t dense_rows;
   float* y;
   size_t ldy;
   float limit;
@@ -139,9 +146,8 @@ __device__ __forceinline__ uint32_t scale_byte(const uint32_t (&h)[4], uint32_t 
   return (word >> (8 * (i & 3))) & 0xff;
 }
 
-// Sub-block j's d * scale and dmin * min, as qd::k4_scale_min and matvec_int16.cu's k4_factors make them.
-__device__ __forceinline__ float2 k4_factor(const uint32_t (&h)[4], uint32_t j) {
-  uint32_t sc, m;
+// Sub-block j's 6-bit scale and min, as qd::k4_scale_min and matvec_int16.cu's k4_factors read them.
+__device__ __forceinline__ void k4_scale_min(const uint32_t (&h)[4], uint32_t j, uint32_t& sc, uint32_t& m) {
   if (j < 4) {
     sc = scale_byte(h, j) & 63;
     m = scale_byte(h, j + 4) & 63;
@@ -149,8 +155,6 @@ __device__ __forceinline__ float2 k4_factor(const uint32_t (&h)[4], uint32_t j) 
     sc = (scale_byte(h, j + 4) & 0xf) | ((scale_byte(h, j - 4) >> 6) << 4);
     m = (scale_byte(h, j + 4) >> 4) | ((scale_byte(h, j) >> 6) << 4);
   }
-  const float d = qd::h2f(h[0] & 0xffff), dmin = qd::h2f(h[0] >> 16);
-  return make_float2(d * static_cast<float>(sc), dmin * static_cast<float>(m));
 }
 
 // IQ3_S sub-block j of the block at b (2-byte aligned), as matvec_int16.cu's Reader<IQ3_S> reads it:
@@ -277,7 +281,9 @@ struct TileLoader {
     for (int j = 0; j < 4; ++j) {
       cp_async(&s.x[(tid / 16 + 16 * j) * kXWords + 4 * xch], a.xq + xoff[j] + 2 * BK * kt + 16 * xch, 16);
     }
-    cp_async(&s.xf[tid % 4][tid / 4], a.xf + xfoff + kSteps * kt, 8);
+    const float2* xf = a.xf + xfoff + kSteps * kt;
+    cp_async(&s.xd[tid % 4][tid / 4], &xf->x, 4);
+    cp_async(&s.xs[tid % 4][tid / 4], &xf->y, 4);
     if constexpr (K::kHighBits) {
       uint32_t* dst = &s.w[(tid / 2) * K::kWWords + 16 + 4 * (tid % 2)];
       const uint8_t* src = hrow + (kt / 2) * K::kBlockBytes + 16 + 16 * (tid % 2);
@@ -321,18 +327,27 @@ struct TileLoader {
         dst[1] = make_uint4(v[4], v[5], v[6], v[7]);
         s.wf[wch][wlr[j]] = make_float2(d, 0.0f);
       } else {
-        s.wf[wch][wlr[j]] = k4_factor(hdr[j], kSteps * (kt % 2) + wch);
+        uint32_t sc, m;
+        k4_scale_min(hdr[j], kSteps * (kt % 2) + wch, sc, m);
+        const float d = qd::h2f(hdr[j][0] & 0xffff), dmin = qd::h2f(hdr[j][0] >> 16);
+        // Q4_K's odd sub-blocks (high nibbles) are multiplied unshifted, 16 times their values: their
+        // d * scale / 16 (exact) makes the same product.
+        const float dsc = d * static_cast<float>(sc) * (!K::kHighBits && wch % 2 == 1 ? 0.0625f : 1.0f);
+        s.wf[wch][wlr[j]] = make_float2(dsc, static_cast<float>(m));
+        if (wch == 0) s.dmin[wlr[j]] = dmin;
       }
     }
   }
 };
 
 // A warp's part of the block's tile: two 16-row tiles (32 rows of the matrix, or 16 of gate and of
-// up) x 32 tokens, of which the 8-token tiles that hold tokens (the same for all its lanes). C's
-// layout: acc[i][n][k], k = 0, 1 row g, tokens 2q, 2q + 1; k = 2, 3 row g + 8.
+// up) x four of the tile's eight 8-token tiles, every other one (n-th: tokens 8 * (2n + wt)..), so
+// that a tile of fewer than 64 tokens gives both warps of a row range nearly the same work; the first
+// `live` of them hold tokens (the same for all its lanes). C's layout: acc[i][n][k], k = 0, 1 row g,
+// tokens 2q, 2q + 1 of the n-th; k = 2, 3 row g + 8.
 struct WarpTile {
-  uint32_t g, q, wt, lrb[2];
-  bool live[4];
+  uint32_t g, q, wt, lrb[2], live;
+  __device__ uint32_t token(uint32_t n) const { return 8 * (2 * n + wt); }
 };
 
 template <int NM>
@@ -344,75 +359,137 @@ __device__ __forceinline__ WarpTile warp_tile(uint32_t ntok) {
   t.wt = warp / 4;
 #pragma unroll
   for (int i = 0; i < 2; ++i) t.lrb[i] = NM == 1 ? wr * 32 + 16 * i : BR / 2 * i + wr * 16;
-#pragma unroll
-  for (int n = 0; n < 4; ++n) t.live[n] = t.wt * 32 + 8 * n < ntok;
+  const uint32_t tiles = (ntok + 7) / 8;  // 8-token tiles holding tokens: the warp has those of its parity
+  t.live = tiles > t.wt ? min(4u, (tiles - t.wt + 1) / 2) : 0;
   return t;
 }
 
-// One k-tile's products of a warp (k-tile kt, in s) into acc.
-template <int T>
+// The A fragments of a 16-row tile whose rows are kWWords apart from `rows`, 16-byte chunks at word
+// offsets `word` (registers 0, 1: rows g, g + 8) and `word` + 4 (2, 3), by ldmatrix: lane l gives row
+// l % 8 (+ 8 for odd l / 8) of chunk l / 16.
+template <uint32_t kWWords>
+__device__ __forceinline__ void load_a(uint32_t (&r)[4], const uint32_t* rows, uint32_t word) {
+  const uint32_t lane = threadIdx.x % 32;
+  mma::ldmatrix_x4(r, rows + (lane % 8 + 8 * (lane / 8 % 2)) * kWWords + word + 4 * (lane / 16));
+}
+
+// The K-quants' minimum terms of a k-tile, sum_j min_j * sum_j(x) over its 4 sub-blocks (the k of one
+// tf32 m16n8k4), on tensor cores: the 6-bit mins are exact in tf32, each f32 sum is split into a tf32
+// head and the rest (what the rest's own tf32 rounding drops is ~2^-22 of the sum), and dmin (one a
+// row in a k-tile) times the result is taken off in f32: one FFMA an output a k-tile, not one a
+// sub-block.
+template <int T, int NL>
+__device__ __forceinline__ void minimum_terms(const Stage<T>& s, const WarpTile& t, float (&acc)[2][4][4]) {
+  const uint32_t g = t.g, q = t.q;
+  uint32_t am[2][2];
+  float dmin[2][2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      am[i][r] = __float_as_uint(s.wf[q][t.lrb[i] + g + 8 * r].y);
+      dmin[i][r] = s.dmin[t.lrb[i] + g + 8 * r];
+    }
+  }
+  const uint32_t zero[4] = {0, 0, 0, 0};
+#pragma unroll
+  for (int n = 0; n < NL; ++n) {
+    const float sx = s.xs[q][t.token(n) + g];
+    const uint32_t head = __float_as_uint(sx) & 0xffffe000u;
+    const uint32_t rest = __float_as_uint(sx - __uint_as_float(head));
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      uint32_t part[4], m[4];
+      mma::mma_tf32_k4(part, am[i], rest, zero);
+      mma::mma_tf32_k4(m, am[i], head, part);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) acc[i][n][k] = fmaf(-dmin[i][k / 2], __uint_as_float(m[k]), acc[i][n][k]);
+    }
+  }
+}
+
+// One k-tile's products of a warp with NL live 8-token tiles (k-tile kt, in s) into acc: no branch
+// inside, so the fragment loads of the next tiles and steps are scheduled under the products.
+template <int T, int NL>
 __device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const WarpTile& t, float (&acc)[2][4][4]) {
   using K = KQuant<T>;
   constexpr uint32_t kWWords = K::kWWords;
-  const uint32_t g = t.g, q = t.q;
+  const uint32_t g = t.g, q = t.q, lane = threadIdx.x % 32;
+  const mma::FragC kHiC{{kHiBits, kHiBits, kHiBits, kHiBits}}, kLoC{{kLoBits, kLoBits, kLoBits, kLoBits}};
+  // B: lane l gives token l % 8 of an 8-token tile, at the step's high-byte words (+ 4 for odd l / 8)
+  // and its low-byte words (+ 32 for l / 16 = 1): registers 0, 1 the high bytes' fragment, 2, 3 the low.
+  const uint32_t* xrow = &s.x[(t.token(0) + lane % 8) * kXWords + 4 * (lane / 8 % 2) + 32 * (lane / 16)];
+  uint32_t high[2][4];
+  if constexpr (K::kHighBits) {  // the fifth bits of the k-tile's columns: words 16 + q and 20 + q
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      load_a<kWWords>(high[i], &s.w[t.lrb[i] * kWWords], 16);
+      // Sub-block step's bit to bit `step` of each byte (an odd k-tile's sub-blocks are bits 4..7;
+      // what the shift brings in from the next byte lands above bit 3, where no step reads).
+#pragma unroll
+      for (int k = 0; k < 4; ++k) high[i][k] >>= 4 * (kt % 2);
+    }
+  }
 #pragma unroll
   for (uint32_t c = 0; c < kSteps / 2; ++c) {  // the sub-blocks of 64 columns share their bytes
-    uint32_t raw[2][4], high[2][4];
+    uint32_t raw[2][4];
 #pragma unroll
-    for (int i = 0; i < 2 && !K::kDecoded; ++i) {
-      const uint32_t* r0 = &s.w[(t.lrb[i] + g) * kWWords + 8 * c + q];
-      const uint32_t* r8 = r0 + 8 * kWWords;
-      raw[i][0] = r0[0], raw[i][1] = r8[0], raw[i][2] = r0[4], raw[i][3] = r8[4];
-      if constexpr (K::kHighBits) {  // the fifth bits of the same columns: bytes 4q.. and 16 + 4q..
-        const uint32_t* h0 = &s.w[(t.lrb[i] + g) * kWWords + 16 + q];
-        const uint32_t* h8 = h0 + 8 * kWWords;
-        high[i][0] = h0[0], high[i][1] = h8[0], high[i][2] = h0[4], high[i][3] = h8[4];
-      }
-    }
+    for (int i = 0; i < 2 && !K::kDecoded; ++i) load_a<kWWords>(raw[i], &s.w[t.lrb[i] * kWWords], 8 * c);
 #pragma unroll
     for (uint32_t h = 0; h < 2; ++h) {
       const uint32_t step = 2 * c + h;
       mma::FragA A[2];
-      float2 wf[2][2];
+      float dw[2][2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         if constexpr (K::kDecoded) {  // int8 values in column order: words 8 * step + q and + 4
-          const uint32_t* r0 = &s.w[(t.lrb[i] + g) * kWWords + 8 * step + q];
-          const uint32_t* r8 = r0 + 8 * kWWords;
-          A[i].r[0] = r0[0], A[i].r[1] = r8[0], A[i].r[2] = r0[4], A[i].r[3] = r8[4];
+          load_a<kWWords>(A[i].r, &s.w[t.lrb[i] * kWWords], 8 * step);
         } else {
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
-            A[i].r[k] = (raw[i][k] >> (4 * h)) & 0x0f0f0f0fu;
-            if constexpr (K::kHighBits) A[i].r[k] |= ((high[i][k] >> (kSteps * (kt % 2) + step)) & 0x01010101u) << 4;
+            if constexpr (K::kHighBits) {
+              A[i].r[k] = ((raw[i][k] >> (4 * h)) & 0x0f0f0f0fu) | ((high[i][k] << (4 - step)) & 0x10101010u);
+            } else {  // Q4_K's high nibbles as they lie: 16 times their value (store_factors' 1/16)
+              A[i].r[k] = raw[i][k] & (h == 0 ? 0x0f0f0f0fu : 0xf0f0f0f0u);
+            }
           }
         }
-        wf[i][0] = s.wf[step][t.lrb[i] + g];
-        wf[i][1] = s.wf[step][t.lrb[i] + g + 8];
+        dw[i][0] = s.wf[step][t.lrb[i] + g].x;
+        dw[i][1] = s.wf[step][t.lrb[i] + g + 8].x;
       }
 #pragma unroll
-      for (int n = 0; n < 4; ++n) {
-        if (!t.live[n]) continue;
-        const uint32_t tb = t.wt * 32 + 8 * n;
-        const uint32_t* xr = &s.x[(tb + g) * kXWords + 8 * step + q];
-        const mma::FragB bh{{xr[0], xr[4]}}, bl{{xr[32], xr[36]}};
-        const float4 xv = *reinterpret_cast<const float4*>(&s.xf[step][tb + 2 * q]);
+      for (int n = 0; n < NL; ++n) {
+        uint32_t b[4];
+        mma::ldmatrix_x4(b, xrow + 16 * n * kXWords + 8 * step);
+        const mma::FragB bh{{b[0], b[1]}}, bl{{b[2], b[3]}};
+        const float2 dx = *reinterpret_cast<const float2*>(&s.xd[step][t.token(n) + 2 * q]);
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          mma::FragC ch{{kHiBits, kHiBits, kHiBits, kHiBits}}, cl{{kLoBits, kLoBits, kLoBits, kLoBits}};
-          mma::mma_k32<K::kDecoded, true>(ch, A[i], bh);  // IQ3_S's values are signed, the nibbles not
-          mma::mma_k32<K::kDecoded, false>(cl, A[i], bl);
+          mma::FragC ch, cl;
+          mma::mma_k32<K::kDecoded, true>(ch, A[i], bh, kHiC);  // IQ3_S's values are signed, the nibbles not
+          mma::mma_k32<K::kDecoded, false>(cl, A[i], bl, kLoC);
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
-            const float2 f = wf[i][k / 2];
-            const float dx = k % 2 == 0 ? xv.x : xv.z, sx = k % 2 == 0 ? xv.y : xv.w;
             const float sum = (__int_as_float(ch.r[k]) - kMagic) + __int_as_float(cl.r[k]);
-            acc[i][n][k] = fmaf(f.x * dx, sum, acc[i][n][k]);
-            if constexpr (!K::kDecoded) acc[i][n][k] = fmaf(-f.y, sx, acc[i][n][k]);
+            acc[i][n][k] = fmaf(dw[i][k / 2] * (k % 2 == 0 ? dx.x : dx.y), sum, acc[i][n][k]);
           }
         }
       }
     }
+  }
+  if constexpr (!K::kDecoded) minimum_terms<T, NL>(s, t, acc);
+}
+
+// multiply for the warp's live tiles (warp-uniform; a warp without tokens has no products).
+template <int T>
+__device__ __forceinline__ void multiply_live(const Stage<T>& s, uint32_t kt, const WarpTile& t,
+                                              float (&acc)[2][4][4]) {
+  switch (t.live) {
+    case 4: multiply<T, 4>(s, kt, t, acc); break;
+    case 3: multiply<T, 3>(s, kt, t, acc); break;
+    case 2: multiply<T, 2>(s, kt, t, acc); break;
+    case 1: multiply<T, 1>(s, kt, t, acc); break;
+    default: break;
   }
 }
 
@@ -424,7 +501,7 @@ __device__ __forceinline__ void store_outputs(const Int8Args& a, const BlockTile
   for (int n = 0; n < 4; ++n) {
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const uint32_t tok = t.wt * 32 + 8 * n + 2 * t.q + k % 2;
+      const uint32_t tok = t.token(n) + 2 * t.q + k % 2;
       if (tok >= bt.ntok) continue;
       float* yt = a.y + static_cast<size_t>(bt.first + tok) * a.ldy;
       if constexpr (NM == 2) {
@@ -447,21 +524,26 @@ __global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
   __shared__ uint32_t grid[KQuant<T>::kDecoded ? 512 : 1];
   Stage<T>* st = reinterpret_cast<Stage<T>*>(smem);
   const uint32_t tile = blockIdx.y;
-  if (tile >= a.tiles[a.E]) return;  // the grid is sized for the most tiles the routes can make
-  uint32_t lo_e = 0, hi_e = a.E;     // tiles[lo_e] <= tile < tiles[hi_e]
-  while (hi_e - lo_e > 1) {
-    const uint32_t mid = (lo_e + hi_e) / 2;
-    if (a.tiles[mid] <= tile) {
-      lo_e = mid;
-    } else {
-      hi_e = mid;
-    }
-  }
   BlockTile bt;
-  bt.e = lo_e;
-  const uint32_t t0 = (tile - a.tiles[bt.e]) * BN;
-  bt.first = a.offsets[bt.e] + t0;
-  bt.ntok = min(BN, a.offsets[bt.e + 1] - a.offsets[bt.e] - t0);
+  if (a.offsets == nullptr) {  // the grid holds the rows' tiles
+    bt.first = tile * BN;
+    bt.ntok = min(BN, a.dense_rows - bt.first);
+  } else {
+    if (tile >= a.tiles[a.E]) return;  // the grid is sized for the most tiles the routes can make
+    uint32_t lo_e = 0, hi_e = a.E;     // tiles[lo_e] <= tile < tiles[hi_e]
+    while (hi_e - lo_e > 1) {
+      const uint32_t mid = (lo_e + hi_e) / 2;
+      if (a.tiles[mid] <= tile) {
+        lo_e = mid;
+      } else {
+        hi_e = mid;
+      }
+    }
+    bt.e = lo_e;
+    const uint32_t t0 = (tile - a.tiles[bt.e]) * BN;
+    bt.first = a.offsets[bt.e] + t0;
+    bt.ntok = min(BN, a.offsets[bt.e + 1] - a.offsets[bt.e] - t0);
+  }
   bt.m0 = blockIdx.x * (BR / NM);
   if constexpr (KQuant<T>::kDecoded) {
     for (uint32_t i = threadIdx.x; i < 512; i += kThreads) grid[i] = a.iq3s_grid[i];
@@ -479,26 +561,23 @@ __global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
     }
   }
 
-  // k-tile kt's copies and factors are in buffer kt % 2; the next tile's copies are issued, and its
-  // block headers loaded, before this one's products, its factors stored after them.
+  // k-tile kt's copies and factors are in buffer kt % 2. One barrier a k-tile: after it, kt's copies
+  // (waited for) and factors (stored before it) are seen by every warp, and every warp is done with
+  // k-tile kt - 1's buffer, into which kt + 1's copies are then issued (and its block headers
+  // loaded) before kt's products; kt + 1's factors are stored at the top of the next iteration.
   const uint32_t ktiles = a.cols / BK;
   ld.load_headers(0);
   ld.issue(a, 0, st[0]);
-  ld.store_factors(0, st[0], grid);
   for (uint32_t kt = 0; kt < ktiles; ++kt) {
     const uint32_t b = kt % 2;
-    const bool next = kt + 1 < ktiles;
-    if (next) {
+    ld.store_factors(kt, st[b], grid);
+    cp_wait<0>();
+    __syncthreads();
+    if (kt + 1 < ktiles) {
       ld.issue(a, kt + 1, st[1 - b]);
       ld.load_headers(kt + 1);
-      cp_wait<1>();
-    } else {
-      cp_wait<0>();
     }
-    __syncthreads();
-    multiply<T>(st[b], kt, wt, acc);
-    if (next) ld.store_factors(kt + 1, st[1 - b], grid);
-    __syncthreads();
+    multiply_live<T>(st[b], kt, wt, acc);
   }
   store_outputs<NM>(a, bt, wt, acc);
 }
@@ -576,26 +655,21 @@ void launch(int t, const Int8Args& a, dim3 grid, cudaStream_t stream) {
   }
 }
 
-}  // namespace
-
-void grouped_gemm_int8(const ExpertMatrices& w, const ExpertMatrices* up, const float* x, size_t ldx, uint32_t x_rows,
-                       const int32_t* gather, const RouteSort& sort, uint32_t routes, uint32_t E, float limit, float* y,
-                       size_t ldy, const SplitScratch& split, cudaStream_t stream) {
-  if (routes == 0 || w.m.rows == 0 || x_rows == 0) return;
+// The quantizing pass, then the products over `token_tiles` tiles (the grid's second dimension);
+// sort null: one group of x's x_rows rows.
+void run_int8(const ExpertMatrices& w, const ExpertMatrices* up, const float* x, size_t ldx, uint32_t x_rows,
+              const int32_t* gather, const RouteSort* sort, uint32_t E, size_t token_tiles, float limit, float* y,
+              size_t ldy, const SplitScratch& split, cudaStream_t stream) {
   if (!grouped_int8_takes(w, up, x, ldx, x_rows, split)) {
-    throw CudaError("grouped_gemm_int8: not an int8 call (Q4_K / Q5_K / IQ3_S rows of whole blocks, gate and up "
-                    "alike, aligned input, a scratch for " + std::to_string(x_rows) + " x " +
-                    std::to_string(w.m.cols) + " values, sm80+ code)");
+    throw CudaError("int8 GEMM: not an int8 call (Q4_K / Q5_K / IQ3_S rows of whole blocks, gate and up alike, "
+                    "aligned input, a scratch for " + std::to_string(x_rows) + " x " + std::to_string(w.m.cols) +
+                    " values, sm80+ code)");
   }
-  if (gather == nullptr && x_rows < routes) {
-    throw CudaError("grouped_gemm_int8: " + std::to_string(routes) + " routes read rows of an input of " +
-                    std::to_string(x_rows));
-  }
-  if (w.table == nullptr && w.m.data == nullptr) throw CudaError("grouped_gemm_int8: no expert weights");
+  if (w.table == nullptr && w.m.data == nullptr) throw CudaError("int8 GEMM: no weights");
   const uint32_t cols = w.m.cols;
   const QuantScratch qs = quant_scratch(split, x_rows, cols);
   const size_t pieces = size_t{x_rows} * (cols / 16);
-  if ((pieces + 255) / 256 > 0x7fffffffu) throw CudaError("grouped_gemm_int8: too many input rows");
+  if ((pieces + 255) / 256 > 0x7fffffffu) throw CudaError("int8 GEMM: too many input rows");
   quantize_rows_kernel<<<static_cast<unsigned>((pieces + 255) / 256), 256, 0, stream>>>(x, ldx, x_rows, cols, qs.q,
                                                                                        qs.f);
   FERRY_CUDA_LAUNCHED();
@@ -615,21 +689,20 @@ void grouped_gemm_int8(const ExpertMatrices& w, const ExpertMatrices* up, const 
   a.xq = qs.q;
   a.xf = qs.f;
   a.gather = gather;
-  a.offsets = sort.offsets;
-  a.tiles = sort.tiles;
+  a.offsets = sort != nullptr ? sort->offsets : nullptr;
+  a.tiles = sort != nullptr ? sort->tiles : nullptr;
   a.E = E;
+  a.dense_rows = x_rows;
   a.y = y;
   a.ldy = ldy;
   a.limit = limit;
-  // Each expert with c rows makes ceil(c / BN) tiles: at most routes / BN + one per used expert.
-  const size_t max_tiles = (size_t{routes} + BN - 1) / BN + std::min(E, routes);
   const uint32_t rm = up != nullptr ? BR / 2 : BR;
   const size_t row_tiles = (size_t{w.m.rows} + rm - 1) / rm;
-  if (max_tiles > 65535 || row_tiles > 0x7fffffffu) {
-    throw CudaError("grouped_gemm_int8: " + std::to_string(routes) + " routes over " + std::to_string(w.m.rows) +
+  if (token_tiles > 65535 || row_tiles > 0x7fffffffu) {
+    throw CudaError("int8 GEMM: " + std::to_string(token_tiles) + " token tiles over " + std::to_string(w.m.rows) +
                     " rows make too large a grid");
   }
-  const dim3 grid(static_cast<uint32_t>(row_tiles), static_cast<uint32_t>(max_tiles));
+  const dim3 grid(static_cast<uint32_t>(row_tiles), static_cast<uint32_t>(token_tiles));
   const int t = int8_type(w.m.type);
   if (t == qd::kIQ3_S) a.iq3s_grid = iq3s_grid_address();
   if (up != nullptr) {
@@ -638,6 +711,32 @@ void grouped_gemm_int8(const ExpertMatrices& w, const ExpertMatrices* up, const 
     launch<1>(t, a, grid, stream);
   }
   FERRY_CUDA_LAUNCHED();
+}
+
+}  // namespace
+
+void grouped_gemm_int8(const ExpertMatrices& w, const ExpertMatrices* up, const float* x, size_t ldx, uint32_t x_rows,
+                       const int32_t* gather, const RouteSort& sort, uint32_t routes, uint32_t E, float limit, float* y,
+                       size_t ldy, const SplitScratch& split, cudaStream_t stream) {
+  if (routes == 0 || w.m.rows == 0 || x_rows == 0) return;
+  if (gather == nullptr && x_rows < routes) {
+    throw CudaError("grouped_gemm_int8: " + std::to_string(routes) + " routes read rows of an input of " +
+                    std::to_string(x_rows));
+  }
+  // Each expert with c rows makes ceil(c / BN) tiles: at most routes / BN + one per used expert.
+  const size_t max_tiles = (size_t{routes} + BN - 1) / BN + std::min(E, routes);
+  run_int8(w, up, x, ldx, x_rows, gather, &sort, E, max_tiles, limit, y, ldy, split, stream);
+}
+
+bool dense_int8_takes(const DevMatrix& m, const float* x, size_t ldx, uint32_t n, const SplitScratch& split) {
+  return m.data != nullptr && grouped_int8_takes(ExpertMatrices{m, 0, nullptr}, nullptr, x, ldx, n, split);
+}
+
+void dense_gemm_int8(const DevMatrix& m, const float* x, size_t ldx, uint32_t n, float* y, size_t ldy,
+                     const SplitScratch& split, cudaStream_t stream) {
+  if (n == 0 || m.rows == 0) return;
+  run_int8(ExpertMatrices{m, 0, nullptr}, nullptr, x, ldx, n, nullptr, nullptr, 1, (size_t{n} + BN - 1) / BN, 0.0f, y,
+           ldy, split, stream);
 }
 
 }  // namespace ferry::gpu

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -367,6 +368,160 @@ TEST_F(GroupedExpertsInt8, RowsOffTheTiles) {
     one.type = t;
     make_and_run(one, 33);
     if (HasFatalFailure()) return;
+  }
+}
+
+// One expert's rows for the first n tokens of x (k 1, every route to expert 3): each token's SwiGLU
+// row (gate and up) and its down row, by token.
+struct TokenRows {
+  std::vector<float> swiglu, down;
+};
+TokenRows one_expert_rows(const Case& c, const Experts& ex, const std::vector<float>& x, uint32_t n) {
+  TokenRows out;
+  const uint32_t D = c.D, I = c.I;
+  const std::vector<int32_t> ids(n, 3);
+  DeviceBuffer dids(n * 4), dx(size_t{n} * D * 4), doff((c.E + 1) * 4), dtiles((c.E + 1) * 4), dgather(n * 4),
+      dwhere(n * 4), deg(size_t{n} * I * 4), deo(size_t{n} * D * 4);
+  EXPECT_EQ(cudaMemcpy(dids.get(), ids.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(dx.get(), x.data(), size_t{n} * D * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  const size_t split_elems = size_t{n} * std::max(D, I);
+  DeviceBuffer dsh(split_elems * 2), dsl(split_elems * 2);
+  const SplitScratch split{dsh.get(), dsl.get(), split_elems};
+  const RouteSort sort{doff.as<uint32_t>(), dtiles.as<uint32_t>(), dgather.as<int32_t>(), dwhere.as<int32_t>()};
+  sort_routes(dids.as<int32_t>(), n, 1, c.E, sort, RouteTally{}, nullptr);
+  grouped_gemm_int8(ex.m[0], &ex.m[1], dx.as<float>(), D, n, sort.gather, sort, n, c.E, kLimit, deg.as<float>(), I,
+                    split, nullptr);
+  grouped_gemm_int8(ex.m[2], nullptr, deg.as<float>(), I, n, nullptr, sort, n, c.E, 0.0f, deo.as<float>(), D, split,
+                    nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<int32_t> gather(n);
+  std::vector<float> eg(size_t{n} * I), eo(size_t{n} * D);
+  EXPECT_EQ(cudaMemcpy(gather.data(), dgather.get(), n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(eg.data(), deg.get(), eg.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(eo.data(), deo.get(), eo.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  out.swiglu.resize(eg.size());
+  out.down.resize(eo.size());
+  for (uint32_t p = 0; p < n; ++p) {
+    std::copy_n(&eg[size_t{p} * I], I, &out.swiglu[size_t(gather[p]) * I]);
+    std::copy_n(&eo[size_t{p} * D], D, &out.down[size_t(gather[p]) * D]);
+  }
+  return out;
+}
+
+// A token's rows do not depend on the tokens beside it: its tile of 64 sorted rows may hold 1 to 64
+// tokens, so a warp multiplies 0 to 4 8-token tiles of its 32 (the kernel's code for each count
+// differs), and every count gives the same bits as a full tile.
+TEST_F(GroupedExpertsInt8, ATokensRowsHaveTheSameBitsWhateverItsTileHolds) {
+  if (!sm80_code_ready()) GTEST_SKIP() << "no sm80+ code for the int8 kernel on this device";
+  for (const GgmlType t : kTypes) {
+    SCOPED_TRACE(name(t));
+    Case c{4, 1, 512, 256, 192, true};
+    c.type = t;
+    std::mt19937 rng(41);
+    Experts ex;
+    make_experts(c, rng, ex);
+    if (HasFatalFailure()) return;
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> x(size_t{c.n} * c.D);
+    for (float& v : x) v = normal(rng);
+    const TokenRows full = one_expert_rows(c, ex, x, c.n);
+    for (const uint32_t n : {1u, 7u, 9u, 24u, 33u, 41u, 57u, 64u, 65u}) {
+      SCOPED_TRACE(std::to_string(n) + " tokens");
+      const TokenRows part = one_expert_rows(c, ex, x, n);
+      if (HasFailure()) return;
+      ASSERT_EQ(std::memcmp(part.swiglu.data(), full.swiglu.data(), part.swiglu.size() * 4), 0);
+      ASSERT_EQ(std::memcmp(part.down.data(), full.down.data(), part.down.size() * 4), 0);
+    }
+  }
+}
+
+// The dense products (LayerRunner::mm past the matvec rows) on the kernel: n rows of x times one
+// matrix, rows off the 128-row tiles and n off the 64-row tiles, each row against the decode matvec
+// (its int16 numerics) and the CPU at the bounds above; rows past n untouched.
+TEST_F(GroupedExpertsInt8, DenseProductsMatchTheDecodeMatvecAndTheCpu) {
+  if (!sm80_code_ready()) GTEST_SKIP() << "no sm80+ code for the int8 kernel on this device";
+  const uint32_t rows = 328, cols = 768;
+  for (const GgmlType t : kTypes) {
+    std::mt19937 rng(51);
+    const std::vector<uint8_t> blocks = test_rows(t, rows, cols, rng);
+    const std::vector<float> w = dequant(t, blocks, size_t{rows} * cols);
+    DeviceBuffer dw(blocks.size());
+    ASSERT_EQ(cudaMemcpy(dw.get(), blocks.data(), blocks.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    const DevMatrix m = shape(t, rows, cols, dw.as<uint8_t>());
+    for (const uint32_t n : {9u, 100u, 300u}) {
+      SCOPED_TRACE(name(t) + ", " + std::to_string(n) + " rows");
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      std::vector<float> x(size_t{n} * cols);
+      for (float& v : x) v = normal(rng);
+      DeviceBuffer dx(x.size() * 4), dy(size_t{n + 1} * rows * 4), dref(size_t{n} * rows * 4);
+      DeviceBuffer dsh(x.size() * 2), dsl(x.size() * 2);
+      const SplitScratch split{dsh.get(), dsl.get(), x.size()};
+      ASSERT_EQ(cudaMemcpy(dx.get(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(cudaMemset(dy.get(), 0xff, dy.bytes()), cudaSuccess);
+      ASSERT_TRUE(dense_int8_takes(m, dx.as<float>(), cols, n, split)) << "sm80+ code, yet not the int8 path";
+      dense_gemm_int8(m, dx.as<float>(), cols, n, dy.as<float>(), rows, split, nullptr);
+      decode_products(t, {dw.as<uint8_t>()}, rows, cols, {0, n}, dx.as<float>(), dref.as<float>());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::vector<float> y(size_t{n + 1} * rows), ref(size_t{n} * rows);
+      ASSERT_EQ(cudaMemcpy(y.data(), dy.get(), y.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(ref.data(), dref.get(), ref.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      for (uint32_t p = 0; p < n; ++p) {
+        const size_t at = size_t{p} * rows;
+        const double mr = row_max(&ref[at], rows);
+        for (uint32_t r = 0; r < rows; ++r) {
+          ASSERT_NEAR(y[at + r], ref[at + r], kTight * mr + 1e-7) << "row " << p << ", output " << r;
+          if (p % 7 != 0) continue;
+          const Cpu c = cpu_dot(&w[size_t{r} * cols], &x[size_t{p} * cols], cols);
+          ASSERT_NEAR(y[at + r], c.dot, c.bound) << "row " << p << ", output " << r << " against the CPU";
+        }
+      }
+      for (uint32_t r = 0; r < rows; ++r) ASSERT_TRUE(std::isnan(y[size_t{n} * rows + r])) << "past the rows";
+    }
+  }
+}
+
+// A KDA projection's shape (8,192 x 4,096 Q4_K, 2,048 rows): the dense path's time (printed) and
+// its first rows against the decode matvec.
+TEST_F(GroupedExpertsInt8, DenseKdaProjectionShapeReportsItsTime) {
+  if (!sm80_code_ready()) GTEST_SKIP() << "no sm80+ code for the int8 kernel on this device";
+  const uint32_t rows = 8192, cols = 4096, n = 2048;
+  const GgmlType t = GgmlType::Q4_K;
+  const size_t row_bytes = *model::ggml_bytes(t, cols);
+  DeviceBuffer dw(row_bytes * rows);
+  synth_fill(t, dw.as<uint8_t>(), rows, cols, row_bytes, 7, synthetic_tensor_id(1, 0, 0), 0.05f, nullptr);
+  const DevMatrix m = shape(t, rows, cols, dw.as<uint8_t>());
+  std::mt19937 rng(61);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(size_t{n} * cols);
+  for (float& v : x) v = normal(rng);
+  DeviceBuffer dx(x.size() * 4), dy(size_t{n} * rows * 4), dref(size_t{kMaxMatvecTokens} * rows * 4);
+  DeviceBuffer dsh(x.size() * 2), dsl(x.size() * 2);
+  const SplitScratch split{dsh.get(), dsl.get(), x.size()};
+  ASSERT_EQ(cudaMemcpy(dx.get(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_TRUE(dense_int8_takes(m, dx.as<float>(), cols, n, split));
+  std::vector<float> ms;
+  Event start, end;
+  for (int rep = 0; rep < 6; ++rep) {
+    start.record(nullptr);
+    dense_gemm_int8(m, dx.as<float>(), cols, n, dy.as<float>(), rows, split, nullptr);
+    end.record(nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    if (rep > 0) ms.push_back(end.since(start));  // rep 0 warms up
+  }
+  std::sort(ms.begin(), ms.end());
+  const double t_ms = ms[ms.size() / 2];
+  std::printf("dense int8 Q4_K %ux%u, %u rows: %.3f ms (%.1f TFLOPS)\n", rows, cols, n, t_ms,
+              2.0 * n * rows * cols / t_ms * 1e-9);
+  decode_products(t, {dw.as<uint8_t>()}, rows, cols, {0, kMaxMatvecTokens}, dx.as<float>(), dref.as<float>());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<float> y(size_t{kMaxMatvecTokens} * rows), ref(y.size());
+  ASSERT_EQ(cudaMemcpy(y.data(), dy.get(), y.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(ref.data(), dref.get(), ref.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (uint32_t p = 0; p < kMaxMatvecTokens; ++p) {
+    const double mr = row_max(&ref[size_t{p} * rows], rows);
+    for (uint32_t r = 0; r < rows; ++r) {
+      ASSERT_NEAR(y[size_t{p} * rows + r], ref[size_t{p} * rows + r], kTight * mr + 1e-7) << "row " << p << ", " << r;
+    }
   }
 }
 
