@@ -368,7 +368,7 @@ void indexer_select(const IndexerArgs& a, cudaStream_t stream) {
     indexer_decode_select(a, stream);
   } else if (indexer_prefill_applies(a)) {
     indexer_prefill_scores(a, stream);
-    indexer_select_rows(a, 256, stream);
+    indexer_select_rows(a, stream);
   } else {
     indexer_scores_by_row(a, stream);
     indexer_select_by_row(a, stream);

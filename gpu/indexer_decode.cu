@@ -117,6 +117,11 @@ constexpr int kSelectThreads = 1024;
 constexpr int kSelectPer = 8;                            // keys a thread holds, pools t * 8 .. t * 8 + 7
 constexpr int kSelectChunk = kSelectThreads * kSelectPer;  // keys of a row the block holds at once
 constexpr uint32_t kNoBin = 0xffffffffu;
+// Prefill rows: a block of 512 a row, 9,216 keys in registers (a 2,048-row chunk at 32K has up to
+// 8,704 pools a row). On the H200 (2,048 rows, gpu/PERF.md h62) 0.277 ms at 32K and 1.017 at 128K,
+// against 0.268 / 1.188 for 256 threads of 36 keys and 0.415 / 0.920 for the decode steps' 1,024 of 8.
+constexpr int kRowsThreads = 512;
+constexpr int kRowsPer = 18;
 
 // Keys base + threadIdx.x * P + j (j < P) of n, and how many of them exist.
 template <int P, class KeyAt>
@@ -375,13 +380,9 @@ void indexer_decode_select(const IndexerArgs& a, cudaStream_t stream) {
   FERRY_CUDA_LAUNCHED();
 }
 
-void indexer_select_rows(const IndexerArgs& a, uint32_t threads, cudaStream_t stream) {
+void indexer_select_rows(const IndexerArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
-  if (threads == 256) {
-    decode_select_kernel<256, 36><<<a.rows, 256, 0, stream>>>(a);
-  } else {
-    decode_select_kernel<512, 18><<<a.rows, 512, 0, stream>>>(a);
-  }
+  decode_select_kernel<kRowsThreads, kRowsPer><<<a.rows, kRowsThreads, 0, stream>>>(a);
   FERRY_CUDA_LAUNCHED();
 }
 

@@ -23,12 +23,11 @@ void indexer_decode_scores(const IndexerArgs& a, cudaStream_t stream);
 // a.tokens / a.counts from a.scores: the selection rule of gpu/dsa.cu, one block a row; contexts of
 // more than 8,192 pools with a.select_scratch large enough (rows x chunks of 8,192 pools x 2 x
 // topk / kpool words), a block per chunk listing its top pools, then a block a row over the lists.
-// Any number of rows: prefill steps select here too, after gpu/indexer_prefill.hpp's scores.
 void indexer_decode_select(const IndexerArgs& a, cudaStream_t stream);
 
-// The same selection on a block of `threads` (256: 36 keys a thread, or 512: 18) a row, 9,216 keys
-// in registers: prefill rows, which fill the device by their number.
-void indexer_select_rows(const IndexerArgs& a, uint32_t threads, cudaStream_t stream);
+// The same selection on a block of 512 threads a row, 9,216 keys in registers: prefill rows, which
+// fill the device by their number (decode steps need each row spread over more threads).
+void indexer_select_rows(const IndexerArgs& a, cudaStream_t stream);
 
 // The per-row kernels of gpu/dsa.cu (one block per 256 pools of a row; one block a row to select).
 void indexer_scores_by_row(const IndexerArgs& a, cudaStream_t stream);

@@ -257,7 +257,7 @@ void indexer_pool_keys(const IndexerArgs& a, cudaStream_t stream);
 void check_pool_ring(const IndexerArgs& a);
 // a.tokens / a.counts of every row (gpu/dsa.cu's selection rule): decode steps on gpu/indexer_decode.hpp's
 // kernels, prefill rows' scores on tensor cores (gpu/indexer_prefill.hpp) where they apply, else the
-// per-row kernels; the selection on indexer_decode_select's whatever the rows.
+// per-row kernels, then the selection on a block a row (indexer_select_rows).
 void indexer_select(const IndexerArgs& a, cudaStream_t stream);
 
 struct SparseMlaArgs {

@@ -1,4 +1,4 @@
-// The prefill indexer on tensor cores (gpu/indexer_prefill.hpp, then indexer_decode_select) against
+// The prefill indexer on tensor cores (gpu/indexer_prefill.hpp, then indexer_select_rows) against
 // the f32 path it replaces (gpu/dsa.cu's per-row kernels) and the CPU rule, on chunks of rows at
 // consecutive positions (one slot, two slots one after the other, or alternating row by row) over
 // random pool keys with planted ties: zero keys (every head's dot 0: the score must be exactly +0.0),
@@ -148,7 +148,7 @@ class Chunk {
     std::vector<float> scores;
     std::vector<int32_t> tokens, counts;
   };
-  // The f32 path (per-row kernels) or the tensor-core scores and the device-wide selection.
+  // The f32 path (per-row kernels) or the tensor-core scores and the selection of prefill rows.
   Out run(bool tensor_cores) {
     EXPECT_EQ(cudaMemset(scores_.get(), 0xff, scores_.bytes()), cudaSuccess);
     EXPECT_EQ(cudaMemset(tokens_.get(), 0xff, tokens_.bytes()), cudaSuccess);
@@ -156,7 +156,7 @@ class Chunk {
     const IndexerArgs a = args();
     if (tensor_cores) {
       indexer_prefill_scores(a, nullptr);
-      indexer_decode_select(a, nullptr);
+      indexer_select_rows(a, nullptr);
     } else {
       indexer_scores_by_row(a, nullptr);
       indexer_select_by_row(a, nullptr);
@@ -165,13 +165,15 @@ class Chunk {
     return {download<float>(scores_), download<int32_t>(tokens_), download<int32_t>(counts_)};
   }
 
-  // The selection alone on the scores the last run left, a block of `threads` a row.
-  Out reselect(uint32_t threads) {
+  // The tensor-core scores of 8 rows a block and the selection of the decode steps' kernel.
+  Out run_others() {
+    EXPECT_EQ(cudaMemset(scores_.get(), 0xff, scores_.bytes()), cudaSuccess);
     EXPECT_EQ(cudaMemset(tokens_.get(), 0xff, tokens_.bytes()), cudaSuccess);
     EXPECT_EQ(cudaMemset(counts_.get(), 0xff, counts_.bytes()), cudaSuccess);
-    indexer_select_rows(args(), threads, nullptr);
+    indexer_prefill_scores(args(), nullptr, 8);
+    indexer_decode_select(args(), nullptr);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    return {{}, download<int32_t>(tokens_), download<int32_t>(counts_)};
+    return {download<float>(scores_), download<int32_t>(tokens_), download<int32_t>(counts_)};
   }
 
   // Milliseconds of `launch` (median of `reps` after a warm-up).
@@ -259,10 +261,15 @@ void check_chunk(const Shape& s, uint32_t seed) {
   Chunk chunk(s, seed, 0);
   ASSERT_TRUE(indexer_prefill_applies(chunk.args()));
   const Chunk::Out ref = chunk.run(false), got = chunk.run(true);
-  for (uint32_t threads : {256u, 512u}) {
-    const Chunk::Out again = chunk.reselect(threads);
-    ASSERT_EQ(again.counts, got.counts) << threads << " threads a row";
-    ASSERT_EQ(again.tokens, got.tokens) << threads << " threads a row";
+  {
+    const Chunk::Out again = chunk.run_others();
+    for (uint32_t r = 0; r < s.rows; ++r) {
+      const size_t at = static_cast<size_t>(r) * chunk.max_pools();
+      ASSERT_EQ(std::memcmp(again.scores.data() + at, got.scores.data() + at, chunk.visible(r) * sizeof(float)), 0)
+          << "row " << r << ": 8 rows a block score otherwise than 4";
+    }
+    ASSERT_EQ(again.counts, got.counts) << "the decode steps' selection";
+    ASSERT_EQ(again.tokens, got.tokens) << "the decode steps' selection";
   }
   const uint32_t K = s.topk / s.kpool;
   uint32_t rows_differing = 0, pools_differing = 0;
@@ -370,10 +377,10 @@ TEST(IndexerPrefill, Timing) {
     const float select_one = chunk.time_ms(
         [&](const IndexerArgs& a, cudaStream_t st) { indexer_decode_select(no_scratch(a), st); }, 5);
     const float select_chunked = chunk.time_ms([](const IndexerArgs& a, cudaStream_t st) { indexer_decode_select(a, st); }, 5);
-    const float rows256 = chunk.time_ms([](const IndexerArgs& a, cudaStream_t st) { indexer_select_rows(a, 256, st); }, 5);
-    const float rows512 = chunk.time_ms([](const IndexerArgs& a, cudaStream_t st) { indexer_select_rows(a, 512, st); }, 5);
-    std::printf("indexer prefill timing, depth %u: selection on 256 threads a row %.3f ms, on 512 %.3f ms\n", depth,
-                static_cast<double>(rows256), static_cast<double>(rows512));
+    const float tc8 = chunk.time_ms([](const IndexerArgs& a, cudaStream_t st) { indexer_prefill_scores(a, st, 8); }, 5);
+    const float rows = chunk.time_ms([](const IndexerArgs& a, cudaStream_t st) { indexer_select_rows(a, st); }, 5);
+    std::printf("indexer prefill timing, depth %u: tensor-core scores 8 rows a block %.3f ms; selection on 512 "
+                "threads a row %.3f ms\n", depth, static_cast<double>(tc8), static_cast<double>(rows));
     const float layer = chunk.time_ms([](const IndexerArgs& a, cudaStream_t st) { indexer_select(a, st); }, 5);
     std::printf("indexer prefill timing, 2048 rows at depth %u (%u pools): f32 path scores %.3f ms + select %.3f ms; "
                 "tensor-core scores %.3f ms; selection one block a row %.3f ms, with the layer's scratch %.3f ms; "
