@@ -24,62 +24,63 @@
 namespace ferry::gpu {
 namespace {
 
+constexpr uint32_t kRows = 4;     // query rows a block
 constexpr uint32_t kHeads = 32;   // heads a row: two m16 tiles
 constexpr uint32_t kTile = 64;    // pools a step: two warps of 32
+constexpr uint32_t kWarps = 8;
+constexpr uint32_t kThreads = kWarps * 32;
 constexpr uint32_t kMaxDim = 128;
 constexpr uint32_t kPad = 8;      // halves past each row: ldmatrix's 8 rows on distinct banks
-static_assert(kTile == 64, "two warps a row, 32 pools each");
+static_assert(kWarps == 2 * kRows && kTile == 64, "two warps a row, 32 pools each");
 
 struct Layout {
   uint32_t kd, ld;  // dims padded to k16 steps; halves a shared row
   size_t q_hi, q_lo, k_hi, k_lo, w, bytes;
-  __host__ __device__ Layout(uint32_t head_dim, uint32_t rows) : kd((head_dim + 15) / 16 * 16), ld(kd + kPad) {
-    const size_t q = size_t{rows} * kHeads * ld * sizeof(__half), k = size_t{kTile} * ld * sizeof(__half);
-    q_hi = 0;          // [rows][kHeads][ld]
+  __host__ __device__ explicit Layout(uint32_t head_dim) : kd((head_dim + 15) / 16 * 16), ld(kd + kPad) {
+    const size_t q = size_t{kRows} * kHeads * ld * sizeof(__half), k = size_t{kTile} * ld * sizeof(__half);
+    q_hi = 0;          // [kRows][kHeads][ld]
     q_lo = q_hi + q;
     k_hi = q_lo + q;   // [kTile][ld]
     k_lo = k_hi + k;
-    w = k_lo + k;      // [rows][kHeads] f32, weights_proj * heads^-0.5
-    bytes = w + size_t{rows} * kHeads * sizeof(float);
+    w = k_lo + k;      // [kRows][kHeads] f32, weights_proj * heads^-0.5
+    bytes = w + size_t{kRows} * kHeads * sizeof(float);
   }
 };
 
-// R rows a block, two warps a row.
-template <uint32_t R>
-__global__ void __launch_bounds__(64 * R, 8 / R) prefill_score_kernel(IndexerArgs a) {
+__global__ void __launch_bounds__(kThreads, 2) prefill_score_kernel(IndexerArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using mma::ldsm_x4;
   using mma::mma_f16;
   using mma::smem_address;
   using mma::split_pair;
   extern __shared__ __align__(128) unsigned char smem[];
-  __shared__ int s_slot[R], s_nv[R];
-  const Layout lay(a.head_dim, R);
+  __shared__ int s_slot[kRows], s_nv[kRows];
+  const Layout lay(a.head_dim);
   const uint32_t kd = lay.kd, ld = lay.ld, H = a.heads, hd = a.head_dim, hd4 = hd / 4;
   __half* q_hi = reinterpret_cast<__half*>(smem + lay.q_hi);
   __half* q_lo = reinterpret_cast<__half*>(smem + lay.q_lo);
   __half* k_hi = reinterpret_cast<__half*>(smem + lay.k_hi);
   __half* k_lo = reinterpret_cast<__half*>(smem + lay.k_lo);
   float* s_w = reinterpret_cast<float*>(smem + lay.w);
-  const uint32_t r0 = (gridDim.y - 1 - blockIdx.y) * R;
+  const uint32_t r0 = (gridDim.y - 1 - blockIdx.y) * kRows;
   const int kp = static_cast<int>(a.kpool);
   const uint32_t max_pools = a.ctx / a.kpool;
 
   // The block's rows; nothing to do when none sees a pool of this block's first tile.
   int nv_all = 0;
 #pragma unroll
-  for (uint32_t i = 0; i < R; ++i) {
+  for (uint32_t i = 0; i < kRows; ++i) {
     const uint32_t r = r0 + i;
     nv_all = max(nv_all, r < a.rows ? (a.row.pos[r] + 1) / kp : 0);
   }
   if (static_cast<int>(blockIdx.x * kTile) >= nv_all) return;
-  if (threadIdx.x < R) {
+  if (threadIdx.x < kRows) {
     const uint32_t r = r0 + threadIdx.x;
     s_slot[threadIdx.x] = r < a.rows ? a.row.slot[r] : -1;
     s_nv[threadIdx.x] = r < a.rows ? (a.row.pos[r] + 1) / kp : 0;
   }
   // Queries as hi/lo pairs of dims (zero past the heads, the dims and the rows), weights pre-scaled.
-  for (uint32_t i = threadIdx.x; i < R * kHeads * (kd / 2); i += (64 * R)) {
+  for (uint32_t i = threadIdx.x; i < kRows * kHeads * (kd / 2); i += kThreads) {
     const uint32_t m = i / (kd / 2), c = 2 * (i % (kd / 2)), r = r0 + m / kHeads, h = m % kHeads;
     float x = 0.0f, y = 0.0f;
     if (r < a.rows && h < H && c < hd) {
@@ -92,12 +93,12 @@ __global__ void __launch_bounds__(64 * R, 8 / R) prefill_score_kernel(IndexerArg
     *reinterpret_cast<uint32_t*>(q_lo + m * ld + c) = lo;
   }
   const float wscale = rsqrtf(static_cast<float>(H));
-  for (uint32_t m = threadIdx.x; m < R * kHeads; m += (64 * R)) {
+  for (uint32_t m = threadIdx.x; m < kRows * kHeads; m += kThreads) {
     const uint32_t r = r0 + m / kHeads, h = m % kHeads;
     s_w[m] = r < a.rows && h < H ? a.w[static_cast<size_t>(r) * H + h] * wscale : 0.0f;
   }
   // The keys' dims past head_dim stay zero (the tile loads write only those below).
-  for (uint32_t i = threadIdx.x; i < kTile * (kd - hd); i += (64 * R)) {
+  for (uint32_t i = threadIdx.x; i < kTile * (kd - hd); i += kThreads) {
     const uint32_t p = i / (kd - hd), c = hd + i % (kd - hd);
     k_hi[p * ld + c] = __float2half_rn(0.0f);
     k_lo[p * ld + c] = __float2half_rn(0.0f);
@@ -125,7 +126,7 @@ __global__ void __launch_bounds__(64 * R, 8 / R) prefill_score_kernel(IndexerArg
     int slot = -1, nv_max = 0;
     uint32_t mine = 0;
 #pragma unroll
-    for (uint32_t i = 0; i < R; ++i) {
+    for (uint32_t i = 0; i < kRows; ++i) {
       if ((done >> i & 1u) || s_slot[i] < 0) continue;
       if (slot < 0) slot = s_slot[i];
       if (s_slot[i] == slot) {
@@ -139,7 +140,7 @@ __global__ void __launch_bounds__(64 * R, 8 / R) prefill_score_kernel(IndexerArg
     const float4* pools = reinterpret_cast<const float4*>(a.pool_cache + static_cast<size_t>(slot) * max_pools * hd);
     for (int p0 = static_cast<int>(blockIdx.x * kTile); p0 < nv_max; p0 += static_cast<int>(gridDim.x * kTile)) {
       __syncthreads();  // the previous tile's fragments are read
-      for (uint32_t i = threadIdx.x; i < kTile * hd4; i += (64 * R)) {
+      for (uint32_t i = threadIdx.x; i < kTile * hd4; i += kThreads) {
         const uint32_t p = i / hd4, c = 4 * (i % hd4);
         const float4 v = p0 + static_cast<int>(p) < nv_max ? __ldg(pools + static_cast<size_t>(p0 + p) * hd4 + c / 4)
                                                            : make_float4(0.f, 0.f, 0.f, 0.f);
@@ -219,29 +220,28 @@ bool indexer_prefill_applies(const IndexerArgs& a) {
       reinterpret_cast<uintptr_t>(a.q) % 8 != 0) {
     return false;
   }
-  if (!code_built_for(reinterpret_cast<const void*>(prefill_score_kernel<4>), 8)) return false;
-  return Layout(a.head_dim, 8).bytes <= static_cast<size_t>(optin_smem());
+  if (!code_built_for(reinterpret_cast<const void*>(prefill_score_kernel), 8)) return false;
+  return Layout(a.head_dim).bytes <= static_cast<size_t>(optin_smem());
 }
 
-void indexer_prefill_scores(const IndexerArgs& a, cudaStream_t stream, uint32_t block_rows) {
+void indexer_prefill_scores(const IndexerArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
   if (!indexer_prefill_applies(a)) {
     throw CudaError("indexer prefill scores on mma.sync: needs <= 32 heads, head_dim a multiple of 4 up to 128 and "
                     "sm80+ code, has " + std::to_string(a.heads) + " heads of " + std::to_string(a.head_dim));
   }
-  const uint32_t R = block_rows == 8 ? 8 : 4, threads = 64 * R;
-  auto kernel = R == 8 ? prefill_score_kernel<8> : prefill_score_kernel<4>;
-  const size_t smem = Layout(a.head_dim, R).bytes;
-  FERRY_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  const size_t smem = Layout(a.head_dim).bytes;
+  FERRY_CUDA(cudaFuncSetAttribute(prefill_score_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(smem)));
   int per_sm = 0;
-  FERRY_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, static_cast<int>(threads), smem));
+  FERRY_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, prefill_score_kernel, kThreads, smem));
   // About four blocks for each the device holds at once: a block's queries are loaded once for its
   // tiles, and the chunk's early rows (fewer pools) finish early.
-  const uint32_t groups = (a.rows + R - 1) / R;
+  const uint32_t groups = (a.rows + kRows - 1) / kRows;
   const uint32_t tiles = std::max(1u, (a.ctx / a.kpool + kTile - 1) / kTile);
   const uint32_t want = 4u * static_cast<uint32_t>(std::max(per_sm, 1) * current_sm_count());
   const uint32_t strides = std::clamp((want + groups - 1) / groups, 1u, tiles);
-  kernel<<<dim3(strides, groups), threads, smem, stream>>>(a);
+  prefill_score_kernel<<<dim3(strides, groups), kThreads, smem, stream>>>(a);
   FERRY_CUDA_LAUNCHED();
 }
 

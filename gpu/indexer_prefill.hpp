@@ -20,7 +20,6 @@ namespace ferry::gpu {
 // the pool cache 16-byte aligned, sm80+ code on this device and its shared memory.
 bool indexer_prefill_applies(const IndexerArgs& a);
 // a.scores of every row's visible pools; throws CudaError where indexer_prefill_applies() fails.
-// block_rows: 4 (8 warps, two blocks an SM) or 8 (16 warps, one block), for the mid check's timing.
-void indexer_prefill_scores(const IndexerArgs& a, cudaStream_t stream, uint32_t block_rows = 4);
+void indexer_prefill_scores(const IndexerArgs& a, cudaStream_t stream);
 
 }  // namespace ferry::gpu
