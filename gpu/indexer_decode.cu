@@ -132,8 +132,8 @@ __device__ __forceinline__ int load_keys(const KeyAt& key_at, int base, int n, u
   return max(0, min(P, n - i0));
 }
 
-// The top K of n keys key_at(i) (ties: the lower i first) on the whole block of T threads: emit(j, i) for the j-th
-// selected in increasing i; returns how many (min(K, n)), to every thread. The radix passes count the
+// The top K of n keys key_at(i) (ties: the lower i first) on the whole block of T threads: emit(j, i)
+// for the j-th selected in increasing i; returns how many (min(K, n)), to every thread. The radix passes count the
 // keys matching the prefix so far into 256 bins (equal bins of a warp added at once: the ReLU puts
 // many scores on exactly 0.0), warp 0 finds the bin of the K-th key from the top; then the keys above
 // the threshold and the first `remaining` equal ones in index order are listed by two block scans a
