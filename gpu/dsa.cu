@@ -13,6 +13,7 @@
 #include "gpu/block_reduce.cuh"
 #include "gpu/cuda_check.hpp"
 #include "gpu/indexer_decode.hpp"
+#include "gpu/indexer_prefill.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/latent_rows.cuh"
 #include "gpu/order_key.cuh"
@@ -365,6 +366,9 @@ void indexer_select(const IndexerArgs& a, cudaStream_t stream) {
   if (indexer_decode_fits(a)) {
     indexer_decode_scores(a, stream);
     indexer_decode_select(a, stream);
+  } else if (indexer_prefill_applies(a)) {
+    indexer_prefill_scores(a, stream);
+    indexer_select_rows(a, stream);
   } else {
     indexer_scores_by_row(a, stream);
     indexer_select_by_row(a, stream);

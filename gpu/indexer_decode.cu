@@ -117,34 +117,39 @@ constexpr int kSelectThreads = 1024;
 constexpr int kSelectPer = 8;                            // keys a thread holds, pools t * 8 .. t * 8 + 7
 constexpr int kSelectChunk = kSelectThreads * kSelectPer;  // keys of a row the block holds at once
 constexpr uint32_t kNoBin = 0xffffffffu;
+// Prefill rows: a block of 512 a row, 9,216 keys in registers (a 2,048-row chunk at 32K has up to
+// 8,704 pools a row). On the H200 (2,048 rows, gpu/PERF.md h62) 0.277 ms at 32K and 1.017 at 128K,
+// against 0.268 / 1.188 for 256 threads of 36 keys and 0.415 / 0.920 for the decode steps' 1,024 of 8.
+constexpr int kRowsThreads = 512;
+constexpr int kRowsPer = 18;
 
-// Keys base + threadIdx.x * kSelectPer + j (j < kSelectPer) of n, and how many of them exist.
-template <class KeyAt>
-__device__ __forceinline__ int load_keys(const KeyAt& key_at, int base, int n, uint32_t (&key)[kSelectPer]) {
-  const int i0 = base + static_cast<int>(threadIdx.x) * kSelectPer;
+// Keys base + threadIdx.x * P + j (j < P) of n, and how many of them exist.
+template <int P, class KeyAt>
+__device__ __forceinline__ int load_keys(const KeyAt& key_at, int base, int n, uint32_t (&key)[P]) {
+  const int i0 = base + static_cast<int>(threadIdx.x) * P;
 #pragma unroll
-  for (int j = 0; j < kSelectPer; ++j) key[j] = i0 + j < n ? key_at(i0 + j) : 0u;
-  return max(0, min(kSelectPer, n - i0));
+  for (int j = 0; j < P; ++j) key[j] = i0 + j < n ? key_at(i0 + j) : 0u;
+  return max(0, min(P, n - i0));
 }
 
-// The top K of n keys key_at(i) (ties: the lower i first) on the whole block: emit(j, i) for the j-th
-// selected in increasing i; returns how many (min(K, n)), to every thread. The radix passes count the
+// The top K of n keys key_at(i) (ties: the lower i first) on the whole block of T threads: emit(j, i)
+// for the j-th selected in increasing i; returns how many (min(K, n)), to every thread. The radix passes count the
 // keys matching the prefix so far into 256 bins (equal bins of a warp added at once: the ReLU puts
 // many scores on exactly 0.0), warp 0 finds the bin of the K-th key from the top; then the keys above
 // the threshold and the first `remaining` equal ones in index order are listed by two block scans a
-// chunk. n <= kSelectChunk keeps the keys in registers; more are read again each pass.
-template <class KeyAt, class Emit>
+// chunk. n <= T * P keeps the keys in registers (P a thread); more are read again each pass.
+template <int T, int P, class KeyAt, class Emit>
 __device__ int block_top_k(int n, int K, const KeyAt& key_at, const Emit& emit) {
-  using Scan = cub::BlockScan<int, kSelectThreads>;
+  using Scan = cub::BlockScan<int, T>;
   __shared__ typename Scan::TempStorage scan_tmp;
   __shared__ uint32_t hist[256];
   __shared__ uint32_t s_prefix, s_mask, s_remaining;
   __shared__ int s_taken, s_eq_seen;
   const uint32_t lane = threadIdx.x & 31;
   K = min(K, n);
-  const bool one_chunk = n <= kSelectChunk;
-  uint32_t key[kSelectPer];
-  int valid = one_chunk ? load_keys(key_at, 0, n, key) : 0;
+  const bool one_chunk = n <= T * P;
+  uint32_t key[P];
+  int valid = one_chunk ? load_keys<P>(key_at, 0, n, key) : 0;
   __syncthreads();  // a previous call's reads of the shared state are done
   if (threadIdx.x == 0) {
     s_prefix = 0;
@@ -159,10 +164,10 @@ __device__ int block_top_k(int n, int K, const KeyAt& key_at, const Emit& emit) 
       for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
       __syncthreads();
       const uint32_t prefix = s_prefix, mask = s_mask;
-      for (int base = 0; base < n; base += kSelectChunk) {
-        if (!one_chunk) valid = load_keys(key_at, base, n, key);
+      for (int base = 0; base < n; base += T * P) {
+        if (!one_chunk) valid = load_keys<P>(key_at, base, n, key);
 #pragma unroll
-        for (int j = 0; j < kSelectPer; ++j) {
+        for (int j = 0; j < P; ++j) {
           const uint32_t bin = j < valid && (key[j] & mask) == prefix ? (key[j] >> shift) & 255u : kNoBin;
           const unsigned peers = __match_any_sync(0xffffffffu, bin);
           if (bin != kNoBin && (__ffs(peers) - 1) == static_cast<int>(lane)) {
@@ -203,18 +208,18 @@ __device__ int block_top_k(int n, int K, const KeyAt& key_at, const Emit& emit) 
   __syncthreads();
   const uint32_t thr = s_prefix;
   const int eq_wanted = static_cast<int>(s_remaining);
-  for (int base = 0; base < n; base += kSelectChunk) {
-    if (!one_chunk) valid = load_keys(key_at, base, n, key);
+  for (int base = 0; base < n; base += T * P) {
+    if (!one_chunk) valid = load_keys<P>(key_at, base, n, key);
     int eq_n = 0;
 #pragma unroll
-    for (int j = 0; j < kSelectPer; ++j) eq_n += (!all && j < valid && key[j] == thr) ? 1 : 0;
+    for (int j = 0; j < P; ++j) eq_n += (!all && j < valid && key[j] == thr) ? 1 : 0;
     int eq_before, eq_total;
     Scan(scan_tmp).ExclusiveSum(eq_n, eq_before, eq_total);
     __syncthreads();
-    bool take[kSelectPer];
+    bool take[P];
     int take_n = 0, eq_rank = s_eq_seen + eq_before;
 #pragma unroll
-    for (int j = 0; j < kSelectPer; ++j) {
+    for (int j = 0; j < P; ++j) {
       const bool in = j < valid;
       const bool eq = !all && in && key[j] == thr;
       take[j] = in && (all || key[j] > thr || (eq && eq_rank < eq_wanted));
@@ -224,9 +229,9 @@ __device__ int block_top_k(int n, int K, const KeyAt& key_at, const Emit& emit) 
     int at, taken_here;
     Scan(scan_tmp).ExclusiveSum(take_n, at, taken_here);
     int j_out = s_taken + at;
-    const int i0 = base + static_cast<int>(threadIdx.x) * kSelectPer;
+    const int i0 = base + static_cast<int>(threadIdx.x) * P;
 #pragma unroll
-    for (int j = 0; j < kSelectPer; ++j) {
+    for (int j = 0; j < P; ++j) {
       if (take[j]) emit(j_out++, i0 + j);
     }
     __syncthreads();
@@ -263,12 +268,13 @@ __device__ __forceinline__ void finish_row(const IndexerArgs& a, uint32_t r, con
   a.counts[r] = count;
 }
 
-// One block a row over all its visible pools.
-__global__ void __launch_bounds__(kSelectThreads) decode_select_kernel(IndexerArgs a) {
+// One block of T threads a row over all its visible pools.
+template <int T, int P>
+__global__ void __launch_bounds__(T) decode_select_kernel(IndexerArgs a) {
   const uint32_t r = blockIdx.x;
   const RowSelect s = row_select(a, r);
   const int kp = static_cast<int>(a.kpool);
-  const int taken = block_top_k(
+  const int taken = block_top_k<T, P>(
       s.nv, s.K, [&](int i) { return order_key(s.scores[i]); },
       [&](int j, int p) {
         for (int i = 0; i < kp; ++i) s.tokens[j * kp + i] = p * kp + i;
@@ -295,7 +301,7 @@ __global__ void __launch_bounds__(kSelectThreads) chunk_select_kernel(IndexerArg
   if (p0 >= s.nv) return;
   uint32_t* keys = lists.keys(r, b);
   uint32_t* pools = lists.pools(r, b);
-  block_top_k(
+  block_top_k<kSelectThreads, kSelectPer>(
       min(kSelectChunk, s.nv - p0), s.K, [&](int i) { return order_key(s.scores[p0 + i]); },
       [&](int j, int i) {
         keys[j] = order_key(s.scores[p0 + i]);
@@ -312,7 +318,7 @@ __global__ void __launch_bounds__(kSelectThreads) merge_select_kernel(IndexerArg
   const int chunks = (s.nv + kSelectChunk - 1) / kSelectChunk;
   const int E = max(min(s.K, kSelectChunk), 1);  // entries of a full chunk's list
   const int n = chunks == 0 ? 0 : (chunks - 1) * min(s.K, kSelectChunk) + min(s.K, s.nv - (chunks - 1) * kSelectChunk);
-  const int taken = block_top_k(
+  const int taken = block_top_k<kSelectThreads, kSelectPer>(
       n, s.K, [&](int i) { return lists.keys(r, static_cast<uint32_t>(i / E))[i % E]; },
       [&](int j, int i) {
         const int p = static_cast<int>(lists.pools(r, static_cast<uint32_t>(i / E))[i % E]);
@@ -370,7 +376,13 @@ void indexer_decode_select(const IndexerArgs& a, cudaStream_t stream) {
     FERRY_CUDA_LAUNCHED();
     return;
   }
-  decode_select_kernel<<<a.rows, kSelectThreads, 0, stream>>>(a);
+  decode_select_kernel<kSelectThreads, kSelectPer><<<a.rows, kSelectThreads, 0, stream>>>(a);
+  FERRY_CUDA_LAUNCHED();
+}
+
+void indexer_select_rows(const IndexerArgs& a, cudaStream_t stream) {
+  if (a.rows == 0) return;
+  decode_select_kernel<kRowsThreads, kRowsPer><<<a.rows, kRowsThreads, 0, stream>>>(a);
   FERRY_CUDA_LAUNCHED();
 }
 

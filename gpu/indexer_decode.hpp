@@ -25,6 +25,10 @@ void indexer_decode_scores(const IndexerArgs& a, cudaStream_t stream);
 // topk / kpool words), a block per chunk listing its top pools, then a block a row over the lists.
 void indexer_decode_select(const IndexerArgs& a, cudaStream_t stream);
 
+// The same selection on a block of 512 threads a row, 9,216 keys in registers: prefill rows, which
+// fill the device by their number (decode steps need each row spread over more threads).
+void indexer_select_rows(const IndexerArgs& a, cudaStream_t stream);
+
 // The per-row kernels of gpu/dsa.cu (one block per 256 pools of a row; one block a row to select).
 void indexer_scores_by_row(const IndexerArgs& a, cudaStream_t stream);
 void indexer_select_by_row(const IndexerArgs& a, cudaStream_t stream);

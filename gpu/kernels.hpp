@@ -255,6 +255,9 @@ struct IndexerArgs {
 void indexer_pool_keys(const IndexerArgs& a, cudaStream_t stream);
 // Throws unless the key ring holds what a segment's new pools read (kpool - 1 rows before it, to its end).
 void check_pool_ring(const IndexerArgs& a);
+// a.tokens / a.counts of every row (gpu/dsa.cu's selection rule): decode steps on gpu/indexer_decode.hpp's
+// kernels, prefill rows' scores on tensor cores (gpu/indexer_prefill.hpp) where they apply, else the
+// per-row kernels, then the selection on a block a row (indexer_select_rows).
 void indexer_select(const IndexerArgs& a, cudaStream_t stream);
 
 struct SparseMlaArgs {

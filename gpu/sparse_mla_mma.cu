@@ -27,11 +27,11 @@
 // two n8 tiles, of its even and of its odd columns.
 #include <cuda_fp16.h>
 
-#include <cstring>
 #include <string>
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/half_split.cuh"
+#include "gpu/mma_f16.cuh"
 #include "gpu/pdl.hpp"
 #include "gpu/sparse_mla_tc.hpp"
 
@@ -67,22 +67,18 @@ struct Layout {
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+using mma::bits_half2;
+using mma::half2_bits;
+using mma::ldsm_x4;
+using mma::ldsm_x4_trans;
+using mma::smem_address;
+using mma::split_pair;
+
 constexpr uint32_t kMagic = 0x64006400u;        // half2 (1024, 1024): byte b in the low bits reads 1024 + b
 constexpr uint32_t kMagicOffset = 0x64806480u;  // half2 (1152, 1152) = 1024 + the bias 128
 constexpr uint32_t kMagicLo = 0x34003400u;      // half2 (2^-2, 2^-2): b in the low bits reads (1024 + b) 2^-12
 constexpr uint32_t kMagicLoOffset = 0x34803480u;  // half2 (1152 2^-12, ...)
 constexpr uint32_t kBias = 0x80808080u;         // s8 ^ 0x80 = s8 + 128 as u8
-
-__device__ __forceinline__ uint32_t half2_bits(__half2 h) {
-  uint32_t u;
-  memcpy(&u, &h, sizeof u);
-  return u;
-}
-__device__ __forceinline__ __half2 bits_half2(uint32_t u) {
-  __half2 h;
-  memcpy(&h, &u, sizeof u);
-  return h;
-}
 
 // The two s8 bytes of `raw` that `sel` places in bytes 0 and 2 (a __byte_perm selector over raw and
 // the magic, 0x7?5? with the bytes' indices in the ?), as an exact half2, and as that times 2^-12.
@@ -93,18 +89,6 @@ __device__ __forceinline__ uint32_t s8_pair_lo(uint32_t biased, uint32_t sel) {
   return half2_bits(__hsub2(bits_half2(__byte_perm(biased, kMagicLo, sel)), bits_half2(kMagicLoOffset)));
 }
 
-// x and y (the low k first) as fp16 hi and lo halves (gpu/half_split.cuh's split).
-__device__ __forceinline__ void split_pair(float x, float y, uint32_t& hi, uint32_t& lo) {
-  const __half2 h = __floats2half2_rn(x, y);
-  const float2 f = __half22float2(h);
-  hi = half2_bits(h);
-  lo = half2_bits(__floats2half2_rn((x - f.x) * kHalfLoScale, (y - f.y) * kHalfLoScale));
-}
-
-__device__ __forceinline__ uint32_t smem_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 // 16 bytes from global memory, or zeros where !valid (nothing read).
 __device__ __forceinline__ void copy16(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
@@ -113,24 +97,6 @@ __device__ __forceinline__ void copy16(uint32_t dst, const void* src, bool valid
 __device__ __forceinline__ void copy_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void copy_wait_all_but_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// c += a * (b0, b1), fp16 operands, f32 sums.
-__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 #endif
 
 // S: k16 steps of a warp's columns (rank = 128 S), constant so that the loops unroll into registers.
@@ -228,8 +194,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_mma_kernel(SparseMlaAr
             const uint32_t s0 = s8_pair_lo(x, 0x7150), s1 = s8_pair_lo(x, 0x7352);
 #pragma unroll
             for (uint32_t mt = 0; mt < 2; ++mt) {
-              mma(acc[mt][4 * u + i], qh[mt][j], b0, b1);
-              mma(acc[mt][4 * u + i], ql[mt][j], s0, s1);
+              mma::mma_f16(acc[mt][4 * u + i], qh[mt][j], b0, b1);
+              mma::mma_f16(acc[mt][4 * u + i], ql[mt][j], s0, s1);
             }
           }
         }
@@ -332,10 +298,10 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_mma_kernel(SparseMlaAr
             const uint32_t fl0 = s8_pair_lo(x0, 0x7351), fl1 = s8_pair_lo(x1, 0x7351);
 #pragma unroll
             for (uint32_t mt = 0; mt < 2; ++mt) {
-              mma(o[mt][G][0], wh[mt][kk], e0, e1);
-              mma(o[mt][G][0], wl[mt][kk], el0, el1);
-              mma(o[mt][G][1], wh[mt][kk], f0, f1);
-              mma(o[mt][G][1], wl[mt][kk], fl0, fl1);
+              mma::mma_f16(o[mt][G][0], wh[mt][kk], e0, e1);
+              mma::mma_f16(o[mt][G][0], wl[mt][kk], el0, el1);
+              mma::mma_f16(o[mt][G][1], wh[mt][kk], f0, f1);
+              mma::mma_f16(o[mt][G][1], wl[mt][kk], fl0, fl1);
             }
           }
         }
