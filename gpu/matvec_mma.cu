@@ -12,11 +12,16 @@
 // Work: a warp's step is 16 rows x one 256-column superblock, its loads (8-byte pieces: a lane holds
 // rows g and g + 8 of an MMA tile, at the same columns) requested one step ahead. The warps of a
 // block share a tile's superblocks (8 warps a tile on rows of 8 or more superblocks; fewer warps a
-// tile, so more tiles a block, otherwise) and add their partial sums through shared memory in a fixed order; a token's result
-// is the same whatever the launch's token count.
+// tile, so more tiles a block, otherwise) and add their partial sums through shared memory in a
+// fixed order; a token's result is the same whatever the launch's token count, the block that
+// computes a tile and the kernel's instance (one token, kOne, or more). A launch whose groups are not
+// named on the device is one wave of equal contiguous shares of all its parts' and groups' tiles
+// (Walk), and its blocks ask for the weights of their next steps into L2 wherever those are read by
+// offset, the routed experts' too once the router's ids are visible.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <set>
@@ -168,8 +173,9 @@ struct K4Scales {
     }
   }
 };
-// a_of(j, A) fills sub-block j's A fragment.
-template <class AOf>
+// a_of(j, A) fills sub-block j's A fragment. With kOne the launch has one token: the odd columns'
+// values (tokens past it, never stored) are not made, and the even ones' are the same operations.
+template <bool kOne, class AOf>
 __device__ __forceinline__ void k4_product(const K4Scales& k, uint32_t sb, const Ctx& c, AOf a_of, float (&acc)[4]) {
   float sd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -181,13 +187,13 @@ __device__ __forceinline__ void k4_product(const K4Scales& k, uint32_t sb, const
     load_b(c, unit, hi, lo);
     int s[4];
     sums<false>(A, hi, lo, s);
-    const float x0 = x_step(c, 2 * c.q, unit), x1 = x_step(c, 2 * c.q + 1, unit);
+    const float x0 = x_step(c, 2 * c.q, unit), x1 = kOne ? 0.0f : x_step(c, 2 * c.q + 1, unit);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int scale = static_cast<int>((k.sc[r][j >> 2] >> (8 * (j & 3))) & 0xff);
       // |s| * scale < 31 * 32767 * 32 * 63: no int32 overflow.
       sd[2 * r] += static_cast<float>(s[2 * r] * scale) * x0;
-      sd[2 * r + 1] += static_cast<float>(s[2 * r + 1] * scale) * x1;
+      if (!kOne) sd[2 * r + 1] += static_cast<float>(s[2 * r + 1] * scale) * x1;
     }
   }
   // A: the minimums of sub-blocks q (a[0], a[1]) and q + 4 (a[2], a[3]); B: token g's sums of them.
@@ -199,7 +205,9 @@ __device__ __forceinline__ void k4_product(const K4Scales& k, uint32_t sb, const
   mma_tf32(sm, am, bm, false);
   mma_tf32(sm, am, bm, true);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) acc[i] += k.d[i >> 1] * sd[i] - k.dmin[i >> 1] * sm[i];
+  for (int i = 0; i < 4; ++i) {
+    if (!kOne || i % 2 == 0) acc[i] += k.d[i >> 1] * sd[i] - k.dmin[i >> 1] * sm[i];
+  }
 }
 
 template <> struct MmaReader<qd::kQ4_K> {
@@ -213,8 +221,9 @@ template <> struct MmaReader<qd::kQ4_K> {
 #pragma unroll
     for (int c = 0; c < 4; ++c) w.qs[r][c] = *reinterpret_cast<const uint2*>(blk + 16 + 32 * c + 8 * q);
   }
+  template <bool kOne>
   __device__ static void product(const Regs& w, uint32_t sb, const Ctx& c, float (&acc)[4]) {
-    k4_product(K4Scales(w.head), sb, c,
+    k4_product<kOne>(K4Scales(w.head), sb, c,
                [&](int j, mma::FragA& A) {
                  const int ch = j >> 1, shift = 4 * (j & 1);
                  A.r[0] = (w.qs[0][ch].x >> shift) & 0x0f0f0f0fu;
@@ -251,10 +260,9 @@ __device__ __forceinline__ void read_x16(const MatvecArgs& a, const MatvecPartVi
 // Quantizes the group's tokens into the B layout: a thread 16 values (half of a 32-value unit, its
 // neighbour the other half), rounded as the dp2a kernel rounds them (gpu/x_int16.cuh), each int16 as
 // its hi and lo bytes.
-__device__ void quantize_x(const MatvecArgs& a, const MatvecPartView& view, uint32_t g, const int32_t* tok_x,
+__device__ void quantize_x(const MatvecArgs& a, const MatvecPartView& view, const float* x_up, const int32_t* tok_x,
                            uint32_t ntok, const Layout& lay, unsigned char* smem) {
   const uint32_t K = a.w.cols, pieces = ntok * (K / 16);
-  const float* x_up = matvec_part_x_up(a, g);
   float* steps = reinterpret_cast<float*>(smem + lay.steps_at());
   for (uint32_t base = 0; base < pieces; base += kThreads) {
     const uint32_t i = base + threadIdx.x;
@@ -288,40 +296,108 @@ __device__ void quantize_x(const MatvecArgs& a, const MatvecPartView& view, uint
   }
 }
 
-template <int T>
-__global__ void __launch_bounds__(kThreads, 2) matvec_mma_kernel(MatvecArgs a) {
+// Where a block's i-th step lies: its part, group and first tile (valid: the block has such a step).
+struct Step {
+  uint32_t part, g, tile0;
+  bool valid;
+};
+
+// The block steps of a launch (tiles_per_step tiles of one part's group each), and which of them a
+// block takes. Spread (groups named on the device, or groups that may be skipped): the block's part
+// is blockIdx.z and its group matvec_block_take's, its steps bx, bx + nb, ... of that group's. Flat
+// (every other launch): the steps of every part's groups in order (a single part is one group; a
+// group's steps are its tiles in order), block b of N taking steps [b S / N, (b + 1) S / N) of all S:
+// one wave of equal shares, whatever the parts' and groups' sizes, a block's steps contiguous.
+struct Walk {
+  bool flat;
+  uint32_t tiles_per_step;
+  uint32_t part, g, bx, nb;  // spread
+  uint32_t first, end;       // flat: global steps [first, end)
+
+  __host__ __device__ static uint32_t part_steps(const MatvecArgs& a, uint32_t part, uint32_t tiles_per_step) {
+    const uint32_t tiles = (matvec_part_rows(a, part) + 15) / 16;
+    return (tiles + tiles_per_step - 1) / tiles_per_step;
+  }
+  __host__ __device__ static uint32_t part_groups(const MatvecArgs& a, uint32_t part) {
+    return matvec_part_single(a, part) ? 1 : a.groups;
+  }
+  __host__ __device__ static uint64_t total_steps(const MatvecArgs& a, uint32_t tiles_per_step) {
+    uint64_t n = 0;
+    for (uint32_t p = 0; p < a.parts && p < kMaxMatvecParts; ++p) {
+      n += uint64_t{part_groups(a, p)} * part_steps(a, p, tiles_per_step);
+    }
+    return n;
+  }
+  __device__ Step at(const MatvecArgs& a, uint32_t i) const {
+    if (!flat) {
+      const uint32_t tile0 = (bx + i * nb) * tiles_per_step;
+      return {part, g, tile0, tile0 < (matvec_part_rows(a, part) + 15) / 16};
+    }
+    if (first + i >= end) return {0, 0, 0, false};
+    uint32_t s = first + i, p = 0;
+    for (; p + 1 < a.parts; ++p) {
+      const uint32_t n = part_groups(a, p) * part_steps(a, p, tiles_per_step);
+      if (s < n) break;
+      s -= n;
+    }
+    const uint32_t steps = part_steps(a, p, tiles_per_step);
+    return {p, s / steps, s % steps * tiles_per_step, true};
+  }
+};
+
+// What the host sets for a launch: whether it is flat (Walk) and how many block steps ahead a block
+// asks for its weights into L2, by part kind.
+struct MmaPlan {
+  bool flat, routed_step0, skip_quantize;
+  uint32_t first_fixed, ahead_fixed, first_routed, ahead_routed;
+};
+
+template <int T, bool kOne>
+__global__ void __launch_bounds__(kThreads, 2) matvec_mma_kernel(MatvecArgs a, MmaPlan plan) {
   using R = MmaReader<T>;
   extern __shared__ __align__(16) unsigned char smem[];
-  // Groups, tokens named on the device and PDL as in the dp2a kernel (gpu/matvec_int16.cu): the
-  // weights no earlier kernel picks are requested before the wait, x and y touched only after it.
-  const bool fixed_weights = matvec_fixed_weights(a);
-  if (!fixed_weights) pdl_wait();
-  MatvecBlockTake take;
-  if (!matvec_block_take(a, a.group_count != nullptr, take)) return;
-  const uint32_t g = take.g, bx = take.bx, nb = take.nb, ntok = take.ntok;
-  const int32_t *tok_x = take.tok_x, *tok_y = take.tok_y;
   const uint32_t superblocks = a.w.cols / 256;
+  const uint32_t wpt = warps_per_tile(superblocks), tiles_per_step = kWarps / wpt;
+  Walk walk{plan.flat, tiles_per_step, blockIdx.z, 0, 0, 0, 0, 0};
+  if (plan.flat) {
+    const uint64_t total = Walk::total_steps(a, tiles_per_step);
+    walk.first = static_cast<uint32_t>(total * blockIdx.x / gridDim.x);
+    walk.end = static_cast<uint32_t>(total * (blockIdx.x + 1) / gridDim.x);
+  }
+  Step st = walk.at(a, 0);
+  // Tokens named on the device and PDL as in the dp2a kernel (gpu/matvec_int16.cu): the weights no
+  // earlier kernel picks are requested before the wait, x and y touched only after it.
+  const bool fixed_weights = matvec_part_fixed_weights(a, st.part);
+  if (!fixed_weights) pdl_wait();
+  uint32_t ntok = a.tokens;
+  const int32_t *tok_x = nullptr, *tok_y = nullptr;
+  if (!plan.flat) {
+    MatvecBlockTake take;
+    if (!matvec_block_take(a, a.group_count != nullptr, take)) return;
+    walk.g = take.g, walk.bx = take.bx, walk.nb = take.nb;
+    ntok = take.ntok, tok_x = take.tok_x, tok_y = take.tok_y;
+    st = walk.at(a, 0);
+  }
+  if (kOne) ntok = 1;
+  if (!st.valid) return;
   const Layout lay{a.w.cols / 32, a.tokens};
   const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, lg = lane >> 2, lq = lane & 3;
   // Warp `warp` takes superblocks slice, slice + wpt, ... of tile `in_step` of each block step.
-  const uint32_t wpt = warps_per_tile(superblocks), tiles_per_step = kWarps / wpt;
   const uint32_t in_step = warp / wpt, slice = warp % wpt;
   const uint32_t mine = (superblocks - slice + wpt - 1) / wpt;
-  const MatvecPartView view = matvec_part_view(a, g);
-  const uint32_t tiles = (view.rows + 15) / 16;
-  auto tile_of = [&](uint32_t step, uint32_t at) { return (bx + step * nb) * tiles_per_step + at; };
-  if (view.rows == 0) return;
-  // The lane's rows g and g + 8 of the warp's tile in a step. Rows past the matrix (the last tile's,
-  // the step after a block's last) read its last row instead: their sums are not stored, and the
-  // loads need no predicate or zeroing.
+  // A step's part and group (its view made where it is used, so that only what is used stays live).
+  auto view_of = [&](const Step& at) { return matvec_part_view(a, at.g, at.part); };
+  // The lane's rows g and g + 8 of the warp's tile in a step. Rows past the matrix (the last tile's)
+  // read its last row instead: their sums are not stored, and the loads need no predicate or zeroing.
   struct Rows {
     const uint8_t* p[2];
   };
-  auto rows_of = [&](uint32_t step) {
-    const uint32_t row0 = tile_of(step, in_step) * 16 + lg;
+  auto rows_of = [&](const Step& at) {
+    const MatvecPartView v = view_of(at);
+    const uint32_t row0 = (at.tile0 + in_step) * 16 + lg;
     Rows r;
 #pragma unroll
-    for (uint32_t i = 0; i < 2; ++i) r.p[i] = view.w + static_cast<size_t>(min(row0 + 8 * i, view.rows - 1)) * a.w.row_bytes;
+    for (uint32_t i = 0; i < 2; ++i) r.p[i] = v.w + static_cast<size_t>(min(row0 + 8 * i, v.rows - 1)) * a.w.row_bytes;
     return r;
   };
   auto load = [&](const Rows& rows, uint32_t j, typename R::Regs& w) {
@@ -330,79 +406,120 @@ __global__ void __launch_bounds__(kThreads, 2) matvec_mma_kernel(MatvecArgs a) {
     for (uint32_t r = 0; r < 2; ++r) R::load(rows.p[r] + col_bytes, r, lq, w);
   };
 
-  // The rows of a block step lie together: one thread asks for the next step's into L2 while the
-  // current one runs (step 0's are the warps' first loads: asking twice slowed 1-step calls) (weights that no earlier kernel picks only: a routed expert's call is one step
-  // a block, and its pointers may be mapped host memory), so that the warps' own loads, one
-  // superblock ahead, find them there.
-  auto prefetch_step = [&](uint32_t step) {
-    const uint32_t row0 = tile_of(step, 0) * 16;
-    if (!fixed_weights || threadIdx.x != 0 || row0 >= view.rows) return;
-    const uint32_t n = min(tiles_per_step * 16, view.rows - row0);
-    prefetch_l2(view.w + static_cast<size_t>(row0) * a.w.row_bytes, static_cast<size_t>(n) * a.w.row_bytes);
+  // The rows of a block step lie together: one thread asks for those of the steps ahead into L2
+  // while the current one runs, so that the warps' own loads, one superblock ahead, find them there
+  // (step 0's are the warps' first loads: asking twice slowed 1-step calls). Only weights read by
+  // offset (a pointer table may name mapped host memory), and before the wait only fixed ones.
+  // Thread 0, once step `done` is computed (-1: before the first): the steps whose turn comes then,
+  // by the kind of their part's weights: steps [1, first] (routed: [0, first] with routed_step0)
+  // before the first, then step done + 1 + ahead past those.
+  auto prefetch_after = [&](int done, bool waited) {
+    if (threadIdx.x != 0) return;
+    for (uint32_t kind = 0; kind < 2; ++kind) {
+      const uint32_t first = kind == 0 ? plan.first_fixed : plan.first_routed;
+      const uint32_t ahead = kind == 0 ? plan.ahead_fixed : plan.ahead_routed;
+      uint32_t from = done < 0 ? (kind == 1 && plan.routed_step0 ? 0 : 1) : static_cast<uint32_t>(done + 1) + ahead;
+      const uint32_t to = done < 0 ? first : from;
+      if (done >= 0 && (ahead == 0 || from <= first)) continue;
+      for (uint32_t k = from; k <= to; ++k) {
+        const Step at = walk.at(a, k);
+        if (!at.valid) break;
+        if (!matvec_part_by_offset(a, at.part)) continue;
+        const bool fixed = matvec_part_fixed_weights(a, at.part);
+        if (fixed != (kind == 0) || (!waited && !fixed)) continue;
+        const MatvecPartView v = view_of(at);
+        const uint32_t row0 = at.tile0 * 16;
+        const uint32_t n = min(tiles_per_step * 16, v.rows - row0);
+        prefetch_l2(v.w + static_cast<size_t>(row0) * a.w.row_bytes, static_cast<size_t>(n) * a.w.row_bytes);
+      }
+    }
   };
-  prefetch_step(1);
-  Rows rows = rows_of(0);
+  prefetch_after(-1, !fixed_weights);
+  Rows rows = rows_of(st);
   typename R::Regs cur;
   load(rows, 0, cur);
   if (fixed_weights) pdl_wait();
   pdl_launch_dependents();
-  quantize_x(a, view, g, tok_x, ntok, lay, smem);
+  if (!plan.skip_quantize) quantize_x(a, view_of(st), matvec_part_x_up(a, st.g, st.part), tok_x, ntok, lay, smem);
   __syncthreads();
 
   const Ctx ctx{smem, reinterpret_cast<const float*>(smem + lay.steps_at()), smem + lay.sums_at(), lay, lg, lq, ntok};
   float* partials = reinterpret_cast<float*>(smem + lay.partials_at());
-  auto store = [&](uint32_t row, uint32_t t, float v) {
-    const size_t yt = tok_y != nullptr ? static_cast<size_t>(tok_y[t]) : static_cast<size_t>(t);
-    view.y[static_cast<size_t>(g) * a.y_group_stride + row + yt * view.y_tok_stride] = v;
-  };
-  for (uint32_t step = 0; tile_of(step, 0) < tiles; ++step) {
+  for (uint32_t i = 0;; ++i) {
+    const Step next = walk.at(a, i + 1);
+    const Rows after = next.valid ? rows_of(next) : rows;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    const Rows after = rows_of(step + 1);
     for (uint32_t j = 0; j < mine; ++j) {
-      typename R::Regs next;
+      typename R::Regs nxt;
       if (j + 1 < mine) {
-        load(rows, j + 1, next);
+        load(rows, j + 1, nxt);
       } else {
-        load(after, 0, next);
+        load(after, 0, nxt);
       }
-      R::product(cur, slice + j * wpt, ctx, acc);
-      cur = next;
+      R::template product<kOne>(cur, slice + j * wpt, ctx, acc);
+      cur = nxt;
     }
     rows = after;
-    prefetch_step(step + 2);
+    prefetch_after(static_cast<int>(i), true);
+    const MatvecPartView out = view_of(st);
+    auto store = [&](uint32_t row, uint32_t t, float v) {
+      const size_t yt = tok_y != nullptr ? static_cast<size_t>(tok_y[t]) : static_cast<size_t>(t);
+      out.y[static_cast<size_t>(st.g) * a.y_group_stride + row + yt * out.y_tok_stride] = v;
+    };
     // acc[2r + t]: row lg + 8r, token 2 lq + t of the tile.
     if (wpt == 1) {
 #pragma unroll
-      for (uint32_t i = 0; i < 4; ++i) {
-        const uint32_t row = tile_of(step, in_step) * 16 + lg + 8 * (i >> 1), t = 2 * lq + (i & 1);
-        if (row < view.rows && t < ntok) store(row, t, acc[i]);
+      for (uint32_t k = 0; k < 4; ++k) {
+        const uint32_t row = (st.tile0 + in_step) * 16 + lg + 8 * (k >> 1), t = 2 * lq + (k & 1);
+        if (row < out.rows && t < ntok) store(row, t, acc[k]);
       }
-      continue;
-    }
-    float* buf = partials + (step & 1) * kWarps * a.tokens * 16;
+    } else {
+      float* buf = partials + (i & 1) * kWarps * a.tokens * 16;
 #pragma unroll
-    for (uint32_t i = 0; i < 4; ++i) {
-      const uint32_t t = 2 * lq + (i & 1);
-      if (t < ntok) buf[(warp * a.tokens + t) * 16 + lg + 8 * (i >> 1)] = acc[i];
+      for (uint32_t k = 0; k < 4; ++k) {
+        const uint32_t t = 2 * lq + (k & 1);
+        if (t < ntok) buf[(warp * a.tokens + t) * 16 + lg + 8 * (k >> 1)] = acc[k];
+      }
+      // One barrier a step: a buffer is written again two steps on, after every thread has passed the
+      // next step's barrier and so finished reading it.
+      __syncthreads();
+      for (uint32_t idx = threadIdx.x; idx < tiles_per_step * ntok * 16; idx += kThreads) {
+        const uint32_t at = idx / (ntok * 16), t = idx / 16 % ntok, rl = idx % 16;
+        const uint32_t row = (st.tile0 + at) * 16 + rl;
+        float sum = 0.0f;
+        for (uint32_t w = 0; w < wpt; ++w) sum += buf[((at * wpt + w) * a.tokens + t) * 16 + rl];
+        if (row < out.rows) store(row, t, sum);
+      }
     }
-    // One barrier a step: a buffer is written again two steps on, after every thread has passed the
-    // next step's barrier and so finished reading it.
-    __syncthreads();
-    for (uint32_t idx = threadIdx.x; idx < tiles_per_step * ntok * 16; idx += kThreads) {
-      const uint32_t at = idx / (ntok * 16), t = idx / 16 % ntok, rl = idx % 16;
-      const uint32_t row = tile_of(step, at) * 16 + rl;
-      float sum = 0.0f;
-      for (uint32_t w = 0; w < wpt; ++w) sum += buf[((at * wpt + w) * a.tokens + t) * 16 + rl];
-      if (row < view.rows) store(row, t, sum);
+    if (!next.valid) break;
+    if (next.part != st.part || next.g != st.g) {
+      // A flat block's step in another group (never named tokens): its input too, where that
+      // differs (a down projection's).
+      const MatvecPartView v = view_of(next);
+      const float* up = matvec_part_x_up(a, next.g, next.part);
+      if (v.x != view_of(st).x || up != matvec_part_x_up(a, st.g, st.part)) {
+        __syncthreads();
+        quantize_x(a, v, up, nullptr, ntok, lay, smem);
+        __syncthreads();
+      }
     }
+    st = next;
   }
 }
 
-using Kernel = void (*)(MatvecArgs);
+using Kernel = void (*)(MatvecArgs, MmaPlan);
 // The types the kernel reads: Q4_K, where it is not slower than the dp2a kernel at one token (Q5_K,
 // Q6_K, IQ4_XS and IQ3_S readers measured 3-25% slower there on the H200: gpu/PERF.md).
-Kernel kernel_for(model::GgmlType type) { return type == model::GgmlType::Q4_K ? matvec_mma_kernel<qd::kQ4_K> : nullptr; }
+Kernel kernel_for(model::GgmlType type, bool one) {
+  if (type != model::GgmlType::Q4_K) return nullptr;
+  return one ? matvec_mma_kernel<qd::kQ4_K, true> : matvec_mma_kernel<qd::kQ4_K, false>;
+}
 Layout layout_of(const MatvecArgs& a) { return {a.w.cols / 32, a.tokens}; }
+
+uint32_t env_or(const char* name, uint32_t fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != 0 ? static_cast<uint32_t>(std::strtoul(v, nullptr, 10)) : fallback;
+}
 
 // The shared-memory opt-in, once a kernel and device; then the blocks an SM holds at `smem` bytes
 // (asked once a device, kernel and size: a decode graph's capture finds them asked by its eager step).
@@ -430,7 +547,7 @@ uint32_t resident_per_sm(Kernel kernel, size_t smem) {
 
 bool matvec_mma_applies(const MatvecArgs& a) {
   if (!matvec_quantizes_activations(a)) return false;
-  const Kernel kernel = kernel_for(a.w.type);
+  const Kernel kernel = kernel_for(a.w.type, false);
   // The tokens are the MMA's 8 columns (n of m16n8k32).
   return kernel != nullptr && a.tokens <= 8 && code_built_for(reinterpret_cast<const void*>(kernel), 8) &&
          layout_of(a).bytes() <= kMaxSmem;
@@ -438,14 +555,26 @@ bool matvec_mma_applies(const MatvecArgs& a) {
 
 void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream) {
   if (!matvec_mma_applies(a)) throw CudaError("launch_matvec_mma: no tensor-core kernel for this call");
-  const Kernel kernel = kernel_for(a.w.type);
+  MmaPlan plan{};
+  plan.flat = a.group_count == nullptr && !a.skip_negative_index && env_or("FERRY_MMA_FLAT", 1) != 0;
+  plan.routed_step0 = env_or("FERRY_MMA_STEP0", 0) != 0;
+  plan.skip_quantize = env_or("FERRY_MMA_NOQ", 0) != 0;
+  plan.ahead_fixed = env_or("FERRY_MMA_AHEAD_FIXED", 1);
+  plan.first_fixed = env_or("FERRY_MMA_FIRST_FIXED", plan.ahead_fixed);
+  plan.ahead_routed = env_or("FERRY_MMA_AHEAD", 2);
+  plan.first_routed = env_or("FERRY_MMA_FIRST", plan.ahead_routed);
+  const Kernel kernel = kernel_for(a.w.type, a.tokens == 1 && env_or("FERRY_MMA_ONE", 1) != 0);
   const size_t smem = layout_of(a).bytes();
-  const uint32_t rows_per_block = 16 * (kWarps / warps_per_tile(a.w.cols / 256));
+  const uint32_t tiles_per_step = kWarps / warps_per_tile(a.w.cols / 256);
+  const uint32_t rows_per_block = 16 * tiles_per_step;
   // Enough blocks to fill the device once; each block quantizes its input once and loops over tiles.
   const uint32_t wanted = (matvec_max_rows(a) + rows_per_block - 1) / rows_per_block;
   const uint32_t resident = static_cast<uint32_t>(current_sm_count()) * resident_per_sm(kernel, smem);
   dim3 grid;
-  if (a.group_count != nullptr) {
+  if (plan.flat) {
+    const uint64_t steps = Walk::total_steps(a, tiles_per_step);
+    grid = dim3(static_cast<uint32_t>(std::max<uint64_t>(1, std::min<uint64_t>(steps, resident))));
+  } else if (a.group_count != nullptr) {
     const uint32_t all = std::max<uint32_t>(1, resident / a.parts);
     grid = dim3(std::max(a.groups, std::min(wanted * a.groups, all)), 1, a.parts);
   } else {
@@ -460,7 +589,7 @@ void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream) {
   cfg.stream = stream;
   cudaLaunchAttribute attr{};
   pdl_configure(cfg, attr, reinterpret_cast<const void*>(kernel));
-  FERRY_CUDA(cudaLaunchKernelEx(&cfg, kernel, a));
+  FERRY_CUDA(cudaLaunchKernelEx(&cfg, kernel, a, plan));
   FERRY_CUDA_LAUNCHED();
 }
 
