@@ -12,12 +12,8 @@
 // Work: a warp's step is 16 rows x one 256-column superblock, its loads (8-byte pieces: a lane holds
 // rows g and g + 8 of an MMA tile, at the same columns) requested one step ahead. The warps of a
 // block share a tile's superblocks (8 warps a tile on rows of 8 or more superblocks; fewer warps a
-// tile, so more tiles a block, otherwise) and add their partial sums through shared memory in a
-// fixed order; a token's result is the same whatever the launch's token count, the block that
-// computes a tile and the kernel's instance (one token, kOne, or more). A launch whose groups are not
-// named on the device is one wave of equal contiguous shares of all its parts' and groups' tiles
-// (Walk), and its blocks ask for the weights of their next steps into L2 wherever those are read by
-// offset, the routed experts' too once the router's ids are visible.
+// tile, so more tiles a block, otherwise) and add their partial sums through shared memory in a fixed order; a token's result
+// is the same whatever the launch's token count.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -296,61 +292,66 @@ __device__ void quantize_x(const MatvecArgs& a, const MatvecPartView& view, cons
   }
 }
 
-// Where a block's i-th step lies: its part, group and first tile (valid: the block has such a step).
-struct Step {
-  uint32_t part, g, tile0;
-  bool valid;
-};
-
-// The block steps of a launch (tiles_per_step tiles of one part's group each), and which of them a
-// block takes. Spread (groups named on the device, or groups that may be skipped): the block's part
-// is blockIdx.z and its group matvec_block_take's, its steps bx, bx + nb, ... of that group's. Flat
-// (every other launch): the steps of every part's groups in order (a single part is one group; a
-// group's steps are its tiles in order), block b of N taking steps [b S / N, (b + 1) S / N) of all S:
-// one wave of equal shares, whatever the parts' and groups' sizes, a block's steps contiguous.
-struct Walk {
-  bool flat;
-  uint32_t tiles_per_step;
-  uint32_t part, g, bx, nb;  // spread
-  uint32_t first, end;       // flat: global steps [first, end)
-
-  __host__ __device__ static uint32_t part_steps(const MatvecArgs& a, uint32_t part, uint32_t tiles_per_step) {
-    const uint32_t tiles = (matvec_part_rows(a, part) + 15) / 16;
-    return (tiles + tiles_per_step - 1) / tiles_per_step;
-  }
-  __host__ __device__ static uint32_t part_groups(const MatvecArgs& a, uint32_t part) {
-    return matvec_part_single(a, part) ? 1 : a.groups;
-  }
-  __host__ __device__ static uint64_t total_steps(const MatvecArgs& a, uint32_t tiles_per_step) {
-    uint64_t n = 0;
-    for (uint32_t p = 0; p < a.parts && p < kMaxMatvecParts; ++p) {
-      n += uint64_t{part_groups(a, p)} * part_steps(a, p, tiles_per_step);
-    }
-    return n;
-  }
-  __device__ Step at(const MatvecArgs& a, uint32_t i) const {
-    if (!flat) {
-      const uint32_t tile0 = (bx + i * nb) * tiles_per_step;
-      return {part, g, tile0, tile0 < (matvec_part_rows(a, part) + 15) / 16};
-    }
-    if (first + i >= end) return {0, 0, 0, false};
-    uint32_t s = first + i, p = 0;
-    for (; p + 1 < a.parts; ++p) {
-      const uint32_t n = part_groups(a, p) * part_steps(a, p, tiles_per_step);
-      if (s < n) break;
-      s -= n;
-    }
-    const uint32_t steps = part_steps(a, p, tiles_per_step);
-    return {p, s / steps, s % steps * tiles_per_step, true};
-  }
-};
-
-// What the host sets for a launch: whether it is flat (Walk) and how many block steps ahead a block
-// asks for its weights into L2, by part kind.
+// What the host sets for a launch (temporary switches of the second mid check's variants).
 struct MmaPlan {
-  bool flat, routed_step0, skip_quantize;
-  uint32_t first_fixed, ahead_fixed, first_routed, ahead_routed;
+  bool routed_prefetch, share;
 };
+
+// A launch's groups (every part's; a single part is one group), each its rows' block steps, in
+// order. Shared out (MmaPlan::share, a 1-D grid of N blocks): group u takes blocks [B(u), B(u + 1)),
+// B(u) = u + (N - U) * (the steps of the groups before u) / S, so that every group has a block and
+// the rest go by steps: one wave of about equal shares whatever the parts' and groups' sizes (the
+// shared expert's beside the routed experts'). A block's steps then stride over its group's as a
+// block of a 3-D grid's do.
+struct Share {
+  uint32_t part, g, bx, nb;
+};
+__host__ __device__ inline uint32_t group_steps(const MatvecArgs& a, uint32_t part, uint32_t tiles_per_step) {
+  return ((matvec_part_rows(a, part) + 15) / 16 + tiles_per_step - 1) / tiles_per_step;
+}
+__host__ __device__ inline uint32_t part_groups(const MatvecArgs& a, uint32_t part) {
+  return matvec_part_single(a, part) ? 1 : a.groups;
+}
+// U and S.
+__host__ __device__ inline void share_totals(const MatvecArgs& a, uint32_t tiles_per_step, uint32_t& U, uint64_t& S) {
+  U = 0, S = 0;
+  for (uint32_t p = 0; p < a.parts && p < kMaxMatvecParts; ++p) {
+    U += part_groups(a, p);
+    S += uint64_t{part_groups(a, p)} * group_steps(a, p, tiles_per_step);
+  }
+}
+__host__ __device__ inline Share share_of(const MatvecArgs& a, uint32_t tiles_per_step, uint32_t b, uint32_t N) {
+  uint32_t U;
+  uint64_t S;
+  share_totals(a, tiles_per_step, U, S);
+  const uint64_t extra = N > U ? N - U : 0;
+  // The part and group of group u, and the steps before it.
+  auto locate = [&](uint32_t u, uint32_t& part, uint32_t& g) {
+    uint64_t before = 0;
+    part = 0;
+    for (; part + 1 < a.parts && u >= part_groups(a, part); ++part) {
+      u -= part_groups(a, part);
+      before += uint64_t{part_groups(a, part)} * group_steps(a, part, tiles_per_step);
+    }
+    g = u;
+    return before + uint64_t{u} * group_steps(a, part, tiles_per_step);
+  };
+  auto first_block = [&](uint32_t u) {
+    uint32_t p, g;
+    return u >= U ? N : u + static_cast<uint32_t>(extra * locate(u, p, g) / S);
+  };
+  uint32_t lo = 0, hi = U - 1;  // the last group whose first block is <= b
+  while (lo < hi) {
+    const uint32_t mid = (lo + hi + 1) / 2;
+    if (first_block(mid) <= b) lo = mid; else hi = mid - 1;
+  }
+  Share sh;
+  locate(lo, sh.part, sh.g);
+  const uint32_t from = first_block(lo);
+  sh.bx = b - from;
+  sh.nb = first_block(lo + 1) - from;
+  return sh;
+}
 
 template <int T, bool kOne>
 __global__ void __launch_bounds__(kThreads, 2) matvec_mma_kernel(MatvecArgs a, MmaPlan plan) {
@@ -358,46 +359,40 @@ __global__ void __launch_bounds__(kThreads, 2) matvec_mma_kernel(MatvecArgs a, M
   extern __shared__ __align__(16) unsigned char smem[];
   const uint32_t superblocks = a.w.cols / 256;
   const uint32_t wpt = warps_per_tile(superblocks), tiles_per_step = kWarps / wpt;
-  Walk walk{plan.flat, tiles_per_step, blockIdx.z, 0, 0, 0, 0, 0};
-  if (plan.flat) {
-    const uint64_t total = Walk::total_steps(a, tiles_per_step);
-    walk.first = static_cast<uint32_t>(total * blockIdx.x / gridDim.x);
-    walk.end = static_cast<uint32_t>(total * (blockIdx.x + 1) / gridDim.x);
+  // Groups, tokens named on the device and PDL as in the dp2a kernel (gpu/matvec_int16.cu): the
+  // weights no earlier kernel picks are requested before the wait, x and y touched only after it.
+  uint32_t part = blockIdx.z;
+  MatvecBlockTake take;
+  if (plan.share) {
+    const Share sh = share_of(a, tiles_per_step, blockIdx.x, gridDim.x);
+    part = sh.part;
+    take = {sh.g, sh.bx, sh.nb, a.tokens, nullptr, nullptr};
   }
-  Step st = walk.at(a, 0);
-  // Tokens named on the device and PDL as in the dp2a kernel (gpu/matvec_int16.cu): the weights no
-  // earlier kernel picks are requested before the wait, x and y touched only after it.
-  const bool fixed_weights = matvec_part_fixed_weights(a, st.part);
+  const bool fixed_weights = matvec_part_fixed_weights(a, part);
   if (!fixed_weights) pdl_wait();
-  uint32_t ntok = a.tokens;
-  const int32_t *tok_x = nullptr, *tok_y = nullptr;
-  if (!plan.flat) {
-    MatvecBlockTake take;
-    if (!matvec_block_take(a, a.group_count != nullptr, take)) return;
-    walk.g = take.g, walk.bx = take.bx, walk.nb = take.nb;
-    ntok = take.ntok, tok_x = take.tok_x, tok_y = take.tok_y;
-    st = walk.at(a, 0);
-  }
-  if (kOne) ntok = 1;
-  if (!st.valid) return;
+  if (!plan.share && !matvec_block_take(a, a.group_count != nullptr, take)) return;
+  const uint32_t g = take.g, bx = take.bx, nb = take.nb, ntok = kOne ? 1 : take.ntok;
+  const int32_t *tok_x = take.tok_x, *tok_y = take.tok_y;
   const Layout lay{a.w.cols / 32, a.tokens};
   const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, lg = lane >> 2, lq = lane & 3;
   // Warp `warp` takes superblocks slice, slice + wpt, ... of tile `in_step` of each block step.
   const uint32_t in_step = warp / wpt, slice = warp % wpt;
   const uint32_t mine = (superblocks - slice + wpt - 1) / wpt;
-  // A step's part and group (its view made where it is used, so that only what is used stays live).
-  auto view_of = [&](const Step& at) { return matvec_part_view(a, at.g, at.part); };
-  // The lane's rows g and g + 8 of the warp's tile in a step. Rows past the matrix (the last tile's)
-  // read its last row instead: their sums are not stored, and the loads need no predicate or zeroing.
+  const MatvecPartView view = matvec_part_view(a, g, part);
+  const uint32_t tiles = (view.rows + 15) / 16;
+  auto tile_of = [&](uint32_t step, uint32_t at) { return (bx + step * nb) * tiles_per_step + at; };
+  if (view.rows == 0) return;
+  // The lane's rows g and g + 8 of the warp's tile in a step. Rows past the matrix (the last tile's,
+  // the step after a block's last) read its last row instead: their sums are not stored, and the
+  // loads need no predicate or zeroing.
   struct Rows {
     const uint8_t* p[2];
   };
-  auto rows_of = [&](const Step& at) {
-    const MatvecPartView v = view_of(at);
-    const uint32_t row0 = (at.tile0 + in_step) * 16 + lg;
+  auto rows_of = [&](uint32_t step) {
+    const uint32_t row0 = tile_of(step, in_step) * 16 + lg;
     Rows r;
 #pragma unroll
-    for (uint32_t i = 0; i < 2; ++i) r.p[i] = v.w + static_cast<size_t>(min(row0 + 8 * i, v.rows - 1)) * a.w.row_bytes;
+    for (uint32_t i = 0; i < 2; ++i) r.p[i] = view.w + static_cast<size_t>(min(row0 + 8 * i, view.rows - 1)) * a.w.row_bytes;
     return r;
   };
   auto load = [&](const Rows& rows, uint32_t j, typename R::Regs& w) {
@@ -406,104 +401,74 @@ __global__ void __launch_bounds__(kThreads, 2) matvec_mma_kernel(MatvecArgs a, M
     for (uint32_t r = 0; r < 2; ++r) R::load(rows.p[r] + col_bytes, r, lq, w);
   };
 
-  // The rows of a block step lie together: one thread asks for those of the steps ahead into L2
-  // while the current one runs, so that the warps' own loads, one superblock ahead, find them there
-  // (step 0's are the warps' first loads: asking twice slowed 1-step calls). Only weights read by
-  // offset (a pointer table may name mapped host memory), and before the wait only fixed ones.
-  // Thread 0, once step `done` is computed (-1: before the first): the steps whose turn comes then,
-  // by the kind of their part's weights: steps [1, first] (routed: [0, first] with routed_step0)
-  // before the first, then step done + 1 + ahead past those.
-  auto prefetch_after = [&](int done, bool waited) {
-    if (threadIdx.x != 0) return;
-    for (uint32_t kind = 0; kind < 2; ++kind) {
-      const uint32_t first = kind == 0 ? plan.first_fixed : plan.first_routed;
-      const uint32_t ahead = kind == 0 ? plan.ahead_fixed : plan.ahead_routed;
-      uint32_t from = done < 0 ? (kind == 1 && plan.routed_step0 ? 0 : 1) : static_cast<uint32_t>(done + 1) + ahead;
-      const uint32_t to = done < 0 ? first : from;
-      if (done >= 0 && (ahead == 0 || from <= first)) continue;
-      for (uint32_t k = from; k <= to; ++k) {
-        const Step at = walk.at(a, k);
-        if (!at.valid) break;
-        if (!matvec_part_by_offset(a, at.part)) continue;
-        const bool fixed = matvec_part_fixed_weights(a, at.part);
-        if (fixed != (kind == 0) || (!waited && !fixed)) continue;
-        const MatvecPartView v = view_of(at);
-        const uint32_t row0 = at.tile0 * 16;
-        const uint32_t n = min(tiles_per_step * 16, v.rows - row0);
-        prefetch_l2(v.w + static_cast<size_t>(row0) * a.w.row_bytes, static_cast<size_t>(n) * a.w.row_bytes);
-      }
-    }
+  // The rows of a block step lie together: one thread asks for the next step's into L2 while the
+  // current one runs (step 0's are the warps' first loads: asking twice slowed 1-step calls), so
+  // that the warps' own loads, one superblock ahead, find them there. The routed experts' too, once
+  // the wait has made the router's ids visible (this block's is past it), where they are read by
+  // offset or through table entries in the launch's device span (others may be mapped host memory).
+  const bool prefetch = fixed_weights || (plan.routed_prefetch && (matvec_part_by_offset(a, part) ||
+                                                                   (view.w >= a.device_from && view.w < a.device_to)));
+  auto prefetch_step = [&](uint32_t step) {
+    const uint32_t row0 = tile_of(step, 0) * 16;
+    if (!prefetch || threadIdx.x != 0 || row0 >= view.rows) return;
+    const uint32_t n = min(tiles_per_step * 16, view.rows - row0);
+    prefetch_l2(view.w + static_cast<size_t>(row0) * a.w.row_bytes, static_cast<size_t>(n) * a.w.row_bytes);
   };
-  prefetch_after(-1, !fixed_weights);
-  Rows rows = rows_of(st);
+  prefetch_step(1);
+  Rows rows = rows_of(0);
   typename R::Regs cur;
   load(rows, 0, cur);
   if (fixed_weights) pdl_wait();
   pdl_launch_dependents();
-  if (!plan.skip_quantize) quantize_x(a, view_of(st), matvec_part_x_up(a, st.g, st.part), tok_x, ntok, lay, smem);
+  quantize_x(a, view, matvec_part_x_up(a, g, part), tok_x, ntok, lay, smem);
   __syncthreads();
 
   const Ctx ctx{smem, reinterpret_cast<const float*>(smem + lay.steps_at()), smem + lay.sums_at(), lay, lg, lq, ntok};
   float* partials = reinterpret_cast<float*>(smem + lay.partials_at());
-  for (uint32_t i = 0;; ++i) {
-    const Step next = walk.at(a, i + 1);
-    const Rows after = next.valid ? rows_of(next) : rows;
+  auto store = [&](uint32_t row, uint32_t t, float v) {
+    const size_t yt = tok_y != nullptr ? static_cast<size_t>(tok_y[t]) : static_cast<size_t>(t);
+    view.y[static_cast<size_t>(g) * a.y_group_stride + row + yt * view.y_tok_stride] = v;
+  };
+  for (uint32_t step = 0; tile_of(step, 0) < tiles; ++step) {
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const Rows after = rows_of(step + 1);
     for (uint32_t j = 0; j < mine; ++j) {
-      typename R::Regs nxt;
+      typename R::Regs next;
       if (j + 1 < mine) {
-        load(rows, j + 1, nxt);
+        load(rows, j + 1, next);
       } else {
-        load(after, 0, nxt);
+        load(after, 0, next);
       }
       R::template product<kOne>(cur, slice + j * wpt, ctx, acc);
-      cur = nxt;
+      cur = next;
     }
     rows = after;
-    prefetch_after(static_cast<int>(i), true);
-    const MatvecPartView out = view_of(st);
-    auto store = [&](uint32_t row, uint32_t t, float v) {
-      const size_t yt = tok_y != nullptr ? static_cast<size_t>(tok_y[t]) : static_cast<size_t>(t);
-      out.y[static_cast<size_t>(st.g) * a.y_group_stride + row + yt * out.y_tok_stride] = v;
-    };
+    prefetch_step(step + 2);
     // acc[2r + t]: row lg + 8r, token 2 lq + t of the tile.
     if (wpt == 1) {
 #pragma unroll
-      for (uint32_t k = 0; k < 4; ++k) {
-        const uint32_t row = (st.tile0 + in_step) * 16 + lg + 8 * (k >> 1), t = 2 * lq + (k & 1);
-        if (row < out.rows && t < ntok) store(row, t, acc[k]);
+      for (uint32_t i = 0; i < 4; ++i) {
+        const uint32_t row = tile_of(step, in_step) * 16 + lg + 8 * (i >> 1), t = 2 * lq + (i & 1);
+        if (row < view.rows && t < ntok) store(row, t, acc[i]);
       }
-    } else {
-      float* buf = partials + (i & 1) * kWarps * a.tokens * 16;
+      continue;
+    }
+    float* buf = partials + (step & 1) * kWarps * a.tokens * 16;
 #pragma unroll
-      for (uint32_t k = 0; k < 4; ++k) {
-        const uint32_t t = 2 * lq + (k & 1);
-        if (t < ntok) buf[(warp * a.tokens + t) * 16 + lg + 8 * (k >> 1)] = acc[k];
-      }
-      // One barrier a step: a buffer is written again two steps on, after every thread has passed the
-      // next step's barrier and so finished reading it.
-      __syncthreads();
-      for (uint32_t idx = threadIdx.x; idx < tiles_per_step * ntok * 16; idx += kThreads) {
-        const uint32_t at = idx / (ntok * 16), t = idx / 16 % ntok, rl = idx % 16;
-        const uint32_t row = (st.tile0 + at) * 16 + rl;
-        float sum = 0.0f;
-        for (uint32_t w = 0; w < wpt; ++w) sum += buf[((at * wpt + w) * a.tokens + t) * 16 + rl];
-        if (row < out.rows) store(row, t, sum);
-      }
+    for (uint32_t i = 0; i < 4; ++i) {
+      const uint32_t t = 2 * lq + (i & 1);
+      if (t < ntok) buf[(warp * a.tokens + t) * 16 + lg + 8 * (i >> 1)] = acc[i];
     }
-    if (!next.valid) break;
-    if (next.part != st.part || next.g != st.g) {
-      // A flat block's step in another group (never named tokens): its input too, where that
-      // differs (a down projection's).
-      const MatvecPartView v = view_of(next);
-      const float* up = matvec_part_x_up(a, next.g, next.part);
-      if (v.x != view_of(st).x || up != matvec_part_x_up(a, st.g, st.part)) {
-        __syncthreads();
-        quantize_x(a, v, up, nullptr, ntok, lay, smem);
-        __syncthreads();
-      }
+    // One barrier a step: a buffer is written again two steps on, after every thread has passed the
+    // next step's barrier and so finished reading it.
+    __syncthreads();
+    for (uint32_t idx = threadIdx.x; idx < tiles_per_step * ntok * 16; idx += kThreads) {
+      const uint32_t at = idx / (ntok * 16), t = idx / 16 % ntok, rl = idx % 16;
+      const uint32_t row = tile_of(step, at) * 16 + rl;
+      float sum = 0.0f;
+      for (uint32_t w = 0; w < wpt; ++w) sum += buf[((at * wpt + w) * a.tokens + t) * 16 + rl];
+      if (row < view.rows) store(row, t, sum);
     }
-    st = next;
   }
 }
 
@@ -514,12 +479,11 @@ Kernel kernel_for(model::GgmlType type, bool one) {
   if (type != model::GgmlType::Q4_K) return nullptr;
   return one ? matvec_mma_kernel<qd::kQ4_K, true> : matvec_mma_kernel<qd::kQ4_K, false>;
 }
-Layout layout_of(const MatvecArgs& a) { return {a.w.cols / 32, a.tokens}; }
-
 uint32_t env_or(const char* name, uint32_t fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != 0 ? static_cast<uint32_t>(std::strtoul(v, nullptr, 10)) : fallback;
 }
+Layout layout_of(const MatvecArgs& a) { return {a.w.cols / 32, a.tokens}; }
 
 // The shared-memory opt-in, once a kernel and device; then the blocks an SM holds at `smem` bytes
 // (asked once a device, kernel and size: a decode graph's capture finds them asked by its eager step).
@@ -543,6 +507,36 @@ uint32_t resident_per_sm(Kernel kernel, size_t smem) {
   return it->second;
 }
 
+// The blocks of a shared-out launch (Share) where it applies (several groups or parts, none named on
+// the device or skipped) and its longest block takes fewer steps than the 3-D grid's would, a
+// second wave of that grid counted as two steps more (a step, its blocks' start and x again); 0
+// otherwise. One row's routed down and shared down: 9 steps against 8 and a second wave.
+uint32_t share_blocks(const MatvecArgs& a, uint32_t resident) {
+  if ((a.parts < 2 && a.groups < 2) || a.group_count != nullptr || a.skip_negative_index) return 0;
+  const uint32_t tiles_per_step = kWarps / warps_per_tile(a.w.cols / 256);
+  uint32_t U;
+  uint64_t S;
+  share_totals(a, tiles_per_step, U, S);
+  const uint32_t n = static_cast<uint32_t>(std::max<uint64_t>(U, std::min<uint64_t>(S, resident)));
+  uint32_t longest = 0;
+  for (uint32_t b = 0; b < n;) {
+    const Share sh = share_of(a, tiles_per_step, b, n);
+    const uint32_t steps = group_steps(a, sh.part, tiles_per_step);
+    longest = std::max(longest, (steps + sh.nb - 1) / sh.nb);
+    b += sh.nb - sh.bx;
+  }
+  // The 3-D grid: x blocks a group of every grouped part, x * groups over a single part.
+  const uint32_t wanted = (matvec_max_rows(a) + 16 * tiles_per_step - 1) / (16 * tiles_per_step);
+  const uint32_t x = std::min(wanted, std::max<uint32_t>(1, resident / (a.groups * matvec_grouped_parts(a))));
+  uint32_t grid_longest = 0;
+  for (uint32_t p = 0; p < a.parts && p < kMaxMatvecParts; ++p) {
+    const uint32_t blocks = matvec_part_single(a, p) ? x * a.groups : x;
+    grid_longest = std::max(grid_longest, (group_steps(a, p, tiles_per_step) + blocks - 1) / blocks);
+  }
+  if (uint64_t{x} * a.groups * a.parts > resident) grid_longest += 2;
+  return longest < grid_longest ? n : 0;
+}
+
 }  // namespace
 
 bool matvec_mma_applies(const MatvecArgs& a) {
@@ -555,25 +549,18 @@ bool matvec_mma_applies(const MatvecArgs& a) {
 
 void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream) {
   if (!matvec_mma_applies(a)) throw CudaError("launch_matvec_mma: no tensor-core kernel for this call");
-  MmaPlan plan{};
-  plan.flat = a.group_count == nullptr && !a.skip_negative_index && env_or("FERRY_MMA_FLAT", 1) != 0;
-  plan.routed_step0 = env_or("FERRY_MMA_STEP0", 0) != 0;
-  plan.skip_quantize = env_or("FERRY_MMA_NOQ", 0) != 0;
-  plan.ahead_fixed = env_or("FERRY_MMA_AHEAD_FIXED", 1);
-  plan.first_fixed = env_or("FERRY_MMA_FIRST_FIXED", plan.ahead_fixed);
-  plan.ahead_routed = env_or("FERRY_MMA_AHEAD", 2);
-  plan.first_routed = env_or("FERRY_MMA_FIRST", plan.ahead_routed);
+  MmaPlan plan{env_or("FERRY_MMA_ROUTED_PREFETCH", 1) != 0, false};
   const Kernel kernel = kernel_for(a.w.type, a.tokens == 1 && env_or("FERRY_MMA_ONE", 1) != 0);
   const size_t smem = layout_of(a).bytes();
-  const uint32_t tiles_per_step = kWarps / warps_per_tile(a.w.cols / 256);
-  const uint32_t rows_per_block = 16 * tiles_per_step;
+  const uint32_t rows_per_block = 16 * (kWarps / warps_per_tile(a.w.cols / 256));
   // Enough blocks to fill the device once; each block quantizes its input once and loops over tiles.
   const uint32_t wanted = (matvec_max_rows(a) + rows_per_block - 1) / rows_per_block;
   const uint32_t resident = static_cast<uint32_t>(current_sm_count()) * resident_per_sm(kernel, smem);
   dim3 grid;
-  if (plan.flat) {
-    const uint64_t steps = Walk::total_steps(a, tiles_per_step);
-    grid = dim3(static_cast<uint32_t>(std::max<uint64_t>(1, std::min<uint64_t>(steps, resident))));
+  const uint32_t shared_out = share_blocks(a, resident);
+  if (shared_out > 0 && env_or("FERRY_MMA_SHARE", 1) != 0) {
+    plan.share = true;
+    grid = dim3(shared_out);
   } else if (a.group_count != nullptr) {
     const uint32_t all = std::max<uint32_t>(1, resident / a.parts);
     grid = dim3(std::max(a.groups, std::min(wanted * a.groups, all)), 1, a.parts);
