@@ -106,11 +106,6 @@ struct MatvecArgs {
   // On the int16 path, a group whose w_group_index is negative does nothing (a route the launch above
   // takes instead).
   bool skip_negative_index = false;
-  // Pointer-table entries (w_group_ptrs, MatvecPart::group_ptrs) in [device_from, device_to) name
-  // device memory (an expert pool), which the int16 path may ask into L2 ahead of its loads; the
-  // others may be mapped host memory and are only read.
-  const uint8_t* device_from = nullptr;
-  const uint8_t* device_to = nullptr;
 };
 inline constexpr uint32_t kMaxMatvecTokens = 8;
 void matvec(const MatvecArgs& a, cudaStream_t stream);

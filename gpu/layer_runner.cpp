@@ -407,7 +407,6 @@ void LayerRunner::decode_experts(uint32_t n, const DevLayer& l, bool shared) {
     const ExpertShape& shape = experts_->shape(l.index);
     a.gate = shape.gate, a.up = shape.up, a.down = shape.down;
     for (int p = 0; p < 3; ++p) a.tables[p] = experts_->table(l.index, p);
-    a.pool_from = experts_->pool_begin(), a.pool_to = experts_->pool_end();
     count_routes(w_.rids, n * z.k, experts_->route_counts(l.index), s_);
   } else {
     a.gate = l.m(T::ffn_gate_exps).slice_rows(0, z.I);

@@ -13,11 +13,12 @@
 // rows g and g + 8 of an MMA tile, at the same columns) requested one step ahead. The warps of a
 // block share a tile's superblocks (8 warps a tile on rows of 8 or more superblocks; fewer warps a
 // tile, so more tiles a block, otherwise) and add their partial sums through shared memory in a fixed order; a token's result
-// is the same whatever the launch's token count.
+// is the same whatever the launch's token count. A launch of several groups or parts may instead
+// share its blocks out by the groups' steps (Share): one wave where the 3-D grid would take two (one
+// row's routed and shared down), the same tiles computed alike by other blocks.
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <set>
@@ -169,9 +170,8 @@ struct K4Scales {
     }
   }
 };
-// a_of(j, A) fills sub-block j's A fragment. With kOne the launch has one token: the odd columns'
-// values (tokens past it, never stored) are not made, and the even ones' are the same operations.
-template <bool kOne, class AOf>
+// a_of(j, A) fills sub-block j's A fragment.
+template <class AOf>
 __device__ __forceinline__ void k4_product(const K4Scales& k, uint32_t sb, const Ctx& c, AOf a_of, float (&acc)[4]) {
   float sd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -183,13 +183,13 @@ __device__ __forceinline__ void k4_product(const K4Scales& k, uint32_t sb, const
     load_b(c, unit, hi, lo);
     int s[4];
     sums<false>(A, hi, lo, s);
-    const float x0 = x_step(c, 2 * c.q, unit), x1 = kOne ? 0.0f : x_step(c, 2 * c.q + 1, unit);
+    const float x0 = x_step(c, 2 * c.q, unit), x1 = x_step(c, 2 * c.q + 1, unit);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int scale = static_cast<int>((k.sc[r][j >> 2] >> (8 * (j & 3))) & 0xff);
       // |s| * scale < 31 * 32767 * 32 * 63: no int32 overflow.
       sd[2 * r] += static_cast<float>(s[2 * r] * scale) * x0;
-      if (!kOne) sd[2 * r + 1] += static_cast<float>(s[2 * r + 1] * scale) * x1;
+      sd[2 * r + 1] += static_cast<float>(s[2 * r + 1] * scale) * x1;
     }
   }
   // A: the minimums of sub-blocks q (a[0], a[1]) and q + 4 (a[2], a[3]); B: token g's sums of them.
@@ -201,9 +201,7 @@ __device__ __forceinline__ void k4_product(const K4Scales& k, uint32_t sb, const
   mma_tf32(sm, am, bm, false);
   mma_tf32(sm, am, bm, true);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if (!kOne || i % 2 == 0) acc[i] += k.d[i >> 1] * sd[i] - k.dmin[i >> 1] * sm[i];
-  }
+  for (int i = 0; i < 4; ++i) acc[i] += k.d[i >> 1] * sd[i] - k.dmin[i >> 1] * sm[i];
 }
 
 template <> struct MmaReader<qd::kQ4_K> {
@@ -217,9 +215,8 @@ template <> struct MmaReader<qd::kQ4_K> {
 #pragma unroll
     for (int c = 0; c < 4; ++c) w.qs[r][c] = *reinterpret_cast<const uint2*>(blk + 16 + 32 * c + 8 * q);
   }
-  template <bool kOne>
   __device__ static void product(const Regs& w, uint32_t sb, const Ctx& c, float (&acc)[4]) {
-    k4_product<kOne>(K4Scales(w.head), sb, c,
+    k4_product(K4Scales(w.head), sb, c,
                [&](int j, mma::FragA& A) {
                  const int ch = j >> 1, shift = 4 * (j & 1);
                  A.r[0] = (w.qs[0][ch].x >> shift) & 0x0f0f0f0fu;
@@ -292,13 +289,8 @@ __device__ void quantize_x(const MatvecArgs& a, const MatvecPartView& view, cons
   }
 }
 
-// What the host sets for a launch (temporary switches of the second mid check's variants).
-struct MmaPlan {
-  bool routed_prefetch, share;
-};
-
 // A launch's groups (every part's; a single part is one group), each its rows' block steps, in
-// order. Shared out (MmaPlan::share, a 1-D grid of N blocks): group u takes blocks [B(u), B(u + 1)),
+// order. Shared out (share_blocks, a 1-D grid of N blocks): group u takes blocks [B(u), B(u + 1)),
 // B(u) = u + (N - U) * (the steps of the groups before u) / S, so that every group has a block and
 // the rest go by steps: one wave of about equal shares whatever the parts' and groups' sizes (the
 // shared expert's beside the routed experts'). A block's steps then stride over its group's as a
@@ -320,41 +312,51 @@ __host__ __device__ inline void share_totals(const MatvecArgs& a, uint32_t tiles
     S += uint64_t{part_groups(a, p)} * group_steps(a, p, tiles_per_step);
   }
 }
+// Group u's part and group, and the steps of the groups before it.
+__host__ __device__ inline uint64_t share_locate(const MatvecArgs& a, uint32_t tiles_per_step, uint32_t u,
+                                                 uint32_t& part, uint32_t& g) {
+  uint64_t before = 0;
+  part = 0;
+  for (; part + 1 < a.parts && u >= part_groups(a, part); ++part) {
+    u -= part_groups(a, part);
+    before += uint64_t{part_groups(a, part)} * group_steps(a, part, tiles_per_step);
+  }
+  g = u;
+  return before + uint64_t{u} * group_steps(a, part, tiles_per_step);
+}
+// B(u) of N blocks (N for u = U).
+__host__ __device__ inline uint32_t share_first_block(const MatvecArgs& a, uint32_t tiles_per_step, uint32_t u,
+                                                      uint32_t U, uint64_t S, uint32_t N) {
+  if (u >= U) return N;
+  uint32_t part, g;
+  const uint64_t extra = N > U ? N - U : 0;
+  return u + static_cast<uint32_t>(extra * share_locate(a, tiles_per_step, u, part, g) / S);
+}
+// Block b's group and place in it.
 __host__ __device__ inline Share share_of(const MatvecArgs& a, uint32_t tiles_per_step, uint32_t b, uint32_t N) {
   uint32_t U;
   uint64_t S;
   share_totals(a, tiles_per_step, U, S);
-  const uint64_t extra = N > U ? N - U : 0;
-  // The part and group of group u, and the steps before it.
-  auto locate = [&](uint32_t u, uint32_t& part, uint32_t& g) {
-    uint64_t before = 0;
-    part = 0;
-    for (; part + 1 < a.parts && u >= part_groups(a, part); ++part) {
-      u -= part_groups(a, part);
-      before += uint64_t{part_groups(a, part)} * group_steps(a, part, tiles_per_step);
-    }
-    g = u;
-    return before + uint64_t{u} * group_steps(a, part, tiles_per_step);
-  };
-  auto first_block = [&](uint32_t u) {
-    uint32_t p, g;
-    return u >= U ? N : u + static_cast<uint32_t>(extra * locate(u, p, g) / S);
-  };
   uint32_t lo = 0, hi = U - 1;  // the last group whose first block is <= b
   while (lo < hi) {
     const uint32_t mid = (lo + hi + 1) / 2;
-    if (first_block(mid) <= b) lo = mid; else hi = mid - 1;
+    if (share_first_block(a, tiles_per_step, mid, U, S, N) <= b) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
   }
   Share sh;
-  locate(lo, sh.part, sh.g);
-  const uint32_t from = first_block(lo);
+  share_locate(a, tiles_per_step, lo, sh.part, sh.g);
+  const uint32_t from = share_first_block(a, tiles_per_step, lo, U, S, N);
   sh.bx = b - from;
-  sh.nb = first_block(lo + 1) - from;
+  sh.nb = share_first_block(a, tiles_per_step, lo + 1, U, S, N) - from;
   return sh;
 }
 
-template <int T, bool kOne>
-__global__ void __launch_bounds__(kThreads, 2) matvec_mma_kernel(MatvecArgs a, MmaPlan plan) {
+// With `shared_out` the grid is Share's (1-D), else one of blockIdx.y groups and blockIdx.z parts.
+template <int T>
+__global__ void __launch_bounds__(kThreads, 2) matvec_mma_kernel(MatvecArgs a, bool shared_out) {
   using R = MmaReader<T>;
   extern __shared__ __align__(16) unsigned char smem[];
   const uint32_t superblocks = a.w.cols / 256;
@@ -363,15 +365,15 @@ __global__ void __launch_bounds__(kThreads, 2) matvec_mma_kernel(MatvecArgs a, M
   // weights no earlier kernel picks are requested before the wait, x and y touched only after it.
   uint32_t part = blockIdx.z;
   MatvecBlockTake take;
-  if (plan.share) {
+  if (shared_out) {
     const Share sh = share_of(a, tiles_per_step, blockIdx.x, gridDim.x);
     part = sh.part;
     take = {sh.g, sh.bx, sh.nb, a.tokens, nullptr, nullptr};
   }
   const bool fixed_weights = matvec_part_fixed_weights(a, part);
   if (!fixed_weights) pdl_wait();
-  if (!plan.share && !matvec_block_take(a, a.group_count != nullptr, take)) return;
-  const uint32_t g = take.g, bx = take.bx, nb = take.nb, ntok = kOne ? 1 : take.ntok;
+  if (!shared_out && !matvec_block_take(a, a.group_count != nullptr, take)) return;
+  const uint32_t g = take.g, bx = take.bx, nb = take.nb, ntok = take.ntok;
   const int32_t *tok_x = take.tok_x, *tok_y = take.tok_y;
   const Layout lay{a.w.cols / 32, a.tokens};
   const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, lg = lane >> 2, lq = lane & 3;
@@ -402,15 +404,12 @@ __global__ void __launch_bounds__(kThreads, 2) matvec_mma_kernel(MatvecArgs a, M
   };
 
   // The rows of a block step lie together: one thread asks for the next step's into L2 while the
-  // current one runs (step 0's are the warps' first loads: asking twice slowed 1-step calls), so
-  // that the warps' own loads, one superblock ahead, find them there. The routed experts' too, once
-  // the wait has made the router's ids visible (this block's is past it), where they are read by
-  // offset or through table entries in the launch's device span (others may be mapped host memory).
-  const bool prefetch = fixed_weights || (plan.routed_prefetch && (matvec_part_by_offset(a, part) ||
-                                                                   (view.w >= a.device_from && view.w < a.device_to)));
+  // current one runs (step 0's are the warps' first loads: asking twice slowed 1-step calls) (weights that no earlier kernel picks only: a routed expert's call is one step
+  // a block, and its pointers may be mapped host memory), so that the warps' own loads, one
+  // superblock ahead, find them there.
   auto prefetch_step = [&](uint32_t step) {
     const uint32_t row0 = tile_of(step, 0) * 16;
-    if (!prefetch || threadIdx.x != 0 || row0 >= view.rows) return;
+    if (!fixed_weights || threadIdx.x != 0 || row0 >= view.rows) return;
     const uint32_t n = min(tiles_per_step * 16, view.rows - row0);
     prefetch_l2(view.w + static_cast<size_t>(row0) * a.w.row_bytes, static_cast<size_t>(n) * a.w.row_bytes);
   };
@@ -439,7 +438,7 @@ __global__ void __launch_bounds__(kThreads, 2) matvec_mma_kernel(MatvecArgs a, M
       } else {
         load(after, 0, next);
       }
-      R::template product<kOne>(cur, slice + j * wpt, ctx, acc);
+      R::product(cur, slice + j * wpt, ctx, acc);
       cur = next;
     }
     rows = after;
@@ -472,17 +471,10 @@ __global__ void __launch_bounds__(kThreads, 2) matvec_mma_kernel(MatvecArgs a, M
   }
 }
 
-using Kernel = void (*)(MatvecArgs, MmaPlan);
+using Kernel = void (*)(MatvecArgs, bool);
 // The types the kernel reads: Q4_K, where it is not slower than the dp2a kernel at one token (Q5_K,
 // Q6_K, IQ4_XS and IQ3_S readers measured 3-25% slower there on the H200: gpu/PERF.md).
-Kernel kernel_for(model::GgmlType type, bool one) {
-  if (type != model::GgmlType::Q4_K) return nullptr;
-  return one ? matvec_mma_kernel<qd::kQ4_K, true> : matvec_mma_kernel<qd::kQ4_K, false>;
-}
-uint32_t env_or(const char* name, uint32_t fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != 0 ? static_cast<uint32_t>(std::strtoul(v, nullptr, 10)) : fallback;
-}
+Kernel kernel_for(model::GgmlType type) { return type == model::GgmlType::Q4_K ? matvec_mma_kernel<qd::kQ4_K> : nullptr; }
 Layout layout_of(const MatvecArgs& a) { return {a.w.cols / 32, a.tokens}; }
 
 // The shared-memory opt-in, once a kernel and device; then the blocks an SM holds at `smem` bytes
@@ -541,7 +533,7 @@ uint32_t share_blocks(const MatvecArgs& a, uint32_t resident) {
 
 bool matvec_mma_applies(const MatvecArgs& a) {
   if (!matvec_quantizes_activations(a)) return false;
-  const Kernel kernel = kernel_for(a.w.type, false);
+  const Kernel kernel = kernel_for(a.w.type);
   // The tokens are the MMA's 8 columns (n of m16n8k32).
   return kernel != nullptr && a.tokens <= 8 && code_built_for(reinterpret_cast<const void*>(kernel), 8) &&
          layout_of(a).bytes() <= kMaxSmem;
@@ -549,8 +541,7 @@ bool matvec_mma_applies(const MatvecArgs& a) {
 
 void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream) {
   if (!matvec_mma_applies(a)) throw CudaError("launch_matvec_mma: no tensor-core kernel for this call");
-  MmaPlan plan{env_or("FERRY_MMA_ROUTED_PREFETCH", 1) != 0, false};
-  const Kernel kernel = kernel_for(a.w.type, a.tokens == 1 && env_or("FERRY_MMA_ONE", 1) != 0);
+  const Kernel kernel = kernel_for(a.w.type);
   const size_t smem = layout_of(a).bytes();
   const uint32_t rows_per_block = 16 * (kWarps / warps_per_tile(a.w.cols / 256));
   // Enough blocks to fill the device once; each block quantizes its input once and loops over tiles.
@@ -558,8 +549,7 @@ void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream) {
   const uint32_t resident = static_cast<uint32_t>(current_sm_count()) * resident_per_sm(kernel, smem);
   dim3 grid;
   const uint32_t shared_out = share_blocks(a, resident);
-  if (shared_out > 0 && env_or("FERRY_MMA_SHARE", 1) != 0) {
-    plan.share = true;
+  if (shared_out > 0) {
     grid = dim3(shared_out);
   } else if (a.group_count != nullptr) {
     const uint32_t all = std::max<uint32_t>(1, resident / a.parts);
@@ -576,7 +566,7 @@ void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream) {
   cfg.stream = stream;
   cudaLaunchAttribute attr{};
   pdl_configure(cfg, attr, reinterpret_cast<const void*>(kernel));
-  FERRY_CUDA(cudaLaunchKernelEx(&cfg, kernel, a, plan));
+  FERRY_CUDA(cudaLaunchKernelEx(&cfg, kernel, a, shared_out > 0));
   FERRY_CUDA_LAUNCHED();
 }
 

@@ -27,12 +27,6 @@ __host__ __device__ __forceinline__ uint32_t matvec_part_rows(const MatvecArgs& 
   return part == 0 || a.more[part - 1].rows == 0 ? a.w.rows : a.more[part - 1].rows;
 }
 
-// Whether part `part` reads its weights by offset from one matrix in device memory (no pointer
-// table, which may name mapped host memory): what an L2 prefetch may ask for.
-__host__ __device__ __forceinline__ bool matvec_part_by_offset(const MatvecArgs& a, uint32_t part) {
-  return part == 0 ? a.w_group_ptrs == nullptr : a.more[part - 1].single || a.more[part - 1].group_ptrs == nullptr;
-}
-
 // Group g of part `part` (g is 0 for a single part: matvec_block_take).
 __device__ __forceinline__ MatvecPartView matvec_part_view(const MatvecArgs& a, uint32_t g, uint32_t part) {
   const MatvecPart& more = a.more[part > 0 ? part - 1 : 0];

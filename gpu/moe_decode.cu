@@ -53,7 +53,6 @@ __global__ void share_routes_kernel(const int32_t* ids, uint32_t routes, uint32_
 
 MatvecArgs gate_args(const DecodeExperts& a) {
   MatvecArgs m;
-  m.device_from = a.pool_from, m.device_to = a.pool_to;
   m.w = a.gate;
   m.w_group_bytes = a.gate.bytes();
   m.w_group_ptrs = a.tables[0];
@@ -64,7 +63,6 @@ MatvecArgs gate_args(const DecodeExperts& a) {
 
 MatvecArgs down_args(const DecodeExperts& a) {
   MatvecArgs m;
-  m.device_from = a.pool_from, m.device_to = a.pool_to;
   m.w = a.down;
   m.w_group_bytes = a.down.bytes();
   m.w_group_ptrs = a.tables[2];

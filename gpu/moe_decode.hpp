@@ -16,8 +16,6 @@ namespace ferry::gpu {
 struct DecodeExperts {
   DevMatrix gate, up, down;  // expert 0's (rows I, I, D); the others follow
   const uint8_t* const* tables[3] = {nullptr, nullptr, nullptr};  // per expert (the pool's), or null
-  const uint8_t* pool_from = nullptr;  // table entries in [pool_from, pool_to) are device memory
-  const uint8_t* pool_to = nullptr;
   const int32_t* ids = nullptr;                                   // [rows][k] routed experts
   const float* x = nullptr;                                       // [rows][D]
   uint32_t rows = 0, k = 0;

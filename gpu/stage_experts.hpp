@@ -49,9 +49,6 @@ class StageExperts final : public model::ExpertTier {
   const ExpertShape& shape(uint32_t layer) const { return layers_[local(layer)].shape; }
   // The layer's device table of `part` (0 gate, 1 up, 2 down): E pointers, for w_group_ptrs.
   const uint8_t* const* table(uint32_t layer, int part) const;
-  // The pool's device memory: table entries inside it are device memory, the others host copies.
-  const uint8_t* pool_begin() const { return pool_.as<uint8_t>(); }
-  const uint8_t* pool_end() const { return pool_.as<uint8_t>() + pool_.bytes(); }
   // The device histogram the layer's decode routes are counted into (model::RouteCounts).
   uint32_t* route_counts(uint32_t layer) { return counts_device_.as<uint32_t>() + size_t{local(layer)} * experts_; }
 

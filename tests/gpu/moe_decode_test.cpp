@@ -290,8 +290,6 @@ TEST_P(MoeDecodeTest, OneRowTakesTheSharedExpertInItsLaunches) {
     a.down = ex.m[2].slice_rows(0, D);
     if (through_tables) {
       for (int p = 0; p < 3; ++p) a.tables[p] = reinterpret_cast<const uint8_t* const*>(tables[p].get());
-      // The gates' device copies as the pool (asked into L2 ahead), the rest only read.
-      a.pool_from = ex.m[0].data, a.pool_to = ex.m[0].data + size_t{E} * ex.m[0].bytes();
     }
     a.ids = dids.as<int32_t>();
     a.x = dx.as<float>();
