@@ -13,7 +13,9 @@
 // rows g and g + 8 of an MMA tile, at the same columns) requested one step ahead. The warps of a
 // block share a tile's superblocks (8 warps a tile on rows of 8 or more superblocks; fewer warps a
 // tile, so more tiles a block, otherwise) and add their partial sums through shared memory in a fixed order; a token's result
-// is the same whatever the launch's token count.
+// is the same whatever the launch's token count. A launch of several groups or parts may instead
+// share its blocks out by the groups' steps (Share): one wave where the 3-D grid would take two (one
+// row's routed and shared down), the same tiles computed alike by other blocks.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -251,10 +253,9 @@ __device__ __forceinline__ void read_x16(const MatvecArgs& a, const MatvecPartVi
 // Quantizes the group's tokens into the B layout: a thread 16 values (half of a 32-value unit, its
 // neighbour the other half), rounded as the dp2a kernel rounds them (gpu/x_int16.cuh), each int16 as
 // its hi and lo bytes.
-__device__ void quantize_x(const MatvecArgs& a, const MatvecPartView& view, uint32_t g, const int32_t* tok_x,
+__device__ void quantize_x(const MatvecArgs& a, const MatvecPartView& view, const float* x_up, const int32_t* tok_x,
                            uint32_t ntok, const Layout& lay, unsigned char* smem) {
   const uint32_t K = a.w.cols, pieces = ntok * (K / 16);
-  const float* x_up = matvec_part_x_up(a, g);
   float* steps = reinterpret_cast<float*>(smem + lay.steps_at());
   for (uint32_t base = 0; base < pieces; base += kThreads) {
     const uint32_t i = base + threadIdx.x;
@@ -288,26 +289,98 @@ __device__ void quantize_x(const MatvecArgs& a, const MatvecPartView& view, uint
   }
 }
 
+// A launch's groups (every part's; a single part is one group), each its rows' block steps, in
+// order. Shared out (share_blocks, a 1-D grid of N blocks): group u takes blocks [B(u), B(u + 1)),
+// B(u) = u + (N - U) * (the steps of the groups before u) / S, so that every group has a block and
+// the rest go by steps: one wave of about equal shares whatever the parts' and groups' sizes (the
+// shared expert's beside the routed experts'). A block's steps then stride over its group's as a
+// block of a 3-D grid's do.
+struct Share {
+  uint32_t part, g, bx, nb;
+};
+__host__ __device__ inline uint32_t group_steps(const MatvecArgs& a, uint32_t part, uint32_t tiles_per_step) {
+  return ((matvec_part_rows(a, part) + 15) / 16 + tiles_per_step - 1) / tiles_per_step;
+}
+__host__ __device__ inline uint32_t part_groups(const MatvecArgs& a, uint32_t part) {
+  return matvec_part_single(a, part) ? 1 : a.groups;
+}
+// U and S.
+__host__ __device__ inline void share_totals(const MatvecArgs& a, uint32_t tiles_per_step, uint32_t& U, uint64_t& S) {
+  U = 0, S = 0;
+  for (uint32_t p = 0; p < a.parts && p < kMaxMatvecParts; ++p) {
+    U += part_groups(a, p);
+    S += uint64_t{part_groups(a, p)} * group_steps(a, p, tiles_per_step);
+  }
+}
+// Group u's part and group, and the steps of the groups before it.
+__host__ __device__ inline uint64_t share_locate(const MatvecArgs& a, uint32_t tiles_per_step, uint32_t u,
+                                                 uint32_t& part, uint32_t& g) {
+  uint64_t before = 0;
+  part = 0;
+  for (; part + 1 < a.parts && u >= part_groups(a, part); ++part) {
+    u -= part_groups(a, part);
+    before += uint64_t{part_groups(a, part)} * group_steps(a, part, tiles_per_step);
+  }
+  g = u;
+  return before + uint64_t{u} * group_steps(a, part, tiles_per_step);
+}
+// B(u) of N blocks (N for u = U).
+__host__ __device__ inline uint32_t share_first_block(const MatvecArgs& a, uint32_t tiles_per_step, uint32_t u,
+                                                      uint32_t U, uint64_t S, uint32_t N) {
+  if (u >= U) return N;
+  uint32_t part, g;
+  const uint64_t extra = N > U ? N - U : 0;
+  return u + static_cast<uint32_t>(extra * share_locate(a, tiles_per_step, u, part, g) / S);
+}
+// Block b's group and place in it.
+__host__ __device__ inline Share share_of(const MatvecArgs& a, uint32_t tiles_per_step, uint32_t b, uint32_t N) {
+  uint32_t U;
+  uint64_t S;
+  share_totals(a, tiles_per_step, U, S);
+  uint32_t lo = 0, hi = U - 1;  // the last group whose first block is <= b
+  while (lo < hi) {
+    const uint32_t mid = (lo + hi + 1) / 2;
+    if (share_first_block(a, tiles_per_step, mid, U, S, N) <= b) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  Share sh;
+  share_locate(a, tiles_per_step, lo, sh.part, sh.g);
+  const uint32_t from = share_first_block(a, tiles_per_step, lo, U, S, N);
+  sh.bx = b - from;
+  sh.nb = share_first_block(a, tiles_per_step, lo + 1, U, S, N) - from;
+  return sh;
+}
+
+// With `shared_out` the grid is Share's (1-D), else one of blockIdx.y groups and blockIdx.z parts.
 template <int T>
-__global__ void __launch_bounds__(kThreads, 2) matvec_mma_kernel(MatvecArgs a) {
+__global__ void __launch_bounds__(kThreads, 2) matvec_mma_kernel(MatvecArgs a, bool shared_out) {
   using R = MmaReader<T>;
   extern __shared__ __align__(16) unsigned char smem[];
+  const uint32_t superblocks = a.w.cols / 256;
+  const uint32_t wpt = warps_per_tile(superblocks), tiles_per_step = kWarps / wpt;
   // Groups, tokens named on the device and PDL as in the dp2a kernel (gpu/matvec_int16.cu): the
   // weights no earlier kernel picks are requested before the wait, x and y touched only after it.
-  const bool fixed_weights = matvec_fixed_weights(a);
-  if (!fixed_weights) pdl_wait();
+  uint32_t part = blockIdx.z;
   MatvecBlockTake take;
-  if (!matvec_block_take(a, a.group_count != nullptr, take)) return;
+  if (shared_out) {
+    const Share sh = share_of(a, tiles_per_step, blockIdx.x, gridDim.x);
+    part = sh.part;
+    take = {sh.g, sh.bx, sh.nb, a.tokens, nullptr, nullptr};
+  }
+  const bool fixed_weights = matvec_part_fixed_weights(a, part);
+  if (!fixed_weights) pdl_wait();
+  if (!shared_out && !matvec_block_take(a, a.group_count != nullptr, take)) return;
   const uint32_t g = take.g, bx = take.bx, nb = take.nb, ntok = take.ntok;
   const int32_t *tok_x = take.tok_x, *tok_y = take.tok_y;
-  const uint32_t superblocks = a.w.cols / 256;
   const Layout lay{a.w.cols / 32, a.tokens};
   const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, lg = lane >> 2, lq = lane & 3;
   // Warp `warp` takes superblocks slice, slice + wpt, ... of tile `in_step` of each block step.
-  const uint32_t wpt = warps_per_tile(superblocks), tiles_per_step = kWarps / wpt;
   const uint32_t in_step = warp / wpt, slice = warp % wpt;
   const uint32_t mine = (superblocks - slice + wpt - 1) / wpt;
-  const MatvecPartView view = matvec_part_view(a, g);
+  const MatvecPartView view = matvec_part_view(a, g, part);
   const uint32_t tiles = (view.rows + 15) / 16;
   auto tile_of = [&](uint32_t step, uint32_t at) { return (bx + step * nb) * tiles_per_step + at; };
   if (view.rows == 0) return;
@@ -346,7 +419,7 @@ __global__ void __launch_bounds__(kThreads, 2) matvec_mma_kernel(MatvecArgs a) {
   load(rows, 0, cur);
   if (fixed_weights) pdl_wait();
   pdl_launch_dependents();
-  quantize_x(a, view, g, tok_x, ntok, lay, smem);
+  quantize_x(a, view, matvec_part_x_up(a, g, part), tok_x, ntok, lay, smem);
   __syncthreads();
 
   const Ctx ctx{smem, reinterpret_cast<const float*>(smem + lay.steps_at()), smem + lay.sums_at(), lay, lg, lq, ntok};
@@ -398,7 +471,7 @@ __global__ void __launch_bounds__(kThreads, 2) matvec_mma_kernel(MatvecArgs a) {
   }
 }
 
-using Kernel = void (*)(MatvecArgs);
+using Kernel = void (*)(MatvecArgs, bool);
 // The types the kernel reads: Q4_K, where it is not slower than the dp2a kernel at one token (Q5_K,
 // Q6_K, IQ4_XS and IQ3_S readers measured 3-25% slower there on the H200: gpu/PERF.md).
 Kernel kernel_for(model::GgmlType type) { return type == model::GgmlType::Q4_K ? matvec_mma_kernel<qd::kQ4_K> : nullptr; }
@@ -426,6 +499,36 @@ uint32_t resident_per_sm(Kernel kernel, size_t smem) {
   return it->second;
 }
 
+// The blocks of a shared-out launch (Share) where it applies (several groups or parts, none named on
+// the device or skipped) and its longest block takes fewer steps than the 3-D grid's would, a
+// second wave of that grid counted as two steps more (a step, its blocks' start and x again); 0
+// otherwise. One row's routed down and shared down: 9 steps against 8 and a second wave.
+uint32_t share_blocks(const MatvecArgs& a, uint32_t resident) {
+  if ((a.parts < 2 && a.groups < 2) || a.group_count != nullptr || a.skip_negative_index) return 0;
+  const uint32_t tiles_per_step = kWarps / warps_per_tile(a.w.cols / 256);
+  uint32_t U;
+  uint64_t S;
+  share_totals(a, tiles_per_step, U, S);
+  const uint32_t n = static_cast<uint32_t>(std::max<uint64_t>(U, std::min<uint64_t>(S, resident)));
+  uint32_t longest = 0;
+  for (uint32_t b = 0; b < n;) {
+    const Share sh = share_of(a, tiles_per_step, b, n);
+    const uint32_t steps = group_steps(a, sh.part, tiles_per_step);
+    longest = std::max(longest, (steps + sh.nb - 1) / sh.nb);
+    b += sh.nb - sh.bx;
+  }
+  // The 3-D grid: x blocks a group of every grouped part, x * groups over a single part.
+  const uint32_t wanted = (matvec_max_rows(a) + 16 * tiles_per_step - 1) / (16 * tiles_per_step);
+  const uint32_t x = std::min(wanted, std::max<uint32_t>(1, resident / (a.groups * matvec_grouped_parts(a))));
+  uint32_t grid_longest = 0;
+  for (uint32_t p = 0; p < a.parts && p < kMaxMatvecParts; ++p) {
+    const uint32_t blocks = matvec_part_single(a, p) ? x * a.groups : x;
+    grid_longest = std::max(grid_longest, (group_steps(a, p, tiles_per_step) + blocks - 1) / blocks);
+  }
+  if (uint64_t{x} * a.groups * a.parts > resident) grid_longest += 2;
+  return longest < grid_longest ? n : 0;
+}
+
 }  // namespace
 
 bool matvec_mma_applies(const MatvecArgs& a) {
@@ -445,7 +548,10 @@ void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream) {
   const uint32_t wanted = (matvec_max_rows(a) + rows_per_block - 1) / rows_per_block;
   const uint32_t resident = static_cast<uint32_t>(current_sm_count()) * resident_per_sm(kernel, smem);
   dim3 grid;
-  if (a.group_count != nullptr) {
+  const uint32_t shared_out = share_blocks(a, resident);
+  if (shared_out > 0) {
+    grid = dim3(shared_out);
+  } else if (a.group_count != nullptr) {
     const uint32_t all = std::max<uint32_t>(1, resident / a.parts);
     grid = dim3(std::max(a.groups, std::min(wanted * a.groups, all)), 1, a.parts);
   } else {
@@ -460,7 +566,7 @@ void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream) {
   cfg.stream = stream;
   cudaLaunchAttribute attr{};
   pdl_configure(cfg, attr, reinterpret_cast<const void*>(kernel));
-  FERRY_CUDA(cudaLaunchKernelEx(&cfg, kernel, a));
+  FERRY_CUDA(cudaLaunchKernelEx(&cfg, kernel, a, shared_out > 0));
   FERRY_CUDA_LAUNCHED();
 }
 

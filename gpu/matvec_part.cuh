@@ -15,14 +15,20 @@ struct MatvecPartView {
   size_t y_tok_stride;
 };
 
-// Whether the block's part is one matrix over the blocks of every group (MatvecPart::single).
-__device__ __forceinline__ bool matvec_single_part(const MatvecArgs& a) {
-  return blockIdx.z > 0 && a.more[blockIdx.z - 1].single;
+// Whether part `part` is one matrix over the blocks of every group (MatvecPart::single).
+__host__ __device__ __forceinline__ bool matvec_part_single(const MatvecArgs& a, uint32_t part) {
+  return part > 0 && a.more[part - 1].single;
+}
+// Whether the block's part is.
+__device__ __forceinline__ bool matvec_single_part(const MatvecArgs& a) { return matvec_part_single(a, blockIdx.z); }
+
+// The rows of part `part`.
+__host__ __device__ __forceinline__ uint32_t matvec_part_rows(const MatvecArgs& a, uint32_t part) {
+  return part == 0 || a.more[part - 1].rows == 0 ? a.w.rows : a.more[part - 1].rows;
 }
 
-// Group g of the block's part (g is 0 for a single part: matvec_block_take).
-__device__ __forceinline__ MatvecPartView matvec_part_view(const MatvecArgs& a, uint32_t g) {
-  const uint32_t part = blockIdx.z;
+// Group g of part `part` (g is 0 for a single part: matvec_block_take).
+__device__ __forceinline__ MatvecPartView matvec_part_view(const MatvecArgs& a, uint32_t g, uint32_t part) {
   const MatvecPart& more = a.more[part > 0 ? part - 1 : 0];
   const bool single = part > 0 && more.single;
   const size_t mat = single ? 0 : a.w_group_index ? static_cast<size_t>(a.w_group_index[g]) : g;
@@ -34,22 +40,34 @@ __device__ __forceinline__ MatvecPartView matvec_part_view(const MatvecArgs& a, 
           part == 0 || more.rows == 0 ? a.w.rows : more.rows,
           part == 0 || more.y_tok_stride == 0 ? a.y_tok_stride : more.y_tok_stride};
 }
-
-// SwiGLU's up input of group g's first token in the block's part (null: none), at x's offsets.
-__device__ __forceinline__ const float* matvec_part_x_up(const MatvecArgs& a, uint32_t g) {
-  const MatvecPart& more = a.more[blockIdx.z > 0 ? blockIdx.z - 1 : 0];
-  const float* x_up = blockIdx.z == 0 || more.x_up == nullptr ? a.x_up : more.x_up;
-  return x_up != nullptr ? x_up + static_cast<size_t>(g / a.x_group_div) * a.x_group_stride : nullptr;
+// Group g of the block's part.
+__device__ __forceinline__ MatvecPartView matvec_part_view(const MatvecArgs& a, uint32_t g) {
+  return matvec_part_view(a, g, blockIdx.z);
 }
 
-// Whether no earlier kernel picks the block's weights (no router ids, pool tables or groups named on
-// the device, or a single part's one matrix): under PDL (gpu/pdl.hpp) only such weights may be
+// SwiGLU's up input of group g's first token in part `part` (null: none), at x's offsets.
+__device__ __forceinline__ const float* matvec_part_x_up(const MatvecArgs& a, uint32_t g, uint32_t part) {
+  const MatvecPart& more = a.more[part > 0 ? part - 1 : 0];
+  const float* x_up = part == 0 || more.x_up == nullptr ? a.x_up : more.x_up;
+  return x_up != nullptr ? x_up + static_cast<size_t>(g / a.x_group_div) * a.x_group_stride : nullptr;
+}
+// In the block's part.
+__device__ __forceinline__ const float* matvec_part_x_up(const MatvecArgs& a, uint32_t g) {
+  return matvec_part_x_up(a, g, blockIdx.z);
+}
+
+// Whether no earlier kernel picks part `part`'s weights (no router ids, pool tables or groups named
+// on the device, or a single part's one matrix): under PDL (gpu/pdl.hpp) only such weights may be
 // requested before the wait.
-__device__ __forceinline__ bool matvec_fixed_weights(const MatvecArgs& a) {
-  if (matvec_single_part(a)) return true;
+__device__ __forceinline__ bool matvec_part_fixed_weights(const MatvecArgs& a, uint32_t part) {
+  if (matvec_part_single(a, part)) return true;
   bool fixed = a.w_group_index == nullptr && a.w_group_ptrs == nullptr && a.group_count == nullptr;
   for (uint32_t p = 1; p < a.parts && p < kMaxMatvecParts; ++p) fixed = fixed && a.more[p - 1].group_ptrs == nullptr;
   return fixed;
+}
+// Of the block's part.
+__device__ __forceinline__ bool matvec_fixed_weights(const MatvecArgs& a) {
+  return matvec_part_fixed_weights(a, blockIdx.z);
 }
 
 // What one block of a launch works on: group g as its bx-th block of nb, over ntok tokens (named by

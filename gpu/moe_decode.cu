@@ -163,7 +163,9 @@ MatvecPart single_part(const DevMatrix& w, float* y) {
   p.single = true;
   return p;
 }
-// The routed experts' gate and up, then the shared expert's.
+
+}  // namespace
+
 MatvecArgs fused_gate_up(const DecodeExperts& a) {
   MatvecArgs m = per_route_gate(a, a.ids);
   m.parts = 4;
@@ -172,7 +174,7 @@ MatvecArgs fused_gate_up(const DecodeExperts& a) {
   m.more[2] = single_part(a.shared_up, a.su);
   return m;
 }
-// The routed experts' down over SwiGLU(eg, eu), then the shared expert's over SwiGLU(sg, su).
+
 MatvecArgs fused_down(const DecodeExperts& a) {
   MatvecArgs d = per_route_down(a, a.ids);
   d.x = a.eg;
@@ -184,8 +186,6 @@ MatvecArgs fused_down(const DecodeExperts& a) {
   d.more[0].x_up = a.su;
   return d;
 }
-
-}  // namespace
 
 bool shared_expert_fused(const DecodeExperts& a) {
   if (a.rows != 1 || a.k == 0 || a.shared_gate.empty() || a.sg == nullptr || a.su == nullptr || a.sh == nullptr) {

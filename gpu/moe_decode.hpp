@@ -38,6 +38,12 @@ struct DecodeExperts {
 // so sh gets their bits).
 bool shared_expert_fused(const DecodeExperts& a);
 
+// The two launches decode_experts_per_route makes where shared_expert_fused holds: the routed
+// experts' gate and up, then the shared expert's (parts 0-3); the routed experts' down over
+// SwiGLU(eg, eu), then the shared expert's over SwiGLU(sg, su) (parts 0-1).
+MatvecArgs fused_gate_up(const DecodeExperts& a);
+MatvecArgs fused_down(const DecodeExperts& a);
+
 // Per route (and the shared expert where shared_expert_fused holds).
 void decode_experts_per_route(const DecodeExperts& a, cudaStream_t stream);
 

@@ -4,7 +4,8 @@
 // path's bits, with rows sharing some experts, all of them or none, more rows of one expert than a
 // group takes, and the experts read by offset or through tables that point into device memory (pool
 // hits) and mapped host memory (misses). One row: the shared expert inside the routed experts'
-// launches gives the bits of its launches apart. Outputs are poisoned (NaN) before each run.
+// launches gives the bits of its launches apart, also at the model's shape. Outputs are poisoned
+// (NaN) before each run.
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -338,6 +339,59 @@ TEST_P(MoeDecodeTest, OneRowTakesTheSharedExpertInItsLaunches) {
     other.shared_down.type = GgmlType::F32;
     other.shared_down.row_bytes = size_t{I} * 4;
     EXPECT_FALSE(shared_expert_fused(other)) << at << ": a shared down of another row format";
+  }
+}
+
+// One row at the 12-layer shape (Q4_K, D 4,096, I 2,048, 8 routed experts of 16 and the shared one):
+// the fused launches (their down shared out by steps, gpu/matvec_mma.cu) give the bits of the
+// per-route launches and the shared expert's apart (3-D grids).
+TEST(MoeDecodeModelShape, OneRowFusedGivesTheLaunchesApartBits) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  constexpr uint32_t D = 4096, I = 2048, E = 16, k = 8;
+  const size_t expert_bytes = *model::ggml_bytes(GgmlType::Q4_K, size_t{I} * D);
+  const DeviceBuffer gate = to_device(ferry::testing::random_q4k_blocks(size_t{E + 1} * I, D)),
+                     up = to_device(ferry::testing::random_q4k_blocks(size_t{E + 1} * I, D)),
+                     down = to_device(ferry::testing::random_q4k_blocks(size_t{E + 1} * D, I));
+  auto matrix = [](const DeviceBuffer& b, uint32_t rows, uint32_t cols, size_t at) {
+    return DevMatrix{GgmlType::Q4_K, b.as<uint8_t>() + at, rows, cols, *model::ggml_bytes(GgmlType::Q4_K, cols)};
+  };
+  std::mt19937 rng(61);
+  const std::vector<int32_t> ids = routes("some", 1, k, E, rng);
+  const auto x = normal(D, rng);
+  DeviceBuffer dids = to_device(ids), dx = to_device(x);
+  DecodeExperts a;
+  a.gate = matrix(gate, I, D, 0), a.up = matrix(up, I, D, 0), a.down = matrix(down, D, I, 0);
+  a.ids = dids.as<int32_t>(), a.x = dx.as<float>(), a.rows = 1, a.k = k, a.swiglu_limit = 7.0f;
+  const DevMatrix sg = matrix(gate, I, D, E * expert_bytes), su = matrix(up, I, D, E * expert_bytes),
+                  sd = matrix(down, D, I, E * expert_bytes);
+  const size_t scratch = size_t{k + 1} * I;
+  DeviceBuffer eg = poisoned(scratch), eu = poisoned(scratch), eo = poisoned(size_t{k} * D), sh = poisoned(D);
+  a.eg = eg.as<float>(), a.eu = eu.as<float>(), a.eo = eo.as<float>();
+  decode_experts_per_route(a, nullptr);
+  const MatvecProduct gate_up[] = {{&sg, a.eg + size_t{k} * I}, {&su, a.eu + size_t{k} * I}};
+  ASSERT_TRUE(matvec_products(gate_up, 2, a.x, D, 1, I, nullptr));
+  MatvecArgs d;
+  d.w = sd, d.x_tok_stride = I, d.y = sh.as<float>(), d.y_tok_stride = D;
+  matvec_swiglu(d, a.eg + size_t{k} * I, a.eu + size_t{k} * I, I, 1, I, a.swiglu_limit, nullptr);
+  const auto want_eo = to_host<float>(eo, size_t{k} * D), want_sh = to_host<float>(sh, D);
+
+  DeviceBuffer f_eg = poisoned(scratch), f_eu = poisoned(scratch), f_eo = poisoned(size_t{k} * D), f_sh = poisoned(D);
+  DecodeExperts b = a;
+  b.eg = f_eg.as<float>(), b.eu = f_eu.as<float>(), b.eo = f_eo.as<float>();
+  b.shared_gate = sg, b.shared_up = su, b.shared_down = sd;
+  b.sg = b.eg + size_t{k} * I, b.su = b.eu + size_t{k} * I, b.sh = f_sh.as<float>();
+  ASSERT_TRUE(shared_expert_fused(b));
+  decode_experts_per_route(b, nullptr);
+  const auto got_eo = to_host<float>(f_eo, size_t{k} * D), got_sh = to_host<float>(f_sh, D);
+  for (size_t i = 0; i < want_eo.size(); ++i) {
+    ASSERT_FALSE(std::isnan(want_eo[i])) << "route " << i / D << " not written";
+    ASSERT_EQ(std::memcmp(&got_eo[i], &want_eo[i], 4), 0)
+        << "route " << i / D << " row " << i % D << ": " << got_eo[i] << " vs " << want_eo[i];
+  }
+  for (size_t i = 0; i < want_sh.size(); ++i) {
+    ASSERT_FALSE(std::isnan(want_sh[i])) << "shared expert row " << i << " not written";
+    ASSERT_EQ(std::memcmp(&got_sh[i], &want_sh[i], 4), 0) << "shared expert row " << i << ": " << got_sh[i] << " vs "
+                                                          << want_sh[i];
   }
 }
 

@@ -1,0 +1,177 @@
+// Timing lines (printed, not asserted) of decode's Q4_K matvecs at the 12-layer shape, one row,
+// inside captured graphs with PDL as a decode step runs them (event-timed median of 7 runs of 10
+// replays, the first run a warm-up):
+// - the routed experts' two launches of a MoE layer (8 of 288 experts and the shared expert as
+//   parts: gate/up, then down over their SwiGLU; gpu/moe_decode.hpp), over 9 layers of distinct
+//   experts a replay, so that no launch finds its weights in L2 from the one before;
+// - chains of 36 calls of one shape (each its own matrix, reading x and writing its own y): the
+//   per-call time and its weights' GB/s, against the copy bandwidth (read + write).
+// The bits are MoeDecodeTest's and MatvecMmaTest's concern.
+#if FERRY_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "gpu/bandwidth.hpp"
+#include "gpu/cuda_memory.hpp"
+#include "gpu/kernels.hpp"
+#include "gpu/moe_decode.hpp"
+#include "gpu/pdl.hpp"
+#include "model/formats/quant.hpp"
+#include "tests/gpu/gpu_test_support.hpp"
+#include "tests/gpu/quant_rows.hpp"
+
+namespace ferry::gpu {
+namespace {
+
+using ferry::testing::have_device;
+using model::GgmlType;
+
+DeviceBuffer random_floats(size_t n, std::mt19937& rng) {
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  DeviceBuffer b(n * 4);
+  EXPECT_EQ(cudaMemcpy(b.get(), v.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  return b;
+}
+// `copies` copies of one random Q4_K matrix of rows x cols, back to back.
+DeviceBuffer q4k_copies(size_t rows, size_t cols, size_t copies) {
+  const std::vector<uint8_t> one = ferry::testing::random_q4k_blocks(rows, cols);
+  DeviceBuffer b(one.size() * copies);
+  EXPECT_EQ(cudaMemcpy(b.get(), one.data(), one.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  for (size_t i = 1; i < copies; ++i) {
+    EXPECT_EQ(cudaMemcpy(b.as<uint8_t>() + i * one.size(), b.get(), one.size(), cudaMemcpyDeviceToDevice), cudaSuccess);
+  }
+  return b;
+}
+DevMatrix q4k(const DeviceBuffer& b, size_t rows, size_t cols, size_t index) {
+  const size_t row_bytes = *model::ggml_bytes(GgmlType::Q4_K, cols);
+  return {GgmlType::Q4_K, b.as<uint8_t>() + index * rows * row_bytes, static_cast<uint32_t>(rows),
+          static_cast<uint32_t>(cols), row_bytes};
+}
+
+// Microseconds a replay of the graph of what `body` enqueues under PDL (median of 7 runs of 10).
+double replay_us(const std::function<void(cudaStream_t)>& body) {
+  Stream s;
+  body(s.get());  // eagerly first: kernel attributes and sm90 checks are made outside the capture
+  s.synchronize();
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t e = nullptr;
+  EXPECT_EQ(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  {
+    const PdlScope pdl(pdl_device_ready());
+    body(s.get());
+  }
+  EXPECT_EQ(cudaStreamEndCapture(s.get(), &g), cudaSuccess);
+  EXPECT_EQ(cudaGraphInstantiate(&e, g, 0), cudaSuccess);
+  Event e0, e1;
+  std::vector<float> t;
+  for (int run = 0; run < 8; ++run) {
+    e0.record(s.get());
+    for (int i = 0; i < 10; ++i) cudaGraphLaunch(e, s.get());
+    e1.record(s.get());
+    s.synchronize();
+    float ms = 0.0f;
+    EXPECT_EQ(cudaEventElapsedTime(&ms, e0.get(), e1.get()), cudaSuccess);
+    if (run > 0) t.push_back(ms * 1000.0f / 10.0f);
+  }
+  cudaGraphExecDestroy(e);
+  cudaGraphDestroy(g);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+double copy_gbs() {
+  int dev = 0;
+  EXPECT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  return measure_copy_bandwidth(dev, 256ull << 20, 5) / 1e9;
+}
+
+// Bytes of a Q4_K matrix.
+double q4k_bytes(size_t rows, size_t cols) { return double(rows) * *model::ggml_bytes(GgmlType::Q4_K, cols); }
+
+// 9 MoE layers, each 8 distinct routed experts of 288 and a shared expert of its own, D 4,096, I 2,048.
+TEST(DecodeMatvecTiming, RoutedExpertLaunches) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  constexpr uint32_t D = 4096, I = 2048, E = 288, K = 8, L = 9;
+  const double copy = copy_gbs();
+  const DeviceBuffer gate = q4k_copies(I, D, E), up = q4k_copies(I, D, E), down = q4k_copies(D, I, E);
+  const DeviceBuffer sgate = q4k_copies(I, D, L), sup = q4k_copies(I, D, L), sdown = q4k_copies(D, I, L);
+  std::mt19937 rng(61);
+  std::vector<int32_t> all(E);
+  for (uint32_t e = 0; e < E; ++e) all[e] = static_cast<int32_t>(e);
+  std::shuffle(all.begin(), all.end(), rng);
+  std::vector<int32_t> ids(all.begin(), all.begin() + L * K);  // layer l's experts: ids[l K .. l K + K)
+  DeviceBuffer d_ids(ids.size() * 4);
+  ASSERT_EQ(cudaMemcpy(d_ids.get(), ids.data(), ids.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  const DeviceBuffer x = random_floats(D, rng);
+  DeviceBuffer eg(size_t{K + 1} * I * 4), eu(size_t{K + 1} * I * 4), eo(size_t{K} * D * 4), sh(size_t{D} * 4);
+  ASSERT_EQ(cudaMemset(eg.get(), 0, eg.bytes()), cudaSuccess);
+  ASSERT_EQ(cudaMemset(eu.get(), 0, eu.bytes()), cudaSuccess);
+  std::vector<DecodeExperts> layers(L);
+  for (uint32_t l = 0; l < L; ++l) {
+    DecodeExperts& a = layers[l];
+    a.gate = q4k(gate, I, D, 0), a.up = q4k(up, I, D, 0), a.down = q4k(down, D, I, 0);
+    a.ids = d_ids.as<int32_t>() + l * K, a.x = x.as<float>(), a.rows = 1, a.k = K, a.swiglu_limit = 10.0f;
+    a.eg = eg.as<float>(), a.eu = eu.as<float>(), a.eo = eo.as<float>();
+    a.shared_gate = q4k(sgate, I, D, l), a.shared_up = q4k(sup, I, D, l), a.shared_down = q4k(sdown, D, I, l);
+    a.sg = a.eg + size_t{K} * I, a.su = a.eu + size_t{K} * I, a.sh = sh.as<float>();
+    ASSERT_TRUE(shared_expert_fused(a));
+  }
+  const double layer_bytes = double(K + 1) * 3 * q4k_bytes(I, D);
+  const double us = replay_us([&](cudaStream_t s) {
+    for (const DecodeExperts& a : layers) decode_experts_per_route(a, s);
+  });
+  std::printf("[ timing ] routed experts + shared, %u layers x 2 launches: %.1f us a layer, %.0f GB/s, %.0f%% of copy "
+              "(%.0f GB/s)\n",
+              L, us / L, layer_bytes / (us / L) / 1e3, 100.0 * layer_bytes / (us / L) / 1e3 / copy, copy);
+  // Each launch apart: the gate/up launches of the 9 layers, then the down launches (the products'
+  // values do not matter here).
+  for (int which = 0; which < 2; ++which) {
+    const double one = replay_us([&](cudaStream_t s) {
+      for (const DecodeExperts& a : layers) matvec(which == 0 ? fused_gate_up(a) : fused_down(a), s);
+    });
+    const double bytes = double(K + 1) * (which == 0 ? 2 : 1) * q4k_bytes(I, D);
+    std::printf("[ timing ] routed experts + shared, %s: %.1f us a launch, %.1f MB, %.0f GB/s, %.0f%% of copy\n",
+                which == 0 ? "gate/up" : "down", one / L, bytes / 1e6, bytes / (one / L) / 1e3,
+                100.0 * bytes / (one / L) / 1e3 / copy);
+  }
+}
+
+// Chains of one shape: 36 calls a replay, each its own matrix (rows x cols), x and its own y.
+TEST(DecodeMatvecTiming, ChainsOfOneShape) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  const double copy = copy_gbs();
+  std::mt19937 rng(62);
+  constexpr size_t kCalls = 36;
+  const DeviceBuffer x = random_floats(16384, rng);
+  DeviceBuffer y(kCalls * 16384 * 4);
+  for (const auto& [rows, cols] : {std::pair<size_t, size_t>{4096, 2048}, {4096, 4096}, {2048, 4096},
+                                   {8192, 4096}, {12288, 4096}, {4096, 12288}}) {
+    const DeviceBuffer w = q4k_copies(rows, cols, kCalls);
+    const double us = replay_us([&](cudaStream_t s) {
+      for (size_t i = 0; i < kCalls; ++i) {
+        MatvecArgs a;
+        a.w = q4k(w, rows, cols, i);
+        a.x = x.as<float>();
+        a.x_tok_stride = cols;
+        a.y = y.as<float>() + i * 16384;
+        a.y_tok_stride = rows;
+        matvec(a, s);
+      }
+    });
+    const double bytes = q4k_bytes(rows, cols), per = us / kCalls;
+    std::printf("[ timing ] chain of %zu Q4_K %zu x %zu (%.1f MB): %.2f us a call, %.0f GB/s, %.0f%% of copy\n", kCalls,
+                rows, cols, bytes / 1e6, per, bytes / per / 1e3, 100.0 * bytes / per / 1e3 / copy);
+  }
+}
+
+}  // namespace
+}  // namespace ferry::gpu
+#endif
