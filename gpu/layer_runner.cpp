@@ -1,7 +1,5 @@
 #include "gpu/layer_runner.hpp"
 
-#include <cstdlib>
-
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -14,7 +12,6 @@
 #include "gpu/mhc_decode.hpp"
 #include "gpu/moe_decode.hpp"
 #include "gpu/moe_grouped.hpp"
-#include "gpu/moe_grouped_int8.hpp"
 #include "gpu/mtp_ops.hpp"
 
 namespace ferry::gpu {
@@ -51,19 +48,6 @@ void LayerRunner::mm(const DevMatrix& m, const float* x, size_t ldx, uint32_t n,
                                    static_cast<int>(m.cols), &one, reinterpret_cast<const float*>(m.data),
                                    static_cast<int>(m.row_bytes / 4), x, static_cast<int>(ldx), &zero, y,
                                    static_cast<int>(ldy)));
-    mark(OpPart::gemm);
-    return;
-  }
-  // Q4_K / Q5_K / IQ3_S on sm80+ code: the int8 tensor-core kernel (gpu/moe_grouped_int8.hpp), with
-  // the decode matvec's int16 numerics; its rows are quantized into the fp16 staging.
-  const SplitScratch staging{w_.xh, w_.xl, w_.xh_elems};
-  // Mid-check switch (issue 15, h63): FERRY_DENSE_INT8=1 sends the dense products to the int8 kernel.
-  static const bool dense_int8 = [] {
-    const char* v = std::getenv("FERRY_DENSE_INT8");
-    return v != nullptr && v[0] == '1';
-  }();
-  if (dense_int8 && dense_int8_takes(m, x, ldx, n, staging)) {
-    dense_gemm_int8(m, x, ldx, n, y, ldy, staging, s_);
     mark(OpPart::gemm);
     return;
   }

@@ -111,10 +111,9 @@ struct Int8Args {
   const uint8_t* xq;  // quantized rows, 2 * cols bytes apart
   const float2* xf;   // their blocks' steps and sums, cols / 32 apart
   const int32_t* gather;
-  const uint32_t* offsets;  // null: one group of dense_rows rows (x's, in order), tile t its rows 64t..
+  const uint32_t* offsets;
   const uint32_t* tiles;
   uint32_t E;
-  uint32_t dense_rows;
   float* y;
   size_t ldy;
   float limit;
@@ -549,26 +548,21 @@ __global__ void __launch_bounds__(kThreads, 3) kquant_int8_kernel(Int8Args a) {
   __shared__ uint32_t grid[KQuant<T>::kDecoded ? 512 : 1];
   Stage<T>* st = reinterpret_cast<Stage<T>*>(smem);
   const uint32_t tile = blockIdx.y;
-  BlockTile bt;
-  if (a.offsets == nullptr) {  // the grid holds the rows' tiles
-    bt.first = tile * BN;
-    bt.ntok = min(BN, a.dense_rows - bt.first);
-  } else {
-    if (tile >= a.tiles[a.E]) return;  // the grid is sized for the most tiles the routes can make
-    uint32_t lo_e = 0, hi_e = a.E;     // tiles[lo_e] <= tile < tiles[hi_e]
-    while (hi_e - lo_e > 1) {
-      const uint32_t mid = (lo_e + hi_e) / 2;
-      if (a.tiles[mid] <= tile) {
-        lo_e = mid;
-      } else {
-        hi_e = mid;
-      }
+  if (tile >= a.tiles[a.E]) return;  // the grid is sized for the most tiles the routes can make
+  uint32_t lo_e = 0, hi_e = a.E;     // tiles[lo_e] <= tile < tiles[hi_e]
+  while (hi_e - lo_e > 1) {
+    const uint32_t mid = (lo_e + hi_e) / 2;
+    if (a.tiles[mid] <= tile) {
+      lo_e = mid;
+    } else {
+      hi_e = mid;
     }
-    bt.e = lo_e;
-    const uint32_t t0 = (tile - a.tiles[bt.e]) * BN;
-    bt.first = a.offsets[bt.e] + t0;
-    bt.ntok = min(BN, a.offsets[bt.e + 1] - a.offsets[bt.e] - t0);
   }
+  BlockTile bt;
+  bt.e = lo_e;
+  const uint32_t t0 = (tile - a.tiles[bt.e]) * BN;
+  bt.first = a.offsets[bt.e] + t0;
+  bt.ntok = min(BN, a.offsets[bt.e + 1] - a.offsets[bt.e] - t0);
   bt.m0 = blockIdx.x * (BR / NM);
   if constexpr (KQuant<T>::kDecoded) {
     for (uint32_t i = threadIdx.x; i < 512; i += kThreads) grid[i] = a.iq3s_grid[i];
@@ -683,21 +677,26 @@ void launch(int t, const Int8Args& a, dim3 grid, cudaStream_t stream) {
   }
 }
 
-// The quantizing pass, then the products over `token_tiles` tiles (the grid's second dimension);
-// sort null: one group of x's x_rows rows.
-void run_int8(const ExpertMatrices& w, const ExpertMatrices* up, const float* x, size_t ldx, uint32_t x_rows,
-              const int32_t* gather, const RouteSort* sort, uint32_t E, size_t token_tiles, float limit, float* y,
-              size_t ldy, const SplitScratch& split, cudaStream_t stream) {
+}  // namespace
+
+void grouped_gemm_int8(const ExpertMatrices& w, const ExpertMatrices* up, const float* x, size_t ldx, uint32_t x_rows,
+                       const int32_t* gather, const RouteSort& sort, uint32_t routes, uint32_t E, float limit, float* y,
+                       size_t ldy, const SplitScratch& split, cudaStream_t stream) {
+  if (routes == 0 || w.m.rows == 0 || x_rows == 0) return;
   if (!grouped_int8_takes(w, up, x, ldx, x_rows, split)) {
-    throw CudaError("int8 GEMM: not an int8 call (Q4_K / Q5_K / IQ3_S rows of whole blocks, gate and up alike, "
-                    "aligned input, a scratch for " + std::to_string(x_rows) + " x " + std::to_string(w.m.cols) +
-                    " values, sm80+ code)");
+    throw CudaError("grouped_gemm_int8: not an int8 call (Q4_K / Q5_K / IQ3_S rows of whole blocks, gate and up "
+                    "alike, aligned input, a scratch for " + std::to_string(x_rows) + " x " +
+                    std::to_string(w.m.cols) + " values, sm80+ code)");
   }
-  if (w.table == nullptr && w.m.data == nullptr) throw CudaError("int8 GEMM: no weights");
+  if (gather == nullptr && x_rows < routes) {
+    throw CudaError("grouped_gemm_int8: " + std::to_string(routes) + " routes read rows of an input of " +
+                    std::to_string(x_rows));
+  }
+  if (w.table == nullptr && w.m.data == nullptr) throw CudaError("grouped_gemm_int8: no expert weights");
   const uint32_t cols = w.m.cols;
   const QuantScratch qs = quant_scratch(split, x_rows, cols);
   const size_t pieces = size_t{x_rows} * (cols / 16);
-  if ((pieces + 255) / 256 > 0x7fffffffu) throw CudaError("int8 GEMM: too many input rows");
+  if ((pieces + 255) / 256 > 0x7fffffffu) throw CudaError("grouped_gemm_int8: too many input rows");
   quantize_rows_kernel<<<static_cast<unsigned>((pieces + 255) / 256), 256, 0, stream>>>(x, ldx, x_rows, cols, qs.q,
                                                                                        qs.f);
   FERRY_CUDA_LAUNCHED();
@@ -717,20 +716,21 @@ void run_int8(const ExpertMatrices& w, const ExpertMatrices* up, const float* x,
   a.xq = qs.q;
   a.xf = qs.f;
   a.gather = gather;
-  a.offsets = sort != nullptr ? sort->offsets : nullptr;
-  a.tiles = sort != nullptr ? sort->tiles : nullptr;
+  a.offsets = sort.offsets;
+  a.tiles = sort.tiles;
   a.E = E;
-  a.dense_rows = x_rows;
   a.y = y;
   a.ldy = ldy;
   a.limit = limit;
+  // Each expert with c rows makes ceil(c / BN) tiles: at most routes / BN + one per used expert.
+  const size_t max_tiles = (size_t{routes} + BN - 1) / BN + std::min(E, routes);
   const uint32_t rm = up != nullptr ? BR / 2 : BR;
   const size_t row_tiles = (size_t{w.m.rows} + rm - 1) / rm;
-  if (token_tiles > 65535 || row_tiles > 0x7fffffffu) {
-    throw CudaError("int8 GEMM: " + std::to_string(token_tiles) + " token tiles over " + std::to_string(w.m.rows) +
+  if (max_tiles > 65535 || row_tiles > 0x7fffffffu) {
+    throw CudaError("grouped_gemm_int8: " + std::to_string(routes) + " routes over " + std::to_string(w.m.rows) +
                     " rows make too large a grid");
   }
-  const dim3 grid(static_cast<uint32_t>(row_tiles), static_cast<uint32_t>(token_tiles));
+  const dim3 grid(static_cast<uint32_t>(row_tiles), static_cast<uint32_t>(max_tiles));
   const int t = int8_type(w.m.type);
   if (t == qd::kIQ3_S) a.iq3s_grid = iq3s_grid_address();
   if (up != nullptr) {
@@ -739,32 +739,6 @@ void run_int8(const ExpertMatrices& w, const ExpertMatrices* up, const float* x,
     launch<1>(t, a, grid, stream);
   }
   FERRY_CUDA_LAUNCHED();
-}
-
-}  // namespace
-
-void grouped_gemm_int8(const ExpertMatrices& w, const ExpertMatrices* up, const float* x, size_t ldx, uint32_t x_rows,
-                       const int32_t* gather, const RouteSort& sort, uint32_t routes, uint32_t E, float limit, float* y,
-                       size_t ldy, const SplitScratch& split, cudaStream_t stream) {
-  if (routes == 0 || w.m.rows == 0 || x_rows == 0) return;
-  if (gather == nullptr && x_rows < routes) {
-    throw CudaError("grouped_gemm_int8: " + std::to_string(routes) + " routes read rows of an input of " +
-                    std::to_string(x_rows));
-  }
-  // Each expert with c rows makes ceil(c / BN) tiles: at most routes / BN + one per used expert.
-  const size_t max_tiles = (size_t{routes} + BN - 1) / BN + std::min(E, routes);
-  run_int8(w, up, x, ldx, x_rows, gather, &sort, E, max_tiles, limit, y, ldy, split, stream);
-}
-
-bool dense_int8_takes(const DevMatrix& m, const float* x, size_t ldx, uint32_t n, const SplitScratch& split) {
-  return m.data != nullptr && grouped_int8_takes(ExpertMatrices{m, 0, nullptr}, nullptr, x, ldx, n, split);
-}
-
-void dense_gemm_int8(const DevMatrix& m, const float* x, size_t ldx, uint32_t n, float* y, size_t ldy,
-                     const SplitScratch& split, cudaStream_t stream) {
-  if (n == 0 || m.rows == 0) return;
-  run_int8(ExpertMatrices{m, 0, nullptr}, nullptr, x, ldx, n, nullptr, nullptr, 1, (size_t{n} + BN - 1) / BN, 0.0f, y,
-           ldy, split, stream);
 }
 
 }  // namespace ferry::gpu

@@ -32,11 +32,4 @@ void grouped_gemm_int8(const ExpertMatrices& w, const ExpertMatrices* up, const 
                        const int32_t* gather, const RouteSort& sort, uint32_t routes, uint32_t E, float limit, float* y,
                        size_t ldy, const SplitScratch& split, cudaStream_t stream);
 
-// The dense prefill products on the same kernel (LayerRunner::mm past the matvec rows): y[r] = W x[r]
-// for the n rows of x (ldx apart; y's ldy apart), as one group of every row, with the same numerics;
-// dense_int8_takes is grouped_int8_takes for a matrix of one layout in device memory.
-bool dense_int8_takes(const DevMatrix& m, const float* x, size_t ldx, uint32_t n, const SplitScratch& split);
-void dense_gemm_int8(const DevMatrix& m, const float* x, size_t ldx, uint32_t n, float* y, size_t ldy,
-                     const SplitScratch& split, cudaStream_t stream);
-
 }  // namespace ferry::gpu

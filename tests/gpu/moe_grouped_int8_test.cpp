@@ -17,7 +17,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -431,96 +430,6 @@ TEST_F(GroupedExpertsInt8, ATokensRowsHaveTheSameBitsWhateverItsTileHolds) {
       if (HasFailure()) return;
       ASSERT_EQ(std::memcmp(part.swiglu.data(), full.swiglu.data(), part.swiglu.size() * 4), 0);
       ASSERT_EQ(std::memcmp(part.down.data(), full.down.data(), part.down.size() * 4), 0);
-    }
-  }
-}
-
-// The dense products (LayerRunner::mm past the matvec rows) on the kernel: n rows of x times one
-// matrix, rows off the 128-row tiles and n off the 64-row tiles, each row against the decode matvec
-// (its int16 numerics) and the CPU at the bounds above; rows past n untouched.
-TEST_F(GroupedExpertsInt8, DenseProductsMatchTheDecodeMatvecAndTheCpu) {
-  if (!sm80_code_ready()) GTEST_SKIP() << "no sm80+ code for the int8 kernel on this device";
-  const uint32_t rows = 328, cols = 768;
-  for (const GgmlType t : kTypes) {
-    std::mt19937 rng(51);
-    const std::vector<uint8_t> blocks = test_rows(t, rows, cols, rng);
-    const std::vector<float> w = dequant(t, blocks, size_t{rows} * cols);
-    DeviceBuffer dw(blocks.size());
-    ASSERT_EQ(cudaMemcpy(dw.get(), blocks.data(), blocks.size(), cudaMemcpyHostToDevice), cudaSuccess);
-    const DevMatrix m = shape(t, rows, cols, dw.as<uint8_t>());
-    for (const uint32_t n : {9u, 100u, 300u}) {
-      SCOPED_TRACE(name(t) + ", " + std::to_string(n) + " rows");
-      std::normal_distribution<float> normal(0.0f, 1.0f);
-      std::vector<float> x(size_t{n} * cols);
-      for (float& v : x) v = normal(rng);
-      DeviceBuffer dx(x.size() * 4), dy(size_t{n + 1} * rows * 4), dref(size_t{n} * rows * 4);
-      DeviceBuffer dsh(x.size() * 2), dsl(x.size() * 2);
-      const SplitScratch split{dsh.get(), dsl.get(), x.size()};
-      ASSERT_EQ(cudaMemcpy(dx.get(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-      ASSERT_EQ(cudaMemset(dy.get(), 0xff, dy.bytes()), cudaSuccess);
-      ASSERT_TRUE(dense_int8_takes(m, dx.as<float>(), cols, n, split)) << "sm80+ code, yet not the int8 path";
-      dense_gemm_int8(m, dx.as<float>(), cols, n, dy.as<float>(), rows, split, nullptr);
-      decode_products(t, {dw.as<uint8_t>()}, rows, cols, {0, n}, dx.as<float>(), dref.as<float>());
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      std::vector<float> y(size_t{n + 1} * rows), ref(size_t{n} * rows);
-      ASSERT_EQ(cudaMemcpy(y.data(), dy.get(), y.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-      ASSERT_EQ(cudaMemcpy(ref.data(), dref.get(), ref.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-      for (uint32_t p = 0; p < n; ++p) {
-        const size_t at = size_t{p} * rows;
-        const double mr = row_max(&ref[at], rows);
-        for (uint32_t r = 0; r < rows; ++r) {
-          ASSERT_NEAR(y[at + r], ref[at + r], kTight * mr + 1e-7) << "row " << p << ", output " << r;
-          if (p % 7 != 0) continue;
-          const Cpu c = cpu_dot(&w[size_t{r} * cols], &x[size_t{p} * cols], cols);
-          ASSERT_NEAR(y[at + r], c.dot, c.bound) << "row " << p << ", output " << r << " against the CPU";
-        }
-      }
-      for (uint32_t r = 0; r < rows; ++r) ASSERT_TRUE(std::isnan(y[size_t{n} * rows + r])) << "past the rows";
-    }
-  }
-}
-
-// A KDA projection's shape (8,192 x 4,096 Q4_K, 2,048 rows): the dense path's time (printed) and
-// its first rows against the decode matvec.
-TEST_F(GroupedExpertsInt8, DenseKdaProjectionShapeReportsItsTime) {
-  if (!sm80_code_ready()) GTEST_SKIP() << "no sm80+ code for the int8 kernel on this device";
-  const uint32_t rows = 8192, cols = 4096, n = 2048;
-  const GgmlType t = GgmlType::Q4_K;
-  const size_t row_bytes = *model::ggml_bytes(t, cols);
-  DeviceBuffer dw(row_bytes * rows);
-  synth_fill(t, dw.as<uint8_t>(), rows, cols, row_bytes, 7, synthetic_tensor_id(1, 0, 0), 0.05f, nullptr);
-  const DevMatrix m = shape(t, rows, cols, dw.as<uint8_t>());
-  std::mt19937 rng(61);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> x(size_t{n} * cols);
-  for (float& v : x) v = normal(rng);
-  DeviceBuffer dx(x.size() * 4), dy(size_t{n} * rows * 4), dref(size_t{kMaxMatvecTokens} * rows * 4);
-  DeviceBuffer dsh(x.size() * 2), dsl(x.size() * 2);
-  const SplitScratch split{dsh.get(), dsl.get(), x.size()};
-  ASSERT_EQ(cudaMemcpy(dx.get(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_TRUE(dense_int8_takes(m, dx.as<float>(), cols, n, split));
-  std::vector<float> ms;
-  Event start, end;
-  for (int rep = 0; rep < 6; ++rep) {
-    start.record(nullptr);
-    dense_gemm_int8(m, dx.as<float>(), cols, n, dy.as<float>(), rows, split, nullptr);
-    end.record(nullptr);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    if (rep > 0) ms.push_back(end.since(start));  // rep 0 warms up
-  }
-  std::sort(ms.begin(), ms.end());
-  const double t_ms = ms[ms.size() / 2];
-  std::printf("dense int8 Q4_K %ux%u, %u rows: %.3f ms (%.1f TFLOPS)\n", rows, cols, n, t_ms,
-              2.0 * n * rows * cols / t_ms * 1e-9);
-  decode_products(t, {dw.as<uint8_t>()}, rows, cols, {0, kMaxMatvecTokens}, dx.as<float>(), dref.as<float>());
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<float> y(size_t{kMaxMatvecTokens} * rows), ref(y.size());
-  ASSERT_EQ(cudaMemcpy(y.data(), dy.get(), y.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(ref.data(), dref.get(), ref.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-  for (uint32_t p = 0; p < kMaxMatvecTokens; ++p) {
-    const double mr = row_max(&ref[size_t{p} * rows], rows);
-    for (uint32_t r = 0; r < rows; ++r) {
-      ASSERT_NEAR(y[size_t{p} * rows + r], ref[size_t{p} * rows + r], kTight * mr + 1e-7) << "row " << p << ", " << r;
     }
   }
 }
