@@ -5,26 +5,24 @@
 // the split scratch: per row, for each k-tile of 128 columns, 128 high bytes (s8) then 128 low bytes
 // (u8) of its int16 values, in column order; and per 32-value block its step and f32 sum.
 //
-// A block: 4 warps over 128 weight rows (64 each of gate and up, whose SwiGLU is then taken in
+// A block: 8 warps over 128 weight rows (64 each of gate and up, whose SwiGLU is then taken in
 // registers) x the 64 sorted rows of a token tile, k-tiles of 128 columns (half a block: 64 bytes
-// of nibbles a row, and Q5_K's 32 bytes of fifth bits), three blocks an SM (168 registers a
-// thread). Per k-tile the weight rows' nibble bytes and the tokens' bytes and block factors are
-// copied in by cp.async into one of two buffers while the tensor cores work on the other, and each
-// weight row's sub-block factors (d * scale; for K-quants the min and dmin) are made from its
-// block's 16 leading bytes (IQ3_S: its sub-blocks are decoded to int8 there, from the bytes loaded
-// before the products). A warp multiplies 32 weight rows x the tile's 64 tokens: per 32-column
-// sub-block (one k32 step) 2 x 8 tiles of m16n8k32, each twice (the high and the low bytes), so
-// that each warp has 32 independent products a step to issue before their sums are read, and its
-// A fragments serve 8 token tiles. The nibbles of a sub-block are one half of 32 consecutive
-// bytes, so each register of A is four bytes of the row masked (low or high nibbles; Q5_K ORs in
-// bit j of the fifth-bit bytes of the same columns): no decode pass and no permutation. Fragments
-// are read by ldmatrix (one instruction for a 16-row A tile, or for an 8-token tile's high and low
-// B bytes), and a warp's products of a k-tile are one branch-free stretch of code for its count of
-// 8-token tiles that hold tokens, so that the scheduler overlaps loads, MMAs and the f32 terms
-// across tiles and steps. Both int32 sums are turned into f32 without a conversion instruction (a
-// quarter-rate one on these devices): the MMAs accumulate onto the bits of 1.5 * 2^31 and
-// 1.5 * 2^23, so the words read as floats are those constants plus 256 * high and low sum,
-// exactly, and two adds give their sum.
+// of nibbles a row, and Q5_K's 32 bytes of fifth bits). Per k-tile the weight rows' nibble bytes
+// and the tokens' bytes and block factors are copied in by cp.async into one of two buffers while
+// the tensor cores work on the other, and each weight row's sub-block factors (d * scale; for
+// K-quants the min and dmin) are made from its block's 16 leading bytes (IQ3_S: its sub-blocks are decoded to int8 there,
+// from the bytes loaded before the products). A warp multiplies 32 weight rows x 32 tokens: per
+// 32-column sub-block (one k32 step) 2 x 4 tiles of m16n8k32, each twice (the high and the low
+// bytes). The nibbles of a sub-block are one half of 32 consecutive bytes, so each register of A is
+// four bytes of the row masked (low or high nibbles; Q5_K ORs in bit j of the fifth-bit bytes of
+// the same columns): no decode pass and no permutation. Fragments are read by ldmatrix (one
+// instruction for a 16-row A tile, or for an 8-token tile's high and low B bytes), and a warp's
+// products of a k-tile are one branch-free stretch of code for its count of 8-token tiles that hold
+// tokens, so that the scheduler overlaps loads, MMAs and the f32 terms across tiles and steps. Both
+// int32 sums are turned into f32 without
+// a conversion instruction (a quarter-rate one on these devices): the MMAs accumulate onto the bits
+// of 1.5 * 2^31 and 1.5 * 2^23, so the words read as floats are those constants plus 256 * high and
+// low sum, exactly, and two adds give their sum.
 #include "gpu/moe_grouped_int8.hpp"
 
 #include <cuda_runtime.h>
@@ -47,12 +45,9 @@ constexpr uint32_t BN = kGroupedTileTokens;  // sorted rows of a block: the sort
 constexpr uint32_t BR = 128;                 // weight rows of a block (NM matrices of BR / NM rows)
 constexpr uint32_t BK = 128;                 // columns of a k-tile
 constexpr uint32_t kSteps = BK / 32;         // k32 steps (sub-blocks) of a k-tile
-constexpr uint32_t kThreads = 128;           // 4 warps of 32 weight rows x the tile's 64 tokens
-constexpr uint32_t kTokenTiles = BN / 8;     // 8-token tiles of a warp
+constexpr uint32_t kThreads = 256;
 // The tile loaders' and warp tiles' thread maps are written for these sizes.
-static_assert(BN == 64 && BR == 128 && kThreads == 128, "moe_grouped_int8: thread maps assume 64 x 128 tiles, 128 threads");
-// A warp's accumulators: [16-row tile][8-token tile][C register].
-using Acc = float[2][kTokenTiles][4];
+static_assert(BN == 64 && BR == 128 && kThreads == 256, "moe_grouped_int8: thread maps assume 64 x 128 tiles, 256 threads");
 // A token's k-tile in shared memory: 32 words of high bytes, 32 of low, padded to 68 words apart so
 // that the 8 tokens x 4 words of a fragment hit 32 banks.
 constexpr uint32_t kXWords = 68;
@@ -61,8 +56,7 @@ constexpr uint32_t kXWords = 68;
 // scales first), and the words of a weight row's k-tile in shared memory: 16 of nibbles (and for
 // Q5_K the block's 8 words of fifth bits), padded so that rows 20 / 28 words apart hit 32 banks.
 // IQ3_S's values come from a grid with signs, so its k-tile is decoded into 32 words of int8 a row
-// instead of copied, its 16-byte chunks swizzled (chunk c of row r at c ^ (r % 8): no padding, so
-// that three blocks fit an SM); it has no minimum terms.
+// (36 apart) instead of copied; it has no minimum terms.
 template <int T> struct KQuant;
 template <> struct KQuant<qd::kQ4_K> {
   static constexpr uint32_t kBlockBytes = 144, kNibbles = 16, kWWords = 20;
@@ -73,29 +67,22 @@ template <> struct KQuant<qd::kQ5_K> {
   static constexpr bool kHighBits = true, kDecoded = false;  // bit j of byte l of the 32 at 16: sub-block j's column l
 };
 template <> struct KQuant<qd::kIQ3_S> {
-  static constexpr uint32_t kBlockBytes = 110, kWWords = 32;  // no nibbles: decoded into shared memory
+  static constexpr uint32_t kBlockBytes = 110, kNibbles = 0, kWWords = 36;
   static constexpr bool kHighBits = false, kDecoded = true;
 };
 
-// A k-tile's buffer. Three blocks an SM need at most ~75 KiB each: the minimum terms' factors are
-// left out for IQ3_S (arrays of one), the 6-bit mins kept as bytes.
 template <int T>
-struct alignas(16) Stage {
-  static constexpr uint32_t kMinRows = KQuant<T>::kDecoded ? 1 : BR, kMinSteps = KQuant<T>::kDecoded ? 1 : kSteps;
+struct Stage {
   uint32_t w[BR * KQuant<T>::kWWords];
   uint32_t x[BN * kXWords];
-  float dw[kSteps][BR];       // per sub-block and weight row: d * scale
-  float xd[kSteps][BN + 8];   // per block and token: the int16 step (rows 8 banks apart: TileLoader writes 4 at once)
-  float xs[kMinSteps][BN + 8];  // K-quants: and the f32 sum (also read 4 rows at once by minimum_terms)
-  float dmin[kMinRows];         // K-quants: per weight row, its block's dmin
-  uint8_t m[kMinSteps][kMinRows];  // and per sub-block its 6-bit min
+  float2 wf[kSteps][BR];  // per sub-block and weight row: d * scale, and (K-quants) the 6-bit min
+  float dmin[BR];         // K-quants: per weight row, its block's dmin
+  float xd[kSteps][BN];   // per block and token: the int16 step
+  float xs[kSteps][BN + 8];  // and the f32 sum (rows 8 banks apart: minimum_terms reads 4 of them at once)
 };
-// Two stages a block (and IQ3_S's 2 KiB grid), three blocks an SM with 1 KiB each the system keeps,
-// in an SM's 228 KiB.
-static_assert(3 * (2 * sizeof(Stage<qd::kQ4_K>) + 1024) <= 228 * 1024 &&
-                  3 * (2 * sizeof(Stage<qd::kQ5_K>) + 1024) <= 228 * 1024 &&
-                  3 * (2 * sizeof(Stage<qd::kIQ3_S>) + 2048 + 1024) <= 228 * 1024,
-              "three blocks an SM");
+static_assert(sizeof(Stage<qd::kQ4_K>) % 16 == 0 && sizeof(Stage<qd::kQ5_K>) % 16 == 0 &&
+                  sizeof(Stage<qd::kIQ3_S>) % 16 == 0,
+              "stages stay 16-byte aligned");
 
 // The constants the int32 sums accumulate onto (as float bits) and the sum of their values.
 constexpr int32_t kHiBits = 0x4F400000;  // 1.5 * 2^31: one unit of the bits is 256
@@ -229,154 +216,150 @@ struct BlockTile {
   uint32_t e = 0, first = 0, ntok = 0, m0 = 0;
 };
 
-// What thread t (of 128) copies of each k-tile, and the bytes it makes the weight factors from:
-// weight chunk t % 4 of rows t / 4 + 32j (j < 4); row t's block header (K-quants: its 16 leading
-// bytes; IQ3_S: its 4 sub-blocks' bytes), from which it makes row t's factors (IQ3_S: and values),
-// and Q5_K's two chunks of row t's fifth bits; chunks t % 4 + 4i (i < 4) of tokens tok(0), tok(1),
-// and their steps and sums of block t % 4. Lanes 8p..8p + 7 hold tokens p and p + 4 of their warp's
-// 8, so that each eighth of a warp writes 32 banks. Rows past the matrix and tokens past the tile
-// read row rows - 1 and the tile's first token: their products are not stored.
+// What a thread copies of each k-tile, and the bytes it makes the weight factors from. Weight items
+// tid and tid + 256 of 128 rows x 4 chunks (row item / 4; chunk, and the sub-block whose factors
+// the thread makes, tid % 4); Q5_K's fifth bits, 128 rows x 2 chunks (row tid / 2, chunk tid % 2);
+// token items tid + 256j of 64 tokens x 16 chunks; the factors of token tid / 4, block tid % 4.
+// Rows past the matrix and tokens past the tile read row rows - 1 and the tile's first token: their
+// products are not stored.
 template <int T, int NM>
 struct TileLoader {
   using K = KQuant<T>;
   static constexpr uint32_t RM = BR / NM;  // rows of each matrix in the block
-  const uint8_t* w[NM];
-  uint32_t m0;
-  uint32_t xrow[2];  // tok(j)'s row of the quantized input
-  bool w16 = true;   // every matrix 16-byte aligned (blocks of 144 / 176 bytes): 16-byte copies
-  uint32_t hdr[K::kDecoded ? kSteps : 1][4];  // row t's block header (IQ3_S: its sub-blocks' bytes)
+  const uint8_t* wrow[2];
+  uint32_t wlr[2];
+  const uint8_t* hrow = nullptr;
+  size_t xoff[4];
+  size_t xfoff;
+  bool w16 = true;     // every matrix 16-byte aligned (blocks of 144 / 176 bytes): 16-byte copies
+  uint32_t hdr[2][4];  // the leading words of the weight items' blocks (IQ3_S: their sub-blocks' bytes)
 
-  __device__ static uint32_t tok(uint32_t j) {
-    const uint32_t lane = threadIdx.x % 32;
-    return 32 * j + 8 * (threadIdx.x / 32) + lane / 8 + 4 * (lane / 4 % 2);
-  }
-
-  // The matrix of local row lr, without indexing by a variable (local memory).
-  __device__ const uint8_t* row(const Int8Args& a, uint32_t lr) const {
-    return (NM == 1 || lr < RM ? w[0] : w[NM - 1]) +
-           static_cast<size_t>(min(m0 + lr % RM, a.rows - 1)) * a.row_bytes;
-  }
-
-  __device__ TileLoader(const Int8Args& a, const BlockTile& bt) : m0(bt.m0) {
+  __device__ TileLoader(const Int8Args& a, const BlockTile& bt) {
+    const uint32_t tid = threadIdx.x;
+    const uint8_t* w[NM];
 #pragma unroll
     for (int m = 0; m < NM; ++m) {
       w[m] = a.table[m] != nullptr ? a.table[m][bt.e] : a.base[m] + bt.e * a.stride[m];
       w16 = w16 && reinterpret_cast<uintptr_t>(w[m]) % 16 == 0;
     }
+    // The matrix of local row lr, without indexing by a variable (local memory).
+    auto row = [&](uint32_t lr) {
+      return (NM == 1 || lr < RM ? w[0] : w[NM - 1]) +
+             static_cast<size_t>(min(bt.m0 + lr % RM, a.rows - 1)) * a.row_bytes;
+    };
+    if constexpr (K::kHighBits) hrow = row(tid / 2);
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      const uint32_t t = tok(j) < bt.ntok ? tok(j) : 0;
-      xrow[j] = a.gather != nullptr ? static_cast<uint32_t>(a.gather[bt.first + t]) : bt.first + t;
+      wlr[j] = (tid + kThreads * j) / 4;
+      wrow[j] = row(wlr[j]);
     }
+    auto token_row = [&](uint32_t tok) -> size_t {
+      const uint32_t t = tok < bt.ntok ? tok : 0;
+      return a.gather != nullptr ? static_cast<size_t>(a.gather[bt.first + t]) : bt.first + t;
+    };
+#pragma unroll
+    for (int j = 0; j < 4; ++j) xoff[j] = token_row(tid / 16 + 16 * j) * 2 * a.cols;
+    xfoff = token_row(tid / 4) * (a.cols / 32) + tid % 4;
   }
 
   // k-tile kt's copies into s, one group.
   __device__ void issue(const Int8Args& a, uint32_t kt, Stage<T>& s) const {
-    const uint32_t tid = threadIdx.x, wch = tid % 4;
-    if constexpr (!K::kDecoded) {
-      const size_t wb = (kt / 2) * K::kBlockBytes + K::kNibbles + 64 * (kt % 2) + 16 * wch;
+    const uint32_t tid = threadIdx.x, wch = tid % 4, xch = tid % 16;
+    const size_t wb = (kt / 2) * K::kBlockBytes + K::kNibbles + 64 * (kt % 2) + 16 * wch;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint32_t lr = tid / 4 + 32 * j;
-        uint32_t* dst = &s.w[lr * K::kWWords + 4 * wch];
-        const uint8_t* src = row(a, lr) + wb;
-        if (w16) {
-          cp_async(dst, src, 16);
-        } else {
+    for (int j = 0; j < 2 && !K::kDecoded; ++j) {
+      uint32_t* dst = &s.w[wlr[j] * K::kWWords + 4 * wch];
+      if (w16) {
+        cp_async(dst, wrow[j] + wb, 16);
+      } else {
 #pragma unroll
-          for (int i = 0; i < 4; ++i) cp_async(dst + i, src + 4 * i, 4);
-        }
+        for (int i = 0; i < 4; ++i) cp_async(dst + i, wrow[j] + wb + 4 * i, 4);
       }
     }
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const uint8_t* src = a.xq + static_cast<size_t>(xrow[j]) * 2 * a.cols + 2 * BK * kt;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const uint32_t c = wch + 4 * i;
-        cp_async(&s.x[tok(j) * kXWords + 4 * c], src + 16 * c, 16);
-      }
-      const float2* xf = a.xf + static_cast<size_t>(xrow[j]) * (a.cols / 32) + kSteps * kt + wch;
-      cp_async(&s.xd[wch][tok(j)], &xf->x, 4);
-      if constexpr (!K::kDecoded) cp_async(&s.xs[wch][tok(j)], &xf->y, 4);  // the sums: minimum terms
+    for (int j = 0; j < 4; ++j) {
+      cp_async(&s.x[(tid / 16 + 16 * j) * kXWords + 4 * xch], a.xq + xoff[j] + 2 * BK * kt + 16 * xch, 16);
     }
+    const float2* xf = a.xf + xfoff + kSteps * kt;
+    cp_async(&s.xd[tid % 4][tid / 4], &xf->x, 4);
+    cp_async(&s.xs[tid % 4][tid / 4], &xf->y, 4);
     if constexpr (K::kHighBits) {
-      const uint8_t* src = row(a, tid) + (kt / 2) * K::kBlockBytes + 16;
+      uint32_t* dst = &s.w[(tid / 2) * K::kWWords + 16 + 4 * (tid % 2)];
+      const uint8_t* src = hrow + (kt / 2) * K::kBlockBytes + 16 + 16 * (tid % 2);
+      if (w16) {
+        cp_async(dst, src, 16);
+      } else {
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        uint32_t* dst = &s.w[tid * K::kWWords + 16 + 4 * c];
-        if (w16) {
-          cp_async(dst, src + 16 * c, 16);
-        } else {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) cp_async(dst + i, src + 16 * c + 4 * i, 4);
-        }
+        for (int i = 0; i < 4; ++i) cp_async(dst + i, src + 4 * i, 4);
       }
     }
     cp_commit();
   }
 
-  __device__ void load_headers(const Int8Args& a, uint32_t kt) {
-    const uint8_t* p = row(a, threadIdx.x) + (kt / 2) * K::kBlockBytes;
-    if constexpr (K::kDecoded) {
+  __device__ void load_headers(uint32_t kt) {
+    const uint32_t wch = threadIdx.x % 4;
 #pragma unroll
-      for (uint32_t j = 0; j < kSteps; ++j) iq3s_load(p, kSteps * (kt % 2) + j, hdr[j]);
-    } else if (w16) {
-      const uint4 v = *reinterpret_cast<const uint4*>(p);
-      hdr[0][0] = v.x, hdr[0][1] = v.y, hdr[0][2] = v.z, hdr[0][3] = v.w;
-    } else {
+    for (int j = 0; j < 2; ++j) {
+      const uint8_t* p = wrow[j] + (kt / 2) * K::kBlockBytes;
+      if constexpr (K::kDecoded) {
+        iq3s_load(p, kSteps * (kt % 2) + wch, hdr[j]);
+      } else if (w16) {
+        const uint4 v = *reinterpret_cast<const uint4*>(p);
+        hdr[j][0] = v.x, hdr[j][1] = v.y, hdr[j][2] = v.z, hdr[j][3] = v.w;
+      } else {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) hdr[0][i] = qd::ld_u32(p + 4 * i);
+        for (int i = 0; i < 4; ++i) hdr[j][i] = qd::ld_u32(p + 4 * i);
+      }
     }
   }
 
-  // k-tile kt's factors of row t (IQ3_S: and its values) from the headers loaded, into s.
+  // k-tile kt's weight factors (IQ3_S: and values) from the headers loaded, into s.
   __device__ void store_factors(uint32_t kt, Stage<T>& s, const uint32_t* grid) const {
-    const uint32_t r = threadIdx.x;
-    if constexpr (K::kDecoded) {
+    const uint32_t wch = threadIdx.x % 4;
 #pragma unroll
-      for (uint32_t j = 0; j < kSteps; ++j) {
+    for (int j = 0; j < 2; ++j) {
+      if constexpr (K::kDecoded) {  // and the sub-block's values, words 8 * wch.. of the row
         uint32_t v[8];
         const float d = iq3s_decode(hdr[j], grid, v);
-        uint4* dst = reinterpret_cast<uint4*>(&s.w[r * K::kWWords]);
-        dst[(2 * j) ^ (r % 8)] = make_uint4(v[0], v[1], v[2], v[3]);
-        dst[(2 * j + 1) ^ (r % 8)] = make_uint4(v[4], v[5], v[6], v[7]);
-        s.dw[j][r] = d;
-      }
-    } else {
-      const float d = qd::h2f(hdr[0][0] & 0xffff);
-#pragma unroll
-      for (uint32_t j = 0; j < kSteps; ++j) {
+        uint4* dst = reinterpret_cast<uint4*>(&s.w[wlr[j] * K::kWWords + 8 * wch]);
+        dst[0] = make_uint4(v[0], v[1], v[2], v[3]);
+        dst[1] = make_uint4(v[4], v[5], v[6], v[7]);
+        s.wf[wch][wlr[j]] = make_float2(d, 0.0f);
+      } else {
         uint32_t sc, m;
-        k4_scale_min(hdr[0], kSteps * (kt % 2) + j, sc, m);
+        k4_scale_min(hdr[j], kSteps * (kt % 2) + wch, sc, m);
+        const float d = qd::h2f(hdr[j][0] & 0xffff), dmin = qd::h2f(hdr[j][0] >> 16);
         // Q4_K's odd sub-blocks (high nibbles) are multiplied unshifted, 16 times their values: their
         // d * scale / 16 (exact) makes the same product.
-        const float dsc = d * static_cast<float>(sc) * (!K::kHighBits && j % 2 == 1 ? 0.0625f : 1.0f);
-        s.dw[j][r] = dsc;
-        s.m[j][r] = static_cast<uint8_t>(m);
+        const float dsc = d * static_cast<float>(sc) * (!K::kHighBits && wch % 2 == 1 ? 0.0625f : 1.0f);
+        s.wf[wch][wlr[j]] = make_float2(dsc, static_cast<float>(m));
+        if (wch == 0) s.dmin[wlr[j]] = dmin;
       }
-      s.dmin[r] = qd::h2f(hdr[0][0] >> 16);
     }
   }
 };
 
 // A warp's part of the block's tile: two 16-row tiles (32 rows of the matrix, or 16 of gate and of
-// up) x the tile's eight 8-token tiles (the n-th: tokens 8n..), the first `live` of which hold tokens
-// (the same for every warp of the block). C's layout: acc[i][n][k], k = 0, 1 row g, tokens 2q, 2q + 1
-// of the n-th; k = 2, 3 row g + 8.
+// up) x four of the tile's eight 8-token tiles, every other one (n-th: tokens 8 * (2n + wt)..), so
+// that a tile of fewer than 64 tokens gives both warps of a row range nearly the same work; the first
+// `live` of them hold tokens (the same for all its lanes). C's layout: acc[i][n][k], k = 0, 1 row g,
+// tokens 2q, 2q + 1 of the n-th; k = 2, 3 row g + 8.
 struct WarpTile {
-  uint32_t g, q, lrb[2], live;
+  uint32_t g, q, wt, lrb[2], live;
+  __device__ uint32_t token(uint32_t n) const { return 8 * (2 * n + wt); }
 };
 
 template <int NM>
 __device__ __forceinline__ WarpTile warp_tile(uint32_t ntok) {
-  const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, wr = warp % 4;
   WarpTile t;
   t.g = lane / 4;
   t.q = lane % 4;
+  t.wt = warp / 4;
 #pragma unroll
-  for (int i = 0; i < 2; ++i) t.lrb[i] = NM == 1 ? warp * 32 + 16 * i : BR / 2 * i + warp * 16;
-  t.live = min(kTokenTiles, (ntok + 7) / 8);
+  for (int i = 0; i < 2; ++i) t.lrb[i] = NM == 1 ? wr * 32 + 16 * i : BR / 2 * i + wr * 16;
+  const uint32_t tiles = (ntok + 7) / 8;  // 8-token tiles holding tokens: the warp has those of its parity
+  t.live = tiles > t.wt ? min(4u, (tiles - t.wt + 1) / 2) : 0;
   return t;
 }
 
@@ -389,19 +372,13 @@ __device__ __forceinline__ void load_a(uint32_t (&r)[4], const uint32_t* rows, u
   mma::ldmatrix_x4(r, rows + (lane % 8 + 8 * (lane / 8 % 2)) * kWWords + word + 4 * (lane / 16));
 }
 
-// load_a for IQ3_S's swizzled rows (32 words apart, 16-row tiles at rows 16i): chunks c and c + 1.
-__device__ __forceinline__ void load_a_swizzled(uint32_t (&r)[4], const uint32_t* rows, uint32_t c) {
-  const uint32_t lane = threadIdx.x % 32;
-  mma::ldmatrix_x4(r, rows + (lane % 8 + 8 * (lane / 8 % 2)) * 32 + 4 * ((c + lane / 16) ^ (lane % 8)));
-}
-
 // The K-quants' minimum terms of a k-tile, sum_j min_j * sum_j(x) over its 4 sub-blocks (the k of one
 // tf32 m16n8k4), on tensor cores: the 6-bit mins are exact in tf32, each f32 sum is split into a tf32
 // head and the rest (what the rest's own tf32 rounding drops is ~2^-22 of the sum), and dmin (one a
 // row in a k-tile) times the result is taken off in f32: one FFMA an output a k-tile, not one a
 // sub-block.
 template <int T, int NL>
-__device__ __forceinline__ void minimum_terms(const Stage<T>& s, const WarpTile& t, Acc& acc) {
+__device__ __forceinline__ void minimum_terms(const Stage<T>& s, const WarpTile& t, float (&acc)[2][4][4]) {
   const uint32_t g = t.g, q = t.q;
   uint32_t am[2][2];
   float dmin[2][2];
@@ -409,14 +386,14 @@ __device__ __forceinline__ void minimum_terms(const Stage<T>& s, const WarpTile&
   for (int i = 0; i < 2; ++i) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      am[i][r] = __float_as_uint(static_cast<float>(s.m[q][t.lrb[i] + g + 8 * r]));
+      am[i][r] = __float_as_uint(s.wf[q][t.lrb[i] + g + 8 * r].y);
       dmin[i][r] = s.dmin[t.lrb[i] + g + 8 * r];
     }
   }
   const uint32_t zero[4] = {0, 0, 0, 0};
 #pragma unroll
   for (int n = 0; n < NL; ++n) {
-    const float sx = s.xs[q][8 * n + g];
+    const float sx = s.xs[q][t.token(n) + g];
     const uint32_t head = __float_as_uint(sx) & 0xffffe000u;
     const uint32_t rest = __float_as_uint(sx - __uint_as_float(head));
 #pragma unroll
@@ -433,14 +410,14 @@ __device__ __forceinline__ void minimum_terms(const Stage<T>& s, const WarpTile&
 // One k-tile's products of a warp with NL live 8-token tiles (k-tile kt, in s) into acc: no branch
 // inside, so the fragment loads of the next tiles and steps are scheduled under the products.
 template <int T, int NL>
-__device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const WarpTile& t, Acc& acc) {
+__device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const WarpTile& t, float (&acc)[2][4][4]) {
   using K = KQuant<T>;
   constexpr uint32_t kWWords = K::kWWords;
   const uint32_t g = t.g, q = t.q, lane = threadIdx.x % 32;
   const mma::FragC kHiC{{kHiBits, kHiBits, kHiBits, kHiBits}}, kLoC{{kLoBits, kLoBits, kLoBits, kLoBits}};
   // B: lane l gives token l % 8 of an 8-token tile, at the step's high-byte words (+ 4 for odd l / 8)
   // and its low-byte words (+ 32 for l / 16 = 1): registers 0, 1 the high bytes' fragment, 2, 3 the low.
-  const uint32_t* xrow = &s.x[(lane % 8) * kXWords + 4 * (lane / 8 % 2) + 32 * (lane / 16)];
+  const uint32_t* xrow = &s.x[(t.token(0) + lane % 8) * kXWords + 4 * (lane / 8 % 2) + 32 * (lane / 16)];
   uint32_t high[2][4];
   if constexpr (K::kHighBits) {  // the fifth bits of the k-tile's columns: words 16 + q and 20 + q
 #pragma unroll
@@ -464,8 +441,8 @@ __device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const W
       float dw[2][2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        if constexpr (K::kDecoded) {  // int8 values in column order: chunks 2 * step and + 1, swizzled
-          load_a_swizzled(A[i].r, &s.w[t.lrb[i] * kWWords], 2 * step);
+        if constexpr (K::kDecoded) {  // int8 values in column order: words 8 * step + q and + 4
+          load_a<kWWords>(A[i].r, &s.w[t.lrb[i] * kWWords], 8 * step);
         } else {
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
@@ -476,15 +453,15 @@ __device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const W
             }
           }
         }
-        dw[i][0] = s.dw[step][t.lrb[i] + g];
-        dw[i][1] = s.dw[step][t.lrb[i] + g + 8];
+        dw[i][0] = s.wf[step][t.lrb[i] + g].x;
+        dw[i][1] = s.wf[step][t.lrb[i] + g + 8].x;
       }
 #pragma unroll
       for (int n = 0; n < NL; ++n) {
         uint32_t b[4];
-        mma::ldmatrix_x4(b, xrow + 8 * n * kXWords + 8 * step);
+        mma::ldmatrix_x4(b, xrow + 16 * n * kXWords + 8 * step);
         const mma::FragB bh{{b[0], b[1]}}, bl{{b[2], b[3]}};
-        const float2 dx = *reinterpret_cast<const float2*>(&s.xd[step][8 * n + 2 * q]);
+        const float2 dx = *reinterpret_cast<const float2*>(&s.xd[step][t.token(n) + 2 * q]);
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           mma::FragC ch, cl;
@@ -502,30 +479,28 @@ __device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const W
   if constexpr (!K::kDecoded) minimum_terms<T, NL>(s, t, acc);
 }
 
-// multiply for the warp's live tiles (block-uniform).
+// multiply for the warp's live tiles (warp-uniform; a warp without tokens has no products).
 template <int T>
-__device__ __forceinline__ void multiply_live(const Stage<T>& s, uint32_t kt, const WarpTile& t, Acc& acc) {
+__device__ __forceinline__ void multiply_live(const Stage<T>& s, uint32_t kt, const WarpTile& t,
+                                              float (&acc)[2][4][4]) {
   switch (t.live) {
-    case 8: multiply<T, 8>(s, kt, t, acc); break;
-    case 7: multiply<T, 7>(s, kt, t, acc); break;
-    case 6: multiply<T, 6>(s, kt, t, acc); break;
-    case 5: multiply<T, 5>(s, kt, t, acc); break;
     case 4: multiply<T, 4>(s, kt, t, acc); break;
     case 3: multiply<T, 3>(s, kt, t, acc); break;
     case 2: multiply<T, 2>(s, kt, t, acc); break;
-    default: multiply<T, 1>(s, kt, t, acc); break;
+    case 1: multiply<T, 1>(s, kt, t, acc); break;
+    default: break;
   }
 }
 
 // The warp's outputs of the tile's tokens and the matrix's rows (NM 2: SwiGLU of gate and up).
 template <int NM>
 __device__ __forceinline__ void store_outputs(const Int8Args& a, const BlockTile& bt, const WarpTile& t,
-                                              const Acc& acc) {
+                                              const float (&acc)[2][4][4]) {
 #pragma unroll
-  for (uint32_t n = 0; n < kTokenTiles; ++n) {
+  for (int n = 0; n < 4; ++n) {
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const uint32_t tok = 8 * n + 2 * t.q + k % 2;
+      const uint32_t tok = t.token(n) + 2 * t.q + k % 2;
       if (tok >= bt.ntok) continue;
       float* yt = a.y + static_cast<size_t>(bt.first + tok) * a.ldy;
       if constexpr (NM == 2) {
@@ -543,7 +518,7 @@ __device__ __forceinline__ void store_outputs(const Int8Args& a, const BlockTile
 }
 
 template <int T, int NM>
-__global__ void __launch_bounds__(kThreads, 3) kquant_int8_kernel(Int8Args a) {
+__global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ uint32_t grid[KQuant<T>::kDecoded ? 512 : 1];
   Stage<T>* st = reinterpret_cast<Stage<T>*>(smem);
@@ -570,11 +545,11 @@ __global__ void __launch_bounds__(kThreads, 3) kquant_int8_kernel(Int8Args a) {
   }
   TileLoader<T, NM> ld(a, bt);
   const WarpTile wt = warp_tile<NM>(bt.ntok);
-  Acc acc;
+  float acc[2][4][4];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
 #pragma unroll
-    for (uint32_t n = 0; n < kTokenTiles; ++n) {
+    for (int n = 0; n < 4; ++n) {
 #pragma unroll
       for (int k = 0; k < 4; ++k) acc[i][n][k] = 0.0f;
     }
@@ -585,7 +560,7 @@ __global__ void __launch_bounds__(kThreads, 3) kquant_int8_kernel(Int8Args a) {
   // k-tile kt - 1's buffer, into which kt + 1's copies are then issued (and its block headers
   // loaded) before kt's products; kt + 1's factors are stored at the top of the next iteration.
   const uint32_t ktiles = a.cols / BK;
-  ld.load_headers(a, 0);
+  ld.load_headers(0);
   ld.issue(a, 0, st[0]);
   for (uint32_t kt = 0; kt < ktiles; ++kt) {
     const uint32_t b = kt % 2;
@@ -594,7 +569,7 @@ __global__ void __launch_bounds__(kThreads, 3) kquant_int8_kernel(Int8Args a) {
     __syncthreads();
     if (kt + 1 < ktiles) {
       ld.issue(a, kt + 1, st[1 - b]);
-      ld.load_headers(a, kt + 1);
+      ld.load_headers(kt + 1);
     }
     multiply_live<T>(st[b], kt, wt, acc);
   }
@@ -661,9 +636,6 @@ void launch(const Int8Args& a, dim3 grid, cudaStream_t stream) {
   constexpr size_t smem = 2 * sizeof(Stage<T>);
   FERRY_CUDA(cudaFuncSetAttribute(kquant_int8_kernel<T, NM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(smem)));
-  // Three blocks an SM need nearly all of its shared memory (the static_assert at Stage).
-  FERRY_CUDA(cudaFuncSetAttribute(kquant_int8_kernel<T, NM>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                  cudaSharedmemCarveoutMaxShared));
   kquant_int8_kernel<T, NM><<<grid, kThreads, smem, stream>>>(a);
 }
 template <int NM>

@@ -408,7 +408,7 @@ TokenRows one_expert_rows(const Case& c, const Experts& ex, const std::vector<fl
 }
 
 // A token's rows do not depend on the tokens beside it: its tile of 64 sorted rows may hold 1 to 64
-// tokens, so a warp multiplies 1 to 8 8-token tiles (the kernel's code for each count
+// tokens, so a warp multiplies 0 to 4 8-token tiles of its 32 (the kernel's code for each count
 // differs), and every count gives the same bits as a full tile.
 TEST_F(GroupedExpertsInt8, ATokensRowsHaveTheSameBitsWhateverItsTileHolds) {
   if (!sm80_code_ready()) GTEST_SKIP() << "no sm80+ code for the int8 kernel on this device";
