@@ -28,7 +28,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include "gpu/cuda_check.hpp"
@@ -420,7 +419,7 @@ __device__ __forceinline__ void minimum_terms(const Stage<T>& s, const WarpTile&
 
 // One k-tile's products of a warp with NL live 8-token tiles (k-tile kt, in s) into acc: no branch
 // inside, so the fragment loads of the next tiles and steps are scheduled under the products.
-template <int T, int NL, int Lag>
+template <int T, int NL>
 __device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const WarpTile& t, float (&acc)[2][4][4]) {
   using K = KQuant<T>;
   constexpr uint32_t kWWords = K::kWWords;
@@ -467,32 +466,31 @@ __device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const W
         dw[i][0] = s.wf[step][t.lrb[i] + g].x;
         dw[i][1] = s.wf[step][t.lrb[i] + g + 8].x;
       }
-      // Each 8-token tile's MMAs are issued before the f32 terms of the tile Lag before it, so that a
-      // warp has independent MMAs in flight while it reads sums.
-      constexpr int R = Lag + 1;
-      mma::FragC ch[R][2], cl[R][2];
-      float2 dx[R];
+      // Each 8-token tile's MMAs are issued before the previous tile's f32 terms (one tile of lag), so
+      // that a warp has independent MMAs in flight while it reads sums.
+      mma::FragC ch[2][2], cl[2][2];
+      float2 dx[2];
 #pragma unroll
-      for (int n = 0; n < NL + Lag; ++n) {
+      for (int n = 0; n <= NL; ++n) {
         if (n < NL) {
           uint32_t b[4];
           mma::ldmatrix_x4(b, xrow + 16 * n * kXWords + 8 * step);
           const mma::FragB bh{{b[0], b[1]}}, bl{{b[2], b[3]}};
-          dx[n % R] = *reinterpret_cast<const float2*>(&s.xd[step][t.token(n) + 2 * q]);
+          dx[n % 2] = *reinterpret_cast<const float2*>(&s.xd[step][t.token(n) + 2 * q]);
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
-            mma::mma_k32<K::kDecoded, true>(ch[n % R][i], A[i], bh, kHiC);  // IQ3_S's values are signed, the nibbles not
-            mma::mma_k32<K::kDecoded, false>(cl[n % R][i], A[i], bl, kLoC);
+            mma::mma_k32<K::kDecoded, true>(ch[n % 2][i], A[i], bh, kHiC);  // IQ3_S's values are signed, the nibbles not
+            mma::mma_k32<K::kDecoded, false>(cl[n % 2][i], A[i], bl, kLoC);
           }
         }
-        if (n < Lag) continue;
-        const int m = n - Lag;
+        if (n == 0) continue;
+        const int m = n - 1;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
-            const float sum = (__int_as_float(ch[m % R][i].r[k]) - kMagic) + __int_as_float(cl[m % R][i].r[k]);
-            acc[i][m][k] = fmaf(dw[i][k / 2] * (k % 2 == 0 ? dx[m % R].x : dx[m % R].y), sum, acc[i][m][k]);
+            const float sum = (__int_as_float(ch[m % 2][i].r[k]) - kMagic) + __int_as_float(cl[m % 2][i].r[k]);
+            acc[i][m][k] = fmaf(dw[i][k / 2] * (k % 2 == 0 ? dx[m % 2].x : dx[m % 2].y), sum, acc[i][m][k]);
           }
         }
       }
@@ -502,14 +500,14 @@ __device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const W
 }
 
 // multiply for the warp's live tiles (warp-uniform; a warp without tokens has no products).
-template <int T, int Lag>
+template <int T>
 __device__ __forceinline__ void multiply_live(const Stage<T>& s, uint32_t kt, const WarpTile& t,
                                               float (&acc)[2][4][4]) {
   switch (t.live) {
-    case 4: multiply<T, 4, Lag>(s, kt, t, acc); break;
-    case 3: multiply<T, 3, Lag>(s, kt, t, acc); break;
-    case 2: multiply<T, 2, Lag>(s, kt, t, acc); break;
-    case 1: multiply<T, 1, Lag>(s, kt, t, acc); break;
+    case 4: multiply<T, 4>(s, kt, t, acc); break;
+    case 3: multiply<T, 3>(s, kt, t, acc); break;
+    case 2: multiply<T, 2>(s, kt, t, acc); break;
+    case 1: multiply<T, 1>(s, kt, t, acc); break;
     default: break;
   }
 }
@@ -539,7 +537,7 @@ __device__ __forceinline__ void store_outputs(const Int8Args& a, const BlockTile
   }
 }
 
-template <int T, int NM, int Lag>
+template <int T, int NM>
 __global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ uint32_t grid[KQuant<T>::kDecoded ? 512 : 1];
@@ -594,7 +592,7 @@ __global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
       ld.issue(a, kt + 1, st[1 - b]);
       ld.load_headers(kt + 1);
     }
-    multiply_live<T, Lag>(st[b], kt, wt, acc);
+    multiply_live<T>(st[b], kt, wt, acc);
   }
   store_outputs<NM>(a, bt, wt, acc);
 }
@@ -611,9 +609,9 @@ int int8_type(model::GgmlType type) {
 
 template <int NM>
 const void* kernel_of(int t) {
-  return t == qd::kQ4_K   ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ4_K, NM, 1>)
-         : t == qd::kQ5_K ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ5_K, NM, 1>)
-                          : reinterpret_cast<const void*>(kquant_int8_kernel<qd::kIQ3_S, NM, 1>);
+  return t == qd::kQ4_K   ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ4_K, NM>)
+         : t == qd::kQ5_K ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ5_K, NM>)
+                          : reinterpret_cast<const void*>(kquant_int8_kernel<qd::kIQ3_S, NM>);
 }
 const void* kernel_of(int t, bool up) { return up ? kernel_of<2>(t) : kernel_of<1>(t); }
 
@@ -654,28 +652,12 @@ bool grouped_int8_takes(const ExpertMatrices& w, const ExpertMatrices* up, const
 
 namespace {
 
-template <int T, int NM, int Lag>
-void launch_lag(const Int8Args& a, dim3 grid, cudaStream_t stream) {
-  constexpr size_t smem = 2 * sizeof(Stage<T>);
-  FERRY_CUDA(cudaFuncSetAttribute(kquant_int8_kernel<T, NM, Lag>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(smem)));
-  kquant_int8_kernel<T, NM, Lag><<<grid, kThreads, smem, stream>>>(a);
-}
-// Mid-check switch (issue 15, h63): FERRY_INT8_LAG=0 / 2 times the products with no / two tiles of
-// lag (default one).
 template <int T, int NM>
 void launch(const Int8Args& a, dim3 grid, cudaStream_t stream) {
-  static const int lag = [] {
-    const char* v = std::getenv("FERRY_INT8_LAG");
-    return v == nullptr ? 1 : v[0] == '0' ? 0 : v[0] == '2' ? 2 : 1;
-  }();
-  if (lag == 0) {
-    launch_lag<T, NM, 0>(a, grid, stream);
-  } else if (lag == 2) {
-    launch_lag<T, NM, 2>(a, grid, stream);
-  } else {
-    launch_lag<T, NM, 1>(a, grid, stream);
-  }
+  constexpr size_t smem = 2 * sizeof(Stage<T>);
+  FERRY_CUDA(cudaFuncSetAttribute(kquant_int8_kernel<T, NM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(smem)));
+  kquant_int8_kernel<T, NM><<<grid, kThreads, smem, stream>>>(a);
 }
 template <int NM>
 void launch(int t, const Int8Args& a, dim3 grid, cudaStream_t stream) {
