@@ -466,31 +466,21 @@ __device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const W
         dw[i][0] = s.wf[step][t.lrb[i] + g].x;
         dw[i][1] = s.wf[step][t.lrb[i] + g + 8].x;
       }
-      // Each 8-token tile's MMAs are issued before the previous tile's f32 terms (one tile of lag), so
-      // that a warp has independent MMAs in flight while it reads sums.
-      mma::FragC ch[2][2], cl[2][2];
-      float2 dx[2];
 #pragma unroll
-      for (int n = 0; n <= NL; ++n) {
-        if (n < NL) {
-          uint32_t b[4];
-          mma::ldmatrix_x4(b, xrow + 16 * n * kXWords + 8 * step);
-          const mma::FragB bh{{b[0], b[1]}}, bl{{b[2], b[3]}};
-          dx[n % 2] = *reinterpret_cast<const float2*>(&s.xd[step][t.token(n) + 2 * q]);
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            mma::mma_k32<K::kDecoded, true>(ch[n % 2][i], A[i], bh, kHiC);  // IQ3_S's values are signed, the nibbles not
-            mma::mma_k32<K::kDecoded, false>(cl[n % 2][i], A[i], bl, kLoC);
-          }
-        }
-        if (n == 0) continue;
-        const int m = n - 1;
+      for (int n = 0; n < NL; ++n) {
+        uint32_t b[4];
+        mma::ldmatrix_x4(b, xrow + 16 * n * kXWords + 8 * step);
+        const mma::FragB bh{{b[0], b[1]}}, bl{{b[2], b[3]}};
+        const float2 dx = *reinterpret_cast<const float2*>(&s.xd[step][t.token(n) + 2 * q]);
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
+          mma::FragC ch, cl;
+          mma::mma_k32<K::kDecoded, true>(ch, A[i], bh, kHiC);  // IQ3_S's values are signed, the nibbles not
+          mma::mma_k32<K::kDecoded, false>(cl, A[i], bl, kLoC);
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
-            const float sum = (__int_as_float(ch[m % 2][i].r[k]) - kMagic) + __int_as_float(cl[m % 2][i].r[k]);
-            acc[i][m][k] = fmaf(dw[i][k / 2] * (k % 2 == 0 ? dx[m % 2].x : dx[m % 2].y), sum, acc[i][m][k]);
+            const float sum = (__int_as_float(ch.r[k]) - kMagic) + __int_as_float(cl.r[k]);
+            acc[i][n][k] = fmaf(dw[i][k / 2] * (k % 2 == 0 ? dx.x : dx.y), sum, acc[i][n][k]);
           }
         }
       }
