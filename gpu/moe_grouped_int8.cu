@@ -75,10 +75,6 @@ template <int T>
 struct Stage {
   uint32_t w[BR * KQuant<T>::kWWords];
   uint32_t x[BN * kXWords];
-  // K-quants: thread t's copies of its weight items' 16 leading block bytes (its own, so that it reads
-  // them after its cp.async wait without a barrier; held in registers across the products, they cost
-  // 8 of the 128 a thread has).
-  uint4 hdr[KQuant<T>::kDecoded ? 1 : 2][KQuant<T>::kDecoded ? 1 : kThreads];
   float2 wf[kSteps][BR];  // per sub-block and weight row: d * scale, and (K-quants) the 6-bit min
   float dmin[BR];         // K-quants: per weight row, its block's dmin
   float xd[kSteps][BN];   // per block and token: the int16 step
@@ -223,8 +219,7 @@ struct BlockTile {
 // What a thread copies of each k-tile, and the bytes it makes the weight factors from. Weight items
 // tid and tid + 256 of 128 rows x 4 chunks (row item / 4; chunk, and the sub-block whose factors
 // the thread makes, tid % 4); Q5_K's fifth bits, 128 rows x 2 chunks (row tid / 2, chunk tid % 2);
-// token items tid + 256j of 64 tokens x 16 chunks; the factors of token tid / 4, block tid % 4;
-// K-quants: the weight items' block headers.
+// token items tid + 256j of 64 tokens x 16 chunks; the factors of token tid / 4, block tid % 4.
 // Rows past the matrix and tokens past the tile read row rows - 1 and the tile's first token: their
 // products are not stored.
 template <int T, int NM>
@@ -234,10 +229,10 @@ struct TileLoader {
   const uint8_t* wrow[2];
   uint32_t wlr[2];
   const uint8_t* hrow = nullptr;
-  uint32_t xrow[4];  // the token items' rows of the quantized input
-  uint32_t xfrow;    // and that of token tid / 4
+  size_t xoff[4];
+  size_t xfoff;
   bool w16 = true;     // every matrix 16-byte aligned (blocks of 144 / 176 bytes): 16-byte copies
-  uint32_t hdr[2][4];  // IQ3_S: the bytes of the weight items' sub-blocks, loaded before the products
+  uint32_t hdr[2][4];  // the leading words of the weight items' blocks (IQ3_S: their sub-blocks' bytes)
 
   __device__ TileLoader(const Int8Args& a, const BlockTile& bt) {
     const uint32_t tid = threadIdx.x;
@@ -258,13 +253,13 @@ struct TileLoader {
       wlr[j] = (tid + kThreads * j) / 4;
       wrow[j] = row(wlr[j]);
     }
-    auto token_row = [&](uint32_t tok) -> uint32_t {
+    auto token_row = [&](uint32_t tok) -> size_t {
       const uint32_t t = tok < bt.ntok ? tok : 0;
-      return a.gather != nullptr ? static_cast<uint32_t>(a.gather[bt.first + t]) : bt.first + t;
+      return a.gather != nullptr ? static_cast<size_t>(a.gather[bt.first + t]) : bt.first + t;
     };
 #pragma unroll
-    for (int j = 0; j < 4; ++j) xrow[j] = token_row(tid / 16 + 16 * j);
-    xfrow = token_row(tid / 4);
+    for (int j = 0; j < 4; ++j) xoff[j] = token_row(tid / 16 + 16 * j) * 2 * a.cols;
+    xfoff = token_row(tid / 4) * (a.cols / 32) + tid % 4;
   }
 
   // k-tile kt's copies into s, one group.
@@ -282,22 +277,10 @@ struct TileLoader {
       }
     }
 #pragma unroll
-    for (int j = 0; j < 2 && !K::kDecoded; ++j) {
-      uint32_t* dst = reinterpret_cast<uint32_t*>(&s.hdr[j][tid]);
-      const uint8_t* src = wrow[j] + (kt / 2) * K::kBlockBytes;
-      if (w16) {
-        cp_async(dst, src, 16);
-      } else {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) cp_async(dst + i, src + 4 * i, 4);
-      }
-    }
-#pragma unroll
     for (int j = 0; j < 4; ++j) {
-      cp_async(&s.x[(tid / 16 + 16 * j) * kXWords + 4 * xch],
-               a.xq + static_cast<size_t>(xrow[j]) * 2 * a.cols + 2 * BK * kt + 16 * xch, 16);
+      cp_async(&s.x[(tid / 16 + 16 * j) * kXWords + 4 * xch], a.xq + xoff[j] + 2 * BK * kt + 16 * xch, 16);
     }
-    const float2* xf = a.xf + static_cast<size_t>(xfrow) * (a.cols / 32) + tid % 4 + kSteps * kt;
+    const float2* xf = a.xf + xfoff + kSteps * kt;
     cp_async(&s.xd[tid % 4][tid / 4], &xf->x, 4);
     cp_async(&s.xs[tid % 4][tid / 4], &xf->y, 4);
     if constexpr (K::kHighBits) {
@@ -313,15 +296,24 @@ struct TileLoader {
     cp_commit();
   }
 
-  // IQ3_S: k-tile kt's sub-block bytes into registers (K-quants copy their headers in issue).
   __device__ void load_headers(uint32_t kt) {
     const uint32_t wch = threadIdx.x % 4;
 #pragma unroll
-    for (int j = 0; j < 2 && K::kDecoded; ++j) iq3s_load(wrow[j] + (kt / 2) * K::kBlockBytes, kSteps * (kt % 2) + wch, hdr[j]);
+    for (int j = 0; j < 2; ++j) {
+      const uint8_t* p = wrow[j] + (kt / 2) * K::kBlockBytes;
+      if constexpr (K::kDecoded) {
+        iq3s_load(p, kSteps * (kt % 2) + wch, hdr[j]);
+      } else if (w16) {
+        const uint4 v = *reinterpret_cast<const uint4*>(p);
+        hdr[j][0] = v.x, hdr[j][1] = v.y, hdr[j][2] = v.z, hdr[j][3] = v.w;
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) hdr[j][i] = qd::ld_u32(p + 4 * i);
+      }
+    }
   }
 
-  // k-tile kt's weight factors (IQ3_S: and values) from the headers (K-quants: their copies in s,
-  // landed: after this thread's cp.async wait), into s.
+  // k-tile kt's weight factors (IQ3_S: and values) from the headers loaded, into s.
   __device__ void store_factors(uint32_t kt, Stage<T>& s, const uint32_t* grid) const {
     const uint32_t wch = threadIdx.x % 4;
 #pragma unroll
@@ -334,11 +326,9 @@ struct TileLoader {
         dst[1] = make_uint4(v[4], v[5], v[6], v[7]);
         s.wf[wch][wlr[j]] = make_float2(d, 0.0f);
       } else {
-        const uint4 v = s.hdr[j][threadIdx.x];
-        const uint32_t h[4] = {v.x, v.y, v.z, v.w};
         uint32_t sc, m;
-        k4_scale_min(h, kSteps * (kt % 2) + wch, sc, m);
-        const float d = qd::h2f(h[0] & 0xffff), dmin = qd::h2f(h[0] >> 16);
+        k4_scale_min(hdr[j], kSteps * (kt % 2) + wch, sc, m);
+        const float d = qd::h2f(hdr[j][0] & 0xffff), dmin = qd::h2f(hdr[j][0] >> 16);
         // Q4_K's odd sub-blocks (high nibbles) are multiplied unshifted, 16 times their values: their
         // d * scale / 16 (exact) makes the same product.
         const float dsc = d * static_cast<float>(sc) * (!K::kHighBits && wch % 2 == 1 ? 0.0625f : 1.0f);
@@ -566,17 +556,16 @@ __global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
   }
 
   // k-tile kt's copies and factors are in buffer kt % 2. One barrier a k-tile: after it, kt's copies
-  // (waited for) and factors (stored before it, from the thread's own landed header copies) are seen
-  // by every warp, and every warp is done with k-tile kt - 1's buffer, into which kt + 1's copies are
-  // then issued (IQ3_S: and its sub-blocks' bytes loaded) before kt's products; kt + 1's factors are
-  // stored at the top of the next iteration.
+  // (waited for) and factors (stored before it) are seen by every warp, and every warp is done with
+  // k-tile kt - 1's buffer, into which kt + 1's copies are then issued (and its block headers
+  // loaded) before kt's products; kt + 1's factors are stored at the top of the next iteration.
   const uint32_t ktiles = a.cols / BK;
   ld.load_headers(0);
   ld.issue(a, 0, st[0]);
   for (uint32_t kt = 0; kt < ktiles; ++kt) {
     const uint32_t b = kt % 2;
-    cp_wait<0>();
     ld.store_factors(kt, st[b], grid);
+    cp_wait<0>();
     __syncthreads();
     if (kt + 1 < ktiles) {
       ld.issue(a, kt + 1, st[1 - b]);
