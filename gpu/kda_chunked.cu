@@ -1,19 +1,19 @@
 // KDA's recurrence of long prefill segments in the chunked form (gpu/kda_chunked.hpp says what and
 // why).
 //
-// chunk_prep_kernel: a block a (head, chunk, segment), 256 threads. Threads 0-127 take a channel c:
-// the chunk's decays, G, e^{G} q (written over q), e^{G_last - G} k (over k), e^{G_last} and their
-// column of W's right-hand side beta e^{G} k in registers; threads 128-255 take a column j of v and
-// U's right-hand side beta v. Then each thread a 4 x 4 tile of (t, s) pairs: the lower tiles (136)
-// sum N and M over the 128 channels (k, q and G transposed in shared memory, read as float4s), the
-// upper ones (120) write their zeros. Last, every thread solves its column by forward substitution
-// over N in shared memory (unrolled: the column stays in registers). W goes to qkv_raw's first C
-// columns, M to the next (64 of each head's 128), e^{G_last} to the last C of the chunk's first row,
-// U over v.
+// chunk_prep_kernel: a block a (head, chunk, segment), 256 threads, two blocks an SM. All threads load
+// the chunk's k, q and f transposed into shared memory (loads only, so none waits on a store); threads
+// 0-127 then take a channel c: the decays, G, e^{G} q (written over q), e^{G_last} k e^{-G} (over k)
+// and e^{G_last}. Then each thread a 4 x 4 tile of (t, s) pairs: the lower tiles (136) sum N and M
+// over the 128 channels (read as float4s), the upper ones (120) write their zeros. Last, each thread
+// forms one column of a right-hand side in registers (threads 0-127 W's, beta e^{G} k; 128-255 U's,
+// beta v) and solves it by forward substitution over N in shared memory (unrolled). W goes to
+// qkv_raw's first C columns, M to the next (64 of each head's 128), e^{G_last} to the last C of the
+// chunk's first row, U over v.
 //
-// chunk_scan_kernel: a block a (16 state columns, head, segment), 4 warps, the state's 128 x 16 slice
-// in f32 accumulators (warp w rows 32w..32w+31), and as fp16 hi/lo halves transposed in shared memory
-// (the products' B operand). Per chunk: delta = U - W S (warp w tokens 16w..16w+15), its halves to
+// chunk_scan_kernel: a block a (16 state columns, head, segment), 4 warps (four blocks an SM: the 512
+// blocks of 64 heads in one wave), the state's 128 x 16 slice in f32 accumulators (warp w rows
+// 32w..32w+31), and as fp16 hi/lo halves transposed in shared memory (the products' B operand). Per chunk: delta = U - W S (warp w tokens 16w..16w+15), its halves to
 // shared memory; o = (e^G q) S + M delta; S = e^{G_last} S + Kr^T delta. A operands come from global
 // memory as float2 pairs (each element feeds one warp), split in registers.
 #include <cuda_fp16.h>
@@ -46,6 +46,14 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ bool chunked_segment(const KdaArgs& a, uint32_t s) {
   return static_cast<uint32_t>(a.seg.len[s]) >= kKdaChunkedMinRows;
+}
+
+// 2^x for x <= 0 (ex2.approx, relative error ~2^-22; results below 2^-126 flush to 0, far below what
+// the sums keep).
+__device__ __forceinline__ float exp2_nonpositive(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
 
 // Lower-triangular tile index i (row-major over ti >= si) as (ti, si).
@@ -107,12 +115,12 @@ __device__ __forceinline__ void put_split(uint32_t* hi, uint32_t* lo, uint32_t l
 }
 #endif
 
-__global__ void __launch_bounds__(kPrepThreads) chunk_prep_kernel(KdaArgs a) {
+__global__ void __launch_bounds__(kPrepThreads, 2) chunk_prep_kernel(KdaArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   extern __shared__ __align__(16) float smem[];
   float* kT = smem;            // [c][t]
   float* qT = kT + kDK * kTLd;
-  float* gT = qT + kDK * kTLd;  // G log2(e)
+  float* gT = qT + kDK * kTLd;  // f, then G log2(e)
   float* nm = qT;               // N [t][s], once the tiles have read qT
   __shared__ float sbeta[kChunk];
   const uint32_t h = blockIdx.x, c0 = blockIdx.y * kChunk, s = blockIdx.z, tid = threadIdx.x;
@@ -125,35 +133,33 @@ __global__ void __launch_bounds__(kPrepThreads) chunk_prep_kernel(KdaArgs a) {
   float* qkv = a.qkv + r0 * C3 + h * kDK;      // row t at t C3: q, then k at C, v at 2C
   float* raw = a.qkv_raw + r0 * C3 + h * kDK;  // W, then M at C, e^{G_last} at 2C (row 0)
   if (tid < kChunk) sbeta[tid] = tid < L ? 1.0f / (1.0f + expf(-a.beta[(r0 + tid) * a.heads + h])) : 0.0f;
+  // k, q and f of the chunk, transposed, by every thread (loads only: none waits on a store); zeros
+  // past L.
+  {
+    const uint32_t c = tid % kDK;
+#pragma unroll 8
+    for (uint32_t t = tid / kDK; t < kChunk; t += kPrepThreads / kDK) {
+      const bool in = t < L;
+      kT[c * kTLd + t] = in ? qkv[t * C3 + C + c] : 0.0f;
+      qT[c * kTLd + t] = in ? qkv[t * C3 + c] : 0.0f;
+      gT[c * kTLd + t] = in ? a.f[(r0 + t) * C + h * kDK + c] : 0.0f;
+    }
+  }
   __syncthreads();
-  float x[kChunk];  // this thread's column of W's or U's right-hand side, then of W or U
-  if (tid < kDK) {
+  if (tid < kDK) {  // channel c: G, e^{G} q over q, e^{G_last - G} k over k, e^{G_last}
     const uint32_t c = tid;
     const float rate = -a.a[h], dt_bias = a.dt_bias[h * kDK + c];
     float G = 0.0f;
-#pragma unroll
     for (uint32_t t = 0; t < kChunk; ++t) {
-      float kt = 0.0f, qt = 0.0f, e = 0.0f;
       if (t < L) {
-        const float f = a.f[(r0 + t) * C + h * kDK + c];
-        G += a.lower_bound / (1.0f + expf(-rate * (f + dt_bias)));
-        kt = qkv[t * C3 + C + c];
-        qt = qkv[t * C3 + c];
-        e = expf(G);
-        qkv[t * C3 + c] = e * qt;
+        G += a.lower_bound / (1.0f + expf(-rate * (gT[c * kTLd + t] + dt_bias)));
+        qkv[t * C3 + c] = expf(G) * qT[c * kTLd + t];
       }
-      x[t] = sbeta[t] * e * kt;
-      kT[c * kTLd + t] = kt;
-      qT[c * kTLd + t] = qt;
       gT[c * kTLd + t] = G * kLog2e;  // past L: G_last, with k = q = 0
     }
     const float g_last = G * kLog2e;
     for (uint32_t t = 0; t < L; ++t) qkv[t * C3 + C + c] = exp2f(g_last - gT[c * kTLd + t]) * kT[c * kTLd + t];
     raw[2 * C + c] = exp2f(g_last);
-  } else {
-    const uint32_t j = tid - kDK;
-#pragma unroll
-    for (uint32_t t = 0; t < kChunk; ++t) x[t] = t < L ? sbeta[t] * qkv[t * C3 + 2 * C + j] : 0.0f;
   }
   __syncthreads();
 
@@ -181,7 +187,7 @@ __global__ void __launch_bounds__(kPrepThreads) chunk_prep_kernel(KdaArgs a) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           // s > t only on diagonal tiles, discarded below; the clamp keeps them finite.
-          const float ke = exp2f(fminf(gt_[i] - gs_[j], 0.0f)) * ks_[j];
+          const float ke = exp2_nonpositive(fminf(gt_[i] - gs_[j], 0.0f)) * ks_[j];
           n[i][j] += kt_[i] * ke;
           m[i][j] += qt_[i] * ke;
         }
@@ -200,19 +206,30 @@ __global__ void __launch_bounds__(kPrepThreads) chunk_prep_kernel(KdaArgs a) {
     }
   }
   __syncthreads();
+  // This thread's column of W's right-hand side beta e^{G} k (channel tid) or U's beta v (column tid
+  // - 128), formed only now so that the tiles above hold no column in registers; then its forward
+  // substitution, the sum over earlier rows in four partial sums.
+  float x[kChunk];
+  if (tid < kDK) {
+#pragma unroll
+    for (uint32_t t = 0; t < kChunk; ++t) x[t] = sbeta[t] * exp2f(gT[tid * kTLd + t]) * kT[tid * kTLd + t];
+  } else {
+#pragma unroll
+    for (uint32_t t = 0; t < kChunk; ++t) x[t] = t < L ? sbeta[t] * qkv[t * C3 + 2 * C + (tid - kDK)] : 0.0f;
+  }
 #pragma unroll
   for (uint32_t t = 1; t < kChunk; ++t) {
     const float* row = nm + t * kChunk;
-    float acc = x[t];
+    float p[4] = {};
 #pragma unroll
     for (uint32_t u = 0; u < t; u += 4) {  // N is zero from column t on
       const float4 n4 = *reinterpret_cast<const float4*>(row + u);
-      acc -= n4.x * x[u];
-      acc -= n4.y * x[u + 1];
-      acc -= n4.z * x[u + 2];
-      acc -= n4.w * x[u + 3];
+      p[0] += n4.x * x[u];
+      p[1] += n4.y * x[u + 1];
+      p[2] += n4.z * x[u + 2];
+      p[3] += n4.w * x[u + 3];
     }
-    x[t] = acc;
+    x[t] -= (p[0] + p[1]) + (p[2] + p[3]);
   }
   float* dst = tid < kDK ? raw + tid : qkv + 2 * C + (tid - kDK);
 #pragma unroll
@@ -225,7 +242,7 @@ __global__ void __launch_bounds__(kPrepThreads) chunk_prep_kernel(KdaArgs a) {
 #endif
 }
 
-__global__ void __launch_bounds__(kScanThreads) chunk_scan_kernel(KdaArgs a) {
+__global__ void __launch_bounds__(kScanThreads, 4) chunk_scan_kernel(KdaArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   __shared__ uint32_t s_hi[kCols * kSLd], s_lo[kCols * kSLd];  // S^T [j][c] as halves
   __shared__ uint32_t d_hi[kCols * kDLd], d_lo[kCols * kDLd];  // delta^T [j][t]
