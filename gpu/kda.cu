@@ -1,16 +1,18 @@
 // KDA (Kimi delta attention) on the device: the short causal convolution with its per-slot state,
 // the q/k L2 norms, the gated delta-rule recurrence and the gated RMSNorm of its output.
 //
-// The recurrence runs token by token for decode and prefill alike (a head's 128x128 state in the
-// registers of 4 blocks of 128 threads, recurrent_kernel says how): it is the exact recurrent form,
-// so prefill and decode agree to the bit, and a 2048-token chunk costs ~260K multiply-adds per
-// thread.
+// The recurrence runs token by token for decode and short prefill segments (a head's 128x128 state in
+// the registers of 4 blocks of 128 threads, recurrent_kernel says how): it is the exact recurrent form,
+// so those prefill rows and decode agree to the bit, and a 2048-token chunk costs ~260K multiply-adds
+// per thread. gpu/kda_chunked.hpp has the chunked form of long prefill segments (not dispatched yet:
+// slower than this kernel in its first measurement, gpu/PERF.md).
 #include <cooperative_groups.h>
 
 #include <algorithm>
 
 #include "gpu/block_reduce.cuh"
 #include "gpu/cuda_check.hpp"
+#include "gpu/kda_chunked.hpp"
 #include "gpu/kda_fusion.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/pdl.cuh"
@@ -249,6 +251,7 @@ __device__ __forceinline__ void recurrence(const KdaArgs& a) {
 
 template <int DK>
 __global__ void __launch_bounds__(DK) recurrent_kernel(KdaArgs a) {
+  if (a.skip_chunked && static_cast<uint32_t>(a.seg.len[blockIdx.y]) >= kKdaChunkedMinRows) return;
   recurrence<DK>(a);
 }
 

@@ -218,6 +218,7 @@ struct KdaArgs {
   const float* beta = nullptr;      // [rows][heads] b_proj(x), before the sigmoid
   float* state = nullptr;           // [slots][heads][head_dim][head_dim]
   float* out = nullptr;             // [rows][C]
+  bool skip_chunked = false;        // kda_recurrent leaves the segments kda_chunked ran (gpu/kda_chunked.hpp)
 };
 void kda_conv(const KdaArgs& a, cudaStream_t stream);
 // kda_conv's two ways, the same bits: one launch of a warp per (segment, head) for decode rows (up to
