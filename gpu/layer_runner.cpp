@@ -8,6 +8,7 @@
 #include "gpu/cuda_check.hpp"
 #include "gpu/decode_fusion.hpp"
 #include "gpu/dsa_decode_fusion.hpp"
+#include "gpu/kda_chunked.hpp"
 #include "gpu/kda_fusion.hpp"
 #include "gpu/mhc_decode.hpp"
 #include "gpu/moe_decode.hpp"
@@ -221,6 +222,8 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   a.state = st.recurrent;
   a.out = w_.o;
   const GatedNorm norm{w_.gate, l.v(T::ssm_norm), hp_.rms_eps, w_.z};
+  // Long prefill segments in the chunked form on tensor cores (gpu/kda_chunked.hpp), the rest below.
+  a.skip_chunked = kda_chunked(a, g.max_seg_rows, s_);
   if (!kda_recurrent_gated_norm(a, norm, s_)) {  // one launch for decode rows on sm90 (gpu/kda_fusion.hpp)
     kda_recurrent(a, s_);
     gated_rms_norm(w_.o, norm.gate, norm.w, n, z.kda_nh, z.kda_hd, norm.eps, norm.out, s_);

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "gpu/cuda_stage.hpp"
+#include "gpu/kda_chunked.hpp"
 #include "gpu/step_trace.hpp"
 #include "model/cpu/cpu_stage.hpp"
 #include "model/cpu/sampler.hpp"
@@ -48,9 +49,10 @@ std::vector<LayerRange> ranges(const std::vector<uint32_t>& cuts, uint32_t layer
 
 class CudaStageTest : public ::testing::Test {
  protected:
-  void open(GgmlType type, uint32_t hidden) {
+  void open(GgmlType type, uint32_t hidden, uint32_t kda_head_dim = 0) {
     if (!have_device()) GTEST_SKIP() << "no CUDA device";
     hp_ = tiny(hidden);
+    if (kda_head_dim != 0) hp_.kda_head_dim = kda_head_dim;
     ASSERT_TRUE(hp_.validate().empty());
     path_ = testing::temp_model_path(std::string("cuda_stage_test_") + model::ggml_type_traits(type).name.data());
     ASSERT_TRUE(testing::write_random_model(hp_, type, path_, 11));
@@ -78,14 +80,14 @@ class CudaStageTest : public ::testing::Test {
 
   // The model as CUDA stages starting at `cuts`, all on device 0.
   std::unique_ptr<Pipeline> gpu(const std::vector<uint32_t>& cuts, bool graphs = true, uint32_t context = 512,
-                                config::KvFormats kv = {}) {
+                                config::KvFormats kv = {}, uint32_t max_step_rows = 96) {
     std::vector<std::shared_ptr<model::Stage>> stages;
     for (const LayerRange& r : ranges(cuts, hp_.n_layers)) {
       CudaStageOptions go;
       go.kv = kv;
       go.max_slots = 3;
       go.max_context = context;
-      go.max_step_rows = 96;
+      go.max_step_rows = max_step_rows;
       go.graphs = graphs;
       auto s = CudaStage::from_weights(*weights_, r, go);
       EXPECT_TRUE(s) << (s ? "" : s.error().message);
@@ -200,6 +202,23 @@ TEST_F(CudaStageTest, F32WeightsGiveTheCpuLogitsForEveryChunking) {
   const std::vector<float> ref = run(*cpu_, 0, prompt_, prompt_.size());
   for (size_t chunk : {prompt_.size(), size_t{64}, size_t{7}, size_t{1}}) {
     const Agreement g = agree(ref, run(*gpu_, 1, prompt_, chunk));
+    EXPECT_LE(g.max_abs, 5e-3) << "chunk " << chunk;
+    EXPECT_EQ(g.top1, g.rows) << "chunk " << chunk;
+  }
+}
+
+// KDA heads of 128 in a prefill step of one 150-row segment: on sm80+ code the recurrence of that
+// segment runs in the chunked form (gpu/kda_chunked.hpp, segments of kKdaChunkedMinRows or more), in
+// chunks of 64 the recurrent kernel; both must give the CPU's logits.
+TEST_F(CudaStageTest, LongKdaSegmentsInTheChunkedFormGiveTheCpuLogits) {
+  open(GgmlType::F32, 32, 128);
+  if (!gpu_) return;
+  ASSERT_GE(prompt_.size(), kKdaChunkedMinRows);
+  const std::unique_ptr<Pipeline> wide = gpu({}, true, 512, {}, static_cast<uint32_t>(prompt_.size()));
+  ASSERT_TRUE(wide);
+  const std::vector<float> ref = run(*cpu_, 0, prompt_, prompt_.size());
+  for (size_t chunk : {prompt_.size(), size_t{64}}) {
+    const Agreement g = agree(ref, run(*wide, 1, prompt_, chunk));
     EXPECT_LE(g.max_abs, 5e-3) << "chunk " << chunk;
     EXPECT_EQ(g.top1, g.rows) << "chunk " << chunk;
   }
