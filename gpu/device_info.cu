@@ -14,6 +14,19 @@ namespace {
 // how (cudaFuncGetAttributes).
 __global__ void probe_kernel() {}
 
+// An attribute of the current device, asked once per device (a value of 0 is asked again).
+int cached_attribute(std::atomic<int> (&cached)[64], cudaDeviceAttr attr) {
+  int dev = 0;
+  FERRY_CUDA(cudaGetDevice(&dev));
+  std::atomic<int>& slot = cached[dev & 63];
+  int n = slot.load(std::memory_order_relaxed);
+  if (n == 0) {
+    FERRY_CUDA(cudaDeviceGetAttribute(&n, attr, dev));
+    slot.store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
 }  // namespace
 
 std::string kernel_image() {
@@ -26,15 +39,12 @@ std::string kernel_image() {
 
 int current_sm_count() {
   static std::atomic<int> cached[64];
-  int dev = 0;
-  FERRY_CUDA(cudaGetDevice(&dev));
-  std::atomic<int>& slot = cached[dev & 63];
-  int n = slot.load(std::memory_order_relaxed);
-  if (n == 0) {
-    FERRY_CUDA(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    slot.store(n, std::memory_order_relaxed);
-  }
-  return n;
+  return cached_attribute(cached, cudaDevAttrMultiProcessorCount);
+}
+
+int current_smem_optin() {
+  static std::atomic<int> cached[64];
+  return cached_attribute(cached, cudaDevAttrMaxSharedMemoryPerBlockOptin);
 }
 
 bool built_with_cuda() { return true; }

@@ -404,10 +404,7 @@ void sparse_mla(const SparseMlaArgs& a, cudaStream_t stream) {
 
 void sparse_mla_simt(const SparseMlaArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
-  int device = 0;
-  FERRY_CUDA(cudaGetDevice(&device));
-  int limit = 0;
-  FERRY_CUDA(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const int limit = current_smem_optin();
   // Few rows (decode): each row's selection is split over enough blocks to fill the device twice,
   // as far as the scratch holds; many rows (prefill) fill it already.
   uint32_t hg = kMaxHg;

@@ -14,6 +14,7 @@
 #include "gpu/block_reduce.cuh"
 #include "gpu/cuda_check.hpp"
 #include "gpu/indexer_decode.hpp"
+#include "gpu/kernels.hpp"
 #include "gpu/order_key.cuh"
 
 namespace ferry::gpu {
@@ -327,19 +328,12 @@ __global__ void __launch_bounds__(kSelectThreads) merge_select_kernel(IndexerArg
   finish_row(a, r, s, taken);
 }
 
-int optin_smem() {
-  int device = 0, limit = 0;
-  FERRY_CUDA(cudaGetDevice(&device));
-  FERRY_CUDA(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  return limit;
-}
-
 }  // namespace
 
 bool indexer_decode_fits(const IndexerArgs& a) {
   return a.rows >= 1 && a.rows <= kIndexerDecodeRows && a.heads >= 1 && a.head_dim >= 4 && a.head_dim % 4 == 0 &&
          reinterpret_cast<uintptr_t>(a.pool_cache) % 16 == 0 &&
-         score_smem(a) <= static_cast<size_t>(optin_smem());
+         score_smem(a) <= static_cast<size_t>(current_smem_optin());
 }
 
 void indexer_decode_scores(const IndexerArgs& a, cudaStream_t stream) {

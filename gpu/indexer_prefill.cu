@@ -18,6 +18,7 @@
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/indexer_prefill.hpp"
+#include "gpu/kernels.hpp"
 #include "gpu/mma_f16.cuh"
 #include "gpu/pdl.hpp"
 
@@ -205,13 +206,6 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_score_kernel(IndexerArgs 
 #endif
 }
 
-int optin_smem() {
-  int device = 0, limit = 0;
-  FERRY_CUDA(cudaGetDevice(&device));
-  FERRY_CUDA(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  return limit;
-}
-
 }  // namespace
 
 bool indexer_prefill_applies(const IndexerArgs& a) {
@@ -221,7 +215,7 @@ bool indexer_prefill_applies(const IndexerArgs& a) {
     return false;
   }
   if (!code_built_for(reinterpret_cast<const void*>(prefill_score_kernel), 8)) return false;
-  return Layout(a.head_dim).bytes <= static_cast<size_t>(optin_smem());
+  return Layout(a.head_dim).bytes <= static_cast<size_t>(current_smem_optin());
 }
 
 void indexer_prefill_scores(const IndexerArgs& a, cudaStream_t stream) {

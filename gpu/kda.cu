@@ -4,8 +4,8 @@
 // The recurrence runs token by token for decode and short prefill segments (a head's 128x128 state in
 // the registers of 4 blocks of 128 threads, recurrent_kernel says how): it is the exact recurrent form,
 // so those prefill rows and decode agree to the bit, and a 2048-token chunk costs ~260K multiply-adds
-// per thread. gpu/kda_chunked.hpp has the chunked form of long prefill segments (not dispatched yet:
-// slower than this kernel in its first measurement, gpu/PERF.md).
+// per thread. Long prefill segments take the chunked form first (gpu/kda_chunked.hpp); this kernel
+// then leaves them (KdaArgs::skip_chunked).
 #include <cooperative_groups.h>
 
 #include <algorithm>

@@ -47,6 +47,8 @@ std::string kernel_image();
 
 // Multiprocessors of the current device (asked once per device): launchers size their grids by it.
 int current_sm_count();
+// The shared memory a block of the current device may opt in to, in bytes (asked once per device).
+int current_smem_optin();
 
 // y[t][r] = W[r] . x[t] for one matrix or a batch of groups (heads, experts).
 // A further matrix of MatvecArgs::w's type and columns in the same launch: its weights (data, or

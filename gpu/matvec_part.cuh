@@ -30,14 +30,14 @@ __host__ __device__ __forceinline__ uint32_t matvec_part_rows(const MatvecArgs& 
 // Group g of part `part` (g is 0 for a single part: matvec_block_take).
 __device__ __forceinline__ MatvecPartView matvec_part_view(const MatvecArgs& a, uint32_t g, uint32_t part) {
   const MatvecPart& more = a.more[part > 0 ? part - 1 : 0];
-  const bool single = part > 0 && more.single;
+  const bool single = matvec_part_single(a, part);
   const size_t mat = single ? 0 : a.w_group_index ? static_cast<size_t>(a.w_group_index[g]) : g;
   const uint8_t* const* group_ptrs = part == 0 ? a.w_group_ptrs : more.group_ptrs;
   const uint8_t* data = part == 0 ? a.w.data : more.data;
   const float* x = part == 0 || more.x == nullptr ? a.x : more.x;
   return {group_ptrs && !single ? group_ptrs[mat] : data + mat * a.w_group_bytes,
           x + static_cast<size_t>(g / a.x_group_div) * a.x_group_stride, part == 0 ? a.y : more.y,
-          part == 0 || more.rows == 0 ? a.w.rows : more.rows,
+          matvec_part_rows(a, part),
           part == 0 || more.y_tok_stride == 0 ? a.y_tok_stride : more.y_tok_stride};
 }
 // Group g of the block's part.
@@ -106,7 +106,7 @@ __device__ __forceinline__ bool matvec_block_take(const MatvecArgs& a, bool name
 // The parts that are not single (each takes gridDim.x blocks of every group).
 inline uint32_t matvec_grouped_parts(const MatvecArgs& a) {
   uint32_t n = 1;
-  for (uint32_t p = 1; p < a.parts && p < kMaxMatvecParts; ++p) n += a.more[p - 1].single ? 0 : 1;
+  for (uint32_t p = 1; p < a.parts && p < kMaxMatvecParts; ++p) n += matvec_part_single(a, p) ? 0 : 1;
   return n;
 }
 

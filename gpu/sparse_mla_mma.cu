@@ -31,6 +31,7 @@
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/half_split.cuh"
+#include "gpu/kernels.hpp"
 #include "gpu/mma_f16.cuh"
 #include "gpu/pdl.hpp"
 #include "gpu/sparse_mla_tc.hpp"
@@ -355,9 +356,7 @@ bool sparse_mla_mma_applies(const SparseMlaArgs& a) {
     return false;
   }
   if (!code_built_for(reinterpret_cast<const void*>(kernel_for(a.rank)), 8)) return false;
-  int device = 0, limit = 0;
-  FERRY_CUDA(cudaGetDevice(&device));
-  FERRY_CUDA(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const int limit = current_smem_optin();
   return Layout(a.rank).bytes <= static_cast<size_t>(limit);
 }
 

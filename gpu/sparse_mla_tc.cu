@@ -17,6 +17,7 @@
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/half_split.cuh"
+#include "gpu/kernels.hpp"
 #include "gpu/latent_rows.cuh"
 #include "gpu/sparse_mla_tc.hpp"
 
@@ -205,9 +206,7 @@ std::string misfit(const SparseMlaArgs& a) {
   if (a.rank == 0 || a.rank % (16 * kWarps) != 0 || a.rank > 16 * kWarps * kMaxSteps) {
     return "rank " + std::to_string(a.rank) + " not a multiple of 128 up to 512";
   }
-  int device = 0, limit = 0;
-  FERRY_CUDA(cudaGetDevice(&device));
-  FERRY_CUDA(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const int limit = current_smem_optin();
   const size_t need = Layout(a.rank).bytes;
   if (need > static_cast<size_t>(limit)) {
     return std::to_string(need) + " bytes of shared memory, the device has " + std::to_string(limit);
