@@ -1,6 +1,6 @@
 """A real `ferry serve` for the API tests: started on a free port (--port 0, the bound port read from
 its log), waited for until /health says ok, stopped with SIGTERM (exit code checked). With no --model
-it serves the embedded default model (model/default_model/ferry-default.gguf) on the CPU backend."""
+it serves the embedded default model (the build's ferry-default.gguf, beside the binary) on the CPU backend."""
 import json
 import os
 import pathlib
@@ -16,7 +16,8 @@ import urllib.request
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-DEFAULT_MODEL = REPO / "model" / "default_model" / "ferry-default.gguf"
+# The default model as a file: the build converts it next to the ferry binary (tools/CMakeLists.txt).
+DEFAULT_MODEL = pathlib.Path(os.environ.get("FERRY_BIN", str(REPO / "build" / "ferry"))).parent / "ferry-default.gguf"
 TOKENIZER_JSON = REPO / "tests" / "fixtures" / "tokenizer" / "tokenizer.json"
 
 

@@ -38,8 +38,8 @@ def test_prompt_text_and_bad_ids(ferry_bin, tmp_path):
 
 def test_without_model_runs_the_embedded_default_model_which_answers_in_words(ferry_bin):
     """No --model: the default model embedded in ferry, as `ferry serve` falls back to (the trained
-    fixture, which knows its licenses by heart), the same as the committed file."""
-    default = pathlib.Path(__file__).resolve().parents[2] / "model" / "default_model" / "ferry-default.gguf"
+    fixture, which knows its licenses by heart), the same as the file the build converts beside it."""
+    default = pathlib.Path(ferry_bin).parent / "ferry-default.gguf"
     prompt = ["--prompt", "Permission is hereby granted", "-n", "12", "--threads", "2"]
     embedded = subprocess.run([ferry_bin, "run", *prompt], capture_output=True, text=True)
     assert embedded.returncode == 0, embedded.stderr
