@@ -1,17 +1,27 @@
-// One mHC site for decode rows on sm90+, a cluster of 8 blocks a row. The one-block kernel
-// (gpu/ops.cu) reads a row's H streams twice on one SM and runs the coefficients on one warp while the
-// rest wait; here each block reads a slice of the streams once (kept in registers and shared memory),
-// sums the slice's Gram matrix (G[h][h'] = sum_d R[h][d] R[h'][d], in f64) and, when it makes the
-// mixing logits itself, the slice's part of fn @ streams; the cluster adds the slices' sums through
-// distributed shared memory. trace(G) is the row's sum of squares (the 1/rms), and pre^T G pre the
-// collapsed stream's (its RMSNorm), so no block reads the streams a second time. Every block then
-// computes the coefficients (the same inputs in the same order: the same bits), and its slice of x.
-// The post of the site before is local to a slice too (each column mixes only its own H values), so
-// it runs first in the same launch.
+// One mHC site for decode rows on sm90+, a cluster of 16 blocks a row (8 where the device cannot
+// place 16). The one-block kernel (gpu/ops.cu) reads a row's H streams twice on one SM and runs the
+// coefficients on one warp while the rest wait; here each block reads a slice of the streams once
+// (kept in registers and shared memory), sums the slice's Gram matrix (G[h][h'] = sum_d R[h][d]
+// R[h'][d], in f64) and, when it makes the mixing logits itself, the slice's part of fn @ streams; the
+// cluster adds the slices' sums through distributed shared memory. trace(G) is the row's sum of
+// squares (the 1/rms), and pre^T G pre the collapsed stream's (its RMSNorm), so no block reads the
+// streams a second time. Every block then computes pre and the norm (the same inputs in the same
+// order: the same bits) and its slice of x; rank 0 alone runs the Sinkhorn for comb, beside the x
+// stores. The post of the site before is local to a slice too (each column mixes only its own H
+// values), so it runs first in the same launch.
+//
+// The mixer (24 x 4 x D f32: 1.5 MB a site at D = 4,096) is most of the bytes: a block's slice of it is
+// copied into shared memory before the kernel waits for the one ahead (PDL, gpu/pdl.hpp: the weights
+// are fixed), so that the copy overlaps that kernel's tail, and 16 SMs instead of 8 share it.
 #include <cooperative_groups.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "gpu/block_reduce.cuh"
 #include "gpu/cuda_check.hpp"
@@ -20,34 +30,45 @@
 #include "gpu/pdl.hpp"
 
 namespace ferry::gpu {
+
+// TEMPORARY (h71 A/B check): the kernel before h71 (gpu/mhc_decode_old.cu).
+bool mhc_pre_clustered_old(const MhcArgs& a, cudaStream_t stream);
+bool mhc_post_pre_old(const MhcPostPre& p, cudaStream_t stream);
+
 namespace {
 
 namespace cg = cooperative_groups;
 
-constexpr uint32_t kBlocks = 8;  // a row's cluster (the portable maximum)
-constexpr uint32_t kH = 4;       // GLM's hc_mult; other stream counts take the one-block kernel
+constexpr uint32_t kWide = 16, kNarrow = 8;  // a row's cluster: 16 where the device allows, else 8
+constexpr uint32_t kH = 4;                    // GLM's hc_mult; other stream counts take the one-block kernel
 // [[maybe_unused]]: kPairs, dot4 and coefficients serve only the sm90 kernel body, which a pre-sm90
 // pass leaves out.
 [[maybe_unused]] constexpr uint32_t kPairs = kH * (kH + 1) / 2;
 constexpr uint32_t kMix = (2 + kH) * kH;
-constexpr uint32_t kMaxThreads = 1024;
-constexpr uint32_t kMaxPer = 256;  // float4 columns a block: D <= 8,192
+constexpr uint32_t kThreads = 256;
+constexpr uint32_t kMaxD = 8192;  // at 8 blocks, 256 float4 columns a block: one a thread
+constexpr size_t kStaticSmem = 2048;  // above the static shared memory (warp_part, part, gram, ...)
 
 [[maybe_unused]] __device__ __forceinline__ double dot4(float4 a, float4 b) {
   return double(a.x) * b.x + double(a.y) * b.y + double(a.z) * b.z + double(a.w) * b.w;
 }
 
-// The coefficients of one row on one warp, each lane one entry of comb (H*H <= 32), the row and
-// column sums gathered by shuffles: the one-block kernel's operations (ops.cu mhc_coefficients, the
-// CPU's order and precision) on registers instead of shared memory.
-[[maybe_unused]] __device__ void coefficients(const MhcArgs& a, const float* m, float inv, uint32_t row, bool write,
-                                              float* pre) {
-  static_assert(kH * kH <= 32 && 32 % kH == 0, "one comb entry a lane; source lanes stay below 32");
-  const uint32_t lane = threadIdx.x & 31, HH = kH * kH;
+// pre (and, with `write`, post) of one row on lanes 0..H-1 of a warp: the one-block kernel's
+// operations (ops.cu mhc_coefficients, the CPU's order and precision).
+[[maybe_unused]] __device__ void pre_post(const MhcArgs& a, const float* m, float inv, uint32_t row, bool write,
+                                          float* pre) {
+  const uint32_t lane = threadIdx.x & 31;
   if (lane < kH) {
     pre[lane] = 1.0f / (1.0f + expf(-(m[lane] * inv * a.scale[0] + a.base[lane]))) + a.hc_eps;
     if (write) a.post[row * kH + lane] = 2.0f / (1.0f + expf(-(m[kH + lane] * inv * a.scale[1] + a.base[kH + lane])));
   }
+}
+
+// comb of one row on one warp, each lane one entry (H*H <= 32), the row and column sums gathered by
+// shuffles: the one-block kernel's Sinkhorn (ops.cu mhc_coefficients) on registers.
+[[maybe_unused]] __device__ void sinkhorn(const MhcArgs& a, const float* m, float inv, uint32_t row) {
+  static_assert(kH * kH <= 32 && 32 % kH == 0, "one comb entry a lane; source lanes stay below 32");
+  const uint32_t lane = threadIdx.x & 31, HH = kH * kH;
   const bool has = lane < HH;
   const uint32_t i = lane / kH, j = lane % kH;
   float v = has ? m[2 * kH + lane] * inv * a.scale[2] + a.base[2 * kH + lane] : 0.0f;
@@ -73,7 +94,7 @@ constexpr uint32_t kMaxPer = 256;  // float4 columns a block: D <= 8,192
     if (it > 0) normalise(true);
     normalise(false);
   }
-  if (write && has) a.comb[row * HH + lane] = v;
+  if (has) a.comb[row * HH + lane] = v;
 }
 
 // What a launch does: mhc_pre alone (fn null: the mixing logits given in a.mix), or with the mixer
@@ -81,6 +102,7 @@ constexpr uint32_t kMaxPer = 256;  // float4 columns a block: D <= 8,192
 struct ClusterArgs {
   MhcArgs a;
   const float* fn = nullptr;       // [kMix][kH * D] f32
+  bool fn_staged = false;          // the block's slice of fn copied into shared memory first
   const float* y = nullptr;        // [rows][D] the sublayer output of the site before; null: no post
   const float* post_in = nullptr;  // [rows][kH] and [rows][kH * kH]: that site's mixer, read before
   const float* comb_in = nullptr;  //   rank 0 of the row's cluster writes this site's over them
@@ -104,16 +126,27 @@ struct ClusterArgs {
   return make_float4(s.x + v.x, s.y + v.y, s.z + v.z, s.w + v.w);
 }
 
-// Grid (kBlocks, rows), clusters of kBlocks along x; block `rank` of row blockIdx.y owns the float4
-// columns [rank * per, rank * per + per) of every stream, one a thread (per <= kMaxPer). With fn,
-// 1,024 threads also share the mixer product over the slice (each (mixer row, column) one partial,
-// summed per row in column order: fixed order, deterministic).
-__global__ void __launch_bounds__(kMaxThreads) mhc_cluster_kernel(ClusterArgs f) {
+[[maybe_unused]] __device__ __forceinline__ void copy16_async(void* smem, const void* global) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(global) : "memory");
+}
+
+// Float4 columns a block owns, and the dynamic shared memory of a launch: the slice of fn when it is
+// staged ([kMix * kH][per]), the slice of the streams ([kH][per]) and the mixer's partials ([kMix][per]).
+__host__ __device__ constexpr uint32_t per_block(uint32_t D, uint32_t blocks) { return (D / 4 + blocks - 1) / blocks; }
+constexpr size_t smem_bytes(uint32_t per, bool mixer, bool staged) {
+  return (staged ? size_t{kMix} * kH * per * 16 : 0) + size_t{kH} * per * 16 + (mixer ? size_t{kMix} * per * 4 : 0);
+}
+
+// Grid (B, rows), clusters of B along x; block `rank` of row blockIdx.y owns the float4 columns
+// [rank * per, rank * per + per) of every stream, one a thread. With fn, all threads share the
+// mixer product over the slice (each (mixer row, column) one partial, summed per row in column
+// order: fixed order, deterministic).
+template <uint32_t B>
+__global__ void __launch_bounds__(kThreads) mhc_site_kernel(ClusterArgs f) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  pdl_launch_dependents();  // the next matvec may request its weights now (gpu/pdl.hpp)
-  __shared__ float4 rn[kH][kMaxPer];  // the slice of the streams (after the post)
-  __shared__ float pm[kMix][kMaxPer];  // the mixer product's partials
-  __shared__ double warp_part[kMaxThreads / 32][kPairs];
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ double warp_part[kThreads / 32][kPairs];
   __shared__ double part[kPairs];   // this block's Gram sums, read by the whole cluster
   __shared__ float part_mix[kMix];  // and its mixer partials
   __shared__ double gram[kPairs];
@@ -123,7 +156,21 @@ __global__ void __launch_bounds__(kMaxThreads) mhc_cluster_kernel(ClusterArgs f)
   const MhcArgs& a = f.a;
   const cg::cluster_group cluster = cg::this_cluster();
   const uint32_t rank = cluster.block_rank(), row = blockIdx.y, D4 = a.D / 4, tid = threadIdx.x;
-  const uint32_t per = (D4 + kBlocks - 1) / kBlocks, d = rank * per + tid;
+  const uint32_t per = per_block(a.D, B), d = rank * per + tid;
+  float4* const staged = reinterpret_cast<float4*>(smem);                    // [kMix * kH][per]
+  float4* const rn = staged + (f.fn_staged ? size_t{kMix} * kH * per : 0);  // [kH][per], after the post
+  float* const pm = reinterpret_cast<float*>(rn + kH * per);                // [kMix][per]
+  const float4* F = reinterpret_cast<const float4*>(f.fn);
+  // Weights first: no kernel writes them, so they may be read before the wait.
+  if (f.fn_staged) {
+    for (uint32_t i = tid; i < kMix * kH * per; i += blockDim.x) {
+      const uint32_t mh = i / per, c = i % per;
+      if (rank * per + c < D4) copy16_async(staged + i, F + static_cast<size_t>(mh) * D4 + rank * per + c);
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  }
+  pdl_launch_dependents();  // the next matvec may request its weights now (gpu/pdl.hpp)
+  pdl_wait();               // the streams, y and the post's coefficients are the kernels' ahead
   const bool mine = tid < per && d < D4;
   const size_t at = static_cast<size_t>(row) * kH * D4;
   float4 r[kH];
@@ -157,7 +204,7 @@ __global__ void __launch_bounds__(kMaxThreads) mhc_cluster_kernel(ClusterArgs f)
   }
   if (tid < per) {
 #pragma unroll
-    for (uint32_t h = 0; h < kH; ++h) rn[h][tid] = r[h];
+    for (uint32_t h = 0; h < kH; ++h) rn[h * per + tid] = r[h];
   }
   const uint32_t lane = tid & 31, warp = tid >> 5, warps = (blockDim.x + 31) >> 5;
   {
@@ -176,40 +223,33 @@ __global__ void __launch_bounds__(kMaxThreads) mhc_cluster_kernel(ClusterArgs f)
     }
   }
   if (f.fn != nullptr) {
-    __syncthreads();  // rn complete
-    const float4* F = reinterpret_cast<const float4*>(f.fn);
+    if (f.fn_staged) asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads();  // rn and the staged slice complete
+    // The slice of fn: staged ([mixer row * kH + h][per]) or in place (rows D4 apart, from rank * per).
+    const float4* src = f.fn_staged ? staged : F + rank * per;
+    const size_t stride = f.fn_staged ? per : D4;
     const uint32_t total = per * kMix;
-    // Two (row, column) pairs a thread at a time: eight float4 loads in flight.
-    for (uint32_t i0 = tid; i0 < total; i0 += 2 * blockDim.x) {
-      const uint32_t i1 = i0 + blockDim.x;
-      const uint32_t m0 = i0 / per, c0 = i0 % per, m1 = i1 / per, c1 = i1 % per;
-      const bool ok0 = rank * per + c0 < D4, ok1 = i1 < total && rank * per + c1 < D4;
-      float4 w0[kH], w1[kH];
+    for (uint32_t i = tid; i < total; i += blockDim.x) {
+      const uint32_t m = i / per, c = i % per;
+      float s = 0.0f;
+      if (rank * per + c < D4) {
+        float4 w[kH];
 #pragma unroll
-      for (uint32_t h = 0; h < kH; ++h) {
-        const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        w0[h] = ok0 ? F[(static_cast<size_t>(m0) * kH + h) * D4 + rank * per + c0] : z;
-        w1[h] = ok1 ? F[(static_cast<size_t>(m1) * kH + h) * D4 + rank * per + c1] : z;
-      }
-      float s0 = 0.0f, s1 = 0.0f;
+        for (uint32_t h = 0; h < kH; ++h) w[h] = src[(static_cast<size_t>(m) * kH + h) * stride + c];
 #pragma unroll
-      for (uint32_t h = 0; h < kH; ++h) {
-        const float4 x0 = rn[h][c0];
-        s0 += w0[h].x * x0.x + w0[h].y * x0.y + w0[h].z * x0.z + w0[h].w * x0.w;
-        if (ok1) {
-          const float4 x1 = rn[h][c1];
-          s1 += w1[h].x * x1.x + w1[h].y * x1.y + w1[h].z * x1.z + w1[h].w * x1.w;
+        for (uint32_t h = 0; h < kH; ++h) {
+          const float4 x = rn[h * per + c];
+          s += w[h].x * x.x + w[h].y * x.y + w[h].z * x.z + w[h].w * x.w;
         }
       }
-      pm[m0][c0] = s0;
-      if (i1 < total) pm[m1][c1] = s1;
+      pm[m * per + c] = s;
     }
     __syncthreads();
-    if (warp < kMix) {
+    for (uint32_t m = warp; m < kMix; m += warps) {
       float s = 0.0f;
-      for (uint32_t c = lane; c < per; c += 32) s += pm[warp][c];
+      for (uint32_t c = lane; c < per; c += 32) s += pm[m * per + c];
       s = warp_sum(s);
-      if (lane == 0) part_mix[warp] = s;
+      if (lane == 0) part_mix[m] = s;
     }
   }
   __syncthreads();
@@ -222,90 +262,167 @@ __global__ void __launch_bounds__(kMaxThreads) mhc_cluster_kernel(ClusterArgs f)
   // The ranks in order: every block gets the same bits.
   if (tid < kPairs) {
     double s = 0.0;
-    for (uint32_t q = 0; q < kBlocks; ++q) s += cluster.map_shared_rank(part, q)[tid];
+#pragma unroll
+    for (uint32_t q = 0; q < B; ++q) s += cluster.map_shared_rank(part, q)[tid];
     gram[tid] = s;
   } else if (f.fn != nullptr && tid >= 32 && tid < 32 + kMix) {
     float s = 0.0f;
-    for (uint32_t q = 0; q < kBlocks; ++q) s += cluster.map_shared_rank(part_mix, q)[tid - 32];
+#pragma unroll
+    for (uint32_t q = 0; q < B; ++q) s += cluster.map_shared_rank(part_mix, q)[tid - 32];
     mix[tid - 32] = s;
   }
   // No block leaves (its shared memory unmapped) before every block has read the sums: the wait is
   // at the end.
   cluster.barrier_arrive();
   __syncthreads();
+  const float* m = f.fn != nullptr ? mix : a.mix + static_cast<size_t>(row) * kMix;
+  double ss = 0.0;
+  for (uint32_t h = 0, p = 0; h < kH; p += kH - h, ++h) ss += gram[p];
+  const float inv = rsqrtf(static_cast<float>(ss) / static_cast<float>(kH * a.D) + a.rms_eps);
   if (warp == 0) {
-    double ss = 0.0;
-    for (uint32_t h = 0, p = 0; h < kH; p += kH - h, ++h) ss += gram[p];
-    const float inv = rsqrtf(static_cast<float>(ss) / static_cast<float>(kH * a.D) + a.rms_eps);
-    const float* m = f.fn != nullptr ? mix : a.mix + static_cast<size_t>(row) * kMix;
-    coefficients(a, m, inv, row, rank == 0, pre);
-    __syncwarp();
-    if (lane == 0) {
-      double su = 0.0;
-      uint32_t p = 0;
-      for (uint32_t h = 0; h < kH; ++h) {
-        for (uint32_t h2 = h; h2 < kH; ++h2, ++p) {
-          su += (h == h2 ? 1.0 : 2.0) * double(pre[h]) * double(pre[h2]) * gram[p];
+    // comb is rank 0's alone, and only the next site's post reads it: its Sinkhorn runs while the
+    // other warps make x.
+    if (rank == 0) sinkhorn(a, m, inv, row);
+  } else {
+    const uint32_t others = blockDim.x - 32;
+    if (warp == 1) {
+      pre_post(a, m, inv, row, rank == 0, pre);
+      __syncwarp();
+      if (lane == 0) {
+        double su = 0.0;
+        uint32_t p = 0;
+        for (uint32_t h = 0; h < kH; ++h) {
+          for (uint32_t h2 = h; h2 < kH; ++h2, ++p) {
+            su += (h == h2 ? 1.0 : 2.0) * double(pre[h]) * double(pre[h2]) * gram[p];
+          }
         }
+        inv_u = rsqrtf(static_cast<float>(su) / static_cast<float>(a.D) + a.rms_eps);
       }
-      inv_u = rsqrtf(static_cast<float>(su) / static_cast<float>(a.D) + a.rms_eps);
     }
-  }
-  __syncthreads();
-  if (mine) {
-    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    asm volatile("bar.sync 1, %0;" ::"r"(others) : "memory");  // warps 1.. only: pre and inv_u ready
+    for (uint32_t c = tid - 32; c < per && rank * per + c < D4; c += others) {
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-    for (uint32_t h = 0; h < kH; ++h) {
-      const float4 x = rn[h][tid];
-      v.x += pre[h] * x.x, v.y += pre[h] * x.y, v.z += pre[h] * x.z, v.w += pre[h] * x.w;
+      for (uint32_t h = 0; h < kH; ++h) {
+        const float4 x = rn[h * per + c];
+        v.x += pre[h] * x.x, v.y += pre[h] * x.y, v.z += pre[h] * x.z, v.w += pre[h] * x.w;
+      }
+      const float4 w = reinterpret_cast<const float4*>(a.norm_w)[rank * per + c];
+      reinterpret_cast<float4*>(a.x + static_cast<size_t>(row) * a.D)[rank * per + c] =
+          make_float4(v.x * inv_u * w.x, v.y * inv_u * w.y, v.z * inv_u * w.z, v.w * inv_u * w.w);
     }
-    const float4 w = reinterpret_cast<const float4*>(a.norm_w)[d];
-    reinterpret_cast<float4*>(a.x + static_cast<size_t>(row) * a.D)[d] =
-        make_float4(v.x * inv_u * w.x, v.y * inv_u * w.y, v.z * inv_u * w.z, v.w * inv_u * w.w);
   }
   cluster.barrier_wait();
 #else
   (void)f;
-  __trap();  // launched only where it was built for sm90+ (cluster_kernel_built)
+  __trap();  // launched only where it was built for sm90+ (site_plan)
 #endif
 }
 
-// Whether this device's build of the kernel has the cluster code.
-bool cluster_kernel_built() { return sm90_code_built(reinterpret_cast<const void*>(mhc_cluster_kernel)); }
-
-// Whether a launch applies: the stream count, the slices' size, the rows, the build.
-bool cluster_applies(const MhcArgs& a) {
-  if (a.rows == 0 || a.rows > kMhcClusterMaxRows || a.H != kH || a.D % 4 != 0) return false;
-  return (a.D / 4 + kBlocks - 1) / kBlocks <= kMaxPer && cluster_kernel_built();
+// The cluster size this device takes for a launch of `smem` dynamic bytes: 16 (non-portable) where
+// it can place a cluster of them, else 8. Asked once per device and size (the eager step before a
+// capture asks first).
+uint32_t site_blocks(size_t smem) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, size_t>, uint32_t> known;
+  int dev = 0;
+  FERRY_CUDA(cudaGetDevice(&dev));
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto [it, fresh] = known.try_emplace({dev, smem}, kNarrow);
+  if (!fresh) return it->second;
+  const int dynamic_max = current_smem_optin() - static_cast<int>(kStaticSmem);
+  for (void (*k)(ClusterArgs) : {mhc_site_kernel<kWide>, mhc_site_kernel<kNarrow>}) {
+    FERRY_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic_max));
+  }
+  FERRY_CUDA(cudaFuncSetAttribute(mhc_site_kernel<kWide>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(kWide, 1);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = kWide;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, mhc_site_kernel<kWide>, &cfg) == cudaSuccess && clusters > 0) {
+    it->second = kWide;
+  }
+  (void)cudaGetLastError();  // a refused query leaves no error behind
+  return it->second;
 }
 
-void launch(const ClusterArgs& f, uint32_t threads, cudaStream_t stream) {
+// TEMPORARY (h71 A/B check): FERRY_MHC_SITE=old takes the kernel before h71; =8 the new one at 8 blocks.
+const char* site_env() {
+  const char* v = std::getenv("FERRY_MHC_SITE");
+  return v == nullptr ? "" : v;
+}
+
+// A row's cluster: its size (0: the launch does not apply), whether fn is staged, the shared memory.
+struct SitePlan {
+  uint32_t blocks = 0;
+  bool staged = false;
+  size_t smem = 0;
+};
+
+// The stream count, the width, the rows and the build decide whether the cluster kernel applies; the
+// device its size; the shared memory whether the mixer's slice is staged (at 16 blocks, D <= 8,192).
+SitePlan site_plan(const MhcArgs& a, bool mixer) {
+  SitePlan p;
+  if (a.rows == 0 || a.rows > kMhcClusterMaxRows || a.H != kH || a.D % 4 != 0 || a.D > kMaxD) return p;
+  if (!sm90_code_built(reinterpret_cast<const void*>(mhc_site_kernel<kNarrow>))) return p;
+  const size_t room = static_cast<size_t>(current_smem_optin()) - kStaticSmem;
+  for (uint32_t blocks : {kWide, kNarrow}) {
+    if (blocks == kWide && std::strcmp(site_env(), "8") == 0) continue;
+    const uint32_t per = per_block(a.D, blocks);
+    p.staged = mixer && smem_bytes(per, mixer, true) <= room;
+    p.smem = smem_bytes(per, mixer, p.staged);
+    const bool wide_fits = site_blocks(p.smem) == kWide;  // first: it sets the kernels' attributes
+    if (blocks == kNarrow || wide_fits) {
+      p.blocks = blocks;
+      return p;
+    }
+  }
+  return p;
+}
+
+void launch(const ClusterArgs& f, const SitePlan& plan, cudaStream_t stream) {
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(kBlocks, f.a.rows);
-  cfg.blockDim = dim3(threads);
+  cfg.gridDim = dim3(plan.blocks, f.a.rows);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = plan.smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kBlocks;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
+  void (*kernel)(ClusterArgs) = plan.blocks == kWide ? mhc_site_kernel<kWide> : mhc_site_kernel<kNarrow>;
+  cudaLaunchAttribute attr[2] = {};
+  cudaLaunchAttribute pdl{};
+  pdl_configure(cfg, pdl, reinterpret_cast<const void*>(kernel));  // PDL inside the decode graphs
+  uint32_t n = 0;
+  if (cfg.numAttrs == 1) attr[n++] = pdl;
+  attr[n].id = cudaLaunchAttributeClusterDimension;
+  attr[n].val.clusterDim.x = plan.blocks;
+  attr[n].val.clusterDim.y = 1;
+  attr[n].val.clusterDim.z = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  FERRY_CUDA(cudaLaunchKernelEx(&cfg, mhc_cluster_kernel, f));
+  cfg.numAttrs = n + 1;
+  FERRY_CUDA(cudaLaunchKernelEx(&cfg, kernel, f));
 }
 
 }  // namespace
 
 bool mhc_pre_clustered(const MhcArgs& a, cudaStream_t stream) {
-  if (!cluster_applies(a)) return false;
+  if (std::strcmp(site_env(), "old") == 0) return mhc_pre_clustered_old(a, stream);
+  const SitePlan plan = site_plan(a, false);
+  if (plan.blocks == 0) return false;
   ClusterArgs f;
   f.a = a;
-  const uint32_t per = (a.D / 4 + kBlocks - 1) / kBlocks;
-  launch(f, (per + 31) / 32 * 32, stream);
+  launch(f, plan, stream);
   return true;
 }
 
 bool mhc_post_pre(const MhcPostPre& p, cudaStream_t stream) {
+  if (std::strcmp(site_env(), "old") == 0) return mhc_post_pre_old(p, stream);
   const MhcArgs& a = p.pre;
   const DevMatrix& fn = *p.fn;
   if (p.combine != nullptr && (p.combine->eo == nullptr || p.combine->weights == nullptr || p.combine->k == 0)) {
@@ -318,18 +435,21 @@ bool mhc_post_pre(const MhcPostPre& p, cudaStream_t stream) {
     aligned = aligned && reinterpret_cast<uintptr_t>(p.combine->eo) % 16 == 0 &&
               reinterpret_cast<uintptr_t>(p.combine->shared) % 16 == 0;
   }
-  if (!f32_mixer || !aligned || !cluster_applies(a)) return false;
+  if (!f32_mixer || !aligned) return false;
+  const SitePlan plan = site_plan(a, true);
+  if (plan.blocks == 0) return false;
   ClusterArgs f;
   f.a = a;
   f.a.mix = nullptr;
   f.fn = reinterpret_cast<const float*>(fn.data);
+  f.fn_staged = plan.staged;
   f.y = p.y;
   f.post_in = p.post_in;
   f.comb_in = p.comb_in;
   if (p.combine != nullptr) f.combine = *p.combine;
   f.streams = p.streams;
   f.a.streams = p.streams;
-  launch(f, kMaxThreads, stream);
+  launch(f, plan, stream);
   return true;
 }
 

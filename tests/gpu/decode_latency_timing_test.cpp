@@ -1,0 +1,176 @@
+// Timing lines (printed, not asserted) of decode's one-block-latency kernels where a decode graph runs
+// them: an mHC site (the post, the mixer product and the pre in one launch, gpu/mhc_decode.hpp) after
+// the 4,096 x 4,096 Q4_K matvec whose output it takes, and the router after its 288-row matvec, each
+// in a captured chain of 12 links with PDL as the decode graphs have it; a chain of the matvecs alone
+// is subtracted, so a line says what the kernel adds to a step. The bits are MhcDecode's and
+// MoeRoute's concern.
+#if FERRY_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "gpu/cuda_memory.hpp"
+#include "gpu/kernels.hpp"
+#include "gpu/mhc_decode.hpp"
+#include "gpu/pdl.hpp"
+#include "tests/gpu/gpu_test_support.hpp"
+#include "tests/gpu/quant_rows.hpp"
+
+namespace ferry::gpu {
+namespace {
+
+using ferry::testing::have_device;
+
+constexpr uint32_t kLinks = 12;
+
+DeviceBuffer random_buffer(size_t floats, float scale, std::mt19937& rng) {
+  std::normal_distribution<float> n(0.0f, scale);
+  std::vector<float> v(floats);
+  for (float& x : v) x = n(rng);
+  DeviceBuffer b(floats * 4);
+  EXPECT_EQ(cudaMemcpy(b.get(), v.data(), floats * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  return b;
+}
+
+DevMatrix upload(DeviceBuffer& b, model::GgmlType type, uint32_t rows, uint32_t cols, std::mt19937& rng) {
+  const std::vector<uint8_t> q = ferry::testing::random_rows(type, rows, cols, rng);
+  b = DeviceBuffer(q.size());
+  EXPECT_EQ(cudaMemcpy(b.get(), q.data(), q.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  return DevMatrix{type, b.as<uint8_t>(), rows, cols, q.size() / rows};
+}
+
+// Microseconds a replay of the graph of what `body` enqueues, captured with PDL where the device has
+// it (median of 7 runs of 10 replays).
+double replay_us(const std::function<void(cudaStream_t)>& body) {
+  cudaStream_t s = nullptr;
+  EXPECT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  body(s);  // eagerly first: kernel attributes and sm90 checks are made outside the capture
+  EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t e = nullptr;
+  EXPECT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  {
+    const PdlScope pdl(pdl_device_ready());
+    body(s);
+  }
+  EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess);
+  EXPECT_EQ(cudaGraphInstantiate(&e, g, 0), cudaSuccess);
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::vector<float> t;
+  for (int run = 0; run < 8; ++run) {
+    cudaEventRecord(e0, s);
+    for (int i = 0; i < 10; ++i) cudaGraphLaunch(e, s);
+    cudaEventRecord(e1, s);
+    EXPECT_EQ(cudaEventSynchronize(e1), cudaSuccess);
+    float ms = 0.0f;
+    cudaEventElapsedTime(&ms, e0, e1);
+    if (run > 0) t.push_back(ms * 1000.0f / 10.0f);  // the first run warms up
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaGraphExecDestroy(e);
+  cudaGraphDestroy(g);
+  cudaStreamDestroy(s);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+void matvec_into(const DevMatrix& w, const float* x, uint32_t rows, float* y, cudaStream_t s) {
+  MatvecArgs a;
+  a.w = w;
+  a.x = x;
+  a.x_tok_stride = w.cols;
+  a.y = y;
+  a.y_tok_stride = w.rows;
+  a.tokens = rows;
+  matvec(a, s);
+}
+
+// TEMPORARY (h71 A/B check): the variant FERRY_MHC_SITE names ("old", "8", "" for the new default).
+const char* variant() {
+  const char* v = std::getenv("FERRY_MHC_SITE");
+  return v == nullptr || *v == '\0' ? "new" : v;
+}
+
+TEST(DecodeLatencyTiming, MhcSiteAfterItsMatvec) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  constexpr uint32_t D = 4096, H = 4, kMix = (2 + H) * H;
+  std::mt19937 rng(71);
+  DeviceBuffer wb;
+  const DevMatrix w = upload(wb, model::GgmlType::Q4_K, D, D, rng);
+  for (uint32_t rows : {1u, 3u}) {
+    DeviceBuffer streams = random_buffer(size_t{rows} * H * D, 1, rng), y = random_buffer(size_t{rows} * D, 1, rng),
+                 post = random_buffer(size_t{rows} * H, 0.3f, rng), comb = random_buffer(size_t{rows} * H * H, 0.3f, rng),
+                 base = random_buffer(kMix, 1, rng), scale = random_buffer(3, 1, rng), norm = random_buffer(D, 1, rng),
+                 x = random_buffer(size_t{rows} * D, 1, rng);
+    // One mixer a link, as each site has its own (1.5 MB each: not all in L2 between replays).
+    std::vector<DeviceBuffer> fns;
+    std::vector<DevMatrix> fm;
+    for (uint32_t i = 0; i < kLinks; ++i) {
+      fns.push_back(random_buffer(size_t{kMix} * H * D, 0.008f, rng));
+      fm.push_back(DevMatrix{model::GgmlType::F32, fns.back().as<uint8_t>(), kMix, H * D, size_t{H} * D * 4});
+    }
+    bool fused = true;
+    auto chain = [&](bool sites) {
+      return [&, sites](cudaStream_t s) {
+        for (uint32_t i = 0; i < kLinks; ++i) {
+          matvec_into(w, x.as<float>(), rows, y.as<float>(), s);
+          if (!sites) continue;
+          MhcPostPre p;
+          p.pre.streams = streams.as<float>(), p.pre.base = base.as<float>(), p.pre.scale = scale.as<float>();
+          p.pre.norm_w = norm.as<float>(), p.pre.rows = rows, p.pre.H = H, p.pre.D = D, p.pre.iters = 20;
+          p.pre.x = x.as<float>(), p.pre.post = post.as<float>(), p.pre.comb = comb.as<float>();
+          p.fn = &fm[i], p.streams = streams.as<float>(), p.y = y.as<float>();
+          p.post_in = post.as<float>(), p.comb_in = comb.as<float>();
+          fused = mhc_post_pre(p, s) && fused;
+        }
+      };
+    };
+    const double matvecs = replay_us(chain(false)), both = replay_us(chain(true));
+    if (!fused) {
+      std::printf("decode latency: mHC site: not fused here (no sm90 code)\n");
+      return;
+    }
+    std::printf("decode latency: mHC site (%s) rows %u: %u x (matvec + site) %.1f us, matvecs alone %.1f us: %.2f us a site\n",
+                variant(), rows, kLinks, both, matvecs, (both - matvecs) / kLinks);
+  }
+}
+
+TEST(DecodeLatencyTiming, RouterAfterItsMatvec) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  constexpr uint32_t D = 4096, E = 288, K = 8;
+  std::mt19937 rng(72);
+  DeviceBuffer wb;
+  const DevMatrix w = upload(wb, model::GgmlType::F32, E, D, rng);
+  for (uint32_t rows : {1u, 3u}) {
+    DeviceBuffer x = random_buffer(size_t{rows} * D, 0.02f, rng), logits(size_t{rows} * E * 4),
+                 bias = random_buffer(E, 0.01f, rng), ids(size_t{rows} * K * 4), weights(size_t{rows} * K * 4);
+    RouterArgs a;
+    a.logits = logits.as<float>(), a.bias = bias.as<float>(), a.rows = rows, a.E = E, a.k = K;
+    a.ids = ids.as<int32_t>(), a.weights = weights.as<float>();
+    auto chain = [&](bool route) {
+      return [&, route](cudaStream_t s) {
+        for (uint32_t i = 0; i < kLinks; ++i) {
+          matvec_into(w, x.as<float>(), rows, logits.as<float>(), s);
+          if (route) moe_route(a, s);
+        }
+      };
+    };
+    const double matvecs = replay_us(chain(false)), both = replay_us(chain(true));
+    const char* pdl = std::getenv("FERRY_ROUTE_PDL");  // TEMPORARY (h71 A/B check)
+    std::printf("decode latency: router (PDL %s) rows %u: %u x (matvec + route) %.1f us, matvecs alone %.1f us: %.2f us a route\n",
+                pdl != nullptr ? pdl : "1", rows, kLinks, both, matvecs, (both - matvecs) / kLinks);
+  }
+}
+
+}  // namespace
+}  // namespace ferry::gpu
+#endif
