@@ -103,6 +103,7 @@ struct ClusterArgs {
   MhcArgs a;
   const float* fn = nullptr;       // [kMix][kH * D] f32
   bool fn_staged = false;          // the block's slice of fn copied into shared memory first
+  bool fn_l2 = false;              // TEMPORARY (h71 A/B check)
   const float* y = nullptr;        // [rows][D] the sublayer output of the site before; null: no post
   const float* post_in = nullptr;  // [rows][kH] and [rows][kH * kH]: that site's mixer, read before
   const float* comb_in = nullptr;  //   rank 0 of the row's cluster writes this site's over them
@@ -168,6 +169,16 @@ __global__ void __launch_bounds__(kThreads) mhc_site_kernel(ClusterArgs f) {
       if (rank * per + c < D4) copy16_async(staged + i, F + static_cast<size_t>(mh) * D4 + rank * per + c);
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
+  } else if (f.fn_l2 && f.fn != nullptr) {
+    // TEMPORARY (h71 A/B check): the slice's rows only asked into L2 before the wait.
+    for (uint32_t mh = tid; mh < kMix * kH; mh += blockDim.x) {
+      const uint32_t c0 = rank * per, n = c0 < D4 ? min(per, D4 - c0) : 0;
+      if (n > 0) {
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(F + static_cast<size_t>(mh) * D4 + c0),
+                     "r"(n * 16)
+                     : "memory");
+      }
+    }
   }
   pdl_launch_dependents();  // the next matvec may request its weights now (gpu/pdl.hpp)
   pdl_wait();               // the streams, y and the post's coefficients are the kernels' ahead
@@ -354,7 +365,8 @@ uint32_t site_blocks(size_t smem) {
   return it->second;
 }
 
-// TEMPORARY (h71 A/B check): FERRY_MHC_SITE=old takes the kernel before h71; =8 the new one at 8 blocks.
+// TEMPORARY (h71 A/B check): FERRY_MHC_SITE=old takes the kernel before h71; =8 the new one at 8 blocks;
+// =nostage reads fn from global memory after the wait; =l2 too, after asking it into L2 before.
 const char* site_env() {
   const char* v = std::getenv("FERRY_MHC_SITE");
   return v == nullptr ? "" : v;
@@ -377,7 +389,8 @@ SitePlan site_plan(const MhcArgs& a, bool mixer) {
   for (uint32_t blocks : {kWide, kNarrow}) {
     if (blocks == kWide && std::strcmp(site_env(), "8") == 0) continue;
     const uint32_t per = per_block(a.D, blocks);
-    p.staged = mixer && smem_bytes(per, mixer, true) <= room;
+    const bool no_stage = std::strcmp(site_env(), "nostage") == 0 || std::strcmp(site_env(), "l2") == 0;
+    p.staged = mixer && !no_stage && smem_bytes(per, mixer, true) <= room;
     p.smem = smem_bytes(per, mixer, p.staged);
     const bool wide_fits = site_blocks(p.smem) == kWide;  // first: it sets the kernels' attributes
     if (blocks == kNarrow || wide_fits) {
@@ -443,6 +456,7 @@ bool mhc_post_pre(const MhcPostPre& p, cudaStream_t stream) {
   f.a.mix = nullptr;
   f.fn = reinterpret_cast<const float*>(fn.data);
   f.fn_staged = plan.staged;
+  f.fn_l2 = std::strcmp(site_env(), "l2") == 0;
   f.y = p.y;
   f.post_in = p.post_in;
   f.comb_in = p.comb_in;
