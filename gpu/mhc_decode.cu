@@ -10,9 +10,12 @@
 // stores. The post of the site before is local to a slice too (each column mixes only its own H
 // values), so it runs first in the same launch.
 //
-// The mixer (24 x 4 x D f32: 1.5 MB a site at D = 4,096) is most of the bytes: a block's slice of it is
-// copied into shared memory before the kernel waits for the one ahead (PDL, gpu/pdl.hpp: the weights
-// are fixed), so that the copy overlaps that kernel's tail, and 16 SMs instead of 8 share it.
+// The mixer (24 x 4 x D f32: 1.5 MB a site at D = 4,096) is most of the bytes: 16 SMs instead of 8
+// share it, and each thread asks for all its weights of a pass (up to 6 (mixer row, column) pairs)
+// before it multiplies, so that a slice costs one memory round trip, not one a pair. Inside the decode
+// graphs the launch takes PDL (gpu/pdl.hpp): its blocks are placed while the matvec ahead finishes.
+// The blocks are small (256 threads, <= 40 KiB of shared memory) so that they and the next matvec's
+// share SMs.
 #include <cooperative_groups.h>
 
 #include <cmath>
@@ -47,7 +50,6 @@ constexpr uint32_t kH = 4;                    // GLM's hc_mult; other stream cou
 constexpr uint32_t kMix = (2 + kH) * kH;
 constexpr uint32_t kThreads = 256;
 constexpr uint32_t kMaxD = 8192;  // at 8 blocks, 256 float4 columns a block: one a thread
-constexpr size_t kStaticSmem = 2048;  // above the static shared memory (warp_part, part, gram, ...)
 
 [[maybe_unused]] __device__ __forceinline__ double dot4(float4 a, float4 b) {
   return double(a.x) * b.x + double(a.y) * b.y + double(a.z) * b.z + double(a.w) * b.w;
@@ -102,8 +104,7 @@ constexpr size_t kStaticSmem = 2048;  // above the static shared memory (warp_pa
 struct ClusterArgs {
   MhcArgs a;
   const float* fn = nullptr;       // [kMix][kH * D] f32
-  bool fn_staged = false;          // the block's slice of fn copied into shared memory first
-  bool fn_l2 = false;              // TEMPORARY (h71 A/B check)
+  bool fn_late = false;            // TEMPORARY (h71 A/B check): the first pass's loads after the wait
   const float* y = nullptr;        // [rows][D] the sublayer output of the site before; null: no post
   const float* post_in = nullptr;  // [rows][kH] and [rows][kH * kH]: that site's mixer, read before
   const float* comb_in = nullptr;  //   rank 0 of the row's cluster writes this site's over them
@@ -127,17 +128,14 @@ struct ClusterArgs {
   return make_float4(s.x + v.x, s.y + v.y, s.z + v.z, s.w + v.w);
 }
 
-[[maybe_unused]] __device__ __forceinline__ void copy16_async(void* smem, const void* global) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(global) : "memory");
-}
-
-// Float4 columns a block owns, and the dynamic shared memory of a launch: the slice of fn when it is
-// staged ([kMix * kH][per]), the slice of the streams ([kH][per]) and the mixer's partials ([kMix][per]).
+// Float4 columns a block owns, and the dynamic shared memory of a launch: the slice of the streams
+// ([kH][per]) and the mixer's partials ([kMix][per]); at most 40 KiB (D <= kMaxD).
 __host__ __device__ constexpr uint32_t per_block(uint32_t D, uint32_t blocks) { return (D / 4 + blocks - 1) / blocks; }
-constexpr size_t smem_bytes(uint32_t per, bool mixer, bool staged) {
-  return (staged ? size_t{kMix} * kH * per * 16 : 0) + size_t{kH} * per * 16 + (mixer ? size_t{kMix} * per * 4 : 0);
+constexpr size_t smem_bytes(uint32_t per, bool mixer) {
+  return size_t{kH} * per * 16 + (mixer ? size_t{kMix} * per * 4 : 0);
 }
+static_assert(smem_bytes(kMaxD / 4 / 8, true) <= 48 * 1024, "no opt-in for the shared memory");
+constexpr uint32_t kBatch = 6;  // (mixer row, column) pairs a thread loads before it multiplies
 
 // Grid (B, rows), clusters of B along x; block `rank` of row blockIdx.y owns the float4 columns
 // [rank * per, rank * per + per) of every stream, one a thread. With fn, all threads share the
@@ -158,28 +156,26 @@ __global__ void __launch_bounds__(kThreads) mhc_site_kernel(ClusterArgs f) {
   const cg::cluster_group cluster = cg::this_cluster();
   const uint32_t rank = cluster.block_rank(), row = blockIdx.y, D4 = a.D / 4, tid = threadIdx.x;
   const uint32_t per = per_block(a.D, B), d = rank * per + tid;
-  float4* const staged = reinterpret_cast<float4*>(smem);                    // [kMix * kH][per]
-  float4* const rn = staged + (f.fn_staged ? size_t{kMix} * kH * per : 0);  // [kH][per], after the post
-  float* const pm = reinterpret_cast<float*>(rn + kH * per);                // [kMix][per]
+  float4* const rn = reinterpret_cast<float4*>(smem);         // [kH][per], after the post
+  float* const pm = reinterpret_cast<float*>(rn + kH * per);  // [kMix][per]
   const float4* F = reinterpret_cast<const float4*>(f.fn);
-  // Weights first: no kernel writes them, so they may be read before the wait.
-  if (f.fn_staged) {
-    for (uint32_t i = tid; i < kMix * kH * per; i += blockDim.x) {
-      const uint32_t mh = i / per, c = i % per;
-      if (rank * per + c < D4) copy16_async(staged + i, F + static_cast<size_t>(mh) * D4 + rank * per + c);
-    }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-  } else if (f.fn_l2 && f.fn != nullptr) {
-    // TEMPORARY (h71 A/B check): the slice's rows only asked into L2 before the wait.
-    for (uint32_t mh = tid; mh < kMix * kH; mh += blockDim.x) {
-      const uint32_t c0 = rank * per, n = c0 < D4 ? min(per, D4 - c0) : 0;
-      if (n > 0) {
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(F + static_cast<size_t>(mh) * D4 + c0),
-                     "r"(n * 16)
-                     : "memory");
+  // The mixer's slice: row m, stream h at src[(m * kH + h) * D4 + c]. A pass loads kBatch pairs a
+  // thread; the first pass's loads go out before the wait (no kernel writes fn), the rest after.
+  const float4* src = f.fn != nullptr ? F + rank * per : nullptr;
+  const uint32_t total = per * kMix;
+  float4 w[kBatch][kH];
+  auto load_pass = [&](uint32_t i0) {
+#pragma unroll
+    for (uint32_t b = 0; b < kBatch; ++b) {
+      const uint32_t i = i0 + b * blockDim.x + tid, m = i / per, c = i % per;
+      const bool ok = i < total && rank * per + c < D4;
+#pragma unroll
+      for (uint32_t h = 0; h < kH; ++h) {
+        w[b][h] = ok ? src[(static_cast<size_t>(m) * kH + h) * D4 + c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       }
     }
-  }
+  };
+  if (f.fn != nullptr && !f.fn_late) load_pass(0);
   pdl_launch_dependents();  // the next matvec may request its weights now (gpu/pdl.hpp)
   pdl_wait();               // the streams, y and the post's coefficients are the kernels' ahead
   const bool mine = tid < per && d < D4;
@@ -234,26 +230,22 @@ __global__ void __launch_bounds__(kThreads) mhc_site_kernel(ClusterArgs f) {
     }
   }
   if (f.fn != nullptr) {
-    if (f.fn_staged) asm volatile("cp.async.wait_all;" ::: "memory");
-    __syncthreads();  // rn and the staged slice complete
-    // The slice of fn: staged ([mixer row * kH + h][per]) or in place (rows D4 apart, from rank * per).
-    const float4* src = f.fn_staged ? staged : F + rank * per;
-    const size_t stride = f.fn_staged ? per : D4;
-    const uint32_t total = per * kMix;
-    for (uint32_t i = tid; i < total; i += blockDim.x) {
-      const uint32_t m = i / per, c = i % per;
-      float s = 0.0f;
-      if (rank * per + c < D4) {
-        float4 w[kH];
+    if (f.fn_late) load_pass(0);
+    __syncthreads();  // rn complete
+    for (uint32_t i0 = 0; i0 < total; i0 += kBatch * blockDim.x) {
+      if (i0 > 0) load_pass(i0);
 #pragma unroll
-        for (uint32_t h = 0; h < kH; ++h) w[h] = src[(static_cast<size_t>(m) * kH + h) * stride + c];
+      for (uint32_t b = 0; b < kBatch; ++b) {
+        const uint32_t i = i0 + b * blockDim.x + tid, m = i / per, c = i % per;
+        if (i >= total) continue;
+        float s = 0.0f;
 #pragma unroll
         for (uint32_t h = 0; h < kH; ++h) {
           const float4 x = rn[h * per + c];
-          s += w[h].x * x.x + w[h].y * x.y + w[h].z * x.z + w[h].w * x.w;
+          s += w[b][h].x * x.x + w[b][h].y * x.y + w[b][h].z * x.z + w[b][h].w * x.w;
         }
+        pm[m * per + c] = s;
       }
-      pm[m * per + c] = s;
     }
     __syncthreads();
     for (uint32_t m = warp; m < kMix; m += warps) {
@@ -341,10 +333,6 @@ uint32_t site_blocks(size_t smem) {
   const std::lock_guard<std::mutex> lock(mutex);
   auto [it, fresh] = known.try_emplace({dev, smem}, kNarrow);
   if (!fresh) return it->second;
-  const int dynamic_max = current_smem_optin() - static_cast<int>(kStaticSmem);
-  for (void (*k)(ClusterArgs) : {mhc_site_kernel<kWide>, mhc_site_kernel<kNarrow>}) {
-    FERRY_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic_max));
-  }
   FERRY_CUDA(cudaFuncSetAttribute(mhc_site_kernel<kWide>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(kWide, 1);
@@ -366,34 +354,29 @@ uint32_t site_blocks(size_t smem) {
 }
 
 // TEMPORARY (h71 A/B check): FERRY_MHC_SITE=old takes the kernel before h71; =8 the new one at 8 blocks;
-// =nostage reads fn from global memory after the wait; =l2 too, after asking it into L2 before.
+// =late loads the mixer's first pass after the wait.
 const char* site_env() {
   const char* v = std::getenv("FERRY_MHC_SITE");
   return v == nullptr ? "" : v;
 }
 
-// A row's cluster: its size (0: the launch does not apply), whether fn is staged, the shared memory.
+// A row's cluster: its size (0: the launch does not apply) and its blocks' shared memory.
 struct SitePlan {
   uint32_t blocks = 0;
-  bool staged = false;
   size_t smem = 0;
 };
 
 // The stream count, the width, the rows and the build decide whether the cluster kernel applies; the
-// device its size; the shared memory whether the mixer's slice is staged (at 16 blocks, D <= 8,192).
+// device its size.
 SitePlan site_plan(const MhcArgs& a, bool mixer) {
   SitePlan p;
   if (a.rows == 0 || a.rows > kMhcClusterMaxRows || a.H != kH || a.D % 4 != 0 || a.D > kMaxD) return p;
   if (!sm90_code_built(reinterpret_cast<const void*>(mhc_site_kernel<kNarrow>))) return p;
-  const size_t room = static_cast<size_t>(current_smem_optin()) - kStaticSmem;
   for (uint32_t blocks : {kWide, kNarrow}) {
     if (blocks == kWide && std::strcmp(site_env(), "8") == 0) continue;
     const uint32_t per = per_block(a.D, blocks);
-    const bool no_stage = std::strcmp(site_env(), "nostage") == 0 || std::strcmp(site_env(), "l2") == 0;
-    p.staged = mixer && !no_stage && smem_bytes(per, mixer, true) <= room;
-    p.smem = smem_bytes(per, mixer, p.staged);
-    const bool wide_fits = site_blocks(p.smem) == kWide;  // first: it sets the kernels' attributes
-    if (blocks == kNarrow || wide_fits) {
+    p.smem = smem_bytes(per, mixer);
+    if (blocks == kNarrow || site_blocks(p.smem) == kWide) {
       p.blocks = blocks;
       return p;
     }
@@ -455,8 +438,7 @@ bool mhc_post_pre(const MhcPostPre& p, cudaStream_t stream) {
   f.a = a;
   f.a.mix = nullptr;
   f.fn = reinterpret_cast<const float*>(fn.data);
-  f.fn_staged = plan.staged;
-  f.fn_l2 = std::strcmp(site_env(), "l2") == 0;
+  f.fn_late = std::strcmp(site_env(), "late") == 0;
   f.y = p.y;
   f.post_in = p.post_in;
   f.comb_in = p.comb_in;

@@ -210,6 +210,7 @@ __global__ void swiglu_kernel(float* gate, const float* up, size_t stride, uint3
 // found by every thread at once instead of k rounds of an arg-max (first within its warp, then among
 // the warps' top k); the groups rule the same way.
 // Weights as model::route_token makes them: the chosen sigmoids summed in f64 in rank order.
+template <bool kOld>  // TEMPORARY (h71 A/B check): kOld, the places counted by each candidate alone
 __global__ void __launch_bounds__(1024) moe_route_kernel(RouterArgs a) {
   pdl_launch_dependents();  // the shared expert's matvec may request its weights now (gpu/pdl.hpp)
   const float bias = threadIdx.x < a.E ? a.bias[threadIdx.x] : 0.0f;  // a weight: read before the wait
@@ -222,6 +223,7 @@ __global__ void __launch_bounds__(1024) moe_route_kernel(RouterArgs a) {
   __shared__ float top_s[kMaxK];
   __shared__ float cand_v[kMaxE];
   __shared__ uint32_t cand_e[kMaxE];
+  __shared__ float cand_s[kMaxE];
   __shared__ uint32_t n_cand;
   const uint32_t row = blockIdx.x, e = threadIdx.x;
   const bool mine = e < a.E;
@@ -272,6 +274,7 @@ __global__ void __launch_bounds__(1024) moe_route_kernel(RouterArgs a) {
   // An expert of the top k is among its warp's top k, and every expert before it is too: so the
   // places among the warps' top k (the candidates) are the places among all, for the first k.
   uint32_t in_warp = 0;
+#pragma unroll
   for (uint32_t j = 0; j < 32; ++j) {
     const float o = __shfl_sync(0xffffffffu, ch, j);
     const uint32_t oe = (e & ~31u) + j;
@@ -282,9 +285,32 @@ __global__ void __launch_bounds__(1024) moe_route_kernel(RouterArgs a) {
     const uint32_t slot = atomicAdd(&n_cand, 1u);  // any order: a place depends only on the values
     cand_v[slot] = ch;
     cand_e[slot] = e;
+    cand_s[slot] = sig;
   }
   __syncthreads();
-  if (candidate) {
+  if (!kOld) {
+    // A candidate's place counted by kParts lanes of one warp over a share of the candidates each,
+    // summed by shuffles: the same count (the same places) in a quarter of the serial loads.
+    constexpr uint32_t kParts = 4;
+    const uint32_t nc = n_cand, share = (nc + kParts - 1) / kParts;
+    for (uint32_t t0 = 0; t0 < nc * kParts; t0 += blockDim.x) {  // the same trips for every lane
+      const uint32_t c = (t0 + e) / kParts, part = (t0 + e) % kParts;
+      uint32_t r = 0, ce = 0;
+      if (c < nc) {
+        const float v = cand_v[c];
+        ce = cand_e[c];
+        const uint32_t end = min(nc, (part + 1) * share);
+        for (uint32_t j = part * share; j < end; ++j) r += (cand_v[j] > v || (cand_v[j] == v && cand_e[j] < ce)) ? 1u : 0u;
+      }
+      static_assert(kParts == 4, "two shuffles sum a candidate's parts");
+      r += __shfl_xor_sync(0xffffffffu, r, 1);
+      r += __shfl_xor_sync(0xffffffffu, r, 2);
+      if (c < nc && part == 0 && r < a.k) {
+        top_id[r] = static_cast<int32_t>(ce);
+        top_s[r] = cand_s[c];
+      }
+    }
+  } else if (candidate) {
     uint32_t r = 0;
     const uint32_t nc = n_cand;
     for (uint32_t j = 0; j < nc; ++j) r += (cand_v[j] > ch || (cand_v[j] == ch && cand_e[j] < e)) ? 1u : 0u;
@@ -415,9 +441,14 @@ void moe_route(const RouterArgs& a, cudaStream_t stream) {
   cudaLaunchAttribute attr{};
   const char* env = std::getenv("FERRY_ROUTE_PDL");  // TEMPORARY (h71 A/B check)
   if (env == nullptr || std::strcmp(env, "0") != 0) {
-    pdl_configure(cfg, attr, reinterpret_cast<const void*>(moe_route_kernel));
+    pdl_configure(cfg, attr, reinterpret_cast<const void*>(moe_route_kernel<false>));
   }
-  FERRY_CUDA(cudaLaunchKernelEx(&cfg, moe_route_kernel, a));
+  const char* old = std::getenv("FERRY_ROUTE_OLD");  // TEMPORARY (h71 A/B check)
+  if (old != nullptr && std::strcmp(old, "1") == 0) {
+    FERRY_CUDA(cudaLaunchKernelEx(&cfg, moe_route_kernel<true>, a));
+  } else {
+    FERRY_CUDA(cudaLaunchKernelEx(&cfg, moe_route_kernel<false>, a));
+  }
 }
 
 void moe_combine(const float* expert_out, const int32_t* where, const float* weights, const float* shared,
