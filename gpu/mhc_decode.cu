@@ -11,17 +11,16 @@
 // values), so it runs first in the same launch.
 //
 // The mixer (24 x 4 x D f32: 1.5 MB a site at D = 4,096) is most of the bytes: 16 SMs instead of 8
-// share it, and each thread asks for all its weights of a pass (up to 6 (mixer row, column) pairs)
-// before it multiplies, so that a slice costs one memory round trip, not one a pair. Inside the decode
-// graphs the launch takes PDL (gpu/pdl.hpp): its blocks are placed while the matvec ahead finishes.
-// The blocks are small (256 threads, <= 40 KiB of shared memory) so that they and the next matvec's
-// share SMs.
+// share it, and each thread asks for all its weights of a pass (6 (mixer row, column) pairs, in
+// registers) before it multiplies, so that a slice costs one memory round trip, not one a pair. Inside
+// the decode graphs the launch takes PDL (gpu/pdl.hpp): the blocks are placed while the matvec ahead
+// finishes and the first pass (all of it at D = 4,096) is asked before the wait, since no kernel
+// writes fn. The blocks stay small (256 threads, <= 40 KiB of shared memory): staging the slice in
+// 108 KiB of shared memory instead was slower (the SMs' carveout then differs from the matvecs').
 #include <cooperative_groups.h>
 
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -33,10 +32,6 @@
 #include "gpu/pdl.hpp"
 
 namespace ferry::gpu {
-
-// TEMPORARY (h71 A/B check): the kernel before h71 (gpu/mhc_decode_old.cu).
-bool mhc_pre_clustered_old(const MhcArgs& a, cudaStream_t stream);
-bool mhc_post_pre_old(const MhcPostPre& p, cudaStream_t stream);
 
 namespace {
 
@@ -104,7 +99,6 @@ constexpr uint32_t kMaxD = 8192;  // at 8 blocks, 256 float4 columns a block: on
 struct ClusterArgs {
   MhcArgs a;
   const float* fn = nullptr;       // [kMix][kH * D] f32
-  bool fn_late = false;            // TEMPORARY (h71 A/B check): the first pass's loads after the wait
   const float* y = nullptr;        // [rows][D] the sublayer output of the site before; null: no post
   const float* post_in = nullptr;  // [rows][kH] and [rows][kH * kH]: that site's mixer, read before
   const float* comb_in = nullptr;  //   rank 0 of the row's cluster writes this site's over them
@@ -175,7 +169,7 @@ __global__ void __launch_bounds__(kThreads) mhc_site_kernel(ClusterArgs f) {
       }
     }
   };
-  if (f.fn != nullptr && !f.fn_late) load_pass(0);
+  if (f.fn != nullptr) load_pass(0);
   pdl_launch_dependents();  // the next matvec may request its weights now (gpu/pdl.hpp)
   pdl_wait();               // the streams, y and the post's coefficients are the kernels' ahead
   const bool mine = tid < per && d < D4;
@@ -230,7 +224,6 @@ __global__ void __launch_bounds__(kThreads) mhc_site_kernel(ClusterArgs f) {
     }
   }
   if (f.fn != nullptr) {
-    if (f.fn_late) load_pass(0);
     __syncthreads();  // rn complete
     for (uint32_t i0 = 0; i0 < total; i0 += kBatch * blockDim.x) {
       if (i0 > 0) load_pass(i0);
@@ -353,13 +346,6 @@ uint32_t site_blocks(size_t smem) {
   return it->second;
 }
 
-// TEMPORARY (h71 A/B check): FERRY_MHC_SITE=old takes the kernel before h71; =8 the new one at 8 blocks;
-// =late loads the mixer's first pass after the wait.
-const char* site_env() {
-  const char* v = std::getenv("FERRY_MHC_SITE");
-  return v == nullptr ? "" : v;
-}
-
 // A row's cluster: its size (0: the launch does not apply) and its blocks' shared memory.
 struct SitePlan {
   uint32_t blocks = 0;
@@ -373,7 +359,6 @@ SitePlan site_plan(const MhcArgs& a, bool mixer) {
   if (a.rows == 0 || a.rows > kMhcClusterMaxRows || a.H != kH || a.D % 4 != 0 || a.D > kMaxD) return p;
   if (!sm90_code_built(reinterpret_cast<const void*>(mhc_site_kernel<kNarrow>))) return p;
   for (uint32_t blocks : {kWide, kNarrow}) {
-    if (blocks == kWide && std::strcmp(site_env(), "8") == 0) continue;
     const uint32_t per = per_block(a.D, blocks);
     p.smem = smem_bytes(per, mixer);
     if (blocks == kNarrow || site_blocks(p.smem) == kWide) {
@@ -408,7 +393,6 @@ void launch(const ClusterArgs& f, const SitePlan& plan, cudaStream_t stream) {
 }  // namespace
 
 bool mhc_pre_clustered(const MhcArgs& a, cudaStream_t stream) {
-  if (std::strcmp(site_env(), "old") == 0) return mhc_pre_clustered_old(a, stream);
   const SitePlan plan = site_plan(a, false);
   if (plan.blocks == 0) return false;
   ClusterArgs f;
@@ -418,7 +402,6 @@ bool mhc_pre_clustered(const MhcArgs& a, cudaStream_t stream) {
 }
 
 bool mhc_post_pre(const MhcPostPre& p, cudaStream_t stream) {
-  if (std::strcmp(site_env(), "old") == 0) return mhc_post_pre_old(p, stream);
   const MhcArgs& a = p.pre;
   const DevMatrix& fn = *p.fn;
   if (p.combine != nullptr && (p.combine->eo == nullptr || p.combine->weights == nullptr || p.combine->k == 0)) {
@@ -438,7 +421,6 @@ bool mhc_post_pre(const MhcPostPre& p, cudaStream_t stream) {
   f.a = a;
   f.a.mix = nullptr;
   f.fn = reinterpret_cast<const float*>(fn.data);
-  f.fn_late = std::strcmp(site_env(), "late") == 0;
   f.y = p.y;
   f.post_in = p.post_in;
   f.comb_in = p.comb_in;

@@ -8,10 +8,11 @@ namespace ferry::gpu {
 // Rows up to which mhc_pre takes the cluster kernel; above it the one-block kernel fills the device.
 inline constexpr uint32_t kMhcClusterMaxRows = 256;
 
-// Launches mhc_pre as 8 blocks a row, each reading its slice of the H streams once (the 1/rms and
-// the collapsed stream's norm both come from the slices' Gram sums, in f64), when the kernels were
-// built for sm90+ and the shape fits (H = 4, D a multiple of 4 and at most 8,192, rows <=
-// kMhcClusterMaxRows); returns false (launching nothing) otherwise. Same coefficients as the
+// Launches mhc_pre as a cluster of 16 blocks a row (8 where the device cannot place 16), each
+// reading its slice of the H streams once (the 1/rms and the collapsed stream's norm both come from
+// the slices' Gram sums, in f64), when the kernels were built for sm90+ and the shape fits (H = 4, D a
+// multiple of 4 and at most 8,192, rows <= kMhcClusterMaxRows); returns false (launching nothing)
+// otherwise. Inside a PdlScope it launches with PDL (gpu/pdl.hpp). Same coefficients as the
 // one-block kernel for the same 1/rms (the same operations in the same order); the 1/rms and the
 // norm differ in rounding only.
 bool mhc_pre_clustered(const MhcArgs& a, cudaStream_t stream);

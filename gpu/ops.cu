@@ -1,8 +1,6 @@
 // Per-row and element-wise kernels of the forward pass: norms, the mHC mixers, SwiGLU, the MoE
 // router and combine, cache writes. Sums run in f32 in a fixed order (deterministic results).
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "gpu/block_reduce.cuh"
@@ -208,9 +206,9 @@ __global__ void swiglu_kernel(float* gate, const float* up, size_t stride, uint3
 // One block a row, one thread an expert (E <= 1024). Each expert's place in the CPU's order (higher
 // choice first, ties to the lower index: model::HigherValueFirst) is the count of experts before it,
 // found by every thread at once instead of k rounds of an arg-max (first within its warp, then among
-// the warps' top k); the groups rule the same way.
+// the warps' top k, 4 lanes a candidate); the groups rule the same way. Launched with PDL inside the
+// decode graphs: the block is placed, and the bias read, while the router matvec still runs.
 // Weights as model::route_token makes them: the chosen sigmoids summed in f64 in rank order.
-template <bool kOld>  // TEMPORARY (h71 A/B check): kOld, the places counted by each candidate alone
 __global__ void __launch_bounds__(1024) moe_route_kernel(RouterArgs a) {
   pdl_launch_dependents();  // the shared expert's matvec may request its weights now (gpu/pdl.hpp)
   const float bias = threadIdx.x < a.E ? a.bias[threadIdx.x] : 0.0f;  // a weight: read before the wait
@@ -288,35 +286,25 @@ __global__ void __launch_bounds__(1024) moe_route_kernel(RouterArgs a) {
     cand_s[slot] = sig;
   }
   __syncthreads();
-  if (!kOld) {
-    // A candidate's place counted by kParts lanes of one warp over a share of the candidates each,
-    // summed by shuffles: the same count (the same places) in a quarter of the serial loads.
-    constexpr uint32_t kParts = 4;
-    const uint32_t nc = n_cand, share = (nc + kParts - 1) / kParts;
-    for (uint32_t t0 = 0; t0 < nc * kParts; t0 += blockDim.x) {  // the same trips for every lane
-      const uint32_t c = (t0 + e) / kParts, part = (t0 + e) % kParts;
-      uint32_t r = 0, ce = 0;
-      if (c < nc) {
-        const float v = cand_v[c];
-        ce = cand_e[c];
-        const uint32_t end = min(nc, (part + 1) * share);
-        for (uint32_t j = part * share; j < end; ++j) r += (cand_v[j] > v || (cand_v[j] == v && cand_e[j] < ce)) ? 1u : 0u;
-      }
-      static_assert(kParts == 4, "two shuffles sum a candidate's parts");
-      r += __shfl_xor_sync(0xffffffffu, r, 1);
-      r += __shfl_xor_sync(0xffffffffu, r, 2);
-      if (c < nc && part == 0 && r < a.k) {
-        top_id[r] = static_cast<int32_t>(ce);
-        top_s[r] = cand_s[c];
-      }
+  // A candidate's place among the candidates, counted by kParts lanes of one warp over a share of
+  // them each and summed by shuffles: the same count as one thread's loop over all, a quarter as long.
+  constexpr uint32_t kParts = 4;
+  static_assert(kParts == 4, "two shuffles sum a candidate's parts");
+  const uint32_t nc = n_cand, share = (nc + kParts - 1) / kParts;
+  for (uint32_t t0 = 0; t0 < nc * kParts; t0 += blockDim.x) {  // the same trips for every lane
+    const uint32_t c = (t0 + e) / kParts, part = (t0 + e) % kParts;
+    uint32_t r = 0, ce = 0;
+    if (c < nc) {
+      const float v = cand_v[c];
+      ce = cand_e[c];
+      const uint32_t end = min(nc, (part + 1) * share);
+      for (uint32_t j = part * share; j < end; ++j) r += (cand_v[j] > v || (cand_v[j] == v && cand_e[j] < ce)) ? 1u : 0u;
     }
-  } else if (candidate) {
-    uint32_t r = 0;
-    const uint32_t nc = n_cand;
-    for (uint32_t j = 0; j < nc; ++j) r += (cand_v[j] > ch || (cand_v[j] == ch && cand_e[j] < e)) ? 1u : 0u;
-    if (r < a.k) {
-      top_id[r] = static_cast<int32_t>(e);
-      top_s[r] = sig;
+    r += __shfl_xor_sync(0xffffffffu, r, 1);
+    r += __shfl_xor_sync(0xffffffffu, r, 2);
+    if (c < nc && part == 0 && r < a.k) {
+      top_id[r] = static_cast<int32_t>(ce);
+      top_s[r] = cand_s[c];
     }
   }
   __syncthreads();
@@ -433,22 +421,13 @@ void moe_route(const RouterArgs& a, cudaStream_t stream) {
                     ", " + std::to_string(a.topk_group) + " of " + std::to_string(a.n_group) +
                     " groups (at most 1,024 experts, top 32, 64 groups; groups divide the experts)");
   }
-  // With PDL inside the decode graphs: the block is resident before the router matvec ends.
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(a.rows);
   cfg.blockDim = dim3((a.E + 31) / 32 * 32);
   cfg.stream = stream;
   cudaLaunchAttribute attr{};
-  const char* env = std::getenv("FERRY_ROUTE_PDL");  // TEMPORARY (h71 A/B check)
-  if (env == nullptr || std::strcmp(env, "0") != 0) {
-    pdl_configure(cfg, attr, reinterpret_cast<const void*>(moe_route_kernel<false>));
-  }
-  const char* old = std::getenv("FERRY_ROUTE_OLD");  // TEMPORARY (h71 A/B check)
-  if (old != nullptr && std::strcmp(old, "1") == 0) {
-    FERRY_CUDA(cudaLaunchKernelEx(&cfg, moe_route_kernel<true>, a));
-  } else {
-    FERRY_CUDA(cudaLaunchKernelEx(&cfg, moe_route_kernel<false>, a));
-  }
+  pdl_configure(cfg, attr, reinterpret_cast<const void*>(moe_route_kernel));
+  FERRY_CUDA(cudaLaunchKernelEx(&cfg, moe_route_kernel, a));
 }
 
 void moe_combine(const float* expert_out, const int32_t* where, const float* weights, const float* shared,

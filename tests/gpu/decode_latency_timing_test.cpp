@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <functional>
 #include <random>
 #include <vector>
@@ -94,12 +93,6 @@ void matvec_into(const DevMatrix& w, const float* x, uint32_t rows, float* y, cu
   matvec(a, s);
 }
 
-// TEMPORARY (h71 A/B check): the variant FERRY_MHC_SITE names ("old", "8", "" for the new default).
-const char* variant() {
-  const char* v = std::getenv("FERRY_MHC_SITE");
-  return v == nullptr || *v == '\0' ? "new" : v;
-}
-
 TEST(DecodeLatencyTiming, MhcSiteAfterItsMatvec) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
   constexpr uint32_t D = 4096, H = 4, kMix = (2 + H) * H;
@@ -139,8 +132,8 @@ TEST(DecodeLatencyTiming, MhcSiteAfterItsMatvec) {
       std::printf("decode latency: mHC site: not fused here (no sm90 code)\n");
       return;
     }
-    std::printf("decode latency: mHC site (%s) rows %u: %u x (matvec + site) %.1f us, matvecs alone %.1f us: %.2f us a site\n",
-                variant(), rows, kLinks, both, matvecs, (both - matvecs) / kLinks);
+    std::printf("decode latency: mHC site rows %u: %u x (matvec + site) %.1f us, matvecs alone %.1f us: %.2f us a site\n",
+                rows, kLinks, both, matvecs, (both - matvecs) / kLinks);
   }
 }
 
@@ -165,9 +158,8 @@ TEST(DecodeLatencyTiming, RouterAfterItsMatvec) {
       };
     };
     const double matvecs = replay_us(chain(false)), both = replay_us(chain(true));
-    const char* pdl = std::getenv("FERRY_ROUTE_PDL");  // TEMPORARY (h71 A/B check)
-    std::printf("decode latency: router (PDL %s) rows %u: %u x (matvec + route) %.1f us, matvecs alone %.1f us: %.2f us a route\n",
-                pdl != nullptr ? pdl : "1", rows, kLinks, both, matvecs, (both - matvecs) / kLinks);
+    std::printf("decode latency: router rows %u: %u x (matvec + route) %.1f us, matvecs alone %.1f us: %.2f us a route\n",
+                rows, kLinks, both, matvecs, (both - matvecs) / kLinks);
   }
 }
 

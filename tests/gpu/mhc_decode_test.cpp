@@ -315,8 +315,7 @@ TEST(MhcDecode, TimingLine) {
       return t[t.size() / 2];
     };
     const float one = median_us(false), cl = median_us(true);
-    std::printf("[ timing ] mhc_pre rows %u D 4096 H 4: one block a row %.1f us, cluster of 8 %.1f us\n", rows, one,
-                cl);
+    std::printf("[ timing ] mhc_pre rows %u D 4096 H 4: one block a row %.1f us, cluster %.1f us\n", rows, one, cl);
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   }
 }
