@@ -21,6 +21,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -104,6 +106,7 @@ struct ClusterArgs {
   const float* comb_in = nullptr;  //   rank 0 of the row's cluster writes this site's over them
   float* streams = nullptr;        // a.streams, written by the post
   MoeCombineIn combine;            // combine.eo set: the post's y is the MoE combine, not f.y
+  bool skip_sinkhorn = false;      // TEMPORARY (h71 check 3: FERRY_MHC_SITE=nosink, its share of a site)
 };
 
 // moe_combine's sum (gpu/ops.cu: the same fmas in the same order, then the shared expert's add) for
@@ -241,11 +244,19 @@ __global__ void __launch_bounds__(kThreads) mhc_site_kernel(ClusterArgs f) {
       }
     }
     __syncthreads();
-    for (uint32_t m = warp; m < kMix; m += warps) {
-      float s = 0.0f;
-      for (uint32_t c = lane; c < per; c += 32) s += pm[m * per + c];
-      s = warp_sum(s);
-      if (lane == 0) part_mix[m] = s;
+    // Mixer rows warp, warp + 8, warp + 16 a warp, their sums side by side (each in column order).
+    constexpr uint32_t kWarps = kThreads / 32, kRowsPerWarp = kMix / kWarps;
+    static_assert(kMix % kWarps == 0, "the mixer rows share the warps evenly");
+    float s[kRowsPerWarp] = {};
+    for (uint32_t c = lane; c < per; c += 32) {
+#pragma unroll
+      for (uint32_t q = 0; q < kRowsPerWarp; ++q) s[q] += pm[(warp + q * kWarps) * per + c];
+    }
+#pragma unroll
+    for (uint32_t q = 0; q < kRowsPerWarp; ++q) s[q] = warp_sum(s[q]);
+    if (lane == 0) {
+#pragma unroll
+      for (uint32_t q = 0; q < kRowsPerWarp; ++q) part_mix[warp + q * kWarps] = s[q];
     }
   }
   __syncthreads();
@@ -278,7 +289,7 @@ __global__ void __launch_bounds__(kThreads) mhc_site_kernel(ClusterArgs f) {
   if (warp == 0) {
     // comb is rank 0's alone, and only the next site's post reads it: its Sinkhorn runs while the
     // other warps make x.
-    if (rank == 0) sinkhorn(a, m, inv, row);
+    if (rank == 0 && !f.skip_sinkhorn) sinkhorn(a, m, inv, row);
   } else {
     const uint32_t others = blockDim.x - 32;
     if (warp == 1) {
@@ -427,6 +438,8 @@ bool mhc_post_pre(const MhcPostPre& p, cudaStream_t stream) {
   if (p.combine != nullptr) f.combine = *p.combine;
   f.streams = p.streams;
   f.a.streams = p.streams;
+  const char* env = std::getenv("FERRY_MHC_SITE");  // TEMPORARY (h71 check 3)
+  f.skip_sinkhorn = env != nullptr && std::strcmp(env, "nosink") == 0;
   launch(f, plan, stream);
   return true;
 }

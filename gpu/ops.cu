@@ -8,7 +8,6 @@
 #include "gpu/kernels.hpp"
 #include "gpu/mhc_decode.hpp"
 #include "gpu/pdl.cuh"
-#include "gpu/pdl.hpp"
 #include "gpu/row_ops.cuh"
 #include "gpu/swiglu.cuh"
 
@@ -206,13 +205,10 @@ __global__ void swiglu_kernel(float* gate, const float* up, size_t stride, uint3
 // One block a row, one thread an expert (E <= 1024). Each expert's place in the CPU's order (higher
 // choice first, ties to the lower index: model::HigherValueFirst) is the count of experts before it,
 // found by every thread at once instead of k rounds of an arg-max (first within its warp, then among
-// the warps' top k, 4 lanes a candidate); the groups rule the same way. Launched with PDL inside the
-// decode graphs: the block is placed, and the bias read, while the router matvec still runs.
+// the warps' top k, 4 lanes a candidate); the groups rule the same way.
 // Weights as model::route_token makes them: the chosen sigmoids summed in f64 in rank order.
 __global__ void __launch_bounds__(1024) moe_route_kernel(RouterArgs a) {
   pdl_launch_dependents();  // the shared expert's matvec may request its weights now (gpu/pdl.hpp)
-  const float bias = threadIdx.x < a.E ? a.bias[threadIdx.x] : 0.0f;  // a weight: read before the wait
-  pdl_wait();                                                           // the logits are the router matvec's
   constexpr uint32_t kMaxE = 1024, kMaxGroups = 64, kMaxK = 32;
   __shared__ float choice[kMaxE];
   __shared__ float group_score[kMaxGroups];
@@ -228,7 +224,7 @@ __global__ void __launch_bounds__(1024) moe_route_kernel(RouterArgs a) {
   float sig = 0.0f, ch = -INFINITY;
   if (mine) {
     sig = 1.0f / (1.0f + expf(-a.logits[static_cast<size_t>(row) * a.E + e]));
-    ch = sig + bias;
+    ch = sig + a.bias[e];
     choice[e] = ch;
   }
   if (e < kMaxK) {  // NaN scores leave places unfilled: a valid expert there, not garbage
@@ -421,13 +417,8 @@ void moe_route(const RouterArgs& a, cudaStream_t stream) {
                     ", " + std::to_string(a.topk_group) + " of " + std::to_string(a.n_group) +
                     " groups (at most 1,024 experts, top 32, 64 groups; groups divide the experts)");
   }
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(a.rows);
-  cfg.blockDim = dim3((a.E + 31) / 32 * 32);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  pdl_configure(cfg, attr, reinterpret_cast<const void*>(moe_route_kernel));
-  FERRY_CUDA(cudaLaunchKernelEx(&cfg, moe_route_kernel, a));
+  moe_route_kernel<<<a.rows, (a.E + 31) / 32 * 32, 0, stream>>>(a);
+  FERRY_CUDA_LAUNCHED();
 }
 
 void moe_combine(const float* expert_out, const int32_t* where, const float* weights, const float* shared,
