@@ -107,6 +107,7 @@ struct ClusterArgs {
   float* streams = nullptr;        // a.streams, written by the post
   MoeCombineIn combine;            // combine.eo set: the post's y is the MoE combine, not f.y
   bool skip_sinkhorn = false;      // TEMPORARY (h71 check 3: FERRY_MHC_SITE=nosink, its share of a site)
+  bool late_signal = false;        // TEMPORARY (h71 check 3: FERRY_MHC_SITE=latesig, the next matvec after the loads)
 };
 
 // moe_combine's sum (gpu/ops.cu: the same fmas in the same order, then the shared expert's add) for
@@ -173,7 +174,7 @@ __global__ void __launch_bounds__(kThreads) mhc_site_kernel(ClusterArgs f) {
     }
   };
   if (f.fn != nullptr) load_pass(0);
-  pdl_launch_dependents();  // the next matvec may request its weights now (gpu/pdl.hpp)
+  if (!f.late_signal) pdl_launch_dependents();  // the next matvec may request its weights now (gpu/pdl.hpp)
   pdl_wait();               // the streams, y and the post's coefficients are the kernels' ahead
   const bool mine = tid < per && d < D4;
   const size_t at = static_cast<size_t>(row) * kH * D4;
@@ -282,6 +283,7 @@ __global__ void __launch_bounds__(kThreads) mhc_site_kernel(ClusterArgs f) {
   // at the end.
   cluster.barrier_arrive();
   __syncthreads();
+  if (f.late_signal) pdl_launch_dependents();
   const float* m = f.fn != nullptr ? mix : a.mix + static_cast<size_t>(row) * kMix;
   double ss = 0.0;
   for (uint32_t h = 0, p = 0; h < kH; p += kH - h, ++h) ss += gram[p];
@@ -440,6 +442,7 @@ bool mhc_post_pre(const MhcPostPre& p, cudaStream_t stream) {
   f.a.streams = p.streams;
   const char* env = std::getenv("FERRY_MHC_SITE");  // TEMPORARY (h71 check 3)
   f.skip_sinkhorn = env != nullptr && std::strcmp(env, "nosink") == 0;
+  f.late_signal = env != nullptr && std::strcmp(env, "latesig") == 0;
   launch(f, plan, stream);
   return true;
 }
