@@ -133,7 +133,7 @@ constexpr size_t smem_bytes(uint32_t per, bool mixer) {
   return size_t{kH} * per * 16 + (mixer ? size_t{kMix} * per * 4 : 0);
 }
 static_assert(smem_bytes(kMaxD / 4 / 8, true) <= 48 * 1024, "no opt-in for the shared memory");
-constexpr uint32_t kBatch = 6;  // (mixer row, column) pairs a thread loads before it multiplies
+[[maybe_unused]] constexpr uint32_t kBatch = 6;  // (mixer row, column) pairs a thread loads before it multiplies
 
 // Grid (B, rows), clusters of B along x; block `rank` of row blockIdx.y owns the float4 columns
 // [rank * per, rank * per + per) of every stream, one a thread. With fn, all threads share the
