@@ -21,8 +21,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -106,8 +104,6 @@ struct ClusterArgs {
   const float* comb_in = nullptr;  //   rank 0 of the row's cluster writes this site's over them
   float* streams = nullptr;        // a.streams, written by the post
   MoeCombineIn combine;            // combine.eo set: the post's y is the MoE combine, not f.y
-  bool skip_sinkhorn = false;      // TEMPORARY (h71 check 3: FERRY_MHC_SITE=nosink, its share of a site)
-  bool late_signal = false;        // TEMPORARY (h71 check 3: FERRY_MHC_SITE=latesig, the next matvec after the loads)
 };
 
 // moe_combine's sum (gpu/ops.cu: the same fmas in the same order, then the shared expert's add) for
@@ -174,7 +170,7 @@ __global__ void __launch_bounds__(kThreads) mhc_site_kernel(ClusterArgs f) {
     }
   };
   if (f.fn != nullptr) load_pass(0);
-  if (!f.late_signal) pdl_launch_dependents();  // the next matvec may request its weights now (gpu/pdl.hpp)
+  pdl_launch_dependents();  // the next matvec may request its weights now (gpu/pdl.hpp)
   pdl_wait();               // the streams, y and the post's coefficients are the kernels' ahead
   const bool mine = tid < per && d < D4;
   const size_t at = static_cast<size_t>(row) * kH * D4;
@@ -283,7 +279,6 @@ __global__ void __launch_bounds__(kThreads) mhc_site_kernel(ClusterArgs f) {
   // at the end.
   cluster.barrier_arrive();
   __syncthreads();
-  if (f.late_signal) pdl_launch_dependents();
   const float* m = f.fn != nullptr ? mix : a.mix + static_cast<size_t>(row) * kMix;
   double ss = 0.0;
   for (uint32_t h = 0, p = 0; h < kH; p += kH - h, ++h) ss += gram[p];
@@ -291,7 +286,7 @@ __global__ void __launch_bounds__(kThreads) mhc_site_kernel(ClusterArgs f) {
   if (warp == 0) {
     // comb is rank 0's alone, and only the next site's post reads it: its Sinkhorn runs while the
     // other warps make x.
-    if (rank == 0 && !f.skip_sinkhorn) sinkhorn(a, m, inv, row);
+    if (rank == 0) sinkhorn(a, m, inv, row);
   } else {
     const uint32_t others = blockDim.x - 32;
     if (warp == 1) {
@@ -440,9 +435,6 @@ bool mhc_post_pre(const MhcPostPre& p, cudaStream_t stream) {
   if (p.combine != nullptr) f.combine = *p.combine;
   f.streams = p.streams;
   f.a.streams = p.streams;
-  const char* env = std::getenv("FERRY_MHC_SITE");  // TEMPORARY (h71 check 3)
-  f.skip_sinkhorn = env != nullptr && std::strcmp(env, "nosink") == 0;
-  f.late_signal = env != nullptr && std::strcmp(env, "latesig") == 0;
   launch(f, plan, stream);
   return true;
 }
