@@ -39,7 +39,7 @@ namespace cg = cooperative_groups;
 
 constexpr uint32_t kWide = 16, kNarrow = 8;  // a row's cluster: 16 where the device allows, else 8
 constexpr uint32_t kH = 4;                    // GLM's hc_mult; other stream counts take the one-block kernel
-// [[maybe_unused]]: kPairs, dot4 and coefficients serve only the sm90 kernel body, which a pre-sm90
+// [[maybe_unused]]: kPairs, kBatch, dot4, pre_post and sinkhorn serve only the sm90 kernel body, which a pre-sm90
 // pass leaves out.
 [[maybe_unused]] constexpr uint32_t kPairs = kH * (kH + 1) / 2;
 constexpr uint32_t kMix = (2 + kH) * kH;
