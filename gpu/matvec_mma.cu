@@ -14,20 +14,23 @@
 // block share a tile's superblocks (8 warps a tile on rows of 8 or more superblocks; fewer warps a
 // tile, so more tiles a block, otherwise) and add their partial sums through shared memory in a fixed order; a token's result
 // is the same whatever the launch's token count. A launch of several groups or parts may instead
-// share its blocks out by the groups' steps (Share): one wave where the 3-D grid would take two (one
-// row's routed and shared down), the same tiles computed alike by other blocks.
+// share its blocks out by the groups' steps: one wave where the 3-D grid would take two (one
+// row's routed and shared down; gpu/matvec_share.cuh), the same tiles computed alike by other blocks.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <set>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/matvec_mma.hpp"
 #include "gpu/matvec_part.cuh"
+#include "gpu/matvec_share.cuh"
 #include "gpu/mma_int8.cuh"
 #include "gpu/pdl.cuh"
 #include "gpu/pdl.hpp"
@@ -86,6 +89,39 @@ __device__ __forceinline__ void load_b(const Ctx& c, uint32_t unit, mma::FragB& 
   hi = {{v.x, v.y}};
   lo = {{v.z, v.w}};
 }
+// Token t's step of unit `unit` (past the group's tokens its last token's, as load_b).
+__device__ __forceinline__ float x_step(const Ctx& c, uint32_t t, uint32_t unit) {
+  return c.steps[min(t, c.ntok - 1) * c.lay.step_stride() + unit];
+}
+// Token g's sums of superblock sb (lane q's 16 bytes).
+__device__ __forceinline__ uint4 load_sums(const Ctx& c, uint32_t sb) {
+  return *reinterpret_cast<const uint4*>(c.sums + min(c.g, c.ntok - 1) * c.lay.sum_stride() + sb * 64 + c.q * 16);
+}
+
+// The same reads from the lane's places, worked out once a block: token g's B fragments and sums
+// (lane q's 16 bytes of unit / superblock 0), tokens 2q's and 2q + 1's steps.
+struct LaneX {
+  const unsigned char* xb;
+  const unsigned char* sums;
+  const float* step0;
+  const float* step1;
+  __device__ LaneX(const Ctx& c)
+      : xb(c.xb + min(c.g, c.ntok - 1) * c.lay.tok_stride() + c.q * 16),
+        sums(c.sums + min(c.g, c.ntok - 1) * c.lay.sum_stride() + c.q * 16),
+        step0(c.steps + min(2 * c.q, c.ntok - 1) * c.lay.step_stride()),
+        step1(c.steps + min(2 * c.q + 1, c.ntok - 1) * c.lay.step_stride()) {}
+};
+__device__ __forceinline__ void load_b(const LaneX& c, uint32_t unit, mma::FragB& hi, mma::FragB& lo) {
+  const uint4 v = *reinterpret_cast<const uint4*>(c.xb + unit * 64);
+  hi = {{v.x, v.y}};
+  lo = {{v.z, v.w}};
+}
+__device__ __forceinline__ float x_step(const LaneX& c, uint32_t t, uint32_t unit) {
+  return (t & 1 ? c.step1 : c.step0)[unit];
+}
+__device__ __forceinline__ uint4 load_sums(const LaneX& c, uint32_t sb) {
+  return *reinterpret_cast<const uint4*>(c.sums + sb * 64);
+}
 // The int32 sums of A's rows (g, g + 8) with the lane's tokens (2q, 2q + 1): s[2r + t], hi * 256 + lo.
 template <bool SignedA>
 __device__ __forceinline__ void sums(const mma::FragA& A, const mma::FragB& hi, const mma::FragB& lo, int (&s)[4]) {
@@ -94,10 +130,6 @@ __device__ __forceinline__ void sums(const mma::FragA& A, const mma::FragB& hi, 
   mma::mma_k32_zero_c<SignedA, false>(cl, A, lo);
 #pragma unroll
   for (int i = 0; i < 4; ++i) s[i] = ch.r[i] * 256 + cl.r[i];
-}
-// Token t's step of unit `unit` (past the group's tokens its last token's, as load_b).
-__device__ __forceinline__ float x_step(const Ctx& c, uint32_t t, uint32_t unit) {
-  return c.steps[min(t, c.ntok - 1) * c.lay.step_stride() + unit];
 }
 
 // d = a * b + c over tf32 (m16n8k8, f32 sums): a[0] / a[1] rows g / g + 8 and a[2] / a[3] the same
@@ -170,9 +202,10 @@ struct K4Scales {
     }
   }
 };
-// a_of(j, A) fills sub-block j's A fragment.
-template <class AOf>
-__device__ __forceinline__ void k4_product(const K4Scales& k, uint32_t sb, const Ctx& c, AOf a_of, float (&acc)[4]) {
+// a_of(j, A) fills sub-block j's A fragment (X: Ctx or LaneX; q the lane's).
+template <class X, class AOf>
+__device__ __forceinline__ void k4_product(const K4Scales& k, uint32_t sb, const X& c, uint32_t q, AOf a_of,
+                                           float (&acc)[4]) {
   float sd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
@@ -183,7 +216,7 @@ __device__ __forceinline__ void k4_product(const K4Scales& k, uint32_t sb, const
     load_b(c, unit, hi, lo);
     int s[4];
     sums<false>(A, hi, lo, s);
-    const float x0 = x_step(c, 2 * c.q, unit), x1 = x_step(c, 2 * c.q + 1, unit);
+    const float x0 = x_step(c, 2 * q, unit), x1 = x_step(c, 2 * q + 1, unit);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int scale = static_cast<int>((k.sc[r][j >> 2] >> (8 * (j & 3))) & 0xff);
@@ -193,10 +226,9 @@ __device__ __forceinline__ void k4_product(const K4Scales& k, uint32_t sb, const
     }
   }
   // A: the minimums of sub-blocks q (a[0], a[1]) and q + 4 (a[2], a[3]); B: token g's sums of them.
-  const uint32_t am[4] = {__float_as_uint(qd::byte_f(k.mn[0][0], c.q)), __float_as_uint(qd::byte_f(k.mn[1][0], c.q)),
-                          __float_as_uint(qd::byte_f(k.mn[0][1], c.q)), __float_as_uint(qd::byte_f(k.mn[1][1], c.q))};
-  const uint4 bm = *reinterpret_cast<const uint4*>(c.sums + min(c.g, c.ntok - 1) * c.lay.sum_stride() + sb * 64 +
-                                                   c.q * 16);
+  const uint32_t am[4] = {__float_as_uint(qd::byte_f(k.mn[0][0], q)), __float_as_uint(qd::byte_f(k.mn[1][0], q)),
+                          __float_as_uint(qd::byte_f(k.mn[0][1], q)), __float_as_uint(qd::byte_f(k.mn[1][1], q))};
+  const uint4 bm = load_sums(c, sb);
   float sm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   mma_tf32(sm, am, bm, false);
   mma_tf32(sm, am, bm, true);
@@ -210,19 +242,80 @@ template <> struct MmaReader<qd::kQ4_K> {
     uint4 head[2];   // bytes 0..15 of rows g, g + 8
     uint2 qs[2][4];  // bytes 8q..8q+7 of each chunk
   };
-  __device__ static void load(const uint8_t* blk, uint32_t r, uint32_t q, Regs& w) {
+  __device__ static void load_head(const uint8_t* blk, uint32_t r, Regs& w) {
     w.head[r] = *reinterpret_cast<const uint4*>(blk);
+  }
+  __device__ static void load_chunk(const uint8_t* blk, uint32_t r, uint32_t q, int c, Regs& w) {
+    w.qs[r][c] = *reinterpret_cast<const uint2*>(blk + 16 + 32 * c + 8 * q);
+  }
+  __device__ static void load(const uint8_t* blk, uint32_t r, uint32_t q, Regs& w) {
+    load_head(blk, r, w);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) load_chunk(blk, r, q, c, w);
+  }
+  __device__ static void a_of(const Regs& w, int j, mma::FragA& A) {
+    const int ch = j >> 1, shift = 4 * (j & 1);
+    A.r[0] = (w.qs[0][ch].x >> shift) & 0x0f0f0f0fu;
+    A.r[1] = (w.qs[1][ch].x >> shift) & 0x0f0f0f0fu;
+    A.r[2] = (w.qs[0][ch].y >> shift) & 0x0f0f0f0fu;
+    A.r[3] = (w.qs[1][ch].y >> shift) & 0x0f0f0f0fu;
+  }
+  template <class X>
+  __device__ static void product(const Regs& w, uint32_t sb, const X& c, uint32_t q, float (&acc)[4]) {
+    k4_product(K4Scales(w.head), sb, c, q, [&](int j, mma::FragA& A) { a_of(w, j, A); }, acc);
+  }
+  // The product of w, each piece of it then loaded again from the next superblock (next: its rows g
+  // and g + 8) as soon as it has been used: the next superblock's loads are in flight during this
+  // one's products in the registers of one.
+  __device__ static void product_reload(Regs& w, uint32_t sb, const LaneX& c, uint32_t q,
+                                        const uint8_t* const (&next)[2], float (&acc)[4]) {
+    const K4Scales k(w.head);
+#pragma unroll
+    for (uint32_t r = 0; r < 2; ++r) load_head(next[r], r, w);
+    k4_product(k, sb, c, q,
+               [&](int j, mma::FragA& A) {
+                 a_of(w, j, A);
+                 if (j & 1) {
+#pragma unroll
+                   for (uint32_t r = 0; r < 2; ++r) load_chunk(next[r], r, q, j >> 1, w);
+                 }
+               },
+               acc);
+  }
+  // As product_reload with the head of rows g and g + 8 held as word q of each (lane q of the four
+  // that share a row loads it): the four words of a row from the lanes of the quad by shuffles.
+  struct LaneRegs {
+    uint32_t head[2];
+    uint2 qs[2][4];
+  };
+  __device__ static void load_lane(const uint8_t* blk, uint32_t r, uint32_t q, LaneRegs& w) {
+    w.head[r] = *reinterpret_cast<const uint32_t*>(blk + 4 * q);
 #pragma unroll
     for (int c = 0; c < 4; ++c) w.qs[r][c] = *reinterpret_cast<const uint2*>(blk + 16 + 32 * c + 8 * q);
   }
-  __device__ static void product(const Regs& w, uint32_t sb, const Ctx& c, float (&acc)[4]) {
-    k4_product(K4Scales(w.head), sb, c,
+  __device__ static void product_reload(LaneRegs& w, uint32_t sb, const LaneX& c, uint32_t q,
+                                        const uint8_t* const (&next)[2], float (&acc)[4]) {
+    uint4 head[2];
+    const uint32_t quad = (threadIdx.x & 31) & ~3u;
+#pragma unroll
+    for (uint32_t r = 0; r < 2; ++r) {
+      head[r] = make_uint4(__shfl_sync(0xffffffffu, w.head[r], quad), __shfl_sync(0xffffffffu, w.head[r], quad + 1),
+                           __shfl_sync(0xffffffffu, w.head[r], quad + 2), __shfl_sync(0xffffffffu, w.head[r], quad + 3));
+    }
+    const K4Scales k(head);
+#pragma unroll
+    for (uint32_t r = 0; r < 2; ++r) w.head[r] = *reinterpret_cast<const uint32_t*>(next[r] + 4 * q);
+    k4_product(k, sb, c, q,
                [&](int j, mma::FragA& A) {
                  const int ch = j >> 1, shift = 4 * (j & 1);
                  A.r[0] = (w.qs[0][ch].x >> shift) & 0x0f0f0f0fu;
                  A.r[1] = (w.qs[1][ch].x >> shift) & 0x0f0f0f0fu;
                  A.r[2] = (w.qs[0][ch].y >> shift) & 0x0f0f0f0fu;
                  A.r[3] = (w.qs[1][ch].y >> shift) & 0x0f0f0f0fu;
+                 if (j & 1) {
+#pragma unroll
+                   for (uint32_t r = 0; r < 2; ++r) w.qs[r][ch] = *reinterpret_cast<const uint2*>(next[r] + 16 + 32 * ch + 8 * q);
+                 }
                },
                acc);
   }
@@ -289,74 +382,13 @@ __device__ void quantize_x(const MatvecArgs& a, const MatvecPartView& view, cons
   }
 }
 
-// A launch's groups (every part's; a single part is one group), each its rows' block steps, in
-// order. Shared out (share_blocks, a 1-D grid of N blocks): group u takes blocks [B(u), B(u + 1)),
-// B(u) = u + (N - U) * (the steps of the groups before u) / S, so that every group has a block and
-// the rest go by steps: one wave of about equal shares whatever the parts' and groups' sizes (the
-// shared expert's beside the routed experts'). A block's steps then stride over its group's as a
-// block of a 3-D grid's do.
-struct Share {
-  uint32_t part, g, bx, nb;
-};
-__host__ __device__ inline uint32_t group_steps(const MatvecArgs& a, uint32_t part, uint32_t tiles_per_step) {
-  return ((matvec_part_rows(a, part) + 15) / 16 + tiles_per_step - 1) / tiles_per_step;
-}
-__host__ __device__ inline uint32_t part_groups(const MatvecArgs& a, uint32_t part) {
-  return matvec_part_single(a, part) ? 1 : a.groups;
-}
-// U and S.
-__host__ __device__ inline void share_totals(const MatvecArgs& a, uint32_t tiles_per_step, uint32_t& U, uint64_t& S) {
-  U = 0, S = 0;
-  for (uint32_t p = 0; p < a.parts && p < kMaxMatvecParts; ++p) {
-    U += part_groups(a, p);
-    S += uint64_t{part_groups(a, p)} * group_steps(a, p, tiles_per_step);
-  }
-}
-// Group u's part and group, and the steps of the groups before it.
-__host__ __device__ inline uint64_t share_locate(const MatvecArgs& a, uint32_t tiles_per_step, uint32_t u,
-                                                 uint32_t& part, uint32_t& g) {
-  uint64_t before = 0;
-  part = 0;
-  for (; part + 1 < a.parts && u >= part_groups(a, part); ++part) {
-    u -= part_groups(a, part);
-    before += uint64_t{part_groups(a, part)} * group_steps(a, part, tiles_per_step);
-  }
-  g = u;
-  return before + uint64_t{u} * group_steps(a, part, tiles_per_step);
-}
-// B(u) of N blocks (N for u = U).
-__host__ __device__ inline uint32_t share_first_block(const MatvecArgs& a, uint32_t tiles_per_step, uint32_t u,
-                                                      uint32_t U, uint64_t S, uint32_t N) {
-  if (u >= U) return N;
-  uint32_t part, g;
-  const uint64_t extra = N > U ? N - U : 0;
-  return u + static_cast<uint32_t>(extra * share_locate(a, tiles_per_step, u, part, g) / S);
-}
-// Block b's group and place in it.
-__host__ __device__ inline Share share_of(const MatvecArgs& a, uint32_t tiles_per_step, uint32_t b, uint32_t N) {
-  uint32_t U;
-  uint64_t S;
-  share_totals(a, tiles_per_step, U, S);
-  uint32_t lo = 0, hi = U - 1;  // the last group whose first block is <= b
-  while (lo < hi) {
-    const uint32_t mid = (lo + hi + 1) / 2;
-    if (share_first_block(a, tiles_per_step, mid, U, S, N) <= b) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  Share sh;
-  share_locate(a, tiles_per_step, lo, sh.part, sh.g);
-  const uint32_t from = share_first_block(a, tiles_per_step, lo, U, S, N);
-  sh.bx = b - from;
-  sh.nb = share_first_block(a, tiles_per_step, lo + 1, U, S, N) - from;
-  return sh;
-}
-
-// With `shared_out` the grid is Share's (1-D), else one of blockIdx.y groups and blockIdx.z parts.
-template <int T>
-__global__ void __launch_bounds__(kThreads, 2) matvec_mma_kernel(MatvecArgs a, bool shared_out) {
+// With `shared_out` the grid is share_of's (gpu/matvec_share.cuh, 1-D), else one of blockIdx.y groups and blockIdx.z parts.
+// Variants while they are measured (temporary): 0 main's kernel, 1 the reloading one at 3 blocks an
+// SM, 2 the reloading one at 2, 3 main's at 3, 4 the reloading one with the head a word a lane, at 3,
+// 5 / 6 main's with x's places worked out once (LaneX), at 3 / 2.
+template <int V> constexpr bool kReload = V == 1 || V == 2 || V == 4;
+template <int T, int V>
+__global__ void __launch_bounds__(kThreads, V == 0 || V == 2 || V == 6 ? 2 : 3) matvec_mma_kernel(MatvecArgs a, bool shared_out) {
   using R = MmaReader<T>;
   extern __shared__ __align__(16) unsigned char smem[];
   const uint32_t superblocks = a.w.cols / 256;
@@ -366,7 +398,7 @@ __global__ void __launch_bounds__(kThreads, 2) matvec_mma_kernel(MatvecArgs a, b
   uint32_t part = blockIdx.z;
   MatvecBlockTake take;
   if (shared_out) {
-    const Share sh = share_of(a, tiles_per_step, blockIdx.x, gridDim.x);
+    const MatvecShare sh = share_of(a, 16 * tiles_per_step, blockIdx.x, gridDim.x);
     part = sh.part;
     take = {sh.g, sh.bx, sh.nb, a.tokens, nullptr, nullptr};
   }
@@ -415,8 +447,13 @@ __global__ void __launch_bounds__(kThreads, 2) matvec_mma_kernel(MatvecArgs a, b
   };
   prefetch_step(1);
   Rows rows = rows_of(0);
-  typename R::Regs cur;
-  load(rows, 0, cur);
+  std::conditional_t<V == 4, typename R::LaneRegs, typename R::Regs> cur;
+  if constexpr (V == 4) {
+#pragma unroll
+    for (uint32_t r = 0; r < 2; ++r) R::load_lane(rows.p[r] + slice * R::kBlockBytes, r, lq, cur);
+  } else {
+    load(rows, 0, cur);
+  }
   if (fixed_weights) pdl_wait();
   pdl_launch_dependents();
   quantize_x(a, view, matvec_part_x_up(a, g, part), tok_x, ntok, lay, smem);
@@ -428,18 +465,31 @@ __global__ void __launch_bounds__(kThreads, 2) matvec_mma_kernel(MatvecArgs a, b
     const size_t yt = tok_y != nullptr ? static_cast<size_t>(tok_y[t]) : static_cast<size_t>(t);
     view.y[static_cast<size_t>(g) * a.y_group_stride + row + yt * view.y_tok_stride] = v;
   };
+  const LaneX lane_x(ctx);
   for (uint32_t step = 0; tile_of(step, 0) < tiles; ++step) {
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     const Rows after = rows_of(step + 1);
     for (uint32_t j = 0; j < mine; ++j) {
-      typename R::Regs next;
-      if (j + 1 < mine) {
-        load(rows, j + 1, next);
+      if constexpr (!kReload<V>) {
+        typename R::Regs next;
+        if (j + 1 < mine) {
+          load(rows, j + 1, next);
+        } else {
+          load(after, 0, next);
+        }
+        if constexpr (V == 0 || V == 3) {
+          R::product(cur, slice + j * wpt, ctx, lq, acc);
+        } else {
+          R::product(cur, slice + j * wpt, lane_x, lq, acc);
+        }
+        cur = next;
       } else {
-        load(after, 0, next);
+        const bool same_step = j + 1 < mine;
+        const uint32_t col_bytes = (slice + (same_step ? j + 1 : 0) * wpt) * R::kBlockBytes;
+        const uint8_t* const next[2] = {(same_step ? rows.p[0] : after.p[0]) + col_bytes,
+                                        (same_step ? rows.p[1] : after.p[1]) + col_bytes};
+        R::product_reload(cur, slice + j * wpt, lane_x, lq, next, acc);
       }
-      R::product(cur, slice + j * wpt, ctx, acc);
-      cur = next;
     }
     rows = after;
     prefetch_step(step + 2);
@@ -472,9 +522,28 @@ __global__ void __launch_bounds__(kThreads, 2) matvec_mma_kernel(MatvecArgs a, b
 }
 
 using Kernel = void (*)(MatvecArgs, bool);
+// FERRY_MMA_VARIANT (temporary, for the A/B check): the kernel variant, 1 unless set.
+int mma_variant() {
+  static const int v = [] {
+    const char* e = std::getenv("FERRY_MMA_VARIANT");
+    return e != nullptr ? std::atoi(e) : 1;
+  }();
+  return v;
+}
 // The types the kernel reads: Q4_K, where it is not slower than the dp2a kernel at one token (Q5_K,
 // Q6_K, IQ4_XS and IQ3_S readers measured 3-25% slower there on the H200: gpu/PERF.md).
-Kernel kernel_for(model::GgmlType type) { return type == model::GgmlType::Q4_K ? matvec_mma_kernel<qd::kQ4_K> : nullptr; }
+Kernel kernel_for(model::GgmlType type) {
+  if (type != model::GgmlType::Q4_K) return nullptr;
+  switch (mma_variant()) {
+    case 0: return matvec_mma_kernel<qd::kQ4_K, 0>;
+    case 2: return matvec_mma_kernel<qd::kQ4_K, 2>;
+    case 3: return matvec_mma_kernel<qd::kQ4_K, 3>;
+    case 4: return matvec_mma_kernel<qd::kQ4_K, 4>;
+    case 5: return matvec_mma_kernel<qd::kQ4_K, 5>;
+    case 6: return matvec_mma_kernel<qd::kQ4_K, 6>;
+    default: return matvec_mma_kernel<qd::kQ4_K, 1>;
+  }
+}
 Layout layout_of(const MatvecArgs& a) { return {a.w.cols / 32, a.tokens}; }
 
 // The shared-memory opt-in, once a kernel and device; then the blocks an SM holds at `smem` bytes
@@ -499,36 +568,6 @@ uint32_t resident_per_sm(Kernel kernel, size_t smem) {
   return it->second;
 }
 
-// The blocks of a shared-out launch (Share) where it applies (several groups or parts, none named on
-// the device or skipped) and its longest block takes fewer steps than the 3-D grid's would, a
-// second wave of that grid counted as two steps more (a step, its blocks' start and x again); 0
-// otherwise. One row's routed down and shared down: 9 steps against 8 and a second wave.
-uint32_t share_blocks(const MatvecArgs& a, uint32_t resident) {
-  if ((a.parts < 2 && a.groups < 2) || a.group_count != nullptr || a.skip_negative_index) return 0;
-  const uint32_t tiles_per_step = kWarps / warps_per_tile(a.w.cols / 256);
-  uint32_t U;
-  uint64_t S;
-  share_totals(a, tiles_per_step, U, S);
-  const uint32_t n = static_cast<uint32_t>(std::max<uint64_t>(U, std::min<uint64_t>(S, resident)));
-  uint32_t longest = 0;
-  for (uint32_t b = 0; b < n;) {
-    const Share sh = share_of(a, tiles_per_step, b, n);
-    const uint32_t steps = group_steps(a, sh.part, tiles_per_step);
-    longest = std::max(longest, (steps + sh.nb - 1) / sh.nb);
-    b += sh.nb - sh.bx;
-  }
-  // The 3-D grid: x blocks a group of every grouped part, x * groups over a single part.
-  const uint32_t wanted = (matvec_max_rows(a) + 16 * tiles_per_step - 1) / (16 * tiles_per_step);
-  const uint32_t x = std::min(wanted, std::max<uint32_t>(1, resident / (a.groups * matvec_grouped_parts(a))));
-  uint32_t grid_longest = 0;
-  for (uint32_t p = 0; p < a.parts && p < kMaxMatvecParts; ++p) {
-    const uint32_t blocks = matvec_part_single(a, p) ? x * a.groups : x;
-    grid_longest = std::max(grid_longest, (group_steps(a, p, tiles_per_step) + blocks - 1) / blocks);
-  }
-  if (uint64_t{x} * a.groups * a.parts > resident) grid_longest += 2;
-  return longest < grid_longest ? n : 0;
-}
-
 }  // namespace
 
 bool matvec_mma_applies(const MatvecArgs& a) {
@@ -548,7 +587,7 @@ void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream) {
   const uint32_t wanted = (matvec_max_rows(a) + rows_per_block - 1) / rows_per_block;
   const uint32_t resident = static_cast<uint32_t>(current_sm_count()) * resident_per_sm(kernel, smem);
   dim3 grid;
-  const uint32_t shared_out = share_blocks(a, resident);
+  const uint32_t shared_out = share_blocks(a, resident, rows_per_block);
   if (shared_out > 0) {
     grid = dim3(shared_out);
   } else if (a.group_count != nullptr) {
