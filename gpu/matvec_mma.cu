@@ -572,6 +572,9 @@ uint32_t resident_per_sm(Kernel kernel, size_t smem) {
 
 bool matvec_mma_applies(const MatvecArgs& a) {
   if (!matvec_quantizes_activations(a)) return false;
+  for (uint32_t p = 1; p < a.parts && p < kMaxMatvecParts; ++p) {
+    if (matvec_part_own_format(a, p)) return false;  // one type a launch here
+  }
   const Kernel kernel = kernel_for(a.w.type);
   // The tokens are the MMA's 8 columns (n of m16n8k32).
   return kernel != nullptr && a.tokens <= 8 && code_built_for(reinterpret_cast<const void*>(kernel), 8) &&

@@ -52,8 +52,10 @@ __host__ __device__ inline uint32_t share_first_block(const MatvecArgs& a, uint3
                                                       uint32_t U, uint64_t S, uint32_t N) {
   if (u >= U) return N;
   uint32_t part, g;
-  const uint64_t extra = N > U ? N - U : 0;
-  return u + static_cast<uint32_t>(extra * share_locate(a, rows_per_step, u, part, g) / S);
+  const uint64_t extra = N > U ? N - U : 0, product = extra * share_locate(a, rows_per_step, u, part, g);
+  // In 32 bits where it fits (a decode launch's: a 64-bit division costs a block's start ~10 times more).
+  if (extra * S <= UINT32_MAX) return u + static_cast<uint32_t>(product) / static_cast<uint32_t>(S);
+  return u + static_cast<uint32_t>(product / S);
 }
 // Block b's group and place in it.
 __host__ __device__ inline MatvecShare share_of(const MatvecArgs& a, uint32_t rows_per_step, uint32_t b, uint32_t N) {

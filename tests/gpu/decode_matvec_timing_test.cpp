@@ -5,8 +5,7 @@
 //   parts: gate/up, then down over their SwiGLU; gpu/moe_decode.hpp), over 9 layers of distinct
 //   experts a replay, so that no launch finds its weights in L2 from the one before;
 // - the same launches in the user's mix (model/glm5/recipes/maya-l.recipe: IQ3_S gate and up, Q5_K
-//   down and shared expert, the dp2a kernel), with the shared expert's own launches where its row
-//   format keeps it out of the routes';
+//   down and shared expert, the dp2a kernel), the shared expert in the routes' launches and apart;
 // - chains of 36 calls of one shape (each its own matrix, reading x and writing its own y): the
 //   per-call time and its weights' GB/s, against the copy bandwidth (read + write); Q4_K, and the
 //   user's mix's Q5_K shapes and Q6_K head.
@@ -175,8 +174,8 @@ TEST(DecodeMatvecTiming, RoutedExpertLaunches) {
 }
 
 // The user's mix: 9 MoE layers as above, IQ3_S gate / up and Q5_K down of 288 experts, a Q5_K shared
-// expert each, run as LayerRunner runs them: in the routes' launches where shared_expert_fused holds,
-// else before them (gate and up as one launch, then down over their SwiGLU).
+// expert each: in the routes' launches (shared_expert_fused, the two types in one launch) and apart,
+// before them (LayerRunner::dense_ffn: gate and up as one launch, then down over their SwiGLU).
 TEST(DecodeMatvecTiming, RoutedExpertLaunchesOfTheUsersMix) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
   constexpr uint32_t D = 4096, I = 2048, E = 288, K = 8, L = 9;
@@ -208,9 +207,8 @@ TEST(DecodeMatvecTiming, RoutedExpertLaunchesOfTheUsersMix) {
     shared[3 * l + 2] = matrix(kShared, sdown, D, I, l);
     a.shared_gate = shared[3 * l], a.shared_up = shared[3 * l + 1], a.shared_down = shared[3 * l + 2];
     a.sg = a.eg + size_t{K} * I, a.su = a.eu + size_t{K} * I, a.sh = sh.as<float>();
-    if (!shared_expert_fused(a)) a.shared_gate = {};
+    ASSERT_TRUE(shared_expert_fused(a));
   }
-  const bool fused = !layers[0].shared_gate.empty();
   // The shared expert apart (LayerRunner::dense_ffn at one row).
   auto shared_apart = [&](uint32_t l, cudaStream_t s, int which) {
     const DecodeExperts& a = layers[l];
@@ -227,36 +225,40 @@ TEST(DecodeMatvecTiming, RoutedExpertLaunchesOfTheUsersMix) {
       matvec_swiglu(d, a.sg, a.su, I, 1, I, a.swiglu_limit, s);
     }
   };
+  auto apart = [&](uint32_t l) {
+    DecodeExperts a = layers[l];
+    a.shared_gate = {};
+    return a;
+  };
   const double layer_bytes = double(K) * (2 * q_bytes(kGateUp, I, D) + q_bytes(kDown, D, I)) +
                              2 * q_bytes(kShared, I, D) + q_bytes(kShared, D, I);
-  const double us = replay_us([&](cudaStream_t s) {
-    for (uint32_t l = 0; l < L; ++l) {
-      if (!fused) shared_apart(l, s, 2);
-      decode_experts_per_route(layers[l], s);
-    }
-  });
-  std::printf("[ timing ] the user's mix, routed experts + shared (%s), %u layers: %.1f us a layer, %.0f GB/s, %.0f%% of "
-              "copy (%.0f GB/s)\n",
-              fused ? "in their launches" : "apart", L, us / L, layer_bytes / (us / L) / 1e3,
-              100.0 * layer_bytes / (us / L) / 1e3 / copy, copy);
+  for (const bool fused : {false, true}) {
+    const double us = replay_us([&](cudaStream_t s) {
+      for (uint32_t l = 0; l < L; ++l) {
+        if (!fused) shared_apart(l, s, 2);
+        decode_experts_per_route(fused ? layers[l] : apart(l), s);
+      }
+    });
+    std::printf("[ timing ] the user's mix, routed experts + shared (%s), %u layers: %.1f us a layer, %.0f GB/s, %.0f%% "
+                "of copy (%.0f GB/s)\n",
+                fused ? "in their launches" : "apart", L, us / L, layer_bytes / (us / L) / 1e3,
+                100.0 * layer_bytes / (us / L) / 1e3 / copy, copy);
+  }
   // Each launch apart, over the 9 layers.
   struct Launch {
     const char* name;
     double bytes;
     std::function<void(uint32_t, cudaStream_t)> run;
   };
-  std::vector<Launch> launches;
-  if (fused) {
-    launches.push_back({"gate/up + shared", double(K) * 2 * q_bytes(kGateUp, I, D) + 2 * q_bytes(kShared, I, D),
-                        [&](uint32_t l, cudaStream_t s) { matvec(fused_gate_up(layers[l]), s); }});
-    launches.push_back({"down + shared", double(K) * q_bytes(kDown, D, I) + q_bytes(kShared, D, I),
-                        [&](uint32_t l, cudaStream_t s) { matvec(fused_down(layers[l]), s); }});
-  } else {
-    launches.push_back({"shared gate/up", 2 * q_bytes(kShared, I, D), [&](uint32_t l, cudaStream_t s) { shared_apart(l, s, 0); }});
-    launches.push_back({"shared down", q_bytes(kShared, D, I), [&](uint32_t l, cudaStream_t s) { shared_apart(l, s, 1); }});
-    launches.push_back({"routed gate/up + down", double(K) * (2 * q_bytes(kGateUp, I, D) + q_bytes(kDown, D, I)),
-                        [&](uint32_t l, cudaStream_t s) { decode_experts_per_route(layers[l], s); }});
-  }
+  const Launch launches[] = {
+      {"shared gate/up", 2 * q_bytes(kShared, I, D), [&](uint32_t l, cudaStream_t s) { shared_apart(l, s, 0); }},
+      {"shared down", q_bytes(kShared, D, I), [&](uint32_t l, cudaStream_t s) { shared_apart(l, s, 1); }},
+      {"routed gate/up + down", double(K) * (2 * q_bytes(kGateUp, I, D) + q_bytes(kDown, D, I)),
+       [&](uint32_t l, cudaStream_t s) { decode_experts_per_route(apart(l), s); }},
+      {"gate/up + shared", double(K) * 2 * q_bytes(kGateUp, I, D) + 2 * q_bytes(kShared, I, D),
+       [&](uint32_t l, cudaStream_t s) { matvec(fused_gate_up(layers[l]), s); }},
+      {"down + shared", double(K) * q_bytes(kDown, D, I) + q_bytes(kShared, D, I),
+       [&](uint32_t l, cudaStream_t s) { matvec(fused_down(layers[l]), s); }}};
   for (const Launch& la : launches) {
     const double one = replay_us([&](cudaStream_t s) {
       for (uint32_t l = 0; l < L; ++l) la.run(l, s);
