@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -538,7 +539,12 @@ void launch_tokens(const MatvecArgs& a, const Tables& tables, cudaStream_t strea
   const uint32_t wanted = (matvec_max_rows(a) + rows_per_block - 1) / rows_per_block;
   const uint32_t resident = static_cast<uint32_t>(current_sm_count()) * resident_per_sm<T, TS, NT, false>(smem);
   dim3 grid;
-  const uint32_t shared_out = NT == 1 ? share_blocks(a, resident, rows_per_block) : 0;
+  // FERRY_DP2A_SHARE=0 (temporary, for the A/B check): the 3-D grid only.
+  static const bool share = [] {
+    const char* e = std::getenv("FERRY_DP2A_SHARE");
+    return e == nullptr || std::atoi(e) != 0;
+  }();
+  const uint32_t shared_out = NT == 1 && share ? share_blocks(a, resident, rows_per_block) : 0;
   if (shared_out > 0) {
     grid = dim3(shared_out);
   } else if (a.group_count != nullptr) {

@@ -79,34 +79,43 @@ __host__ __device__ inline MatvecShare share_of(const MatvecArgs& a, uint32_t ro
   return sh;
 }
 
-// The blocks of a shared-out launch where it applies (several groups or parts, none named on the
-// device or skipped) and its longest block takes fewer steps than the 3-D grid's would (x blocks a
-// group of every grouped part, x * groups over a single part, x = min(the blocks the most rows want,
-// resident / (groups * grouped parts))), a second wave of that grid counted as two steps more (a
-// step, its blocks' start and x again); 0 otherwise. One row's routed down and shared down: 9 steps
-// against 8 and a second wave.
-inline uint32_t share_blocks(const MatvecArgs& a, uint32_t resident, uint32_t rows_per_step) {
-  if ((a.parts < 2 && a.groups < 2) || a.group_count != nullptr || a.skip_negative_index) return 0;
+// A grouped launch's choices: the 3-D grid's longest block in steps, a second wave of that grid
+// counted as two steps more (a step, its blocks' start and x again); the shared-out grid's blocks
+// and longest block (0: not applicable: one group and part, or groups named on the device or
+// skipped). The 3-D grid: x blocks a group of every grouped part, x * groups over a single part,
+// x = min(the blocks the most rows want, resident / (groups * grouped parts)).
+struct SharePlan {
+  uint32_t grid_longest = 0, blocks = 0, longest = 0;
+};
+inline SharePlan share_plan(const MatvecArgs& a, uint32_t resident, uint32_t rows_per_step) {
+  SharePlan plan;
+  const uint32_t wanted = (matvec_max_rows(a) + rows_per_step - 1) / rows_per_step;
+  const uint32_t x = std::min(wanted, std::max<uint32_t>(1, resident / (a.groups * matvec_grouped_parts(a))));
+  for (uint32_t p = 0; p < a.parts && p < kMaxMatvecParts; ++p) {
+    const uint32_t blocks = matvec_part_single(a, p) ? x * a.groups : x;
+    plan.grid_longest = std::max(plan.grid_longest, (share_group_steps(a, p, rows_per_step) + blocks - 1) / blocks);
+  }
+  if (uint64_t{x} * a.groups * a.parts > resident) plan.grid_longest += 2;
+  if ((a.parts < 2 && a.groups < 2) || a.group_count != nullptr || a.skip_negative_index) return plan;
   uint32_t U;
   uint64_t S;
   share_totals(a, rows_per_step, U, S);
-  const uint32_t n = static_cast<uint32_t>(std::max<uint64_t>(U, std::min<uint64_t>(S, resident)));
-  uint32_t longest = 0;
-  for (uint32_t b = 0; b < n;) {
-    const MatvecShare sh = share_of(a, rows_per_step, b, n);
+  plan.blocks = static_cast<uint32_t>(std::max<uint64_t>(U, std::min<uint64_t>(S, resident)));
+  for (uint32_t b = 0; b < plan.blocks;) {
+    const MatvecShare sh = share_of(a, rows_per_step, b, plan.blocks);
     const uint32_t steps = share_group_steps(a, sh.part, rows_per_step);
-    longest = std::max(longest, (steps + sh.nb - 1) / sh.nb);
+    plan.longest = std::max(plan.longest, (steps + sh.nb - 1) / sh.nb);
     b += sh.nb - sh.bx;
   }
-  const uint32_t wanted = (matvec_max_rows(a) + rows_per_step - 1) / rows_per_step;
-  const uint32_t x = std::min(wanted, std::max<uint32_t>(1, resident / (a.groups * matvec_grouped_parts(a))));
-  uint32_t grid_longest = 0;
-  for (uint32_t p = 0; p < a.parts && p < kMaxMatvecParts; ++p) {
-    const uint32_t blocks = matvec_part_single(a, p) ? x * a.groups : x;
-    grid_longest = std::max(grid_longest, (share_group_steps(a, p, rows_per_step) + blocks - 1) / blocks);
-  }
-  if (uint64_t{x} * a.groups * a.parts > resident) grid_longest += 2;
-  return longest < grid_longest ? n : 0;
+  return plan;
+}
+
+// The blocks of a shared-out launch where it applies and its longest block takes fewer steps than
+// the 3-D grid's; 0 otherwise. One row's routed down and shared down: 9 steps against 8 and a second
+// wave.
+inline uint32_t share_blocks(const MatvecArgs& a, uint32_t resident, uint32_t rows_per_step) {
+  const SharePlan plan = share_plan(a, resident, rows_per_step);
+  return plan.blocks > 0 && plan.longest < plan.grid_longest ? plan.blocks : 0;
 }
 
 }  // namespace ferry::gpu
