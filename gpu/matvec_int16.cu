@@ -17,7 +17,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -27,7 +26,6 @@
 #include "gpu/matvec_int16.hpp"
 #include "gpu/matvec_mma.hpp"
 #include "gpu/matvec_part.cuh"
-#include "gpu/matvec_share.cuh"
 #include "gpu/pdl.cuh"
 #include "gpu/pdl.hpp"
 #include "gpu/quant_device.cuh"
@@ -465,30 +463,21 @@ __device__ __forceinline__ void int16_block(const MatvecArgs& a, const Tables& t
 // no earlier kernel picks are requested before the wait, the routed experts' (through the router's
 // ids, the pool's tables or groups named on the device) only after it, and x and y only after it.
 // Groups named on the device (matvec_block_take) only for 2 tokens or more: the 1-token kernel keeps
-// its registers. With SharedOut the grid is share_of's (gpu/matvec_share.cuh, 1-D), else one of
-// blockIdx.y groups and blockIdx.z parts (a template argument: the 3-D grid's block takes come from
-// special registers, which the 1-token kernel's 64 would otherwise hold). A single part of its own
-// row format (MatvecPart::row_bytes) is read as type TS, by the code a launch of TS runs (the same
-// bits).
-template <int T, int TS, int NT, bool SharedOut>
+// its registers. A single part of its own row format (MatvecPart::row_bytes) is read as type TS, by
+// the code a launch of TS runs (the same bits).
+template <int T, int TS, int NT>
 __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(MatvecArgs a, Tables tables) {
-  uint32_t part = blockIdx.z;
-  MatvecBlockTake take;
-  if constexpr (SharedOut) {
-    const MatvecShare sh = share_of(a, rows_per_step(a.w.cols), blockIdx.x, gridDim.x);
-    part = sh.part;
-    take = {sh.g, sh.bx, sh.nb, a.tokens, nullptr, nullptr};
-  }
-  const bool fixed_weights = matvec_part_fixed_weights(a, part);
+  const bool fixed_weights = matvec_fixed_weights(a);
   if (!fixed_weights) pdl_wait();
-  if (!SharedOut && !matvec_block_take(a, NT > 1 && a.group_count != nullptr, take)) return;
+  MatvecBlockTake take;
+  if (!matvec_block_take(a, NT > 1 && a.group_count != nullptr, take)) return;
   if constexpr (TS != T) {
-    if (part > 0 && a.more[part - 1].row_bytes != 0) {
-      int16_block<TS, NT>(a, tables, part, take, fixed_weights, a.more[part - 1].row_bytes);
+    if (matvec_part_own_format(a, blockIdx.z)) {
+      int16_block<TS, NT>(a, tables, blockIdx.z, take, fixed_weights, a.more[blockIdx.z - 1].row_bytes);
       return;
     }
   }
-  int16_block<T, NT>(a, tables, part, take, fixed_weights, a.w.row_bytes);
+  int16_block<T, NT>(a, tables, blockIdx.z, take, fixed_weights, a.w.row_bytes);
 }
 
 bool int16_type(model::GgmlType t) {
@@ -501,7 +490,7 @@ bool int16_type(model::GgmlType t) {
 // memory rather than the launch bounds limits them (V100's 96 KiB at 2-4 tokens of 4,096 columns),
 // a grid of blocks_per_sm() a multiprocessor would run a second, partial wave. A decode graph's
 // capture finds them asked already, by the eager step of its shape before it.
-template <int T, int TS, int NT, bool SharedOut>
+template <int T, int TS, int NT>
 uint32_t resident_per_sm(size_t smem) {
   static std::mutex mutex;
   static std::map<std::pair<int, size_t>, uint32_t> cache;
@@ -511,7 +500,7 @@ uint32_t resident_per_sm(size_t smem) {
   auto [it, fresh] = cache.try_emplace({dev, smem}, 0);
   if (fresh) {
     int n = 0;
-    FERRY_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, int16_kernel<T, TS, NT, SharedOut>, kWarps * 32, smem));
+    FERRY_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, int16_kernel<T, TS, NT>, kWarps * 32, smem));
     it->second = static_cast<uint32_t>(std::max(n, 1));
   }
   return it->second;
@@ -529,25 +518,15 @@ size_t launch_smem(const MatvecArgs& a, uint32_t nt) {
   return std::max(smem_bytes(a.w.type, nt, a.w.cols), smem_bytes(second_type(a), nt, a.w.cols));
 }
 
-// Shared out (share_blocks) only at one token: the launches of one decode row, whose routed experts
-// and shared expert it keeps in one wave.
 template <int T, int TS, int NT>
 void launch_tokens(const MatvecArgs& a, const Tables& tables, cudaStream_t stream) {
   const size_t smem = launch_smem(a, NT);
   const uint32_t rows_per_block = rows_per_step(a.w.cols);
   // Enough blocks to fill the device once; each block quantizes its input once and loops over rows.
   const uint32_t wanted = (matvec_max_rows(a) + rows_per_block - 1) / rows_per_block;
-  const uint32_t resident = static_cast<uint32_t>(current_sm_count()) * resident_per_sm<T, TS, NT, false>(smem);
+  const uint32_t resident = static_cast<uint32_t>(current_sm_count()) * resident_per_sm<T, TS, NT>(smem);
   dim3 grid;
-  // FERRY_DP2A_SHARE=0 (temporary, for the A/B check): the 3-D grid only.
-  static const bool share = [] {
-    const char* e = std::getenv("FERRY_DP2A_SHARE");
-    return e == nullptr || std::atoi(e) != 0;
-  }();
-  const uint32_t shared_out = NT == 1 && share ? share_blocks(a, resident, rows_per_block) : 0;
-  if (shared_out > 0) {
-    grid = dim3(shared_out);
-  } else if (a.group_count != nullptr) {
+  if (a.group_count != nullptr) {
     // Groups named on the device share the blocks of one dimension: at least one block a group.
     const uint32_t all = std::max<uint32_t>(1, resident / a.parts);
     grid = dim3(std::max(a.groups, std::min(wanted * a.groups, all)), 1, a.parts);
@@ -557,10 +536,7 @@ void launch_tokens(const MatvecArgs& a, const Tables& tables, cudaStream_t strea
     grid = dim3(std::min(wanted, fill), a.groups, a.parts);
   }
   // One launch, with PDL where gpu/pdl.hpp allows it.
-  void (*kernel)(MatvecArgs, Tables) = int16_kernel<T, TS, NT, false>;
-  if constexpr (NT == 1) {
-    if (shared_out > 0) kernel = int16_kernel<T, TS, NT, true>;
-  }
+  void (*kernel)(MatvecArgs, Tables) = int16_kernel<T, TS, NT>;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(kWarps * 32);

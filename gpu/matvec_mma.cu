@@ -9,22 +9,26 @@
 // two tf32 parts (~22 bits). The activations are quantized as the dp2a kernel does
 // (gpu/x_int16.cuh) into shared memory in B's fragment order.
 //
-// Work: a warp's step is 16 rows x one 256-column superblock, its loads (8-byte pieces: a lane holds
-// rows g and g + 8 of an MMA tile, at the same columns) requested one step ahead. The warps of a
-// block share a tile's superblocks (8 warps a tile on rows of 8 or more superblocks; fewer warps a
-// tile, so more tiles a block, otherwise) and add their partial sums through shared memory in a fixed order; a token's result
-// is the same whatever the launch's token count. A launch of several groups or parts may instead
-// share its blocks out by the groups' steps: one wave where the 3-D grid would take two (one
-// row's routed and shared down; gpu/matvec_share.cuh), the same tiles computed alike by other blocks.
+// Work: a warp's step is 16 rows x one 256-column superblock (8-byte pieces: a lane holds rows g and
+// g + 8 of an MMA tile, at the same columns, and one word of each row's 16-byte head, the quad's
+// lanes sharing the rest by shuffles). Each piece of a superblock is loaded again from the next one
+// as soon as the products have used it, so that the next superblock is in flight in the registers
+// of one (128 registers, 2 blocks of 8 warps an SM: 3 blocks at 80 registers measured slower). The
+// warps of a block share a tile's superblocks (8 warps a tile on rows of 8 or more superblocks;
+// fewer warps a tile, so more tiles a block, otherwise) and add their partial sums through shared
+// memory in a fixed order; a token's result is the same whatever the launch's token count. A launch
+// of several groups or parts may instead share its blocks out by the groups' steps (one wave where
+// the 3-D grid would take two: one row's routed and shared down; gpu/matvec_share.cuh) or, where
+// every group reads one x (one row's routed and shared gate / up), walk its steps flat, a block's
+// contiguous share running on from one group into the next: the same tiles computed alike by other
+// blocks.
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <set>
 #include <tuple>
-#include <type_traits>
 #include <utility>
 
 #include "gpu/cuda_check.hpp"
@@ -216,58 +220,28 @@ __device__ __forceinline__ void k4_product(const K4Scales& k, uint32_t sb, const
 
 template <> struct MmaReader<qd::kQ4_K> {
   static constexpr uint32_t kBlockBytes = 144;
+  // The lane's part of rows g and g + 8 of a superblock: word q of each head (d, dmin and the 12
+  // bytes of scales and minimums; the quad's four lanes hold a row's four), bytes 8q..8q+7 of each
+  // chunk of quantized weights.
   struct Regs {
-    uint4 head[2];   // bytes 0..15 of rows g, g + 8
-    uint2 qs[2][4];  // bytes 8q..8q+7 of each chunk
+    uint32_t head[2];
+    uint2 qs[2][4];
   };
-  __device__ static void load_head(const uint8_t* blk, uint32_t r, Regs& w) {
-    w.head[r] = *reinterpret_cast<const uint4*>(blk);
+  __device__ static void load_head(const uint8_t* blk, uint32_t r, uint32_t q, Regs& w) {
+    w.head[r] = *reinterpret_cast<const uint32_t*>(blk + 4 * q);
   }
   __device__ static void load_chunk(const uint8_t* blk, uint32_t r, uint32_t q, int c, Regs& w) {
     w.qs[r][c] = *reinterpret_cast<const uint2*>(blk + 16 + 32 * c + 8 * q);
   }
   __device__ static void load(const uint8_t* blk, uint32_t r, uint32_t q, Regs& w) {
-    load_head(blk, r, w);
+    load_head(blk, r, q, w);
 #pragma unroll
     for (int c = 0; c < 4; ++c) load_chunk(blk, r, q, c, w);
   }
-  __device__ static void a_of(const Regs& w, int j, mma::FragA& A) {
-    const int ch = j >> 1, shift = 4 * (j & 1);
-    A.r[0] = (w.qs[0][ch].x >> shift) & 0x0f0f0f0fu;
-    A.r[1] = (w.qs[1][ch].x >> shift) & 0x0f0f0f0fu;
-    A.r[2] = (w.qs[0][ch].y >> shift) & 0x0f0f0f0fu;
-    A.r[3] = (w.qs[1][ch].y >> shift) & 0x0f0f0f0fu;
-  }
   // The product of w, each piece of it then loaded again from the next superblock (next: its rows g
-  // and g + 8) as soon as it has been used: the next superblock's loads are in flight during this
-  // one's products in the registers of one.
+  // and g + 8) once used, so that the next superblock's loads are in flight during this one's
+  // products in the registers of one; a row's head from the quad's lanes by shuffles.
   __device__ static void product_reload(Regs& w, uint32_t sb, const LaneX& c, uint32_t q,
-                                        const uint8_t* const (&next)[2], float (&acc)[4]) {
-    const K4Scales k(w.head);
-#pragma unroll
-    for (uint32_t r = 0; r < 2; ++r) load_head(next[r], r, w);
-    k4_product(k, sb, c, q,
-               [&](int j, mma::FragA& A) {
-                 a_of(w, j, A);
-                 if (j & 1) {
-#pragma unroll
-                   for (uint32_t r = 0; r < 2; ++r) load_chunk(next[r], r, q, j >> 1, w);
-                 }
-               },
-               acc);
-  }
-  // As product_reload with the head of rows g and g + 8 held as word q of each (lane q of the four
-  // that share a row loads it): the four words of a row from the lanes of the quad by shuffles.
-  struct LaneRegs {
-    uint32_t head[2];
-    uint2 qs[2][4];
-  };
-  __device__ static void load_lane(const uint8_t* blk, uint32_t r, uint32_t q, LaneRegs& w) {
-    w.head[r] = *reinterpret_cast<const uint32_t*>(blk + 4 * q);
-#pragma unroll
-    for (int c = 0; c < 4; ++c) w.qs[r][c] = *reinterpret_cast<const uint2*>(blk + 16 + 32 * c + 8 * q);
-  }
-  __device__ static void product_reload(LaneRegs& w, uint32_t sb, const LaneX& c, uint32_t q,
                                         const uint8_t* const (&next)[2], float (&acc)[4]) {
     uint4 head[2];
     const uint32_t quad = (threadIdx.x & 31) & ~3u;
@@ -278,7 +252,7 @@ template <> struct MmaReader<qd::kQ4_K> {
     }
     const K4Scales k(head);
 #pragma unroll
-    for (uint32_t r = 0; r < 2; ++r) w.head[r] = *reinterpret_cast<const uint32_t*>(next[r] + 4 * q);
+    for (uint32_t r = 0; r < 2; ++r) load_head(next[r], r, q, w);
     k4_product(k, sb, c, q,
                [&](int j, mma::FragA& A) {
                  const int ch = j >> 1, shift = 4 * (j & 1);
@@ -288,7 +262,7 @@ template <> struct MmaReader<qd::kQ4_K> {
                  A.r[3] = (w.qs[1][ch].y >> shift) & 0x0f0f0f0fu;
                  if (j & 1) {
 #pragma unroll
-                   for (uint32_t r = 0; r < 2; ++r) w.qs[r][ch] = *reinterpret_cast<const uint2*>(next[r] + 16 + 32 * ch + 8 * q);
+                   for (uint32_t r = 0; r < 2; ++r) load_chunk(next[r], r, q, ch, w);
                  }
                },
                acc);
@@ -382,9 +356,8 @@ __device__ inline Segment flat_segment(const MatvecArgs& a, uint32_t rows_per_st
 }
 __device__ inline uint64_t flat_first_step(uint32_t b, uint32_t N, uint64_t S) { return S * b / N; }
 
-// HeadWords (temporary, for the A/B check): the head of a superblock a word a lane (LaneRegs).
 // Flat: the kernel of flat walks (their segments' bookkeeping kept out of the others' registers).
-template <int T, bool HeadWords, bool Flat>
+template <int T, bool Flat>
 __global__ void __launch_bounds__(kThreads, 2)
     matvec_mma_kernel(MatvecArgs a, Walk walk) {
   using R = MmaReader<T>;
@@ -468,13 +441,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   };
   prefetch_step(1);
   Rows rows = rows_of(0);
-  std::conditional_t<HeadWords, typename R::LaneRegs, typename R::Regs> cur;
-  if constexpr (HeadWords) {
-#pragma unroll
-    for (uint32_t r = 0; r < 2; ++r) R::load_lane(rows.p[r] + slice * R::kBlockBytes, r, lq, cur);
-  } else {
-    load(rows, 0, cur);
-  }
+  typename R::Regs cur;
+  load(rows, 0, cur);
   if (fixed_weights) pdl_wait();
   pdl_launch_dependents();
   // Flat walks read one x for every group: quantized once.
@@ -550,20 +518,11 @@ __global__ void __launch_bounds__(kThreads, 2)
 }
 
 using Kernel = void (*)(MatvecArgs, Walk);
-// FERRY_MMA_HEAD_WORDS=1 (temporary, for the A/B check): the kernel that holds the head a word a lane.
-bool head_words() {
-  static const bool on = [] {
-    const char* e = std::getenv("FERRY_MMA_HEAD_WORDS");
-    return e != nullptr && std::atoi(e) != 0;
-  }();
-  return on;
-}
 // The types the kernel reads: Q4_K, where it is not slower than the dp2a kernel at one token (Q5_K,
 // Q6_K, IQ4_XS and IQ3_S readers measured 3-25% slower there on the H200: gpu/PERF.md).
 Kernel kernel_for(model::GgmlType type, bool flat = false) {
   if (type != model::GgmlType::Q4_K) return nullptr;
-  if (flat) return head_words() ? matvec_mma_kernel<qd::kQ4_K, true, true> : matvec_mma_kernel<qd::kQ4_K, false, true>;
-  return head_words() ? matvec_mma_kernel<qd::kQ4_K, true, false> : matvec_mma_kernel<qd::kQ4_K, false, false>;
+  return flat ? matvec_mma_kernel<qd::kQ4_K, true> : matvec_mma_kernel<qd::kQ4_K, false>;
 }
 Layout layout_of(const MatvecArgs& a) { return {a.w.cols / 32, a.tokens}; }
 
@@ -600,15 +559,6 @@ bool one_x(const MatvecArgs& a) {
   return one && a.group_count == nullptr;
 }
 
-// FERRY_MMA_FLAT=0 (temporary, for the A/B check): no flat walks.
-bool flat_allowed() {
-  static const bool on = [] {
-    const char* e = std::getenv("FERRY_MMA_FLAT");
-    return e == nullptr || std::atoi(e) != 0;
-  }();
-  return on;
-}
-
 }  // namespace
 
 bool matvec_mma_applies(const MatvecArgs& a) {
@@ -640,7 +590,7 @@ void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream) {
     walk = Walk::shared_out, longest = plan.longest;
     grid = dim3(plan.blocks);
   }
-  if (plan.blocks > 0 && one_x(a) && flat_allowed()) {
+  if (plan.blocks > 0 && one_x(a)) {
     uint32_t U;
     uint64_t S;
     share_totals(a, rows_per_block, U, S);

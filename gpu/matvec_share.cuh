@@ -1,8 +1,9 @@
 #pragma once
-// A grouped matvec launch's blocks shared out by the groups' steps (issue 15), for both int16-path
-// kernels (gpu/matvec_mma.cu, gpu/matvec_int16.cu). A kernel's block step covers `rows_per_step` rows
-// of one group; the 3-D grid gives every (part, group) the same blocks, so that a launch of routed
-// experts and a shared expert's single parts (MatvecPart::single) runs two waves where one would do.
+// A grouped matvec launch's blocks shared out by the groups' steps (issue 15), for the tensor-core
+// kernel (gpu/matvec_mma.cu; the dp2a kernel's steps differ in cost by type, and sharing them out
+// measured slower: gpu/PERF.md, h72). A block step covers `rows_per_step` rows of one group; the 3-D
+// grid gives every (part, group) the same blocks, so that a launch of routed experts and a shared
+// expert's single parts (MatvecPart::single) runs two waves where one would do.
 // Shared out, a 1-D grid of N blocks gives group u (every part's groups in order; a single part is one
 // group) blocks [B(u), B(u + 1)), B(u) = u + (N - U) * (the steps of the groups before u) / S, so that
 // every group has a block and the rest go by steps: one wave of about equal shares whatever the

@@ -2,7 +2,6 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
 #include <string>
 
 #include "gpu/cuda_check.hpp"
@@ -202,12 +201,6 @@ bool shared_expert_fused(const DecodeExperts& a) {
       a.shared_down.cols != a.shared_gate.rows) {
     return false;
   }
-  // FERRY_MIX_FUSE=0 (temporary, for the A/B check): a shared expert of another type apart.
-  static const bool mix = [] {
-    const char* e = std::getenv("FERRY_MIX_FUSE");
-    return e == nullptr || std::atoi(e) != 0;
-  }();
-  if (!mix && (!same_row_format(a.gate, a.shared_gate) || !same_row_format(a.down, a.shared_down))) return false;
   return matvec_quantizes_activations(fused_gate_up(a)) && matvec_quantizes_activations(fused_down(a));
 }
 

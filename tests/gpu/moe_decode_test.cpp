@@ -365,9 +365,9 @@ TEST(MoeDecodeMixedTypes, OneRowTakesASharedExpertOfAnotherType) {
 }
 
 // One row at the 12-layer shape (D 4,096, I 2,048, 8 routed experts of 16 and the shared one; gate /
-// up of type `gu`, down `dn`, the shared expert `sx`): the fused launches (shared out by steps,
-// gpu/matvec_share.cuh) give the bits of the per-route launches and the shared expert's apart (3-D
-// grids).
+// up of type `gu`, down `dn`, the shared expert `sx`): the fused launches (on the tensor-core kernel
+// the gate/up walked flat and the down shared out by steps, gpu/matvec_mma.cu) give the bits of the
+// per-route launches and the shared expert's apart (3-D grids).
 void one_row_fused_at_the_model_shape(GgmlType gu, GgmlType dn, GgmlType sx) {
   constexpr uint32_t D = 4096, I = 2048, E = 16, k = 8;
   const DeviceBuffer gate = to_device(ferry::testing::random_blocks(gu, size_t{E} * I, D)),
