@@ -68,6 +68,12 @@ struct MatvecPart {
   size_t y_tok_stride = 0;
   const float* x_up = nullptr;
   bool single = false;
+  // A single part's own row format where its type is not the launch's (w's): the type and its row
+  // bytes (0: w's format), w's columns. Only on the int16 path's dp2a kernel at one token, both types
+  // among Q5_K, Q6_K, IQ4_XS and IQ3_S (matvec_quantizes_activations): a shared expert of another
+  // type than the routed experts' in their launches.
+  model::GgmlType type = model::GgmlType::F32;
+  size_t row_bytes = 0;
 };
 inline constexpr uint32_t kMaxMatvecParts = 4;
 

@@ -361,6 +361,7 @@ void matvec(const MatvecArgs& a, cudaStream_t stream) {
                       " needs its data, the int16-activation path and no groups named on the device");
     }
     if (m.x_up != nullptr && !int16) throw CudaError("matvec: a SwiGLU input needs the int16-activation path");
+    if (m.row_bytes != 0 && !int16) throw CudaError("matvec: a part of its own row format needs the int16-activation path");
   }
   if (a.x_up != nullptr && !int16) throw CudaError("matvec: a SwiGLU input needs the int16-activation path");
   if ((a.tok_count != nullptr) != named || (a.tok_x != nullptr) != named || (a.tok_y != nullptr) != named) {
@@ -374,7 +375,9 @@ void matvec(const MatvecArgs& a, cudaStream_t stream) {
     throw CudaError("matvec: tokens named on the device and skipped groups need the int16-activation path");
   }
   if (int16) {
-    launch_matvec_int16(a, a.w.type == model::GgmlType::IQ3_S ? iq3s_grid_address() : nullptr, stream);
+    bool iq3s = a.w.type == model::GgmlType::IQ3_S;
+    for (uint32_t p = 1; p < a.parts; ++p) iq3s = iq3s || (matvec_part_own_format(a, p) && a.more[p - 1].type == model::GgmlType::IQ3_S);
+    launch_matvec_int16(a, iq3s ? iq3s_grid_address() : nullptr, stream);
     return;
   }
   if (matvec_wide_applies(a, current_sm_count())) {

@@ -316,22 +316,19 @@ template <> struct Reader<qd::kIQ3_S> {
   }
 };
 
+// Rows a block step covers: a row per warp, or several where narrow rows share a warp.
+__host__ __device__ constexpr uint32_t rows_per_step(uint32_t cols) { return kWarps * (32 / lanes_per_row(cols / 32)); }
+
+// Block `take` of part `part` on weights of type T in rows of `row_bytes`; fixed_weights: whether the
+// kernel asked for its weights before its PDL wait (and so waits here).
 template <int T, int NT>
-__global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(MatvecArgs a, Tables tables) {
+__device__ __forceinline__ void int16_block(const MatvecArgs& a, const Tables& tables, uint32_t part,
+                                            const MatvecBlockTake& take, bool fixed_weights, size_t row_bytes) {
   using R = Reader<T>;
   constexpr uint32_t kChunk = R::kChunk;
   extern __shared__ __align__(16) unsigned char smem_all[];
   const uint32_t* grid = reinterpret_cast<const uint32_t*>(smem_all);
   unsigned char* smem = smem_all + (T == qd::kIQ3_S ? kGridBytes : 0);
-  // Groups named on the device (matvec_block_take) only for 2 tokens or more: the 1-token kernel
-  // keeps its registers.
-  // Launched with PDL (gpu/pdl.hpp), the kernel may start before the previous one ends: weights that
-  // no earlier kernel picks are requested before the wait, the routed experts' (through the router's
-  // ids, the pool's tables or groups named on the device) only after it, and x and y only after it.
-  const bool fixed_weights = matvec_fixed_weights(a);
-  if (!fixed_weights) pdl_wait();
-  MatvecBlockTake take;
-  if (!matvec_block_take(a, NT > 1 && a.group_count != nullptr, take)) return;
   const uint32_t g = take.g, bx = take.bx, nb = take.nb, ntok = take.ntok;
   const int32_t *tok_x = take.tok_x, *tok_y = take.tok_y;
   const uint32_t K = a.w.cols, units = K / 32;
@@ -344,14 +341,14 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
   const uint32_t chunks = (units + kChunk * lpr - 1) / (kChunk * lpr);
   const uint32_t first_row = (bx * kWarps + warp) * rows_per_warp;
   const uint32_t stride = nb * kWarps * rows_per_warp;
-  const MatvecPartView view = matvec_part_view(a, g);
+  const MatvecPartView view = matvec_part_view(a, g, part);
   const uint8_t* wbase = view.w;
   float* y = view.y;
   auto item_row0 = [&](uint32_t it) { return first_row + (it / chunks) * stride; };
   auto load_item = [&](uint32_t it, typename R::W (&q)[kChunk]) {
     const uint32_t row = item_row0(it) + sub;
     if (row >= view.rows) return;
-    const uint8_t* wrow = wbase + static_cast<size_t>(row) * a.w.row_bytes;
+    const uint8_t* wrow = wbase + static_cast<size_t>(row) * row_bytes;
     const uint32_t u0 = sl + (it % chunks) * kChunk * lpr;
 #pragma unroll
     for (uint32_t i = 0; i < kChunk; ++i) {
@@ -388,7 +385,7 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
         const float4 f = src[k];
         v[4 * k] = f.x, v[4 * k + 1] = f.y, v[4 * k + 2] = f.z, v[4 * k + 3] = f.w;
       }
-      const float* x_up = matvec_part_x_up(a, g);
+      const float* x_up = matvec_part_x_up(a, g, part);
       if (x_up != nullptr) {
         // The down projection's input, SwiGLU of the gate and up products, made here once a block
         // instead of by a kernel of its own.
@@ -429,7 +426,7 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
     load_item(it + 1, next);
     const uint32_t row = item_row0(it) + sub;
     if (row < view.rows) {
-      const uint8_t* wrow = wbase + static_cast<size_t>(row) * a.w.row_bytes;
+      const uint8_t* wrow = wbase + static_cast<size_t>(row) * row_bytes;
       const uint32_t u0 = sl + (it % chunks) * kChunk * lpr;
 #pragma unroll
       for (uint32_t i = 0; i < kChunk; ++i) {
@@ -462,6 +459,27 @@ __global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(M
   }
 }
 
+// Launched with PDL (gpu/pdl.hpp), the kernel may start before the previous one ends: weights that
+// no earlier kernel picks are requested before the wait, the routed experts' (through the router's
+// ids, the pool's tables or groups named on the device) only after it, and x and y only after it.
+// Groups named on the device (matvec_block_take) only for 2 tokens or more: the 1-token kernel keeps
+// its registers. A single part of its own row format (MatvecPart::row_bytes) is read as type TS, by
+// the code a launch of TS runs (the same bits).
+template <int T, int TS, int NT>
+__global__ void __launch_bounds__(kWarps * 32, blocks_per_sm(NT)) int16_kernel(MatvecArgs a, Tables tables) {
+  const bool fixed_weights = matvec_fixed_weights(a);
+  if (!fixed_weights) pdl_wait();
+  MatvecBlockTake take;
+  if (!matvec_block_take(a, NT > 1 && a.group_count != nullptr, take)) return;
+  if constexpr (TS != T) {
+    if (matvec_part_own_format(a, blockIdx.z)) {
+      int16_block<TS, NT>(a, tables, blockIdx.z, take, fixed_weights, a.more[blockIdx.z - 1].row_bytes);
+      return;
+    }
+  }
+  int16_block<T, NT>(a, tables, blockIdx.z, take, fixed_weights, a.w.row_bytes);
+}
+
 bool int16_type(model::GgmlType t) {
   using model::GgmlType;
   return t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K || t == GgmlType::IQ4_XS ||
@@ -472,7 +490,7 @@ bool int16_type(model::GgmlType t) {
 // memory rather than the launch bounds limits them (V100's 96 KiB at 2-4 tokens of 4,096 columns),
 // a grid of blocks_per_sm() a multiprocessor would run a second, partial wave. A decode graph's
 // capture finds them asked already, by the eager step of its shape before it.
-template <int T, int NT>
+template <int T, int TS, int NT>
 uint32_t resident_per_sm(size_t smem) {
   static std::mutex mutex;
   static std::map<std::pair<int, size_t>, uint32_t> cache;
@@ -482,19 +500,31 @@ uint32_t resident_per_sm(size_t smem) {
   auto [it, fresh] = cache.try_emplace({dev, smem}, 0);
   if (fresh) {
     int n = 0;
-    FERRY_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, int16_kernel<T, NT>, kWarps * 32, smem));
+    FERRY_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, int16_kernel<T, TS, NT>, kWarps * 32, smem));
     it->second = static_cast<uint32_t>(std::max(n, 1));
   }
   return it->second;
 }
 
-template <int T, int NT>
+// The type of the launch's parts of their own row format (MatvecPart::type), else w's.
+model::GgmlType second_type(const MatvecArgs& a) {
+  for (uint32_t p = 1; p < a.parts && p < kMaxMatvecParts; ++p) {
+    if (matvec_part_own_format(a, p)) return a.more[p - 1].type;
+  }
+  return a.w.type;
+}
+// Shared memory of a launch: the IQ3_S grid where either type needs it.
+size_t launch_smem(const MatvecArgs& a, uint32_t nt) {
+  return std::max(smem_bytes(a.w.type, nt, a.w.cols), smem_bytes(second_type(a), nt, a.w.cols));
+}
+
+template <int T, int TS, int NT>
 void launch_tokens(const MatvecArgs& a, const Tables& tables, cudaStream_t stream) {
-  const size_t smem = smem_bytes(a.w.type, NT, a.w.cols);
-  const uint32_t rows_per_block = kWarps * (32 / lanes_per_row(a.w.cols / 32));
+  const size_t smem = launch_smem(a, NT);
+  const uint32_t rows_per_block = rows_per_step(a.w.cols);
   // Enough blocks to fill the device once; each block quantizes its input once and loops over rows.
   const uint32_t wanted = (matvec_max_rows(a) + rows_per_block - 1) / rows_per_block;
-  const uint32_t resident = static_cast<uint32_t>(current_sm_count()) * resident_per_sm<T, NT>(smem);
+  const uint32_t resident = static_cast<uint32_t>(current_sm_count()) * resident_per_sm<T, TS, NT>(smem);
   dim3 grid;
   if (a.group_count != nullptr) {
     // Groups named on the device share the blocks of one dimension: at least one block a group.
@@ -506,7 +536,7 @@ void launch_tokens(const MatvecArgs& a, const Tables& tables, cudaStream_t strea
     grid = dim3(std::min(wanted, fill), a.groups, a.parts);
   }
   // One launch, with PDL where gpu/pdl.hpp allows it.
-  void (*kernel)(MatvecArgs, Tables) = int16_kernel<T, NT>;
+  void (*kernel)(MatvecArgs, Tables) = int16_kernel<T, TS, NT>;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(kWarps * 32);
@@ -517,13 +547,28 @@ void launch_tokens(const MatvecArgs& a, const Tables& tables, cudaStream_t strea
   FERRY_CUDA(cudaLaunchKernelEx(&cfg, kernel, a, tables));
 }
 
+// The types a launch may mix (MatvecPart::type): those only this kernel reads (Q4_K takes the
+// tensor-core kernel where it can, whose launches hold one type).
+bool mixable(model::GgmlType t) { return int16_type(t) && t != model::GgmlType::Q4_K; }
+
 template <int T>
 void launch(const MatvecArgs& a, const Tables& tables, cudaStream_t stream) {
   switch (padded_tokens(a.tokens)) {
-    case 1: launch_tokens<T, 1>(a, tables, stream); break;
-    case 2: launch_tokens<T, 2>(a, tables, stream); break;
-    case 4: launch_tokens<T, 4>(a, tables, stream); break;
-    default: launch_tokens<T, 8>(a, tables, stream); break;
+    case 1:
+      if constexpr (T != qd::kQ4_K) {
+        switch (second_type(a)) {
+          case model::GgmlType::Q5_K: launch_tokens<T, qd::kQ5_K, 1>(a, tables, stream); return;
+          case model::GgmlType::Q6_K: launch_tokens<T, qd::kQ6_K, 1>(a, tables, stream); return;
+          case model::GgmlType::IQ4_XS: launch_tokens<T, qd::kIQ4_XS, 1>(a, tables, stream); return;
+          case model::GgmlType::IQ3_S: launch_tokens<T, qd::kIQ3_S, 1>(a, tables, stream); return;
+          default: break;
+        }
+      }
+      launch_tokens<T, T, 1>(a, tables, stream);
+      break;
+    case 2: launch_tokens<T, T, 2>(a, tables, stream); break;
+    case 4: launch_tokens<T, T, 4>(a, tables, stream); break;
+    default: launch_tokens<T, T, 8>(a, tables, stream); break;
   }
 }
 
@@ -536,8 +581,17 @@ bool matvec_quantizes_activations(const MatvecArgs& a) {
     aligned = aligned && reinterpret_cast<uintptr_t>(a.more[p - 1].x) % 16 == 0 &&
               reinterpret_cast<uintptr_t>(a.more[p - 1].x_up) % 16 == 0;
   }
-  return !a.f32_activations && int16_type(a.w.type) && a.w.cols % 256 == 0 && a.tokens >= 1 && aligned &&
-         smem_bytes(a.w.type, padded_tokens(a.tokens), a.w.cols) <= kMaxSmem;
+  // Parts of their own format: single, at one token, of one mixable type apart from w's.
+  const model::GgmlType second = second_type(a);
+  bool formats = true;
+  for (uint32_t p = 1; p < a.parts && p < kMaxMatvecParts; ++p) {
+    const MatvecPart& m = a.more[p - 1];
+    if (!matvec_part_own_format(a, p)) continue;
+    formats = formats && m.single && a.tokens == 1 && m.type == second && second != a.w.type && mixable(a.w.type) &&
+              mixable(second) && m.row_bytes == model::ggml_bytes(second, a.w.cols).value_or(0);
+  }
+  return !a.f32_activations && int16_type(a.w.type) && a.w.cols % 256 == 0 && a.tokens >= 1 && aligned && formats &&
+         launch_smem(a, padded_tokens(a.tokens)) <= kMaxSmem;
 }
 
 void launch_matvec_int16(const MatvecArgs& a, const uint32_t* iq3s_grid, cudaStream_t stream) {

@@ -9,13 +9,19 @@
 // two tf32 parts (~22 bits). The activations are quantized as the dp2a kernel does
 // (gpu/x_int16.cuh) into shared memory in B's fragment order.
 //
-// Work: a warp's step is 16 rows x one 256-column superblock, its loads (8-byte pieces: a lane holds
-// rows g and g + 8 of an MMA tile, at the same columns) requested one step ahead. The warps of a
-// block share a tile's superblocks (8 warps a tile on rows of 8 or more superblocks; fewer warps a
-// tile, so more tiles a block, otherwise) and add their partial sums through shared memory in a fixed order; a token's result
-// is the same whatever the launch's token count. A launch of several groups or parts may instead
-// share its blocks out by the groups' steps (Share): one wave where the 3-D grid would take two (one
-// row's routed and shared down), the same tiles computed alike by other blocks.
+// Work: a warp's step is 16 rows x one 256-column superblock (8-byte pieces: a lane holds rows g and
+// g + 8 of an MMA tile, at the same columns, and one word of each row's 16-byte head, the quad's
+// lanes sharing the rest by shuffles). Each piece of a superblock is loaded again from the next one
+// as soon as the products have used it, so that the next superblock is in flight in the registers
+// of one (128 registers, 2 blocks of 8 warps an SM: 3 blocks at 80 registers measured slower). The
+// warps of a block share a tile's superblocks (8 warps a tile on rows of 8 or more superblocks;
+// fewer warps a tile, so more tiles a block, otherwise) and add their partial sums through shared
+// memory in a fixed order; a token's result is the same whatever the launch's token count. A launch
+// of several groups or parts may instead share its blocks out by the groups' steps (one wave where
+// the 3-D grid would take two: one row's routed and shared down; gpu/matvec_share.cuh) or, where
+// every group reads one x (one row's routed and shared gate / up), walk its steps flat, a block's
+// contiguous share running on from one group into the next: the same tiles computed alike by other
+// blocks.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -28,6 +34,7 @@
 #include "gpu/cuda_check.hpp"
 #include "gpu/matvec_mma.hpp"
 #include "gpu/matvec_part.cuh"
+#include "gpu/matvec_share.cuh"
 #include "gpu/mma_int8.cuh"
 #include "gpu/pdl.cuh"
 #include "gpu/pdl.hpp"
@@ -68,23 +75,34 @@ __host__ __device__ constexpr uint32_t warps_per_tile(uint32_t superblocks) {
   return superblocks >= 8 ? 8 : superblocks >= 4 ? 4 : superblocks >= 2 ? 2 : 1;
 }
 
-// What a product reads besides the weights: the quantized x in shared memory, the lane's place in
-// the MMA fragments (g = lane / 4, q = lane % 4) and the group's token count.
-struct Ctx {
+// What a lane's products read of the quantized x in shared memory (Layout), its places worked out
+// once a block: token g's B fragments and sums (lane q's 16 bytes of unit / superblock 0), tokens
+// 2q's and 2q + 1's steps, for g = lane / 4 and q = lane % 4 (the MMA fragments'). Columns past the
+// group's tokens read its last token: their sums are never stored, and each column's sums are its
+// own, so no register is zeroed for them.
+struct LaneX {
   const unsigned char* xb;
-  const float* steps;
   const unsigned char* sums;
-  Layout lay;
-  uint32_t g, q, ntok;
+  const float* step0;
+  const float* step1;
+  __device__ LaneX(const unsigned char* smem, const Layout& lay, uint32_t g, uint32_t q, uint32_t ntok) {
+    const float* steps = reinterpret_cast<const float*>(smem + lay.steps_at());
+    xb = smem + min(g, ntok - 1) * lay.tok_stride() + q * 16;
+    sums = smem + lay.sums_at() + min(g, ntok - 1) * lay.sum_stride() + q * 16;
+    step0 = steps + min(2 * q, ntok - 1) * lay.step_stride();
+    step1 = steps + min(2 * q + 1, ntok - 1) * lay.step_stride();
+  }
 };
-
-// Token g's B fragments of unit `unit`. Columns past the group's tokens read its last token: their
-// sums are never stored, and each column's sums are its own, so no register is zeroed for them.
-__device__ __forceinline__ void load_b(const Ctx& c, uint32_t unit, mma::FragB& hi, mma::FragB& lo) {
-  const uint4 v = *reinterpret_cast<const uint4*>(c.xb + min(c.g, c.ntok - 1) * c.lay.tok_stride() + unit * 64 +
-                                                  c.q * 16);
+__device__ __forceinline__ void load_b(const LaneX& c, uint32_t unit, mma::FragB& hi, mma::FragB& lo) {
+  const uint4 v = *reinterpret_cast<const uint4*>(c.xb + unit * 64);
   hi = {{v.x, v.y}};
   lo = {{v.z, v.w}};
+}
+__device__ __forceinline__ float x_step(const LaneX& c, uint32_t t, uint32_t unit) {
+  return (t & 1 ? c.step1 : c.step0)[unit];
+}
+__device__ __forceinline__ uint4 load_sums(const LaneX& c, uint32_t sb) {
+  return *reinterpret_cast<const uint4*>(c.sums + sb * 64);
 }
 // The int32 sums of A's rows (g, g + 8) with the lane's tokens (2q, 2q + 1): s[2r + t], hi * 256 + lo.
 template <bool SignedA>
@@ -94,10 +112,6 @@ __device__ __forceinline__ void sums(const mma::FragA& A, const mma::FragB& hi, 
   mma::mma_k32_zero_c<SignedA, false>(cl, A, lo);
 #pragma unroll
   for (int i = 0; i < 4; ++i) s[i] = ch.r[i] * 256 + cl.r[i];
-}
-// Token t's step of unit `unit` (past the group's tokens its last token's, as load_b).
-__device__ __forceinline__ float x_step(const Ctx& c, uint32_t t, uint32_t unit) {
-  return c.steps[min(t, c.ntok - 1) * c.lay.step_stride() + unit];
 }
 
 // d = a * b + c over tf32 (m16n8k8, f32 sums): a[0] / a[1] rows g / g + 8 and a[2] / a[3] the same
@@ -170,9 +184,10 @@ struct K4Scales {
     }
   }
 };
-// a_of(j, A) fills sub-block j's A fragment.
+// a_of(j, A) fills sub-block j's A fragment (q: the lane's).
 template <class AOf>
-__device__ __forceinline__ void k4_product(const K4Scales& k, uint32_t sb, const Ctx& c, AOf a_of, float (&acc)[4]) {
+__device__ __forceinline__ void k4_product(const K4Scales& k, uint32_t sb, const LaneX& c, uint32_t q, AOf a_of,
+                                           float (&acc)[4]) {
   float sd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
@@ -183,7 +198,7 @@ __device__ __forceinline__ void k4_product(const K4Scales& k, uint32_t sb, const
     load_b(c, unit, hi, lo);
     int s[4];
     sums<false>(A, hi, lo, s);
-    const float x0 = x_step(c, 2 * c.q, unit), x1 = x_step(c, 2 * c.q + 1, unit);
+    const float x0 = x_step(c, 2 * q, unit), x1 = x_step(c, 2 * q + 1, unit);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int scale = static_cast<int>((k.sc[r][j >> 2] >> (8 * (j & 3))) & 0xff);
@@ -193,10 +208,9 @@ __device__ __forceinline__ void k4_product(const K4Scales& k, uint32_t sb, const
     }
   }
   // A: the minimums of sub-blocks q (a[0], a[1]) and q + 4 (a[2], a[3]); B: token g's sums of them.
-  const uint32_t am[4] = {__float_as_uint(qd::byte_f(k.mn[0][0], c.q)), __float_as_uint(qd::byte_f(k.mn[1][0], c.q)),
-                          __float_as_uint(qd::byte_f(k.mn[0][1], c.q)), __float_as_uint(qd::byte_f(k.mn[1][1], c.q))};
-  const uint4 bm = *reinterpret_cast<const uint4*>(c.sums + min(c.g, c.ntok - 1) * c.lay.sum_stride() + sb * 64 +
-                                                   c.q * 16);
+  const uint32_t am[4] = {__float_as_uint(qd::byte_f(k.mn[0][0], q)), __float_as_uint(qd::byte_f(k.mn[1][0], q)),
+                          __float_as_uint(qd::byte_f(k.mn[0][1], q)), __float_as_uint(qd::byte_f(k.mn[1][1], q))};
+  const uint4 bm = load_sums(c, sb);
   float sm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   mma_tf32(sm, am, bm, false);
   mma_tf32(sm, am, bm, true);
@@ -206,23 +220,50 @@ __device__ __forceinline__ void k4_product(const K4Scales& k, uint32_t sb, const
 
 template <> struct MmaReader<qd::kQ4_K> {
   static constexpr uint32_t kBlockBytes = 144;
+  // The lane's part of rows g and g + 8 of a superblock: word q of each head (d, dmin and the 12
+  // bytes of scales and minimums; the quad's four lanes hold a row's four), bytes 8q..8q+7 of each
+  // chunk of quantized weights.
   struct Regs {
-    uint4 head[2];   // bytes 0..15 of rows g, g + 8
-    uint2 qs[2][4];  // bytes 8q..8q+7 of each chunk
+    uint32_t head[2];
+    uint2 qs[2][4];
   };
-  __device__ static void load(const uint8_t* blk, uint32_t r, uint32_t q, Regs& w) {
-    w.head[r] = *reinterpret_cast<const uint4*>(blk);
-#pragma unroll
-    for (int c = 0; c < 4; ++c) w.qs[r][c] = *reinterpret_cast<const uint2*>(blk + 16 + 32 * c + 8 * q);
+  __device__ static void load_head(const uint8_t* blk, uint32_t r, uint32_t q, Regs& w) {
+    w.head[r] = *reinterpret_cast<const uint32_t*>(blk + 4 * q);
   }
-  __device__ static void product(const Regs& w, uint32_t sb, const Ctx& c, float (&acc)[4]) {
-    k4_product(K4Scales(w.head), sb, c,
+  __device__ static void load_chunk(const uint8_t* blk, uint32_t r, uint32_t q, int c, Regs& w) {
+    w.qs[r][c] = *reinterpret_cast<const uint2*>(blk + 16 + 32 * c + 8 * q);
+  }
+  __device__ static void load(const uint8_t* blk, uint32_t r, uint32_t q, Regs& w) {
+    load_head(blk, r, q, w);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) load_chunk(blk, r, q, c, w);
+  }
+  // The product of w, each piece of it then loaded again from the next superblock (next: its rows g
+  // and g + 8) once used, so that the next superblock's loads are in flight during this one's
+  // products in the registers of one; a row's head from the quad's lanes by shuffles.
+  __device__ static void product_reload(Regs& w, uint32_t sb, const LaneX& c, uint32_t q,
+                                        const uint8_t* const (&next)[2], float (&acc)[4]) {
+    uint4 head[2];
+    const uint32_t quad = (threadIdx.x & 31) & ~3u;
+#pragma unroll
+    for (uint32_t r = 0; r < 2; ++r) {
+      head[r] = make_uint4(__shfl_sync(0xffffffffu, w.head[r], quad), __shfl_sync(0xffffffffu, w.head[r], quad + 1),
+                           __shfl_sync(0xffffffffu, w.head[r], quad + 2), __shfl_sync(0xffffffffu, w.head[r], quad + 3));
+    }
+    const K4Scales k(head);
+#pragma unroll
+    for (uint32_t r = 0; r < 2; ++r) load_head(next[r], r, q, w);
+    k4_product(k, sb, c, q,
                [&](int j, mma::FragA& A) {
                  const int ch = j >> 1, shift = 4 * (j & 1);
                  A.r[0] = (w.qs[0][ch].x >> shift) & 0x0f0f0f0fu;
                  A.r[1] = (w.qs[1][ch].x >> shift) & 0x0f0f0f0fu;
                  A.r[2] = (w.qs[0][ch].y >> shift) & 0x0f0f0f0fu;
                  A.r[3] = (w.qs[1][ch].y >> shift) & 0x0f0f0f0fu;
+                 if (j & 1) {
+#pragma unroll
+                   for (uint32_t r = 0; r < 2; ++r) load_chunk(next[r], r, q, ch, w);
+                 }
                },
                acc);
   }
@@ -289,114 +330,98 @@ __device__ void quantize_x(const MatvecArgs& a, const MatvecPartView& view, cons
   }
 }
 
-// A launch's groups (every part's; a single part is one group), each its rows' block steps, in
-// order. Shared out (share_blocks, a 1-D grid of N blocks): group u takes blocks [B(u), B(u + 1)),
-// B(u) = u + (N - U) * (the steps of the groups before u) / S, so that every group has a block and
-// the rest go by steps: one wave of about equal shares whatever the parts' and groups' sizes (the
-// shared expert's beside the routed experts'). A block's steps then stride over its group's as a
-// block of a 3-D grid's do.
-struct Share {
-  uint32_t part, g, bx, nb;
-};
-__host__ __device__ inline uint32_t group_steps(const MatvecArgs& a, uint32_t part, uint32_t tiles_per_step) {
-  return ((matvec_part_rows(a, part) + 15) / 16 + tiles_per_step - 1) / tiles_per_step;
-}
-__host__ __device__ inline uint32_t part_groups(const MatvecArgs& a, uint32_t part) {
-  return matvec_part_single(a, part) ? 1 : a.groups;
-}
-// U and S.
-__host__ __device__ inline void share_totals(const MatvecArgs& a, uint32_t tiles_per_step, uint32_t& U, uint64_t& S) {
-  U = 0, S = 0;
-  for (uint32_t p = 0; p < a.parts && p < kMaxMatvecParts; ++p) {
-    U += part_groups(a, p);
-    S += uint64_t{part_groups(a, p)} * group_steps(a, p, tiles_per_step);
-  }
-}
-// Group u's part and group, and the steps of the groups before it.
-__host__ __device__ inline uint64_t share_locate(const MatvecArgs& a, uint32_t tiles_per_step, uint32_t u,
-                                                 uint32_t& part, uint32_t& g) {
-  uint64_t before = 0;
-  part = 0;
-  for (; part + 1 < a.parts && u >= part_groups(a, part); ++part) {
-    u -= part_groups(a, part);
-    before += uint64_t{part_groups(a, part)} * group_steps(a, part, tiles_per_step);
-  }
-  g = u;
-  return before + uint64_t{u} * group_steps(a, part, tiles_per_step);
-}
-// B(u) of N blocks (N for u = U).
-__host__ __device__ inline uint32_t share_first_block(const MatvecArgs& a, uint32_t tiles_per_step, uint32_t u,
-                                                      uint32_t U, uint64_t S, uint32_t N) {
-  if (u >= U) return N;
-  uint32_t part, g;
-  const uint64_t extra = N > U ? N - U : 0;
-  return u + static_cast<uint32_t>(extra * share_locate(a, tiles_per_step, u, part, g) / S);
-}
-// Block b's group and place in it.
-__host__ __device__ inline Share share_of(const MatvecArgs& a, uint32_t tiles_per_step, uint32_t b, uint32_t N) {
-  uint32_t U;
-  uint64_t S;
-  share_totals(a, tiles_per_step, U, S);
-  uint32_t lo = 0, hi = U - 1;  // the last group whose first block is <= b
-  while (lo < hi) {
-    const uint32_t mid = (lo + hi + 1) / 2;
-    if (share_first_block(a, tiles_per_step, mid, U, S, N) <= b) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  Share sh;
-  share_locate(a, tiles_per_step, lo, sh.part, sh.g);
-  const uint32_t from = share_first_block(a, tiles_per_step, lo, U, S, N);
-  sh.bx = b - from;
-  sh.nb = share_first_block(a, tiles_per_step, lo + 1, U, S, N) - from;
-  return sh;
-}
+// How a launch's blocks find their work: a 3-D grid of blockIdx.y groups and blockIdx.z parts
+// (matvec_block_take), a 1-D grid shared out by the groups' steps (share_of, gpu/matvec_share.cuh),
+// or a 1-D grid walking the launch's steps flat (flat_segment).
+enum class Walk : uint32_t { grid, shared_out, flat };
 
-// With `shared_out` the grid is Share's (1-D), else one of blockIdx.y groups and blockIdx.z parts.
-template <int T>
-__global__ void __launch_bounds__(kThreads, 2) matvec_mma_kernel(MatvecArgs a, bool shared_out) {
+// Steps [from, from + count) of group g of part `part`.
+struct Segment {
+  uint32_t part, g, from, count;
+};
+// Flat (every group reads the same x: one row's routed and shared gate and up): block b of N takes
+// steps [b S / N, (b + 1) S / N) of the launch's groups in order, contiguous ones, across a group's
+// end into the next; its segment from launch step s on, up to `end`.
+__device__ inline Segment flat_segment(const MatvecArgs& a, uint32_t rows_per_step, uint32_t s, uint32_t end) {
+  uint32_t before = 0;
+  for (uint32_t p = 0; p < a.parts && p < kMaxMatvecParts; ++p) {
+    const uint32_t steps = share_group_steps(a, p, rows_per_step), in = share_part_groups(a, p) * steps;
+    if (s < before + in) {
+      const uint32_t at = s - before, g = at / steps, from = at % steps;
+      return {p, g, from, min(steps - from, end - s)};
+    }
+    before += in;
+  }
+  return {0, 0, 0, 0};
+}
+__device__ inline uint64_t flat_first_step(uint32_t b, uint32_t N, uint64_t S) { return S * b / N; }
+
+// Flat: the kernel of flat walks (their segments' bookkeeping kept out of the others' registers).
+template <int T, bool Flat>
+__global__ void __launch_bounds__(kThreads, 2)
+    matvec_mma_kernel(MatvecArgs a, Walk walk) {
   using R = MmaReader<T>;
   extern __shared__ __align__(16) unsigned char smem[];
   const uint32_t superblocks = a.w.cols / 256;
   const uint32_t wpt = warps_per_tile(superblocks), tiles_per_step = kWarps / wpt;
   // Groups, tokens named on the device and PDL as in the dp2a kernel (gpu/matvec_int16.cu): the
   // weights no earlier kernel picks are requested before the wait, x and y touched only after it.
-  uint32_t part = blockIdx.z;
+  // The block's first segment: its group's steps bx, bx + nb, ... (strided by the group's blocks), or
+  // `count` contiguous ones (flat).
+  uint32_t part = blockIdx.z, count = ~0u;
+  uint32_t flat_at = 0, flat_end = 0;
   MatvecBlockTake take;
-  if (shared_out) {
-    const Share sh = share_of(a, tiles_per_step, blockIdx.x, gridDim.x);
+  if (!Flat && walk == Walk::shared_out) {
+    const MatvecShare sh = share_of(a, 16 * tiles_per_step, blockIdx.x, gridDim.x);
     part = sh.part;
     take = {sh.g, sh.bx, sh.nb, a.tokens, nullptr, nullptr};
+  } else if (Flat) {
+    uint32_t U;
+    uint64_t S;
+    share_totals(a, 16 * tiles_per_step, U, S);
+    flat_at = static_cast<uint32_t>(flat_first_step(blockIdx.x, gridDim.x, S));
+    flat_end = static_cast<uint32_t>(flat_first_step(blockIdx.x + 1, gridDim.x, S));
+    if (flat_at >= flat_end) return;
+    const Segment seg = flat_segment(a, 16 * tiles_per_step, flat_at, flat_end);
+    part = seg.part, count = seg.count;
+    take = {seg.g, seg.from, 1, a.tokens, nullptr, nullptr};
   }
   const bool fixed_weights = matvec_part_fixed_weights(a, part);
   if (!fixed_weights) pdl_wait();
-  if (!shared_out && !matvec_block_take(a, a.group_count != nullptr, take)) return;
-  const uint32_t g = take.g, bx = take.bx, nb = take.nb, ntok = take.ntok;
+  if (!Flat && walk == Walk::grid && !matvec_block_take(a, a.group_count != nullptr, take)) return;
+  uint32_t g = take.g, bx = take.bx, nb = take.nb;
+  const uint32_t ntok = take.ntok;
   const int32_t *tok_x = take.tok_x, *tok_y = take.tok_y;
   const Layout lay{a.w.cols / 32, a.tokens};
   const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, lg = lane >> 2, lq = lane & 3;
   // Warp `warp` takes superblocks slice, slice + wpt, ... of tile `in_step` of each block step.
   const uint32_t in_step = warp / wpt, slice = warp % wpt;
   const uint32_t mine = (superblocks - slice + wpt - 1) / wpt;
-  const MatvecPartView view = matvec_part_view(a, g, part);
-  const uint32_t tiles = (view.rows + 15) / 16;
-  auto tile_of = [&](uint32_t step, uint32_t at) { return (bx + step * nb) * tiles_per_step + at; };
+  MatvecPartView view = matvec_part_view(a, g, part);
   if (view.rows == 0) return;
-  // The lane's rows g and g + 8 of the warp's tile in a step. Rows past the matrix (the last tile's,
-  // the step after a block's last) read its last row instead: their sums are not stored, and the
-  // loads need no predicate or zeroing.
+  auto tile_in = [&](uint32_t from, uint32_t stride, uint32_t ls, uint32_t at) {
+    return (from + ls * stride) * tiles_per_step + at;
+  };
+  // The segment's steps: flat ones counted, strided ones up to the group's last tile.
+  auto steps_of = [&](uint32_t rows, uint32_t from, uint32_t stride, uint32_t n) {
+    const uint32_t total = ((rows + 15) / 16 + tiles_per_step - 1) / tiles_per_step;
+    return min(n, total > from ? (total - from + stride - 1) / stride : 0);
+  };
+  count = steps_of(view.rows, bx, nb, count);
+  // The lane's rows g and g + 8 of the warp's tile in step ls of a segment. Rows past the matrix (the
+  // last tile's, the step after a block's last) read its last row instead: their sums are not
+  // stored, and the loads need no predicate or zeroing.
   struct Rows {
     const uint8_t* p[2];
   };
-  auto rows_of = [&](uint32_t step) {
-    const uint32_t row0 = tile_of(step, in_step) * 16 + lg;
+  auto rows_in = [&](const uint8_t* w, uint32_t rows, uint32_t tile) {
+    const uint32_t row0 = tile * 16 + lg;
     Rows r;
 #pragma unroll
-    for (uint32_t i = 0; i < 2; ++i) r.p[i] = view.w + static_cast<size_t>(min(row0 + 8 * i, view.rows - 1)) * a.w.row_bytes;
+    for (uint32_t i = 0; i < 2; ++i) r.p[i] = w + static_cast<size_t>(min(row0 + 8 * i, rows - 1)) * a.w.row_bytes;
     return r;
   };
+  auto rows_of = [&](uint32_t ls) { return rows_in(view.w, view.rows, tile_in(bx, nb, ls, in_step)); };
   auto load = [&](const Rows& rows, uint32_t j, typename R::Regs& w) {
     const uint32_t col_bytes = (slice + j * wpt) * R::kBlockBytes;
 #pragma unroll
@@ -407,9 +432,10 @@ __global__ void __launch_bounds__(kThreads, 2) matvec_mma_kernel(MatvecArgs a, b
   // current one runs (step 0's are the warps' first loads: asking twice slowed 1-step calls) (weights that no earlier kernel picks only: a routed expert's call is one step
   // a block, and its pointers may be mapped host memory), so that the warps' own loads, one
   // superblock ahead, find them there.
-  auto prefetch_step = [&](uint32_t step) {
-    const uint32_t row0 = tile_of(step, 0) * 16;
-    if (!fixed_weights || threadIdx.x != 0 || row0 >= view.rows) return;
+  bool fixed_here = fixed_weights;
+  auto prefetch_step = [&](uint32_t ls) {
+    const uint32_t row0 = tile_in(bx, nb, ls, 0) * 16;
+    if (!fixed_here || threadIdx.x != 0 || ls >= count || row0 >= view.rows) return;
     const uint32_t n = min(tiles_per_step * 16, view.rows - row0);
     prefetch_l2(view.w + static_cast<size_t>(row0) * a.w.row_bytes, static_cast<size_t>(n) * a.w.row_bytes);
   };
@@ -419,62 +445,85 @@ __global__ void __launch_bounds__(kThreads, 2) matvec_mma_kernel(MatvecArgs a, b
   load(rows, 0, cur);
   if (fixed_weights) pdl_wait();
   pdl_launch_dependents();
+  // Flat walks read one x for every group: quantized once.
   quantize_x(a, view, matvec_part_x_up(a, g, part), tok_x, ntok, lay, smem);
   __syncthreads();
 
-  const Ctx ctx{smem, reinterpret_cast<const float*>(smem + lay.steps_at()), smem + lay.sums_at(), lay, lg, lq, ntok};
   float* partials = reinterpret_cast<float*>(smem + lay.partials_at());
   auto store = [&](uint32_t row, uint32_t t, float v) {
     const size_t yt = tok_y != nullptr ? static_cast<size_t>(tok_y[t]) : static_cast<size_t>(t);
     view.y[static_cast<size_t>(g) * a.y_group_stride + row + yt * view.y_tok_stride] = v;
   };
-  for (uint32_t step = 0; tile_of(step, 0) < tiles; ++step) {
+  const LaneX lane_x(smem, lay, lg, lq, ntok);
+  // step: the block's (the partial sums' buffers alternate by it); ls: the segment's.
+  for (uint32_t step = 0, ls = 0; ls < count; ++step) {
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    const Rows after = rows_of(step + 1);
+    // The next step's rows: the segment's, or the next segment's first (flat), whose loads the
+    // products below keep in flight.
+    Segment next_seg{0, 0, 0, 0};
+    Rows after;
+    if (Flat && ls + 1 >= count && flat_at + count < flat_end) {
+      next_seg = flat_segment(a, 16 * tiles_per_step, flat_at + count, flat_end);
+      const MatvecPartView nv = matvec_part_view(a, next_seg.g, next_seg.part);
+      after = rows_in(nv.w, nv.rows, tile_in(next_seg.from, 1, 0, in_step));
+    } else {
+      after = rows_of(ls + 1);
+    }
     for (uint32_t j = 0; j < mine; ++j) {
-      typename R::Regs next;
-      if (j + 1 < mine) {
-        load(rows, j + 1, next);
-      } else {
-        load(after, 0, next);
-      }
-      R::product(cur, slice + j * wpt, ctx, acc);
-      cur = next;
+      const bool same_step = j + 1 < mine;
+      const uint32_t col_bytes = (slice + (same_step ? j + 1 : 0) * wpt) * R::kBlockBytes;
+      const uint8_t* const next[2] = {(same_step ? rows.p[0] : after.p[0]) + col_bytes,
+                                      (same_step ? rows.p[1] : after.p[1]) + col_bytes};
+      R::product_reload(cur, slice + j * wpt, lane_x, lq, next, acc);
     }
     rows = after;
-    prefetch_step(step + 2);
+    prefetch_step(ls + 2);
     // acc[2r + t]: row lg + 8r, token 2 lq + t of the tile.
     if (wpt == 1) {
 #pragma unroll
       for (uint32_t i = 0; i < 4; ++i) {
-        const uint32_t row = tile_of(step, in_step) * 16 + lg + 8 * (i >> 1), t = 2 * lq + (i & 1);
+        const uint32_t row = tile_in(bx, nb, ls, in_step) * 16 + lg + 8 * (i >> 1), t = 2 * lq + (i & 1);
         if (row < view.rows && t < ntok) store(row, t, acc[i]);
       }
+    } else {
+      float* buf = partials + (step & 1) * kWarps * a.tokens * 16;
+#pragma unroll
+      for (uint32_t i = 0; i < 4; ++i) {
+        const uint32_t t = 2 * lq + (i & 1);
+        if (t < ntok) buf[(warp * a.tokens + t) * 16 + lg + 8 * (i >> 1)] = acc[i];
+      }
+      // One barrier a step: a buffer is written again two steps on, after every thread has passed
+      // the next step's barrier and so finished reading it.
+      __syncthreads();
+      for (uint32_t idx = threadIdx.x; idx < tiles_per_step * ntok * 16; idx += kThreads) {
+        const uint32_t at = idx / (ntok * 16), t = idx / 16 % ntok, rl = idx % 16;
+        const uint32_t row = tile_in(bx, nb, ls, at) * 16 + rl;
+        float sum = 0.0f;
+        for (uint32_t w = 0; w < wpt; ++w) sum += buf[((at * wpt + w) * a.tokens + t) * 16 + rl];
+        if (row < view.rows) store(row, t, sum);
+      }
+    }
+    if (!Flat || ++ls < count || next_seg.count == 0) {
+      if (!Flat) ++ls;
       continue;
     }
-    float* buf = partials + (step & 1) * kWarps * a.tokens * 16;
-#pragma unroll
-    for (uint32_t i = 0; i < 4; ++i) {
-      const uint32_t t = 2 * lq + (i & 1);
-      if (t < ntok) buf[(warp * a.tokens + t) * 16 + lg + 8 * (i >> 1)] = acc[i];
-    }
-    // One barrier a step: a buffer is written again two steps on, after every thread has passed the
-    // next step's barrier and so finished reading it.
-    __syncthreads();
-    for (uint32_t idx = threadIdx.x; idx < tiles_per_step * ntok * 16; idx += kThreads) {
-      const uint32_t at = idx / (ntok * 16), t = idx / 16 % ntok, rl = idx % 16;
-      const uint32_t row = tile_of(step, at) * 16 + rl;
-      float sum = 0.0f;
-      for (uint32_t w = 0; w < wpt; ++w) sum += buf[((at * wpt + w) * a.tokens + t) * 16 + rl];
-      if (row < view.rows) store(row, t, sum);
-    }
+    // On into the next segment (flat): its group's view; its first rows are loaded already.
+    flat_at += count;
+    part = next_seg.part, g = next_seg.g, bx = next_seg.from, nb = 1, ls = 0;
+    view = matvec_part_view(a, g, part);
+    count = steps_of(view.rows, bx, 1, next_seg.count);
+    fixed_here = matvec_part_fixed_weights(a, part);
+    prefetch_step(1);
   }
 }
 
-using Kernel = void (*)(MatvecArgs, bool);
+using Kernel = void (*)(MatvecArgs, Walk);
 // The types the kernel reads: Q4_K, where it is not slower than the dp2a kernel at one token (Q5_K,
 // Q6_K, IQ4_XS and IQ3_S readers measured 3-25% slower there on the H200: gpu/PERF.md).
-Kernel kernel_for(model::GgmlType type) { return type == model::GgmlType::Q4_K ? matvec_mma_kernel<qd::kQ4_K> : nullptr; }
+Kernel kernel_for(model::GgmlType type, bool flat = false) {
+  if (type != model::GgmlType::Q4_K) return nullptr;
+  return flat ? matvec_mma_kernel<qd::kQ4_K, true> : matvec_mma_kernel<qd::kQ4_K, false>;
+}
 Layout layout_of(const MatvecArgs& a) { return {a.w.cols / 32, a.tokens}; }
 
 // The shared-memory opt-in, once a kernel and device; then the blocks an SM holds at `smem` bytes
@@ -499,40 +548,24 @@ uint32_t resident_per_sm(Kernel kernel, size_t smem) {
   return it->second;
 }
 
-// The blocks of a shared-out launch (Share) where it applies (several groups or parts, none named on
-// the device or skipped) and its longest block takes fewer steps than the 3-D grid's would, a
-// second wave of that grid counted as two steps more (a step, its blocks' start and x again); 0
-// otherwise. One row's routed down and shared down: 9 steps against 8 and a second wave.
-uint32_t share_blocks(const MatvecArgs& a, uint32_t resident) {
-  if ((a.parts < 2 && a.groups < 2) || a.group_count != nullptr || a.skip_negative_index) return 0;
-  const uint32_t tiles_per_step = kWarps / warps_per_tile(a.w.cols / 256);
-  uint32_t U;
-  uint64_t S;
-  share_totals(a, tiles_per_step, U, S);
-  const uint32_t n = static_cast<uint32_t>(std::max<uint64_t>(U, std::min<uint64_t>(S, resident)));
-  uint32_t longest = 0;
-  for (uint32_t b = 0; b < n;) {
-    const Share sh = share_of(a, tiles_per_step, b, n);
-    const uint32_t steps = group_steps(a, sh.part, tiles_per_step);
-    longest = std::max(longest, (steps + sh.nb - 1) / sh.nb);
-    b += sh.nb - sh.bx;
+// Whether every group of every part reads one x (and SwiGLU input): one row's routed and shared gate
+// and up.
+bool one_x(const MatvecArgs& a) {
+  bool one = a.groups < 2 || a.x_group_stride == 0 || (a.groups - 1) / a.x_group_div == 0;
+  for (uint32_t p = 1; p < a.parts && p < kMaxMatvecParts; ++p) {
+    const MatvecPart& m = a.more[p - 1];
+    one = one && (m.x == nullptr || m.x == a.x) && (m.x_up == nullptr || m.x_up == a.x_up);
   }
-  // The 3-D grid: x blocks a group of every grouped part, x * groups over a single part.
-  const uint32_t wanted = (matvec_max_rows(a) + 16 * tiles_per_step - 1) / (16 * tiles_per_step);
-  const uint32_t x = std::min(wanted, std::max<uint32_t>(1, resident / (a.groups * matvec_grouped_parts(a))));
-  uint32_t grid_longest = 0;
-  for (uint32_t p = 0; p < a.parts && p < kMaxMatvecParts; ++p) {
-    const uint32_t blocks = matvec_part_single(a, p) ? x * a.groups : x;
-    grid_longest = std::max(grid_longest, (group_steps(a, p, tiles_per_step) + blocks - 1) / blocks);
-  }
-  if (uint64_t{x} * a.groups * a.parts > resident) grid_longest += 2;
-  return longest < grid_longest ? n : 0;
+  return one && a.group_count == nullptr;
 }
 
 }  // namespace
 
 bool matvec_mma_applies(const MatvecArgs& a) {
   if (!matvec_quantizes_activations(a)) return false;
+  for (uint32_t p = 1; p < a.parts && p < kMaxMatvecParts; ++p) {
+    if (matvec_part_own_format(a, p)) return false;  // one type a launch here
+  }
   const Kernel kernel = kernel_for(a.w.type);
   // The tokens are the MMA's 8 columns (n of m16n8k32).
   return kernel != nullptr && a.tokens <= 8 && code_built_for(reinterpret_cast<const void*>(kernel), 8) &&
@@ -547,10 +580,27 @@ void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream) {
   // Enough blocks to fill the device once; each block quantizes its input once and loops over tiles.
   const uint32_t wanted = (matvec_max_rows(a) + rows_per_block - 1) / rows_per_block;
   const uint32_t resident = static_cast<uint32_t>(current_sm_count()) * resident_per_sm(kernel, smem);
+  // The 3-D grid, shared out where that shortens the longest block, or flat where every group reads
+  // one x and that shortens it further: ceil(S / N) steps.
   dim3 grid;
-  const uint32_t shared_out = share_blocks(a, resident);
-  if (shared_out > 0) {
-    grid = dim3(shared_out);
+  Walk walk = Walk::grid;
+  const SharePlan plan = share_plan(a, resident, rows_per_block);
+  uint32_t longest = plan.grid_longest;
+  if (plan.blocks > 0 && plan.longest < longest) {
+    walk = Walk::shared_out, longest = plan.longest;
+    grid = dim3(plan.blocks);
+  }
+  if (plan.blocks > 0 && one_x(a)) {
+    uint32_t U;
+    uint64_t S;
+    share_totals(a, rows_per_block, U, S);
+    const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(S, resident));
+    if ((S + n - 1) / n < longest) {
+      walk = Walk::flat;
+      grid = dim3(n);
+    }
+  }
+  if (walk != Walk::grid) {
   } else if (a.group_count != nullptr) {
     const uint32_t all = std::max<uint32_t>(1, resident / a.parts);
     grid = dim3(std::max(a.groups, std::min(wanted * a.groups, all)), 1, a.parts);
@@ -565,8 +615,9 @@ void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream) {
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr{};
-  pdl_configure(cfg, attr, reinterpret_cast<const void*>(kernel));
-  FERRY_CUDA(cudaLaunchKernelEx(&cfg, kernel, a, shared_out > 0));
+  const Kernel launched = walk == Walk::flat ? kernel_for(a.w.type, true) : kernel;
+  pdl_configure(cfg, attr, reinterpret_cast<const void*>(launched));
+  FERRY_CUDA(cudaLaunchKernelEx(&cfg, launched, a, walk));
   FERRY_CUDA_LAUNCHED();
 }
 

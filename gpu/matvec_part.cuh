@@ -22,6 +22,11 @@ __host__ __device__ __forceinline__ bool matvec_part_single(const MatvecArgs& a,
 // Whether the block's part is.
 __device__ __forceinline__ bool matvec_single_part(const MatvecArgs& a) { return matvec_part_single(a, blockIdx.z); }
 
+// Whether part `part` has its own row format (MatvecPart::type).
+__host__ __device__ __forceinline__ bool matvec_part_own_format(const MatvecArgs& a, uint32_t part) {
+  return part > 0 && a.more[part - 1].row_bytes != 0;
+}
+
 // The rows of part `part`.
 __host__ __device__ __forceinline__ uint32_t matvec_part_rows(const MatvecArgs& a, uint32_t part) {
   return part == 0 || a.more[part - 1].rows == 0 ? a.w.rows : a.more[part - 1].rows;

@@ -154,13 +154,15 @@ bool int16_throughout(const DecodeExperts& a, uint32_t tokens) {
   return true;
 }
 
-// The shared expert's matrix w as a single part (MatvecPart::single) into y.
-MatvecPart single_part(const DevMatrix& w, float* y) {
+// The shared expert's matrix w as a single part (MatvecPart::single) into y, in its own row format
+// where that is not `routed`'s.
+MatvecPart single_part(const DevMatrix& w, float* y, const DevMatrix& routed) {
   MatvecPart p;
   p.data = w.data;
   p.y = y;
   p.rows = w.rows;
   p.single = true;
+  if (!same_row_format(w, routed)) p.type = w.type, p.row_bytes = w.row_bytes;
   return p;
 }
 
@@ -170,8 +172,8 @@ MatvecArgs fused_gate_up(const DecodeExperts& a) {
   MatvecArgs m = per_route_gate(a, a.ids);
   m.parts = 4;
   m.more[0] = {a.up.data, a.tables[1], a.eu};
-  m.more[1] = single_part(a.shared_gate, a.sg);
-  m.more[2] = single_part(a.shared_up, a.su);
+  m.more[1] = single_part(a.shared_gate, a.sg, a.gate);
+  m.more[2] = single_part(a.shared_up, a.su, a.gate);
   return m;
 }
 
@@ -181,7 +183,7 @@ MatvecArgs fused_down(const DecodeExperts& a) {
   d.x_up = a.eu;
   d.swiglu_limit = a.swiglu_limit;
   d.parts = 2;
-  d.more[0] = single_part(a.shared_down, a.sh);
+  d.more[0] = single_part(a.shared_down, a.sh, a.down);
   d.more[0].x = a.sg;
   d.more[0].x_up = a.su;
   return d;
@@ -191,9 +193,12 @@ bool shared_expert_fused(const DecodeExperts& a) {
   if (a.rows != 1 || a.k == 0 || a.shared_gate.empty() || a.sg == nullptr || a.su == nullptr || a.sh == nullptr) {
     return false;
   }
-  if (!same_matrix_shape(a.gate, a.up) || !same_row_format(a.gate, a.shared_gate) ||
-      !same_row_format(a.gate, a.shared_up) || !same_row_format(a.down, a.shared_down) ||
-      a.shared_up.rows != a.shared_gate.rows || a.shared_down.cols != a.shared_gate.rows) {
+  // The shared expert's matrices in the routed ones' row format or, where the int16 kernel takes
+  // both types in one launch, in their own (MatvecPart::type; the user's mix: IQ3_S routed gate and up,
+  // Q5_K shared expert).
+  if (!same_matrix_shape(a.gate, a.up) || a.shared_gate.cols != a.gate.cols || a.shared_up.cols != a.gate.cols ||
+      a.shared_down.cols != a.down.cols || a.shared_up.rows != a.shared_gate.rows ||
+      a.shared_down.cols != a.shared_gate.rows) {
     return false;
   }
   return matvec_quantizes_activations(fused_gate_up(a)) && matvec_quantizes_activations(fused_down(a));

@@ -34,8 +34,9 @@ struct DecodeExperts {
 
 // Whether decode_experts_per_route computes the shared expert too: one row (the shared expert's one
 // token, as its own launches run it), gate, up and the shared gate and up of one row format, down and
-// the shared down of another, every launch on the int16 path (the same kernel as the launches apart,
-// so sh gets their bits).
+// the shared down of another, or the shared expert's matrices in a format of their own where the
+// int16 path's dp2a kernel mixes the two types (MatvecPart::type), every launch on the int16 path
+// (the same kernel code as the launches apart, so sh gets their bits).
 bool shared_expert_fused(const DecodeExperts& a);
 
 // The two launches decode_experts_per_route makes where shared_expert_fused holds: the routed

@@ -266,21 +266,24 @@ TEST_P(MoeDecodeTest, SharedGivesThePerRouteBits) {
   }
 }
 
-// One row, the shared expert as further parts of the routed experts' gate/up and down launches: the
-// routes' outputs and the shared expert's are the bits of the launches apart (the shared expert as
+// One row, the shared expert (of type `shared`) as further parts of the routed experts' (of type
+// `type`) gate/up and down launches, where shared_expert_fused holds (`fused`): the routes' outputs
+// and the shared expert's are the bits of the launches apart (the shared expert as
 // LayerRunner::dense_ffn runs it: gate and up as one launch, then down over their SwiGLU), experts by
-// offset and through tables. Not fused for two rows or a shared down of another row format.
-TEST_P(MoeDecodeTest, OneRowTakesTheSharedExpertInItsLaunches) {
-  const GgmlType type = GetParam();
-  std::mt19937 rng(1500 + static_cast<int>(type));
+// offset and through tables. Not fused for two rows or a shared down of a format the kernel does not
+// mix.
+void one_row_takes_the_shared_expert(GgmlType type, GgmlType shared, bool fused) {
+  std::mt19937 rng(1500 + static_cast<int>(type) + 100 * static_cast<int>(shared));
   const uint32_t E = 12, D = 512, I = 256, k = 3;
-  const Experts ex(type, E, D, I, rng), sx(type, 1, D, I, rng);
+  const Experts ex(type, E, D, I, rng), sx(shared, 1, D, I, rng);
   std::vector<bool> hit(E);
   for (uint32_t e = 0; e < E; ++e) hit[e] = e % 3 != 1;
   DeviceBuffer tables[3];
   for (int p = 0; p < 3; ++p) tables[p] = to_device(ex.table(p, hit));
   for (bool through_tables : {false, true}) {
-    const std::string at = std::string(model::ggml_type_traits(type).name) + (through_tables ? " through tables" : " by offset");
+    const std::string at = std::string(model::ggml_type_traits(type).name) + " with a shared " +
+                           std::string(model::ggml_type_traits(shared).name) +
+                           (through_tables ? " through tables" : " by offset");
     const std::vector<int32_t> ids = routes("some", 1, k, E, rng);
     const auto x = normal(D, rng);
     DeviceBuffer dids = to_device(ids), dx = to_device(x);
@@ -318,7 +321,8 @@ TEST_P(MoeDecodeTest, OneRowTakesTheSharedExpertInItsLaunches) {
     b.eg = f_eg.as<float>(), b.eu = f_eu.as<float>(), b.eo = f_eo.as<float>();
     b.shared_gate = sx.m[0], b.shared_up = sx.m[1], b.shared_down = sx.m[2];
     b.sg = b.eg + size_t{k} * I, b.su = b.eu + size_t{k} * I, b.sh = f_sh.as<float>();
-    ASSERT_TRUE(shared_expert_fused(b)) << at;
+    ASSERT_EQ(shared_expert_fused(b), fused) << at;
+    if (!fused) return;
     decode_experts_per_route(b, nullptr);
     const auto got_eo = to_host<float>(f_eo, size_t{k} * D), got_sh = to_host<float>(f_sh, D);
     for (size_t i = 0; i < want_eo.size(); ++i) {
@@ -342,28 +346,50 @@ TEST_P(MoeDecodeTest, OneRowTakesTheSharedExpertInItsLaunches) {
   }
 }
 
-// One row at the 12-layer shape (Q4_K, D 4,096, I 2,048, 8 routed experts of 16 and the shared one):
-// the fused launches (their down shared out by steps, gpu/matvec_mma.cu) give the bits of the
-// per-route launches and the shared expert's apart (3-D grids).
-TEST(MoeDecodeModelShape, OneRowFusedGivesTheLaunchesApartBits) {
+TEST_P(MoeDecodeTest, OneRowTakesTheSharedExpertInItsLaunches) { one_row_takes_the_shared_expert(GetParam(), GetParam(), true); }
+
+// A shared expert of another type than the routed experts' (the user's mix: IQ3_S routes, a Q5_K
+// shared expert): in their launches where the dp2a kernel reads both types, apart where Q4_K (the
+// tensor-core kernel's) is one of them.
+TEST(MoeDecodeMixedTypes, OneRowTakesASharedExpertOfAnotherType) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  upload_quant_tables();
+  const struct {
+    GgmlType routed, shared;
+    bool fused;
+  } cases[] = {{GgmlType::IQ3_S, GgmlType::Q5_K, true},   {GgmlType::Q5_K, GgmlType::IQ3_S, true},
+               {GgmlType::IQ4_XS, GgmlType::Q6_K, true},  {GgmlType::Q6_K, GgmlType::IQ4_XS, true},
+               {GgmlType::IQ3_S, GgmlType::IQ4_XS, true}, {GgmlType::Q4_K, GgmlType::Q5_K, false},
+               {GgmlType::Q5_K, GgmlType::Q4_K, false}};
+  for (const auto& c : cases) one_row_takes_the_shared_expert(c.routed, c.shared, c.fused);
+}
+
+// One row at the 12-layer shape (D 4,096, I 2,048, 8 routed experts of 16 and the shared one; gate /
+// up of type `gu`, down `dn`, the shared expert `sx`): the fused launches (on the tensor-core kernel
+// the gate/up walked flat and the down shared out by steps, gpu/matvec_mma.cu) give the bits of the
+// per-route launches and the shared expert's apart (3-D grids).
+void one_row_fused_at_the_model_shape(GgmlType gu, GgmlType dn, GgmlType sx) {
   constexpr uint32_t D = 4096, I = 2048, E = 16, k = 8;
-  const size_t expert_bytes = *model::ggml_bytes(GgmlType::Q4_K, size_t{I} * D);
-  const DeviceBuffer gate = to_device(ferry::testing::random_q4k_blocks(size_t{E + 1} * I, D)),
-                     up = to_device(ferry::testing::random_q4k_blocks(size_t{E + 1} * I, D)),
-                     down = to_device(ferry::testing::random_q4k_blocks(size_t{E + 1} * D, I));
-  auto matrix = [](const DeviceBuffer& b, uint32_t rows, uint32_t cols, size_t at) {
-    return DevMatrix{GgmlType::Q4_K, b.as<uint8_t>() + at, rows, cols, *model::ggml_bytes(GgmlType::Q4_K, cols)};
+  const DeviceBuffer gate = to_device(ferry::testing::random_blocks(gu, size_t{E} * I, D)),
+                     up = to_device(ferry::testing::random_blocks(gu, size_t{E} * I, D)),
+                     down = to_device(ferry::testing::random_blocks(dn, size_t{E} * D, I)),
+                     sgate = to_device(ferry::testing::random_blocks(sx, I, D)),
+                     sup = to_device(ferry::testing::random_blocks(sx, I, D)),
+                     sdown = to_device(ferry::testing::random_blocks(sx, D, I));
+  auto matrix = [](GgmlType type, const DeviceBuffer& b, uint32_t rows, uint32_t cols) {
+    return DevMatrix{type, b.as<uint8_t>(), rows, cols, *model::ggml_bytes(type, cols)};
   };
   std::mt19937 rng(61);
   const std::vector<int32_t> ids = routes("some", 1, k, E, rng);
   const auto x = normal(D, rng);
   DeviceBuffer dids = to_device(ids), dx = to_device(x);
   DecodeExperts a;
-  a.gate = matrix(gate, I, D, 0), a.up = matrix(up, I, D, 0), a.down = matrix(down, D, I, 0);
+  a.gate = matrix(gu, gate, I, D), a.up = matrix(gu, up, I, D), a.down = matrix(dn, down, D, I);
   a.ids = dids.as<int32_t>(), a.x = dx.as<float>(), a.rows = 1, a.k = k, a.swiglu_limit = 7.0f;
-  const DevMatrix sg = matrix(gate, I, D, E * expert_bytes), su = matrix(up, I, D, E * expert_bytes),
-                  sd = matrix(down, D, I, E * expert_bytes);
+  const DevMatrix sg = matrix(sx, sgate, I, D), su = matrix(sx, sup, I, D), sd = matrix(sx, sdown, D, I);
+  const std::string at = std::string(model::ggml_type_traits(gu).name) + " / " +
+                         std::string(model::ggml_type_traits(dn).name) + ", shared " +
+                         std::string(model::ggml_type_traits(sx).name);
   const size_t scratch = size_t{k + 1} * I;
   DeviceBuffer eg = poisoned(scratch), eu = poisoned(scratch), eo = poisoned(size_t{k} * D), sh = poisoned(D);
   a.eg = eg.as<float>(), a.eu = eu.as<float>(), a.eo = eo.as<float>();
@@ -380,19 +406,31 @@ TEST(MoeDecodeModelShape, OneRowFusedGivesTheLaunchesApartBits) {
   b.eg = f_eg.as<float>(), b.eu = f_eu.as<float>(), b.eo = f_eo.as<float>();
   b.shared_gate = sg, b.shared_up = su, b.shared_down = sd;
   b.sg = b.eg + size_t{k} * I, b.su = b.eu + size_t{k} * I, b.sh = f_sh.as<float>();
-  ASSERT_TRUE(shared_expert_fused(b));
+  ASSERT_TRUE(shared_expert_fused(b)) << at;
   decode_experts_per_route(b, nullptr);
   const auto got_eo = to_host<float>(f_eo, size_t{k} * D), got_sh = to_host<float>(f_sh, D);
   for (size_t i = 0; i < want_eo.size(); ++i) {
-    ASSERT_FALSE(std::isnan(want_eo[i])) << "route " << i / D << " not written";
+    ASSERT_FALSE(std::isnan(want_eo[i])) << at << ": route " << i / D << " not written";
     ASSERT_EQ(std::memcmp(&got_eo[i], &want_eo[i], 4), 0)
-        << "route " << i / D << " row " << i % D << ": " << got_eo[i] << " vs " << want_eo[i];
+        << at << ": route " << i / D << " row " << i % D << ": " << got_eo[i] << " vs " << want_eo[i];
   }
   for (size_t i = 0; i < want_sh.size(); ++i) {
-    ASSERT_FALSE(std::isnan(want_sh[i])) << "shared expert row " << i << " not written";
-    ASSERT_EQ(std::memcmp(&got_sh[i], &want_sh[i], 4), 0) << "shared expert row " << i << ": " << got_sh[i] << " vs "
+    ASSERT_FALSE(std::isnan(want_sh[i])) << at << ": shared expert row " << i << " not written";
+    ASSERT_EQ(std::memcmp(&got_sh[i], &want_sh[i], 4), 0) << at << ": shared expert row " << i << ": " << got_sh[i] << " vs "
                                                           << want_sh[i];
   }
+}
+
+TEST(MoeDecodeModelShape, OneRowFusedGivesTheLaunchesApartBits) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  one_row_fused_at_the_model_shape(GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q4_K);
+}
+
+// The user's mix (maya-l.recipe): IQ3_S gate and up, Q5_K down and shared expert, on the dp2a kernel.
+TEST(MoeDecodeModelShape, OneRowFusedOfTheUsersMixGivesTheLaunchesApartBits) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  upload_quant_tables();
+  one_row_fused_at_the_model_shape(GgmlType::IQ3_S, GgmlType::Q5_K, GgmlType::Q5_K);
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, MoeDecodeTest,

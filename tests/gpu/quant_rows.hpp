@@ -53,6 +53,27 @@ inline std::vector<uint8_t> random_q4k_blocks(size_t rows, size_t cols) {
   return data;
 }
 
+// Random blocks of a K-quant or IQ type (Q4_K, Q5_K, Q6_K, IQ4_XS, IQ3_S) with small finite f16
+// scales, for matrices of the model's size (random_q4k_blocks' way for the other types).
+inline std::vector<uint8_t> random_blocks(model::GgmlType type, size_t rows, size_t cols) {
+  if (type == model::GgmlType::Q4_K) return random_q4k_blocks(rows, cols);
+  const size_t block = model::ggml_type_traits(type).block_bytes;
+  std::vector<uint8_t> data(*model::ggml_bytes(type, rows * cols));
+  uint64_t s = 0x2545f4914f6cdd1dull;
+  for (size_t i = 0; i + 8 <= data.size(); i += 8) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    std::memcpy(&data[i], &s, 8);
+  }
+  // The f16 scales: d first (Q5_K's dmin after it), Q6_K's d last.
+  const size_t d_at = type == model::GgmlType::Q6_K ? block - 2 : 0;
+  for (size_t b = 0; b < data.size(); b += block) {
+    const uint16_t d = model::f32_to_fp16(0.01f + 0.001f * (b / block % 64));
+    std::memcpy(&data[b + d_at], &d, 2);
+    if (type == model::GgmlType::Q5_K) std::memcpy(&data[b + 2], &d, 2);
+  }
+  return data;
+}
+
 inline std::vector<float> dequant(model::GgmlType type, const std::vector<uint8_t>& data, size_t n) {
   std::vector<float> v(n);
   model::dequantize_row(type, data.data(), v.data(), n);
