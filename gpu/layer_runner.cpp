@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,11 @@ LayerRunner::LayerRunner(const model::Glm5Hparams& hp, const DeviceWeights& weig
 // x_hi) / 2^12), which keeps f32 accuracy: plain fp16 operands flip the top token of small models
 // against the CPU reference.
 void LayerRunner::mm(const DevMatrix& m, const float* x, size_t ldx, uint32_t n, float* y, size_t ldy) {
+  mm_staged(m, x, ldx, n, y, ldy, nullptr);
+}
+
+void LayerRunner::mm_staged(const DevMatrix& m, const float* x, size_t ldx, uint32_t n, float* y, size_t ldy,
+                            StagedInput* staged) {
   if (n == 0 || m.rows == 0) return;
   if (n <= kMaxMatvecTokens) {
     MatvecArgs a;
@@ -52,9 +58,18 @@ void LayerRunner::mm(const DevMatrix& m, const float* x, size_t ldx, uint32_t n,
     mark(OpPart::gemm);
     return;
   }
-  float_to_half(x, ldx, n, m.cols, w_.xh, s_, w_.xl);
-  mark(OpPart::convert);
-  const size_t chunk = std::max<size_t>(1, w_.wh_elems / m.cols);
+  const StagedInput input{x, ldx, n, m.cols};
+  if (staged == nullptr || !(*staged == input)) {
+    float_to_half(x, ldx, n, m.cols, w_.xh, s_, w_.xl);
+    mark(OpPart::convert);
+    if (staged != nullptr) *staged = input;
+  }
+  // Temporary A/B switch for the H200 check: FERRY_WH_CHUNK values a weight chunk (fewer: the fp16 copy
+  // may stay in L2 for the GEMMs).
+  const char* env_chunk = std::getenv("FERRY_WH_CHUNK");
+  const size_t chunk_elems = env_chunk != nullptr ? std::min<size_t>(w_.wh_elems, std::strtoull(env_chunk, nullptr, 10))
+                                                  : w_.wh_elems;
+  const size_t chunk = std::max<size_t>(1, chunk_elems / m.cols);
   const float lo = 1.0f / kHalfLoScale;
   for (size_t r0 = 0; r0 < m.rows; r0 += chunk) {
     const size_t rows = std::min<size_t>(chunk, m.rows - r0);
@@ -136,10 +151,12 @@ void LayerRunner::mm_grouped(const DevMatrix& m, uint32_t groups, const float* x
 }
 
 void LayerRunner::mm_products(const MatvecProduct* ps, uint32_t count, const float* x, size_t ldx, uint32_t n,
-                                size_t ldy) {
+                              size_t ldy, StagedInput* staged) {
   if (matvec_products(ps, count, x, ldx, n, ldy, s_)) return;
+  StagedInput own;
   for (uint32_t i = 0; i < count; ++i) {
-    mm(*ps[i].m, ps[i].x != nullptr ? ps[i].x : x, ldx, n, ps[i].y, ps[i].ldy != 0 ? ps[i].ldy : ldy);
+    mm_staged(*ps[i].m, ps[i].x != nullptr ? ps[i].x : x, ldx, n, ps[i].y, ps[i].ldy != 0 ? ps[i].ldy : ldy,
+              staged != nullptr ? staged : &own);
   }
 }
 
@@ -190,7 +207,8 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   const uint32_t n = g.rows;
   const MatvecProduct qkv[] = {
       {&l.m(T::attn_q), w_.qkv_raw}, {&l.m(T::attn_k), w_.qkv_raw + z.C}, {&l.m(T::attn_v), w_.qkv_raw + 2 * z.C}};
-  mm_products(qkv, 3, w_.x, z.D, n, 3 * z.C);
+  StagedInput x_split;  // both groups of products of x take its one fp16 split (kda_conv leaves the staging)
+  mm_products(qkv, 3, w_.x, z.D, n, 3 * z.C, &x_split);
   mark(OpGroup::kda_proj);
   KdaArgs a;
   a.row = g.row;
@@ -209,7 +227,7 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   // The gate's low-rank input (g_a) and beta with f_a's: all read x.
   const MatvecProduct fa_ga_beta[] = {
       {&l.m(T::ssm_f_a), w_.fa}, {&l.m(T::ssm_g_a), w_.ga}, {&l.m(T::ssm_beta), w_.beta, nullptr, z.kda_nh}};
-  mm_products(fa_ga_beta, 3, w_.x, z.D, n, z.kda_hd);
+  mm_products(fa_ga_beta, 3, w_.x, z.D, n, z.kda_hd, &x_split);
   // Both low-rank expansions (f_b of f_a's output, g_b of g_a's) before the recurrence.
   const MatvecProduct fb_gb[] = {{&l.m(T::ssm_f_b), w_.f, w_.fa}, {&l.m(T::ssm_g_b), w_.gate, w_.ga}};
   mm_products(fb_gb, 2, nullptr, z.kda_hd, n, z.C);
@@ -261,10 +279,11 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
   }
   dsa_norms(na, s_);
   if (window != nullptr) window->store(l.index, w_.lat, z.kvlr, g.row, n, s_);
-  mm(l.m(T::attn_q_b), w_.qr, z.qlr, n, w_.q, static_cast<size_t>(z.nh) * z.nope);
+  StagedInput qr_split;  // q_b and the indexer's q_b read the same qr
+  mm_staged(l.m(T::attn_q_b), w_.qr, z.qlr, n, w_.q, static_cast<size_t>(z.nh) * z.nope, &qr_split);
   mark(OpGroup::dsa_proj);
   if (l.has_indexer) {
-    mm(l.m(T::indexer_attn_q_b), w_.qr, z.qlr, n, w_.kq, static_cast<size_t>(z.ih) * z.id);
+    mm_staged(l.m(T::indexer_attn_q_b), w_.qr, z.qlr, n, w_.kq, static_cast<size_t>(z.ih) * z.id, &qr_split);
     const MatvecProduct k_gate[] = {{&l.m(T::indexer_attn_k), w_.kk}, {&l.m(T::indexer_compressor_gate), w_.gs}};
     mm_products(k_gate, 2, w_.x, z.D, n, z.id);
     IndexerArgs ia;

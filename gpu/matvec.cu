@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernels.hpp"
@@ -131,6 +133,21 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecArgs a) {
   }
 }
 
+// Eight values split into fp16 hi and lo (half_split.cuh), each as one 16-byte word.
+__device__ __forceinline__ void split8(const float* v, uint4& hi, uint4& lo) {
+  uint32_t hw[4], lw[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    __half h0, l0, h1, l1;
+    split_half(v[2 * k], h0, l0);
+    split_half(v[2 * k + 1], h1, l1);
+    hw[k] = __half_as_ushort(h0) | (static_cast<uint32_t>(__half_as_ushort(h1)) << 16);
+    lw[k] = __half_as_ushort(l0) | (static_cast<uint32_t>(__half_as_ushort(l1)) << 16);
+  }
+  hi = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+  lo = make_uint4(lw[0], lw[1], lw[2], lw[3]);
+}
+
 // A run of RL consecutive outputs of one unit. With kVec (16-byte aligned outputs), 16-byte stores:
 // a warp's store then fills whole sectors, where element-wise stores write 2 bytes a lane at a
 // lane stride of a run (32 sectors an instruction). The same values either way.
@@ -139,17 +156,10 @@ __device__ __forceinline__ void store_run(const float* v, __half* hi_out, __half
   if constexpr (kVec && RL % 8 == 0) {
 #pragma unroll
     for (int g = 0; g < RL / 8; ++g) {
-      uint32_t hw[4], lw[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        __half h0, l0, h1, l1;
-        split_half(v[8 * g + 2 * k], h0, l0);
-        split_half(v[8 * g + 2 * k + 1], h1, l1);
-        hw[k] = __half_as_ushort(h0) | (static_cast<uint32_t>(__half_as_ushort(h1)) << 16);
-        lw[k] = __half_as_ushort(l0) | (static_cast<uint32_t>(__half_as_ushort(l1)) << 16);
-      }
-      reinterpret_cast<uint4*>(hi_out)[g] = make_uint4(hw[0], hw[1], hw[2], hw[3]);
-      if (lo_out) reinterpret_cast<uint4*>(lo_out)[g] = make_uint4(lw[0], lw[1], lw[2], lw[3]);
+      uint4 hw, lw;
+      split8(v + 8 * g, hw, lw);
+      reinterpret_cast<uint4*>(hi_out)[g] = hw;
+      if (lo_out) reinterpret_cast<uint4*>(lo_out)[g] = lw;
     }
   } else {
 #pragma unroll
@@ -198,6 +208,83 @@ __global__ void dequant_kernel(const uint8_t* data, size_t row_bytes, uint32_t c
   }
 }
 
+constexpr int kConvertThreads = 256;
+
+// Units [0, total) of rows of `upr` units, flat (dst rows are dense: cols apart), one a thread, in 32-bit
+// index math (the host splits launches so that total < 2^31).
+template <int T, class OutT, bool kVec>
+__global__ void __launch_bounds__(kConvertThreads)
+    dequant_flat_kernel(const uint8_t* __restrict__ data, size_t row_bytes, uint32_t upr, uint32_t total, OutT* dst,
+                        __half* dst_lo) {
+  using Tr = qd::Traits<T>;
+  __shared__ uint32_t grid[kUsesIq<T> ? 512 : 1];
+  __shared__ int8_t kvalues[16];
+  load_tables<T>(grid, kvalues);
+  const uint32_t cols = upr * Tr::UE;
+  for (uint32_t i = blockIdx.x * kConvertThreads + threadIdx.x; i < total; i += gridDim.x * kConvertThreads) {
+    const uint32_t r = i / upr, u = i - r * upr;
+    float v[Tr::UE];
+    qd::decode_unit<T>(data + r * row_bytes, u, v, grid, kvalues);
+    const uint32_t out0 = r * cols;
+#pragma unroll
+    for (int run = 0; run < Tr::RUNS; ++run) {
+      const uint32_t c = out0 + qd::run_col<T>(u, run);
+      store_run<Tr::RL, kVec>(v + run * Tr::RL, dst + c, dst_lo ? dst_lo + c : nullptr);
+    }
+  }
+}
+
+// As dequant_flat_kernel for 16-byte aligned fp16 outputs, through shared memory: a warp's 32
+// consecutive units cover 32 * UE consecutive outputs (rows dense, units in block order), which it
+// writes as consecutive 16-byte words, hi then lo.
+template <int T>
+__global__ void __launch_bounds__(kConvertThreads)
+    dequant_staged_kernel(const uint8_t* __restrict__ data, size_t row_bytes, uint32_t upr, uint32_t total,
+                          __half* dst, __half* dst_lo) {
+  using Tr = qd::Traits<T>;
+  constexpr uint32_t kSpan = 32 * Tr::UE;
+  __shared__ uint32_t grid[kUsesIq<T> ? 512 : 1];
+  __shared__ int8_t kvalues[16];
+  __shared__ __align__(16) __half stage[kConvertThreads / 32][kSpan];
+  load_tables<T>(grid, kvalues);
+  const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __half* mine = stage[warp];
+  const uint32_t cols = upr * Tr::UE;
+  const uint32_t step = gridDim.x * kConvertThreads;
+  for (uint32_t w0 = blockIdx.x * kConvertThreads + warp * 32; w0 < total; w0 += step) {
+    const uint32_t i = w0 + lane;
+    const bool live = i < total;
+    const uint32_t r = live ? i / upr : 0, u = live ? i - r * upr : 0;
+    constexpr int kWords = Tr::UE / 8;  // run r's g-th 8 values: word r * RL / 8 + g
+    uint4 hw[kWords], lw[kWords];
+    if (live) {
+      float v[Tr::UE];
+      qd::decode_unit<T>(data + r * row_bytes, u, v, grid, kvalues);
+#pragma unroll
+      for (int k = 0; k < kWords; ++k) split8(v + 8 * k, hw[k], lw[k]);
+    }
+    const uint32_t local0 = r * cols - w0 * Tr::UE;
+    const uint32_t span = (total - w0 < 32 ? total - w0 : 32) * Tr::UE;
+    auto put = [&](const uint4* words, __half* out) {
+      if (live) {
+#pragma unroll
+        for (int run = 0; run < Tr::RUNS; ++run) {
+          uint4* at = reinterpret_cast<uint4*>(mine + local0 + qd::run_col<T>(u, run));
+#pragma unroll
+          for (int g = 0; g < Tr::RL / 8; ++g) at[g] = words[run * (Tr::RL / 8) + g];
+        }
+      }
+      __syncwarp();
+      for (uint32_t k = lane * 8; k < span; k += 256) {
+        *reinterpret_cast<uint4*>(out + w0 * Tr::UE + k) = *reinterpret_cast<const uint4*>(mine + k);
+      }
+      __syncwarp();
+    };
+    put(hw, dst);
+    if (dst_lo) put(lw, dst_lo);
+  }
+}
+
 template <int T>
 __global__ void embed_kernel(const uint8_t* data, size_t row_bytes, uint32_t cols, const int32_t* tokens,
                              uint32_t rows, float* dst, uint32_t copies) {
@@ -233,6 +320,36 @@ __global__ void float_to_half_kernel(const float* src, size_t src_stride, size_t
     const size_t r = i / cols, c = i % cols;
     __half hi, lo;
     split_half(src[r * src_stride + c], hi, lo);
+    dst[i] = hi;
+    if (dst_lo) dst_lo[i] = lo;
+  }
+}
+
+// Rows of `vpr` vectors of 8 values, flat, one vector a thread in 32-bit index math: two float4 loads,
+// two 16-byte stores (hi, lo). The host splits launches so that total < 2^31.
+__global__ void __launch_bounds__(kConvertThreads)
+    float_to_half_vec_kernel(const float* __restrict__ src, size_t src_stride, uint32_t vpr, uint32_t total,
+                             __half* dst, __half* dst_lo) {
+  for (uint32_t i = blockIdx.x * kConvertThreads + threadIdx.x; i < total; i += gridDim.x * kConvertThreads) {
+    const uint32_t r = i / vpr, c = (i - r * vpr) * 8;
+    const float4* p = reinterpret_cast<const float4*>(src + r * src_stride + c);
+    const float4 a = __ldg(p), b = __ldg(p + 1);
+    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    uint4 hw, lw;
+    split8(v, hw, lw);
+    reinterpret_cast<uint4*>(dst)[i] = hw;
+    if (dst_lo) reinterpret_cast<uint4*>(dst_lo)[i] = lw;
+  }
+}
+
+// Any alignment: one value a thread, 32-bit index math.
+__global__ void __launch_bounds__(kConvertThreads)
+    float_to_half_flat_kernel(const float* __restrict__ src, size_t src_stride, uint32_t cols, uint32_t total,
+                              __half* dst, __half* dst_lo) {
+  for (uint32_t i = blockIdx.x * kConvertThreads + threadIdx.x; i < total; i += gridDim.x * kConvertThreads) {
+    const uint32_t r = i / cols, c = i - r * cols;
+    __half hi, lo;
+    split_half(__ldg(src + r * src_stride + c), hi, lo);
     dst[i] = hi;
     if (dst_lo) dst_lo[i] = lo;
   }
@@ -277,17 +394,57 @@ void launch_matvec(const MatvecArgs& a, cudaStream_t s) {
   }
 }
 
+// Temporary A/B switch for the H200 check (FERRY_CONVERT_VARIANT): 0 the old kernels, 1 flat 32-bit
+// with direct stores, 2 (default) flat 32-bit with the fp16 outputs staged a warp at a time.
+int convert_variant() {
+  const char* v = std::getenv("FERRY_CONVERT_VARIANT");
+  return v == nullptr ? 2 : std::atoi(v);
+}
+
+unsigned convert_blocks(size_t items) {
+  return static_cast<unsigned>(std::min<size_t>((items + kConvertThreads - 1) / kConvertThreads, 65535));
+}
+
+// Rows a launch may take so that its outputs stay below 2^31 (the kernels' 32-bit index math).
+size_t rows_per_launch(size_t cols) { return std::max<size_t>(1, (size_t{1} << 31) / std::max<size_t>(cols, 1) - 1); }
+
 template <int T, class OutT>
 void launch_dequant(const DevMatrix& w, size_t row0, size_t rows, OutT* dst, __half* lo, cudaStream_t s) {
-  const size_t units = rows * (w.cols / qd::Traits<T>::UE);
-  const unsigned blocks = static_cast<unsigned>(std::min<size_t>((units + 255) / 256, 65535));
+  using Tr = qd::Traits<T>;
   // Runs start at multiples of 8 columns: 16-byte stores where the outputs and their rows are aligned.
   const bool vec = reinterpret_cast<uintptr_t>(dst) % 16 == 0 && reinterpret_cast<uintptr_t>(lo) % 16 == 0 &&
                    w.cols % 8 == 0;
-  if (vec) {
-    dequant_kernel<T, OutT, true><<<blocks, 256, 0, s>>>(w.data, w.row_bytes, w.cols, row0, rows, dst, lo);
-  } else {
-    dequant_kernel<T, OutT, false><<<blocks, 256, 0, s>>>(w.data, w.row_bytes, w.cols, row0, rows, dst, lo);
+  const int variant = convert_variant();
+  if (variant == 0) {
+    const size_t units = rows * (w.cols / Tr::UE);
+    const unsigned blocks = static_cast<unsigned>(std::min<size_t>((units + 255) / 256, 65535));
+    if (vec) {
+      dequant_kernel<T, OutT, true><<<blocks, 256, 0, s>>>(w.data, w.row_bytes, w.cols, row0, rows, dst, lo);
+    } else {
+      dequant_kernel<T, OutT, false><<<blocks, 256, 0, s>>>(w.data, w.row_bytes, w.cols, row0, rows, dst, lo);
+    }
+    return;
+  }
+  const uint32_t upr = w.cols / Tr::UE;
+  const size_t step = rows_per_launch(w.cols);
+  for (size_t r0 = 0; r0 < rows; r0 += step) {
+    const size_t n = std::min(step, rows - r0);
+    const uint8_t* data = w.data + (row0 + r0) * w.row_bytes;
+    const uint32_t total = static_cast<uint32_t>(n * upr);
+    OutT* d = dst + r0 * w.cols;
+    __half* l = lo ? lo + r0 * w.cols : nullptr;
+    const unsigned blocks = convert_blocks(total);
+    if constexpr (std::is_same_v<OutT, __half> && Tr::RL % 8 == 0) {
+      if (vec && variant == 2) {
+        dequant_staged_kernel<T><<<blocks, kConvertThreads, 0, s>>>(data, w.row_bytes, upr, total, d, l);
+        continue;
+      }
+    }
+    if (vec) {
+      dequant_flat_kernel<T, OutT, true><<<blocks, kConvertThreads, 0, s>>>(data, w.row_bytes, upr, total, d, l);
+    } else {
+      dequant_flat_kernel<T, OutT, false><<<blocks, kConvertThreads, 0, s>>>(data, w.row_bytes, upr, total, d, l);
+    }
   }
 }
 
@@ -427,9 +584,33 @@ void embed_rows(const DevMatrix& embd, const int32_t* tokens, uint32_t rows, flo
 void float_to_half(const float* src, size_t src_stride, size_t rows, size_t cols, void* dst_half, cudaStream_t stream,
                    void* dst_lo) {
   if (rows * cols == 0) return;
-  const unsigned blocks = static_cast<unsigned>(std::min<size_t>((rows * cols + 255) / 256, 65535));
-  float_to_half_kernel<<<blocks, 256, 0, stream>>>(src, src_stride, rows, cols, static_cast<__half*>(dst_half),
-                                                   static_cast<__half*>(dst_lo));
+  __half* hi = static_cast<__half*>(dst_half);
+  __half* lo = static_cast<__half*>(dst_lo);
+  if (convert_variant() == 0) {
+    const unsigned blocks = static_cast<unsigned>(std::min<size_t>((rows * cols + 255) / 256, 65535));
+    float_to_half_kernel<<<blocks, 256, 0, stream>>>(src, src_stride, rows, cols, hi, lo);
+    FERRY_CUDA_LAUNCHED();
+    return;
+  }
+  // Two float4 loads and two 16-byte stores a thread where the rows allow it.
+  const bool vec = reinterpret_cast<uintptr_t>(src) % 16 == 0 && src_stride % 4 == 0 && cols % 8 == 0 &&
+                   reinterpret_cast<uintptr_t>(hi) % 16 == 0 && reinterpret_cast<uintptr_t>(lo) % 16 == 0;
+  const size_t step = rows_per_launch(cols);
+  for (size_t r0 = 0; r0 < rows; r0 += step) {
+    const size_t n = std::min(step, rows - r0);
+    const float* s = src + r0 * src_stride;
+    __half* h = hi + r0 * cols;
+    __half* l = lo ? lo + r0 * cols : nullptr;
+    if (vec) {
+      const uint32_t total = static_cast<uint32_t>(n * cols / 8);
+      float_to_half_vec_kernel<<<convert_blocks(total), kConvertThreads, 0, stream>>>(
+          s, src_stride, static_cast<uint32_t>(cols / 8), total, h, l);
+    } else {
+      const uint32_t total = static_cast<uint32_t>(n * cols);
+      float_to_half_flat_kernel<<<convert_blocks(total), kConvertThreads, 0, stream>>>(
+          s, src_stride, static_cast<uint32_t>(cols), total, h, l);
+    }
+  }
   FERRY_CUDA_LAUNCHED();
 }
 
