@@ -134,15 +134,16 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecArgs a) {
 }
 
 // Eight values split into fp16 hi and lo (half_split.cuh), each as one 16-byte word.
+// Two values a conversion instruction (round to nearest either way: split_half's bits).
 __device__ __forceinline__ void split8(const float* v, uint4& hi, uint4& lo) {
   uint32_t hw[4], lw[4];
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    __half h0, l0, h1, l1;
-    split_half(v[2 * k], h0, l0);
-    split_half(v[2 * k + 1], h1, l1);
-    hw[k] = __half_as_ushort(h0) | (static_cast<uint32_t>(__half_as_ushort(h1)) << 16);
-    lw[k] = __half_as_ushort(l0) | (static_cast<uint32_t>(__half_as_ushort(l1)) << 16);
+    const __half2 h = __floats2half2_rn(v[2 * k], v[2 * k + 1]);
+    const float2 back = __half22float2(h);
+    const __half2 l = __floats2half2_rn((v[2 * k] - back.x) * kHalfLoScale, (v[2 * k + 1] - back.y) * kHalfLoScale);
+    hw[k] = *reinterpret_cast<const uint32_t*>(&h);
+    lw[k] = *reinterpret_cast<const uint32_t*>(&l);
   }
   hi = make_uint4(hw[0], hw[1], hw[2], hw[3]);
   lo = make_uint4(lw[0], lw[1], lw[2], lw[3]);
@@ -285,6 +286,105 @@ __global__ void __launch_bounds__(kConvertThreads)
   }
 }
 
+// The weight bytes of units: blocks of kUnits units, kBytes each (units of the row in block order).
+template <int T> struct UnitBlocks;
+template <> struct UnitBlocks<qd::kF32> { static constexpr uint32_t kUnits = 1, kBytes = 32; };
+template <> struct UnitBlocks<qd::kF16> { static constexpr uint32_t kUnits = 1, kBytes = 16; };
+template <> struct UnitBlocks<qd::kBF16> { static constexpr uint32_t kUnits = 1, kBytes = 16; };
+template <> struct UnitBlocks<qd::kQ8_0> { static constexpr uint32_t kUnits = 1, kBytes = 34; };
+template <> struct UnitBlocks<qd::kQ4_K> { static constexpr uint32_t kUnits = 8, kBytes = 144; };
+template <> struct UnitBlocks<qd::kQ5_K> { static constexpr uint32_t kUnits = 8, kBytes = 176; };
+template <> struct UnitBlocks<qd::kQ6_K> { static constexpr uint32_t kUnits = 4, kBytes = 210; };
+template <> struct UnitBlocks<qd::kIQ4_XS> { static constexpr uint32_t kUnits = 8, kBytes = 136; };
+template <> struct UnitBlocks<qd::kIQ3_S> { static constexpr uint32_t kUnits = 8, kBytes = 110; };
+
+// A warp's tile of 32 consecutive units, over rows packed back to back (row_bytes the rows' blocks and
+// nothing more): its weight bytes are one contiguous range, read as 16-byte (8 where the tile's bytes
+// are not a multiple of 16) words.
+template <int T>
+struct Tile {
+  static constexpr uint32_t kBytes = 32 / UnitBlocks<T>::kUnits * UnitBlocks<T>::kBytes;
+  static constexpr uint32_t kWordBytes = kBytes % 16 == 0 ? 16 : 8;
+  using Word = std::conditional_t<kWordBytes == 16, uint4, uint2>;
+  static constexpr uint32_t kWords = kBytes / kWordBytes;
+  static constexpr uint32_t kPerLane = (kWords + 31) / 32;
+};
+
+// As dequant_staged_kernel, over packed rows, each warp a tile at a time from a grid-stride walk: the
+// tile's weight bytes come in as coalesced words (the next tile's are loaded before the current one is
+// decoded, so that the loads are in flight during the decode), go to shared memory, are decoded there
+// (the unit's place in its block is its lane's: tiles start at multiples of 32 units), and leave as
+// the staged kernel's consecutive 16-byte words. `bytes`: the launch's weight bytes, a multiple of the
+// word size.
+template <int T>
+__global__ void __launch_bounds__(kConvertThreads)
+    dequant_tiled_kernel(const uint8_t* __restrict__ data, uint32_t bytes, uint32_t upr, uint32_t total,
+                         __half* dst, __half* dst_lo) {
+  using Tr = qd::Traits<T>;
+  using Ti = Tile<T>;
+  using Word = typename Ti::Word;
+  constexpr uint32_t kSpan = 32 * Tr::UE;
+  __shared__ uint32_t grid[kUsesIq<T> ? 512 : 1];
+  __shared__ int8_t kvalues[16];
+  __shared__ __align__(16) Word raw[kConvertThreads / 32][Ti::kWords];
+  __shared__ __align__(16) __half stage[kConvertThreads / 32][kSpan];
+  load_tables<T>(grid, kvalues);
+  const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const uint32_t cols = upr * Tr::UE;
+  const uint32_t tiles = (total + 31) / 32, warps = gridDim.x * (kConvertThreads / 32);
+  const uint32_t words_all = bytes / Ti::kWordBytes;
+  const Word* src = reinterpret_cast<const Word*>(data);
+  Word next[Ti::kPerLane] = {};
+  auto fetch = [&](uint32_t t) {
+#pragma unroll
+    for (uint32_t k = 0; k < Ti::kPerLane; ++k) {
+      const uint32_t at = lane + 32 * k, g = t * Ti::kWords + at;
+      if (at < Ti::kWords && g < words_all) next[k] = __ldg(src + g);
+    }
+  };
+  uint32_t t = blockIdx.x * (kConvertThreads / 32) + warp;
+  if (t < tiles) fetch(t);
+  for (; t < tiles; t += warps) {
+#pragma unroll
+    for (uint32_t k = 0; k < Ti::kPerLane; ++k) {
+      if (lane + 32 * k < Ti::kWords) raw[warp][lane + 32 * k] = next[k];
+    }
+    __syncwarp();
+    if (t + warps < tiles) fetch(t + warps);
+    const uint32_t w0 = t * 32, i = w0 + lane;
+    const bool live = i < total;
+    const uint32_t r = live ? i / upr : 0, u = live ? i - r * upr : 0;
+    constexpr int kWords = Tr::UE / 8;
+    uint4 hw[kWords], lw[kWords];
+    if (live) {
+      float v[Tr::UE];
+      qd::decode_unit<T>(reinterpret_cast<const uint8_t*>(raw[warp]), lane, v, grid, kvalues);
+#pragma unroll
+      for (int k = 0; k < kWords; ++k) split8(v + 8 * k, hw[k], lw[k]);
+    }
+    __half* mine = stage[warp];
+    const uint32_t local0 = r * cols - w0 * Tr::UE;
+    const uint32_t span = (total - w0 < 32 ? total - w0 : 32) * Tr::UE;
+    auto put = [&](const uint4* words, __half* out) {
+      if (live) {
+#pragma unroll
+        for (int run = 0; run < Tr::RUNS; ++run) {
+          uint4* at = reinterpret_cast<uint4*>(mine + local0 + qd::run_col<T>(u, run));
+#pragma unroll
+          for (int g = 0; g < Tr::RL / 8; ++g) at[g] = words[run * (Tr::RL / 8) + g];
+        }
+      }
+      __syncwarp();
+      for (uint32_t k = lane * 8; k < span; k += 256) {
+        *reinterpret_cast<uint4*>(out + w0 * Tr::UE + k) = *reinterpret_cast<const uint4*>(mine + k);
+      }
+      __syncwarp();
+    };
+    put(hw, dst);
+    if (dst_lo) put(lw, dst_lo);
+  }
+}
+
 template <int T>
 __global__ void embed_kernel(const uint8_t* data, size_t row_bytes, uint32_t cols, const int32_t* tokens,
                              uint32_t rows, float* dst, uint32_t copies) {
@@ -395,10 +495,11 @@ void launch_matvec(const MatvecArgs& a, cudaStream_t s) {
 }
 
 // Temporary A/B switch for the H200 check (FERRY_CONVERT_VARIANT): 0 the old kernels, 1 flat 32-bit
-// with direct stores, 2 (default) flat 32-bit with the fp16 outputs staged a warp at a time.
+// with direct stores, 2 flat 32-bit with the fp16 outputs staged a warp at a time, 3 (default) tiles of
+// packed weight bytes read ahead.
 int convert_variant() {
   const char* v = std::getenv("FERRY_CONVERT_VARIANT");
-  return v == nullptr ? 2 : std::atoi(v);
+  return v == nullptr ? 3 : std::atoi(v);
 }
 
 unsigned convert_blocks(size_t items) {
@@ -435,7 +536,26 @@ void launch_dequant(const DevMatrix& w, size_t row0, size_t rows, OutT* dst, __h
     __half* l = lo ? lo + r0 * w.cols : nullptr;
     const unsigned blocks = convert_blocks(total);
     if constexpr (std::is_same_v<OutT, __half> && Tr::RL % 8 == 0) {
-      if (vec && variant == 2) {
+      using Ti = Tile<T>;
+      const size_t bytes = n * w.row_bytes;
+      const bool packed = w.row_bytes * UnitBlocks<T>::kUnits == size_t{upr} * UnitBlocks<T>::kBytes &&
+                          reinterpret_cast<uintptr_t>(data) % Ti::kWordBytes == 0 && bytes % Ti::kWordBytes == 0 &&
+                          bytes < (size_t{1} << 32);
+      if (vec && packed && variant == 3) {
+        const unsigned tiles = (total + 31) / 32;
+        // As many blocks as are resident at once, each warp walking its tiles.
+        static const unsigned per_sm = [] {
+          int b = 0;
+          FERRY_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, dequant_tiled_kernel<T>, kConvertThreads, 0));
+          return static_cast<unsigned>(std::max(b, 1));
+        }();
+        const unsigned tiled_blocks =
+            std::min<unsigned>((tiles + 7) / 8, per_sm * static_cast<unsigned>(current_sm_count()));
+        dequant_tiled_kernel<T><<<tiled_blocks, kConvertThreads, 0, s>>>(data, static_cast<uint32_t>(bytes), upr,
+                                                                          total, d, l);
+        continue;
+      }
+      if (vec && variant >= 2) {
         dequant_staged_kernel<T><<<blocks, kConvertThreads, 0, s>>>(data, w.row_bytes, upr, total, d, l);
         continue;
       }
