@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -185,63 +184,39 @@ __device__ __forceinline__ void store_run(const float* v, float* out, __half*) {
   }
 }
 
-template <int T, class OutT, bool kVec>
-__global__ void dequant_kernel(const uint8_t* data, size_t row_bytes, uint32_t cols, size_t row0, size_t rows,
-                               OutT* dst, __half* dst_lo) {
-  using Tr = qd::Traits<T>;
-  __shared__ uint32_t grid[kUsesIq<T> ? 512 : 1];
-  __shared__ int8_t kvalues[16];
-  load_tables<T>(grid, kvalues);
-  const uint32_t units = cols / Tr::UE;
-  const size_t total = rows * units;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const size_t r = i / units;
-    const uint32_t u = static_cast<uint32_t>(i % units);
-    float v[Tr::UE];
-    qd::decode_unit<T>(data + (row0 + r) * row_bytes, u, v, grid, kvalues);
-    OutT* out = dst + r * cols;
-#pragma unroll
-    for (int run = 0; run < Tr::RUNS; ++run) {
-      const uint32_t c0 = qd::run_col<T>(u, run);
-      store_run<Tr::RL, kVec>(v + run * Tr::RL, out + c0, dst_lo ? dst_lo + r * cols + c0 : nullptr);
-    }
-  }
-}
-
+// The prefill conversions below: 32-bit index math (the host splits launches so that a launch's
+// outputs, at their row stride, stay below 2^31), blocks of 256 threads over a grid-stride walk.
 constexpr int kConvertThreads = 256;
 
-// Units [0, total) of rows of `upr` units, flat (dst rows are dense: cols apart), one a thread, in 32-bit
-// index math (the host splits launches so that total < 2^31).
+// Units [0, total) of rows of `upr` units (flat), one a thread; output rows `ld` apart.
 template <int T, class OutT, bool kVec>
 __global__ void __launch_bounds__(kConvertThreads)
     dequant_flat_kernel(const uint8_t* __restrict__ data, size_t row_bytes, uint32_t upr, uint32_t total, OutT* dst,
-                        __half* dst_lo) {
+                        __half* dst_lo, uint32_t ld) {
   using Tr = qd::Traits<T>;
   __shared__ uint32_t grid[kUsesIq<T> ? 512 : 1];
   __shared__ int8_t kvalues[16];
   load_tables<T>(grid, kvalues);
-  const uint32_t cols = upr * Tr::UE;
   for (uint32_t i = blockIdx.x * kConvertThreads + threadIdx.x; i < total; i += gridDim.x * kConvertThreads) {
     const uint32_t r = i / upr, u = i - r * upr;
     float v[Tr::UE];
     qd::decode_unit<T>(data + r * row_bytes, u, v, grid, kvalues);
-    const uint32_t out0 = r * cols;
 #pragma unroll
     for (int run = 0; run < Tr::RUNS; ++run) {
-      const uint32_t c = out0 + qd::run_col<T>(u, run);
+      const uint32_t c = r * ld + qd::run_col<T>(u, run);
       store_run<Tr::RL, kVec>(v + run * Tr::RL, dst + c, dst_lo ? dst_lo + c : nullptr);
     }
   }
 }
 
 // As dequant_flat_kernel for 16-byte aligned fp16 outputs, through shared memory: a warp's 32
-// consecutive units cover 32 * UE consecutive outputs (rows dense, units in block order), which it
-// writes as consecutive 16-byte words, hi then lo.
+// consecutive units cover 32 * UE consecutive values of the rows laid end to end (units in block
+// order), which it writes as consecutive 16-byte words (split where the rows are `ld` apart), hi then
+// lo. Element-wise 16-byte stores reach ~34% of the copy bandwidth here, these ~46% (gpu/PERF.md, h74).
 template <int T>
 __global__ void __launch_bounds__(kConvertThreads)
     dequant_staged_kernel(const uint8_t* __restrict__ data, size_t row_bytes, uint32_t upr, uint32_t total,
-                          __half* dst, __half* dst_lo) {
+                          __half* dst, __half* dst_lo, uint32_t ld) {
   using Tr = qd::Traits<T>;
   constexpr uint32_t kSpan = 32 * Tr::UE;
   __shared__ uint32_t grid[kUsesIq<T> ? 512 : 1];
@@ -277,106 +252,9 @@ __global__ void __launch_bounds__(kConvertThreads)
       }
       __syncwarp();
       for (uint32_t k = lane * 8; k < span; k += 256) {
-        *reinterpret_cast<uint4*>(out + w0 * Tr::UE + k) = *reinterpret_cast<const uint4*>(mine + k);
-      }
-      __syncwarp();
-    };
-    put(hw, dst);
-    if (dst_lo) put(lw, dst_lo);
-  }
-}
-
-// The weight bytes of units: blocks of kUnits units, kBytes each (units of the row in block order).
-template <int T> struct UnitBlocks;
-template <> struct UnitBlocks<qd::kF32> { static constexpr uint32_t kUnits = 1, kBytes = 32; };
-template <> struct UnitBlocks<qd::kF16> { static constexpr uint32_t kUnits = 1, kBytes = 16; };
-template <> struct UnitBlocks<qd::kBF16> { static constexpr uint32_t kUnits = 1, kBytes = 16; };
-template <> struct UnitBlocks<qd::kQ8_0> { static constexpr uint32_t kUnits = 1, kBytes = 34; };
-template <> struct UnitBlocks<qd::kQ4_K> { static constexpr uint32_t kUnits = 8, kBytes = 144; };
-template <> struct UnitBlocks<qd::kQ5_K> { static constexpr uint32_t kUnits = 8, kBytes = 176; };
-template <> struct UnitBlocks<qd::kQ6_K> { static constexpr uint32_t kUnits = 4, kBytes = 210; };
-template <> struct UnitBlocks<qd::kIQ4_XS> { static constexpr uint32_t kUnits = 8, kBytes = 136; };
-template <> struct UnitBlocks<qd::kIQ3_S> { static constexpr uint32_t kUnits = 8, kBytes = 110; };
-
-// A warp's tile of 32 consecutive units, over rows packed back to back (row_bytes the rows' blocks and
-// nothing more): its weight bytes are one contiguous range, read as 16-byte (8 where the tile's bytes
-// are not a multiple of 16) words.
-template <int T>
-struct Tile {
-  static constexpr uint32_t kBytes = 32 / UnitBlocks<T>::kUnits * UnitBlocks<T>::kBytes;
-  static constexpr uint32_t kWordBytes = kBytes % 16 == 0 ? 16 : 8;
-  using Word = std::conditional_t<kWordBytes == 16, uint4, uint2>;
-  static constexpr uint32_t kWords = kBytes / kWordBytes;
-  static constexpr uint32_t kPerLane = (kWords + 31) / 32;
-};
-
-// As dequant_staged_kernel, over packed rows, each warp a tile at a time from a grid-stride walk: the
-// tile's weight bytes come in as coalesced words (the next tile's are loaded before the current one is
-// decoded, so that the loads are in flight during the decode), go to shared memory, are decoded there
-// (the unit's place in its block is its lane's: tiles start at multiples of 32 units), and leave as
-// the staged kernel's consecutive 16-byte words. `bytes`: the launch's weight bytes, a multiple of the
-// word size.
-template <int T>
-__global__ void __launch_bounds__(kConvertThreads)
-    dequant_tiled_kernel(const uint8_t* __restrict__ data, uint32_t bytes, uint32_t upr, uint32_t total,
-                         __half* dst, __half* dst_lo) {
-  using Tr = qd::Traits<T>;
-  using Ti = Tile<T>;
-  using Word = typename Ti::Word;
-  constexpr uint32_t kSpan = 32 * Tr::UE;
-  __shared__ uint32_t grid[kUsesIq<T> ? 512 : 1];
-  __shared__ int8_t kvalues[16];
-  __shared__ __align__(16) Word raw[kConvertThreads / 32][Ti::kWords];
-  __shared__ __align__(16) __half stage[kConvertThreads / 32][kSpan];
-  load_tables<T>(grid, kvalues);
-  const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const uint32_t cols = upr * Tr::UE;
-  const uint32_t tiles = (total + 31) / 32, warps = gridDim.x * (kConvertThreads / 32);
-  const uint32_t words_all = bytes / Ti::kWordBytes;
-  const Word* src = reinterpret_cast<const Word*>(data);
-  Word next[Ti::kPerLane] = {};
-  auto fetch = [&](uint32_t t) {
-#pragma unroll
-    for (uint32_t k = 0; k < Ti::kPerLane; ++k) {
-      const uint32_t at = lane + 32 * k, g = t * Ti::kWords + at;
-      if (at < Ti::kWords && g < words_all) next[k] = __ldg(src + g);
-    }
-  };
-  uint32_t t = blockIdx.x * (kConvertThreads / 32) + warp;
-  if (t < tiles) fetch(t);
-  for (; t < tiles; t += warps) {
-#pragma unroll
-    for (uint32_t k = 0; k < Ti::kPerLane; ++k) {
-      if (lane + 32 * k < Ti::kWords) raw[warp][lane + 32 * k] = next[k];
-    }
-    __syncwarp();
-    if (t + warps < tiles) fetch(t + warps);
-    const uint32_t w0 = t * 32, i = w0 + lane;
-    const bool live = i < total;
-    const uint32_t r = live ? i / upr : 0, u = live ? i - r * upr : 0;
-    constexpr int kWords = Tr::UE / 8;
-    uint4 hw[kWords], lw[kWords];
-    if (live) {
-      float v[Tr::UE];
-      qd::decode_unit<T>(reinterpret_cast<const uint8_t*>(raw[warp]), lane, v, grid, kvalues);
-#pragma unroll
-      for (int k = 0; k < kWords; ++k) split8(v + 8 * k, hw[k], lw[k]);
-    }
-    __half* mine = stage[warp];
-    const uint32_t local0 = r * cols - w0 * Tr::UE;
-    const uint32_t span = (total - w0 < 32 ? total - w0 : 32) * Tr::UE;
-    auto put = [&](const uint4* words, __half* out) {
-      if (live) {
-#pragma unroll
-        for (int run = 0; run < Tr::RUNS; ++run) {
-          uint4* at = reinterpret_cast<uint4*>(mine + local0 + qd::run_col<T>(u, run));
-#pragma unroll
-          for (int g = 0; g < Tr::RL / 8; ++g) at[g] = words[run * (Tr::RL / 8) + g];
-        }
-      }
-      __syncwarp();
-      for (uint32_t k = lane * 8; k < span; k += 256) {
-        *reinterpret_cast<uint4*>(out + w0 * Tr::UE + k) = *reinterpret_cast<const uint4*>(mine + k);
+        const uint32_t flat = w0 * Tr::UE + k;
+        const uint32_t row = ld == cols ? 0 : flat / cols;
+        *reinterpret_cast<uint4*>(out + flat + row * (ld - cols)) = *reinterpret_cast<const uint4*>(mine + k);
       }
       __syncwarp();
     };
@@ -412,24 +290,11 @@ __global__ void embed_kernel(const uint8_t* data, size_t row_bytes, uint32_t col
   }
 }
 
-__global__ void float_to_half_kernel(const float* src, size_t src_stride, size_t rows, size_t cols, __half* dst,
-                                     __half* dst_lo) {
-  const size_t total = rows * cols;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const size_t r = i / cols, c = i % cols;
-    __half hi, lo;
-    split_half(src[r * src_stride + c], hi, lo);
-    dst[i] = hi;
-    if (dst_lo) dst_lo[i] = lo;
-  }
-}
-
-// Rows of `vpr` vectors of 8 values, flat, one vector a thread in 32-bit index math: two float4 loads,
-// two 16-byte stores (hi, lo). The host splits launches so that total < 2^31.
+// Rows of `vpr` vectors of 8 values, flat, one vector a thread: two float4 loads, two 16-byte stores
+// (hi, lo); output rows `ld` apart.
 __global__ void __launch_bounds__(kConvertThreads)
     float_to_half_vec_kernel(const float* __restrict__ src, size_t src_stride, uint32_t vpr, uint32_t total,
-                             __half* dst, __half* dst_lo) {
+                             __half* dst, __half* dst_lo, uint32_t ld) {
   for (uint32_t i = blockIdx.x * kConvertThreads + threadIdx.x; i < total; i += gridDim.x * kConvertThreads) {
     const uint32_t r = i / vpr, c = (i - r * vpr) * 8;
     const float4* p = reinterpret_cast<const float4*>(src + r * src_stride + c);
@@ -437,21 +302,22 @@ __global__ void __launch_bounds__(kConvertThreads)
     const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
     uint4 hw, lw;
     split8(v, hw, lw);
-    reinterpret_cast<uint4*>(dst)[i] = hw;
-    if (dst_lo) reinterpret_cast<uint4*>(dst_lo)[i] = lw;
+    const uint32_t at = r * ld + c;
+    *reinterpret_cast<uint4*>(dst + at) = hw;
+    if (dst_lo) *reinterpret_cast<uint4*>(dst_lo + at) = lw;
   }
 }
 
-// Any alignment: one value a thread, 32-bit index math.
+// Any alignment: one value a thread.
 __global__ void __launch_bounds__(kConvertThreads)
     float_to_half_flat_kernel(const float* __restrict__ src, size_t src_stride, uint32_t cols, uint32_t total,
-                              __half* dst, __half* dst_lo) {
+                              __half* dst, __half* dst_lo, uint32_t ld) {
   for (uint32_t i = blockIdx.x * kConvertThreads + threadIdx.x; i < total; i += gridDim.x * kConvertThreads) {
     const uint32_t r = i / cols, c = i - r * cols;
     __half hi, lo;
     split_half(__ldg(src + r * src_stride + c), hi, lo);
-    dst[i] = hi;
-    if (dst_lo) dst_lo[i] = lo;
+    dst[r * ld + c] = hi;
+    if (dst_lo) dst_lo[r * ld + c] = lo;
   }
 }
 
@@ -494,76 +360,39 @@ void launch_matvec(const MatvecArgs& a, cudaStream_t s) {
   }
 }
 
-// Temporary A/B switch for the H200 check (FERRY_CONVERT_VARIANT): 0 the old kernels, 1 flat 32-bit
-// with direct stores, 2 flat 32-bit with the fp16 outputs staged a warp at a time, 3 (default) tiles of
-// packed weight bytes read ahead.
-int convert_variant() {
-  const char* v = std::getenv("FERRY_CONVERT_VARIANT");
-  return v == nullptr ? 3 : std::atoi(v);
-}
-
 unsigned convert_blocks(size_t items) {
   return static_cast<unsigned>(std::min<size_t>((items + kConvertThreads - 1) / kConvertThreads, 65535));
 }
 
-// Rows a launch may take so that its outputs stay below 2^31 (the kernels' 32-bit index math).
-size_t rows_per_launch(size_t cols) { return std::max<size_t>(1, (size_t{1} << 31) / std::max<size_t>(cols, 1) - 1); }
+// Rows a launch may take so that its outputs, rows `ld` apart, stay below 2^31.
+size_t rows_per_launch(size_t ld) { return std::max<size_t>(1, ((size_t{1} << 31) - 1) / std::max<size_t>(ld, 1) - 1); }
 
 template <int T, class OutT>
-void launch_dequant(const DevMatrix& w, size_t row0, size_t rows, OutT* dst, __half* lo, cudaStream_t s) {
+void launch_dequant(const DevMatrix& w, size_t row0, size_t rows, OutT* dst, __half* lo, size_t ld, cudaStream_t s) {
   using Tr = qd::Traits<T>;
   // Runs start at multiples of 8 columns: 16-byte stores where the outputs and their rows are aligned.
   const bool vec = reinterpret_cast<uintptr_t>(dst) % 16 == 0 && reinterpret_cast<uintptr_t>(lo) % 16 == 0 &&
-                   w.cols % 8 == 0;
-  const int variant = convert_variant();
-  if (variant == 0) {
-    const size_t units = rows * (w.cols / Tr::UE);
-    const unsigned blocks = static_cast<unsigned>(std::min<size_t>((units + 255) / 256, 65535));
-    if (vec) {
-      dequant_kernel<T, OutT, true><<<blocks, 256, 0, s>>>(w.data, w.row_bytes, w.cols, row0, rows, dst, lo);
-    } else {
-      dequant_kernel<T, OutT, false><<<blocks, 256, 0, s>>>(w.data, w.row_bytes, w.cols, row0, rows, dst, lo);
-    }
-    return;
-  }
+                   w.cols % 8 == 0 && ld % 8 == 0;
   const uint32_t upr = w.cols / Tr::UE;
-  const size_t step = rows_per_launch(w.cols);
+  const size_t step = rows_per_launch(ld);
   for (size_t r0 = 0; r0 < rows; r0 += step) {
     const size_t n = std::min(step, rows - r0);
     const uint8_t* data = w.data + (row0 + r0) * w.row_bytes;
     const uint32_t total = static_cast<uint32_t>(n * upr);
-    OutT* d = dst + r0 * w.cols;
-    __half* l = lo ? lo + r0 * w.cols : nullptr;
+    OutT* d = dst + r0 * ld;
+    __half* l = lo ? lo + r0 * ld : nullptr;
     const unsigned blocks = convert_blocks(total);
+    const uint32_t ld32 = static_cast<uint32_t>(ld);
     if constexpr (std::is_same_v<OutT, __half> && Tr::RL % 8 == 0) {
-      using Ti = Tile<T>;
-      const size_t bytes = n * w.row_bytes;
-      const bool packed = w.row_bytes * UnitBlocks<T>::kUnits == size_t{upr} * UnitBlocks<T>::kBytes &&
-                          reinterpret_cast<uintptr_t>(data) % Ti::kWordBytes == 0 && bytes % Ti::kWordBytes == 0 &&
-                          bytes < (size_t{1} << 32);
-      if (vec && packed && variant == 3) {
-        const unsigned tiles = (total + 31) / 32;
-        // As many blocks as are resident at once, each warp walking its tiles.
-        static const unsigned per_sm = [] {
-          int b = 0;
-          FERRY_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, dequant_tiled_kernel<T>, kConvertThreads, 0));
-          return static_cast<unsigned>(std::max(b, 1));
-        }();
-        const unsigned tiled_blocks =
-            std::min<unsigned>((tiles + 7) / 8, per_sm * static_cast<unsigned>(current_sm_count()));
-        dequant_tiled_kernel<T><<<tiled_blocks, kConvertThreads, 0, s>>>(data, static_cast<uint32_t>(bytes), upr,
-                                                                          total, d, l);
-        continue;
-      }
-      if (vec && variant >= 2) {
-        dequant_staged_kernel<T><<<blocks, kConvertThreads, 0, s>>>(data, w.row_bytes, upr, total, d, l);
+      if (vec) {
+        dequant_staged_kernel<T><<<blocks, kConvertThreads, 0, s>>>(data, w.row_bytes, upr, total, d, l, ld32);
         continue;
       }
     }
     if (vec) {
-      dequant_flat_kernel<T, OutT, true><<<blocks, kConvertThreads, 0, s>>>(data, w.row_bytes, upr, total, d, l);
+      dequant_flat_kernel<T, OutT, true><<<blocks, kConvertThreads, 0, s>>>(data, w.row_bytes, upr, total, d, l, ld32);
     } else {
-      dequant_flat_kernel<T, OutT, false><<<blocks, kConvertThreads, 0, s>>>(data, w.row_bytes, upr, total, d, l);
+      dequant_flat_kernel<T, OutT, false><<<blocks, kConvertThreads, 0, s>>>(data, w.row_bytes, upr, total, d, l, ld32);
     }
   }
 }
@@ -671,10 +500,12 @@ void matvec(const MatvecArgs& a, cudaStream_t stream) {
 }
 
 void dequantize_to_half(const DevMatrix& w, size_t row0, size_t rows, void* dst_half, cudaStream_t stream,
-                        void* dst_lo) {
+                        void* dst_lo, size_t dst_ld) {
   if (rows == 0) return;
   const int t = kernel_type(w);
-#define CALL(T) launch_dequant<T>(w, row0, rows, static_cast<__half*>(dst_half), static_cast<__half*>(dst_lo), stream)
+  const size_t ld = dst_ld != 0 ? dst_ld : w.cols;
+#define CALL(T) \
+  launch_dequant<T>(w, row0, rows, static_cast<__half*>(dst_half), static_cast<__half*>(dst_lo), ld, stream)
   FERRY_DISPATCH_TYPE(t, CALL)
 #undef CALL
   FERRY_CUDA_LAUNCHED();
@@ -683,7 +514,7 @@ void dequantize_to_half(const DevMatrix& w, size_t row0, size_t rows, void* dst_
 void dequantize_to_float(const DevMatrix& w, size_t row0, size_t rows, float* dst, cudaStream_t stream) {
   if (rows == 0) return;
   const int t = kernel_type(w);
-#define CALL(T) launch_dequant<T>(w, row0, rows, dst, nullptr, stream)
+#define CALL(T) launch_dequant<T>(w, row0, rows, dst, nullptr, w.cols, stream)
   FERRY_DISPATCH_TYPE(t, CALL)
 #undef CALL
   FERRY_CUDA_LAUNCHED();
@@ -702,33 +533,29 @@ void embed_rows(const DevMatrix& embd, const int32_t* tokens, uint32_t rows, flo
 }
 
 void float_to_half(const float* src, size_t src_stride, size_t rows, size_t cols, void* dst_half, cudaStream_t stream,
-                   void* dst_lo) {
+                   void* dst_lo, size_t dst_ld) {
   if (rows * cols == 0) return;
   __half* hi = static_cast<__half*>(dst_half);
   __half* lo = static_cast<__half*>(dst_lo);
-  if (convert_variant() == 0) {
-    const unsigned blocks = static_cast<unsigned>(std::min<size_t>((rows * cols + 255) / 256, 65535));
-    float_to_half_kernel<<<blocks, 256, 0, stream>>>(src, src_stride, rows, cols, hi, lo);
-    FERRY_CUDA_LAUNCHED();
-    return;
-  }
+  const size_t ld = dst_ld != 0 ? dst_ld : cols;
   // Two float4 loads and two 16-byte stores a thread where the rows allow it.
   const bool vec = reinterpret_cast<uintptr_t>(src) % 16 == 0 && src_stride % 4 == 0 && cols % 8 == 0 &&
-                   reinterpret_cast<uintptr_t>(hi) % 16 == 0 && reinterpret_cast<uintptr_t>(lo) % 16 == 0;
-  const size_t step = rows_per_launch(cols);
+                   ld % 8 == 0 && reinterpret_cast<uintptr_t>(hi) % 16 == 0 && reinterpret_cast<uintptr_t>(lo) % 16 == 0;
+  const size_t step = rows_per_launch(ld);
   for (size_t r0 = 0; r0 < rows; r0 += step) {
     const size_t n = std::min(step, rows - r0);
     const float* s = src + r0 * src_stride;
-    __half* h = hi + r0 * cols;
-    __half* l = lo ? lo + r0 * cols : nullptr;
+    __half* h = hi + r0 * ld;
+    __half* l = lo ? lo + r0 * ld : nullptr;
+    const uint32_t ld32 = static_cast<uint32_t>(ld);
     if (vec) {
       const uint32_t total = static_cast<uint32_t>(n * cols / 8);
       float_to_half_vec_kernel<<<convert_blocks(total), kConvertThreads, 0, stream>>>(
-          s, src_stride, static_cast<uint32_t>(cols / 8), total, h, l);
+          s, src_stride, static_cast<uint32_t>(cols / 8), total, h, l, ld32);
     } else {
       const uint32_t total = static_cast<uint32_t>(n * cols);
       float_to_half_flat_kernel<<<convert_blocks(total), kConvertThreads, 0, stream>>>(
-          s, src_stride, static_cast<uint32_t>(cols), total, h, l);
+          s, src_stride, static_cast<uint32_t>(cols), total, h, l, ld32);
     }
   }
   FERRY_CUDA_LAUNCHED();

@@ -50,8 +50,8 @@ std::vector<T> fetch(const DeviceBuffer& b, size_t offset, size_t n) {
   return v;
 }
 
-// Rows of 768 and of 256 columns: the last warp of units partial (the first two calls), rows packed from
-// an aligned start of whole 16-byte words (the third), so that each kernel runs for each type.
+// Rows of 768 and of 256 columns, the last warp of units partial in the first two calls; and into rows
+// of hi then lo values side by side, which give the same bits.
 void check_vector_stores(GgmlType type, size_t cols, size_t rows, size_t row0) {
   std::mt19937 rng(31 + static_cast<int>(type) + static_cast<int>(rows));
   const size_t n = (rows - row0) * cols;
@@ -95,6 +95,19 @@ void check_vector_stores(GgmlType type, size_t cols, size_t rows, size_t row0) {
     ASSERT_EQ(h_at[0][i], hi) << name << " element " << i << ": hi is not the split of the f32 value";
     ASSERT_EQ(l_at[0][i], lo) << name << " element " << i << ": lo is not the split of the f32 value";
   }
+  // LayerRunner::mm's layout: each row its hi then its lo values, rows 2 * cols apart.
+  const size_t out_rows = rows - row0;
+  DeviceBuffer both(out_rows * 2 * cols * 2);
+  ASSERT_EQ(cudaMemset(both.get(), 0xff, both.bytes()), cudaSuccess);
+  dequantize_to_half(m, row0, out_rows, both.as<uint16_t>(), nullptr, both.as<uint16_t>() + cols, 2 * cols);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<uint16_t> side = fetch<uint16_t>(both, 0, out_rows * 2 * cols);
+  for (size_t r = 0; r < out_rows; ++r) {
+    for (size_t c = 0; c < cols; ++c) {
+      ASSERT_EQ(side[r * 2 * cols + c], h_at[0][r * cols + c]) << name << " rows side by side: hi at " << r << ", " << c;
+      ASSERT_EQ(side[r * 2 * cols + cols + c], l_at[0][r * cols + c]) << name << " rows side by side: lo at " << r;
+    }
+  }
 }
 
 TEST_P(DequantStoreTest, VectorStoresGiveTheElementWiseBits) {
@@ -105,7 +118,8 @@ TEST_P(DequantStoreTest, VectorStoresGiveTheElementWiseBits) {
 
 // float_to_half over rows `stride` apart: the vector kernel (aligned rows of a multiple of 8 values)
 // and the element-wise one (a source one float off alignment, rows of 8k + 3 values) against the CPU's
-// split, values across fp16's range: subnormal, overflowing, ties, signed zeros.
+// split, values across fp16's range: subnormal, overflowing, ties, signed zeros; into dense rows, and
+// into LayerRunner::mm's layout (each row its lo then its hi values, rows 2 * cols apart).
 TEST(FloatToHalf, BothKernelsGiveTheCpuSplit) {
   if (!testing::have_device()) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(41);
@@ -118,19 +132,25 @@ TEST(FloatToHalf, BothKernelsGiveTheCpuSplit) {
     const float edges[] = {0.0f, -0.0f, 65504.0f, 65520.0f, -70000.0f, 0x1p-24f, 0x1p-25f, 0x1.8p-25f, 0x1p-14f,
                            1.0f + 0x1p-11f, 1.0f + 0x3p-11f, 2049.0f / 4096.0f, std::nextafter(1.0f, 2.0f)};
     for (size_t i = 0; i < std::size(edges); ++i) src[off + i] = edges[i];
-    DeviceBuffer d_src(src.size() * 4), hi(rows * cols * 2), lo(rows * cols * 2);
+    DeviceBuffer d_src(src.size() * 4), hi(rows * cols * 2), lo(rows * cols * 2), both(rows * 2 * cols * 2);
     ASSERT_EQ(cudaMemcpy(d_src.get(), src.data(), src.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
     ASSERT_EQ(cudaMemset(hi.get(), 0xff, hi.bytes()), cudaSuccess);
     ASSERT_EQ(cudaMemset(lo.get(), 0xff, lo.bytes()), cudaSuccess);
+    ASSERT_EQ(cudaMemset(both.get(), 0xff, both.bytes()), cudaSuccess);
     float_to_half(d_src.as<float>() + off, stride, rows, cols, hi.get(), nullptr, lo.get());
+    float_to_half(d_src.as<float>() + off, stride, rows, cols, both.as<uint16_t>() + cols, nullptr, both.get(),
+                  2 * cols);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const std::vector<uint16_t> h = fetch<uint16_t>(hi, 0, rows * cols), l = fetch<uint16_t>(lo, 0, rows * cols);
+    const std::vector<uint16_t> side = fetch<uint16_t>(both, 0, rows * 2 * cols);
     for (size_t r = 0; r < rows; ++r) {
       for (size_t c = 0; c < cols; ++c) {
         uint16_t want_hi = 0, want_lo = 0;
         cpu_split(src[off + r * stride + c], want_hi, want_lo);
         ASSERT_EQ(h[r * cols + c], want_hi) << rows << " x " << cols << " at " << r << ", " << c;
         ASSERT_EQ(l[r * cols + c], want_lo) << rows << " x " << cols << " at " << r << ", " << c;
+        ASSERT_EQ(side[r * 2 * cols + cols + c], want_hi) << rows << " x " << cols << " side by side at " << r;
+        ASSERT_EQ(side[r * 2 * cols + c], want_lo) << rows << " x " << cols << " side by side at " << r;
       }
     }
   }

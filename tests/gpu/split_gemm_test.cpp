@@ -1,7 +1,8 @@
-// The prefill products' split (LayerRunner::mm: W_hi x_hi + (W_hi x_lo + W_lo x_hi) / 2^12, three fp16
-// GEMMs with fp32 accumulation) against the two correction products as one GEMM of depth 2K
-// ([W_hi | W_lo] [x_lo ; x_hi]: each weight row holds its hi then its lo values, each input row its lo
-// then its hi). Printed, not asserted beyond a loose bound: the max |delta| of each form (and of plain
+// The prefill products' split, W_hi x_hi + (W_hi x_lo + W_lo x_hi) / 2^12 in fp16 GEMMs with fp32
+// accumulation: the two correction products as one GEMM of depth 2K ([W_hi | W_lo] [x_lo ; x_hi]: each
+// weight row holds its hi then its lo values, each input row its lo then its hi), as LayerRunner::mm
+// runs them, against three GEMMs of depth K (mm before, mm_grouped now). Printed, not asserted beyond a
+// loose bound: the max |delta| of each form (and of plain
 // fp16, the first product alone) against an f64 reference over a sample of outputs at a KDA projection's
 // shape (Q4_K 8192 x 4096, 2,048 rows), and the time of each form at the GLM shapes (median of 5 runs of
 // 5 calls, the first run a warm-up).
