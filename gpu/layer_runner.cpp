@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -33,7 +32,7 @@ LayerRunner::LayerRunner(const model::Glm5Hparams& hp, const DeviceWeights& weig
 // CPU reference). The two correction products are one GEMM of depth 2K, [W_hi | W_lo] [x_lo ; x_hi]:
 // the staging holds each weight row as its hi then its lo values and each input row as lo then hi, so
 // that the main product reads the first half of a weight row and the second of an input row
-// (SplitGemm.CorrectionsAsOneProductOfTwiceTheDepth: the same accuracy, 3-16% faster than two GEMMs).
+// (SplitGemm.CorrectionsAsOneProductOfTwiceTheDepth: the same accuracy, 3-16% less time than three GEMMs).
 void LayerRunner::mm(const DevMatrix& m, const float* x, size_t ldx, uint32_t n, float* y, size_t ldy) {
   mm_staged(m, x, ldx, n, y, ldy, nullptr);
 }
@@ -62,18 +61,11 @@ void LayerRunner::mm_staged(const DevMatrix& m, const float* x, size_t ldx, uint
     return;
   }
   const size_t K = m.cols;
-  // Temporary A/B switch for the H200 check: FERRY_SPLIT_2K=0 runs the three products of depth K.
-  const char* env_2k = std::getenv("FERRY_SPLIT_2K");
-  const bool two_k = env_2k == nullptr || env_2k[0] != '0';
   uint16_t* const xs = static_cast<uint16_t*>(w_.xh);  // [n][lo | hi] (xh and xl are one buffer)
   uint16_t* const ws = static_cast<uint16_t*>(w_.wh);  // [rows][hi | lo] (so are wh and wl)
-  const StagedInput input{x, ldx, n, m.cols, two_k};
+  const StagedInput input{x, ldx, n, m.cols};
   if (staged == nullptr || !(*staged == input)) {
-    if (two_k) {
-      float_to_half(x, ldx, n, K, xs + K, s_, xs, 2 * K);
-    } else {
-      float_to_half(x, ldx, n, K, w_.xh, s_, w_.xl);
-    }
+    float_to_half(x, ldx, n, K, xs + K, s_, xs, 2 * K);
     mark(OpPart::convert);
     if (staged != nullptr) *staged = input;
   }
@@ -81,33 +73,24 @@ void LayerRunner::mm_staged(const DevMatrix& m, const float* x, size_t ldx, uint
   const float lo = 1.0f / kHalfLoScale;
   for (size_t r0 = 0; r0 < m.rows; r0 += chunk) {
     const size_t rows = std::min<size_t>(chunk, m.rows - r0);
-    if (two_k) {
-      dequantize_to_half(m, r0, rows, ws, s_, ws + K, 2 * K);
-    } else {
-      dequantize_to_half(m, r0, rows, w_.wh, s_, w_.wl);
-    }
+    dequantize_to_half(m, r0, rows, ws, s_, ws + K, 2 * K);
     mark(OpPart::convert);
-    auto gemm = [&](const void* a, const void* b, size_t depth, size_t ld, const float* alpha, const float* beta) {
+    auto gemm = [&](const void* b, size_t depth, const float* alpha, const float* beta) {
       FERRY_CUBLAS(blas::api().gemm_ex(cublas_, blas::op_t, blas::op_n, static_cast<int>(rows), static_cast<int>(n),
-                                       static_cast<int>(depth), alpha, a, CUDA_R_16F, static_cast<int>(ld), b,
-                                       CUDA_R_16F, static_cast<int>(ld), beta, y + r0, CUDA_R_32F,
+                                       static_cast<int>(depth), alpha, ws, CUDA_R_16F, static_cast<int>(2 * K), b,
+                                       CUDA_R_16F, static_cast<int>(2 * K), beta, y + r0, CUDA_R_32F,
                                        static_cast<int>(ldy), blas::compute_32f, blas::gemm_default));
     };
-    if (two_k) {
-      gemm(ws, xs + K, K, 2 * K, &one, &zero);
-      gemm(ws, xs, 2 * K, 2 * K, &lo, &one);
-    } else {
-      gemm(w_.wh, w_.xh, K, K, &one, &zero);
-      gemm(w_.wh, w_.xl, K, K, &lo, &one);
-      gemm(w_.wl, w_.xh, K, K, &lo, &one);
-    }
+    gemm(xs + K, K, &one, &zero);  // W_hi x_hi
+    gemm(xs, 2 * K, &lo, &one);    // W_hi x_lo + W_lo x_hi
     mark(OpPart::gemm);
   }
 }
 
 // Per-group products: group g multiplies rows [g*rows_per_group, ...) of `m` with x + g*xg. Past the
 // matvec rows, one strided-batched GEMM per product over as many groups as the staging holds, each
-// weight row dequantised once, with mm()'s split operands.
+// weight row dequantised once, with mm()'s split operands as three products of depth K (the groups' inputs
+// are column blocks of x's rows, so the staging does not hold them as lo | hi rows).
 void LayerRunner::mm_grouped(const DevMatrix& m, uint32_t groups, const float* x, size_t ldx, size_t xg, uint32_t n,
                              float* y, size_t ldy, size_t yg) {
   const uint32_t rpg = m.rows / groups;

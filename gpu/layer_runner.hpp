@@ -46,7 +46,6 @@ class LayerRunner {
     const float* x = nullptr;
     size_t ldx = 0;
     uint32_t n = 0, cols = 0;
-    bool two_k = false;
     bool operator==(const StagedInput&) const = default;
   };
   // mm(), past the matvec rows reusing the split that `staged` names (and naming the one it makes there).

@@ -540,7 +540,8 @@ void float_to_half(const float* src, size_t src_stride, size_t rows, size_t cols
   const size_t ld = dst_ld != 0 ? dst_ld : cols;
   // Two float4 loads and two 16-byte stores a thread where the rows allow it.
   const bool vec = reinterpret_cast<uintptr_t>(src) % 16 == 0 && src_stride % 4 == 0 && cols % 8 == 0 &&
-                   ld % 8 == 0 && reinterpret_cast<uintptr_t>(hi) % 16 == 0 && reinterpret_cast<uintptr_t>(lo) % 16 == 0;
+                   ld % 8 == 0 && reinterpret_cast<uintptr_t>(hi) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(lo) % 16 == 0;
   const size_t step = rows_per_launch(ld);
   for (size_t r0 = 0; r0 < rows; r0 += step) {
     const size_t n = std::min(step, rows - r0);

@@ -104,8 +104,8 @@ void check_vector_stores(GgmlType type, size_t cols, size_t rows, size_t row0) {
   const std::vector<uint16_t> side = fetch<uint16_t>(both, 0, out_rows * 2 * cols);
   for (size_t r = 0; r < out_rows; ++r) {
     for (size_t c = 0; c < cols; ++c) {
-      ASSERT_EQ(side[r * 2 * cols + c], h_at[0][r * cols + c]) << name << " rows side by side: hi at " << r << ", " << c;
-      ASSERT_EQ(side[r * 2 * cols + cols + c], l_at[0][r * cols + c]) << name << " rows side by side: lo at " << r;
+      ASSERT_EQ(side[r * 2 * cols + c], h_at[0][r * cols + c]) << name << " side by side: hi at " << r << ", " << c;
+      ASSERT_EQ(side[r * 2 * cols + cols + c], l_at[0][r * cols + c]) << name << " side by side: lo at " << r;
     }
   }
 }

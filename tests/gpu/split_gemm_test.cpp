@@ -171,7 +171,9 @@ TEST(SplitGemm, CorrectionsAsOneProductOfTwiceTheDepth) {
     const size_t wn = rows * depth, xn = size_t{kTokens} * depth;
     t.wh = DeviceBuffer(wn * 2), t.wl = DeviceBuffer(wn * 2), t.w2 = DeviceBuffer(wn * 4);
     t.xh = DeviceBuffer(xn * 2), t.xl = DeviceBuffer(xn * 2), t.x2 = DeviceBuffer(xn * 4);
-    for (DeviceBuffer* b : {&t.wh, &t.wl, &t.w2, &t.xh, &t.xl, &t.x2}) FERRY_CUDA(cudaMemset(b->get(), 0x3c, b->bytes()));
+    for (DeviceBuffer* b : {&t.wh, &t.wl, &t.w2, &t.xh, &t.xl, &t.x2}) {
+      FERRY_CUDA(cudaMemset(b->get(), 0x3c, b->bytes()));
+    }
     DeviceBuffer y(size_t{kTokens} * rows * 4);
     const double us3 = g.median_us([&] { g.three(t, rows, depth, y.as<float>()); });
     const double us2 = g.median_us([&] { g.two(t, rows, depth, y.as<float>()); });
