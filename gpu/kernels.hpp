@@ -122,17 +122,18 @@ void matvec(const MatvecArgs& a, cudaStream_t stream);
 // to a multiple of amax/32767 of its 32-value block.
 bool matvec_quantizes_activations(const MatvecArgs& a);
 
-// Dequantises rows [row0, row0 + rows) of `w` into dst (row-major fp16, `cols` per row). With dst_lo,
-// also the rounding remainder times 2^12 (hi + lo/4096 holds ~22 significant bits): the prefill
-// GEMM adds a second and third product with it so that it matches f32 arithmetic.
+// Dequantises rows [row0, row0 + rows) of `w` into dst (row-major fp16, rows dst_ld apart; 0: `cols`).
+// With dst_lo, also the rounding remainder times 2^12 (hi + lo/4096 holds ~22 significant bits): the
+// prefill GEMMs add the products with it so that they match f32 arithmetic.
 void dequantize_to_half(const DevMatrix& w, size_t row0, size_t rows, void* dst_half, cudaStream_t stream,
-                        void* dst_lo = nullptr);
+                        void* dst_lo = nullptr, size_t dst_ld = 0);
 inline constexpr float kHalfLoScale = 4096.0f;
 // Dequantises to f32 (tests and the embedding lookup).
 void dequantize_to_float(const DevMatrix& w, size_t row0, size_t rows, float* dst, cudaStream_t stream);
-// dst[i][c] = src[i][c] as fp16 for i < rows, c < cols (src rows `src_stride` apart); dst_lo as above.
+// dst[i][c] = src[i][c] as fp16 for i < rows, c < cols (src rows `src_stride` apart, dst rows dst_ld
+// apart; 0: `cols`); dst_lo as above.
 void float_to_half(const float* src, size_t src_stride, size_t rows, size_t cols, void* dst_half, cudaStream_t stream,
-                   void* dst_lo = nullptr);
+                   void* dst_lo = nullptr, size_t dst_ld = 0);
 
 }  // namespace ferry::gpu
 

@@ -39,10 +39,25 @@ class LayerRunner {
   void set_trace(StepTrace* t) { trace_ = t; }
 
  private:
+  // An input that mm_staged split into the fp16 staging (work.xh / xl), so that later products of the
+  // same input skip the conversion. Held by a caller only while nothing else writes the staging or the
+  // input (nothing but such products runs between its uses).
+  struct StagedInput {
+    const float* x = nullptr;
+    size_t ldx = 0;
+    uint32_t n = 0, cols = 0;
+    bool operator==(const StagedInput&) const = default;
+  };
+  // mm(), past the matvec rows reusing the split that `staged` names (and naming the one it makes there).
+  void mm_staged(const DevMatrix& m, const float* x, size_t ldx, uint32_t n, float* y, size_t ldy,
+                 StagedInput* staged);
   void mm_grouped(const DevMatrix& m, uint32_t groups, const float* x, size_t ldx, size_t xg, uint32_t n, float* y,
                   size_t ldy, size_t yg);
-  // Products of matrices over the same x: one decode launch where their shapes agree, else mm() each.
-  void mm_products(const MatvecProduct* ps, uint32_t count, const float* x, size_t ldx, uint32_t n, size_t ldy);
+  // Products of matrices over the same x: one decode launch where their shapes agree, else mm() each,
+  // each distinct input split to fp16 once (`staged`: a split the caller keeps across calls; null: this
+  // call's own).
+  void mm_products(const MatvecProduct* ps, uint32_t count, const float* x, size_t ldx, uint32_t n, size_t ldy,
+                   StagedInput* staged = nullptr);
   void mark(OpGroup g) {
     if (times_ != nullptr) times_->mark(g, s_);
   }

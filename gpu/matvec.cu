@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <string>
+#include <type_traits>
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernels.hpp"
@@ -131,6 +132,22 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecArgs a) {
   }
 }
 
+// Eight values split into fp16 hi and lo (half_split.cuh), each as one 16-byte word.
+// Two values a conversion instruction (round to nearest either way: split_half's bits).
+__device__ __forceinline__ void split8(const float* v, uint4& hi, uint4& lo) {
+  uint32_t hw[4], lw[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const __half2 h = __floats2half2_rn(v[2 * k], v[2 * k + 1]);
+    const float2 back = __half22float2(h);
+    const __half2 l = __floats2half2_rn((v[2 * k] - back.x) * kHalfLoScale, (v[2 * k + 1] - back.y) * kHalfLoScale);
+    hw[k] = *reinterpret_cast<const uint32_t*>(&h);
+    lw[k] = *reinterpret_cast<const uint32_t*>(&l);
+  }
+  hi = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+  lo = make_uint4(lw[0], lw[1], lw[2], lw[3]);
+}
+
 // A run of RL consecutive outputs of one unit. With kVec (16-byte aligned outputs), 16-byte stores:
 // a warp's store then fills whole sectors, where element-wise stores write 2 bytes a lane at a
 // lane stride of a run (32 sectors an instruction). The same values either way.
@@ -139,17 +156,10 @@ __device__ __forceinline__ void store_run(const float* v, __half* hi_out, __half
   if constexpr (kVec && RL % 8 == 0) {
 #pragma unroll
     for (int g = 0; g < RL / 8; ++g) {
-      uint32_t hw[4], lw[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        __half h0, l0, h1, l1;
-        split_half(v[8 * g + 2 * k], h0, l0);
-        split_half(v[8 * g + 2 * k + 1], h1, l1);
-        hw[k] = __half_as_ushort(h0) | (static_cast<uint32_t>(__half_as_ushort(h1)) << 16);
-        lw[k] = __half_as_ushort(l0) | (static_cast<uint32_t>(__half_as_ushort(l1)) << 16);
-      }
-      reinterpret_cast<uint4*>(hi_out)[g] = make_uint4(hw[0], hw[1], hw[2], hw[3]);
-      if (lo_out) reinterpret_cast<uint4*>(lo_out)[g] = make_uint4(lw[0], lw[1], lw[2], lw[3]);
+      uint4 hw, lw;
+      split8(v + 8 * g, hw, lw);
+      reinterpret_cast<uint4*>(hi_out)[g] = hw;
+      if (lo_out) reinterpret_cast<uint4*>(lo_out)[g] = lw;
     }
   } else {
 #pragma unroll
@@ -174,27 +184,82 @@ __device__ __forceinline__ void store_run(const float* v, float* out, __half*) {
   }
 }
 
+// The prefill conversions below: 32-bit index math (the host splits launches so that a launch's
+// outputs, at their row stride, stay below 2^31), blocks of 256 threads over a grid-stride walk.
+constexpr int kConvertThreads = 256;
+
+// Units [0, total) of rows of `upr` units (flat), one a thread; output rows `ld` apart.
 template <int T, class OutT, bool kVec>
-__global__ void dequant_kernel(const uint8_t* data, size_t row_bytes, uint32_t cols, size_t row0, size_t rows,
-                               OutT* dst, __half* dst_lo) {
+__global__ void __launch_bounds__(kConvertThreads)
+    dequant_flat_kernel(const uint8_t* __restrict__ data, size_t row_bytes, uint32_t upr, uint32_t total, OutT* dst,
+                        __half* dst_lo, uint32_t ld) {
   using Tr = qd::Traits<T>;
   __shared__ uint32_t grid[kUsesIq<T> ? 512 : 1];
   __shared__ int8_t kvalues[16];
   load_tables<T>(grid, kvalues);
-  const uint32_t units = cols / Tr::UE;
-  const size_t total = rows * units;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const size_t r = i / units;
-    const uint32_t u = static_cast<uint32_t>(i % units);
+  for (uint32_t i = blockIdx.x * kConvertThreads + threadIdx.x; i < total; i += gridDim.x * kConvertThreads) {
+    const uint32_t r = i / upr, u = i - r * upr;
     float v[Tr::UE];
-    qd::decode_unit<T>(data + (row0 + r) * row_bytes, u, v, grid, kvalues);
-    OutT* out = dst + r * cols;
+    qd::decode_unit<T>(data + r * row_bytes, u, v, grid, kvalues);
 #pragma unroll
     for (int run = 0; run < Tr::RUNS; ++run) {
-      const uint32_t c0 = qd::run_col<T>(u, run);
-      store_run<Tr::RL, kVec>(v + run * Tr::RL, out + c0, dst_lo ? dst_lo + r * cols + c0 : nullptr);
+      const uint32_t c = r * ld + qd::run_col<T>(u, run);
+      store_run<Tr::RL, kVec>(v + run * Tr::RL, dst + c, dst_lo ? dst_lo + c : nullptr);
     }
+  }
+}
+
+// As dequant_flat_kernel for 16-byte aligned fp16 outputs, through shared memory: a warp's 32
+// consecutive units cover 32 * UE consecutive values of the rows laid end to end (units in block
+// order), which it writes as consecutive 16-byte words (split where the rows are `ld` apart), hi then
+// lo. Element-wise 16-byte stores reach ~34% of the copy bandwidth here, these ~46% (gpu/PERF.md, h74).
+template <int T>
+__global__ void __launch_bounds__(kConvertThreads)
+    dequant_staged_kernel(const uint8_t* __restrict__ data, size_t row_bytes, uint32_t upr, uint32_t total,
+                          __half* dst, __half* dst_lo, uint32_t ld) {
+  using Tr = qd::Traits<T>;
+  constexpr uint32_t kSpan = 32 * Tr::UE;
+  __shared__ uint32_t grid[kUsesIq<T> ? 512 : 1];
+  __shared__ int8_t kvalues[16];
+  __shared__ __align__(16) __half stage[kConvertThreads / 32][kSpan];
+  load_tables<T>(grid, kvalues);
+  const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __half* mine = stage[warp];
+  const uint32_t cols = upr * Tr::UE;
+  const uint32_t step = gridDim.x * kConvertThreads;
+  for (uint32_t w0 = blockIdx.x * kConvertThreads + warp * 32; w0 < total; w0 += step) {
+    const uint32_t i = w0 + lane;
+    const bool live = i < total;
+    const uint32_t r = live ? i / upr : 0, u = live ? i - r * upr : 0;
+    constexpr int kWords = Tr::UE / 8;  // run r's g-th 8 values: word r * RL / 8 + g
+    uint4 hw[kWords], lw[kWords];
+    if (live) {
+      float v[Tr::UE];
+      qd::decode_unit<T>(data + r * row_bytes, u, v, grid, kvalues);
+#pragma unroll
+      for (int k = 0; k < kWords; ++k) split8(v + 8 * k, hw[k], lw[k]);
+    }
+    const uint32_t local0 = r * cols - w0 * Tr::UE;
+    const uint32_t span = (total - w0 < 32 ? total - w0 : 32) * Tr::UE;
+    auto put = [&](const uint4* words, __half* out) {
+      if (live) {
+#pragma unroll
+        for (int run = 0; run < Tr::RUNS; ++run) {
+          uint4* at = reinterpret_cast<uint4*>(mine + local0 + qd::run_col<T>(u, run));
+#pragma unroll
+          for (int g = 0; g < Tr::RL / 8; ++g) at[g] = words[run * (Tr::RL / 8) + g];
+        }
+      }
+      __syncwarp();
+      for (uint32_t k = lane * 8; k < span; k += 256) {
+        const uint32_t flat = w0 * Tr::UE + k;
+        const uint32_t row = ld == cols ? 0 : flat / cols;
+        *reinterpret_cast<uint4*>(out + flat + row * (ld - cols)) = *reinterpret_cast<const uint4*>(mine + k);
+      }
+      __syncwarp();
+    };
+    put(hw, dst);
+    if (dst_lo) put(lw, dst_lo);
   }
 }
 
@@ -225,16 +290,34 @@ __global__ void embed_kernel(const uint8_t* data, size_t row_bytes, uint32_t col
   }
 }
 
-__global__ void float_to_half_kernel(const float* src, size_t src_stride, size_t rows, size_t cols, __half* dst,
-                                     __half* dst_lo) {
-  const size_t total = rows * cols;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const size_t r = i / cols, c = i % cols;
+// Rows of `vpr` vectors of 8 values, flat, one vector a thread: two float4 loads, two 16-byte stores
+// (hi, lo); output rows `ld` apart.
+__global__ void __launch_bounds__(kConvertThreads)
+    float_to_half_vec_kernel(const float* __restrict__ src, size_t src_stride, uint32_t vpr, uint32_t total,
+                             __half* dst, __half* dst_lo, uint32_t ld) {
+  for (uint32_t i = blockIdx.x * kConvertThreads + threadIdx.x; i < total; i += gridDim.x * kConvertThreads) {
+    const uint32_t r = i / vpr, c = (i - r * vpr) * 8;
+    const float4* p = reinterpret_cast<const float4*>(src + r * src_stride + c);
+    const float4 a = __ldg(p), b = __ldg(p + 1);
+    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    uint4 hw, lw;
+    split8(v, hw, lw);
+    const uint32_t at = r * ld + c;
+    *reinterpret_cast<uint4*>(dst + at) = hw;
+    if (dst_lo) *reinterpret_cast<uint4*>(dst_lo + at) = lw;
+  }
+}
+
+// Any alignment: one value a thread.
+__global__ void __launch_bounds__(kConvertThreads)
+    float_to_half_flat_kernel(const float* __restrict__ src, size_t src_stride, uint32_t cols, uint32_t total,
+                              __half* dst, __half* dst_lo, uint32_t ld) {
+  for (uint32_t i = blockIdx.x * kConvertThreads + threadIdx.x; i < total; i += gridDim.x * kConvertThreads) {
+    const uint32_t r = i / cols, c = i - r * cols;
     __half hi, lo;
-    split_half(src[r * src_stride + c], hi, lo);
-    dst[i] = hi;
-    if (dst_lo) dst_lo[i] = lo;
+    split_half(__ldg(src + r * src_stride + c), hi, lo);
+    dst[r * ld + c] = hi;
+    if (dst_lo) dst_lo[r * ld + c] = lo;
   }
 }
 
@@ -277,17 +360,40 @@ void launch_matvec(const MatvecArgs& a, cudaStream_t s) {
   }
 }
 
+unsigned convert_blocks(size_t items) {
+  return static_cast<unsigned>(std::min<size_t>((items + kConvertThreads - 1) / kConvertThreads, 65535));
+}
+
+// Rows a launch may take so that its outputs, rows `ld` apart, stay below 2^31.
+size_t rows_per_launch(size_t ld) { return std::max<size_t>(1, ((size_t{1} << 31) - 1) / std::max<size_t>(ld, 1) - 1); }
+
 template <int T, class OutT>
-void launch_dequant(const DevMatrix& w, size_t row0, size_t rows, OutT* dst, __half* lo, cudaStream_t s) {
-  const size_t units = rows * (w.cols / qd::Traits<T>::UE);
-  const unsigned blocks = static_cast<unsigned>(std::min<size_t>((units + 255) / 256, 65535));
+void launch_dequant(const DevMatrix& w, size_t row0, size_t rows, OutT* dst, __half* lo, size_t ld, cudaStream_t s) {
+  using Tr = qd::Traits<T>;
   // Runs start at multiples of 8 columns: 16-byte stores where the outputs and their rows are aligned.
   const bool vec = reinterpret_cast<uintptr_t>(dst) % 16 == 0 && reinterpret_cast<uintptr_t>(lo) % 16 == 0 &&
-                   w.cols % 8 == 0;
-  if (vec) {
-    dequant_kernel<T, OutT, true><<<blocks, 256, 0, s>>>(w.data, w.row_bytes, w.cols, row0, rows, dst, lo);
-  } else {
-    dequant_kernel<T, OutT, false><<<blocks, 256, 0, s>>>(w.data, w.row_bytes, w.cols, row0, rows, dst, lo);
+                   w.cols % 8 == 0 && ld % 8 == 0;
+  const uint32_t upr = w.cols / Tr::UE;
+  const size_t step = rows_per_launch(ld);
+  for (size_t r0 = 0; r0 < rows; r0 += step) {
+    const size_t n = std::min(step, rows - r0);
+    const uint8_t* data = w.data + (row0 + r0) * w.row_bytes;
+    const uint32_t total = static_cast<uint32_t>(n * upr);
+    OutT* d = dst + r0 * ld;
+    __half* l = lo ? lo + r0 * ld : nullptr;
+    const unsigned blocks = convert_blocks(total);
+    const uint32_t ld32 = static_cast<uint32_t>(ld);
+    if constexpr (std::is_same_v<OutT, __half> && Tr::RL % 8 == 0) {
+      if (vec) {
+        dequant_staged_kernel<T><<<blocks, kConvertThreads, 0, s>>>(data, w.row_bytes, upr, total, d, l, ld32);
+        continue;
+      }
+    }
+    if (vec) {
+      dequant_flat_kernel<T, OutT, true><<<blocks, kConvertThreads, 0, s>>>(data, w.row_bytes, upr, total, d, l, ld32);
+    } else {
+      dequant_flat_kernel<T, OutT, false><<<blocks, kConvertThreads, 0, s>>>(data, w.row_bytes, upr, total, d, l, ld32);
+    }
   }
 }
 
@@ -397,10 +503,12 @@ void matvec(const MatvecArgs& a, cudaStream_t stream) {
 }
 
 void dequantize_to_half(const DevMatrix& w, size_t row0, size_t rows, void* dst_half, cudaStream_t stream,
-                        void* dst_lo) {
+                        void* dst_lo, size_t dst_ld) {
   if (rows == 0) return;
   const int t = kernel_type(w);
-#define CALL(T) launch_dequant<T>(w, row0, rows, static_cast<__half*>(dst_half), static_cast<__half*>(dst_lo), stream)
+  const size_t ld = dst_ld != 0 ? dst_ld : w.cols;
+#define CALL(T) \
+  launch_dequant<T>(w, row0, rows, static_cast<__half*>(dst_half), static_cast<__half*>(dst_lo), ld, stream)
   FERRY_DISPATCH_TYPE(t, CALL)
 #undef CALL
   FERRY_CUDA_LAUNCHED();
@@ -409,7 +517,7 @@ void dequantize_to_half(const DevMatrix& w, size_t row0, size_t rows, void* dst_
 void dequantize_to_float(const DevMatrix& w, size_t row0, size_t rows, float* dst, cudaStream_t stream) {
   if (rows == 0) return;
   const int t = kernel_type(w);
-#define CALL(T) launch_dequant<T>(w, row0, rows, dst, nullptr, stream)
+#define CALL(T) launch_dequant<T>(w, row0, rows, dst, nullptr, w.cols, stream)
   FERRY_DISPATCH_TYPE(t, CALL)
 #undef CALL
   FERRY_CUDA_LAUNCHED();
@@ -428,11 +536,32 @@ void embed_rows(const DevMatrix& embd, const int32_t* tokens, uint32_t rows, flo
 }
 
 void float_to_half(const float* src, size_t src_stride, size_t rows, size_t cols, void* dst_half, cudaStream_t stream,
-                   void* dst_lo) {
+                   void* dst_lo, size_t dst_ld) {
   if (rows * cols == 0) return;
-  const unsigned blocks = static_cast<unsigned>(std::min<size_t>((rows * cols + 255) / 256, 65535));
-  float_to_half_kernel<<<blocks, 256, 0, stream>>>(src, src_stride, rows, cols, static_cast<__half*>(dst_half),
-                                                   static_cast<__half*>(dst_lo));
+  __half* hi = static_cast<__half*>(dst_half);
+  __half* lo = static_cast<__half*>(dst_lo);
+  const size_t ld = dst_ld != 0 ? dst_ld : cols;
+  // Two float4 loads and two 16-byte stores a thread where the rows allow it.
+  const bool vec = reinterpret_cast<uintptr_t>(src) % 16 == 0 && src_stride % 4 == 0 && cols % 8 == 0 &&
+                   ld % 8 == 0 && reinterpret_cast<uintptr_t>(hi) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(lo) % 16 == 0;
+  const size_t step = rows_per_launch(ld);
+  for (size_t r0 = 0; r0 < rows; r0 += step) {
+    const size_t n = std::min(step, rows - r0);
+    const float* s = src + r0 * src_stride;
+    __half* h = hi + r0 * ld;
+    __half* l = lo ? lo + r0 * ld : nullptr;
+    const uint32_t ld32 = static_cast<uint32_t>(ld);
+    if (vec) {
+      const uint32_t total = static_cast<uint32_t>(n * cols / 8);
+      float_to_half_vec_kernel<<<convert_blocks(total), kConvertThreads, 0, stream>>>(
+          s, src_stride, static_cast<uint32_t>(cols / 8), total, h, l, ld32);
+    } else {
+      const uint32_t total = static_cast<uint32_t>(n * cols);
+      float_to_half_flat_kernel<<<convert_blocks(total), kConvertThreads, 0, stream>>>(
+          s, src_stride, static_cast<uint32_t>(cols), total, h, l, ld32);
+    }
+  }
   FERRY_CUDA_LAUNCHED();
 }
 

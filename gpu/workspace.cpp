@@ -78,12 +78,13 @@ Workspace::Workspace(const model::Glm5Hparams& hp, model::LayerRange layers, uin
   }
   const size_t max_cols = std::max<size_t>({d.D, d.C, size_t{d.nh} * d.vd, d.F, d.I, d.qlr, d.kvlr, d.nope,
                                             size_t{d.H} * d.D});
+  // Each pair one buffer, lo after hi: LayerRunner::mm lays rows of both halves side by side over it.
   xh_elems = M * max_cols;
-  xh = alloc<uint16_t>(xh_elems);
-  xl = alloc<uint16_t>(xh_elems);
+  xh = alloc<uint16_t>(2 * xh_elems);
+  xl = static_cast<uint16_t*>(xh) + xh_elems;
   wh_elems = size_t{32} << 20;
-  wh = alloc<uint16_t>(wh_elems);
-  wl = alloc<uint16_t>(wh_elems);
+  wh = alloc<uint16_t>(2 * wh_elems);
+  wl = static_cast<uint16_t*>(wh) + wh_elems;
   if (layers.end >= hp.n_layers) {  // the last stage; past it, with the MTP block
     logit_rows = static_cast<uint32_t>(std::clamp<size_t>((size_t{128} << 20) / d.V, 8, M));
     xo = alloc<float>(size_t{logit_rows} * d.D);

@@ -53,7 +53,8 @@ struct Workspace {
   int32_t *rids = nullptr, *gather_idx = nullptr, *where = nullptr;
   uint32_t *expert_offsets = nullptr, *expert_tiles = nullptr;  // a prefill's routes grouped by expert (RouteSort)
   int32_t* shared_routes = nullptr;  // a decode step's experts that several rows chose (gpu/moe_decode.hpp)
-  // fp16 staging of the prefill GEMMs: activations, and dequantised weights in row chunks
+  // fp16 staging of the prefill GEMMs: activations, and dequantised weights in row chunks; xl follows xh
+  // (xh_elems on) and wl follows wh in one buffer each
   void *xh = nullptr, *xl = nullptr, *wh = nullptr, *wl = nullptr;
   size_t xh_elems = 0, wh_elems = 0;
   // the head (last stage)

@@ -1,0 +1,189 @@
+// The prefill products' split, W_hi x_hi + (W_hi x_lo + W_lo x_hi) / 2^12 in fp16 GEMMs with fp32
+// accumulation: the two correction products as one GEMM of depth 2K ([W_hi | W_lo] [x_lo ; x_hi]: each
+// weight row holds its hi then its lo values, each input row its lo then its hi), as LayerRunner::mm
+// runs them, against three GEMMs of depth K (mm before, mm_grouped now). Printed, not asserted beyond a
+// loose bound: the max |delta| of each form (and of plain
+// fp16, the first product alone) against an f64 reference over a sample of outputs at a KDA projection's
+// shape (Q4_K 8192 x 4096, 2,048 rows), and the time of each form at the GLM shapes (median of 5 runs of
+// 5 calls, the first run a warm-up).
+#if FERRY_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "gpu/cuda_blas.hpp"
+#include "gpu/cuda_check.hpp"
+#include "gpu/cuda_memory.hpp"
+#include "gpu/kernels.hpp"
+#include "gpu/workspace.hpp"
+#include "model/formats/half.hpp"
+#include "tests/gpu/gpu_test_support.hpp"
+#include "tests/gpu/quant_rows.hpp"
+
+namespace ferry::gpu {
+namespace {
+
+constexpr int kTokens = 2048;
+
+void split(float v, uint16_t& hi, uint16_t& lo) {
+  hi = model::f32_to_fp16(v);
+  lo = model::f32_to_fp16((v - model::fp16_to_f32(hi)) * 4096.0f);
+}
+
+template <class E>
+DeviceBuffer upload(const std::vector<E>& v) {
+  DeviceBuffer b(v.size() * sizeof(E));
+  FERRY_CUDA(cudaMemcpy(b.get(), v.data(), b.bytes(), cudaMemcpyHostToDevice));
+  return b;
+}
+
+// The operands of both forms for W [M][K] (row-major) and x [kTokens][K].
+struct Operands {
+  DeviceBuffer wh, wl, xh, xl;  // three products: hi and lo apart, rows of K
+  DeviceBuffer w2, x2;          // depth 2K: rows [hi | lo] and [lo | hi]
+};
+
+Operands make_operands(const std::vector<float>& w, const std::vector<float>& x, size_t M, size_t K) {
+  std::vector<uint16_t> wh(M * K), wl(M * K), w2(M * 2 * K), xh(kTokens * K), xl(kTokens * K), x2(kTokens * 2 * K);
+  for (size_t r = 0; r < M; ++r) {
+    for (size_t k = 0; k < K; ++k) {
+      split(w[r * K + k], wh[r * K + k], wl[r * K + k]);
+      w2[r * 2 * K + k] = wh[r * K + k];
+      w2[r * 2 * K + K + k] = wl[r * K + k];
+    }
+  }
+  for (size_t t = 0; t < kTokens; ++t) {
+    for (size_t k = 0; k < K; ++k) {
+      split(x[t * K + k], xh[t * K + k], xl[t * K + k]);
+      x2[t * 2 * K + k] = xl[t * K + k];
+      x2[t * 2 * K + K + k] = xh[t * K + k];
+    }
+  }
+  return {upload(wh), upload(wl), upload(xh), upload(xl), upload(w2), upload(x2)};
+}
+
+class SplitGemm {
+ public:
+  SplitGemm() : ws_(Workspace::kCublasWorkspace) {
+    FERRY_CUBLAS(blas::api().create(&h_));
+    FERRY_CUBLAS(blas::api().set_stream(h_, s_.get()));
+    FERRY_CUBLAS(blas::api().set_workspace(h_, ws_.get(), ws_.bytes()));
+  }
+  ~SplitGemm() { blas::api().destroy(h_); }
+  cudaStream_t stream() const { return s_.get(); }
+
+  // y[t][M] = sum_k A[i][k] B[t][k] * alpha + beta y, A rows lda apart, B rows ldb apart.
+  void gemm(size_t M, size_t K, const void* a, size_t lda, const void* b, size_t ldb, float alpha, float beta,
+            float* y) {
+    FERRY_CUBLAS(blas::api().gemm_ex(h_, blas::op_t, blas::op_n, static_cast<int>(M), kTokens, static_cast<int>(K),
+                                     &alpha, a, CUDA_R_16F, static_cast<int>(lda), b, CUDA_R_16F,
+                                     static_cast<int>(ldb), &beta, y, CUDA_R_32F, static_cast<int>(M),
+                                     blas::compute_32f, blas::gemm_default));
+  }
+  // Today's three products.
+  void three(const Operands& o, size_t M, size_t K, float* y) {
+    const float lo = 1.0f / kHalfLoScale;
+    gemm(M, K, o.wh.get(), K, o.xh.get(), K, 1.0f, 0.0f, y);
+    gemm(M, K, o.wh.get(), K, o.xl.get(), K, lo, 1.0f, y);
+    gemm(M, K, o.wl.get(), K, o.xh.get(), K, lo, 1.0f, y);
+  }
+  // The main product, then both corrections as one of depth 2K.
+  void two(const Operands& o, size_t M, size_t K, float* y) {
+    const uint16_t* x2 = o.x2.as<uint16_t>();
+    gemm(M, K, o.w2.get(), 2 * K, x2 + K, 2 * K, 1.0f, 0.0f, y);
+    gemm(M, 2 * K, o.w2.get(), 2 * K, x2, 2 * K, 1.0f / kHalfLoScale, 1.0f, y);
+  }
+  double median_us(const std::function<void()>& call) {
+    Event e0, e1;
+    std::vector<double> t;
+    for (int run = 0; run < 6; ++run) {
+      e0.record(s_.get());
+      for (int i = 0; i < 5; ++i) call();
+      e1.record(s_.get());
+      s_.synchronize();
+      if (run > 0) t.push_back(e1.since(e0) * 1000.0 / 5.0);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  }
+
+ private:
+  Stream s_;
+  DeviceBuffer ws_;
+  blas::Handle h_ = nullptr;
+};
+
+TEST(SplitGemm, CorrectionsAsOneProductOfTwiceTheDepth) {
+  if (!testing::have_device()) GTEST_SKIP() << "no CUDA device";
+  constexpr size_t M = 8192, K = 4096;
+  const std::vector<float> w =
+      testing::dequant(model::GgmlType::Q4_K, testing::random_q4k_blocks(M, K), M * K);
+  std::mt19937 rng(83);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(size_t{kTokens} * K);
+  for (float& v : x) v = nd(rng);
+  const Operands o = make_operands(w, x, M, K);
+  SplitGemm g;
+  DeviceBuffer y3(size_t{kTokens} * M * 4), y2(y3.bytes()), y1(y3.bytes());
+  g.three(o, M, K, y3.as<float>());
+  g.two(o, M, K, y2.as<float>());
+  g.gemm(M, K, o.wh.get(), K, o.xh.get(), K, 1.0f, 0.0f, y1.as<float>());
+  FERRY_CUDA(cudaStreamSynchronize(g.stream()));
+  std::vector<float> h3(size_t{kTokens} * M), h2(h3.size()), h1(h3.size());
+  FERRY_CUDA(cudaMemcpy(h3.data(), y3.get(), y3.bytes(), cudaMemcpyDeviceToHost));
+  FERRY_CUDA(cudaMemcpy(h2.data(), y2.get(), y2.bytes(), cudaMemcpyDeviceToHost));
+  FERRY_CUDA(cudaMemcpy(h1.data(), y1.get(), y1.bytes(), cudaMemcpyDeviceToHost));
+  // Every output against each other; a sample of 4,096 against the f64 sums (|delta| and |delta| over
+  // the sum of |W x| terms).
+  double d32 = 0.0;
+  for (size_t i = 0; i < h3.size(); ++i) d32 = std::max(d32, double(std::fabs(h3[i] - h2[i])));
+  double abs3 = 0.0, abs2 = 0.0, abs1 = 0.0, rel3 = 0.0, rel2 = 0.0, rel1 = 0.0;
+  std::uniform_int_distribution<size_t> pick_row(0, M - 1), pick_tok(0, kTokens - 1);
+  for (int s = 0; s < 4096; ++s) {
+    const size_t r = pick_row(rng), t = pick_tok(rng);
+    double sum = 0.0, mag = 0.0;
+    for (size_t k = 0; k < K; ++k) {
+      const double p = double(w[r * K + k]) * x[t * K + k];
+      sum += p;
+      mag += std::fabs(p);
+    }
+    const size_t at = t * M + r;
+    const double e3 = std::fabs(h3[at] - sum), e2 = std::fabs(h2[at] - sum), e1 = std::fabs(h1[at] - sum);
+    abs3 = std::max(abs3, e3), abs2 = std::max(abs2, e2), abs1 = std::max(abs1, e1);
+    rel3 = std::max(rel3, e3 / mag), rel2 = std::max(rel2, e2 / mag), rel1 = std::max(rel1, e1 / mag);
+  }
+  std::printf("[ split ] Q4_K %zu x %zu, %d rows, 4096 sampled outputs against f64: three products max |delta| "
+              "%.3g (%.3g of sum |Wx|), depth-2K form %.3g (%.3g), plain fp16 %.3g (%.3g); three vs 2K over every "
+              "output %.3g\n",
+              M, K, kTokens, abs3, rel3, abs2, rel2, abs1, rel1, d32);
+  EXPECT_LT(rel2, 10 * rel3 + 1e-6);
+
+  // Speed at the GLM shapes (contents do not matter here: fp16 ones).
+  for (const auto& [rows, depth] : {std::pair<size_t, size_t>{8192, 4096}, {4096, 8192}, {12288, 4096},
+                                    {4096, 12288}, {16384, 1536}, {2048, 4096}}) {
+    Operands t;
+    const size_t wn = rows * depth, xn = size_t{kTokens} * depth;
+    t.wh = DeviceBuffer(wn * 2), t.wl = DeviceBuffer(wn * 2), t.w2 = DeviceBuffer(wn * 4);
+    t.xh = DeviceBuffer(xn * 2), t.xl = DeviceBuffer(xn * 2), t.x2 = DeviceBuffer(xn * 4);
+    for (DeviceBuffer* b : {&t.wh, &t.wl, &t.w2, &t.xh, &t.xl, &t.x2}) {
+      FERRY_CUDA(cudaMemset(b->get(), 0x3c, b->bytes()));
+    }
+    DeviceBuffer y(size_t{kTokens} * rows * 4);
+    const double us3 = g.median_us([&] { g.three(t, rows, depth, y.as<float>()); });
+    const double us2 = g.median_us([&] { g.two(t, rows, depth, y.as<float>()); });
+    const double flop = 2.0 * rows * depth * kTokens;
+    std::printf("[ timing ] split product %zu x %zu, %d rows: three products %.1f us (%.0f TFLOPS counted), depth-2K "
+                "form %.1f us (%.0f)\n",
+                rows, depth, kTokens, us3, flop / us3 / 1e6, us2, flop / us2 / 1e6);
+  }
+}
+
+}  // namespace
+}  // namespace ferry::gpu
+#endif
