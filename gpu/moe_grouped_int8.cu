@@ -28,6 +28,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "gpu/cuda_check.hpp"
@@ -231,11 +232,13 @@ struct TileLoader {
   const uint8_t* hrow = nullptr;
   size_t xoff[4];
   size_t xfoff;
+  uint32_t xlive;      // tokens of the tile's 8-token tiles that hold any: what the products read
   bool w16 = true;     // every matrix 16-byte aligned (blocks of 144 / 176 bytes): 16-byte copies
   uint32_t hdr[2][4];  // the leading words of the weight items' blocks (IQ3_S: their sub-blocks' bytes)
 
   __device__ TileLoader(const Int8Args& a, const BlockTile& bt) {
     const uint32_t tid = threadIdx.x;
+    xlive = (bt.ntok + 7) / 8 * 8;
     const uint8_t* w[NM];
 #pragma unroll
     for (int m = 0; m < NM; ++m) {
@@ -276,13 +279,17 @@ struct TileLoader {
         for (int i = 0; i < 4; ++i) cp_async(dst + i, wrow[j] + wb + 4 * i, 4);
       }
     }
+    // Token rows past the live 8-token tiles are never read: not copied.
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      cp_async(&s.x[(tid / 16 + 16 * j) * kXWords + 4 * xch], a.xq + xoff[j] + 2 * BK * kt + 16 * xch, 16);
+      const uint32_t tok = tid / 16 + 16 * j;
+      if (tok < xlive) cp_async(&s.x[tok * kXWords + 4 * xch], a.xq + xoff[j] + 2 * BK * kt + 16 * xch, 16);
     }
-    const float2* xf = a.xf + xfoff + kSteps * kt;
-    cp_async(&s.xd[tid % 4][tid / 4], &xf->x, 4);
-    cp_async(&s.xs[tid % 4][tid / 4], &xf->y, 4);
+    if (tid / 4 < xlive) {
+      const float2* xf = a.xf + xfoff + kSteps * kt;
+      cp_async(&s.xd[tid % 4][tid / 4], &xf->x, 4);
+      cp_async(&s.xs[tid % 4][tid / 4], &xf->y, 4);
+    }
     if constexpr (K::kHighBits) {
       uint32_t* dst = &s.w[(tid / 2) * K::kWWords + 16 + 4 * (tid % 2)];
       const uint8_t* src = hrow + (kt / 2) * K::kBlockBytes + 16 + 16 * (tid % 2);
@@ -517,7 +524,7 @@ __device__ __forceinline__ void store_outputs(const Int8Args& a, const BlockTile
   }
 }
 
-template <int T, int NM>
+template <int T, int NM, int S>
 __global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ uint32_t grid[KQuant<T>::kDecoded ? 512 : 1];
@@ -555,22 +562,35 @@ __global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
     }
   }
 
-  // k-tile kt's copies and factors are in buffer kt % 2. One barrier a k-tile: after it, kt's copies
-  // (waited for) and factors (stored before it) are seen by every warp, and every warp is done with
-  // k-tile kt - 1's buffer, into which kt + 1's copies are then issued (and its block headers
-  // loaded) before kt's products; kt + 1's factors are stored at the top of the next iteration.
+  // k-tile kt's copies and factors are in buffer kt % S, the copies of the S - 1 k-tiles from kt on
+  // in flight (a commit group each, empty past the last k-tile, so that waiting for all but the latest
+  // S - 2 groups waits for kt's): a tile of few tokens, whose products are short, waits on memory
+  // less often. One barrier a k-tile: after it, kt's copies (waited for) and factors (stored before
+  // it) are seen by every warp, and every warp is done with k-tile kt - 1's buffer, into which kt +
+  // S - 1's copies are then issued before kt's products; kt + 1's factors are stored at the top of the
+  // next iteration from block headers loaded here (a K-quant block's once for its two k-tiles).
   const uint32_t ktiles = a.cols / BK;
   ld.load_headers(0);
-  ld.issue(a, 0, st[0]);
-  for (uint32_t kt = 0; kt < ktiles; ++kt) {
-    const uint32_t b = kt % 2;
-    ld.store_factors(kt, st[b], grid);
-    cp_wait<0>();
-    __syncthreads();
-    if (kt + 1 < ktiles) {
-      ld.issue(a, kt + 1, st[1 - b]);
-      ld.load_headers(kt + 1);
+#pragma unroll
+  for (uint32_t i = 0; i + 1 < S; ++i) {
+    if (i < ktiles) {
+      ld.issue(a, i, st[i]);
+    } else {
+      cp_commit();
     }
+  }
+  for (uint32_t kt = 0; kt < ktiles; ++kt) {
+    const uint32_t b = kt % S;
+    ld.store_factors(kt, st[b], grid);
+    cp_wait<S - 2>();
+    __syncthreads();
+    const uint32_t ahead = kt + S - 1;
+    if (ahead < ktiles) {
+      ld.issue(a, ahead, st[ahead % S]);
+    } else {
+      cp_commit();
+    }
+    if (kt + 1 < ktiles && (KQuant<T>::kDecoded || (kt + 1) % 2 == 0)) ld.load_headers(kt + 1);
     multiply_live<T>(st[b], kt, wt, acc);
   }
   store_outputs<NM>(a, bt, wt, acc);
@@ -588,9 +608,9 @@ int int8_type(model::GgmlType type) {
 
 template <int NM>
 const void* kernel_of(int t) {
-  return t == qd::kQ4_K   ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ4_K, NM>)
-         : t == qd::kQ5_K ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ5_K, NM>)
-                          : reinterpret_cast<const void*>(kquant_int8_kernel<qd::kIQ3_S, NM>);
+  return t == qd::kQ4_K   ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ4_K, NM, 2>)
+         : t == qd::kQ5_K ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ5_K, NM, 2>)
+                          : reinterpret_cast<const void*>(kquant_int8_kernel<qd::kIQ3_S, NM, 2>);
 }
 const void* kernel_of(int t, bool up) { return up ? kernel_of<2>(t) : kernel_of<1>(t); }
 
@@ -631,12 +651,36 @@ bool grouped_int8_takes(const ExpertMatrices& w, const ExpertMatrices* up, const
 
 namespace {
 
+template <int T, int NM, int S>
+void launch_stages(const Int8Args& a, dim3 grid, cudaStream_t stream) {
+  constexpr size_t smem = S * sizeof(Stage<T>);
+  FERRY_CUDA(cudaFuncSetAttribute(kquant_int8_kernel<T, NM, S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(smem)));
+  if constexpr (S == 3) {  // all of the SM's shared memory for two blocks (what L1 keeps is not needed)
+    FERRY_CUDA(cudaFuncSetAttribute(kquant_int8_kernel<T, NM, S>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    cudaSharedmemCarveoutMaxShared));
+  }
+  kquant_int8_kernel<T, NM, S><<<grid, kThreads, smem, stream>>>(a);
+}
+
+// Three stages where two blocks of them still share an SM (Q4_K and Q5_K on sm90's 228 KiB; 1 KiB a
+// block is the runtime's), else two.
+template <int T>
+bool three_stages_fit() {
+  static const bool env_two = std::getenv("FERRY_INT8_STAGES") != nullptr;  // TEMP h73: A/B of check 2
+  if (env_two) return false;
+  constexpr size_t block = 3 * sizeof(Stage<T>) + 1024 + (KQuant<T>::kDecoded ? 512 * sizeof(uint32_t) : 4);
+  return 3 * sizeof(Stage<T>) <= static_cast<size_t>(current_smem_optin()) &&
+         2 * block <= static_cast<size_t>(current_smem_per_sm());
+}
+
 template <int T, int NM>
 void launch(const Int8Args& a, dim3 grid, cudaStream_t stream) {
-  constexpr size_t smem = 2 * sizeof(Stage<T>);
-  FERRY_CUDA(cudaFuncSetAttribute(kquant_int8_kernel<T, NM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(smem)));
-  kquant_int8_kernel<T, NM><<<grid, kThreads, smem, stream>>>(a);
+  if (three_stages_fit<T>()) {
+    launch_stages<T, NM, 3>(a, grid, stream);
+  } else {
+    launch_stages<T, NM, 2>(a, grid, stream);
+  }
 }
 template <int NM>
 void launch(int t, const Int8Args& a, dim3 grid, cudaStream_t stream) {

@@ -324,6 +324,8 @@ class GroupedExpertsShapes : public ::testing::Test {
     if (!have_device()) GTEST_SKIP() << "no CUDA device";
     upload_quant_tables();
   }
+  // One GLM MoE layer, timed on each path and checked against the CPU (below).
+  void glm_layer_at_q4k(bool skewed);
 };
 
 // Matrices narrower and shorter than a tile, rows not a multiple of 8 (f32 read by element), a
@@ -387,7 +389,11 @@ TEST_F(GroupedExpertsShapes, TablesMixedTypesAndTheTally) {
 // kernel and (sm80+ code) the int8 one, checks one row's routes against the CPU and prints the time
 // of each launch (median of 5, events) and the GEMM rate they reach (2 x rows x routes x columns a
 // projection, counted alike for both). Not a speed assertion.
-TEST_F(GroupedExpertsShapes, GlmLayerAtQ4KMatchesTheCpuAndReportsItsTime) {
+// 2,048 rows x 8 of 288 experts of 4096 x 2048 Q4_K. Uniform routes (each row 8 distinct experts at
+// random: ~333 tiles of 64 rows), or skewed ones like the synthetic bench's router makes (~430 tiles:
+// 283 experts used, 83 past 64 rows, the largest ~400-650): experts drawn by lognormal popularity
+// (sigma 1.1), so that the timing sees the partly filled tiles a real chunk has.
+void GroupedExpertsShapes::glm_layer_at_q4k(bool skewed) {
   const uint32_t E = 288, k = 8, D = 4096, I = 2048, n = 2048, routes = n * k;
   const GgmlType type = GgmlType::Q4_K;
   const size_t gu_row = *model::ggml_bytes(type, D), d_row = *model::ggml_bytes(type, I);
@@ -404,9 +410,27 @@ TEST_F(GroupedExpertsShapes, GlmLayerAtQ4KMatchesTheCpuAndReportsItsTime) {
   std::vector<int32_t> ids(routes);
   std::vector<int32_t> all(E);
   std::iota(all.begin(), all.end(), 0);
+  std::normal_distribution<double> popularity(0.0, 1.1);
+  std::vector<double> weight(E);
+  for (double& v : weight) v = std::exp(popularity(rng));
+  std::discrete_distribution<int32_t> pick(weight.begin(), weight.end());
   for (uint32_t r = 0; r < n; ++r) {
-    std::shuffle(all.begin(), all.end(), rng);
-    std::copy(all.begin(), all.begin() + k, ids.begin() + size_t{r} * k);
+    int32_t* row = ids.data() + size_t{r} * k;
+    if (!skewed) {
+      std::shuffle(all.begin(), all.end(), rng);
+      std::copy(all.begin(), all.begin() + k, row);
+      continue;
+    }
+    for (uint32_t j = 0; j < k;) {  // k distinct experts
+      const int32_t e = pick(rng);
+      if (std::find(row, row + j, e) == row + j) row[j++] = e;
+    }
+  }
+  uint32_t tiles = 0;
+  {
+    std::vector<uint32_t> count(E, 0);
+    for (int32_t id : ids) ++count[id];
+    for (uint32_t c : count) tiles += (c + kGroupedTileTokens - 1) / kGroupedTileTokens;
   }
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> x(size_t{n} * D), rw(routes, 0.125f);
@@ -460,10 +484,10 @@ TEST_F(GroupedExpertsShapes, GlmLayerAtQ4KMatchesTheCpuAndReportsItsTime) {
       for (int i = 0; i < 4; ++i) ms[i].push_back(ev[i + 1].since(ev[i]));
     }
     const float t_sort = median(ms[0]), t_gu = median(ms[1]), t_d = median(ms[2]), t_c = median(ms[3]);
-    std::printf("grouped MoE %s, %u rows x %u of %u experts, Q4_K %ux%u: sort %.3f ms, gate+up %.3f ms (%.1f TFLOPS), "
-                "down %.3f ms (%.1f TFLOPS), combine %.3f ms; layer %.3f ms\n",
-                name, n, k, E, D, I, t_sort, t_gu, flops_gu / t_gu * 1e-9, t_d, flops_d / t_d * 1e-9, t_c,
-                t_sort + t_gu + t_d + t_c);
+    std::printf("grouped MoE %s, %u rows x %u of %u experts (%s routes, %u tiles), Q4_K %ux%u: sort %.3f ms, "
+                "gate+up %.3f ms (%.1f TFLOPS), down %.3f ms (%.1f TFLOPS), combine %.3f ms; layer %.3f ms\n",
+                name, n, k, E, skewed ? "skewed" : "uniform", tiles, D, I, t_sort, t_gu, flops_gu / t_gu * 1e-9, t_d,
+                flops_d / t_d * 1e-9, t_c, t_sort + t_gu + t_d + t_c);
 
     // Row 0's routes against the CPU: the SwiGLU output of each, and y over its first 64 columns.
     ASSERT_EQ(cudaMemcpy(where.data(), dwhere.get(), routes * 4, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -513,6 +537,10 @@ TEST_F(GroupedExpertsShapes, GlmLayerAtQ4KMatchesTheCpuAndReportsItsTime) {
     }
   }
 }
+
+TEST_F(GroupedExpertsShapes, GlmLayerAtQ4KMatchesTheCpuAndReportsItsTime) { glm_layer_at_q4k(false); }
+
+TEST_F(GroupedExpertsShapes, GlmLayerAtQ4KWithSkewedRoutesMatchesTheCpuAndReportsItsTime) { glm_layer_at_q4k(true); }
 
 TEST_F(GroupedExpertsShapes, TooManyExpertsIsRefused) {
   RouteSort sort;
