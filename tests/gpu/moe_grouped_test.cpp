@@ -542,6 +542,59 @@ TEST_F(GroupedExpertsShapes, GlmLayerAtQ4KMatchesTheCpuAndReportsItsTime) { glm_
 
 TEST_F(GroupedExpertsShapes, GlmLayerAtQ4KWithSkewedRoutesMatchesTheCpuAndReportsItsTime) { glm_layer_at_q4k(true); }
 
+// The sort alone past one pass of its block (16 ids a thread: 16,384 routes) and at its most experts
+// (one a thread), with the tally: each expert's rows where its offsets say, every route once.
+TEST_F(GroupedExpertsShapes, SortCoversRoutesPastOnePassAndTheMostExperts) {
+  std::mt19937 rng(11);
+  for (const uint32_t E : {288u, kMaxGroupedExperts}) {
+    const uint32_t n = 2500, k = 8, routes = n * k;
+    SCOPED_TRACE("experts " + std::to_string(E));
+    const std::vector<int32_t> ids = make_routes(Routing::spread, n, k, E, rng);
+    std::vector<uint8_t> category(E);
+    for (uint32_t e = 0; e < E; ++e) category[e] = static_cast<uint8_t>(e % 3);
+    DeviceBuffer dids(routes * 4), doff((E + 1) * 4), dtiles((E + 1) * 4), dgather(routes * 4), dwhere(routes * 4),
+        dtally(5 * 8), dcat(E);
+    ASSERT_EQ(cudaMemcpy(dids.get(), ids.data(), routes * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dcat.get(), category.data(), E, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemset(dtally.get(), 0, dtally.bytes()), cudaSuccess);
+    const RouteSort sort{doff.as<uint32_t>(), dtiles.as<uint32_t>(), dgather.as<int32_t>(), dwhere.as<int32_t>()};
+    const RouteTally tally{dcat.as<uint8_t>(), 1000, dtally.as<unsigned long long>()};
+    sort_routes(dids.as<int32_t>(), routes, k, E, sort, tally, nullptr);
+    std::vector<uint32_t> off(E + 1), tiles(E + 1);
+    std::vector<int32_t> gather(routes), where(routes);
+    std::vector<unsigned long long> counters(5);
+    ASSERT_EQ(cudaMemcpy(off.data(), doff.get(), off.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(tiles.data(), dtiles.get(), tiles.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(gather.data(), dgather.get(), routes * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(where.data(), dwhere.get(), routes * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(counters.data(), dtally.get(), 5 * 8, cudaMemcpyDeviceToHost), cudaSuccess);
+    std::vector<uint32_t> count(E, 0);
+    for (int32_t id : ids) ++count[id];
+    std::vector<unsigned long long> want(5, 0);
+    ASSERT_EQ(off[0], 0u);
+    ASSERT_EQ(tiles[0], 0u);
+    for (uint32_t e = 0; e < E; ++e) {
+      ASSERT_EQ(off[e + 1] - off[e], count[e]) << "expert " << e;
+      ASSERT_EQ(tiles[e + 1] - tiles[e], (count[e] + kGroupedTileTokens - 1) / kGroupedTileTokens) << "expert " << e;
+      if (count[e] == 0) continue;
+      want[category[e]] += count[e];
+      if (category[e] > 0) want[2 + category[e]] += 1000;
+    }
+    EXPECT_EQ(counters, want);
+    std::vector<bool> used(routes, false);
+    for (uint32_t i = 0; i < routes; ++i) {
+      const int32_t at = where[i];
+      ASSERT_GE(at, 0);
+      ASSERT_LT(static_cast<uint32_t>(at), routes);
+      ASSERT_FALSE(used[at]) << "sorted row " << at << " taken twice";
+      used[at] = true;
+      ASSERT_GE(static_cast<uint32_t>(at), off[ids[i]]);
+      ASSERT_LT(static_cast<uint32_t>(at), off[ids[i] + 1]);
+      ASSERT_EQ(gather[at], static_cast<int32_t>(i / k));
+    }
+  }
+}
+
 TEST_F(GroupedExpertsShapes, TooManyExpertsIsRefused) {
   RouteSort sort;
   EXPECT_THROW(sort_routes(nullptr, 1, 1, kMaxGroupedExperts + 1, sort, RouteTally{}, nullptr), CudaError);
