@@ -47,11 +47,6 @@ int current_smem_optin() {
   return cached_attribute(cached, cudaDevAttrMaxSharedMemoryPerBlockOptin);
 }
 
-int current_smem_per_sm() {
-  static std::atomic<int> cached[64];
-  return cached_attribute(cached, cudaDevAttrMaxSharedMemoryPerMultiprocessor);
-}
-
 bool built_with_cuda() { return true; }
 
 std::vector<DeviceInfo> list_devices(std::string* why) {

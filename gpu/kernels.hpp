@@ -49,8 +49,6 @@ std::string kernel_image();
 int current_sm_count();
 // The shared memory a block of the current device may opt in to, in bytes (asked once per device).
 int current_smem_optin();
-// The shared memory of one multiprocessor, in bytes (asked once per device): how many blocks share it.
-int current_smem_per_sm();
 
 // y[t][r] = W[r] . x[t] for one matrix or a batch of groups (heads, experts).
 // A further matrix of MatvecArgs::w's type and columns in the same launch: its weights (data, or

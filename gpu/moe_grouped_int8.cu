@@ -28,7 +28,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include "gpu/cuda_check.hpp"
@@ -524,32 +523,34 @@ __device__ __forceinline__ void store_outputs(const Int8Args& a, const BlockTile
   }
 }
 
-template <int T, int NM, int S>
+template <int T, int NM>
 __global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ uint32_t grid[KQuant<T>::kDecoded ? 512 : 1];
   Stage<T>* st = reinterpret_cast<Stage<T>*>(smem);
+  __shared__ uint32_t tile_of[3];  // the block's expert, its first sorted row and its tokens
   const uint32_t tile = blockIdx.y;
   if (tile >= a.tiles[a.E]) return;  // the grid is sized for the most tiles the routes can make
-  uint32_t lo_e = 0, hi_e = a.E;     // tiles[lo_e] <= tile < tiles[hi_e]
-  while (hi_e - lo_e > 1) {
-    const uint32_t mid = (lo_e + hi_e) / 2;
-    if (a.tiles[mid] <= tile) {
-      lo_e = mid;
-    } else {
-      hi_e = mid;
+  // The tile's expert, the one e with tiles[e] <= tile < tiles[e + 1], by one pass of the block over
+  // the tile starts: a wait or two on memory before the first copies, not a binary search's ~log2(E).
+  for (uint32_t e = threadIdx.x; e < a.E; e += kThreads) {
+    const uint32_t start = a.tiles[e];
+    if (start <= tile && tile < a.tiles[e + 1]) {
+      const uint32_t first = a.offsets[e] + (tile - start) * BN;
+      tile_of[0] = e;
+      tile_of[1] = first;
+      tile_of[2] = min(BN, a.offsets[e + 1] - first);
     }
   }
-  BlockTile bt;
-  bt.e = lo_e;
-  const uint32_t t0 = (tile - a.tiles[bt.e]) * BN;
-  bt.first = a.offsets[bt.e] + t0;
-  bt.ntok = min(BN, a.offsets[bt.e + 1] - a.offsets[bt.e] - t0);
-  bt.m0 = blockIdx.x * (BR / NM);
   if constexpr (KQuant<T>::kDecoded) {
     for (uint32_t i = threadIdx.x; i < 512; i += kThreads) grid[i] = a.iq3s_grid[i];
-    __syncthreads();  // before the first decode
   }
+  __syncthreads();  // the tile, and the grid before the first decode
+  BlockTile bt;
+  bt.e = tile_of[0];
+  bt.first = tile_of[1];
+  bt.ntok = tile_of[2];
+  bt.m0 = blockIdx.x * (BR / NM);
   TileLoader<T, NM> ld(a, bt);
   const WarpTile wt = warp_tile<NM>(bt.ntok);
   float acc[2][4][4];
@@ -562,35 +563,23 @@ __global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
     }
   }
 
-  // k-tile kt's copies and factors are in buffer kt % S, the copies of the S - 1 k-tiles from kt on
-  // in flight (a commit group each, empty past the last k-tile, so that waiting for all but the latest
-  // S - 2 groups waits for kt's): a tile of few tokens, whose products are short, waits on memory
-  // less often. One barrier a k-tile: after it, kt's copies (waited for) and factors (stored before
-  // it) are seen by every warp, and every warp is done with k-tile kt - 1's buffer, into which kt +
-  // S - 1's copies are then issued before kt's products; kt + 1's factors are stored at the top of the
-  // next iteration from block headers loaded here (a K-quant block's once for its two k-tiles).
+  // k-tile kt's copies and factors are in buffer kt % 2. One barrier a k-tile: after it, kt's copies
+  // (waited for) and factors (stored before it) are seen by every warp, and every warp is done with
+  // k-tile kt - 1's buffer, into which kt + 1's copies are then issued (and, where kt + 1 starts a
+  // K-quant block, its header loaded; the block's two k-tiles share it) before kt's products; kt +
+  // 1's factors are stored at the top of the next iteration.
   const uint32_t ktiles = a.cols / BK;
   ld.load_headers(0);
-#pragma unroll
-  for (uint32_t i = 0; i + 1 < S; ++i) {
-    if (i < ktiles) {
-      ld.issue(a, i, st[i]);
-    } else {
-      cp_commit();
-    }
-  }
+  ld.issue(a, 0, st[0]);
   for (uint32_t kt = 0; kt < ktiles; ++kt) {
-    const uint32_t b = kt % S;
+    const uint32_t b = kt % 2;
     ld.store_factors(kt, st[b], grid);
-    cp_wait<S - 2>();
+    cp_wait<0>();
     __syncthreads();
-    const uint32_t ahead = kt + S - 1;
-    if (ahead < ktiles) {
-      ld.issue(a, ahead, st[ahead % S]);
-    } else {
-      cp_commit();
+    if (kt + 1 < ktiles) {
+      ld.issue(a, kt + 1, st[1 - b]);
+      if (KQuant<T>::kDecoded || (kt + 1) % 2 == 0) ld.load_headers(kt + 1);
     }
-    if (kt + 1 < ktiles && (KQuant<T>::kDecoded || (kt + 1) % 2 == 0)) ld.load_headers(kt + 1);
     multiply_live<T>(st[b], kt, wt, acc);
   }
   store_outputs<NM>(a, bt, wt, acc);
@@ -608,9 +597,9 @@ int int8_type(model::GgmlType type) {
 
 template <int NM>
 const void* kernel_of(int t) {
-  return t == qd::kQ4_K   ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ4_K, NM, 2>)
-         : t == qd::kQ5_K ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ5_K, NM, 2>)
-                          : reinterpret_cast<const void*>(kquant_int8_kernel<qd::kIQ3_S, NM, 2>);
+  return t == qd::kQ4_K   ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ4_K, NM>)
+         : t == qd::kQ5_K ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ5_K, NM>)
+                          : reinterpret_cast<const void*>(kquant_int8_kernel<qd::kIQ3_S, NM>);
 }
 const void* kernel_of(int t, bool up) { return up ? kernel_of<2>(t) : kernel_of<1>(t); }
 
@@ -651,36 +640,12 @@ bool grouped_int8_takes(const ExpertMatrices& w, const ExpertMatrices* up, const
 
 namespace {
 
-template <int T, int NM, int S>
-void launch_stages(const Int8Args& a, dim3 grid, cudaStream_t stream) {
-  constexpr size_t smem = S * sizeof(Stage<T>);
-  FERRY_CUDA(cudaFuncSetAttribute(kquant_int8_kernel<T, NM, S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(smem)));
-  if constexpr (S == 3) {  // all of the SM's shared memory for two blocks (what L1 keeps is not needed)
-    FERRY_CUDA(cudaFuncSetAttribute(kquant_int8_kernel<T, NM, S>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                    cudaSharedmemCarveoutMaxShared));
-  }
-  kquant_int8_kernel<T, NM, S><<<grid, kThreads, smem, stream>>>(a);
-}
-
-// Three stages where two blocks of them still share an SM (Q4_K and Q5_K on sm90's 228 KiB; 1 KiB a
-// block is the runtime's), else two.
-template <int T>
-bool three_stages_fit() {
-  static const bool env_two = std::getenv("FERRY_INT8_STAGES") != nullptr;  // TEMP h73: A/B of check 2
-  if (env_two) return false;
-  constexpr size_t block = 3 * sizeof(Stage<T>) + 1024 + (KQuant<T>::kDecoded ? 512 * sizeof(uint32_t) : 4);
-  return 3 * sizeof(Stage<T>) <= static_cast<size_t>(current_smem_optin()) &&
-         2 * block <= static_cast<size_t>(current_smem_per_sm());
-}
-
 template <int T, int NM>
 void launch(const Int8Args& a, dim3 grid, cudaStream_t stream) {
-  if (three_stages_fit<T>()) {
-    launch_stages<T, NM, 3>(a, grid, stream);
-  } else {
-    launch_stages<T, NM, 2>(a, grid, stream);
-  }
+  constexpr size_t smem = 2 * sizeof(Stage<T>);
+  FERRY_CUDA(cudaFuncSetAttribute(kquant_int8_kernel<T, NM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(smem)));
+  kquant_int8_kernel<T, NM><<<grid, kThreads, smem, stream>>>(a);
 }
 template <int NM>
 void launch(int t, const Int8Args& a, dim3 grid, cudaStream_t stream) {
