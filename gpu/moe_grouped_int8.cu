@@ -28,6 +28,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "gpu/cuda_check.hpp"
@@ -415,7 +416,7 @@ __device__ __forceinline__ void minimum_terms(const Stage<T>& s, const WarpTile&
 
 // One k-tile's products of a warp with NL live 8-token tiles (k-tile kt, in s) into acc: no branch
 // inside, so the fragment loads of the next tiles and steps are scheduled under the products.
-template <int T, int NL>
+template <int T, int NL, int LAG>
 __device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const WarpTile& t, float (&acc)[2][4][4]) {
   using K = KQuant<T>;
   constexpr uint32_t kWWords = K::kWWords;
@@ -463,7 +464,7 @@ __device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const W
         dw[i][1] = s.wf[step][t.lrb[i] + g + 8].x;
       }
 #pragma unroll
-      for (int n = 0; n < NL; ++n) {
+      for (int n = 0; n < NL && LAG == 0; ++n) {
         uint32_t b[4];
         mma::ldmatrix_x4(b, xrow + 16 * n * kXWords + 8 * step);
         const mma::FragB bh{{b[0], b[1]}}, bl{{b[2], b[3]}};
@@ -480,20 +481,50 @@ __device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const W
           }
         }
       }
+      // Tile n's MMAs are issued before the f32 terms of tile n - LAG, so that more of them are in
+      // flight before their sums are read (the same operations on each output, in the same order).
+      mma::FragC ch[LAG + 1][2], cl[LAG + 1][2];
+      float2 dx[LAG + 1];
+#pragma unroll
+      for (int n = 0; n < NL + LAG && LAG > 0; ++n) {
+        if (n < NL) {
+          uint32_t b[4];
+          mma::ldmatrix_x4(b, xrow + 16 * n * kXWords + 8 * step);
+          const mma::FragB bh{{b[0], b[1]}}, bl{{b[2], b[3]}};
+          dx[n % (LAG + 1)] = *reinterpret_cast<const float2*>(&s.xd[step][t.token(n) + 2 * q]);
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            // IQ3_S's values are signed, the nibbles not
+            mma::mma_k32<K::kDecoded, true>(ch[n % (LAG + 1)][i], A[i], bh, kHiC);
+            mma::mma_k32<K::kDecoded, false>(cl[n % (LAG + 1)][i], A[i], bl, kLoC);
+          }
+        }
+        if (n >= LAG) {
+          const int m = n - LAG, c = m % (LAG + 1);
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              const float sum = (__int_as_float(ch[c][i].r[k]) - kMagic) + __int_as_float(cl[c][i].r[k]);
+              acc[i][m][k] = fmaf(dw[i][k / 2] * (k % 2 == 0 ? dx[c].x : dx[c].y), sum, acc[i][m][k]);
+            }
+          }
+        }
+      }
     }
   }
   if constexpr (!K::kDecoded) minimum_terms<T, NL>(s, t, acc);
 }
 
 // multiply for the warp's live tiles (warp-uniform; a warp without tokens has no products).
-template <int T>
+template <int T, int LAG>
 __device__ __forceinline__ void multiply_live(const Stage<T>& s, uint32_t kt, const WarpTile& t,
                                               float (&acc)[2][4][4]) {
   switch (t.live) {
-    case 4: multiply<T, 4>(s, kt, t, acc); break;
-    case 3: multiply<T, 3>(s, kt, t, acc); break;
-    case 2: multiply<T, 2>(s, kt, t, acc); break;
-    case 1: multiply<T, 1>(s, kt, t, acc); break;
+    case 4: multiply<T, 4, LAG>(s, kt, t, acc); break;
+    case 3: multiply<T, 3, LAG>(s, kt, t, acc); break;
+    case 2: multiply<T, 2, LAG>(s, kt, t, acc); break;
+    case 1: multiply<T, 1, LAG>(s, kt, t, acc); break;
     default: break;
   }
 }
@@ -523,7 +554,7 @@ __device__ __forceinline__ void store_outputs(const Int8Args& a, const BlockTile
   }
 }
 
-template <int T, int NM>
+template <int T, int NM, int LAG>
 __global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ uint32_t grid[KQuant<T>::kDecoded ? 512 : 1];
@@ -580,7 +611,7 @@ __global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
       ld.issue(a, kt + 1, st[1 - b]);
       if (KQuant<T>::kDecoded || (kt + 1) % 2 == 0) ld.load_headers(kt + 1);
     }
-    multiply_live<T>(st[b], kt, wt, acc);
+    multiply_live<T, LAG>(st[b], kt, wt, acc);
   }
   store_outputs<NM>(a, bt, wt, acc);
 }
@@ -597,9 +628,9 @@ int int8_type(model::GgmlType type) {
 
 template <int NM>
 const void* kernel_of(int t) {
-  return t == qd::kQ4_K   ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ4_K, NM>)
-         : t == qd::kQ5_K ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ5_K, NM>)
-                          : reinterpret_cast<const void*>(kquant_int8_kernel<qd::kIQ3_S, NM>);
+  return t == qd::kQ4_K   ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ4_K, NM, 0>)
+         : t == qd::kQ5_K ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ5_K, NM, 0>)
+                          : reinterpret_cast<const void*>(kquant_int8_kernel<qd::kIQ3_S, NM, 0>);
 }
 const void* kernel_of(int t, bool up) { return up ? kernel_of<2>(t) : kernel_of<1>(t); }
 
@@ -640,12 +671,23 @@ bool grouped_int8_takes(const ExpertMatrices& w, const ExpertMatrices* up, const
 
 namespace {
 
+template <int T, int NM, int LAG>
+void launch_lag(const Int8Args& a, dim3 grid, cudaStream_t stream) {
+  constexpr size_t smem = 2 * sizeof(Stage<T>);
+  FERRY_CUDA(cudaFuncSetAttribute(kquant_int8_kernel<T, NM, LAG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(smem)));
+  kquant_int8_kernel<T, NM, LAG><<<grid, kThreads, smem, stream>>>(a);
+}
 template <int T, int NM>
 void launch(const Int8Args& a, dim3 grid, cudaStream_t stream) {
-  constexpr size_t smem = 2 * sizeof(Stage<T>);
-  FERRY_CUDA(cudaFuncSetAttribute(kquant_int8_kernel<T, NM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(smem)));
-  kquant_int8_kernel<T, NM><<<grid, kThreads, smem, stream>>>(a);
+  static const int lag = std::getenv("FERRY_INT8_LAG") != nullptr ? std::atoi(std::getenv("FERRY_INT8_LAG")) : 0;  // TEMP h73
+  if (lag == 2) {
+    launch_lag<T, NM, 2>(a, grid, stream);
+  } else if (lag == 1) {
+    launch_lag<T, NM, 1>(a, grid, stream);
+  } else {
+    launch_lag<T, NM, 0>(a, grid, stream);
+  }
 }
 template <int NM>
 void launch(int t, const Int8Args& a, dim3 grid, cudaStream_t stream) {
