@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -469,33 +467,15 @@ void LayerRunner::prefill_experts(uint32_t n, const DevLayer& l, bool upload_mis
     down = {shape.down, 0, v.table[2]};
     tally = v.tally;
   }
-  static const bool split_marks = std::getenv("FERRY_MOE_MARKS") != nullptr;  // TEMP h73
   sort_routes(w_.rids, routes, z.k, z.E, sort, tally, s_);
-  if (split_marks) mark(OpGroup::moe_sort);
-  static const bool print_tiles = std::getenv("FERRY_MOE_TILES") != nullptr;  // TEMP h73
-  if (print_tiles) {
-    std::vector<uint32_t> off(z.E + 1), tl(z.E + 1);
-    FERRY_CUDA(cudaMemcpyAsync(off.data(), w_.expert_offsets, off.size() * 4, cudaMemcpyDeviceToHost, s_));
-    FERRY_CUDA(cudaMemcpyAsync(tl.data(), w_.expert_tiles, tl.size() * 4, cudaMemcpyDeviceToHost, s_));
-    FERRY_CUDA(cudaStreamSynchronize(s_));
-    uint32_t used = 0, over = 0, most = 0, live8 = 0;
-    for (uint32_t e = 0; e < z.E; ++e) {
-      const uint32_t c = off[e + 1] - off[e];
-      used += c > 0, over += c > 64, most = std::max(most, c), live8 += (c + 7) / 8;
-    }
-    std::printf("h73 tiles layer %u: routes %u, tiles %u, experts used %u, over 64 %u, most %u, live 8-token tiles %u\n",
-                l.index, off[z.E], tl[z.E], used, over, most, live8);
-  }
   // The inputs' fp16 splits: x into the cuBLAS staging (idle here), the SwiGLU output into eu (free
   // once gate and up are done: it held up's product only when they differ).
   const SplitScratch x_split{w_.xh, w_.xl, w_.xh_elems};
   const SplitScratch h_split{w_.eu, reinterpret_cast<uint16_t*>(w_.eu) + w_.ffn_elems, w_.ffn_elems};
   grouped_gemm(gate, &up, w_.x, z.D, n, w_.gather_idx, sort, routes, z.E, hp_.swiglu_limit, w_.eg, z.I, w_.eu,
                x_split, s_);
-  if (split_marks) mark(OpGroup::moe_gate_up);
   grouped_gemm(down, nullptr, w_.eg, z.I, routes, nullptr, sort, routes, z.E, 0.0f, w_.eo, z.D, nullptr, h_split,
                s_);
-  if (split_marks) mark(OpGroup::moe_down);
   if (experts_ != nullptr && upload_misses) experts_->release_staged(l.index);
 }
 

@@ -8,7 +8,8 @@
 // A block: 8 warps over 128 weight rows (64 each of gate and up, whose SwiGLU is then taken in
 // registers) x the 64 sorted rows of a token tile, k-tiles of 128 columns (half a block: 64 bytes
 // of nibbles a row, and Q5_K's 32 bytes of fifth bits). Per k-tile the weight rows' nibble bytes
-// and the tokens' bytes and block factors are copied in by cp.async into one of two buffers while
+// and the bytes and block factors of the tokens the products read (those of the tile's 8-token tiles
+// that hold any) are copied in by cp.async into one of two buffers while
 // the tensor cores work on the other, and each weight row's sub-block factors (d * scale; for
 // K-quants the min and dmin) are made from its block's 16 leading bytes (IQ3_S: its sub-blocks are decoded to int8 there,
 // from the bytes loaded before the products). A warp multiplies 32 weight rows x 32 tokens: per
@@ -28,7 +29,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include "gpu/cuda_check.hpp"
@@ -59,17 +59,22 @@ constexpr uint32_t kXWords = 68;
 // IQ3_S's values come from a grid with signs, so its k-tile is decoded into 32 words of int8 a row
 // (36 apart) instead of copied; it has no minimum terms.
 template <int T> struct KQuant;
+// kLag: how many 8-token tiles before its f32 terms a tile's MMAs are issued (multiply): one for
+// IQ3_S (2% off its gate+up in the user's mix), none for the K-quants (one or two were slower).
 template <> struct KQuant<qd::kQ4_K> {
   static constexpr uint32_t kBlockBytes = 144, kNibbles = 16, kWWords = 20;
   static constexpr bool kHighBits = false, kDecoded = false;
+  static constexpr int kLag = 0;
 };
 template <> struct KQuant<qd::kQ5_K> {
   static constexpr uint32_t kBlockBytes = 176, kNibbles = 48, kWWords = 28;
   static constexpr bool kHighBits = true, kDecoded = false;  // bit j of byte l of the 32 at 16: sub-block j's column l
+  static constexpr int kLag = 0;
 };
 template <> struct KQuant<qd::kIQ3_S> {
   static constexpr uint32_t kBlockBytes = 110, kNibbles = 0, kWWords = 36;
   static constexpr bool kHighBits = false, kDecoded = true;
+  static constexpr int kLag = 1;
 };
 
 template <int T>
@@ -416,9 +421,10 @@ __device__ __forceinline__ void minimum_terms(const Stage<T>& s, const WarpTile&
 
 // One k-tile's products of a warp with NL live 8-token tiles (k-tile kt, in s) into acc: no branch
 // inside, so the fragment loads of the next tiles and steps are scheduled under the products.
-template <int T, int NL, int LAG>
+template <int T, int NL>
 __device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const WarpTile& t, float (&acc)[2][4][4]) {
   using K = KQuant<T>;
+  constexpr int LAG = K::kLag;
   constexpr uint32_t kWWords = K::kWWords;
   const uint32_t g = t.g, q = t.q, lane = threadIdx.x % 32;
   const mma::FragC kHiC{{kHiBits, kHiBits, kHiBits, kHiBits}}, kLoC{{kLoBits, kLoBits, kLoBits, kLoBits}};
@@ -464,7 +470,7 @@ __device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const W
         dw[i][1] = s.wf[step][t.lrb[i] + g + 8].x;
       }
 #pragma unroll
-      for (int n = 0; n < NL && LAG == 0; ++n) {
+      for (int n = 0; n < NL && LAG == 0; ++n) {  // no lag: each tile's terms right after its MMAs
         uint32_t b[4];
         mma::ldmatrix_x4(b, xrow + 16 * n * kXWords + 8 * step);
         const mma::FragB bh{{b[0], b[1]}}, bl{{b[2], b[3]}};
@@ -517,14 +523,14 @@ __device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const W
 }
 
 // multiply for the warp's live tiles (warp-uniform; a warp without tokens has no products).
-template <int T, int LAG>
+template <int T>
 __device__ __forceinline__ void multiply_live(const Stage<T>& s, uint32_t kt, const WarpTile& t,
                                               float (&acc)[2][4][4]) {
   switch (t.live) {
-    case 4: multiply<T, 4, LAG>(s, kt, t, acc); break;
-    case 3: multiply<T, 3, LAG>(s, kt, t, acc); break;
-    case 2: multiply<T, 2, LAG>(s, kt, t, acc); break;
-    case 1: multiply<T, 1, LAG>(s, kt, t, acc); break;
+    case 4: multiply<T, 4>(s, kt, t, acc); break;
+    case 3: multiply<T, 3>(s, kt, t, acc); break;
+    case 2: multiply<T, 2>(s, kt, t, acc); break;
+    case 1: multiply<T, 1>(s, kt, t, acc); break;
     default: break;
   }
 }
@@ -554,7 +560,7 @@ __device__ __forceinline__ void store_outputs(const Int8Args& a, const BlockTile
   }
 }
 
-template <int T, int NM, int LAG>
+template <int T, int NM>
 __global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ uint32_t grid[KQuant<T>::kDecoded ? 512 : 1];
@@ -611,7 +617,7 @@ __global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
       ld.issue(a, kt + 1, st[1 - b]);
       if (KQuant<T>::kDecoded || (kt + 1) % 2 == 0) ld.load_headers(kt + 1);
     }
-    multiply_live<T, LAG>(st[b], kt, wt, acc);
+    multiply_live<T>(st[b], kt, wt, acc);
   }
   store_outputs<NM>(a, bt, wt, acc);
 }
@@ -628,9 +634,9 @@ int int8_type(model::GgmlType type) {
 
 template <int NM>
 const void* kernel_of(int t) {
-  return t == qd::kQ4_K   ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ4_K, NM, 0>)
-         : t == qd::kQ5_K ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ5_K, NM, 0>)
-                          : reinterpret_cast<const void*>(kquant_int8_kernel<qd::kIQ3_S, NM, 0>);
+  return t == qd::kQ4_K   ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ4_K, NM>)
+         : t == qd::kQ5_K ? reinterpret_cast<const void*>(kquant_int8_kernel<qd::kQ5_K, NM>)
+                          : reinterpret_cast<const void*>(kquant_int8_kernel<qd::kIQ3_S, NM>);
 }
 const void* kernel_of(int t, bool up) { return up ? kernel_of<2>(t) : kernel_of<1>(t); }
 
@@ -671,24 +677,14 @@ bool grouped_int8_takes(const ExpertMatrices& w, const ExpertMatrices* up, const
 
 namespace {
 
-template <int T, int NM, int LAG>
-void launch_lag(const Int8Args& a, dim3 grid, cudaStream_t stream) {
-  constexpr size_t smem = 2 * sizeof(Stage<T>);
-  FERRY_CUDA(cudaFuncSetAttribute(kquant_int8_kernel<T, NM, LAG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(smem)));
-  kquant_int8_kernel<T, NM, LAG><<<grid, kThreads, smem, stream>>>(a);
-}
 template <int T, int NM>
 void launch(const Int8Args& a, dim3 grid, cudaStream_t stream) {
-  static const int lag = std::getenv("FERRY_INT8_LAG") != nullptr ? std::atoi(std::getenv("FERRY_INT8_LAG")) : 0;  // TEMP h73
-  if (lag == 2) {
-    launch_lag<T, NM, 2>(a, grid, stream);
-  } else if (lag == 1) {
-    launch_lag<T, NM, 1>(a, grid, stream);
-  } else {
-    launch_lag<T, NM, 0>(a, grid, stream);
-  }
+  constexpr size_t smem = 2 * sizeof(Stage<T>);
+  FERRY_CUDA(cudaFuncSetAttribute(kquant_int8_kernel<T, NM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(smem)));
+  kquant_int8_kernel<T, NM><<<grid, kThreads, smem, stream>>>(a);
 }
+
 template <int NM>
 void launch(int t, const Int8Args& a, dim3 grid, cudaStream_t stream) {
   if (t == qd::kQ4_K) {

@@ -24,9 +24,6 @@ const char* op_group_name(OpGroup g) {
     case OpGroup::moe_experts: return "moe_experts";
     case OpGroup::dense_ffn: return "dense_ffn";
     case OpGroup::head: return "head";
-    case OpGroup::moe_sort: return "moe_sort";
-    case OpGroup::moe_gate_up: return "moe_gate_up";
-    case OpGroup::moe_down: return "moe_down";
     case OpGroup::count: break;
   }
   return "?";

@@ -35,9 +35,6 @@ enum class OpGroup : uint8_t {
                    // combine is made by the next mHC site: mhc_pre / mhc_post)
   dense_ffn,       // a dense layer's FFN
   head,            // final norm, output head, sampling, results to the host
-  moe_sort,        // TEMP h73 (FERRY_MOE_MARKS): moe_experts' sort
-  moe_gate_up,     // TEMP h73: moe_experts' gate+up (with x's quantization)
-  moe_down,        // TEMP h73: moe_experts' down (with h's quantization)
   count
 };
 constexpr size_t kOpGroups = static_cast<size_t>(OpGroup::count);
