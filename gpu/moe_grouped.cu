@@ -417,38 +417,93 @@ __global__ void __launch_bounds__(kThreads, 2) grouped_gemm_kernel(GemmArgs a) {
   }
 }
 
-__global__ void __launch_bounds__(1024) sort_routes_kernel(const int32_t* ids, uint32_t routes, uint32_t k, uint32_t E,
-                                                           RouteSort out, RouteTally tally) {
-  __shared__ uint32_t count[kMaxGroupedExperts], fill[kMaxGroupedExperts];
-  for (uint32_t e = threadIdx.x; e < E; e += blockDim.x) count[e] = 0;
+// One block: counts by shared atomics, the offsets and tile starts by a scan of the block (a thread
+// an expert), then each route's sorted row by a second pass. A thread loads kSortIds of its ids at
+// once in each pass, so that the block waits on memory once a pass, not once an id.
+constexpr uint32_t kSortThreads = 1024, kSortIds = 16;
+static_assert(kMaxGroupedExperts <= kSortThreads, "sort_routes scans one expert a thread");
+
+// The ids of pass `base` that this thread takes (-1 past the routes).
+__device__ __forceinline__ void load_ids(const int32_t* ids, uint32_t routes, uint32_t base, int32_t (&id)[kSortIds]) {
+#pragma unroll
+  for (uint32_t j = 0; j < kSortIds; ++j) {
+    const uint32_t i = base + j * kSortThreads + threadIdx.x;
+    id[j] = i < routes ? ids[i] : -1;
+  }
+}
+
+// The exclusive prefix sum of v over the block's threads (in thread order), and the total.
+__device__ __forceinline__ uint32_t block_exclusive_sum(uint32_t v, uint32_t* warp_sums, uint32_t& total) {
+  const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  uint32_t inc = v;
+#pragma unroll
+  for (uint32_t d = 1; d < 32; d *= 2) {
+    const uint32_t o = __shfl_up_sync(0xffffffffu, inc, d);
+    if (lane >= d) inc += o;
+  }
+  if (lane == 31) warp_sums[warp] = inc;
   __syncthreads();
-  for (uint32_t i = threadIdx.x; i < routes; i += blockDim.x) atomicAdd(&count[ids[i]], 1u);
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    uint32_t o = 0, t = 0;
-    for (uint32_t e = 0; e < E; ++e) {
-      out.offsets[e] = o;
-      out.tiles[e] = t;
-      fill[e] = o;
-      o += count[e];
-      t += (count[e] + BN - 1) / BN;
+  if (warp == 0) {
+    const uint32_t w = warp_sums[lane];
+    uint32_t wi = w;
+#pragma unroll
+    for (uint32_t d = 1; d < 32; d *= 2) {
+      const uint32_t o = __shfl_up_sync(0xffffffffu, wi, d);
+      if (lane >= d) wi += o;
     }
-    out.offsets[E] = o;
-    out.tiles[E] = t;
+    warp_sums[lane] = wi - w;
+    if (lane == 31) warp_sums[32] = wi;
   }
   __syncthreads();
-  for (uint32_t i = threadIdx.x; i < routes; i += blockDim.x) {
-    const uint32_t at = atomicAdd(&fill[ids[i]], 1u);
-    out.gather[at] = static_cast<int32_t>(i / k);
-    out.where[i] = static_cast<int32_t>(at);
-  }
-  if (tally.counters != nullptr) {
-    for (uint32_t e = threadIdx.x; e < E; e += blockDim.x) {
-      if (count[e] == 0) continue;
-      const uint32_t c = tally.category[e];
-      atomicAdd(tally.counters + c, static_cast<unsigned long long>(count[e]));
-      if (c > 0) atomicAdd(tally.counters + 2 + c, static_cast<unsigned long long>(tally.expert_bytes));
+  total = warp_sums[32];
+  return warp_sums[warp] + inc - v;
+}
+
+__global__ void __launch_bounds__(kSortThreads) sort_routes_kernel(const int32_t* ids, uint32_t routes, uint32_t k,
+                                                                   uint32_t E, RouteSort out, RouteTally tally) {
+  __shared__ uint32_t count[kMaxGroupedExperts], fill[kMaxGroupedExperts], sums[2][33];
+  const uint32_t e = threadIdx.x;
+  if (e < E) count[e] = 0;
+  __syncthreads();
+  for (uint32_t base = 0; base < routes; base += kSortThreads * kSortIds) {
+    int32_t id[kSortIds];
+    load_ids(ids, routes, base, id);
+#pragma unroll
+    for (uint32_t j = 0; j < kSortIds; ++j) {
+      if (id[j] >= 0) atomicAdd(&count[id[j]], 1u);
     }
+  }
+  __syncthreads();
+  const uint32_t c = e < E ? count[e] : 0, t = (c + BN - 1) / BN;
+  uint32_t routes_total = 0, tiles_total = 0;
+  const uint32_t o = block_exclusive_sum(c, sums[0], routes_total);
+  const uint32_t first_tile = block_exclusive_sum(t, sums[1], tiles_total);
+  if (e < E) {
+    out.offsets[e] = o;
+    out.tiles[e] = first_tile;
+    fill[e] = o;
+  }
+  if (e == 0) {
+    out.offsets[E] = routes_total;
+    out.tiles[E] = tiles_total;
+  }
+  __syncthreads();
+  for (uint32_t base = 0; base < routes; base += kSortThreads * kSortIds) {
+    int32_t id[kSortIds];
+    load_ids(ids, routes, base, id);
+#pragma unroll
+    for (uint32_t j = 0; j < kSortIds; ++j) {
+      if (id[j] < 0) continue;
+      const uint32_t i = base + j * kSortThreads + threadIdx.x;
+      const uint32_t at = atomicAdd(&fill[id[j]], 1u);
+      out.gather[at] = static_cast<int32_t>(i / k);
+      out.where[i] = static_cast<int32_t>(at);
+    }
+  }
+  if (tally.counters != nullptr && c > 0) {
+    const uint32_t cat = tally.category[e];
+    atomicAdd(tally.counters + cat, static_cast<unsigned long long>(c));
+    if (cat > 0) atomicAdd(tally.counters + 2 + cat, static_cast<unsigned long long>(tally.expert_bytes));
   }
 }
 
@@ -568,7 +623,7 @@ void sort_routes(const int32_t* ids, uint32_t routes, uint32_t k, uint32_t E, co
                     " supported)");
   }
   if (k == 0) throw CudaError("sort_routes: no experts per row");
-  sort_routes_kernel<<<1, 1024, 0, stream>>>(ids, routes, k, E, out, tally);
+  sort_routes_kernel<<<1, kSortThreads, 0, stream>>>(ids, routes, k, E, out, tally);
   FERRY_CUDA_LAUNCHED();
 }
 

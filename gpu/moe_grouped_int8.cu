@@ -8,7 +8,8 @@
 // A block: 8 warps over 128 weight rows (64 each of gate and up, whose SwiGLU is then taken in
 // registers) x the 64 sorted rows of a token tile, k-tiles of 128 columns (half a block: 64 bytes
 // of nibbles a row, and Q5_K's 32 bytes of fifth bits). Per k-tile the weight rows' nibble bytes
-// and the tokens' bytes and block factors are copied in by cp.async into one of two buffers while
+// and the bytes and block factors of the tokens the products read (those of the tile's 8-token tiles
+// that hold any) are copied in by cp.async into one of two buffers while
 // the tensor cores work on the other, and each weight row's sub-block factors (d * scale; for
 // K-quants the min and dmin) are made from its block's 16 leading bytes (IQ3_S: its sub-blocks are decoded to int8 there,
 // from the bytes loaded before the products). A warp multiplies 32 weight rows x 32 tokens: per
@@ -58,17 +59,22 @@ constexpr uint32_t kXWords = 68;
 // IQ3_S's values come from a grid with signs, so its k-tile is decoded into 32 words of int8 a row
 // (36 apart) instead of copied; it has no minimum terms.
 template <int T> struct KQuant;
+// kLag: how many 8-token tiles before its f32 terms a tile's MMAs are issued (multiply): one for
+// IQ3_S (2% off its gate+up in the user's mix), none for the K-quants (one or two were slower).
 template <> struct KQuant<qd::kQ4_K> {
   static constexpr uint32_t kBlockBytes = 144, kNibbles = 16, kWWords = 20;
   static constexpr bool kHighBits = false, kDecoded = false;
+  static constexpr int kLag = 0;
 };
 template <> struct KQuant<qd::kQ5_K> {
   static constexpr uint32_t kBlockBytes = 176, kNibbles = 48, kWWords = 28;
   static constexpr bool kHighBits = true, kDecoded = false;  // bit j of byte l of the 32 at 16: sub-block j's column l
+  static constexpr int kLag = 0;
 };
 template <> struct KQuant<qd::kIQ3_S> {
   static constexpr uint32_t kBlockBytes = 110, kNibbles = 0, kWWords = 36;
   static constexpr bool kHighBits = false, kDecoded = true;
+  static constexpr int kLag = 1;
 };
 
 template <int T>
@@ -231,11 +237,13 @@ struct TileLoader {
   const uint8_t* hrow = nullptr;
   size_t xoff[4];
   size_t xfoff;
+  uint32_t xlive;      // tokens of the tile's 8-token tiles that hold any: what the products read
   bool w16 = true;     // every matrix 16-byte aligned (blocks of 144 / 176 bytes): 16-byte copies
   uint32_t hdr[2][4];  // the leading words of the weight items' blocks (IQ3_S: their sub-blocks' bytes)
 
   __device__ TileLoader(const Int8Args& a, const BlockTile& bt) {
     const uint32_t tid = threadIdx.x;
+    xlive = (bt.ntok + 7) / 8 * 8;
     const uint8_t* w[NM];
 #pragma unroll
     for (int m = 0; m < NM; ++m) {
@@ -276,13 +284,17 @@ struct TileLoader {
         for (int i = 0; i < 4; ++i) cp_async(dst + i, wrow[j] + wb + 4 * i, 4);
       }
     }
+    // Token rows past the live 8-token tiles are never read: not copied.
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      cp_async(&s.x[(tid / 16 + 16 * j) * kXWords + 4 * xch], a.xq + xoff[j] + 2 * BK * kt + 16 * xch, 16);
+      const uint32_t tok = tid / 16 + 16 * j;
+      if (tok < xlive) cp_async(&s.x[tok * kXWords + 4 * xch], a.xq + xoff[j] + 2 * BK * kt + 16 * xch, 16);
     }
-    const float2* xf = a.xf + xfoff + kSteps * kt;
-    cp_async(&s.xd[tid % 4][tid / 4], &xf->x, 4);
-    cp_async(&s.xs[tid % 4][tid / 4], &xf->y, 4);
+    if (tid / 4 < xlive) {
+      const float2* xf = a.xf + xfoff + kSteps * kt;
+      cp_async(&s.xd[tid % 4][tid / 4], &xf->x, 4);
+      cp_async(&s.xs[tid % 4][tid / 4], &xf->y, 4);
+    }
     if constexpr (K::kHighBits) {
       uint32_t* dst = &s.w[(tid / 2) * K::kWWords + 16 + 4 * (tid % 2)];
       const uint8_t* src = hrow + (kt / 2) * K::kBlockBytes + 16 + 16 * (tid % 2);
@@ -412,6 +424,7 @@ __device__ __forceinline__ void minimum_terms(const Stage<T>& s, const WarpTile&
 template <int T, int NL>
 __device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const WarpTile& t, float (&acc)[2][4][4]) {
   using K = KQuant<T>;
+  constexpr int LAG = K::kLag;
   constexpr uint32_t kWWords = K::kWWords;
   const uint32_t g = t.g, q = t.q, lane = threadIdx.x % 32;
   const mma::FragC kHiC{{kHiBits, kHiBits, kHiBits, kHiBits}}, kLoC{{kLoBits, kLoBits, kLoBits, kLoBits}};
@@ -457,7 +470,7 @@ __device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const W
         dw[i][1] = s.wf[step][t.lrb[i] + g + 8].x;
       }
 #pragma unroll
-      for (int n = 0; n < NL; ++n) {
+      for (int n = 0; n < NL && LAG == 0; ++n) {  // no lag: each tile's terms right after its MMAs
         uint32_t b[4];
         mma::ldmatrix_x4(b, xrow + 16 * n * kXWords + 8 * step);
         const mma::FragB bh{{b[0], b[1]}}, bl{{b[2], b[3]}};
@@ -471,6 +484,36 @@ __device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const W
           for (int k = 0; k < 4; ++k) {
             const float sum = (__int_as_float(ch.r[k]) - kMagic) + __int_as_float(cl.r[k]);
             acc[i][n][k] = fmaf(dw[i][k / 2] * (k % 2 == 0 ? dx.x : dx.y), sum, acc[i][n][k]);
+          }
+        }
+      }
+      // Tile n's MMAs are issued before the f32 terms of tile n - LAG, so that more of them are in
+      // flight before their sums are read (the same operations on each output, in the same order).
+      mma::FragC ch[LAG + 1][2], cl[LAG + 1][2];
+      float2 dx[LAG + 1];
+#pragma unroll
+      for (int n = 0; n < NL + LAG && LAG > 0; ++n) {
+        if (n < NL) {
+          uint32_t b[4];
+          mma::ldmatrix_x4(b, xrow + 16 * n * kXWords + 8 * step);
+          const mma::FragB bh{{b[0], b[1]}}, bl{{b[2], b[3]}};
+          dx[n % (LAG + 1)] = *reinterpret_cast<const float2*>(&s.xd[step][t.token(n) + 2 * q]);
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            // IQ3_S's values are signed, the nibbles not
+            mma::mma_k32<K::kDecoded, true>(ch[n % (LAG + 1)][i], A[i], bh, kHiC);
+            mma::mma_k32<K::kDecoded, false>(cl[n % (LAG + 1)][i], A[i], bl, kLoC);
+          }
+        }
+        if (n >= LAG) {
+          const int m = n - LAG, c = m % (LAG + 1);
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              const float sum = (__int_as_float(ch[c][i].r[k]) - kMagic) + __int_as_float(cl[c][i].r[k]);
+              acc[i][m][k] = fmaf(dw[i][k / 2] * (k % 2 == 0 ? dx[c].x : dx[c].y), sum, acc[i][m][k]);
+            }
           }
         }
       }
@@ -522,27 +565,29 @@ __global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ uint32_t grid[KQuant<T>::kDecoded ? 512 : 1];
   Stage<T>* st = reinterpret_cast<Stage<T>*>(smem);
+  __shared__ uint32_t tile_of[3];  // the block's expert, its first sorted row and its tokens
   const uint32_t tile = blockIdx.y;
   if (tile >= a.tiles[a.E]) return;  // the grid is sized for the most tiles the routes can make
-  uint32_t lo_e = 0, hi_e = a.E;     // tiles[lo_e] <= tile < tiles[hi_e]
-  while (hi_e - lo_e > 1) {
-    const uint32_t mid = (lo_e + hi_e) / 2;
-    if (a.tiles[mid] <= tile) {
-      lo_e = mid;
-    } else {
-      hi_e = mid;
+  // The tile's expert, the one e with tiles[e] <= tile < tiles[e + 1], by one pass of the block over
+  // the tile starts: a wait or two on memory before the first copies, not a binary search's ~log2(E).
+  for (uint32_t e = threadIdx.x; e < a.E; e += kThreads) {
+    const uint32_t start = a.tiles[e];
+    if (start <= tile && tile < a.tiles[e + 1]) {
+      const uint32_t first = a.offsets[e] + (tile - start) * BN;
+      tile_of[0] = e;
+      tile_of[1] = first;
+      tile_of[2] = min(BN, a.offsets[e + 1] - first);
     }
   }
-  BlockTile bt;
-  bt.e = lo_e;
-  const uint32_t t0 = (tile - a.tiles[bt.e]) * BN;
-  bt.first = a.offsets[bt.e] + t0;
-  bt.ntok = min(BN, a.offsets[bt.e + 1] - a.offsets[bt.e] - t0);
-  bt.m0 = blockIdx.x * (BR / NM);
   if constexpr (KQuant<T>::kDecoded) {
     for (uint32_t i = threadIdx.x; i < 512; i += kThreads) grid[i] = a.iq3s_grid[i];
-    __syncthreads();  // before the first decode
   }
+  __syncthreads();  // the tile, and the grid before the first decode
+  BlockTile bt;
+  bt.e = tile_of[0];
+  bt.first = tile_of[1];
+  bt.ntok = tile_of[2];
+  bt.m0 = blockIdx.x * (BR / NM);
   TileLoader<T, NM> ld(a, bt);
   const WarpTile wt = warp_tile<NM>(bt.ntok);
   float acc[2][4][4];
@@ -557,8 +602,9 @@ __global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
 
   // k-tile kt's copies and factors are in buffer kt % 2. One barrier a k-tile: after it, kt's copies
   // (waited for) and factors (stored before it) are seen by every warp, and every warp is done with
-  // k-tile kt - 1's buffer, into which kt + 1's copies are then issued (and its block headers
-  // loaded) before kt's products; kt + 1's factors are stored at the top of the next iteration.
+  // k-tile kt - 1's buffer, into which kt + 1's copies are then issued (and, where kt + 1 starts a
+  // K-quant block, its header loaded; the block's two k-tiles share it) before kt's products; kt +
+  // 1's factors are stored at the top of the next iteration.
   const uint32_t ktiles = a.cols / BK;
   ld.load_headers(0);
   ld.issue(a, 0, st[0]);
@@ -569,7 +615,7 @@ __global__ void __launch_bounds__(kThreads, 2) kquant_int8_kernel(Int8Args a) {
     __syncthreads();
     if (kt + 1 < ktiles) {
       ld.issue(a, kt + 1, st[1 - b]);
-      ld.load_headers(kt + 1);
+      if (KQuant<T>::kDecoded || (kt + 1) % 2 == 0) ld.load_headers(kt + 1);
     }
     multiply_live<T>(st[b], kt, wt, acc);
   }
@@ -638,6 +684,7 @@ void launch(const Int8Args& a, dim3 grid, cudaStream_t stream) {
                                   static_cast<int>(smem)));
   kquant_int8_kernel<T, NM><<<grid, kThreads, smem, stream>>>(a);
 }
+
 template <int NM>
 void launch(int t, const Int8Args& a, dim3 grid, cudaStream_t stream) {
   if (t == qd::kQ4_K) {

@@ -322,6 +322,45 @@ __global__ void moe_combine_kernel(const float* eo, const int32_t* where, const 
   }
 }
 
+// moe_combine_kernel's values a row a block, four columns a thread (D a multiple of 4, every row
+// 16-byte aligned): the row's slots and weights read once into shared memory, each column's k
+// products added in the same order by the same FMAs (the same bits), without a 64-bit division an
+// element.
+constexpr uint32_t kCombineThreads = 256, kMaxCombineK = 32;
+
+__global__ void __launch_bounds__(kCombineThreads) moe_combine_rows_kernel(const float* eo, const int32_t* where,
+                                                                         const float* weights, const float* shared,
+                                                                         uint32_t k, uint32_t D, float* y) {
+  __shared__ const float* src[kMaxCombineK];
+  __shared__ float w[kMaxCombineK];
+  const size_t r = blockIdx.x;
+  if (threadIdx.x < k) {
+    const size_t route = r * k + threadIdx.x;
+    const size_t slot = where ? static_cast<size_t>(where[route]) : route;
+    src[threadIdx.x] = eo + slot * D;
+    w[threadIdx.x] = weights[route];
+  }
+  __syncthreads();
+  for (uint32_t c = 4 * threadIdx.x; c < D; c += 4 * kCombineThreads) {
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+    for (uint32_t j = 0; j < k; ++j) {
+      const float4 e = *reinterpret_cast<const float4*>(src[j] + c);
+      v.x = __fmaf_rn(w[j], e.x, v.x);
+      v.y = __fmaf_rn(w[j], e.y, v.y);
+      v.z = __fmaf_rn(w[j], e.z, v.z);
+      v.w = __fmaf_rn(w[j], e.w, v.w);
+    }
+    if (shared != nullptr) {
+      const float4 s = *reinterpret_cast<const float4*>(shared + r * D + c);
+      v = make_float4(s.x + v.x, s.y + v.y, s.z + v.z, s.w + v.w);
+    } else {
+      v = make_float4(0.0f + v.x, 0.0f + v.y, 0.0f + v.z, 0.0f + v.w);
+    }
+    *reinterpret_cast<float4*>(y + r * D + c) = v;
+  }
+}
+
 __global__ void count_routes_kernel(const int32_t* ids, uint32_t n, uint32_t* counts) {
   for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     atomicAdd(counts + ids[i], 1u);
@@ -424,8 +463,13 @@ void moe_route(const RouterArgs& a, cudaStream_t stream) {
 void moe_combine(const float* expert_out, const int32_t* where, const float* weights, const float* shared,
                  uint32_t rows, uint32_t k, uint32_t D, float* y, cudaStream_t stream) {
   if (rows == 0) return;
-  moe_combine_kernel<<<grid_for(static_cast<size_t>(rows) * D), 256, 0, stream>>>(expert_out, where, weights, shared,
-                                                                                   rows, k, D, y);
+  const auto aligned = [](const float* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (D % 4 == 0 && k <= kMaxCombineK && aligned(expert_out) && aligned(y) && (shared == nullptr || aligned(shared))) {
+    moe_combine_rows_kernel<<<rows, kCombineThreads, 0, stream>>>(expert_out, where, weights, shared, k, D, y);
+  } else {
+    moe_combine_kernel<<<grid_for(static_cast<size_t>(rows) * D), 256, 0, stream>>>(expert_out, where, weights,
+                                                                                     shared, rows, k, D, y);
+  }
   FERRY_CUDA_LAUNCHED();
 }
 

@@ -3,7 +3,8 @@
 // streams (the post), x, post and comb, with and without a shared expert, at one, three and eight
 // rows and GLM's width (H = 4, D = 4,096) and a small one. Outputs are poisoned (NaN) first; the
 // combine of the plain way is also checked against its sum on the host. The last post of a step with
-// the combine (mhc_post_combine) against moe_combine then mhc_post, the same way.
+// the combine (mhc_post_combine) against moe_combine then mhc_post, the same way. moe_combine's row
+// kernel against its element kernel.
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -184,6 +185,51 @@ TEST(MoeCombineFusion, FinalPostMakesTheCombineItselfWithTheSameBits) {
         }
         expect_bits(out[0], out[1], what + ": streams after the post");
         EXPECT_NE(std::memcmp(out[1].data(), streams.data(), streams.size() * 4), 0) << what << ": no post";
+      }
+    }
+  }
+}
+
+// moe_combine a row a block (aligned rows, D a multiple of 4) against its element kernel (y one float
+// off 16 bytes): the same bits, with a prefill's `where` and without, with and without a shared expert.
+TEST(MoeCombineFusion, RowKernelHasTheElementKernelsBits) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  for (const uint32_t D : {4096u, 100u}) {
+    for (const bool with_where : {true, false}) {
+      for (const bool with_shared : {true, false}) {
+        const uint32_t rows = 37;
+        const std::string what = "D " + std::to_string(D) + (with_where ? ", where" : "") +
+                                 (with_shared ? ", shared expert" : "");
+        std::mt19937 rng(D + 2 * with_where + with_shared);
+        std::normal_distribution<float> n(0.0f, 1.0f);
+        auto randn = [&](size_t count) {
+          std::vector<float> v(count);
+          for (float& x : v) x = n(rng);
+          return v;
+        };
+        const std::vector<float> eo = randn(size_t{rows} * kK * D), weights = randn(size_t{rows} * kK),
+                                 shared = randn(size_t{rows} * D);
+        std::vector<int32_t> where(size_t{rows} * kK);
+        for (size_t i = 0; i < where.size(); ++i) where[i] = static_cast<int32_t>((i * 7919) % where.size());
+        DeviceBuffer d_where(where.size() * 4), d_y((size_t{rows} * D + 4) * 4);
+        ASSERT_EQ(cudaMemcpy(d_where.get(), where.data(), where.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+        const DeviceBuffer d_eo = up(eo), d_w = up(weights), d_sh = up(shared);
+        std::vector<float> out[2];
+        for (int off = 0; off < 2; ++off) {
+          ASSERT_EQ(cudaMemset(d_y.get(), 0xff, d_y.bytes()), cudaSuccess);
+          moe_combine(d_eo.as<float>(), with_where ? d_where.as<int32_t>() : nullptr, d_w.as<float>(),
+                      with_shared ? d_sh.as<float>() : nullptr, rows, kK, D, d_y.as<float>() + off, nullptr);
+          const std::vector<float> y = down(d_y);
+          out[off].assign(y.begin() + off, y.begin() + off + size_t{rows} * D);
+        }
+        expect_bits(out[1], out[0], what);
+        // Row 5, column 3 on the host: the FMAs in route order.
+        float v = 0.0f;
+        for (uint32_t j = 0; j < kK; ++j) {
+          const size_t route = 5 * kK + j, slot = with_where ? static_cast<size_t>(where[route]) : route;
+          v = std::fma(weights[route], eo[slot * D + 3], v);
+        }
+        EXPECT_EQ(out[0][5 * D + 3], (with_shared ? shared[5 * D + 3] : 0.0f) + v) << what;
       }
     }
   }

@@ -324,6 +324,8 @@ class GroupedExpertsShapes : public ::testing::Test {
     if (!have_device()) GTEST_SKIP() << "no CUDA device";
     upload_quant_tables();
   }
+  // One GLM MoE layer, timed on each path and checked against the CPU (below).
+  void glm_layer_at_q4k(bool skewed);
 };
 
 // Matrices narrower and shorter than a tile, rows not a multiple of 8 (f32 read by element), a
@@ -387,7 +389,11 @@ TEST_F(GroupedExpertsShapes, TablesMixedTypesAndTheTally) {
 // kernel and (sm80+ code) the int8 one, checks one row's routes against the CPU and prints the time
 // of each launch (median of 5, events) and the GEMM rate they reach (2 x rows x routes x columns a
 // projection, counted alike for both). Not a speed assertion.
-TEST_F(GroupedExpertsShapes, GlmLayerAtQ4KMatchesTheCpuAndReportsItsTime) {
+// 2,048 rows x 8 of 288 experts of 4096 x 2048 Q4_K. Uniform routes (each row 8 distinct experts at
+// random: ~333 tiles of 64 rows), or skewed ones like the synthetic bench's router makes (~430 tiles:
+// 283 experts used, 83 past 64 rows, the largest ~400-650): experts drawn by lognormal popularity
+// (sigma 1.1), so that the timing sees the partly filled tiles a real chunk has.
+void GroupedExpertsShapes::glm_layer_at_q4k(bool skewed) {
   const uint32_t E = 288, k = 8, D = 4096, I = 2048, n = 2048, routes = n * k;
   const GgmlType type = GgmlType::Q4_K;
   const size_t gu_row = *model::ggml_bytes(type, D), d_row = *model::ggml_bytes(type, I);
@@ -404,9 +410,27 @@ TEST_F(GroupedExpertsShapes, GlmLayerAtQ4KMatchesTheCpuAndReportsItsTime) {
   std::vector<int32_t> ids(routes);
   std::vector<int32_t> all(E);
   std::iota(all.begin(), all.end(), 0);
+  std::normal_distribution<double> popularity(0.0, 1.1);
+  std::vector<double> weight(E);
+  for (double& v : weight) v = std::exp(popularity(rng));
+  std::discrete_distribution<int32_t> pick(weight.begin(), weight.end());
   for (uint32_t r = 0; r < n; ++r) {
-    std::shuffle(all.begin(), all.end(), rng);
-    std::copy(all.begin(), all.begin() + k, ids.begin() + size_t{r} * k);
+    int32_t* row = ids.data() + size_t{r} * k;
+    if (!skewed) {
+      std::shuffle(all.begin(), all.end(), rng);
+      std::copy(all.begin(), all.begin() + k, row);
+      continue;
+    }
+    for (uint32_t j = 0; j < k;) {  // k distinct experts
+      const int32_t e = pick(rng);
+      if (std::find(row, row + j, e) == row + j) row[j++] = e;
+    }
+  }
+  uint32_t tiles = 0;
+  {
+    std::vector<uint32_t> count(E, 0);
+    for (int32_t id : ids) ++count[id];
+    for (uint32_t c : count) tiles += (c + kGroupedTileTokens - 1) / kGroupedTileTokens;
   }
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> x(size_t{n} * D), rw(routes, 0.125f);
@@ -460,10 +484,10 @@ TEST_F(GroupedExpertsShapes, GlmLayerAtQ4KMatchesTheCpuAndReportsItsTime) {
       for (int i = 0; i < 4; ++i) ms[i].push_back(ev[i + 1].since(ev[i]));
     }
     const float t_sort = median(ms[0]), t_gu = median(ms[1]), t_d = median(ms[2]), t_c = median(ms[3]);
-    std::printf("grouped MoE %s, %u rows x %u of %u experts, Q4_K %ux%u: sort %.3f ms, gate+up %.3f ms (%.1f TFLOPS), "
-                "down %.3f ms (%.1f TFLOPS), combine %.3f ms; layer %.3f ms\n",
-                name, n, k, E, D, I, t_sort, t_gu, flops_gu / t_gu * 1e-9, t_d, flops_d / t_d * 1e-9, t_c,
-                t_sort + t_gu + t_d + t_c);
+    std::printf("grouped MoE %s, %u rows x %u of %u experts (%s routes, %u tiles), Q4_K %ux%u: sort %.3f ms, "
+                "gate+up %.3f ms (%.1f TFLOPS), down %.3f ms (%.1f TFLOPS), combine %.3f ms; layer %.3f ms\n",
+                name, n, k, E, skewed ? "skewed" : "uniform", tiles, D, I, t_sort, t_gu, flops_gu / t_gu * 1e-9, t_d,
+                flops_d / t_d * 1e-9, t_c, t_sort + t_gu + t_d + t_c);
 
     // Row 0's routes against the CPU: the SwiGLU output of each, and y over its first 64 columns.
     ASSERT_EQ(cudaMemcpy(where.data(), dwhere.get(), routes * 4, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -510,6 +534,63 @@ TEST_F(GroupedExpertsShapes, GlmLayerAtQ4KMatchesTheCpuAndReportsItsTime) {
     }
     for (uint32_t c = 0; c < 64; ++c) {
       ASSERT_NEAR(y[c], want_y[c], kRel * mag_y[c] + kAbs + round_y[c]) << "column " << c;
+    }
+  }
+}
+
+TEST_F(GroupedExpertsShapes, GlmLayerAtQ4KMatchesTheCpuAndReportsItsTime) { glm_layer_at_q4k(false); }
+
+TEST_F(GroupedExpertsShapes, GlmLayerAtQ4KWithSkewedRoutesMatchesTheCpuAndReportsItsTime) { glm_layer_at_q4k(true); }
+
+// The sort alone past one pass of its block (16 ids a thread: 16,384 routes) and at its most experts
+// (one a thread), with the tally: each expert's rows where its offsets say, every route once.
+TEST_F(GroupedExpertsShapes, SortCoversRoutesPastOnePassAndTheMostExperts) {
+  std::mt19937 rng(11);
+  for (const uint32_t E : {288u, kMaxGroupedExperts}) {
+    const uint32_t n = 2500, k = 8, routes = n * k;
+    SCOPED_TRACE("experts " + std::to_string(E));
+    const std::vector<int32_t> ids = make_routes(Routing::spread, n, k, E, rng);
+    std::vector<uint8_t> category(E);
+    for (uint32_t e = 0; e < E; ++e) category[e] = static_cast<uint8_t>(e % 3);
+    DeviceBuffer dids(routes * 4), doff((E + 1) * 4), dtiles((E + 1) * 4), dgather(routes * 4), dwhere(routes * 4),
+        dtally(5 * 8), dcat(E);
+    ASSERT_EQ(cudaMemcpy(dids.get(), ids.data(), routes * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dcat.get(), category.data(), E, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemset(dtally.get(), 0, dtally.bytes()), cudaSuccess);
+    const RouteSort sort{doff.as<uint32_t>(), dtiles.as<uint32_t>(), dgather.as<int32_t>(), dwhere.as<int32_t>()};
+    const RouteTally tally{dcat.as<uint8_t>(), 1000, dtally.as<unsigned long long>()};
+    sort_routes(dids.as<int32_t>(), routes, k, E, sort, tally, nullptr);
+    std::vector<uint32_t> off(E + 1), tiles(E + 1);
+    std::vector<int32_t> gather(routes), where(routes);
+    std::vector<unsigned long long> counters(5);
+    ASSERT_EQ(cudaMemcpy(off.data(), doff.get(), off.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(tiles.data(), dtiles.get(), tiles.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(gather.data(), dgather.get(), routes * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(where.data(), dwhere.get(), routes * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(counters.data(), dtally.get(), 5 * 8, cudaMemcpyDeviceToHost), cudaSuccess);
+    std::vector<uint32_t> count(E, 0);
+    for (int32_t id : ids) ++count[id];
+    std::vector<unsigned long long> want(5, 0);
+    ASSERT_EQ(off[0], 0u);
+    ASSERT_EQ(tiles[0], 0u);
+    for (uint32_t e = 0; e < E; ++e) {
+      ASSERT_EQ(off[e + 1] - off[e], count[e]) << "expert " << e;
+      ASSERT_EQ(tiles[e + 1] - tiles[e], (count[e] + kGroupedTileTokens - 1) / kGroupedTileTokens) << "expert " << e;
+      if (count[e] == 0) continue;
+      want[category[e]] += count[e];
+      if (category[e] > 0) want[2 + category[e]] += 1000;
+    }
+    EXPECT_EQ(counters, want);
+    std::vector<bool> used(routes, false);
+    for (uint32_t i = 0; i < routes; ++i) {
+      const int32_t at = where[i];
+      ASSERT_GE(at, 0);
+      ASSERT_LT(static_cast<uint32_t>(at), routes);
+      ASSERT_FALSE(used[at]) << "sorted row " << at << " taken twice";
+      used[at] = true;
+      ASSERT_GE(static_cast<uint32_t>(at), off[ids[i]]);
+      ASSERT_LT(static_cast<uint32_t>(at), off[ids[i] + 1]);
+      ASSERT_EQ(gather[at], static_cast<int32_t>(i / k));
     }
   }
 }
