@@ -19,23 +19,17 @@
 #include "gpu/mhc_decode.hpp"
 #include "gpu/pdl.hpp"
 #include "tests/gpu/gpu_test_support.hpp"
+#include "tests/gpu/graph_timing.hpp"
 #include "tests/gpu/quant_rows.hpp"
 
 namespace ferry::gpu {
 namespace {
 
+using ferry::testing::graph_replay_us;
 using ferry::testing::have_device;
+using ferry::testing::random_buffer;
 
 constexpr uint32_t kLinks = 12;
-
-DeviceBuffer random_buffer(size_t floats, float scale, std::mt19937& rng) {
-  std::normal_distribution<float> n(0.0f, scale);
-  std::vector<float> v(floats);
-  for (float& x : v) x = n(rng);
-  DeviceBuffer b(floats * 4);
-  EXPECT_EQ(cudaMemcpy(b.get(), v.data(), floats * 4, cudaMemcpyHostToDevice), cudaSuccess);
-  return b;
-}
 
 DevMatrix upload(DeviceBuffer& b, model::GgmlType type, uint32_t rows, uint32_t cols, std::mt19937& rng) {
   const std::vector<uint8_t> q = ferry::testing::random_rows(type, rows, cols, rng);
@@ -44,43 +38,8 @@ DevMatrix upload(DeviceBuffer& b, model::GgmlType type, uint32_t rows, uint32_t 
   return DevMatrix{type, b.as<uint8_t>(), rows, cols, q.size() / rows};
 }
 
-// Microseconds a replay of the graph of what `body` enqueues, captured with PDL where the device has
-// it (median of 7 runs of 10 replays).
-double replay_us(const std::function<void(cudaStream_t)>& body) {
-  cudaStream_t s = nullptr;
-  EXPECT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-  body(s);  // eagerly first: kernel attributes and sm90 checks are made outside the capture
-  EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-  cudaGraph_t g = nullptr;
-  cudaGraphExec_t e = nullptr;
-  EXPECT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  {
-    const PdlScope pdl(pdl_device_ready());
-    body(s);
-  }
-  EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess);
-  EXPECT_EQ(cudaGraphInstantiate(&e, g, 0), cudaSuccess);
-  cudaEvent_t e0 = nullptr, e1 = nullptr;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  std::vector<float> t;
-  for (int run = 0; run < 8; ++run) {
-    cudaEventRecord(e0, s);
-    for (int i = 0; i < 10; ++i) cudaGraphLaunch(e, s);
-    cudaEventRecord(e1, s);
-    EXPECT_EQ(cudaEventSynchronize(e1), cudaSuccess);
-    float ms = 0.0f;
-    cudaEventElapsedTime(&ms, e0, e1);
-    if (run > 0) t.push_back(ms * 1000.0f / 10.0f);  // the first run warms up
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cudaGraphExecDestroy(e);
-  cudaGraphDestroy(g);
-  cudaStreamDestroy(s);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
+// Microseconds a replay of the graph of what `body` enqueues, captured with PDL where the device has it.
+double replay_us(const std::function<void(cudaStream_t)>& body) { return graph_replay_us(body, 10, true); }
 
 void matvec_into(const DevMatrix& w, const float* x, uint32_t rows, float* y, cudaStream_t s) {
   MatvecArgs a;

@@ -31,22 +31,28 @@
 #include "gpu/pdl.hpp"
 #include "model/formats/quant.hpp"
 #include "tests/gpu/gpu_test_support.hpp"
+#include "tests/gpu/graph_timing.hpp"
 #include "tests/gpu/quant_rows.hpp"
 
 namespace ferry::gpu {
 namespace {
 
+using ferry::testing::copy_gbs;
+using ferry::testing::graph_replay_us;
 using ferry::testing::have_device;
+using ferry::testing::random_buffer;
 using model::GgmlType;
 
-DeviceBuffer random_floats(size_t n, std::mt19937& rng) {
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  DeviceBuffer b(n * 4);
-  EXPECT_EQ(cudaMemcpy(b.get(), v.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
-  return b;
+// `count` distinct expert ids of `E` in random order, on the device.
+DeviceBuffer distinct_experts(uint32_t E, uint32_t count, std::mt19937& rng) {
+  std::vector<int32_t> all(E);
+  for (uint32_t e = 0; e < E; ++e) all[e] = static_cast<int32_t>(e);
+  std::shuffle(all.begin(), all.end(), rng);
+  DeviceBuffer d(size_t{count} * 4);
+  EXPECT_EQ(cudaMemcpy(d.get(), all.data(), size_t{count} * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  return d;
 }
+
 // `copies` copies of one random Q4_K matrix of rows x cols, back to back.
 DeviceBuffer q4k_copies(size_t rows, size_t cols, size_t copies) {
   const std::vector<uint8_t> one = ferry::testing::random_q4k_blocks(rows, cols);
@@ -84,42 +90,8 @@ DevMatrix matrix(GgmlType type, const DeviceBuffer& b, size_t rows, size_t cols,
           row_bytes};
 }
 
-// Microseconds a replay of the graph of what `body` enqueues under PDL (median of 7 runs of 10).
-double replay_us(const std::function<void(cudaStream_t)>& body) {
-  Stream s;
-  body(s.get());  // eagerly first: kernel attributes and sm90 checks are made outside the capture
-  s.synchronize();
-  cudaGraph_t g = nullptr;
-  cudaGraphExec_t e = nullptr;
-  EXPECT_EQ(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  {
-    const PdlScope pdl(pdl_device_ready());
-    body(s.get());
-  }
-  EXPECT_EQ(cudaStreamEndCapture(s.get(), &g), cudaSuccess);
-  EXPECT_EQ(cudaGraphInstantiate(&e, g, 0), cudaSuccess);
-  Event e0, e1;
-  std::vector<float> t;
-  for (int run = 0; run < 8; ++run) {
-    e0.record(s.get());
-    for (int i = 0; i < 10; ++i) cudaGraphLaunch(e, s.get());
-    e1.record(s.get());
-    s.synchronize();
-    float ms = 0.0f;
-    EXPECT_EQ(cudaEventElapsedTime(&ms, e0.get(), e1.get()), cudaSuccess);
-    if (run > 0) t.push_back(ms * 1000.0f / 10.0f);
-  }
-  cudaGraphExecDestroy(e);
-  cudaGraphDestroy(g);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-double copy_gbs() {
-  int dev = 0;
-  EXPECT_EQ(cudaGetDevice(&dev), cudaSuccess);
-  return measure_copy_bandwidth(dev, 256ull << 20, 5) / 1e9;
-}
+// Microseconds a replay of the graph of what `body` enqueues under PDL.
+double replay_us(const std::function<void(cudaStream_t)>& body) { return graph_replay_us(body, 10, true); }
 
 // Bytes of a matrix.
 double q_bytes(GgmlType type, size_t rows, size_t cols) { return double(rows) * *model::ggml_bytes(type, cols); }
@@ -133,13 +105,8 @@ TEST(DecodeMatvecTiming, RoutedExpertLaunches) {
   const DeviceBuffer gate = q4k_copies(I, D, E), up = q4k_copies(I, D, E), down = q4k_copies(D, I, E);
   const DeviceBuffer sgate = q4k_copies(I, D, L), sup = q4k_copies(I, D, L), sdown = q4k_copies(D, I, L);
   std::mt19937 rng(61);
-  std::vector<int32_t> all(E);
-  for (uint32_t e = 0; e < E; ++e) all[e] = static_cast<int32_t>(e);
-  std::shuffle(all.begin(), all.end(), rng);
-  std::vector<int32_t> ids(all.begin(), all.begin() + L * K);  // layer l's experts: ids[l K .. l K + K)
-  DeviceBuffer d_ids(ids.size() * 4);
-  ASSERT_EQ(cudaMemcpy(d_ids.get(), ids.data(), ids.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-  const DeviceBuffer x = random_floats(D, rng);
+  const DeviceBuffer d_ids = distinct_experts(E, L * K, rng);  // layer l's experts: [l K, l K + K)
+  const DeviceBuffer x = random_buffer(D, 1.0f, rng);
   DeviceBuffer eg(size_t{K + 1} * I * 4), eu(size_t{K + 1} * I * 4), eo(size_t{K} * D * 4), sh(size_t{D} * 4);
   ASSERT_EQ(cudaMemset(eg.get(), 0, eg.bytes()), cudaSuccess);
   ASSERT_EQ(cudaMemset(eu.get(), 0, eu.bytes()), cudaSuccess);
@@ -186,13 +153,8 @@ TEST(DecodeMatvecTiming, RoutedExpertLaunchesOfTheUsersMix) {
   const DeviceBuffer sgate = random_copies(kShared, I, D, L), sup = random_copies(kShared, I, D, L);
   const DeviceBuffer sdown = random_copies(kShared, D, I, L);
   std::mt19937 rng(72);
-  std::vector<int32_t> all(E);
-  for (uint32_t e = 0; e < E; ++e) all[e] = static_cast<int32_t>(e);
-  std::shuffle(all.begin(), all.end(), rng);
-  std::vector<int32_t> ids(all.begin(), all.begin() + L * K);
-  DeviceBuffer d_ids(ids.size() * 4);
-  ASSERT_EQ(cudaMemcpy(d_ids.get(), ids.data(), ids.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-  const DeviceBuffer x = random_floats(D, rng);
+  const DeviceBuffer d_ids = distinct_experts(E, L * K, rng);
+  const DeviceBuffer x = random_buffer(D, 1.0f, rng);
   DeviceBuffer eg(size_t{K + 1} * I * 4), eu(size_t{K + 1} * I * 4), eo(size_t{K} * D * 4), sh(size_t{D} * 4);
   ASSERT_EQ(cudaMemset(eg.get(), 0, eg.bytes()), cudaSuccess);
   ASSERT_EQ(cudaMemset(eu.get(), 0, eu.bytes()), cudaSuccess);
@@ -272,7 +234,7 @@ TEST(DecodeMatvecTiming, RoutedExpertLaunchesOfTheUsersMix) {
 void time_chains(GgmlType type, std::initializer_list<std::pair<size_t, size_t>> shapes, size_t calls) {
   const double copy = copy_gbs();
   std::mt19937 rng(62);
-  const DeviceBuffer x = random_floats(16384, rng);
+  const DeviceBuffer x = random_buffer(16384, 1.0f, rng);
   DeviceBuffer y(calls * 160000 * 4);
   const std::string name(model::ggml_type_traits(type).name);
   for (const auto& [rows, cols] : shapes) {

@@ -1,11 +1,16 @@
-// What the CUDA tests share: whether a device is visible, and the small 5-layer glm5_next shape
-// (KDA and DSA layers, dense then MoE) their stages run.
+// What the CUDA tests share: whether a device is visible, buffers of random values, and the small
+// 5-layer glm5_next shape (KDA and DSA layers, dense then MoE) their stages run.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
-#include <cstdint>
+#include <gtest/gtest.h>
 
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "gpu/cuda_memory.hpp"
 #include "model/glm5/glm5_hparams.hpp"
 
 namespace ferry::testing {
@@ -13,6 +18,16 @@ namespace ferry::testing {
 inline bool have_device() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+// `floats` values drawn from N(0, scale^2), on the device.
+inline gpu::DeviceBuffer random_buffer(size_t floats, float scale, std::mt19937& rng) {
+  std::normal_distribution<float> n(0.0f, scale);
+  std::vector<float> v(floats);
+  for (float& x : v) x = n(rng);
+  gpu::DeviceBuffer b(floats * 4);
+  EXPECT_EQ(cudaMemcpy(b.get(), v.data(), floats * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  return b;
 }
 
 inline model::Glm5Hparams tiny_gpu_shape(uint32_t hidden) {

@@ -21,11 +21,13 @@
 #include "gpu/kernels.hpp"
 #include "model/formats/quant.hpp"
 #include "tests/gpu/gpu_test_support.hpp"
+#include "tests/gpu/graph_timing.hpp"
 #include "tests/gpu/quant_rows.hpp"
 
 namespace ferry::gpu {
 namespace {
 
+using ferry::testing::copy_gbs;
 using model::GgmlType;
 
 double median_us(const std::function<void(cudaStream_t)>& call) {
@@ -41,12 +43,6 @@ double median_us(const std::function<void(cudaStream_t)>& call) {
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
-}
-
-double copy_gbs() {
-  int dev = 0;
-  EXPECT_EQ(cudaGetDevice(&dev), cudaSuccess);
-  return measure_copy_bandwidth(dev, 256ull << 20, 5) / 1e9;
 }
 
 // Random blocks of `type` (small finite scales), `rows` x `cols`, filled on the device from one row.

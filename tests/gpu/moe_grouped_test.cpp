@@ -141,6 +141,33 @@ std::vector<int32_t> make_routes(Routing how, uint32_t n, uint32_t k, uint32_t E
   return ids;
 }
 
+// The sort of `ids` (k a row over E experts): each expert's rows where its offsets say, tiles of 64
+// rows, every route once in its expert's range, at a sorted row that gathers the route's token.
+void expect_sorted(const std::vector<int32_t>& ids, uint32_t k, uint32_t E, const std::vector<uint32_t>& off,
+                   const std::vector<uint32_t>& tiles, const std::vector<int32_t>& gather,
+                   const std::vector<int32_t>& where) {
+  const size_t routes = ids.size();
+  std::vector<uint32_t> count(E, 0);
+  for (int32_t id : ids) ++count[id];
+  ASSERT_EQ(off[0], 0u);
+  ASSERT_EQ(tiles[0], 0u);
+  for (uint32_t e = 0; e < E; ++e) {
+    ASSERT_EQ(off[e + 1] - off[e], count[e]) << "expert " << e;
+    ASSERT_EQ(tiles[e + 1] - tiles[e], (count[e] + kGroupedTileTokens - 1) / kGroupedTileTokens) << "expert " << e;
+  }
+  std::vector<bool> used(routes, false);
+  for (size_t i = 0; i < routes; ++i) {
+    const int32_t at = where[i];
+    ASSERT_GE(at, 0);
+    ASSERT_LT(static_cast<size_t>(at), routes);
+    ASSERT_FALSE(used[at]) << "sorted row " << at << " taken twice";
+    used[at] = true;
+    ASSERT_GE(static_cast<uint32_t>(at), off[ids[i]]);
+    ASSERT_LT(static_cast<uint32_t>(at), off[ids[i] + 1]);
+    ASSERT_EQ(gather[at], static_cast<int32_t>(i / k));
+  }
+}
+
 double silu_clamped(double g, double u, double& dg, double& du) {
   const double gc = std::min(g, double(kLimit)), uc = std::min(std::max(u, -double(kLimit)), double(kLimit));
   const double s = 1.0 / (1.0 + std::exp(-gc));
@@ -222,26 +249,8 @@ void run_and_check(const Part* parts, const DeviceExperts& d, uint32_t E, uint32
   ASSERT_EQ(cudaMemcpy(eg.data(), deg.get(), eg.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(y.data(), dy.get(), y.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
 
-  // The sort: each expert's rows where its offsets say, every route once, tiles of 64 rows.
-  std::vector<uint32_t> count(E, 0);
-  for (int32_t id : ids) ++count[id];
-  ASSERT_EQ(off[0], 0u);
-  ASSERT_EQ(tiles[0], 0u);
-  for (uint32_t e = 0; e < E; ++e) {
-    ASSERT_EQ(off[e + 1] - off[e], count[e]) << "expert " << e;
-    ASSERT_EQ(tiles[e + 1] - tiles[e], (count[e] + kGroupedTileTokens - 1) / kGroupedTileTokens) << "expert " << e;
-  }
-  std::vector<bool> used(routes, false);
-  for (uint32_t i = 0; i < routes; ++i) {
-    const int32_t at = where[i];
-    ASSERT_GE(at, 0);
-    ASSERT_LT(static_cast<uint32_t>(at), routes);
-    ASSERT_FALSE(used[at]) << "sorted row " << at << " taken twice";
-    used[at] = true;
-    ASSERT_GE(static_cast<uint32_t>(at), off[ids[i]]);
-    ASSERT_LT(static_cast<uint32_t>(at), off[ids[i] + 1]);
-    ASSERT_EQ(gather[at], static_cast<int32_t>(i / k));
-  }
+  expect_sorted(ids, k, E, off, tiles, gather, where);
+  if (::testing::Test::HasFatalFailure()) return;
 
   // SwiGLU of gate and up, per route; then y from the device's own SwiGLU output, so that each
   // projection is checked on its own.
@@ -568,30 +577,17 @@ TEST_F(GroupedExpertsShapes, SortCoversRoutesPastOnePassAndTheMostExperts) {
     ASSERT_EQ(cudaMemcpy(gather.data(), dgather.get(), routes * 4, cudaMemcpyDeviceToHost), cudaSuccess);
     ASSERT_EQ(cudaMemcpy(where.data(), dwhere.get(), routes * 4, cudaMemcpyDeviceToHost), cudaSuccess);
     ASSERT_EQ(cudaMemcpy(counters.data(), dtally.get(), 5 * 8, cudaMemcpyDeviceToHost), cudaSuccess);
+    expect_sorted(ids, k, E, off, tiles, gather, where);
+    if (HasFatalFailure()) return;
     std::vector<uint32_t> count(E, 0);
     for (int32_t id : ids) ++count[id];
     std::vector<unsigned long long> want(5, 0);
-    ASSERT_EQ(off[0], 0u);
-    ASSERT_EQ(tiles[0], 0u);
     for (uint32_t e = 0; e < E; ++e) {
-      ASSERT_EQ(off[e + 1] - off[e], count[e]) << "expert " << e;
-      ASSERT_EQ(tiles[e + 1] - tiles[e], (count[e] + kGroupedTileTokens - 1) / kGroupedTileTokens) << "expert " << e;
       if (count[e] == 0) continue;
       want[category[e]] += count[e];
       if (category[e] > 0) want[2 + category[e]] += 1000;
     }
     EXPECT_EQ(counters, want);
-    std::vector<bool> used(routes, false);
-    for (uint32_t i = 0; i < routes; ++i) {
-      const int32_t at = where[i];
-      ASSERT_GE(at, 0);
-      ASSERT_LT(static_cast<uint32_t>(at), routes);
-      ASSERT_FALSE(used[at]) << "sorted row " << at << " taken twice";
-      used[at] = true;
-      ASSERT_GE(static_cast<uint32_t>(at), off[ids[i]]);
-      ASSERT_LT(static_cast<uint32_t>(at), off[ids[i] + 1]);
-      ASSERT_EQ(gather[at], static_cast<int32_t>(i / k));
-    }
   }
 }
 
