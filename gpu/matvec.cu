@@ -481,8 +481,7 @@ void matvec(const MatvecArgs& a, cudaStream_t stream) {
     throw CudaError("matvec: tokens named on the device and skipped groups need the int16-activation path");
   }
   if (int16) {
-    bool iq3s = a.w.type == model::GgmlType::IQ3_S;
-    for (uint32_t p = 1; p < a.parts; ++p) iq3s = iq3s || (matvec_part_own_format(a, p) && a.more[p - 1].type == model::GgmlType::IQ3_S);
+    const bool iq3s = a.w.type == model::GgmlType::IQ3_S || matvec_second_type(a) == model::GgmlType::IQ3_S;
     launch_matvec_int16(a, iq3s ? iq3s_grid_address() : nullptr, stream);
     return;
   }

@@ -506,16 +506,9 @@ uint32_t resident_per_sm(size_t smem) {
   return it->second;
 }
 
-// The type of the launch's parts of their own row format (MatvecPart::type), else w's.
-model::GgmlType second_type(const MatvecArgs& a) {
-  for (uint32_t p = 1; p < a.parts && p < kMaxMatvecParts; ++p) {
-    if (matvec_part_own_format(a, p)) return a.more[p - 1].type;
-  }
-  return a.w.type;
-}
 // Shared memory of a launch: the IQ3_S grid where either type needs it.
 size_t launch_smem(const MatvecArgs& a, uint32_t nt) {
-  return std::max(smem_bytes(a.w.type, nt, a.w.cols), smem_bytes(second_type(a), nt, a.w.cols));
+  return std::max(smem_bytes(a.w.type, nt, a.w.cols), smem_bytes(matvec_second_type(a), nt, a.w.cols));
 }
 
 template <int T, int TS, int NT>
@@ -556,7 +549,7 @@ void launch(const MatvecArgs& a, const Tables& tables, cudaStream_t stream) {
   switch (padded_tokens(a.tokens)) {
     case 1:
       if constexpr (T != qd::kQ4_K) {
-        switch (second_type(a)) {
+        switch (matvec_second_type(a)) {
           case model::GgmlType::Q5_K: launch_tokens<T, qd::kQ5_K, 1>(a, tables, stream); return;
           case model::GgmlType::Q6_K: launch_tokens<T, qd::kQ6_K, 1>(a, tables, stream); return;
           case model::GgmlType::IQ4_XS: launch_tokens<T, qd::kIQ4_XS, 1>(a, tables, stream); return;
@@ -582,7 +575,7 @@ bool matvec_quantizes_activations(const MatvecArgs& a) {
               reinterpret_cast<uintptr_t>(a.more[p - 1].x_up) % 16 == 0;
   }
   // Parts of their own format: single, at one token, of one mixable type apart from w's.
-  const model::GgmlType second = second_type(a);
+  const model::GgmlType second = matvec_second_type(a);
   bool formats = true;
   for (uint32_t p = 1; p < a.parts && p < kMaxMatvecParts; ++p) {
     const MatvecPart& m = a.more[p - 1];

@@ -27,6 +27,14 @@ __host__ __device__ __forceinline__ bool matvec_part_own_format(const MatvecArgs
   return part > 0 && a.more[part - 1].row_bytes != 0;
 }
 
+// The type of the launch's parts of their own row format (MatvecPart::type), else w's.
+inline model::GgmlType matvec_second_type(const MatvecArgs& a) {
+  for (uint32_t p = 1; p < a.parts && p < kMaxMatvecParts; ++p) {
+    if (matvec_part_own_format(a, p)) return a.more[p - 1].type;
+  }
+  return a.w.type;
+}
+
 // The rows of part `part`.
 __host__ __device__ __forceinline__ uint32_t matvec_part_rows(const MatvecArgs& a, uint32_t part) {
   return part == 0 || a.more[part - 1].rows == 0 ? a.w.rows : a.more[part - 1].rows;

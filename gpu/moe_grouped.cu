@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <string>
 
+#include "gpu/block_reduce.cuh"
 #include "gpu/cuda_check.hpp"
 #include "gpu/half_split.cuh"
 #include "gpu/moe_grouped.hpp"
@@ -430,33 +431,6 @@ __device__ __forceinline__ void load_ids(const int32_t* ids, uint32_t routes, ui
     const uint32_t i = base + j * kSortThreads + threadIdx.x;
     id[j] = i < routes ? ids[i] : -1;
   }
-}
-
-// The exclusive prefix sum of v over the block's threads (in thread order), and the total.
-__device__ __forceinline__ uint32_t block_exclusive_sum(uint32_t v, uint32_t* warp_sums, uint32_t& total) {
-  const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  uint32_t inc = v;
-#pragma unroll
-  for (uint32_t d = 1; d < 32; d *= 2) {
-    const uint32_t o = __shfl_up_sync(0xffffffffu, inc, d);
-    if (lane >= d) inc += o;
-  }
-  if (lane == 31) warp_sums[warp] = inc;
-  __syncthreads();
-  if (warp == 0) {
-    const uint32_t w = warp_sums[lane];
-    uint32_t wi = w;
-#pragma unroll
-    for (uint32_t d = 1; d < 32; d *= 2) {
-      const uint32_t o = __shfl_up_sync(0xffffffffu, wi, d);
-      if (lane >= d) wi += o;
-    }
-    warp_sums[lane] = wi - w;
-    if (lane == 31) warp_sums[32] = wi;
-  }
-  __syncthreads();
-  total = warp_sums[32];
-  return warp_sums[warp] + inc - v;
 }
 
 __global__ void __launch_bounds__(kSortThreads) sort_routes_kernel(const int32_t* ids, uint32_t routes, uint32_t k,
