@@ -421,6 +421,17 @@ __device__ __forceinline__ void minimum_terms(const Stage<T>& s, const WarpTile&
 
 // One k-tile's products of a warp with NL live 8-token tiles (k-tile kt, in s) into acc: no branch
 // inside, so the fragment loads of the next tiles and steps are scheduled under the products.
+// One sub-block's f32 terms of a 16-row x 8-token tile: the exact int32 sum of its high- and low-byte
+// products (the high one's magic offset removed) times the row's d * scale and the token's step.
+__device__ __forceinline__ void add_terms(float (&acc)[4], const mma::FragC& ch, const mma::FragC& cl,
+                                          const float (&dw)[2], float2 dx) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float sum = (__int_as_float(ch.r[k]) - kMagic) + __int_as_float(cl.r[k]);
+    acc[k] = fmaf(dw[k / 2] * (k % 2 == 0 ? dx.x : dx.y), sum, acc[k]);
+  }
+}
+
 template <int T, int NL>
 __device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const WarpTile& t, float (&acc)[2][4][4]) {
   using K = KQuant<T>;
@@ -480,11 +491,7 @@ __device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const W
           mma::FragC ch, cl;
           mma::mma_k32<K::kDecoded, true>(ch, A[i], bh, kHiC);  // IQ3_S's values are signed, the nibbles not
           mma::mma_k32<K::kDecoded, false>(cl, A[i], bl, kLoC);
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            const float sum = (__int_as_float(ch.r[k]) - kMagic) + __int_as_float(cl.r[k]);
-            acc[i][n][k] = fmaf(dw[i][k / 2] * (k % 2 == 0 ? dx.x : dx.y), sum, acc[i][n][k]);
-          }
+          add_terms(acc[i][n], ch, cl, dw[i], dx);
         }
       }
       // Tile n's MMAs are issued before the f32 terms of tile n - LAG, so that more of them are in
@@ -509,11 +516,7 @@ __device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const W
           const int m = n - LAG, c = m % (LAG + 1);
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-              const float sum = (__int_as_float(ch[c][i].r[k]) - kMagic) + __int_as_float(cl[c][i].r[k]);
-              acc[i][m][k] = fmaf(dw[i][k / 2] * (k % 2 == 0 ? dx[c].x : dx[c].y), sum, acc[i][m][k]);
-            }
+            add_terms(acc[i][m], ch[c][i], cl[c][i], dw[i], dx[c]);
           }
         }
       }
