@@ -317,6 +317,24 @@ def write_safetensors(path: pathlib.Path, tensors: dict[str, tuple[str, np.ndarr
             f.write(b)
 
 
+def read_stored(checkpoint: pathlib.Path) -> dict[str, tuple[str, np.ndarray]]:
+    """A checkpoint directory's tensors as stored (dtype name, array of the stored bits), from its
+    model.safetensors or the shards its model.safetensors.index.json names."""
+    index = checkpoint / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    tensors = {}
+    for name in files:
+        raw = (checkpoint / name).read_bytes()
+        n = int.from_bytes(raw[:8], "little")
+        for key, info in json.loads(raw[8:8 + n]).items():
+            if key == "__metadata__":
+                continue
+            a, b = info["data_offsets"]
+            bits = np.frombuffer(raw[8 + n + a:8 + n + b], {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}[info["dtype"]])
+            tensors[key] = (info["dtype"], bits.reshape(info["shape"]))
+    return tensors
+
+
 def stored(arr: np.ndarray, dtype: str) -> tuple[str, np.ndarray]:
     if dtype == "F32":
         return "F32", arr.astype(np.float32)

@@ -373,17 +373,9 @@ def test_reference_fixtures(ferry_bin, tmp_path, case):
     src = FIXTURES / case
     cfg = json.loads((src / "config.json").read_text())
     text = cfg["text_config"]
-    raw = (src / "model.safetensors").read_bytes()
-    n = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + n])
     values = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        a, b = info["data_offsets"]
-        blob = np.frombuffer(raw[8 + n + a:8 + n + b], dtype={"F32": np.float32, "BF16": np.uint16}[info["dtype"]])
-        v = blob.astype(np.float32) if info["dtype"] == "F32" else (blob.astype(np.uint32) << 16).view(np.float32)
-        values[name] = v.reshape(info["shape"])
+    for name, (dtype, bits) in ck.read_stored(src).items():
+        values[name] = bits.astype(np.float32) if dtype == "F32" else (bits.astype(np.uint32) << 16).view(np.float32)
     if text["tie_word_embeddings"]:
         values["lm_head.weight"] = values[ck.PREFIX + "embed_tokens.weight"]
     nextn = 1 if f"{ck.PREFIX}layers.{text['num_hidden_layers']}.eh_proj.weight" in values else 0

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 
-import numpy as np
 import pytest
 
 import glm5_checkpoint as ck
@@ -109,18 +108,10 @@ def trunk_only_model(ferry_bin, tmp_path_factory):
     cfg = json.loads((src / "config.json").read_text())
     cfg["text_config"].pop("num_nextn_predict_layers", None)
     (d / "config.json").write_text(json.dumps(cfg))
-    raw = (src / "model.safetensors").read_bytes()
-    n = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + n])
+    stored = ck.read_stored(src)
     mtp = f"{ck.PREFIX}layers.{cfg['text_config']['num_hidden_layers']}."
-    kept = {}
-    for name, info in header.items():
-        if name == "__metadata__" or name.startswith(mtp):
-            continue
-        a, b = info["data_offsets"]
-        bits = np.frombuffer(raw[8 + n + a:8 + n + b], {"BF16": np.uint16, "F32": np.float32}[info["dtype"]])
-        kept[name] = (info["dtype"], bits.reshape(info["shape"]))
-    assert len(kept) < len(header) - 1, "trained_small has no MTP block to leave out"
+    kept = {name: t for name, t in stored.items() if not name.startswith(mtp)}
+    assert len(kept) < len(stored), "trained_small has no MTP block to leave out"
     ck.write_safetensors(d / "model.safetensors", kept)
     out = d / "trunk.gguf"
     subprocess.run([ferry_bin, "convert", str(d), str(out), "--type", "q8_0", "--tokenizer",

@@ -8,6 +8,7 @@ Runs on a machine with torch and transformers >= 5.17 (the accelerator machine);
 For every case it writes one directory:
 
   config.json, model.safetensors      the checkpoint (save_pretrained; f32, or bf16 for the serve model)
+                                      (over 4 MiB: model-0000K-of-0000N.safetensors + index)
   reference.json                      input_ids, decode_tokens, sizes, dtype, generator, DSA selections,
                                       selection margins, clamp counts, self-checks
   prefill_logits.f32                  prompt_len x vocab, little-endian f32: logits of the whole prompt
@@ -837,15 +838,12 @@ def save_checkpoint(spec, trunk, big, nextn, n_layers, case_dir):
     dtype = torch.bfloat16 if spec["saved_dtype"] == "bfloat16" else torch.float32
     to_save = copy.deepcopy(trunk).to(dtype)
     to_save.save_pretrained(case_dir)
-    if not spec.get("mtp"):
-        return
     sd = load_shards(case_dir)
-    sd.update(mtp_tensors(big, nextn, n_layers, dtype))
-    for fn in os.listdir(case_dir):
-        if fn.endswith(".safetensors") or fn.endswith(".safetensors.index.json"):
-            os.remove(os.path.join(case_dir, fn))
-    save_file(sd, os.path.join(case_dir, "model.safetensors"), metadata={"format": "pt"})
-    mark_mtp_config(case_dir)
+    if spec.get("mtp"):
+        sd.update(mtp_tensors(big, nextn, n_layers, dtype))
+    save_shards(sd, case_dir)
+    if spec.get("mtp"):
+        mark_mtp_config(case_dir)
 
 
 def mtp_tensors(big, nextn, n_layers, dtype):
@@ -882,6 +880,39 @@ def load_shards(d):
         if fn.endswith(".safetensors"):
             sd.update(load_file(os.path.join(d, fn)))
     return sd
+
+
+# The fixtures are committed, so no file of theirs is over 4 MiB: a larger checkpoint (trained_small's
+# 8 MB) is written as shards with the index transformers and ferry read.
+SHARD_BYTES = 4 << 20
+
+
+def save_shards(sd, d):
+    """sd as d/model.safetensors, or as shards of at most SHARD_BYTES in sd's order plus
+    model.safetensors.index.json; replaces the checkpoint files d held."""
+    for fn in os.listdir(d):
+        if fn.endswith(".safetensors") or fn.endswith(".safetensors.index.json"):
+            os.remove(os.path.join(d, fn))
+    nbytes = {k: v.numel() * v.element_size() for k, v in sd.items()}
+    groups, size = [[]], 0
+    for k in sd:
+        if groups[-1] and size + nbytes[k] > SHARD_BYTES:
+            groups.append([])
+            size = 0
+        groups[-1].append(k)
+        size += nbytes[k]
+    if len(groups) == 1:
+        save_file(sd, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+        return
+    weight_map = {}
+    for i, keys in enumerate(groups):
+        fn = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
+        save_file({k: sd[k] for k in keys}, os.path.join(d, fn), metadata={"format": "pt"})
+        weight_map.update({k: fn for k in keys})
+    with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": sum(nbytes.values())}, "weight_map": dict(sorted(weight_map.items()))},
+                  f, indent=2)
+        f.write("\n")
 
 
 def main():

@@ -24,15 +24,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import transformers
-from safetensors.torch import load_file, save_file
 from transformers import Glm5NextForConditionalGeneration
 
 import make_fixtures as mf
 
 
-def tensor_hashes(path):
-    return {k: hashlib.sha256(v.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
-            for k, v in load_file(path).items()}
+def tensor_hashes(sd):
+    return {k: hashlib.sha256(v.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest() for k, v in sd.items()}
 
 
 def nextn_init(gen, dim):
@@ -173,12 +171,11 @@ def mtp_reference(ref, layer64, nextn64, ref_json, kpool, topk):
 def add_trained_mtp(spec, out_dir, corpus_dir):
     name = spec["name"]
     case_dir = os.path.join(out_dir, name)
-    st_path = os.path.join(case_dir, "model.safetensors")
     ref_path = os.path.join(case_dir, "reference.json")
     ref_json = json.load(open(ref_path))
     if "mtp" in ref_json:
         raise RuntimeError(f"{case_dir} has an MTP block already")
-    before = tensor_hashes(st_path)
+    before = tensor_hashes(mf.load_shards(case_dir))
     corpus = mf.load_corpus(corpus_dir)
 
     trunk = Glm5NextForConditionalGeneration.from_pretrained(case_dir, dtype=torch.float32).eval()
@@ -207,12 +204,11 @@ def add_trained_mtp(spec, out_dir, corpus_dir):
     with torch.no_grad():
         for v in nextn.values():
             v.copy_(v.to(torch.bfloat16).float())
-    sd = load_file(st_path)
+    sd = mf.load_shards(case_dir)
     sd.update(mf.mtp_tensors(big, nextn, n_layers, torch.bfloat16))
-    save_file(sd, st_path + ".tmp", metadata={"format": "pt"})
-    os.replace(st_path + ".tmp", st_path)
+    mf.save_shards(sd, case_dir)
     mf.mark_mtp_config(case_dir)
-    after = tensor_hashes(st_path)
+    after = tensor_hashes(mf.load_shards(case_dir))
     changed = [k for k, h in before.items() if after.get(k) != h]
     added = [k for k in after if k not in before]
     if changed or any(not k.startswith(prefix) for k in added):
