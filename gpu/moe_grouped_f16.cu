@@ -48,26 +48,50 @@ static_assert(BN == 64 && BR == 128 && kThreads == 256, "moe_grouped_f16: thread
 constexpr uint32_t kXWords = 132;
 constexpr int kRowExp = 12;  // a row's largest |x| is scaled into [2^(kRowExp - 1), 2^kRowExp)
 
+// Per type: a block's bytes, where its 128 bytes of nibbles lie (Q4_K, Q5_K: d, dmin and 12 bytes of
+// scales first), and the words of a weight row's k-tile in shared memory: 16 of nibbles (and for
+// Q5_K the block's 8 words of fifth bits), padded so that rows 20 / 28 words apart hit 32 banks.
+// IQ3_S's values come from a grid with signs, so its k-tile is decoded into 32 words of int8 a row
+// (36 apart) instead of copied; it has no minimum terms. kBits: what a value's masked byte is XORed
+// with to make the fp16 pair (1024 + the bits; IQ3_S's signed bytes 1152 + the value), kBias that
+// number. Factor: a sub-block's scale and offset as half2 pairs (IQ3_S: the scale alone, so that its
+// two stages, whose decoded rows take more room, fit twice an SM; its offset is made in the products).
 template <int T> struct KQuant;
 template <> struct KQuant<qd::kQ4_K> {
-  static constexpr uint32_t kBlockBytes = 144, kNibbles = 16, kWWords = 20;
-  static constexpr bool kHighBits = false;
+  static constexpr uint32_t kBlockBytes = 144, kNibbles = 16, kWWords = 20, kBits = 0x64006400u;
+  static constexpr bool kHighBits = false, kDecoded = false;
+  static constexpr float kBias = 1024.0f;
+  using Factor = uint2;
 };
 template <> struct KQuant<qd::kQ5_K> {
-  static constexpr uint32_t kBlockBytes = 176, kNibbles = 48, kWWords = 28;
-  static constexpr bool kHighBits = true;  // bit j of byte l of the 32 at 16: sub-block j's column l
+  static constexpr uint32_t kBlockBytes = 176, kNibbles = 48, kWWords = 28, kBits = 0x64006400u;
+  static constexpr bool kHighBits = true, kDecoded = false;  // bit j of byte l of the 32 at 16: sub-block j's column l
+  static constexpr float kBias = 1024.0f;
+  using Factor = uint2;
+};
+template <> struct KQuant<qd::kIQ3_S> {
+  static constexpr uint32_t kBlockBytes = 110, kNibbles = 0, kWWords = 36, kBits = 0x64806480u;
+  static constexpr bool kHighBits = false, kDecoded = true;
+  static constexpr float kBias = 1152.0f;
+  using Factor = uint32_t;
 };
 
 template <int T>
 struct Stage {
+  // IQ3_S has no minimum terms: their arrays keep 16 bytes.
+  static constexpr bool kMin = !KQuant<T>::kDecoded;
+  static constexpr uint32_t kMS = kMin ? kSteps : 1, kMR = kMin ? BR : 4, kMT = kMin ? BN + 8 : 4;
   uint32_t w[BR * KQuant<T>::kWWords];
   uint32_t x[BN * kXWords];
-  uint2 wf[kSteps][BR];  // per sub-block and weight row: the fp16 decode's scale and offset (half2 each)
-  float wm[kSteps][BR];  // and its 6-bit min
-  float dk[BR], dmin[BR];  // per weight row: 1 / d (even k-tiles) or d (odd), and dmin / d
-  float xs[kSteps][BN + 8];  // per block and token: the scaled f32 sum (rows 8 banks apart)
+  typename KQuant<T>::Factor wf[kSteps][BR];  // per sub-block and weight row: the decode's scale (and offset)
+  float dk[BR];         // per weight row: 1 / d (even k-tiles) or d (odd)
+  float wm[kMS][kMR];   // K-quants: per sub-block and row its 6-bit min
+  float dmin[kMR];      // per row dmin / d
+  float xs[kMS][kMT];   // per block and token: the scaled f32 sum (rows 8 banks apart)
 };
-static_assert(sizeof(Stage<qd::kQ4_K>) % 16 == 0 && sizeof(Stage<qd::kQ5_K>) % 16 == 0, "stages stay 16-byte aligned");
+static_assert(sizeof(Stage<qd::kQ4_K>) % 16 == 0 && sizeof(Stage<qd::kQ5_K>) % 16 == 0 &&
+                  sizeof(Stage<qd::kIQ3_S>) % 16 == 0,
+              "stages stay 16-byte aligned");
 
 struct F16Args {
   const uint8_t* base[2];
@@ -86,6 +110,7 @@ struct F16Args {
   float* y;
   size_t ldy;
   float limit;
+  const uint32_t* iq3s_grid;  // IQ3_S: the device copy of model::kIq3sGrid
 };
 
 __device__ __forceinline__ void cp_async(void* dst, const void* src, int bytes) {
@@ -130,6 +155,27 @@ __device__ __forceinline__ void k4_scale_min(const uint32_t (&h)[4], uint32_t j,
   } else {
     sc = (scale_byte(h, j + 4) & 0xf) | ((scale_byte(h, j - 4) >> 6) << 4);
     m = (scale_byte(h, j + 4) >> 4) | ((scale_byte(h, j) >> 6) << 4);
+  }
+}
+
+// IQ3_S sub-block j of the block at b (2-byte aligned), as matvec_int16.cu's Reader<IQ3_S> reads it:
+// its 8 grid indices' low bytes, its sign bits, and its qh byte | its scale nibble << 8 | d << 16.
+__device__ __forceinline__ void iq3s_load(const uint8_t* b, uint32_t j, uint32_t (&u)[4]) {
+  u[0] = qd::ld_u32_a2(b + 2 + 8 * j);
+  u[1] = qd::ld_u32_a2(b + 6 + 8 * j);
+  u[2] = qd::ld_u32_a2(b + 74 + 4 * j);
+  u[3] = b[66 + j] | (((b[106 + j / 2] >> (4 * (j % 2))) & 0xfu) << 8) | (qd::ld_u16(b) << 16);
+}
+
+// Its 32 values as int8 (column order, four a word: grid entries with their signs).
+__device__ __forceinline__ void iq3s_decode(const uint32_t (&u)[4], const uint32_t* grid, uint32_t (&v)[8]) {
+#pragma unroll
+  for (int g = 0; g < 8; ++g) {
+    const uint32_t qs = ((g < 4 ? u[0] : u[1]) >> (8 * (g & 3))) & 0xff;
+    const uint32_t entry = grid[qs | (((u[3] >> g) & 1) << 8)];
+    // Sign bit k to byte k, then 0xff in negative bytes: (e ^ 0xff) - 0xff is -e bytewise.
+    const uint32_t neg = ((((u[2] >> (4 * g)) & 0xf) * 0x00204081u) & 0x01010101u) * 0xffu;
+    v[g] = __vsub4(entry ^ neg, neg);
   }
 }
 
@@ -231,7 +277,8 @@ struct TileLoader {
   size_t xrow;   // the token's input row
   bool xlive;    // its 8-token tile holds tokens: what the products read
   bool w16 = true;     // every matrix 16-byte aligned (blocks of 144 / 176 bytes): 16-byte copies
-  uint32_t dd[2], scm[2][2];  // the weight items' blocks' d and dmin, sc | m << 8 of their sub-blocks
+  uint32_t dd[2], scm[2][2];  // K-quants: the weight items' blocks' d and dmin, sc | m << 8 of their sub-blocks
+  uint32_t iq[2][4];          // IQ3_S: the bytes of the weight items' sub-blocks
 
   __device__ TileLoader(const F16Args& a, const BlockTile& bt) {
     const uint32_t tid = threadIdx.x;
@@ -261,7 +308,7 @@ struct TileLoader {
     const uint32_t tid = threadIdx.x, wch = tid % 4;
     const size_t wb = (kt / 2) * K::kBlockBytes + K::kNibbles + 64 * (kt % 2) + 16 * wch;
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
+    for (int j = 0; j < 2 && !K::kDecoded; ++j) {
       uint32_t* dst = &s.w[wlr[j] * K::kWWords + 4 * wch];
       if (w16) {
         cp_async(dst, wrow[j] + wb, 16);
@@ -279,7 +326,7 @@ struct TileLoader {
         cp_async(dst + 4 * c, a.xh + at + 8 * c, 16);
         cp_async(dst + 64 + 4 * c, a.xl + at + 8 * c, 16);
       }
-      cp_async(&s.xs[wch][tid / 4], a.xs + xrow * (a.cols / 32) + kSteps * kt + wch, 4);
+      if constexpr (!K::kDecoded) cp_async(&s.xs[wch][tid / 4], a.xs + xrow * (a.cols / 32) + kSteps * kt + wch, 4);
     }
     if constexpr (K::kHighBits) {
       uint32_t* dst = &s.w[(tid / 2) * K::kWWords + 16 + 4 * (tid % 2)];
@@ -294,26 +341,31 @@ struct TileLoader {
     cp_commit();
   }
 
-  // The headers of k-tile kt's blocks (kt even) into what store_factors reads for kt and kt + 1.
+  // The headers of k-tile kt's blocks (kt even) into what store_factors reads for kt and kt + 1
+  // (IQ3_S: k-tile kt's sub-blocks).
   __device__ void load_headers(uint32_t kt) {
     const uint32_t wch = threadIdx.x % 4;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const uint8_t* p = wrow[j] + (kt / 2) * K::kBlockBytes;
-      uint32_t h[4];
-      if (w16) {
-        const uint4 v = *reinterpret_cast<const uint4*>(p);
-        h[0] = v.x, h[1] = v.y, h[2] = v.z, h[3] = v.w;
+      if constexpr (K::kDecoded) {
+        iq3s_load(p, kSteps * (kt % 2) + wch, iq[j]);
       } else {
+        uint32_t h[4];
+        if (w16) {
+          const uint4 v = *reinterpret_cast<const uint4*>(p);
+          h[0] = v.x, h[1] = v.y, h[2] = v.z, h[3] = v.w;
+        } else {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) h[i] = qd::ld_u32(p + 4 * i);
-      }
-      dd[j] = h[0];
+          for (int i = 0; i < 4; ++i) h[i] = qd::ld_u32(p + 4 * i);
+        }
+        dd[j] = h[0];
 #pragma unroll
-      for (int o = 0; o < 2; ++o) {
-        uint32_t sc, m;
-        k4_scale_min(h, kSteps * o + wch, sc, m);
-        scm[j][o] = sc | m << 8;
+        for (int o = 0; o < 2; ++o) {
+          uint32_t sc, m;
+          k4_scale_min(h, kSteps * o + wch, sc, m);
+          scm[j][o] = sc | m << 8;
+        }
       }
     }
   }
@@ -321,22 +373,30 @@ struct TileLoader {
   // k-tile kt's weight factors into s. The decode gives a nibble n as the fp16 1024 + n (Q4_K's
   // high nibbles 1024 + 16 n; Q5_K's five bits 1024 + q), so scale * value + offset is the exact
   // integer sc * q.
-  __device__ void store_factors(uint32_t kt, Stage<T>& s) const {
+  __device__ void store_factors(uint32_t kt, Stage<T>& s, const uint32_t* grid) const {
     const uint32_t wch = threadIdx.x % 4;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      const uint32_t v = kt % 2 == 0 ? scm[j][0] : scm[j][1], sc = v & 0xff, m = v >> 8;
-      const float d = qd::h2f(dd[j] & 0xffff), dmin = qd::h2f(dd[j] >> 16);
-      // A block of d 0 adds nothing: its values decode to 0 and the rows' sums keep their scale.
-      const float scale =
-          d == 0.0f ? 0.0f : static_cast<float>(sc) * (!K::kHighBits && wch % 2 == 1 ? 0.0625f : 1.0f);
-      s.wf[wch][wlr[j]] = make_uint2(half2_of(scale), half2_of(-1024.0f * scale));
-      s.wm[wch][wlr[j]] = static_cast<float>(m);
-      if (wch == 0) {
-        const float du = d == 0.0f ? 1.0f : d;
-        s.dk[wlr[j]] = kt % 2 == 0 ? 1.0f / du : du;
-        s.dmin[wlr[j]] = dmin / du;
+      float d;
+      if constexpr (K::kDecoded) {  // the sub-block's values into words 8 * wch.. of the row
+        uint32_t v[8];
+        iq3s_decode(iq[j], grid, v);
+        uint4* dst = reinterpret_cast<uint4*>(&s.w[wlr[j] * K::kWWords + 8 * wch]);
+        dst[0] = make_uint4(v[0], v[1], v[2], v[3]);
+        dst[1] = make_uint4(v[4], v[5], v[6], v[7]);
+        d = qd::h2f(iq[j][3] >> 16);
+        s.wf[wch][wlr[j]] = half2_of(d == 0.0f ? 0.0f : static_cast<float>(1 + 2 * ((iq[j][3] >> 8) & 0xf)));
+      } else {
+        const uint32_t v = kt % 2 == 0 ? scm[j][0] : scm[j][1], sc = v & 0xff, m = v >> 8;
+        d = qd::h2f(dd[j] & 0xffff);
+        // A block of d 0 adds nothing: its values decode to 0 and the rows' sums keep their scale.
+        const float scale =
+            d == 0.0f ? 0.0f : static_cast<float>(sc) * (!K::kHighBits && wch % 2 == 1 ? 0.0625f : 1.0f);
+        s.wf[wch][wlr[j]] = make_uint2(half2_of(scale), half2_of(-K::kBias * scale));
+        s.wm[wch][wlr[j]] = static_cast<float>(m);
+        if (wch == 0) s.dmin[wlr[j]] = qd::h2f(dd[j] >> 16) / (d == 0.0f ? 1.0f : d);
       }
+      if (wch == 0) s.dk[wlr[j]] = d == 0.0f ? 1.0f : kt % 2 == 0 ? 1.0f / d : d;
     }
   }
 };
@@ -373,10 +433,11 @@ __device__ __forceinline__ void load_a(uint32_t (&r)[4], const uint32_t* rows, u
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-// (w & mask) | 1024's bits in each half: bytes 0 and 2 of w (the caller shifts for 1 and 3) as fp16
-// 1024 + their masked bits, then * scale + offset.
-__device__ __forceinline__ uint32_t decode_pair(uint32_t w, uint32_t mask, uint32_t scale, uint32_t offset) {
-  const uint32_t v = (w & mask) | 0x64006400u;
+// Bytes 0 and 2 of w (the caller shifts for 1 and 3), masked, XORed with `bits` (KQuant::kBits): fp16
+// bias + their value, then * scale + offset (-bias * scale): the exact integer scale * value.
+__device__ __forceinline__ uint32_t decode_pair(uint32_t w, uint32_t mask, uint32_t bits, uint32_t scale,
+                                                uint32_t offset) {
+  const uint32_t v = (w & mask) ^ bits;
   return mma::half2_bits(__hfma2(mma::bits_half2(v), mma::bits_half2(scale), mma::bits_half2(offset)));
 }
 
@@ -385,12 +446,26 @@ __device__ __forceinline__ uint32_t decode_pair(uint32_t w, uint32_t mask, uint3
 // bytes 0 and 2 of rows g / g + 8 (logical k 2q, 2q + 1: columns 4q, 4q + 2), 2 / 3 bytes 1 and 3
 // (logical k 8 + 2q..: columns 4q + 1, 4q + 3), the order the inputs are written in (even columns,
 // then odd); f: rows g and g + 8's scale and offset.
-__device__ __forceinline__ void decode_a(const uint32_t (&r)[2], uint32_t mask, const uint2 (&f)[2],
+__device__ __forceinline__ void decode_a(const uint32_t (&r)[2], uint32_t mask, uint32_t bits, const uint2 (&f)[2],
                                          uint32_t (&A)[4]) {
 #pragma unroll
   for (int row = 0; row < 2; ++row) {
-    A[row] = decode_pair(r[row], mask, f[row].x, f[row].y);
-    A[2 + row] = decode_pair(r[row] >> 8, mask, f[row].x, f[row].y);
+    A[row] = decode_pair(r[row], mask, bits, f[row].x, f[row].y);
+    A[2 + row] = decode_pair(r[row] >> 8, mask, bits, f[row].x, f[row].y);
+  }
+}
+
+// Rows g and g + 8's scale and offset of a sub-block.
+template <int T>
+__device__ __forceinline__ void factors(const Stage<T>& s, uint32_t step, uint32_t row, uint2 (&f)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if constexpr (KQuant<T>::kDecoded) {
+      const uint32_t scale = s.wf[step][row + 8 * r];
+      f[r] = make_uint2(scale, mma::half2_bits(__hmul2(mma::bits_half2(scale), __float2half2_rn(-KQuant<T>::kBias))));
+    } else {
+      f[r] = s.wf[step][row + 8 * r];
+    }
   }
 }
 #endif
@@ -460,7 +535,7 @@ __device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const W
   for (uint32_t c = 0; c < kSteps / 2; ++c) {  // the sub-blocks of 64 columns share their bytes
     uint32_t raw[2][4], high[2][4];
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < 2 && !K::kDecoded; ++i) {
       load_a<kWWords>(raw[i], &s.w[t.lrb[i] * kWWords], 8 * c);
       if constexpr (K::kHighBits) {  // the fifth bits of the k-tile's columns: words 16 + q and 20 + q
         load_a<kWWords>(high[i], &s.w[t.lrb[i] * kWWords], 16);
@@ -472,11 +547,16 @@ __device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const W
     for (uint32_t h = 0; h < 2; ++h) {
       const uint32_t step = 2 * c + h;
 #pragma unroll
+      for (int i = 0; i < 2 && K::kDecoded; ++i) {  // int8 values in column order: words 8 * step + q and + 4
+        load_a<kWWords>(raw[i], &s.w[t.lrb[i] * kWWords], 8 * step);
+      }
+#pragma unroll
       for (int m = 0; m < 2; ++m) {  // the sub-block's k16 halves
         uint32_t A[2][4];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          const uint2 f[2] = {s.wf[step][t.lrb[i] + g], s.wf[step][t.lrb[i] + g + 8]};
+          uint2 f[2];
+          factors<T>(s, step, t.lrb[i] + g, f);
           const uint32_t r[2] = {raw[i][2 * m], raw[i][2 * m + 1]};
           if constexpr (K::kHighBits) {
             uint32_t u[2];
@@ -484,9 +564,11 @@ __device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const W
             for (int k = 0; k < 2; ++k) {
               u[k] = ((r[k] >> (4 * h)) & 0x0f0f0f0fu) | ((high[i][2 * m + k] << (4 - step)) & 0x10101010u);
             }
-            decode_a(u, 0x001f001fu, f, A[i]);
+            decode_a(u, 0x001f001fu, K::kBits, f, A[i]);
+          } else if constexpr (K::kDecoded) {
+            decode_a(r, 0x00ff00ffu, K::kBits, f, A[i]);
           } else {  // Q4_K's high nibbles as they lie: 1024 + 16 n (store_factors' scale / 16)
-            decode_a(r, h == 0 ? 0x000f000fu : 0x00f000f0u, f, A[i]);
+            decode_a(r, h == 0 ? 0x000f000fu : 0x00f000f0u, K::kBits, f, A[i]);
           }
         }
 #pragma unroll
@@ -502,7 +584,7 @@ __device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const W
       }
     }
   }
-  minimum_terms<T, NL>(s, t, acc);
+  if constexpr (!K::kDecoded) minimum_terms<T, NL>(s, t, acc);
   if (kt % 2 == 1) rescale<NL>(s.dk, t, acc);
 #else
   (void)s, (void)kt, (void)t, (void)acc;
@@ -554,6 +636,7 @@ __device__ __forceinline__ void store_outputs(const F16Args& a, const BlockTile&
 template <int T, int NM>
 __global__ void __launch_bounds__(kThreads, 2) kquant_f16_kernel(F16Args a) {
   extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ uint32_t grid[KQuant<T>::kDecoded ? 512 : 1];
   Stage<T>* st = reinterpret_cast<Stage<T>*>(smem);
   __shared__ uint32_t tile_of[3];  // the block's expert, its first sorted row and its tokens
   const uint32_t tile = blockIdx.y;
@@ -567,7 +650,10 @@ __global__ void __launch_bounds__(kThreads, 2) kquant_f16_kernel(F16Args a) {
       tile_of[2] = min(BN, a.offsets[e + 1] - first);
     }
   }
-  __syncthreads();
+  if constexpr (KQuant<T>::kDecoded) {
+    for (uint32_t i = threadIdx.x; i < 512; i += kThreads) grid[i] = a.iq3s_grid[i];
+  }
+  __syncthreads();  // the tile, and the grid before the first decode
   BlockTile bt;
   bt.e = tile_of[0];
   bt.first = tile_of[1];
@@ -590,12 +676,12 @@ __global__ void __launch_bounds__(kThreads, 2) kquant_f16_kernel(F16Args a) {
   ld.issue(a, 0, st[0]);
   for (uint32_t kt = 0; kt < ktiles; ++kt) {
     const uint32_t b = kt % 2;
-    ld.store_factors(kt, st[b]);
+    ld.store_factors(kt, st[b], grid);
     cp_wait_all();
     __syncthreads();
     if (kt + 1 < ktiles) {
       ld.issue(a, kt + 1, st[1 - b]);
-      if ((kt + 1) % 2 == 0) ld.load_headers(kt + 1);
+      if (KQuant<T>::kDecoded || (kt + 1) % 2 == 0) ld.load_headers(kt + 1);
     }
     multiply_live<T>(st[b], kt, wt, acc);
   }
@@ -606,14 +692,16 @@ int f16_type(model::GgmlType type) {
   switch (type) {
     case model::GgmlType::Q4_K: return qd::kQ4_K;
     case model::GgmlType::Q5_K: return qd::kQ5_K;
+    case model::GgmlType::IQ3_S: return qd::kIQ3_S;
     default: return -1;
   }
 }
 
 template <int NM>
 const void* kernel_of(int t) {
-  return t == qd::kQ4_K ? reinterpret_cast<const void*>(kquant_f16_kernel<qd::kQ4_K, NM>)
-                        : reinterpret_cast<const void*>(kquant_f16_kernel<qd::kQ5_K, NM>);
+  return t == qd::kQ4_K   ? reinterpret_cast<const void*>(kquant_f16_kernel<qd::kQ4_K, NM>)
+         : t == qd::kQ5_K ? reinterpret_cast<const void*>(kquant_f16_kernel<qd::kQ5_K, NM>)
+                          : reinterpret_cast<const void*>(kquant_f16_kernel<qd::kIQ3_S, NM>);
 }
 const void* kernel_of(int t, bool up) { return up ? kernel_of<2>(t) : kernel_of<1>(t); }
 
@@ -653,8 +741,10 @@ template <int NM>
 void launch(int t, const F16Args& a, dim3 grid, cudaStream_t stream) {
   if (t == qd::kQ4_K) {
     launch<qd::kQ4_K, NM>(a, grid, stream);
-  } else {
+  } else if (t == qd::kQ5_K) {
     launch<qd::kQ5_K, NM>(a, grid, stream);
+  } else {
+    launch<qd::kIQ3_S, NM>(a, grid, stream);
   }
 }
 
@@ -664,7 +754,9 @@ bool grouped_f16_takes(const ExpertMatrices& w, const ExpertMatrices* up, const 
                        uint32_t x_rows, const SplitScratch& split) {
   const int t = f16_type(w.m.type);
   if (t < 0 || w.m.cols == 0 || w.m.cols % 256 != 0) return false;
-  const uint32_t block = t == qd::kQ4_K ? KQuant<qd::kQ4_K>::kBlockBytes : KQuant<qd::kQ5_K>::kBlockBytes;
+  const uint32_t block = t == qd::kQ4_K   ? KQuant<qd::kQ4_K>::kBlockBytes
+                         : t == qd::kQ5_K ? KQuant<qd::kQ5_K>::kBlockBytes
+                                          : KQuant<qd::kIQ3_S>::kBlockBytes;
   if (w.m.row_bytes != size_t{w.m.cols} / 256 * block) return false;
   if (up != nullptr && !same_layout(w.m, up->m)) return false;
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || ldx % 4 != 0 || ldx < w.m.cols) return false;
@@ -723,6 +815,7 @@ void grouped_gemm_f16(const ExpertMatrices& w, const ExpertMatrices* up, const f
   }
   const dim3 grid(static_cast<uint32_t>(row_tiles), static_cast<uint32_t>(max_tiles));
   const int t = f16_type(w.m.type);
+  if (t == qd::kIQ3_S) a.iq3s_grid = iq3s_grid_address();
   if (up != nullptr) {
     launch<2>(t, a, grid, stream);
   } else {
