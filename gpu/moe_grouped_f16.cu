@@ -571,14 +571,17 @@ __device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const W
             decode_a(r, h == 0 ? 0x000f000fu : 0x00f000f0u, K::kBits, f, A[i]);
           }
         }
+        // Every tile's high-part product, then every tile's low-part one: each product onto an
+        // accumulator is issued 2 NL products after the one before it, not right behind it.
+        uint32_t b[NL][4];
 #pragma unroll
-        for (int n = 0; n < NL; ++n) {
-          uint32_t b[4];
-          mma::ldmatrix_x4(b, xrow + 16 * n * kXWords + 8 * (2 * step + m));
+        for (int n = 0; n < NL; ++n) mma::ldmatrix_x4(b[n], xrow + 16 * n * kXWords + 8 * (2 * step + m));
 #pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            mma::mma_f16(acc[i][n], A[i], b[0], b[1]);
-            mma::mma_f16(acc[i][n], A[i], b[2], b[3]);
+        for (int part = 0; part < 2; ++part) {
+#pragma unroll
+          for (int n = 0; n < NL; ++n) {
+#pragma unroll
+            for (int i = 0; i < 2; ++i) mma::mma_f16(acc[i][n], A[i], b[n][2 * part], b[n][2 * part + 1]);
           }
         }
       }
