@@ -50,7 +50,7 @@ struct Case {
   bool down = true;  // I a multiple of 256
   bool up = true;    // false: the first projection alone (its products, no SwiGLU)
   GgmlType type = GgmlType::Q4_K;
-  bool wide = false;  // input rows of 1e-16 to 1e16, some zero, blocks 2^-20 of their row; d 0 in some weight blocks
+  bool wide = false;  // inputs of 1e-16 to 1e16 a row, some zero, blocks 2^-20 of their row; d 0 in some blocks
 };
 
 // Expert e's matrix of part p (gate, up, down) as blocks and as the CPU's values.
@@ -92,7 +92,8 @@ void make_experts(const Case& c, std::mt19937& rng, Experts& x) {
       x.blocks[p].push_back(test_rows(c.type, rows[p], cols[p], rng));
       if (c.wide) {  // d (each type's first two bytes) 0 in every 7th block
         const size_t block = model::ggml_type_traits(c.type).block_bytes;
-        for (size_t b = 0; b < x.blocks[p].back().size() / block; b += 7) std::memset(&x.blocks[p].back()[b * block], 0, 2);
+        std::vector<uint8_t>& bytes = x.blocks[p].back();
+        for (size_t b = 0; b < bytes.size() / block; b += 7) std::memset(&bytes[b * block], 0, 2);
       }
       x.w[p].push_back(dequant(c.type, x.blocks[p].back(), size_t{rows[p]} * cols[p]));
     }
@@ -220,7 +221,7 @@ void run_case(const Case& c, const Experts& ex, std::mt19937& rng) {
   ASSERT_EQ(cudaMemcpy(dids.get(), ids.data(), routes * 4, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(dx.get(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
   for (DeviceBuffer* b : {&deg, &deg_best, &deo}) ASSERT_EQ(cudaMemset(b->get(), 0xff, b->bytes()), cudaSuccess);
-  const size_t split_elems = std::max(grouped_split_elems(c.n, D), grouped_split_elems(routes, I));
+  const size_t split_elems = std::max(size_t{c.n} * D, size_t{routes} * I);
   DeviceBuffer dsh(split_elems * 2), dsl(split_elems * 2);
   const SplitScratch split{dsh.get(), dsl.get(), split_elems};
   const RouteSort sort{doff.as<uint32_t>(), dtiles.as<uint32_t>(), dgather.as<int32_t>(), dwhere.as<int32_t>()};
@@ -362,8 +363,8 @@ TEST_F(GroupedExpertsInt8, TablesHostMemoryAndUnalignedExperts) {
   }
 }
 
-// Inputs far from 1 and of a wide range within a row (the fp16 path scales each row by a power of
-// two), zero rows, and weight blocks of d 0.
+// Inputs far from 1 and of a wide range within a row (a step per 32 values, so blocks 2^-20 of their
+// row keep their precision), zero rows, and weight blocks of d 0.
 TEST_F(GroupedExpertsInt8, RowsOfAnyScaleAndBlocksOfZeroD) {
   for (const GgmlType t : kTypes) {
     SCOPED_TRACE(name(t));
@@ -405,7 +406,7 @@ TokenRows one_expert_rows(const Case& c, const Experts& ex, const std::vector<fl
       dwhere(n * 4), deg(size_t{n} * I * 4), deo(size_t{n} * D * 4);
   EXPECT_EQ(cudaMemcpy(dids.get(), ids.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
   EXPECT_EQ(cudaMemcpy(dx.get(), x.data(), size_t{n} * D * 4, cudaMemcpyHostToDevice), cudaSuccess);
-  const size_t split_elems = grouped_split_elems(n, std::max(D, I));
+  const size_t split_elems = size_t{n} * std::max(D, I);
   DeviceBuffer dsh(split_elems * 2), dsl(split_elems * 2);
   const SplitScratch split{dsh.get(), dsl.get(), split_elems};
   const RouteSort sort{doff.as<uint32_t>(), dtiles.as<uint32_t>(), dgather.as<int32_t>(), dwhere.as<int32_t>()};
