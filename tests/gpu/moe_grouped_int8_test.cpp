@@ -50,6 +50,7 @@ struct Case {
   bool down = true;  // I a multiple of 256
   bool up = true;    // false: the first projection alone (its products, no SwiGLU)
   GgmlType type = GgmlType::Q4_K;
+  bool wide = false;  // inputs of 1e-16 to 1e16 a row, some zero, blocks 2^-20 of their row; d 0 in some blocks
 };
 
 // Expert e's matrix of part p (gate, up, down) as blocks and as the CPU's values.
@@ -89,6 +90,11 @@ void make_experts(const Case& c, std::mt19937& rng, Experts& x) {
   for (int p = 0; p < parts; ++p) {
     for (uint32_t e = 0; e < c.E; ++e) {
       x.blocks[p].push_back(test_rows(c.type, rows[p], cols[p], rng));
+      if (c.wide) {  // d (each type's first two bytes) 0 in every 7th block
+        const size_t block = model::ggml_type_traits(c.type).block_bytes;
+        std::vector<uint8_t>& bytes = x.blocks[p].back();
+        for (size_t b = 0; b < bytes.size() / block; b += 7) std::memset(&bytes[b * block], 0, 2);
+      }
       x.w[p].push_back(dequant(c.type, x.blocks[p].back(), size_t{rows[p]} * cols[p]));
     }
   }
@@ -205,6 +211,10 @@ void run_case(const Case& c, const Experts& ex, std::mt19937& rng) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> x(size_t{c.n} * D);
   for (float& v : x) v = normal(rng);
+  for (uint32_t r = 0; r < c.n && c.wide; ++r) {
+    const float scale = r % 11 == 3 ? 0.0f : std::pow(10.0f, 8.0f * static_cast<float>(r % 5) - 16.0f);
+    for (uint32_t t = 0; t < D; ++t) x[size_t{r} * D + t] *= (t / 32) % 5 == 1 ? scale * 0x1p-20f : scale;
+  }
 
   DeviceBuffer dids(routes * 4), dx(x.size() * 4), doff((c.E + 1) * 4), dtiles((c.E + 1) * 4), dgather(routes * 4),
       dwhere(routes * 4), deg(size_t{routes} * I * 4), deg_best(size_t{routes} * I * 4), deo(size_t{routes} * D * 4);
@@ -349,6 +359,19 @@ TEST_F(GroupedExpertsInt8, TablesHostMemoryAndUnalignedExperts) {
     Case c{6, 2, 768, 256, 300, false, true};
     c.type = t;
     make_and_run(c, 21);
+    if (HasFatalFailure() || IsSkipped()) return;
+  }
+}
+
+// Inputs far from 1 and of a wide range within a row (a step per 32 values, so blocks 2^-20 of their
+// row keep their precision), zero rows, and weight blocks of d 0.
+TEST_F(GroupedExpertsInt8, RowsOfAnyScaleAndBlocksOfZeroD) {
+  for (const GgmlType t : kTypes) {
+    SCOPED_TRACE(name(t));
+    Case c{6, 2, 512, 256, 200};
+    c.type = t;
+    c.wide = true;
+    make_and_run(c, 51);
     if (HasFatalFailure() || IsSkipped()) return;
   }
 }
