@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -47,8 +48,16 @@ constexpr size_t kMaxSmem = 48 * 1024;  // without the opt-in, on every architec
 constexpr uint32_t kUnitBytes = 80;
 constexpr size_t kGridBytes = sizeof(model::kIq3sGrid);
 size_t grid_bytes(model::GgmlType type) { return type == model::GgmlType::IQ3_S ? kGridBytes : 0; }
+// IQ3_S rows that a warp stages whole at one token (int16_block): 2,048 or 4,096 columns (880 or
+// 1,760 bytes, 16-byte multiples; a lane's 4 units cover the row); the stage is a row a warp.
+constexpr uint32_t kIq3sBlockBytes = 110;
+__host__ __device__ constexpr bool iq3s_staged(uint32_t cols) { return cols == 2048 || cols == 4096; }
+size_t stage_bytes(model::GgmlType type, uint32_t nt, uint32_t cols) {
+  const bool staged = type == model::GgmlType::IQ3_S && nt == 1 && iq3s_staged(cols);
+  return staged ? size_t{kWarps} * (cols / 256) * kIq3sBlockBytes : 0;
+}
 size_t smem_bytes(model::GgmlType type, uint32_t nt, uint32_t cols) {
-  return grid_bytes(type) + static_cast<size_t>(nt) * (cols / 32) * kUnitBytes;
+  return grid_bytes(type) + static_cast<size_t>(nt) * (cols / 32) * kUnitBytes + stage_bytes(type, nt, cols);
 }
 
 uint32_t padded_tokens(uint32_t tokens) { return tokens <= 1 ? 1 : tokens <= 2 ? 2 : tokens <= 4 ? 4 : 8; }
@@ -71,6 +80,7 @@ struct XScales {
 struct Tables {
   const uint32_t* iq3s_grid;
   uint32_t iq4nl[4];
+  uint32_t temp_stage;  // TEMP (h82 check): FERRY_DP2A_STAGE=0 turns the IQ3_S stage off
 };
 
 __device__ __forceinline__ XUnit load_x_unit(const unsigned char* slot) {
@@ -281,7 +291,7 @@ template <> struct Reader<qd::kIQ4_XS> {
 // qh[j]) with 4 sign bits from signs[4j..]; runs a and b are groups 0-3 and 4-7. Blocks are 110
 // bytes, so only 2-byte loads are aligned.
 template <> struct Reader<qd::kIQ3_S> {
-  static constexpr uint32_t kBlockBytes = 110, kChunk = 4;
+  static constexpr uint32_t kBlockBytes = kIq3sBlockBytes, kChunk = 4;
   __device__ static uint32_t unit_of(uint32_t p, uint32_t& high) { return Reader<qd::kIQ4_XS>::unit_of(p, high); }
   struct W {
     uint32_t qs_lo, qs_hi, signs, qh;
@@ -357,67 +367,129 @@ __device__ __forceinline__ void int16_block(const MatvecArgs& a, const Tables& t
     }
   };
 
+  auto store_row = [&](uint32_t row, float (&acc)[NT]) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      float s = acc[t];
+      for (uint32_t o = lpr / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      acc[t] = 0.0f;
+      if (row < view.rows && sl == 0 && t < static_cast<int>(ntok)) {
+        const size_t yt = tok_y != nullptr ? static_cast<size_t>(tok_y[t]) : static_cast<size_t>(t);
+        y[static_cast<size_t>(g) * a.y_group_stride + row + yt * view.y_tok_stride] = s;
+      }
+    }
+  };
+  // The IQ3_S grid, the wait where the weights were asked for before it, then x: each thread
+  // quantizes 16 values (half of a 32-value block; its neighbour holds the other half;
+  // gpu/x_int16.cuh) into one half of the slot of the unit whose run they are.
+  auto start = [&]() {
+    if constexpr (T == qd::kIQ3_S) {
+      uint32_t* g_smem = reinterpret_cast<uint32_t*>(smem_all);
+      for (uint32_t i = threadIdx.x; i < kGridBytes / 4; i += blockDim.x) g_smem[i] = tables.iq3s_grid[i];
+    }
+    if (fixed_weights) pdl_wait();
+    pdl_launch_dependents();
+
+    const uint32_t pieces = ntok * (K / 16);
+    for (uint32_t base = 0; base < pieces; base += blockDim.x) {
+      const uint32_t i = base + threadIdx.x;
+      const bool valid = i < pieces;
+      const uint32_t t = valid ? i / (K / 16) : 0, p = valid ? i % (K / 16) : 0;
+      float v[16];
+      float amax = 0.0f, sum = 0.0f;
+      if (valid) {
+        const size_t at = static_cast<size_t>(tok_x != nullptr ? tok_x[t] : t) * a.x_tok_stride + 16 * p;
+        const float4* src = reinterpret_cast<const float4*>(view.x + at);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float4 f = src[k];
+          v[4 * k] = f.x, v[4 * k + 1] = f.y, v[4 * k + 2] = f.z, v[4 * k + 3] = f.w;
+        }
+        const float* x_up = matvec_part_x_up(a, g, part);
+        if (x_up != nullptr) {
+          // The down projection's input, SwiGLU of the gate and up products, made here once a block
+          // instead of by a kernel of its own.
+          const float4* up = reinterpret_cast<const float4*>(x_up + at);
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const float4 u = up[k];
+            v[4 * k] = swiglu_value(v[4 * k], u.x, a.swiglu_limit);
+            v[4 * k + 1] = swiglu_value(v[4 * k + 1], u.y, a.swiglu_limit);
+            v[4 * k + 2] = swiglu_value(v[4 * k + 2], u.z, a.swiglu_limit);
+            v[4 * k + 3] = swiglu_value(v[4 * k + 3], u.w, a.swiglu_limit);
+          }
+        }
+        x16_stats(v, amax, sum);
+      }
+      amax = x32_amax(amax);
+      if (valid) {
+        uint32_t packed[8];
+        x16_pack(v, amax, packed);
+        uint32_t high;
+        const uint32_t unit = 8 * (p / 16) + R::unit_of(p % 16, high);
+        unsigned char* slot = smem + (static_cast<size_t>(t) * units + unit) * kUnitBytes;
+        uint4* dst = reinterpret_cast<uint4*>(slot + 32 * high);
+        dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+        dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+        float* scales = reinterpret_cast<float*>(slot + 64);
+        scales[high] = x32_scale(amax);
+        scales[2 + high] = sum;
+      }
+    }
+    __syncthreads();
+  };
+
+  // IQ3_S at one token on rows of 2,048 or 4,096 columns (the user's routed gate and up): a warp's
+  // item is a whole row, which its lanes load as 16-byte pieces in order and stage in the warp's
+  // row of shared memory, each lane then reading its units' fields there. From global memory the
+  // 110-byte superblocks allow 2-byte loads only, 9 a unit, each spanning 4 superblocks across the
+  // warp: their L1 wavefronts, not the bytes, held the kernel. The same products in the same order.
+  if constexpr (T == qd::kIQ3_S && NT == 1) {
+    if (tables.temp_stage != 0 && iq3s_staged(K) && (reinterpret_cast<uintptr_t>(wbase) & 15) == 0) {
+      constexpr uint32_t kPieces = 4;  // 16 bytes each a lane: rows of up to 2,048 bytes
+      const uint32_t pieces = static_cast<uint32_t>(row_bytes / 16);
+      uint4* stage = reinterpret_cast<uint4*>(smem + static_cast<size_t>(NT) * units * kUnitBytes + warp * row_bytes);
+      uint4 raw[kPieces];
+      auto load_raw = [&](uint32_t it) {
+        const uint32_t row = item_row0(it);
+        if (row >= view.rows) return;
+        const uint4* src = reinterpret_cast<const uint4*>(wbase + static_cast<size_t>(row) * row_bytes);
+#pragma unroll
+        for (uint32_t i = 0; i < kPieces; ++i) {
+          if (lane + 32 * i < pieces) raw[i] = src[lane + 32 * i];
+        }
+      };
+      load_raw(0);
+      start();
+      float acc[NT] = {0.0f};
+      for (uint32_t it = 0; item_row0(it) < view.rows; ++it) {
+#pragma unroll
+        for (uint32_t i = 0; i < kPieces; ++i) {
+          if (lane + 32 * i < pieces) stage[lane + 32 * i] = raw[i];
+        }
+        __syncwarp();
+        load_raw(it + 1);  // the next row in flight during this one's products
+        const uint8_t* wrow = reinterpret_cast<const uint8_t*>(stage);
+#pragma unroll
+        for (uint32_t i = 0; i < kChunk; ++i) {
+          const uint32_t u = lane + i * 32;
+          if (u >= units) break;
+          const uint8_t* blk = wrow + R::kBlockBytes * (u >> 3);
+          const Prepared p = R::prep(blk, u & 7, R::load(blk, u & 7), grid, tables);
+          acc[0] += R::dot(p, load_x_unit(smem + static_cast<size_t>(u) * kUnitBytes),
+                           load_x_scales(smem + static_cast<size_t>(u) * kUnitBytes));
+        }
+        __syncwarp();  // every lane has read the stage before the next row overwrites it
+        store_row(item_row0(it), acc);
+      }
+      return;
+    }
+  }
+
   // The first weights are requested before the activations are quantized.
   typename R::W q[kChunk];
   load_item(0, q);
-
-  if constexpr (T == qd::kIQ3_S) {
-    uint32_t* g_smem = reinterpret_cast<uint32_t*>(smem_all);
-    for (uint32_t i = threadIdx.x; i < kGridBytes / 4; i += blockDim.x) g_smem[i] = tables.iq3s_grid[i];
-  }
-  if (fixed_weights) pdl_wait();
-  pdl_launch_dependents();
-
-  // Each thread quantizes 16 values (half of a 32-value block; its neighbour holds the other half;
-  // gpu/x_int16.cuh) into one half of the slot of the unit whose run they are.
-  const uint32_t pieces = ntok * (K / 16);
-  for (uint32_t base = 0; base < pieces; base += blockDim.x) {
-    const uint32_t i = base + threadIdx.x;
-    const bool valid = i < pieces;
-    const uint32_t t = valid ? i / (K / 16) : 0, p = valid ? i % (K / 16) : 0;
-    float v[16];
-    float amax = 0.0f, sum = 0.0f;
-    if (valid) {
-      const size_t at = static_cast<size_t>(tok_x != nullptr ? tok_x[t] : t) * a.x_tok_stride + 16 * p;
-      const float4* src = reinterpret_cast<const float4*>(view.x + at);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float4 f = src[k];
-        v[4 * k] = f.x, v[4 * k + 1] = f.y, v[4 * k + 2] = f.z, v[4 * k + 3] = f.w;
-      }
-      const float* x_up = matvec_part_x_up(a, g, part);
-      if (x_up != nullptr) {
-        // The down projection's input, SwiGLU of the gate and up products, made here once a block
-        // instead of by a kernel of its own.
-        const float4* up = reinterpret_cast<const float4*>(x_up + at);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const float4 u = up[k];
-          v[4 * k] = swiglu_value(v[4 * k], u.x, a.swiglu_limit);
-          v[4 * k + 1] = swiglu_value(v[4 * k + 1], u.y, a.swiglu_limit);
-          v[4 * k + 2] = swiglu_value(v[4 * k + 2], u.z, a.swiglu_limit);
-          v[4 * k + 3] = swiglu_value(v[4 * k + 3], u.w, a.swiglu_limit);
-        }
-      }
-      x16_stats(v, amax, sum);
-    }
-    amax = x32_amax(amax);
-    if (valid) {
-      uint32_t packed[8];
-      x16_pack(v, amax, packed);
-      uint32_t high;
-      const uint32_t unit = 8 * (p / 16) + R::unit_of(p % 16, high);
-      unsigned char* slot = smem + (static_cast<size_t>(t) * units + unit) * kUnitBytes;
-      uint4* dst = reinterpret_cast<uint4*>(slot + 32 * high);
-      dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-      dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
-      float* scales = reinterpret_cast<float*>(slot + 64);
-      scales[high] = x32_scale(amax);
-      scales[2 + high] = sum;
-    }
-  }
-  __syncthreads();
-
+  start();
   float acc[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
@@ -445,19 +517,10 @@ __device__ __forceinline__ void int16_block(const MatvecArgs& a, const Tables& t
     }
 #pragma unroll
     for (uint32_t i = 0; i < kChunk; ++i) q[i] = next[i];
-    if (it % chunks != chunks - 1) continue;
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      float s = acc[t];
-      for (uint32_t o = lpr / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-      acc[t] = 0.0f;
-      if (row < view.rows && sl == 0 && t < static_cast<int>(ntok)) {
-        const size_t yt = tok_y != nullptr ? static_cast<size_t>(tok_y[t]) : static_cast<size_t>(t);
-        y[static_cast<size_t>(g) * a.y_group_stride + row + yt * view.y_tok_stride] = s;
-      }
-    }
+    if (it % chunks == chunks - 1) store_row(row, acc);
   }
 }
+
 
 // Launched with PDL (gpu/pdl.hpp), the kernel may start before the previous one ends: weights that
 // no earlier kernel picks are requested before the wait, the routed experts' (through the router's
@@ -596,7 +659,11 @@ void launch_matvec_int16(const MatvecArgs& a, const uint32_t* iq3s_grid, cudaStr
 }
 
 void launch_matvec_dp2a(const MatvecArgs& a, const uint32_t* iq3s_grid, cudaStream_t stream) {
-  Tables tables{iq3s_grid, {}};
+  static const uint32_t temp_stage = [] {
+    const char* e = std::getenv("FERRY_DP2A_STAGE");
+    return e != nullptr && e[0] == '0' ? 0u : 1u;
+  }();
+  Tables tables{iq3s_grid, {}, temp_stage};
   std::memcpy(tables.iq4nl, model::kIq4nlValues, sizeof(tables.iq4nl));
   switch (a.w.type) {
     case model::GgmlType::Q4_K: launch<qd::kQ4_K>(a, tables, stream); break;
