@@ -48,13 +48,22 @@ constexpr size_t kMaxSmem = 48 * 1024;  // without the opt-in, on every architec
 constexpr uint32_t kUnitBytes = 80;
 constexpr size_t kGridBytes = sizeof(model::kIq3sGrid);
 size_t grid_bytes(model::GgmlType type) { return type == model::GgmlType::IQ3_S ? kGridBytes : 0; }
-// IQ3_S rows that a warp stages whole at one token (int16_block): 2,048 or 4,096 columns (880 or
-// 1,760 bytes, 16-byte multiples; a lane's 4 units cover the row); the stage is a row a warp.
-constexpr uint32_t kIq3sBlockBytes = 110;
-__host__ __device__ constexpr bool iq3s_staged(uint32_t cols) { return cols == 2048 || cols == 4096; }
+// IQ3_S and Q6_K, whose 110- and 210-byte blocks allow 2-byte loads only, at one token: a warp's item
+// (kChunk units of each of its 32 lanes: whole superblocks) staged in shared memory (int16_block)
+// where it is a 16-byte multiple of at most 2 KiB and every item of a row is whole: IQ3_S at 2,048
+// columns and multiples of 4,096 (880 / 1,760 bytes), Q6_K at multiples of 2,048 (1,680); 0 otherwise.
+constexpr uint32_t kIq3sBlockBytes = 110, kIq3sChunk = 4, kQ6kBlockBytes = 210, kQ6kChunk = 2;
+__host__ __device__ constexpr uint32_t stage_item_bytes(uint32_t block_bytes, uint32_t chunk, uint32_t cols) {
+  const uint32_t units = cols / 32, item_units = units < chunk * 32 ? units : chunk * 32;
+  const uint32_t bytes = item_units / 8 * block_bytes;
+  return units >= 32 && units % item_units == 0 && bytes % 16 == 0 && bytes <= 2048 ? bytes : 0;
+}
+// A stage a warp.
 size_t stage_bytes(model::GgmlType type, uint32_t nt, uint32_t cols) {
-  const bool staged = type == model::GgmlType::IQ3_S && nt == 1 && iq3s_staged(cols);
-  return staged ? size_t{kWarps} * (cols / 256) * kIq3sBlockBytes : 0;
+  if (nt != 1) return 0;
+  if (type == model::GgmlType::IQ3_S) return size_t{kWarps} * stage_item_bytes(kIq3sBlockBytes, kIq3sChunk, cols);
+  if (type == model::GgmlType::Q6_K) return size_t{kWarps} * stage_item_bytes(kQ6kBlockBytes, kQ6kChunk, cols);
+  return 0;
 }
 size_t smem_bytes(model::GgmlType type, uint32_t nt, uint32_t cols) {
   return grid_bytes(type) + static_cast<size_t>(nt) * (cols / 32) * kUnitBytes + stage_bytes(type, nt, cols);
@@ -200,7 +209,7 @@ template <> struct Reader<qd::kQ5_K> {
 // 16h + l], bits 2m of qh[32n + 16h + l]) and 64 further on (run b: high nibbles, bits 4 + 2m);
 // one int8 scale a 16 columns. Blocks are 210 bytes, so only 2-byte loads are aligned.
 template <> struct Reader<qd::kQ6_K> {
-  static constexpr uint32_t kBlockBytes = 210, kChunk = 2;
+  static constexpr uint32_t kBlockBytes = kQ6kBlockBytes, kChunk = kQ6kChunk;
   __device__ static uint32_t unit_of(uint32_t p, uint32_t& high) {
     high = (p >> 2) & 1;
     return 4 * (p >> 3) + (p & 3);
@@ -291,7 +300,7 @@ template <> struct Reader<qd::kIQ4_XS> {
 // qh[j]) with 4 sign bits from signs[4j..]; runs a and b are groups 0-3 and 4-7. Blocks are 110
 // bytes, so only 2-byte loads are aligned.
 template <> struct Reader<qd::kIQ3_S> {
-  static constexpr uint32_t kBlockBytes = kIq3sBlockBytes, kChunk = 4;
+  static constexpr uint32_t kBlockBytes = kIq3sBlockBytes, kChunk = kIq3sChunk;
   __device__ static uint32_t unit_of(uint32_t p, uint32_t& high) { return Reader<qd::kIQ4_XS>::unit_of(p, high); }
   struct W {
     uint32_t qs_lo, qs_hi, signs, qh;
@@ -439,21 +448,23 @@ __device__ __forceinline__ void int16_block(const MatvecArgs& a, const Tables& t
     __syncthreads();
   };
 
-  // IQ3_S at one token on rows of 2,048 or 4,096 columns (the user's routed gate and up): a warp's
-  // item is a whole row, which its lanes load as 16-byte pieces in order and stage in the warp's
-  // row of shared memory, each lane then reading its units' fields there. From global memory the
-  // 110-byte superblocks allow 2-byte loads only, 9 a unit, each spanning 4 superblocks across the
-  // warp: their L1 wavefronts, not the bytes, held the kernel. The same products in the same order.
-  if constexpr (T == qd::kIQ3_S && NT == 1) {
-    if (tables.temp_stage != 0 && iq3s_staged(K) && (reinterpret_cast<uintptr_t>(wbase) & 15) == 0) {
-      constexpr uint32_t kPieces = 4;  // 16 bytes each a lane: rows of up to 2,048 bytes
-      const uint32_t pieces = static_cast<uint32_t>(row_bytes / 16);
-      uint4* stage = reinterpret_cast<uint4*>(smem + static_cast<size_t>(NT) * units * kUnitBytes + warp * row_bytes);
+  // IQ3_S and Q6_K at one token (the user's routed gate and up, its head): where stage_item_bytes
+  // allows, a warp's lanes load its item as 16-byte pieces in order and stage it in the warp's slice
+  // of shared memory, each lane then reading its units' fields there. From global memory the
+  // 2-byte loads (9 a unit for IQ3_S, 19 for Q6_K) each span 4 superblocks across the warp: their
+  // L1 wavefronts, not the bytes, held these types. The same products in the same order.
+  if constexpr (NT == 1 && (T == qd::kIQ3_S || T == qd::kQ6_K)) {
+    const uint32_t item_bytes = stage_item_bytes(R::kBlockBytes, kChunk, K);
+    if (tables.temp_stage != 0 && item_bytes != 0 && (reinterpret_cast<uintptr_t>(wbase) & 15) == 0) {
+      constexpr uint32_t kPieces = 4;  // 16 bytes each a lane: items of up to 2 KiB
+      const uint32_t pieces = item_bytes / 16;
+      uint4* stage = reinterpret_cast<uint4*>(smem + static_cast<size_t>(NT) * units * kUnitBytes + warp * item_bytes);
       uint4 raw[kPieces];
       auto load_raw = [&](uint32_t it) {
         const uint32_t row = item_row0(it);
         if (row >= view.rows) return;
-        const uint4* src = reinterpret_cast<const uint4*>(wbase + static_cast<size_t>(row) * row_bytes);
+        const uint4* src = reinterpret_cast<const uint4*>(wbase + static_cast<size_t>(row) * row_bytes +
+                                                          (it % chunks) * item_bytes);
 #pragma unroll
         for (uint32_t i = 0; i < kPieces; ++i) {
           if (lane + 32 * i < pieces) raw[i] = src[lane + 32 * i];
@@ -468,19 +479,20 @@ __device__ __forceinline__ void int16_block(const MatvecArgs& a, const Tables& t
           if (lane + 32 * i < pieces) stage[lane + 32 * i] = raw[i];
         }
         __syncwarp();
-        load_raw(it + 1);  // the next row in flight during this one's products
-        const uint8_t* wrow = reinterpret_cast<const uint8_t*>(stage);
+        load_raw(it + 1);  // the next item in flight during this one's products
+        const uint8_t* item = reinterpret_cast<const uint8_t*>(stage);
+        const uint32_t u0 = (it % chunks) * kChunk * 32;
 #pragma unroll
         for (uint32_t i = 0; i < kChunk; ++i) {
-          const uint32_t u = lane + i * 32;
+          const uint32_t u = u0 + lane + i * 32;
           if (u >= units) break;
-          const uint8_t* blk = wrow + R::kBlockBytes * (u >> 3);
+          const uint8_t* blk = item + R::kBlockBytes * ((lane + i * 32) >> 3);
           const Prepared p = R::prep(blk, u & 7, R::load(blk, u & 7), grid, tables);
-          acc[0] += R::dot(p, load_x_unit(smem + static_cast<size_t>(u) * kUnitBytes),
-                           load_x_scales(smem + static_cast<size_t>(u) * kUnitBytes));
+          const unsigned char* slot = smem + static_cast<size_t>(u) * kUnitBytes;
+          acc[0] += R::dot(p, load_x_unit(slot), load_x_scales(slot));
         }
-        __syncwarp();  // every lane has read the stage before the next row overwrites it
-        store_row(item_row0(it), acc);
+        __syncwarp();  // every lane has read the stage before the next item overwrites it
+        if (it % chunks == chunks - 1) store_row(item_row0(it), acc);
       }
       return;
     }
