@@ -17,7 +17,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -89,7 +88,6 @@ struct XScales {
 struct Tables {
   const uint32_t* iq3s_grid;
   uint32_t iq4nl[4];
-  uint32_t temp_stage;  // TEMP (h82 check): FERRY_DP2A_STAGE=0 turns the IQ3_S stage off
 };
 
 __device__ __forceinline__ XUnit load_x_unit(const unsigned char* slot) {
@@ -455,7 +453,7 @@ __device__ __forceinline__ void int16_block(const MatvecArgs& a, const Tables& t
   // L1 wavefronts, not the bytes, held these types. The same products in the same order.
   if constexpr (NT == 1 && (T == qd::kIQ3_S || T == qd::kQ6_K)) {
     const uint32_t item_bytes = stage_item_bytes(R::kBlockBytes, kChunk, K);
-    if (tables.temp_stage != 0 && item_bytes != 0 && (reinterpret_cast<uintptr_t>(wbase) & 15) == 0) {
+    if (item_bytes != 0 && (reinterpret_cast<uintptr_t>(wbase) & 15) == 0) {
       constexpr uint32_t kPieces = 4;  // 16 bytes each a lane: items of up to 2 KiB
       const uint32_t pieces = item_bytes / 16;
       uint4* stage = reinterpret_cast<uint4*>(smem + static_cast<size_t>(NT) * units * kUnitBytes + warp * item_bytes);
@@ -615,9 +613,10 @@ void launch_tokens(const MatvecArgs& a, const Tables& tables, cudaStream_t strea
   FERRY_CUDA(cudaLaunchKernelEx(&cfg, kernel, a, tables));
 }
 
-// The types a launch may mix (MatvecPart::type): those only this kernel reads (Q4_K takes the
-// tensor-core kernel where it can, whose launches hold one type).
-bool mixable(model::GgmlType t) { return int16_type(t) && t != model::GgmlType::Q4_K; }
+// The types a launch may mix (MatvecPart::type): those only this kernel reads (Q4_K and Q5_K take the
+// tensor-core kernel where it is built, whose launches hold one type; a matrix computed by the other
+// kernel in a mixed launch would change its bits).
+bool mixable(model::GgmlType t) { return int16_type(t) && !matvec_mma_takes(t); }
 
 template <int T>
 void launch(const MatvecArgs& a, const Tables& tables, cudaStream_t stream) {
@@ -671,11 +670,7 @@ void launch_matvec_int16(const MatvecArgs& a, const uint32_t* iq3s_grid, cudaStr
 }
 
 void launch_matvec_dp2a(const MatvecArgs& a, const uint32_t* iq3s_grid, cudaStream_t stream) {
-  static const uint32_t temp_stage = [] {
-    const char* e = std::getenv("FERRY_DP2A_STAGE");
-    return e != nullptr && e[0] == '0' ? 0u : 1u;
-  }();
-  Tables tables{iq3s_grid, {}, temp_stage};
+  Tables tables{iq3s_grid, {}};
   std::memcpy(tables.iq4nl, model::kIq4nlValues, sizeof(tables.iq4nl));
   switch (a.w.type) {
     case model::GgmlType::Q4_K: launch<qd::kQ4_K>(a, tables, stream); break;

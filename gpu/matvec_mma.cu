@@ -1,4 +1,5 @@
-// The int16-activation decode matvec (gpu/matvec_int16.cu) on int8 tensor cores for Q4_K (issue 15).
+// The int16-activation decode matvec (gpu/matvec_int16.cu) on int8 tensor cores for Q4_K and Q5_K
+// (issue 15).
 //
 // The dp2a kernel spends much of its time unpacking weights and issuing 2 MACs an instruction. Here
 // one mma.sync m16n8k32 (gpu/mma_int8.cuh) multiplies a 16-row x 32-column tile of weights, their
@@ -16,7 +17,8 @@
 // of one (128 registers, 2 blocks of 8 warps an SM: 3 blocks at 80 registers measured slower). The
 // warps of a block share a tile's superblocks (8 warps a tile on rows of 8 or more superblocks;
 // fewer warps a tile, so more tiles a block, otherwise) and add their partial sums through shared
-// memory in a fixed order; a token's result is the same whatever the launch's token count. A launch
+// memory in a fixed order, meeting at a barrier once every few steps (Layout::ring); a token's
+// result is the same whatever the launch's token count. A launch
 // of several groups or parts may instead share its blocks out by the groups' steps (one wave where
 // the 3-D grid would take two: one row's routed and shared down; gpu/matvec_share.cuh) or, where
 // every group reads one x (one row's routed and shared gate / up), walk its steps flat, a block's
@@ -381,7 +383,7 @@ __device__ inline uint64_t flat_first_step(uint32_t b, uint32_t N, uint64_t S) {
 // Flat: the kernel of flat walks (their segments' bookkeeping kept out of the others' registers).
 template <int T, bool Flat>
 __global__ void __launch_bounds__(kThreads, 2)
-    matvec_mma_kernel(MatvecArgs a, Walk walk, uint32_t ring_cap) {
+    matvec_mma_kernel(MatvecArgs a, Walk walk) {
   using R = MmaReader<T>;
   extern __shared__ __align__(16) unsigned char smem[];
   const uint32_t superblocks = a.w.cols / 256;
@@ -478,7 +480,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   };
   const LaneX lane_x(smem, lay, lg, lq, ntok);
   // ls: the segment's step; pending: the steps whose partial sums wait in half `half` of the ring.
-  const uint32_t ring = min(lay.ring(), ring_cap);
+  const uint32_t ring = lay.ring();
   uint32_t pending = 0, half = 0;
   for (uint32_t ls = 0; ls < count;) {
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -550,24 +552,18 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
-using Kernel = void (*)(MatvecArgs, Walk, uint32_t);
-// TEMP (h82 check): FERRY_MMA_Q5K=1 takes Q5_K here, FERRY_MMA_RING_CAP caps the ring.
-bool temp_q5k() {
+using Kernel = void (*)(MatvecArgs, Walk);
+// The types the kernel reads: Q4_K and Q5_K, where it is not slower than the dp2a kernel at one token
+// on the calls that matter (Q5_K: the user's routed down 34 -> 26 us a layer, 4,096 x 12,288 19.6 ->
+// 15.9 us; 4,096 x 2,048 alone 5.0 -> 5.7: gpu/PERF.md, h82); the Q6_K, IQ4_XS and IQ3_S readers
+// measured 3-25% slower there (h42).
+bool temp_q5k() {  // TEMP (h82 check 2): FERRY_MMA_Q5K=0 keeps Q5_K on the dp2a kernel
   static const bool on = [] {
     const char* e = std::getenv("FERRY_MMA_Q5K");
-    return e != nullptr && e[0] == '1';
+    return e == nullptr || e[0] != '0';
   }();
   return on;
 }
-uint32_t temp_ring_cap() {
-  static const uint32_t cap = [] {
-    const char* e = std::getenv("FERRY_MMA_RING_CAP");
-    return e != nullptr ? static_cast<uint32_t>(std::max(1, std::atoi(e))) : 64u;
-  }();
-  return cap;
-}
-// The types the kernel reads: Q4_K, where it is not slower than the dp2a kernel at one token (Q5_K,
-// Q6_K, IQ4_XS and IQ3_S readers measured 3-25% slower there on the H200: gpu/PERF.md).
 Kernel kernel_for(model::GgmlType type, bool flat = false) {
   if (type == model::GgmlType::Q5_K && temp_q5k()) {
     return flat ? matvec_mma_kernel<qd::kQ5_K, true> : matvec_mma_kernel<qd::kQ5_K, false>;
@@ -611,6 +607,11 @@ bool one_x(const MatvecArgs& a) {
 }
 
 }  // namespace
+
+bool matvec_mma_takes(model::GgmlType type) {
+  const Kernel kernel = kernel_for(type);
+  return kernel != nullptr && code_built_for(reinterpret_cast<const void*>(kernel), 8);
+}
 
 bool matvec_mma_applies(const MatvecArgs& a) {
   if (!matvec_quantizes_activations(a)) return false;
@@ -668,7 +669,7 @@ void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream) {
   cudaLaunchAttribute attr{};
   const Kernel launched = walk == Walk::flat ? kernel_for(a.w.type, true) : kernel;
   pdl_configure(cfg, attr, reinterpret_cast<const void*>(launched));
-  FERRY_CUDA(cudaLaunchKernelEx(&cfg, launched, a, walk, temp_ring_cap()));
+  FERRY_CUDA(cudaLaunchKernelEx(&cfg, launched, a, walk));
   FERRY_CUDA_LAUNCHED();
 }
 
