@@ -94,9 +94,18 @@ __device__ __forceinline__ XUnit load_x_unit(const unsigned char* slot) {
   const int4* p = reinterpret_cast<const int4*>(slot);
   return {p[0], p[1], p[2], p[3]};
 }
+// Sums: whether the type's products read the sums (the K-quant minimum terms); the others' loads
+// take 8 bytes, not 16 (a quarter of a lane's x reads a unit: the x reads, at one token 4.6 times
+// an IQ3_S row's bytes, are most of the kernel's shared-memory traffic).
+template <bool Sums>
 __device__ __forceinline__ XScales load_x_scales(const unsigned char* slot) {
-  const float4 f = *reinterpret_cast<const float4*>(slot + 64);
-  return {f.x, f.y, f.z, f.w};
+  if constexpr (Sums) {
+    const float4 f = *reinterpret_cast<const float4*>(slot + 64);
+    return {f.x, f.y, f.z, f.w};
+  } else {
+    const float2 f = *reinterpret_cast<const float2*>(slot + 64);
+    return {f.x, f.y, 0.0f, 0.0f};
+  }
 }
 
 // 16 columns: int16 pairs of x (two int4) times the 4 signed weight bytes of each of 4 words (byte
@@ -154,6 +163,7 @@ template <int T> struct Reader;
 
 template <> struct Reader<qd::kQ4_K> {
   static constexpr uint32_t kBlockBytes = 144, kChunk = 4;
+  static constexpr bool kSums = true;
   __device__ static uint32_t unit_of(uint32_t p, uint32_t& high) {
     high = (p >> 1) & 1;
     return 2 * (p >> 2) + (p & 1);
@@ -180,6 +190,7 @@ template <> struct Reader<qd::kQ4_K> {
 // run a, bit 2c + 1 for run b.
 template <> struct Reader<qd::kQ5_K> {
   static constexpr uint32_t kBlockBytes = 176, kChunk = 2;
+  static constexpr bool kSums = true;
   __device__ static uint32_t unit_of(uint32_t p, uint32_t& high) { return Reader<qd::kQ4_K>::unit_of(p, high); }
   struct W {
     uint4 q, h;
@@ -208,6 +219,7 @@ template <> struct Reader<qd::kQ5_K> {
 // one int8 scale a 16 columns. Blocks are 210 bytes, so only 2-byte loads are aligned.
 template <> struct Reader<qd::kQ6_K> {
   static constexpr uint32_t kBlockBytes = kQ6kBlockBytes, kChunk = kQ6kChunk;
+  static constexpr bool kSums = false;
   __device__ static uint32_t unit_of(uint32_t p, uint32_t& high) {
     high = (p >> 2) & 1;
     return 4 * (p >> 3) + (p & 3);
@@ -256,6 +268,7 @@ template <> struct Reader<qd::kQ6_K> {
 // high nibbles), each nibble an index into the IQ4_NL levels; one 6-bit scale a unit.
 template <> struct Reader<qd::kIQ4_XS> {
   static constexpr uint32_t kBlockBytes = 136, kChunk = 4;
+  static constexpr bool kSums = false;
   __device__ static uint32_t unit_of(uint32_t p, uint32_t& high) {
     high = p & 1;
     return p >> 1;
@@ -299,6 +312,7 @@ template <> struct Reader<qd::kIQ4_XS> {
 // bytes, so only 2-byte loads are aligned.
 template <> struct Reader<qd::kIQ3_S> {
   static constexpr uint32_t kBlockBytes = kIq3sBlockBytes, kChunk = kIq3sChunk;
+  static constexpr bool kSums = false;
   __device__ static uint32_t unit_of(uint32_t p, uint32_t& high) { return Reader<qd::kIQ4_XS>::unit_of(p, high); }
   struct W {
     uint32_t qs_lo, qs_hi, signs, qh;
@@ -487,7 +501,7 @@ __device__ __forceinline__ void int16_block(const MatvecArgs& a, const Tables& t
           const uint8_t* blk = item + R::kBlockBytes * ((lane + i * 32) >> 3);
           const Prepared p = R::prep(blk, u & 7, R::load(blk, u & 7), grid, tables);
           const unsigned char* slot = smem + static_cast<size_t>(u) * kUnitBytes;
-          acc[0] += R::dot(p, load_x_unit(slot), load_x_scales(slot));
+          acc[0] += R::dot(p, load_x_unit(slot), load_x_scales<R::kSums>(slot));
         }
         __syncwarp();  // every lane has read the stage before the next item overwrites it
         if (it % chunks == chunks - 1) store_row(item_row0(it), acc);
@@ -520,7 +534,7 @@ __device__ __forceinline__ void int16_block(const MatvecArgs& a, const Tables& t
         for (int t = 0; t < NT; ++t) {
           if (t < static_cast<int>(ntok)) {
             const unsigned char* slot = smem + (static_cast<size_t>(t) * units + u) * kUnitBytes;
-            acc[t] += R::dot(p, load_x_unit(slot), load_x_scales(slot));
+            acc[t] += R::dot(p, load_x_unit(slot), load_x_scales<R::kSums>(slot));
           }
         }
       }
