@@ -27,7 +27,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <set>
@@ -553,19 +552,12 @@ __global__ void __launch_bounds__(kThreads, 2)
 }
 
 using Kernel = void (*)(MatvecArgs, Walk);
-// The types the kernel reads: Q4_K and Q5_K, where it is not slower than the dp2a kernel at one token
-// on the calls that matter (Q5_K: the user's routed down 34 -> 26 us a layer, 4,096 x 12,288 19.6 ->
-// 15.9 us; 4,096 x 2,048 alone 5.0 -> 5.7: gpu/PERF.md, h82); the Q6_K, IQ4_XS and IQ3_S readers
-// measured 3-25% slower there (h42).
-bool temp_q5k() {  // TEMP (h82 check 2): FERRY_MMA_Q5K=0 keeps Q5_K on the dp2a kernel
-  static const bool on = [] {
-    const char* e = std::getenv("FERRY_MMA_Q5K");
-    return e == nullptr || e[0] != '0';
-  }();
-  return on;
-}
+// The types the kernel reads: Q4_K, and Q5_K (the user's mix: its routed down + shared 34.6 -> 25.0 us
+// a layer, 4,096 x 12,288 19.5 -> 15.3 us, tg64 407 -> 444 t/s, though 4,096 x 2,048 alone 5.0 -> 5.6:
+// gpu/PERF.md, h82); the Q6_K, IQ4_XS and IQ3_S readers measured 3-25% slower than the dp2a kernel at
+// one token (h42).
 Kernel kernel_for(model::GgmlType type, bool flat = false) {
-  if (type == model::GgmlType::Q5_K && temp_q5k()) {
+  if (type == model::GgmlType::Q5_K) {
     return flat ? matvec_mma_kernel<qd::kQ5_K, true> : matvec_mma_kernel<qd::kQ5_K, false>;
   }
   if (type != model::GgmlType::Q4_K) return nullptr;
