@@ -47,8 +47,25 @@ constexpr size_t kMaxSmem = 48 * 1024;  // without the opt-in, on every architec
 constexpr uint32_t kUnitBytes = 80;
 constexpr size_t kGridBytes = sizeof(model::kIq3sGrid);
 size_t grid_bytes(model::GgmlType type) { return type == model::GgmlType::IQ3_S ? kGridBytes : 0; }
+// IQ3_S and Q6_K, whose 110- and 210-byte blocks allow 2-byte loads only, at one token: a warp's item
+// (kChunk units of each of its 32 lanes: whole superblocks) staged in shared memory (int16_block)
+// where it is a 16-byte multiple of at most 2 KiB and every item of a row is whole: IQ3_S at 2,048
+// columns and multiples of 4,096 (880 / 1,760 bytes), Q6_K at multiples of 2,048 (1,680); 0 otherwise.
+constexpr uint32_t kIq3sBlockBytes = 110, kIq3sChunk = 4, kQ6kBlockBytes = 210, kQ6kChunk = 2;
+__host__ __device__ constexpr uint32_t stage_item_bytes(uint32_t block_bytes, uint32_t chunk, uint32_t cols) {
+  const uint32_t units = cols / 32, item_units = units < chunk * 32 ? units : chunk * 32;
+  const uint32_t bytes = item_units / 8 * block_bytes;
+  return units >= 32 && units % item_units == 0 && bytes % 16 == 0 && bytes <= 2048 ? bytes : 0;
+}
+// A stage a warp.
+size_t stage_bytes(model::GgmlType type, uint32_t nt, uint32_t cols) {
+  if (nt != 1) return 0;
+  if (type == model::GgmlType::IQ3_S) return size_t{kWarps} * stage_item_bytes(kIq3sBlockBytes, kIq3sChunk, cols);
+  if (type == model::GgmlType::Q6_K) return size_t{kWarps} * stage_item_bytes(kQ6kBlockBytes, kQ6kChunk, cols);
+  return 0;
+}
 size_t smem_bytes(model::GgmlType type, uint32_t nt, uint32_t cols) {
-  return grid_bytes(type) + static_cast<size_t>(nt) * (cols / 32) * kUnitBytes;
+  return grid_bytes(type) + static_cast<size_t>(nt) * (cols / 32) * kUnitBytes + stage_bytes(type, nt, cols);
 }
 
 uint32_t padded_tokens(uint32_t tokens) { return tokens <= 1 ? 1 : tokens <= 2 ? 2 : tokens <= 4 ? 4 : 8; }
@@ -77,9 +94,18 @@ __device__ __forceinline__ XUnit load_x_unit(const unsigned char* slot) {
   const int4* p = reinterpret_cast<const int4*>(slot);
   return {p[0], p[1], p[2], p[3]};
 }
+// Sums: whether the type's products read the sums (the K-quant minimum terms); the others' loads
+// take 8 bytes, not 16 (a quarter of a lane's x reads a unit: the x reads, at one token 4.6 times
+// an IQ3_S row's bytes, are most of the kernel's shared-memory traffic).
+template <bool Sums>
 __device__ __forceinline__ XScales load_x_scales(const unsigned char* slot) {
-  const float4 f = *reinterpret_cast<const float4*>(slot + 64);
-  return {f.x, f.y, f.z, f.w};
+  if constexpr (Sums) {
+    const float4 f = *reinterpret_cast<const float4*>(slot + 64);
+    return {f.x, f.y, f.z, f.w};
+  } else {
+    const float2 f = *reinterpret_cast<const float2*>(slot + 64);
+    return {f.x, f.y, 0.0f, 0.0f};
+  }
 }
 
 // 16 columns: int16 pairs of x (two int4) times the 4 signed weight bytes of each of 4 words (byte
@@ -137,6 +163,7 @@ template <int T> struct Reader;
 
 template <> struct Reader<qd::kQ4_K> {
   static constexpr uint32_t kBlockBytes = 144, kChunk = 4;
+  static constexpr bool kSums = true;
   __device__ static uint32_t unit_of(uint32_t p, uint32_t& high) {
     high = (p >> 1) & 1;
     return 2 * (p >> 2) + (p & 1);
@@ -163,6 +190,7 @@ template <> struct Reader<qd::kQ4_K> {
 // run a, bit 2c + 1 for run b.
 template <> struct Reader<qd::kQ5_K> {
   static constexpr uint32_t kBlockBytes = 176, kChunk = 2;
+  static constexpr bool kSums = true;
   __device__ static uint32_t unit_of(uint32_t p, uint32_t& high) { return Reader<qd::kQ4_K>::unit_of(p, high); }
   struct W {
     uint4 q, h;
@@ -190,7 +218,8 @@ template <> struct Reader<qd::kQ5_K> {
 // 16h + l], bits 2m of qh[32n + 16h + l]) and 64 further on (run b: high nibbles, bits 4 + 2m);
 // one int8 scale a 16 columns. Blocks are 210 bytes, so only 2-byte loads are aligned.
 template <> struct Reader<qd::kQ6_K> {
-  static constexpr uint32_t kBlockBytes = 210, kChunk = 2;
+  static constexpr uint32_t kBlockBytes = kQ6kBlockBytes, kChunk = kQ6kChunk;
+  static constexpr bool kSums = false;
   __device__ static uint32_t unit_of(uint32_t p, uint32_t& high) {
     high = (p >> 2) & 1;
     return 4 * (p >> 3) + (p & 3);
@@ -239,6 +268,7 @@ template <> struct Reader<qd::kQ6_K> {
 // high nibbles), each nibble an index into the IQ4_NL levels; one 6-bit scale a unit.
 template <> struct Reader<qd::kIQ4_XS> {
   static constexpr uint32_t kBlockBytes = 136, kChunk = 4;
+  static constexpr bool kSums = false;
   __device__ static uint32_t unit_of(uint32_t p, uint32_t& high) {
     high = p & 1;
     return p >> 1;
@@ -281,7 +311,8 @@ template <> struct Reader<qd::kIQ4_XS> {
 // qh[j]) with 4 sign bits from signs[4j..]; runs a and b are groups 0-3 and 4-7. Blocks are 110
 // bytes, so only 2-byte loads are aligned.
 template <> struct Reader<qd::kIQ3_S> {
-  static constexpr uint32_t kBlockBytes = 110, kChunk = 4;
+  static constexpr uint32_t kBlockBytes = kIq3sBlockBytes, kChunk = kIq3sChunk;
+  static constexpr bool kSums = false;
   __device__ static uint32_t unit_of(uint32_t p, uint32_t& high) { return Reader<qd::kIQ4_XS>::unit_of(p, high); }
   struct W {
     uint32_t qs_lo, qs_hi, signs, qh;
@@ -357,67 +388,132 @@ __device__ __forceinline__ void int16_block(const MatvecArgs& a, const Tables& t
     }
   };
 
+  auto store_row = [&](uint32_t row, float (&acc)[NT]) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      float s = acc[t];
+      for (uint32_t o = lpr / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      acc[t] = 0.0f;
+      if (row < view.rows && sl == 0 && t < static_cast<int>(ntok)) {
+        const size_t yt = tok_y != nullptr ? static_cast<size_t>(tok_y[t]) : static_cast<size_t>(t);
+        y[static_cast<size_t>(g) * a.y_group_stride + row + yt * view.y_tok_stride] = s;
+      }
+    }
+  };
+  // The IQ3_S grid, the wait where the weights were asked for before it, then x: each thread
+  // quantizes 16 values (half of a 32-value block; its neighbour holds the other half;
+  // gpu/x_int16.cuh) into one half of the slot of the unit whose run they are.
+  auto start = [&]() {
+    if constexpr (T == qd::kIQ3_S) {
+      uint32_t* g_smem = reinterpret_cast<uint32_t*>(smem_all);
+      for (uint32_t i = threadIdx.x; i < kGridBytes / 4; i += blockDim.x) g_smem[i] = tables.iq3s_grid[i];
+    }
+    if (fixed_weights) pdl_wait();
+    pdl_launch_dependents();
+
+    const uint32_t pieces = ntok * (K / 16);
+    for (uint32_t base = 0; base < pieces; base += blockDim.x) {
+      const uint32_t i = base + threadIdx.x;
+      const bool valid = i < pieces;
+      const uint32_t t = valid ? i / (K / 16) : 0, p = valid ? i % (K / 16) : 0;
+      float v[16];
+      float amax = 0.0f, sum = 0.0f;
+      if (valid) {
+        const size_t at = static_cast<size_t>(tok_x != nullptr ? tok_x[t] : t) * a.x_tok_stride + 16 * p;
+        const float4* src = reinterpret_cast<const float4*>(view.x + at);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float4 f = src[k];
+          v[4 * k] = f.x, v[4 * k + 1] = f.y, v[4 * k + 2] = f.z, v[4 * k + 3] = f.w;
+        }
+        const float* x_up = matvec_part_x_up(a, g, part);
+        if (x_up != nullptr) {
+          // The down projection's input, SwiGLU of the gate and up products, made here once a block
+          // instead of by a kernel of its own.
+          const float4* up = reinterpret_cast<const float4*>(x_up + at);
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const float4 u = up[k];
+            v[4 * k] = swiglu_value(v[4 * k], u.x, a.swiglu_limit);
+            v[4 * k + 1] = swiglu_value(v[4 * k + 1], u.y, a.swiglu_limit);
+            v[4 * k + 2] = swiglu_value(v[4 * k + 2], u.z, a.swiglu_limit);
+            v[4 * k + 3] = swiglu_value(v[4 * k + 3], u.w, a.swiglu_limit);
+          }
+        }
+        x16_stats(v, amax, sum);
+      }
+      amax = x32_amax(amax);
+      if (valid) {
+        uint32_t packed[8];
+        x16_pack(v, amax, packed);
+        uint32_t high;
+        const uint32_t unit = 8 * (p / 16) + R::unit_of(p % 16, high);
+        unsigned char* slot = smem + (static_cast<size_t>(t) * units + unit) * kUnitBytes;
+        uint4* dst = reinterpret_cast<uint4*>(slot + 32 * high);
+        dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+        dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+        float* scales = reinterpret_cast<float*>(slot + 64);
+        scales[high] = x32_scale(amax);
+        scales[2 + high] = sum;
+      }
+    }
+    __syncthreads();
+  };
+
+  // IQ3_S and Q6_K at one token (the user's routed gate and up, its head): where stage_item_bytes
+  // allows, a warp's lanes load its item as 16-byte pieces in order and stage it in the warp's slice
+  // of shared memory, each lane then reading its units' fields there. From global memory the
+  // 2-byte loads (9 a unit for IQ3_S, 19 for Q6_K) each span 4 superblocks across the warp: their
+  // L1 wavefronts, not the bytes, held these types. The same products in the same order.
+  if constexpr (NT == 1 && (T == qd::kIQ3_S || T == qd::kQ6_K)) {
+    const uint32_t item_bytes = stage_item_bytes(R::kBlockBytes, kChunk, K);
+    if (item_bytes != 0 && (reinterpret_cast<uintptr_t>(wbase) & 15) == 0) {
+      constexpr uint32_t kPieces = 4;  // 16 bytes each a lane: items of up to 2 KiB
+      const uint32_t pieces = item_bytes / 16;
+      uint4* stage = reinterpret_cast<uint4*>(smem + static_cast<size_t>(NT) * units * kUnitBytes + warp * item_bytes);
+      uint4 raw[kPieces];
+      auto load_raw = [&](uint32_t it) {
+        const uint32_t row = item_row0(it);
+        if (row >= view.rows) return;
+        const uint4* src = reinterpret_cast<const uint4*>(wbase + static_cast<size_t>(row) * row_bytes +
+                                                          (it % chunks) * item_bytes);
+#pragma unroll
+        for (uint32_t i = 0; i < kPieces; ++i) {
+          if (lane + 32 * i < pieces) raw[i] = src[lane + 32 * i];
+        }
+      };
+      load_raw(0);
+      start();
+      float acc[NT] = {0.0f};
+      for (uint32_t it = 0; item_row0(it) < view.rows; ++it) {
+#pragma unroll
+        for (uint32_t i = 0; i < kPieces; ++i) {
+          if (lane + 32 * i < pieces) stage[lane + 32 * i] = raw[i];
+        }
+        __syncwarp();
+        load_raw(it + 1);  // the next item in flight during this one's products
+        const uint8_t* item = reinterpret_cast<const uint8_t*>(stage);
+        const uint32_t u0 = (it % chunks) * kChunk * 32;
+#pragma unroll
+        for (uint32_t i = 0; i < kChunk; ++i) {
+          const uint32_t u = u0 + lane + i * 32;
+          if (u >= units) break;
+          const uint8_t* blk = item + R::kBlockBytes * ((lane + i * 32) >> 3);
+          const Prepared p = R::prep(blk, u & 7, R::load(blk, u & 7), grid, tables);
+          const unsigned char* slot = smem + static_cast<size_t>(u) * kUnitBytes;
+          acc[0] += R::dot(p, load_x_unit(slot), load_x_scales<R::kSums>(slot));
+        }
+        __syncwarp();  // every lane has read the stage before the next item overwrites it
+        if (it % chunks == chunks - 1) store_row(item_row0(it), acc);
+      }
+      return;
+    }
+  }
+
   // The first weights are requested before the activations are quantized.
   typename R::W q[kChunk];
   load_item(0, q);
-
-  if constexpr (T == qd::kIQ3_S) {
-    uint32_t* g_smem = reinterpret_cast<uint32_t*>(smem_all);
-    for (uint32_t i = threadIdx.x; i < kGridBytes / 4; i += blockDim.x) g_smem[i] = tables.iq3s_grid[i];
-  }
-  if (fixed_weights) pdl_wait();
-  pdl_launch_dependents();
-
-  // Each thread quantizes 16 values (half of a 32-value block; its neighbour holds the other half;
-  // gpu/x_int16.cuh) into one half of the slot of the unit whose run they are.
-  const uint32_t pieces = ntok * (K / 16);
-  for (uint32_t base = 0; base < pieces; base += blockDim.x) {
-    const uint32_t i = base + threadIdx.x;
-    const bool valid = i < pieces;
-    const uint32_t t = valid ? i / (K / 16) : 0, p = valid ? i % (K / 16) : 0;
-    float v[16];
-    float amax = 0.0f, sum = 0.0f;
-    if (valid) {
-      const size_t at = static_cast<size_t>(tok_x != nullptr ? tok_x[t] : t) * a.x_tok_stride + 16 * p;
-      const float4* src = reinterpret_cast<const float4*>(view.x + at);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float4 f = src[k];
-        v[4 * k] = f.x, v[4 * k + 1] = f.y, v[4 * k + 2] = f.z, v[4 * k + 3] = f.w;
-      }
-      const float* x_up = matvec_part_x_up(a, g, part);
-      if (x_up != nullptr) {
-        // The down projection's input, SwiGLU of the gate and up products, made here once a block
-        // instead of by a kernel of its own.
-        const float4* up = reinterpret_cast<const float4*>(x_up + at);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const float4 u = up[k];
-          v[4 * k] = swiglu_value(v[4 * k], u.x, a.swiglu_limit);
-          v[4 * k + 1] = swiglu_value(v[4 * k + 1], u.y, a.swiglu_limit);
-          v[4 * k + 2] = swiglu_value(v[4 * k + 2], u.z, a.swiglu_limit);
-          v[4 * k + 3] = swiglu_value(v[4 * k + 3], u.w, a.swiglu_limit);
-        }
-      }
-      x16_stats(v, amax, sum);
-    }
-    amax = x32_amax(amax);
-    if (valid) {
-      uint32_t packed[8];
-      x16_pack(v, amax, packed);
-      uint32_t high;
-      const uint32_t unit = 8 * (p / 16) + R::unit_of(p % 16, high);
-      unsigned char* slot = smem + (static_cast<size_t>(t) * units + unit) * kUnitBytes;
-      uint4* dst = reinterpret_cast<uint4*>(slot + 32 * high);
-      dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-      dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
-      float* scales = reinterpret_cast<float*>(slot + 64);
-      scales[high] = x32_scale(amax);
-      scales[2 + high] = sum;
-    }
-  }
-  __syncthreads();
-
+  start();
   float acc[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
@@ -438,26 +534,17 @@ __device__ __forceinline__ void int16_block(const MatvecArgs& a, const Tables& t
         for (int t = 0; t < NT; ++t) {
           if (t < static_cast<int>(ntok)) {
             const unsigned char* slot = smem + (static_cast<size_t>(t) * units + u) * kUnitBytes;
-            acc[t] += R::dot(p, load_x_unit(slot), load_x_scales(slot));
+            acc[t] += R::dot(p, load_x_unit(slot), load_x_scales<R::kSums>(slot));
           }
         }
       }
     }
 #pragma unroll
     for (uint32_t i = 0; i < kChunk; ++i) q[i] = next[i];
-    if (it % chunks != chunks - 1) continue;
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      float s = acc[t];
-      for (uint32_t o = lpr / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-      acc[t] = 0.0f;
-      if (row < view.rows && sl == 0 && t < static_cast<int>(ntok)) {
-        const size_t yt = tok_y != nullptr ? static_cast<size_t>(tok_y[t]) : static_cast<size_t>(t);
-        y[static_cast<size_t>(g) * a.y_group_stride + row + yt * view.y_tok_stride] = s;
-      }
-    }
+    if (it % chunks == chunks - 1) store_row(row, acc);
   }
 }
+
 
 // Launched with PDL (gpu/pdl.hpp), the kernel may start before the previous one ends: weights that
 // no earlier kernel picks are requested before the wait, the routed experts' (through the router's
@@ -540,9 +627,10 @@ void launch_tokens(const MatvecArgs& a, const Tables& tables, cudaStream_t strea
   FERRY_CUDA(cudaLaunchKernelEx(&cfg, kernel, a, tables));
 }
 
-// The types a launch may mix (MatvecPart::type): those only this kernel reads (Q4_K takes the
-// tensor-core kernel where it can, whose launches hold one type).
-bool mixable(model::GgmlType t) { return int16_type(t) && t != model::GgmlType::Q4_K; }
+// The types a launch may mix (MatvecPart::type): those only this kernel reads (Q4_K and Q5_K take the
+// tensor-core kernel where it is built, whose launches hold one type; a matrix computed by the other
+// kernel in a mixed launch would change its bits).
+bool mixable(model::GgmlType t) { return int16_type(t) && !matvec_mma_takes(t); }
 
 template <int T>
 void launch(const MatvecArgs& a, const Tables& tables, cudaStream_t stream) {

@@ -1,4 +1,5 @@
-// The int16-activation decode matvec (gpu/matvec_int16.cu) on int8 tensor cores for Q4_K (issue 15).
+// The int16-activation decode matvec (gpu/matvec_int16.cu) on int8 tensor cores for Q4_K and Q5_K
+// (issue 15).
 //
 // The dp2a kernel spends much of its time unpacking weights and issuing 2 MACs an instruction. Here
 // one mma.sync m16n8k32 (gpu/mma_int8.cuh) multiplies a 16-row x 32-column tile of weights, their
@@ -16,7 +17,8 @@
 // of one (128 registers, 2 blocks of 8 warps an SM: 3 blocks at 80 registers measured slower). The
 // warps of a block share a tile's superblocks (8 warps a tile on rows of 8 or more superblocks;
 // fewer warps a tile, so more tiles a block, otherwise) and add their partial sums through shared
-// memory in a fixed order; a token's result is the same whatever the launch's token count. A launch
+// memory in a fixed order, meeting at a barrier once every few steps (Layout::ring); a token's
+// result is the same whatever the launch's token count. A launch
 // of several groups or parts may instead share its blocks out by the groups' steps (one wave where
 // the 3-D grid would take two: one row's routed and shared down; gpu/matvec_share.cuh) or, where
 // every group reads one x (one row's routed and shared gate / up), walk its steps flat, a block's
@@ -58,7 +60,8 @@ constexpr size_t kMaxSmem = 64 * 1024;
 //   sums (for the K-quant minimum terms, a tf32 MMA's B): per token (an odd number of 64 bytes: the
 //      pad again), per superblock, per lane q 16 bytes: the sums of the 32 x of units q and q + 4 as
 //      tf32 hi parts, then the lo parts (the remainders, tf32);
-//   partial sums: two buffers (steps alternate) x warps x tokens x 16 rows.
+//   partial sums: two halves (a block's runs of steps alternate) x ring() steps x warps x tokens x 16
+//      rows, so that the warps of a block meet at a barrier once every ring() steps, not every step.
 struct Layout {
   uint32_t units, tokens;
   __host__ __device__ uint32_t tok_stride() const { return units * 64 + 64; }
@@ -67,7 +70,16 @@ struct Layout {
   __host__ __device__ uint32_t steps_at() const { return tokens * tok_stride(); }
   __host__ __device__ uint32_t sums_at() const { return steps_at() + (tokens * step_stride() * 4 + 15) / 16 * 16; }
   __host__ __device__ uint32_t partials_at() const { return sums_at() + tokens * sum_stride(); }
-  __host__ __device__ uint32_t bytes() const { return partials_at() + 2 * kWarps * tokens * 16 * 4; }
+  __host__ __device__ uint32_t step_floats() const { return kWarps * tokens * 16; }
+  __host__ __device__ uint32_t bytes_at(uint32_t ring) const { return partials_at() + 2 * ring * step_floats() * 4; }
+  // Steps between barriers: 8 / tokens (8 KiB of partial sums), fewer where that would not fit, so
+  // that the ring never moves a call off this kernel (the 8-token case has 1, as before).
+  __host__ __device__ uint32_t ring() const {
+    uint32_t r = tokens < 8 ? 8 / tokens : 1;
+    while (r > 1 && bytes_at(r) > kMaxSmem) r /= 2;
+    return r;
+  }
+  __host__ __device__ uint32_t bytes() const { return bytes_at(ring()); }
 };
 
 // Warps sharing a tile's superblocks: a power of two up to 8, at most the superblocks of a row.
@@ -218,20 +230,24 @@ __device__ __forceinline__ void k4_product(const K4Scales& k, uint32_t sb, const
   for (int i = 0; i < 4; ++i) acc[i] += k.d[i >> 1] * sd[i] - k.dmin[i >> 1] * sm[i];
 }
 
-template <> struct MmaReader<qd::kQ4_K> {
-  static constexpr uint32_t kBlockBytes = 144;
+// Q4_K, and Q5_K (Five: the fifth bits between the head and the nibbles, bit j of qh's bytes for
+// sub-block j, so bytes 8q..8q+7 of qh for the lane's columns of every sub-block).
+template <bool Five> struct K4Reader {
+  static constexpr uint32_t kBlockBytes = Five ? 176 : 144, kQs = Five ? 48 : 16;
   // The lane's part of rows g and g + 8 of a superblock: word q of each head (d, dmin and the 12
-  // bytes of scales and minimums; the quad's four lanes hold a row's four), bytes 8q..8q+7 of each
-  // chunk of quantized weights.
+  // bytes of scales and minimums; the quad's four lanes hold a row's four), bytes 8q..8q+7 of qh
+  // (Q5_K) and of each chunk of quantized weights.
   struct Regs {
     uint32_t head[2];
+    uint2 qh[2];
     uint2 qs[2][4];
   };
   __device__ static void load_head(const uint8_t* blk, uint32_t r, uint32_t q, Regs& w) {
     w.head[r] = *reinterpret_cast<const uint32_t*>(blk + 4 * q);
+    if (Five) w.qh[r] = *reinterpret_cast<const uint2*>(blk + 16 + 8 * q);
   }
   __device__ static void load_chunk(const uint8_t* blk, uint32_t r, uint32_t q, int c, Regs& w) {
-    w.qs[r][c] = *reinterpret_cast<const uint2*>(blk + 16 + 32 * c + 8 * q);
+    w.qs[r][c] = *reinterpret_cast<const uint2*>(blk + kQs + 32 * c + 8 * q);
   }
   __device__ static void load(const uint8_t* blk, uint32_t r, uint32_t q, Regs& w) {
     load_head(blk, r, q, w);
@@ -240,7 +256,8 @@ template <> struct MmaReader<qd::kQ4_K> {
   }
   // The product of w, each piece of it then loaded again from the next superblock (next: its rows g
   // and g + 8) once used, so that the next superblock's loads are in flight during this one's
-  // products in the registers of one; a row's head from the quad's lanes by shuffles.
+  // products in the registers of one; a row's head from the quad's lanes by shuffles; qh (used by
+  // every sub-block) copied first, so that its next one is asked for with the head.
   __device__ static void product_reload(Regs& w, uint32_t sb, const LaneX& c, uint32_t q,
                                         const uint8_t* const (&next)[2], float (&acc)[4]) {
     uint4 head[2];
@@ -251,15 +268,19 @@ template <> struct MmaReader<qd::kQ4_K> {
                            __shfl_sync(0xffffffffu, w.head[r], quad + 2), __shfl_sync(0xffffffffu, w.head[r], quad + 3));
     }
     const K4Scales k(head);
+    uint32_t h[4] = {0, 0, 0, 0};
+    if (Five) h[0] = w.qh[0].x, h[1] = w.qh[1].x, h[2] = w.qh[0].y, h[3] = w.qh[1].y;
 #pragma unroll
     for (uint32_t r = 0; r < 2; ++r) load_head(next[r], r, q, w);
     k4_product(k, sb, c, q,
                [&](int j, mma::FragA& A) {
                  const int ch = j >> 1, shift = 4 * (j & 1);
-                 A.r[0] = (w.qs[0][ch].x >> shift) & 0x0f0f0f0fu;
-                 A.r[1] = (w.qs[1][ch].x >> shift) & 0x0f0f0f0fu;
-                 A.r[2] = (w.qs[0][ch].y >> shift) & 0x0f0f0f0fu;
-                 A.r[3] = (w.qs[1][ch].y >> shift) & 0x0f0f0f0fu;
+                 const uint32_t v[4] = {w.qs[0][ch].x, w.qs[1][ch].x, w.qs[0][ch].y, w.qs[1][ch].y};
+#pragma unroll
+                 for (int i = 0; i < 4; ++i) {
+                   A.r[i] = (v[i] >> shift) & 0x0f0f0f0fu;
+                   if (Five) A.r[i] |= ((h[i] >> j) & 0x01010101u) << 4;
+                 }
                  if (j & 1) {
 #pragma unroll
                    for (uint32_t r = 0; r < 2; ++r) load_chunk(next[r], r, q, ch, w);
@@ -268,6 +289,8 @@ template <> struct MmaReader<qd::kQ4_K> {
                acc);
   }
 };
+template <> struct MmaReader<qd::kQ4_K> : K4Reader<false> {};
+template <> struct MmaReader<qd::kQ5_K> : K4Reader<true> {};
 
 // Token t's 16 values at columns 16p.. (SwiGLU of gate and up where x_up is set), as the dp2a kernel
 // reads them.
@@ -455,8 +478,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     view.y[static_cast<size_t>(g) * a.y_group_stride + row + yt * view.y_tok_stride] = v;
   };
   const LaneX lane_x(smem, lay, lg, lq, ntok);
-  // step: the block's (the partial sums' buffers alternate by it); ls: the segment's.
-  for (uint32_t step = 0, ls = 0; ls < count; ++step) {
+  // ls: the segment's step; pending: the steps whose partial sums wait in half `half` of the ring.
+  const uint32_t ring = lay.ring();
+  uint32_t pending = 0, half = 0;
+  for (uint32_t ls = 0; ls < count;) {
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     // The next step's rows: the segment's, or the next segment's first (flat), whose loads the
     // products below keep in flight.
@@ -486,21 +511,30 @@ __global__ void __launch_bounds__(kThreads, 2)
         if (row < view.rows && t < ntok) store(row, t, acc[i]);
       }
     } else {
-      float* buf = partials + (step & 1) * kWarps * a.tokens * 16;
+      float* buf = partials + half * ring * lay.step_floats();
 #pragma unroll
       for (uint32_t i = 0; i < 4; ++i) {
         const uint32_t t = 2 * lq + (i & 1);
-        if (t < ntok) buf[(warp * a.tokens + t) * 16 + lg + 8 * (i >> 1)] = acc[i];
+        if (t < ntok) buf[pending * lay.step_floats() + (warp * a.tokens + t) * 16 + lg + 8 * (i >> 1)] = acc[i];
       }
-      // One barrier a step: a buffer is written again two steps on, after every thread has passed
-      // the next step's barrier and so finished reading it.
-      __syncthreads();
-      for (uint32_t idx = threadIdx.x; idx < tiles_per_step * ntok * 16; idx += kThreads) {
-        const uint32_t at = idx / (ntok * 16), t = idx / 16 % ntok, rl = idx % 16;
-        const uint32_t row = tile_in(bx, nb, ls, at) * 16 + rl;
-        float sum = 0.0f;
-        for (uint32_t w = 0; w < wpt; ++w) sum += buf[((at * wpt + w) * a.tokens + t) * 16 + rl];
-        if (row < view.rows) store(row, t, sum);
+      // The warps run on without waiting for each other until the ring's half is full or the
+      // segment ends (its rows and view are needed for the stores); then every thread adds up the
+      // pending steps' tiles, each in the warps' order as one step's barrier did (the same bits). A
+      // half is written again only after the next barrier, which every thread passes once it has
+      // finished reading it.
+      if (++pending == ring || ls + 1 == count) {
+        __syncthreads();
+        const uint32_t per_step = tiles_per_step * ntok * 16;
+        for (uint32_t idx = threadIdx.x; idx < pending * per_step; idx += kThreads) {
+          const uint32_t st = idx / per_step, in = idx % per_step;
+          const uint32_t at = in / (ntok * 16), t = in / 16 % ntok, rl = in % 16;
+          const uint32_t row = tile_in(bx, nb, ls + 1 - pending + st, at) * 16 + rl;
+          const float* sb = buf + st * lay.step_floats();
+          float sum = 0.0f;
+          for (uint32_t w = 0; w < wpt; ++w) sum += sb[((at * wpt + w) * a.tokens + t) * 16 + rl];
+          if (row < view.rows) store(row, t, sum);
+        }
+        pending = 0, half ^= 1;
       }
     }
     if (!Flat || ++ls < count || next_seg.count == 0) {
@@ -518,9 +552,14 @@ __global__ void __launch_bounds__(kThreads, 2)
 }
 
 using Kernel = void (*)(MatvecArgs, Walk);
-// The types the kernel reads: Q4_K, where it is not slower than the dp2a kernel at one token (Q5_K,
-// Q6_K, IQ4_XS and IQ3_S readers measured 3-25% slower there on the H200: gpu/PERF.md).
+// The types the kernel reads: Q4_K, and Q5_K (the user's mix: its routed down + shared 34.6 -> 25.0 us
+// a layer, 4,096 x 12,288 19.5 -> 15.3 us, tg64 407 -> 444 t/s, though 4,096 x 2,048 alone 5.0 -> 5.6:
+// gpu/PERF.md, h82); the Q6_K, IQ4_XS and IQ3_S readers measured 3-25% slower than the dp2a kernel at
+// one token (h42).
 Kernel kernel_for(model::GgmlType type, bool flat = false) {
+  if (type == model::GgmlType::Q5_K) {
+    return flat ? matvec_mma_kernel<qd::kQ5_K, true> : matvec_mma_kernel<qd::kQ5_K, false>;
+  }
   if (type != model::GgmlType::Q4_K) return nullptr;
   return flat ? matvec_mma_kernel<qd::kQ4_K, true> : matvec_mma_kernel<qd::kQ4_K, false>;
 }
@@ -560,6 +599,11 @@ bool one_x(const MatvecArgs& a) {
 }
 
 }  // namespace
+
+bool matvec_mma_takes(model::GgmlType type) {
+  const Kernel kernel = kernel_for(type);
+  return kernel != nullptr && code_built_for(reinterpret_cast<const void*>(kernel), 8);
+}
 
 bool matvec_mma_applies(const MatvecArgs& a) {
   if (!matvec_quantizes_activations(a)) return false;

@@ -6,9 +6,11 @@
 
 namespace ferry::gpu {
 
-// Whether this call runs on the tensor-core kernel: a Q4_K call that takes the int16 path
-// (matvec_quantizes_activations) on a device whose code of the kernel was built for sm80+ (not the
-// Volta build).
+// Whether the tensor-core kernel takes calls of this weight type on the current device: Q4_K and
+// Q5_K where its code was built for sm80+ (not the Volta build).
+bool matvec_mma_takes(model::GgmlType type);
+// Whether this call runs on it: a call of such a type, one row format a launch, that takes the int16
+// path (matvec_quantizes_activations) with at most 8 tokens whose shared memory fits.
 bool matvec_mma_applies(const MatvecArgs& a);
 // Launches it; throws CudaError where matvec_mma_applies does not hold.
 void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream);

@@ -166,15 +166,27 @@ MatvecPart single_part(const DevMatrix& w, float* y, const DevMatrix& routed) {
   return p;
 }
 
-}  // namespace
-
-MatvecArgs fused_gate_up(const DecodeExperts& a) {
+// The routed experts' gate and up with the shared expert's as parts 2 and 3.
+MatvecArgs routed_and_shared_gate_up(const DecodeExperts& a) {
   MatvecArgs m = per_route_gate(a, a.ids);
   m.parts = 4;
   m.more[0] = {a.up.data, a.tables[1], a.eu};
   m.more[1] = single_part(a.shared_gate, a.sg, a.gate);
   m.more[2] = single_part(a.shared_up, a.su, a.gate);
   return m;
+}
+
+}  // namespace
+
+void fused_gate_up(const DecodeExperts& a, cudaStream_t stream) {
+  const MatvecArgs m = routed_and_shared_gate_up(a);
+  if (matvec_quantizes_activations(m)) {
+    matvec(m, stream);
+    return;
+  }
+  const MatvecProduct shared[] = {{&a.shared_gate, a.sg}, {&a.shared_up, a.su}};
+  matvec_products(shared, 2, a.x, a.gate.cols, 1, a.shared_gate.rows, stream);
+  gate_and_up(per_route_gate(a, a.ids), a, stream);
 }
 
 MatvecArgs fused_down(const DecodeExperts& a) {
@@ -193,20 +205,22 @@ bool shared_expert_fused(const DecodeExperts& a) {
   if (a.rows != 1 || a.k == 0 || a.shared_gate.empty() || a.sg == nullptr || a.su == nullptr || a.sh == nullptr) {
     return false;
   }
-  // The shared expert's matrices in the routed ones' row format or, where the int16 kernel takes
-  // both types in one launch, in their own (MatvecPart::type; the user's mix: IQ3_S routed gate and up,
-  // Q5_K shared expert).
+  // The shared expert's matrices in the routed ones' row format or, where the dp2a kernel takes
+  // both types in one launch, in their own (MatvecPart::type); a shared gate and up that the routed
+  // launch cannot take are a launch of their own (fused_gate_up; the user's mix on the tensor-core
+  // kernel: IQ3_S routed gate and up, a Q5_K shared expert).
   if (!same_matrix_shape(a.gate, a.up) || a.shared_gate.cols != a.gate.cols || a.shared_up.cols != a.gate.cols ||
       a.shared_down.cols != a.down.cols || a.shared_up.rows != a.shared_gate.rows ||
       a.shared_down.cols != a.shared_gate.rows) {
     return false;
   }
-  return matvec_quantizes_activations(fused_gate_up(a)) && matvec_quantizes_activations(fused_down(a));
+  return matvec_quantizes_activations(fused_down(a)) &&
+         (matvec_quantizes_activations(routed_and_shared_gate_up(a)) || same_row_format(a.shared_gate, a.shared_up));
 }
 
 void decode_experts_per_route(const DecodeExperts& a, cudaStream_t stream) {
   if (shared_expert_fused(a)) {
-    matvec(fused_gate_up(a), stream);
+    fused_gate_up(a, stream);
     matvec(fused_down(a), stream);
     return;
   }

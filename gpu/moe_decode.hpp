@@ -25,7 +25,8 @@ struct DecodeExperts {
   float* eo = nullptr;  // [rows * k][D] route r * k + j's output in row r * k + j
   // The layer's shared expert (gate empty: none, or run apart): where shared_expert_fused holds, the
   // routed experts' gate/up launch takes its gate and up as further parts (products into sg and su)
-  // and their down launch its down (SwiGLU of sg and su, into sh [D]): two launches fewer a layer.
+  // where it can (fused_gate_up) and their down launch its down (SwiGLU of sg and su, into sh [D]):
+  // one or two launches fewer a layer.
   DevMatrix shared_gate, shared_up, shared_down;
   float* sg = nullptr;
   float* su = nullptr;
@@ -35,14 +36,16 @@ struct DecodeExperts {
 // Whether decode_experts_per_route computes the shared expert too: one row (the shared expert's one
 // token, as its own launches run it), gate, up and the shared gate and up of one row format, down and
 // the shared down of another, or the shared expert's matrices in a format of their own where the
-// int16 path's dp2a kernel mixes the two types (MatvecPart::type), every launch on the int16 path
+// int16 path's dp2a kernel mixes the two types (MatvecPart::type), the down launch on the int16 path
 // (the same kernel code as the launches apart, so sh gets their bits).
 bool shared_expert_fused(const DecodeExperts& a);
 
-// The two launches decode_experts_per_route makes where shared_expert_fused holds: the routed
-// experts' gate and up, then the shared expert's (parts 0-3); the routed experts' down over
-// SwiGLU(eg, eu), then the shared expert's over SwiGLU(sg, su) (parts 0-1).
-MatvecArgs fused_gate_up(const DecodeExperts& a);
+// The launches decode_experts_per_route makes where shared_expert_fused holds: the routed experts'
+// gate and up, then the shared expert's (parts 0-3) where one launch takes their row formats, else
+// the shared gate and up first as a launch of their own (as LayerRunner::dense_ffn launches them) and
+// then the routed ones; the routed experts' down over SwiGLU(eg, eu), then the shared expert's over
+// SwiGLU(sg, su) (parts 0-1).
+void fused_gate_up(const DecodeExperts& a, cudaStream_t stream);
 MatvecArgs fused_down(const DecodeExperts& a);
 
 // Per route (and the shared expert where shared_expert_fused holds).

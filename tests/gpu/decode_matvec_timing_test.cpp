@@ -4,8 +4,9 @@
 // - the routed experts' two launches of a MoE layer (8 of 288 experts and the shared expert as
 //   parts: gate/up, then down over their SwiGLU; gpu/moe_decode.hpp), over 9 layers of distinct
 //   experts a replay, so that no launch finds its weights in L2 from the one before;
-// - the same launches in the user's mix (model/glm5/recipes/maya-l.recipe: IQ3_S gate and up, Q5_K
-//   down and shared expert, the dp2a kernel), the shared expert in the routes' launches and apart;
+// - the same launches in the user's mix (model/glm5/recipes/maya-l.recipe: IQ3_S gate and up on the
+//   dp2a kernel, Q5_K down and shared expert on the tensor-core kernel where it is built), the shared
+//   expert in the routes' launches (its gate and up a launch of their own: fused_gate_up) and apart;
 // - chains of 36 calls of one shape (each its own matrix, reading x and writing its own y): the
 //   per-call time and its weights' GB/s, against the copy bandwidth (read + write); Q4_K, and the
 //   user's mix's Q5_K shapes and Q6_K head.
@@ -131,7 +132,13 @@ TEST(DecodeMatvecTiming, RoutedExpertLaunches) {
   // values do not matter here).
   for (int which = 0; which < 2; ++which) {
     const double one = replay_us([&](cudaStream_t s) {
-      for (const DecodeExperts& a : layers) matvec(which == 0 ? fused_gate_up(a) : fused_down(a), s);
+      for (const DecodeExperts& a : layers) {
+        if (which == 0) {
+          fused_gate_up(a, s);
+        } else {
+          matvec(fused_down(a), s);
+        }
+      }
     });
     const double bytes = double(K + 1) * (which == 0 ? 2 : 1) * q4k_bytes(I, D);
     std::printf("[ timing ] routed experts + shared, %s: %.1f us a launch, %.1f MB, %.0f GB/s, %.0f%% of copy\n",
@@ -218,7 +225,7 @@ TEST(DecodeMatvecTiming, RoutedExpertLaunchesOfTheUsersMix) {
       {"routed gate/up + down", double(K) * (2 * q_bytes(kGateUp, I, D) + q_bytes(kDown, D, I)),
        [&](uint32_t l, cudaStream_t s) { decode_experts_per_route(apart(l), s); }},
       {"gate/up + shared", double(K) * 2 * q_bytes(kGateUp, I, D) + 2 * q_bytes(kShared, I, D),
-       [&](uint32_t l, cudaStream_t s) { matvec(fused_gate_up(layers[l]), s); }},
+       [&](uint32_t l, cudaStream_t s) { fused_gate_up(layers[l], s); }},
       {"down + shared", double(K) * q_bytes(kDown, D, I) + q_bytes(kShared, D, I),
        [&](uint32_t l, cudaStream_t s) { matvec(fused_down(layers[l]), s); }}};
   for (const Launch& la : launches) {

@@ -1,4 +1,4 @@
-// The decode matvec on int8 tensor cores (gpu/matvec_mma.cu, Q4_K) against the dp2a kernel it
+// The decode matvec on int8 tensor cores (gpu/matvec_mma.cu, Q4_K and Q5_K) against the dp2a kernel it
 // replaces (launch_matvec_dp2a: the same int16 activations and integer sums, so only the
 // f32 order of the scale and minimum terms differs: 1e-5 of the largest |y| of the launch) on every
 // MatvecArgs feature, and against a double-precision CPU dot product at matvec_test's int16 bounds.
@@ -35,7 +35,7 @@ using ferry::testing::have_device;
 using ferry::testing::random_q4k_blocks;
 using ferry::testing::random_rows;
 using model::GgmlType;
-constexpr GgmlType kType = GgmlType::Q4_K;
+constexpr GgmlType kTypes[] = {GgmlType::Q4_K, GgmlType::Q5_K};
 
 DeviceBuffer to_device(const void* p, size_t bytes) {
   DeviceBuffer b(bytes);
@@ -131,55 +131,59 @@ class MatvecMmaTest : public ::testing::Test {
   void SetUp() override {
     if (!have_device()) GTEST_SKIP() << "no CUDA device";
     upload_quant_tables();
-    MatvecArgs probe;
-    probe.w.type = kType;
-    probe.w.cols = 256;
-    probe.w.rows = 16;
     if (!sm80_code_ready()) GTEST_SKIP() << "no sm80+ code of the tensor-core kernel on this device";
-    ASSERT_TRUE(matvec_mma_applies(probe)) << "sm80+ code, yet a Q4_K call does not take the tensor-core kernel";
+    for (const GgmlType type : kTypes) {
+      MatvecArgs probe;
+      probe.w.type = type;
+      probe.w.cols = 256;
+      probe.w.rows = 16;
+      ASSERT_TRUE(matvec_mma_applies(probe))
+          << "sm80+ code, yet a " << model::ggml_type_traits(type).name << " call does not take the tensor-core kernel";
+    }
   }
 };
 
 // Plain launches of every token count that takes the int16 path: rows off the 16-row tiles, rows of
 // 1..16 superblocks (1, 2, 4 and 8 warps a tile, some warps with one superblock more than others).
 TEST_F(MatvecMmaTest, MatchesTheDp2aKernelAndTheCpu) {
-  const GgmlType type = kType;
-  std::mt19937 rng(515 + static_cast<int>(type));
-  const std::pair<size_t, size_t> shapes[] = {{5, 256},    {301, 256},  {301, 512}, {301, 768},
-                                              {301, 1536}, {140, 2048}, {70, 2560}, {77, 4096}};
-  for (const auto& [rows, cols] : shapes) {
-    Matrix w = random_matrix(type, rows, cols, rng);
-    const auto wf = dequant(type, w.data, rows * cols);
-    for (uint32_t tokens = 1; tokens <= kMaxMatvecTokens; ++tokens) {
-      const auto x = normal(tokens * cols, rng);
-      DeviceBuffer dx = to_device(x);
-      MatvecArgs a;
-      a.w = w.m;
-      a.x = dx.as<float>();
-      a.x_tok_stride = cols;
-      Outputs o(tokens * rows);
-      a.y = o.base();
-      a.y_tok_stride = rows;
-      a.tokens = tokens;
-      if (!matvec_quantizes_activations(a)) continue;  // x no longer fits shared memory
-      const auto y = run(a, o, Kernel::mma);
-      const std::string d = compare(y, run(a, o, Kernel::dp2a));
-      ASSERT_EQ(d, "") << rows << " x " << cols << ", " << tokens << " tokens";
-      for (uint32_t t = 0; t < tokens; ++t) {
-        for (size_t r = 0; r < rows; ++r) {
-          double ref = 0, mag = 0, rounding = 0;
-          for (size_t c0 = 0; c0 < cols; c0 += 32) {
-            float amax = 0;
-            for (size_t c = c0; c < c0 + 32; ++c) amax = std::max(amax, std::abs(x[t * cols + c]));
-            for (size_t c = c0; c < c0 + 32; ++c) {
-              const double p = double(wf[r * cols + c]) * x[t * cols + c];
-              ref += p;
-              mag += std::abs(p);
-              rounding += std::abs(double(wf[r * cols + c])) * amax / 32767.0 * 0.5;
+  for (const GgmlType type : kTypes) {
+    std::mt19937 rng(515 + static_cast<int>(type));
+    const std::pair<size_t, size_t> shapes[] = {{5, 256},    {301, 256},  {301, 512}, {301, 768},
+                                                {301, 1536}, {140, 2048}, {70, 2560}, {77, 4096}};
+    for (const auto& [rows, cols] : shapes) {
+      Matrix w = random_matrix(type, rows, cols, rng);
+      const auto wf = dequant(type, w.data, rows * cols);
+      for (uint32_t tokens = 1; tokens <= kMaxMatvecTokens; ++tokens) {
+        const auto x = normal(tokens * cols, rng);
+        DeviceBuffer dx = to_device(x);
+        MatvecArgs a;
+        a.w = w.m;
+        a.x = dx.as<float>();
+        a.x_tok_stride = cols;
+        Outputs o(tokens * rows);
+        a.y = o.base();
+        a.y_tok_stride = rows;
+        a.tokens = tokens;
+        if (!matvec_quantizes_activations(a)) continue;  // x no longer fits shared memory
+        const auto y = run(a, o, Kernel::mma);
+        const std::string d = compare(y, run(a, o, Kernel::dp2a));
+        ASSERT_EQ(d, "") << rows << " x " << cols << ", " << tokens << " tokens";
+        for (uint32_t t = 0; t < tokens; ++t) {
+          for (size_t r = 0; r < rows; ++r) {
+            double ref = 0, mag = 0, rounding = 0;
+            for (size_t c0 = 0; c0 < cols; c0 += 32) {
+              float amax = 0;
+              for (size_t c = c0; c < c0 + 32; ++c) amax = std::max(amax, std::abs(x[t * cols + c]));
+              for (size_t c = c0; c < c0 + 32; ++c) {
+                const double p = double(wf[r * cols + c]) * x[t * cols + c];
+                ref += p;
+                mag += std::abs(p);
+                rounding += std::abs(double(wf[r * cols + c])) * amax / 32767.0 * 0.5;
+              }
             }
+            ASSERT_NEAR(y[t * rows + r], ref, 1e-5 * mag + 1e-6 + rounding)
+                << rows << " x " << cols << ", token " << t << " row " << r << " of " << tokens;
           }
-          ASSERT_NEAR(y[t * rows + r], ref, 1e-5 * mag + 1e-6 + rounding)
-              << rows << " x " << cols << ", token " << t << " row " << r << " of " << tokens;
         }
       }
     }
@@ -189,24 +193,25 @@ TEST_F(MatvecMmaTest, MatchesTheDp2aKernelAndTheCpu) {
 // Matrices of more tiles than the blocks of one wave: blocks loop over their steps (and the partial
 // sums' two buffers alternate).
 TEST_F(MatvecMmaTest, BlocksLoopOverManyTiles) {
-  const GgmlType type = kType;
-  std::mt19937 rng(61 + static_cast<int>(type));
-  for (const auto& [rows, cols] : {std::pair<size_t, size_t>{40000, 256}, {9001, 1024}, {5000, 4096}}) {
-    DeviceBuffer dw = to_device(random_q4k_blocks(rows, cols));
-    const size_t row_bytes = *model::ggml_bytes(type, cols);
-    for (uint32_t tokens : {1u, 3u, 8u}) {
-      const auto x = normal(tokens * cols, rng);
-      DeviceBuffer dx = to_device(x);
-      MatvecArgs a;
-      a.w = {type, dw.as<uint8_t>(), static_cast<uint32_t>(rows), static_cast<uint32_t>(cols), row_bytes};
-      a.x = dx.as<float>();
-      a.x_tok_stride = cols;
-      Outputs o(tokens * rows);
-      a.y = o.base();
-      a.y_tok_stride = rows;
-      a.tokens = tokens;
-      if (!matvec_quantizes_activations(a)) continue;
-      ASSERT_EQ(diff_kernels(a, o), "") << rows << " x " << cols << ", " << tokens << " tokens";
+  for (const GgmlType type : kTypes) {
+    std::mt19937 rng(61 + static_cast<int>(type));
+    for (const auto& [rows, cols] : {std::pair<size_t, size_t>{40000, 256}, {9001, 1024}, {5000, 4096}}) {
+      DeviceBuffer dw = to_device(ferry::testing::random_blocks(type, rows, cols));
+      const size_t row_bytes = *model::ggml_bytes(type, cols);
+      for (uint32_t tokens : {1u, 3u, 8u}) {
+        const auto x = normal(tokens * cols, rng);
+        DeviceBuffer dx = to_device(x);
+        MatvecArgs a;
+        a.w = {type, dw.as<uint8_t>(), static_cast<uint32_t>(rows), static_cast<uint32_t>(cols), row_bytes};
+        a.x = dx.as<float>();
+        a.x_tok_stride = cols;
+        Outputs o(tokens * rows);
+        a.y = o.base();
+        a.y_tok_stride = rows;
+        a.tokens = tokens;
+        if (!matvec_quantizes_activations(a)) continue;
+        ASSERT_EQ(diff_kernels(a, o), "") << rows << " x " << cols << ", " << tokens << " tokens";
+      }
     }
   }
 }
@@ -214,114 +219,115 @@ TEST_F(MatvecMmaTest, BlocksLoopOverManyTiles) {
 // Experts by index (x per token, two experts a token), a skipped group, SwiGLU inputs, parts with
 // their own rows, inputs and strides, a single part, pointer tables, tokens named on the device.
 TEST_F(MatvecMmaTest, EveryMatvecArgsFeatureMatchesTheDp2aKernel) {
-  const GgmlType type = kType;
-  std::mt19937 rng(8 + static_cast<int>(type));
-  const size_t rows = 40, cols = 1024, mats = 5;
-  Matrix w = random_matrix(type, rows * mats, cols, rng);
-  Matrix w2 = random_matrix(type, rows * mats, cols, rng);
-  const std::vector<int32_t> ids = {4, 1, 0, 4, -1, 3};
-  const uint32_t k = 2, groups = 6;
-  std::vector<const uint8_t*> ptrs(mats);
-  for (size_t e = 0; e < mats; ++e) ptrs[e] = w2.m.data + e * rows * w2.m.row_bytes;
-  DeviceBuffer dids = to_device(ids), dptrs = to_device(ptrs);
-  const auto x = normal(8 * groups * cols, rng), up = normal(8 * groups * cols, rng, 2.0f);
-  DeviceBuffer dx = to_device(x), dup = to_device(up);
-  Outputs o(8 * (3 * rows + 37 + 3 * rows) + 2 * groups * 8 * rows);
-  float* const arena = o.base();
-  for (uint32_t tokens : {1u, 2u, 5u}) {
-    MatvecArgs a;
-    a.w = w.m.slice_rows(0, rows);
-    a.w_group_bytes = w.m.row_bytes * rows;
-    a.w_group_index = dids.as<int32_t>();
-    a.skip_negative_index = true;
-    a.x = dx.as<float>();
-    a.x_tok_stride = cols;
-    a.x_group_stride = 8 * cols;
-    a.x_group_div = k;
-    a.y = arena;
-    a.y_tok_stride = rows;
-    a.y_group_stride = 8 * rows;
-    a.groups = groups;
-    a.tokens = tokens;
-    ASSERT_EQ(diff_kernels(a, o), "") << "experts by index, " << tokens << " tokens";
+  for (const GgmlType type : kTypes) {
+    std::mt19937 rng(8 + static_cast<int>(type));
+    const size_t rows = 40, cols = 1024, mats = 5;
+    Matrix w = random_matrix(type, rows * mats, cols, rng);
+    Matrix w2 = random_matrix(type, rows * mats, cols, rng);
+    const std::vector<int32_t> ids = {4, 1, 0, 4, -1, 3};
+    const uint32_t k = 2, groups = 6;
+    std::vector<const uint8_t*> ptrs(mats);
+    for (size_t e = 0; e < mats; ++e) ptrs[e] = w2.m.data + e * rows * w2.m.row_bytes;
+    DeviceBuffer dids = to_device(ids), dptrs = to_device(ptrs);
+    const auto x = normal(8 * groups * cols, rng), up = normal(8 * groups * cols, rng, 2.0f);
+    DeviceBuffer dx = to_device(x), dup = to_device(up);
+    Outputs o(8 * (3 * rows + 37 + 3 * rows) + 2 * groups * 8 * rows);
+    float* const arena = o.base();
+    for (uint32_t tokens : {1u, 2u, 5u}) {
+      MatvecArgs a;
+      a.w = w.m.slice_rows(0, rows);
+      a.w_group_bytes = w.m.row_bytes * rows;
+      a.w_group_index = dids.as<int32_t>();
+      a.skip_negative_index = true;
+      a.x = dx.as<float>();
+      a.x_tok_stride = cols;
+      a.x_group_stride = 8 * cols;
+      a.x_group_div = k;
+      a.y = arena;
+      a.y_tok_stride = rows;
+      a.y_group_stride = 8 * rows;
+      a.groups = groups;
+      a.tokens = tokens;
+      ASSERT_EQ(diff_kernels(a, o), "") << "experts by index, " << tokens << " tokens";
 
-    MatvecArgs s = a;
-    s.x_up = dup.as<float>();
-    s.swiglu_limit = 2.5f;
-    ASSERT_EQ(diff_kernels(s, o), "") << "SwiGLU input, " << tokens << " tokens";
+      MatvecArgs s = a;
+      s.x_up = dup.as<float>();
+      s.swiglu_limit = 2.5f;
+      ASSERT_EQ(diff_kernels(s, o), "") << "SwiGLU input, " << tokens << " tokens";
 
-    // gate by index, up through the pointer table, into an output of its own.
-    MatvecArgs gu = a;
-    gu.parts = 2;
-    gu.more[0] = {nullptr, reinterpret_cast<const uint8_t* const*>(dptrs.get()), arena + groups * 8 * rows, nullptr,
-                  0, 0};
-    ASSERT_EQ(diff_kernels(gu, o), "") << "gate and up, " << tokens << " tokens";
+      // gate by index, up through the pointer table, into an output of its own.
+      MatvecArgs gu = a;
+      gu.parts = 2;
+      gu.more[0] = {nullptr, reinterpret_cast<const uint8_t* const*>(dptrs.get()), arena + groups * 8 * rows, nullptr,
+                    0, 0};
+      ASSERT_EQ(diff_kernels(gu, o), "") << "gate and up, " << tokens << " tokens";
 
-    // Experts by index over SwiGLU inputs beside one matrix over the blocks of every group (a shared
-    // expert: its own rows, x and up input): on both kernels the bits of a plain launch of it.
-    MatvecArgs sp = s;
-    sp.parts = 2;
-    MatvecPart& one = sp.more[0];
-    one.data = w2.m.data, one.y = arena + groups * 8 * rows, one.x = dx.as<float>() + 8 * cols, one.rows = 3 * rows;
-    one.y_tok_stride = 3 * rows, one.x_up = dup.as<float>() + 8 * cols, one.single = true;
-    ASSERT_EQ(diff_kernels(sp, o), "") << "a single part, " << tokens << " tokens";
-    MatvecArgs plain;
-    plain.w = w2.m.slice_rows(0, 3 * rows);
-    plain.x = one.x, plain.x_tok_stride = cols, plain.x_up = one.x_up, plain.swiglu_limit = s.swiglu_limit;
-    plain.y = one.y, plain.y_tok_stride = 3 * rows, plain.tokens = tokens;
-    for (Kernel k : {Kernel::mma, Kernel::dp2a}) {
-      const std::vector<float> got = run(sp, o, k), want = run(plain, o, k);
-      for (size_t i = groups * 8 * rows; i < groups * 8 * rows + tokens * 3 * rows; ++i) {
-        ASSERT_FALSE(std::isnan(want[i])) << i;
-        ASSERT_EQ(std::memcmp(&got[i], &want[i], 4), 0) << (k == Kernel::mma ? "mma" : "dp2a") << " single part, "
-                                                        << tokens << " tokens, [" << i << "]: " << got[i] << " vs " << want[i];
+      // Experts by index over SwiGLU inputs beside one matrix over the blocks of every group (a shared
+      // expert: its own rows, x and up input): on both kernels the bits of a plain launch of it.
+      MatvecArgs sp = s;
+      sp.parts = 2;
+      MatvecPart& one = sp.more[0];
+      one.data = w2.m.data, one.y = arena + groups * 8 * rows, one.x = dx.as<float>() + 8 * cols, one.rows = 3 * rows;
+      one.y_tok_stride = 3 * rows, one.x_up = dup.as<float>() + 8 * cols, one.single = true;
+      ASSERT_EQ(diff_kernels(sp, o), "") << "a single part, " << tokens << " tokens";
+      MatvecArgs plain;
+      plain.w = w2.m.slice_rows(0, 3 * rows);
+      plain.x = one.x, plain.x_tok_stride = cols, plain.x_up = one.x_up, plain.swiglu_limit = s.swiglu_limit;
+      plain.y = one.y, plain.y_tok_stride = 3 * rows, plain.tokens = tokens;
+      for (Kernel k : {Kernel::mma, Kernel::dp2a}) {
+        const std::vector<float> got = run(sp, o, k), want = run(plain, o, k);
+        for (size_t i = groups * 8 * rows; i < groups * 8 * rows + tokens * 3 * rows; ++i) {
+          ASSERT_FALSE(std::isnan(want[i])) << i;
+          ASSERT_EQ(std::memcmp(&got[i], &want[i], 4), 0) << (k == Kernel::mma ? "mma" : "dp2a") << " single part, "
+                                                          << tokens << " tokens, [" << i << "]: " << got[i] << " vs " << want[i];
+        }
       }
+
+      // q/k/v-like parts of one input and of their own, other row counts and token strides.
+      MatvecArgs p;
+      p.w = w.m.slice_rows(0, 3 * rows);
+      p.x = dx.as<float>();
+      p.x_tok_stride = cols;
+      p.y = arena;
+      p.y_tok_stride = 3 * rows;
+      p.tokens = tokens;
+      p.parts = 3;
+      p.more[0] = {w.m.data + 3 * rows * w.m.row_bytes, nullptr, arena + 8 * 3 * rows, nullptr, 37, 37};
+      p.more[1] = {w2.m.data, nullptr, arena + 8 * 3 * rows + 8 * 37, dx.as<float>() + 8 * cols, 2 * rows, 0};
+      ASSERT_EQ(diff_kernels(p, o), "") << "parts, " << tokens << " tokens";
     }
 
-    // q/k/v-like parts of one input and of their own, other row counts and token strides.
-    MatvecArgs p;
-    p.w = w.m.slice_rows(0, 3 * rows);
-    p.x = dx.as<float>();
-    p.x_tok_stride = cols;
-    p.y = arena;
-    p.y_tok_stride = 3 * rows;
-    p.tokens = tokens;
-    p.parts = 3;
-    p.more[0] = {w.m.data + 3 * rows * w.m.row_bytes, nullptr, arena + 8 * 3 * rows, nullptr, 37, 37};
-    p.more[1] = {w2.m.data, nullptr, arena + 8 * 3 * rows + 8 * 37, dx.as<float>() + 8 * cols, 2 * rows, 0};
-    ASSERT_EQ(diff_kernels(p, o), "") << "parts, " << tokens << " tokens";
+    // Tokens named on the device: 4 of 5 groups live, each over its own rows of x and y.
+    const uint32_t tokens = 3;
+    const std::vector<int32_t> count = {4}, tok_count = {2, 1, 3, 0, 3};
+    const std::vector<int32_t> tok_x = {5, 1, 0, 0, 7, 2, 3, 0, 0, 0, 6, 4, 1, 1, 1};
+    const std::vector<int32_t> tok_y = {0, 1, 0, 2, 3, 4, 5, 6, 7, 0, 0, 0, 1, 2, 3};
+    const std::vector<int32_t> named_ids = {2, 0, 4, 1, 3};
+    DeviceBuffer dcount = to_device(count), dtc = to_device(tok_count), dtx = to_device(tok_x), dty = to_device(tok_y),
+                 dnid = to_device(named_ids);
+    MatvecArgs n;
+    n.w = w.m.slice_rows(0, rows);
+    n.w_group_bytes = w.m.row_bytes * rows;
+    n.w_group_index = dnid.as<int32_t>();
+    n.x = dx.as<float>();
+    n.x_tok_stride = cols;
+    n.y = arena;
+    n.y_tok_stride = rows;
+    n.tokens = tokens;
+    n.groups = 5;
+    n.group_count = dcount.as<int32_t>();
+    n.tok_count = dtc.as<int32_t>();
+    n.tok_x = dtx.as<int32_t>();
+    n.tok_y = dty.as<int32_t>();
+    ASSERT_EQ(diff_kernels(n, o), "") << "tokens named on the device";
   }
-
-  // Tokens named on the device: 4 of 5 groups live, each over its own rows of x and y.
-  const uint32_t tokens = 3;
-  const std::vector<int32_t> count = {4}, tok_count = {2, 1, 3, 0, 3};
-  const std::vector<int32_t> tok_x = {5, 1, 0, 0, 7, 2, 3, 0, 0, 0, 6, 4, 1, 1, 1};
-  const std::vector<int32_t> tok_y = {0, 1, 0, 2, 3, 4, 5, 6, 7, 0, 0, 0, 1, 2, 3};
-  const std::vector<int32_t> named_ids = {2, 0, 4, 1, 3};
-  DeviceBuffer dcount = to_device(count), dtc = to_device(tok_count), dtx = to_device(tok_x), dty = to_device(tok_y),
-               dnid = to_device(named_ids);
-  MatvecArgs n;
-  n.w = w.m.slice_rows(0, rows);
-  n.w_group_bytes = w.m.row_bytes * rows;
-  n.w_group_index = dnid.as<int32_t>();
-  n.x = dx.as<float>();
-  n.x_tok_stride = cols;
-  n.y = arena;
-  n.y_tok_stride = rows;
-  n.tokens = tokens;
-  n.groups = 5;
-  n.group_count = dcount.as<int32_t>();
-  n.tok_count = dtc.as<int32_t>();
-  n.tok_x = dtx.as<int32_t>();
-  n.tok_y = dty.as<int32_t>();
-  ASSERT_EQ(diff_kernels(n, o), "") << "tokens named on the device";
 }
 
 // Timing lines: an output-head-sized matrix (154,880 x 4,096, 357 MB), a KDA projection's 8,192 x
 // 4,096 (18.9 MB) and 4,096 x 2,048 (an expert's down, 4.7 MB); 1 and 2 tokens, both kernels; GB/s of weights read against the copy bandwidth (read + write).
 // Printed, not asserted; the outputs of the two kernels are compared as above.
 TEST_F(MatvecMmaTest, TimingLines) {
-  const GgmlType type = kType;
+  const GgmlType type = GgmlType::Q4_K;
   int dev = 0;
   ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
   const double copy = measure_copy_bandwidth(dev, 256ull << 20, 5);

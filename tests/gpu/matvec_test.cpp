@@ -226,13 +226,14 @@ TEST_P(MatvecTest, RowsOfOneLaunchGiveTheOneRowProducts) {
 
 // On the int16 path the rows of one launch have the 1-row kernel's bits exactly (a unit's weights are
 // made ready once for all tokens, then each token's product is the 1-row expression): rows of 8, 16
-// and 32 lanes, row counts off the blocks' multiples, every token count that fits shared memory.
+// and 32 lanes, row counts off the blocks' multiples, every token count that fits shared memory; at
+// 2,048 and 4,096 columns the 1-row IQ3_S launch stages whole rows in shared memory (gpu/matvec_int16.cu).
 TEST_P(MatvecTest, Int16RowsOfOneLaunchHaveTheOneRowBits) {
   const GgmlType type = GetParam();
   if (!int16_type(type)) GTEST_SKIP() << "not an int16-path type";
   std::mt19937 rng(41);
   std::normal_distribution<float> n(0.0f, 1.0f);
-  for (const size_t cols : {256u, 512u, 4096u}) {
+  for (const size_t cols : {256u, 512u, 2048u, 4096u}) {
     const size_t rows = 301;
     const auto data = random_rows(type, rows, cols, rng);
     Uploaded u = upload(type, data, rows, cols);

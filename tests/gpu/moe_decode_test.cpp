@@ -23,6 +23,7 @@
 #include "gpu/cuda_memory.hpp"
 #include "gpu/decode_fusion.hpp"
 #include "gpu/kernels.hpp"
+#include "gpu/matvec_mma.hpp"
 #include "gpu/moe_decode.hpp"
 #include "model/formats/quant.hpp"
 #include "tests/gpu/gpu_test_support.hpp"
@@ -348,16 +349,17 @@ void one_row_takes_the_shared_expert(GgmlType type, GgmlType shared, bool fused)
 
 TEST_P(MoeDecodeTest, OneRowTakesTheSharedExpertInItsLaunches) { one_row_takes_the_shared_expert(GetParam(), GetParam(), true); }
 
-// A shared expert of another type than the routed experts' (the user's mix: IQ3_S routes, a Q5_K
-// shared expert): in their launches where the dp2a kernel reads both types, apart where Q4_K (the
-// tensor-core kernel's) is one of them.
+// A shared expert of another type than the routed experts' (IQ3_S routes, a Q5_K shared expert): in
+// their launches where the dp2a kernel reads both types, apart where one of them is a type of the
+// tensor-core kernel (Q4_K; Q5_K where that kernel is built).
 TEST(MoeDecodeMixedTypes, OneRowTakesASharedExpertOfAnotherType) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
   upload_quant_tables();
+  const bool q5k_mixed = !matvec_mma_takes(GgmlType::Q5_K);
   const struct {
     GgmlType routed, shared;
     bool fused;
-  } cases[] = {{GgmlType::IQ3_S, GgmlType::Q5_K, true},   {GgmlType::Q5_K, GgmlType::IQ3_S, true},
+  } cases[] = {{GgmlType::IQ3_S, GgmlType::Q5_K, q5k_mixed}, {GgmlType::Q5_K, GgmlType::IQ3_S, q5k_mixed},
                {GgmlType::IQ4_XS, GgmlType::Q6_K, true},  {GgmlType::Q6_K, GgmlType::IQ4_XS, true},
                {GgmlType::IQ3_S, GgmlType::IQ4_XS, true}, {GgmlType::Q4_K, GgmlType::Q5_K, false},
                {GgmlType::Q5_K, GgmlType::Q4_K, false}};
@@ -426,7 +428,8 @@ TEST(MoeDecodeModelShape, OneRowFusedGivesTheLaunchesApartBits) {
   one_row_fused_at_the_model_shape(GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q4_K);
 }
 
-// The user's mix (maya-l.recipe): IQ3_S gate and up, Q5_K down and shared expert, on the dp2a kernel.
+// The user's mix (maya-l.recipe): IQ3_S gate and up (the dp2a kernel), Q5_K down and shared expert
+// (the tensor-core kernel where it is built: the shared gate and up then a launch of their own).
 TEST(MoeDecodeModelShape, OneRowFusedOfTheUsersMixGivesTheLaunchesApartBits) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
   upload_quant_tables();
