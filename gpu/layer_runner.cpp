@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -24,7 +25,10 @@ using T = model::Glm5Tensor;
 
 LayerRunner::LayerRunner(const model::Glm5Hparams& hp, const DeviceWeights& weights, StageState& state, Workspace& work,
                          StageExperts* experts, blas::Handle cublas, cudaStream_t stream)
-    : hp_(hp), d_(hp), weights_(weights), state_(state), w_(work), experts_(experts), cublas_(cublas), s_(stream) {}
+    : hp_(hp), d_(hp), weights_(weights), state_(state), w_(work), experts_(experts), cublas_(cublas), s_(stream) {
+  const char* v = std::getenv("FERRY_COMB_BRANCH");  // temporary A/B switch for the H200 check
+  comb_on_branch_ = v == nullptr || std::string(v) != "0";
+}
 
 // The matvec kernels for up to 8 rows, else cuBLAS: fp32 SGEMM for f32 weights; for the rest,
 // tensor-core fp16 GEMMs with fp32 accumulation over split operands, W_hi x_hi + (W_hi x_lo + W_lo x_hi)
@@ -185,6 +189,7 @@ void LayerRunner::mhc_site(const StepGeometry& g, const DevMatrix& fn, const flo
   fused.combine = post_first && combine_pending_ ? &combine_ : nullptr;
   fused.post_in = w_.post;
   fused.comb_in = w_.comb;
+  if (comb_on_branch_) fused.branch = &comb_branch_;
   if (mhc_post_pre(fused, s_)) {
     // One launch did all: its time counts as the pre's; the post is still marked (with no time of its own).
     if (fused.combine != nullptr) combine_pending_ = false;
@@ -192,6 +197,7 @@ void LayerRunner::mhc_site(const StepGeometry& g, const DevMatrix& fn, const flo
     if (post_first) mark(OpGroup::mhc_post);
     return;
   }
+  comb_branch_.join(s_);  // the post reads comb, and the pre writes it
   finish_combine(g.rows);
   if (post_first) {
     mhc_post(w_.R, w_.y, w_.post, w_.comb, g.rows, d_.H, d_.D, s_);
@@ -533,6 +539,7 @@ void LayerRunner::forward(model::LayerRange layers, const StepGeometry& g, const
   // decode step's MoE combine); the last one after the loop.
   bool post_pending = false;
   combine_pending_ = false;
+  comb_branch_.abandon();
   for (uint32_t il = layers.first; il < layers.end; ++il) {
     const DevLayer& l = weights_.layer(il);
     mhc_site(g, l.m(T::hc_attn_fn), l.v(T::hc_attn_base), l.v(T::hc_attn_scale), l.v(T::attn_norm), post_pending);
@@ -551,6 +558,7 @@ void LayerRunner::forward(model::LayerRange layers, const StepGeometry& g, const
     }
     post_pending = true;
   }
+  comb_branch_.join(s_);  // the last post reads comb; a capture ends with the branch joined
   if (post_pending && combine_pending_) {
     combine_pending_ = false;
     mhc_post_combine(w_.R, combine_, w_.post, w_.comb, g.rows, d_.H, d_.D, s_);

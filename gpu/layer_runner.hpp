@@ -92,6 +92,8 @@ class LayerRunner {
   StepTrace* trace_ = nullptr;
   bool combine_pending_ = false;  // w_.y is combine_'s sum, not yet made
   MoeCombineIn combine_;
+  MhcCombBranch comb_branch_;  // the fused sites' comb, made beside the sublayer (gpu/mhc_decode.hpp)
+  bool comb_on_branch_ = true;
 };
 
 }  // namespace ferry::gpu

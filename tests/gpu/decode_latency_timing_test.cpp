@@ -1,8 +1,9 @@
 // Timing lines (printed, not asserted) of decode's one-block-latency kernels where a decode graph runs
 // them: an mHC site (the post, the mixer product and the pre in one launch, gpu/mhc_decode.hpp) after
 // the 4,096 x 4,096 Q4_K matvec whose output it takes, and the router after its 288-row matvec, each
-// in a captured chain of 12 links with PDL as the decode graphs have it; a chain of the matvecs alone
-// is subtracted, so a line says what the kernel adds to a step. The bits are MhcDecode's and
+// in a captured chain of 12 links with PDL as the decode graphs have it (the site also with its comb
+// made on a branch, MhcCombBranch); a chain of the matvecs alone is subtracted, so a line says what
+// the kernel adds to a step. The bits are MhcDecode's and
 // MoeRoute's concern.
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -71,8 +72,9 @@ TEST(DecodeLatencyTiming, MhcSiteAfterItsMatvec) {
       fm.push_back(DevMatrix{model::GgmlType::F32, fns.back().as<uint8_t>(), kMix, H * D, size_t{H} * D * 4});
     }
     bool fused = true;
-    auto chain = [&](bool sites) {
-      return [&, sites](cudaStream_t s) {
+    MhcCombBranch branch;
+    auto chain = [&](bool sites, bool on_branch = false) {
+      return [&, sites, on_branch](cudaStream_t s) {
         for (uint32_t i = 0; i < kLinks; ++i) {
           matvec_into(w, x.as<float>(), rows, y.as<float>(), s);
           if (!sites) continue;
@@ -82,17 +84,21 @@ TEST(DecodeLatencyTiming, MhcSiteAfterItsMatvec) {
           p.pre.x = x.as<float>(), p.pre.post = post.as<float>(), p.pre.comb = comb.as<float>();
           p.fn = &fm[i], p.streams = streams.as<float>(), p.y = y.as<float>();
           p.post_in = post.as<float>(), p.comb_in = comb.as<float>();
+          p.branch = on_branch ? &branch : nullptr;
           fused = mhc_post_pre(p, s) && fused;
         }
+        branch.join(s);
       };
     };
     const double matvecs = replay_us(chain(false)), both = replay_us(chain(true));
+    const double branched = replay_us(chain(true, true));
     if (!fused) {
       std::printf("decode latency: mHC site: not fused here (no sm90 code)\n");
       return;
     }
-    std::printf("decode latency: mHC site rows %u: %u x (matvec + site) %.1f us, matvecs alone %.1f us: %.2f us a site\n",
-                rows, kLinks, both, matvecs, (both - matvecs) / kLinks);
+    std::printf("decode latency: mHC site rows %u: %u x (matvec + site) %.1f us, matvecs alone %.1f us: %.2f us a site;"
+                " comb on a branch %.2f us a site\n",
+                rows, kLinks, both, matvecs, (both - matvecs) / kLinks, (branched - matvecs) / kLinks);
   }
 }
 
