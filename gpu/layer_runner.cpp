@@ -13,6 +13,7 @@
 #include "gpu/kda_fusion.hpp"
 #include "gpu/mhc_decode.hpp"
 #include "gpu/moe_decode.hpp"
+#include "gpu/moe_route_decode.hpp"
 #include "gpu/moe_grouped.hpp"
 #include "gpu/mtp_ops.hpp"
 
@@ -28,6 +29,9 @@ LayerRunner::LayerRunner(const model::Glm5Hparams& hp, const DeviceWeights& weig
     : hp_(hp), d_(hp), weights_(weights), state_(state), w_(work), experts_(experts), cublas_(cublas), s_(stream) {
   const char* v = std::getenv("FERRY_COMB_BRANCH");  // temporary A/B switch for the H200 check
   comb_on_branch_ = v == nullptr || std::string(v) != "0";
+  const char* r = std::getenv("FERRY_ROUTE_FUSED");  // temporary A/B switch for the H200 check
+  route_fused_ = r == nullptr || std::string(r) != "0";
+  FERRY_CUDA(cudaMemsetAsync(router_done_.get(), 0, sizeof(uint32_t), s_));
 }
 
 // The matvec kernels for up to 8 rows, else cuBLAS: fp32 SGEMM for f32 weights; for the rest,
@@ -389,7 +393,6 @@ void LayerRunner::finish_combine(uint32_t rows) {
 void LayerRunner::moe_layer(const StepGeometry& g, const DevLayer& l, bool upload_misses, bool defer_combine) {
   const ModelDims& z = d_;
   const uint32_t n = g.rows;
-  mm(l.m(T::ffn_gate_inp), w_.x, z.D, n, w_.rlogits, z.E);
   RouterArgs ra;
   ra.logits = w_.rlogits;
   ra.bias = l.v(T::ffn_exp_probs_b);
@@ -402,7 +405,12 @@ void LayerRunner::moe_layer(const StepGeometry& g, const DevLayer& l, bool uploa
   ra.scaling = hp_.routed_scaling;
   ra.ids = w_.rids;
   ra.weights = w_.rweights;
-  moe_route(ra, s_);
+  // Decode rows: the product and the route in one launch where it applies (gpu/moe_route_decode.hpp).
+  if (!route_fused_ || n > kMaxMatvecTokens ||
+      !moe_route_decode(l.m(T::ffn_gate_inp), w_.x, z.D, w_.rlogits, ra, router_done_.as<uint32_t>(), s_)) {
+    mm(l.m(T::ffn_gate_inp), w_.x, z.D, n, w_.rlogits, z.E);
+    moe_route(ra, s_);
+  }
   mark(OpGroup::moe_router);
   if (trace_ != nullptr) trace_->add_routes(l.index, ra.ids, n, ra.k, s_);
   const bool shared = !l.m(T::ffn_gate_shexp).empty();

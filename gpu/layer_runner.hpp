@@ -94,6 +94,8 @@ class LayerRunner {
   MoeCombineIn combine_;
   MhcCombBranch comb_branch_;  // the fused sites' comb, made beside the sublayer (gpu/mhc_decode.hpp)
   bool comb_on_branch_ = true;
+  DeviceBuffer router_done_{sizeof(uint32_t)};  // moe_route_decode's count of finished blocks
+  bool route_fused_ = true;
 };
 
 }  // namespace ferry::gpu

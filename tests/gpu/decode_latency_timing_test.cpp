@@ -2,8 +2,8 @@
 // them: an mHC site (the post, the mixer product and the pre in one launch, gpu/mhc_decode.hpp) after
 // the 4,096 x 4,096 Q4_K matvec whose output it takes, and the router after its 288-row matvec, each
 // in a captured chain of 12 links with PDL as the decode graphs have it (the site also with its comb
-// made on a branch, MhcCombBranch); a chain of the matvecs alone is subtracted, so a line says what
-// the kernel adds to a step. The bits are MhcDecode's and
+// made on a branch, MhcCombBranch; the router also with its product in one launch, moe_route_decode); a
+// chain of the matvecs alone is subtracted, so a line says what the kernel adds to a step. The bits are MhcDecode's and
 // MoeRoute's concern.
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -18,6 +18,7 @@
 #include "gpu/cuda_memory.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/mhc_decode.hpp"
+#include "gpu/moe_route_decode.hpp"
 #include "gpu/pdl.hpp"
 #include "tests/gpu/gpu_test_support.hpp"
 #include "tests/gpu/graph_timing.hpp"
@@ -114,6 +115,9 @@ TEST(DecodeLatencyTiming, RouterAfterItsMatvec) {
     RouterArgs a;
     a.logits = logits.as<float>(), a.bias = bias.as<float>(), a.rows = rows, a.E = E, a.k = K;
     a.ids = ids.as<int32_t>(), a.weights = weights.as<float>();
+    DeviceBuffer done(4);
+    ASSERT_EQ(cudaMemset(done.get(), 0, 4), cudaSuccess);
+    bool fused = true;
     auto chain = [&](bool route) {
       return [&, route](cudaStream_t s) {
         for (uint32_t i = 0; i < kLinks; ++i) {
@@ -122,9 +126,16 @@ TEST(DecodeLatencyTiming, RouterAfterItsMatvec) {
         }
       };
     };
-    const double matvecs = replay_us(chain(false)), both = replay_us(chain(true));
-    std::printf("decode latency: router rows %u: %u x (matvec + route) %.1f us, matvecs alone %.1f us: %.2f us a route\n",
-                rows, kLinks, both, matvecs, (both - matvecs) / kLinks);
+    auto one_launch = [&](cudaStream_t s) {
+      for (uint32_t i = 0; i < kLinks; ++i) {
+        fused = moe_route_decode(w, x.as<float>(), D, logits.as<float>(), a, done.as<uint32_t>(), s) && fused;
+      }
+    };
+    const double matvecs = replay_us(chain(false)), both = replay_us(chain(true)), one = replay_us(one_launch);
+    std::printf("decode latency: router rows %u: %u x (matvec + route) %.1f us, matvecs alone %.1f us: %.2f us a route;"
+                " in one launch (gpu/moe_route_decode.hpp%s) %.1f us: %.2f us a route\n",
+                rows, kLinks, both, matvecs, (both - matvecs) / kLinks, fused ? "" : ": refused", one,
+                (one - matvecs) / kLinks);
   }
 }
 
