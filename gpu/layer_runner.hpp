@@ -15,6 +15,7 @@
 #include "gpu/stage_state.hpp"
 #include "gpu/step_input.hpp"
 #include "gpu/step_trace.hpp"
+#include "gpu/stream_branch.hpp"
 #include "gpu/workspace.hpp"
 
 namespace ferry::gpu {
@@ -69,6 +70,12 @@ class LayerRunner {
                 bool post_first);
   void kda_layer(const StepGeometry& g, const DevLayer& l, LayerState& st);
   void dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState& st);
+  IndexerArgs indexer_args(const StepGeometry& g, const DevLayer& l, LayerState& st) const;
+  // The indexer's key and gate products of x, then the step's keys into the rings and pools, on `stream`.
+  void indexer_keys(const StepGeometry& g, const DevLayer& l, LayerState& st, cudaStream_t stream);
+  // mm_staged's product on s_; on another stream (a branch's), the matvec of decode rows.
+  void product_on(cudaStream_t stream, const DevMatrix& m, const float* x, size_t ldx, uint32_t n, float* y,
+                  size_t ldy, StagedInput* staged);
   void dense_ffn(const DevMatrix& gate, const DevMatrix& up, const DevMatrix& down, uint32_t n, float* y);
   // defer_combine: a decode step leaves the combine to the next mHC site (combine_), which makes the
   // post's y itself where it can (gpu/mhc_decode.hpp); finish_combine() launches it where not.
@@ -96,6 +103,10 @@ class LayerRunner {
   bool comb_on_branch_ = true;
   DeviceBuffer router_done_{sizeof(uint32_t)};  // moe_route_decode's count of finished blocks
   bool route_fused_ = true;
+  StreamBranch conv_branch_;  // KDA's convolution in decode steps, beside the gate's products
+  bool conv_beside_ = true;
+  StreamBranch dsa_branch_;  // a DSA layer's indexer in decode steps, beside q_b and k_b
+  bool dsa_beside_ = true;
 };
 
 }  // namespace ferry::gpu

@@ -430,21 +430,6 @@ bool mhc_pre_clustered(const MhcArgs& a, cudaStream_t stream) {
 
 MhcCombBranch::MhcCombBranch() : logits_(size_t{kMhcClusterMaxRows} * kH * kH * sizeof(float)) {}
 
-void MhcCombBranch::join(cudaStream_t stream) {
-  if (!pending_) return;
-  FERRY_CUDA(cudaStreamWaitEvent(stream, made_.get(), 0));
-  pending_ = false;
-}
-
-void MhcCombBranch::fork(cudaStream_t stream, uint32_t rows, float* comb, uint32_t iters, float hc_eps) {
-  forked_.record(stream);
-  FERRY_CUDA(cudaStreamWaitEvent(side_.get(), forked_.get(), 0));
-  mhc_comb_kernel<<<rows, 32, 0, side_.get()>>>(logits_.as<float>(), comb, iters, hc_eps);
-  FERRY_CUDA_LAUNCHED();
-  made_.record(side_.get());
-  pending_ = true;
-}
-
 bool mhc_post_pre(const MhcPostPre& p, cudaStream_t stream) {
   const MhcArgs& a = p.pre;
   const DevMatrix& fn = *p.fn;
@@ -476,7 +461,12 @@ bool mhc_post_pre(const MhcPostPre& p, cudaStream_t stream) {
     f.comb_logits = p.branch->logits_.as<float>();
   }
   launch(f, plan, stream);
-  if (p.branch != nullptr) p.branch->fork(stream, a.rows, a.comb, a.iters, a.hc_eps);
+  if (p.branch != nullptr) {
+    // comb from the logits beside the sublayer (the site's Sinkhorn, moved).
+    const cudaStream_t side = p.branch->branch_.fork(stream);
+    mhc_comb_kernel<<<a.rows, 32, 0, side>>>(p.branch->logits_.as<float>(), a.comb, a.iters, a.hc_eps);
+    FERRY_CUDA_LAUNCHED();
+  }
   return true;
 }
 

@@ -3,6 +3,7 @@
 // and the same kernel with the site's mixer product and the post of the site before in one launch.
 #include "gpu/cuda_memory.hpp"
 #include "gpu/kernels.hpp"
+#include "gpu/stream_branch.hpp"
 
 namespace ferry::gpu {
 
@@ -43,19 +44,15 @@ class MhcCombBranch {
  public:
   MhcCombBranch();
   // `stream` waits for the comb being made on the branch (nothing when none is).
-  void join(cudaStream_t stream);
+  void join(cudaStream_t stream) { branch_.join(stream); }
   // Forgets an unjoined fork: a step that threw may have left one in a capture that is gone.
-  void abandon() { pending_ = false; }
+  void abandon() { branch_.abandon(); }
 
  private:
   friend bool mhc_post_pre(const MhcPostPre& p, cudaStream_t stream);
-  // After the site on `stream`: the branch makes comb ([rows][H*H]) from the logits it wrote.
-  void fork(cudaStream_t stream, uint32_t rows, float* comb, uint32_t iters, float hc_eps);
 
-  Stream side_;
-  Event forked_{false}, made_{false};
+  StreamBranch branch_;
   DeviceBuffer logits_;  // [kMhcClusterMaxRows][H*H], H = 4
-  bool pending_ = false;
 };
 
 // One mHC site in one launch: when y or combine is set, first the post of the site before
