@@ -31,8 +31,8 @@ LayerRunner::LayerRunner(const model::Glm5Hparams& hp, const DeviceWeights& weig
   comb_on_branch_ = v == nullptr || std::string(v) != "0";
   const char* r = std::getenv("FERRY_ROUTE_FUSED");  // temporary A/B switch for the H200 check
   route_fused_ = r == nullptr || std::string(r) != "0";
-  const char* c = std::getenv("FERRY_CONV_BRANCH");  // temporary A/B switch for the H200 check
-  conv_beside_ = c == nullptr || std::string(c) != "0";
+  const char* c = std::getenv("FERRY_CONV_BRANCH");  // temporary A/B switch for the H200 check: 0, 1 conv, 2 qkv + conv
+  conv_mode_ = c == nullptr ? 2 : std::atoi(c);
   const char* d = std::getenv("FERRY_DSA_BRANCH");  // temporary A/B switch for the H200 check
   dsa_beside_ = d == nullptr || std::string(d) != "0";
   FERRY_CUDA(cudaMemsetAsync(router_done_.get(), 0, sizeof(uint32_t), s_));
@@ -221,8 +221,16 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   const uint32_t n = g.rows;
   const MatvecProduct qkv[] = {
       {&l.m(T::attn_q), w_.qkv_raw}, {&l.m(T::attn_k), w_.qkv_raw + z.C}, {&l.m(T::attn_v), w_.qkv_raw + 2 * z.C}};
+  // A decode step's q/k/v products and convolution beside f_a / g_a / beta and f_b / g_b, which do not
+  // read them: off the chain to the recurrence (gpu/stream_branch.hpp). Eager op times keep them in line.
+  const bool beside = conv_mode_ > 0 && n <= kMaxMatvecTokens && times_ == nullptr;
+  const cudaStream_t qkv_stream = beside && conv_mode_ == 2 ? conv_branch_.fork(s_) : s_;
   StagedInput x_split;  // both groups of products of x take its one fp16 split (kda_conv leaves the staging)
-  mm_products(qkv, 3, w_.x, z.D, n, 3 * z.C, &x_split);
+  if (qkv_stream == s_) {
+    mm_products(qkv, 3, w_.x, z.D, n, 3 * z.C, &x_split);
+  } else if (!matvec_products(qkv, 3, w_.x, z.D, n, 3 * z.C, qkv_stream)) {
+    for (const MatvecProduct& p : qkv) product_on(qkv_stream, *p.m, w_.x, z.D, n, p.y, 3 * z.C, nullptr);
+  }
   mark(OpGroup::kda_proj);
   KdaArgs a;
   a.row = g.row;
@@ -236,10 +244,7 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   a.qkv_raw = w_.qkv_raw;
   a.conv_w = l.conv;
   a.conv_state = st.conv;
-  // A decode step's convolution beside f_a / g_a / beta and f_b / g_b, which do not read q, k or v:
-  // off the chain to the recurrence (gpu/stream_branch.hpp). Eager op times keep it in line.
-  const bool beside = conv_beside_ && n <= kMaxMatvecTokens && times_ == nullptr;
-  kda_conv(a, beside ? conv_branch_.fork(s_) : s_);
+  kda_conv(a, !beside ? s_ : qkv_stream != s_ ? qkv_stream : conv_branch_.fork(s_));
   mark(OpGroup::kda_conv);
   // The gate's low-rank input (g_a) and beta with f_a's: all read x.
   const MatvecProduct fa_ga_beta[] = {

@@ -103,8 +103,8 @@ class LayerRunner {
   bool comb_on_branch_ = true;
   DeviceBuffer router_done_{sizeof(uint32_t)};  // moe_route_decode's count of finished blocks
   bool route_fused_ = true;
-  StreamBranch conv_branch_;  // KDA's convolution in decode steps, beside the gate's products
-  bool conv_beside_ = true;
+  StreamBranch conv_branch_;  // KDA's q/k/v and convolution in decode steps, beside the gate's products
+  int conv_mode_ = 2;
   StreamBranch dsa_branch_;  // a DSA layer's indexer in decode steps, beside q_b and k_b
   bool dsa_beside_ = true;
 };
