@@ -454,9 +454,8 @@ void LayerRunner::moe_layer(const StepGeometry& g, const DevLayer& l, bool uploa
   ra.scaling = hp_.routed_scaling;
   ra.ids = w_.rids;
   ra.weights = w_.rweights;
-  // Decode rows: the product and the route in one launch where it applies (gpu/moe_route_decode.hpp).
-  if (!route_fused_ || n > kMaxMatvecTokens ||
-      !moe_route_decode(l.m(T::ffn_gate_inp), w_.x, z.D, w_.rlogits, ra, router_done_.as<uint32_t>(), s_)) {
+  // A one-row step: the product and the route in one launch where it applies (gpu/moe_route_decode.hpp).
+  if (!route_fused_ || !moe_route_decode(l.m(T::ffn_gate_inp), w_.x, w_.rlogits, ra, router_done_.as<uint32_t>(), s_)) {
     mm(l.m(T::ffn_gate_inp), w_.x, z.D, n, w_.rlogits, z.E);
     moe_route(ra, s_);
   }

@@ -1,8 +1,8 @@
 // The decode router in one launch (gpu/moe_route_decode.hpp) against its two launches, matvec() and
 // moe_route(): the same logits, ids and weights bit for bit, at GLM's shape (288 experts of 4,096,
-// top 8), DeepSeek's groups rule and the widths the launch takes, 1 to 8 rows; again (the block
+// top 8), DeepSeek's groups rule and the widths the launch takes, for one row; again (the block
 // counter left zero) and replayed from a graph captured with PDL where the device has it. Outputs are
-// poisoned first. Shapes it does not take are refused, launching nothing.
+// poisoned first. Shapes it does not take (more rows among them) are refused, launching nothing.
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -53,7 +53,7 @@ struct RouterCase {
     matvec(v, s);
     moe_route(a, s);
   }
-  bool fused(cudaStream_t s) { return moe_route_decode(m, x.as<float>(), D, logits.as<float>(), a, done.as<uint32_t>(), s); }
+  bool fused(cudaStream_t s) { return moe_route_decode(m, x.as<float>(), logits.as<float>(), a, done.as<uint32_t>(), s); }
   std::vector<uint8_t> read() {
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<uint8_t> out(logits.bytes() + ids.bytes() + weights.bytes() + 4);
@@ -111,28 +111,30 @@ void check(uint32_t E, uint32_t D, uint32_t rows, uint32_t k, uint32_t n_group, 
 TEST(MoeRouteDecode, OneLaunchGivesTheProductAndRouteBits) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(83);
-  for (uint32_t rows : {1u, 2u, 3u, 8u}) check(288, 4096, rows, 8, 1, 1, rng);
-  check(256, 4096, 3, 8, 8, 4, rng);  // the groups rule
-  check(288, 2048, 1, 8, 1, 1, rng);  // the narrowest rows it takes
-  check(288, 8192, 2, 8, 1, 1, rng);  // the widest
-  check(512, 4104, 5, 32, 1, 1, rng);  // the most experts, a last unit short of a warp's round
+  for (int i = 0; i < 4; ++i) check(288, 4096, 1, 8, 1, 1, rng);
+  check(256, 4096, 1, 8, 8, 4, rng);   // the groups rule
+  check(288, 2048, 1, 8, 1, 1, rng);   // the narrowest rows it takes
+  check(288, 8192, 1, 8, 1, 1, rng);   // the widest
+  check(512, 4104, 1, 32, 1, 1, rng);  // the most experts, a last unit short of a warp's round
 }
 
 TEST(MoeRouteDecode, OtherShapesAreLeftToTheTwoLaunches) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(84);
   RouterCase c(288, 4096, 1, 8, 1, 1, rng);
-  EXPECT_FALSE(moe_route_decode(c.m, c.x.as<float>(), 4096, c.logits.as<float>(), c.a, nullptr, nullptr));  // no counter
+  float* const x = c.x.as<float>();
+  float* const logits = c.logits.as<float>();
+  uint32_t* const done = c.done.as<uint32_t>();
+  EXPECT_FALSE(moe_route_decode(c.m, x, logits, c.a, nullptr, nullptr));  // no counter
   DevMatrix half = c.m;
   half.type = model::GgmlType::F16;
-  EXPECT_FALSE(moe_route_decode(half, c.x.as<float>(), 4096, c.logits.as<float>(), c.a, c.done.as<uint32_t>(), nullptr));
+  EXPECT_FALSE(moe_route_decode(half, x, logits, c.a, done, nullptr));
   DevMatrix narrow = c.m;
   narrow.cols = 1024;
-  EXPECT_FALSE(
-      moe_route_decode(narrow, c.x.as<float>(), 4096, c.logits.as<float>(), c.a, c.done.as<uint32_t>(), nullptr));
-  RouterArgs nine = c.a;
-  nine.rows = 9;
-  EXPECT_FALSE(moe_route_decode(c.m, c.x.as<float>(), 4096, c.logits.as<float>(), nine, c.done.as<uint32_t>(), nullptr));
+  EXPECT_FALSE(moe_route_decode(narrow, x, logits, c.a, done, nullptr));
+  RouterArgs two = c.a;
+  two.rows = 2;
+  EXPECT_FALSE(moe_route_decode(c.m, x, logits, two, done, nullptr));
   RouterCase wide(1024, 2048, 1, 8, 1, 1, rng);  // a thread an expert: more than the launch's 512
   EXPECT_FALSE(wide.fused(nullptr));
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
