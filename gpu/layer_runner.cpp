@@ -27,15 +27,21 @@ using T = model::Glm5Tensor;
 LayerRunner::LayerRunner(const model::Glm5Hparams& hp, const DeviceWeights& weights, StageState& state, Workspace& work,
                          StageExperts* experts, blas::Handle cublas, cudaStream_t stream)
     : hp_(hp), d_(hp), weights_(weights), state_(state), w_(work), experts_(experts), cublas_(cublas), s_(stream) {
-  const char* v = std::getenv("FERRY_COMB_BRANCH");  // temporary A/B switch for the H200 check
-  comb_on_branch_ = v == nullptr || std::string(v) != "0";
+  set_decode_branches(true);
   const char* r = std::getenv("FERRY_ROUTE_FUSED");  // temporary A/B switch for the H200 check
   route_fused_ = r == nullptr || std::string(r) != "0";
-  const char* c = std::getenv("FERRY_CONV_BRANCH");  // temporary A/B switch for the H200 check: 0, 1 conv, 2 qkv + conv
-  conv_mode_ = c == nullptr ? 2 : std::atoi(c);
-  const char* d = std::getenv("FERRY_DSA_BRANCH");  // temporary A/B switch for the H200 check
-  dsa_beside_ = d == nullptr || std::string(d) != "0";
   FERRY_CUDA(cudaMemsetAsync(router_done_.get(), 0, sizeof(uint32_t), s_));
+}
+
+void LayerRunner::set_decode_branches(bool on) {
+  // Temporary A/B switches for the H200 check: 0 off; FERRY_CONV_BRANCH 1: the convolution alone.
+  auto env = [](const char* name, int fallback) {
+    const char* v = std::getenv(name);
+    return v == nullptr ? fallback : std::atoi(v);
+  };
+  comb_on_branch_ = on && env("FERRY_COMB_BRANCH", 1) != 0;
+  conv_mode_ = on ? env("FERRY_CONV_BRANCH", 2) : 0;
+  dsa_beside_ = on && env("FERRY_DSA_BRANCH", 1) != 0;
 }
 
 // The matvec kernels for up to 8 rows, else cuBLAS: fp32 SGEMM for f32 weights; for the rest,

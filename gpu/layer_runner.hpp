@@ -38,6 +38,8 @@ class LayerRunner {
   void set_op_times(OpTimes* t) { times_ = t; }
   // Appends each DSA selection and MoE route made from now on to `t` (eager steps only); null: none.
   void set_trace(StepTrace* t) { trace_ = t; }
+  // Whether decode steps fork their side work onto branches (CudaStageOptions::decode_branches).
+  void set_decode_branches(bool on);
 
  private:
   // An input that mm_staged split into the fp16 staging (work.xh / xl), so that later products of the
