@@ -9,6 +9,7 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "gpu/block_reduce.cuh"
 #include "gpu/cuda_check.hpp"
@@ -196,6 +197,9 @@ __device__ __forceinline__ void recurrence(const KdaArgs& a) {
   for (int i = 0; i < S::RP; ++i) st[i] = state[static_cast<size_t>(i) * DK];
   const float rate = -a.a[h];  // exp(A_log)
   const float dt_bias = a.dt_bias[h * DK + e];
+  // Launched with PDL (the decode graphs' fused kernel), the state (this layer's, a step old) and the
+  // weights are asked while the products ahead finish; their outputs only after the wait.
+  pdl_wait();
   auto decay = [&](const TokenInputs& x) { return expf(a.lower_bound / (1.0f + expf(-rate * (x.f + dt_bias)))); };
   auto gate = [](const TokenInputs& x) { return 1.0f / (1.0f + expf(-x.beta)); };
   // in[d]: token t + d's inputs, loaded kAhead tokens ahead; the current token's decay and beta
@@ -359,13 +363,18 @@ bool kda_recurrent_gated_norm(const KdaArgs& a, const GatedNorm& g, cudaStream_t
     cfg.gridDim = dim3(a.heads, a.segments, blocks);
     cfg.blockDim = dim3(a.head_dim);
     cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 1;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = blocks;
+    cudaLaunchAttribute attr[2] = {};
+    cudaLaunchAttribute pdl{};
+    const char* ab = std::getenv("FERRY_REC_PDL");  // temporary A/B switch for the H200 check
+    if (ab == nullptr || ab[0] != '0') pdl_configure(cfg, pdl, reinterpret_cast<const void*>(kernel));  // PDL inside the decode graphs
+    uint32_t n = 0;
+    if (cfg.numAttrs == 1) attr[n++] = pdl;
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = 1;
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = blocks;
     cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = n + 1;
     FERRY_CUDA(cudaLaunchKernelEx(&cfg, kernel, a, g));
     return true;
   };
