@@ -107,6 +107,7 @@ __global__ void qk_norm_kernel(KdaArgs a) {
 // the same order, so the three launches' bits.
 __global__ void conv_decode_kernel(KdaArgs a) {
   pdl_launch_dependents();  // the next matvec may request its weights now (gpu/pdl.hpp)
+  pdl_wait();               // q, k and v are the product's ahead
   const uint32_t lane = threadIdx.x & 31;
   const size_t item = (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x) >> 5;
   const uint32_t C = a.heads * a.head_dim, C3 = 3 * C;
@@ -320,8 +321,7 @@ void kda_conv_decode(const KdaArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
   if (a.kernel < 1 || a.kernel > kMaxConv) throw CudaError("KDA: conv kernel size not in 1..8");
   const size_t warps = static_cast<size_t>(a.segments) * 3 * a.heads;
-  conv_decode_kernel<<<static_cast<unsigned>((warps * 32 + 127) / 128), 128, 0, stream>>>(a);
-  FERRY_CUDA_LAUNCHED();
+  launch_with_pdl(conv_decode_kernel, dim3(static_cast<unsigned>((warps * 32 + 127) / 128)), dim3(128), 0, stream, a);
 }
 
 void kda_conv_rows(const KdaArgs& a, cudaStream_t stream) {
