@@ -365,8 +365,8 @@ bool kda_recurrent_gated_norm(const KdaArgs& a, const GatedNorm& g, cudaStream_t
     cfg.stream = stream;
     cudaLaunchAttribute attr[2] = {};
     cudaLaunchAttribute pdl{};
-    const char* ab = std::getenv("FERRY_REC_PDL");  // temporary A/B switch for the H200 check
-    if (ab == nullptr || ab[0] != '0') pdl_configure(cfg, pdl, reinterpret_cast<const void*>(kernel));  // PDL inside the decode graphs
+    const char* ab = std::getenv("FERRY_H83_OFF");  // temporary: the H200 check's baseline
+    if (ab == nullptr || ab[0] != '1') pdl_configure(cfg, pdl, reinterpret_cast<const void*>(kernel));  // PDL inside the decode graphs
     uint32_t n = 0;
     if (cfg.numAttrs == 1) attr[n++] = pdl;
     attr[n].id = cudaLaunchAttributeClusterDimension;

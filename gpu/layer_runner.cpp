@@ -27,21 +27,9 @@ using T = model::Glm5Tensor;
 LayerRunner::LayerRunner(const model::Glm5Hparams& hp, const DeviceWeights& weights, StageState& state, Workspace& work,
                          StageExperts* experts, blas::Handle cublas, cudaStream_t stream)
     : hp_(hp), d_(hp), weights_(weights), state_(state), w_(work), experts_(experts), cublas_(cublas), s_(stream) {
-  set_decode_branches(true);
-  const char* r = std::getenv("FERRY_ROUTE_FUSED");  // temporary A/B switch for the H200 check
-  route_fused_ = r == nullptr || std::string(r) != "0";
+  const char* off = std::getenv("FERRY_H83_OFF");  // temporary: the H200 check's baseline
+  h83_off_ = off != nullptr && off[0] == '1';
   FERRY_CUDA(cudaMemsetAsync(router_done_.get(), 0, sizeof(uint32_t), s_));
-}
-
-void LayerRunner::set_decode_branches(bool on) {
-  // Temporary A/B switches for the H200 check: 0 off; FERRY_CONV_BRANCH 1: the convolution alone.
-  auto env = [](const char* name, int fallback) {
-    const char* v = std::getenv(name);
-    return v == nullptr ? fallback : std::atoi(v);
-  };
-  comb_on_branch_ = on && env("FERRY_COMB_BRANCH", 1) != 0;
-  conv_mode_ = on ? env("FERRY_CONV_BRANCH", 2) : 0;
-  dsa_beside_ = on && env("FERRY_DSA_BRANCH", 1) != 0;
 }
 
 // The matvec kernels for up to 8 rows, else cuBLAS: fp32 SGEMM for f32 weights; for the rest,
@@ -203,7 +191,7 @@ void LayerRunner::mhc_site(const StepGeometry& g, const DevMatrix& fn, const flo
   fused.combine = post_first && combine_pending_ ? &combine_ : nullptr;
   fused.post_in = w_.post;
   fused.comb_in = w_.comb;
-  if (comb_on_branch_) fused.branch = &comb_branch_;
+  if (branches_ && !h83_off_) fused.branch = &comb_branch_;
   if (mhc_post_pre(fused, s_)) {
     // One launch did all: its time counts as the pre's; the post is still marked (with no time of its own).
     if (fused.combine != nullptr) combine_pending_ = false;
@@ -227,16 +215,8 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   const uint32_t n = g.rows;
   const MatvecProduct qkv[] = {
       {&l.m(T::attn_q), w_.qkv_raw}, {&l.m(T::attn_k), w_.qkv_raw + z.C}, {&l.m(T::attn_v), w_.qkv_raw + 2 * z.C}};
-  // A decode step's q/k/v products and convolution beside f_a / g_a / beta and f_b / g_b, which do not
-  // read them: off the chain to the recurrence (gpu/stream_branch.hpp). Eager op times keep them in line.
-  const bool beside = conv_mode_ > 0 && n <= kMaxMatvecTokens && times_ == nullptr;
-  const cudaStream_t qkv_stream = beside && conv_mode_ == 2 ? conv_branch_.fork(s_) : s_;
   StagedInput x_split;  // both groups of products of x take its one fp16 split (kda_conv leaves the staging)
-  if (qkv_stream == s_) {
-    mm_products(qkv, 3, w_.x, z.D, n, 3 * z.C, &x_split);
-  } else if (!matvec_products(qkv, 3, w_.x, z.D, n, 3 * z.C, qkv_stream)) {
-    for (const MatvecProduct& p : qkv) product_on(qkv_stream, *p.m, w_.x, z.D, n, p.y, 3 * z.C, nullptr);
-  }
+  mm_products(qkv, 3, w_.x, z.D, n, 3 * z.C, &x_split);
   mark(OpGroup::kda_proj);
   KdaArgs a;
   a.row = g.row;
@@ -250,7 +230,10 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   a.qkv_raw = w_.qkv_raw;
   a.conv_w = l.conv;
   a.conv_state = st.conv;
-  kda_conv(a, !beside ? s_ : qkv_stream != s_ ? qkv_stream : conv_branch_.fork(s_));
+  // A decode step's convolution beside f_a / g_a / beta and f_b / g_b, which do not read q, k or v:
+  // off the chain to the recurrence (gpu/stream_branch.hpp). Eager op times keep it in line.
+  const bool beside = branches_ && !h83_off_ && n <= kMaxMatvecTokens && times_ == nullptr;
+  kda_conv(a, beside ? conv_branch_.fork(s_) : s_);
   mark(OpGroup::kda_conv);
   // The gate's low-rank input (g_a) and beta with f_a's: all read x.
   const MatvecProduct fa_ga_beta[] = {
@@ -308,7 +291,8 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
   // A decode step's indexer beside the chain of the norms, q_b and k_b, which meets it at the sparse
   // attention: its keys (from x) forked here, its query and selection after the norms make qr
   // (gpu/stream_branch.hpp). Eager steps that time ops or trace selections keep it in line.
-  const bool beside = dsa_beside_ && l.has_indexer && n <= kMaxMatvecTokens && times_ == nullptr && trace_ == nullptr;
+  const bool beside =
+      branches_ && !h83_off_ && l.has_indexer && n <= kMaxMatvecTokens && times_ == nullptr && trace_ == nullptr;
   if (beside) indexer_keys(g, l, st, dsa_branch_.fork(s_));
   dsa_norms(na, s_);
   if (window != nullptr) window->store(l.index, w_.lat, z.kvlr, g.row, n, s_);
@@ -461,7 +445,7 @@ void LayerRunner::moe_layer(const StepGeometry& g, const DevLayer& l, bool uploa
   ra.ids = w_.rids;
   ra.weights = w_.rweights;
   // A one-row step: the product and the route in one launch where it applies (gpu/moe_route_decode.hpp).
-  if (!route_fused_ || !moe_route_decode(l.m(T::ffn_gate_inp), w_.x, w_.rlogits, ra, router_done_.as<uint32_t>(), s_)) {
+  if (h83_off_ || !moe_route_decode(l.m(T::ffn_gate_inp), w_.x, w_.rlogits, ra, router_done_.as<uint32_t>(), s_)) {
     mm(l.m(T::ffn_gate_inp), w_.x, z.D, n, w_.rlogits, z.E);
     moe_route(ra, s_);
   }

@@ -39,7 +39,7 @@ class LayerRunner {
   // Appends each DSA selection and MoE route made from now on to `t` (eager steps only); null: none.
   void set_trace(StepTrace* t) { trace_ = t; }
   // Whether decode steps fork their side work onto branches (CudaStageOptions::decode_branches).
-  void set_decode_branches(bool on);
+  void set_decode_branches(bool on) { branches_ = on; }
 
  private:
   // An input that mm_staged split into the fp16 staging (work.xh / xl), so that later products of the
@@ -101,14 +101,14 @@ class LayerRunner {
   StepTrace* trace_ = nullptr;
   bool combine_pending_ = false;  // w_.y is combine_'s sum, not yet made
   MoeCombineIn combine_;
-  MhcCombBranch comb_branch_;  // the fused sites' comb, made beside the sublayer (gpu/mhc_decode.hpp)
-  bool comb_on_branch_ = true;
+  // Decode steps' side work on forked branches (gpu/stream_branch.hpp): the fused sites' comb, made
+  // beside the sublayer (gpu/mhc_decode.hpp), KDA's convolution beside the gate's products, a DSA
+  // layer's indexer beside q_b and k_b.
+  bool branches_ = true;
+  MhcCombBranch comb_branch_;
+  StreamBranch conv_branch_, dsa_branch_;
   DeviceBuffer router_done_{sizeof(uint32_t)};  // moe_route_decode's count of finished blocks
-  bool route_fused_ = true;
-  StreamBranch conv_branch_;  // KDA's q/k/v and convolution in decode steps, beside the gate's products
-  int conv_mode_ = 2;
-  StreamBranch dsa_branch_;  // a DSA layer's indexer in decode steps, beside q_b and k_b
-  bool dsa_beside_ = true;
+  bool h83_off_ = false;
 };
 
 }  // namespace ferry::gpu
