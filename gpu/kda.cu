@@ -9,7 +9,6 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "gpu/block_reduce.cuh"
 #include "gpu/cuda_check.hpp"
@@ -365,8 +364,7 @@ bool kda_recurrent_gated_norm(const KdaArgs& a, const GatedNorm& g, cudaStream_t
     cfg.stream = stream;
     cudaLaunchAttribute attr[2] = {};
     cudaLaunchAttribute pdl{};
-    const char* ab = std::getenv("FERRY_H83_OFF");  // temporary: the H200 check's baseline
-    if (ab == nullptr || ab[0] != '1') pdl_configure(cfg, pdl, reinterpret_cast<const void*>(kernel));  // PDL inside the decode graphs
+    pdl_configure(cfg, pdl, reinterpret_cast<const void*>(kernel));  // PDL inside the decode graphs
     uint32_t n = 0;
     if (cfg.numAttrs == 1) attr[n++] = pdl;
     attr[n].id = cudaLaunchAttributeClusterDimension;

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -27,8 +26,6 @@ using T = model::Glm5Tensor;
 LayerRunner::LayerRunner(const model::Glm5Hparams& hp, const DeviceWeights& weights, StageState& state, Workspace& work,
                          StageExperts* experts, blas::Handle cublas, cudaStream_t stream)
     : hp_(hp), d_(hp), weights_(weights), state_(state), w_(work), experts_(experts), cublas_(cublas), s_(stream) {
-  const char* off = std::getenv("FERRY_H83_OFF");  // temporary: the H200 check's baseline
-  h83_off_ = off != nullptr && off[0] == '1';
   FERRY_CUDA(cudaMemsetAsync(router_done_.get(), 0, sizeof(uint32_t), s_));
 }
 
@@ -191,7 +188,7 @@ void LayerRunner::mhc_site(const StepGeometry& g, const DevMatrix& fn, const flo
   fused.combine = post_first && combine_pending_ ? &combine_ : nullptr;
   fused.post_in = w_.post;
   fused.comb_in = w_.comb;
-  if (branches_ && !h83_off_) fused.branch = &comb_branch_;
+  if (branches_) fused.branch = &comb_branch_;
   if (mhc_post_pre(fused, s_)) {
     // One launch did all: its time counts as the pre's; the post is still marked (with no time of its own).
     if (fused.combine != nullptr) combine_pending_ = false;
@@ -232,7 +229,7 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   a.conv_state = st.conv;
   // A decode step's convolution beside f_a / g_a / beta and f_b / g_b, which do not read q, k or v:
   // off the chain to the recurrence (gpu/stream_branch.hpp). Eager op times keep it in line.
-  const bool beside = branches_ && !h83_off_ && n <= kMaxMatvecTokens && times_ == nullptr;
+  const bool beside = branches_ && n <= kMaxMatvecTokens && times_ == nullptr;
   kda_conv(a, beside ? conv_branch_.fork(s_) : s_);
   mark(OpGroup::kda_conv);
   // The gate's low-rank input (g_a) and beta with f_a's: all read x.
@@ -291,8 +288,7 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
   // A decode step's indexer beside the chain of the norms, q_b and k_b, which meets it at the sparse
   // attention: its keys (from x) forked here, its query and selection after the norms make qr
   // (gpu/stream_branch.hpp). Eager steps that time ops or trace selections keep it in line.
-  const bool beside =
-      branches_ && !h83_off_ && l.has_indexer && n <= kMaxMatvecTokens && times_ == nullptr && trace_ == nullptr;
+  const bool beside = branches_ && l.has_indexer && n <= kMaxMatvecTokens && times_ == nullptr && trace_ == nullptr;
   if (beside) indexer_keys(g, l, st, dsa_branch_.fork(s_));
   dsa_norms(na, s_);
   if (window != nullptr) window->store(l.index, w_.lat, z.kvlr, g.row, n, s_);
@@ -445,7 +441,7 @@ void LayerRunner::moe_layer(const StepGeometry& g, const DevLayer& l, bool uploa
   ra.ids = w_.rids;
   ra.weights = w_.rweights;
   // A one-row step: the product and the route in one launch where it applies (gpu/moe_route_decode.hpp).
-  if (h83_off_ || !moe_route_decode(l.m(T::ffn_gate_inp), w_.x, w_.rlogits, ra, router_done_.as<uint32_t>(), s_)) {
+  if (!moe_route_decode(l.m(T::ffn_gate_inp), w_.x, w_.rlogits, ra, router_done_.as<uint32_t>(), s_)) {
     mm(l.m(T::ffn_gate_inp), w_.x, z.D, n, w_.rlogits, z.E);
     moe_route(ra, s_);
   }

@@ -108,7 +108,6 @@ class LayerRunner {
   MhcCombBranch comb_branch_;
   StreamBranch conv_branch_, dsa_branch_;
   DeviceBuffer router_done_{sizeof(uint32_t)};  // moe_route_decode's count of finished blocks
-  bool h83_off_ = false;
 };
 
 }  // namespace ferry::gpu

@@ -24,6 +24,13 @@ struct RouteScratch {
   uint32_t n_cand;
 };
 
+// A load from L2, past this SM's L1: a logit another block of the launch may have written.
+__device__ __forceinline__ float load_from_l2(const float* p) {
+  float v;
+  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
+  return v;
+}
+
 // Row `row` of a.logits into a.ids / a.weights, by a block of at least a.E threads (one an expert; E <=
 // 1024), all of which call it. Each expert's place in the CPU's order (higher choice first, ties to the
 // lower index: model::HigherValueFirst) is the count of experts before it, found by every thread at
@@ -36,7 +43,7 @@ __device__ __forceinline__ void route_row(const RouterArgs& a, uint32_t row, Rou
   const bool mine = e < a.E;
   float sig = 0.0f, ch = -INFINITY;
   if (mine) {
-    sig = 1.0f / (1.0f + expf(-__ldcg(a.logits + static_cast<size_t>(row) * a.E + e)));
+    sig = 1.0f / (1.0f + expf(-load_from_l2(a.logits + static_cast<size_t>(row) * a.E + e)));
     ch = sig + a.bias[e];
     s.choice[e] = ch;
   }

@@ -4,7 +4,6 @@
 // the attribute.
 #include <cuda_runtime.h>
 
-#include <cstdlib>
 #include <utility>
 
 #include "gpu/cuda_check.hpp"
@@ -38,8 +37,7 @@ void launch_with_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t sm
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr{};
-  const char* ab = std::getenv("FERRY_H83_OFF");  // temporary: the H200 check's baseline
-  if (ab == nullptr || ab[0] != '1') pdl_configure(cfg, attr, reinterpret_cast<const void*>(kernel));
+  pdl_configure(cfg, attr, reinterpret_cast<const void*>(kernel));
   FERRY_CUDA(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
