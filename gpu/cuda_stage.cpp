@@ -136,6 +136,7 @@ struct CudaStage::Impl {
     FERRY_CUBLAS(blas::api().set_workspace(cublas, work->cublas_ws, Workspace::kCublasWorkspace));
     input.emplace(opt.max_step_rows);
     runner.emplace(hp, *weights, *state, *work, experts.get(), cublas, s());
+    runner->set_decode_branches(opt.decode_branches);
     if (last()) head.emplace(hp, *weights, *work, *runner, s());
     if (opt.mtp && hp.n_nextn_layers > 0) keep.emplace(hp, layers, opt.max_slots);
     if (mtp_weights) {

@@ -43,6 +43,10 @@ struct CudaStageOptions {
   // Programmatic Dependent Launch in those graphs where the build and device have it (gpu/pdl.hpp);
   // FERRY_PDL=0 in the environment also turns it off.
   bool pdl = true;
+  // A decode step's work that feeds only a later kernel on forked branches beside the chain (the mHC
+  // sites' comb, KDA's q/k/v and convolution, a DSA layer's indexer: gpu/stream_branch.hpp); off: one
+  // chain, the same bits (the tests compare the two).
+  bool decode_branches = true;
   config::KvFormats kv;           // DSA row formats: latent f32 | f16 | int8, indexer keys/gates f32
   uint32_t kv_resident = 0;       // latent rows per DSA layer and slot on the device (0: the whole context)
   std::optional<StageExpertTiers> tiers;  // none: every routed expert of the stage on the device

@@ -17,6 +17,7 @@
 #include "gpu/kernels.hpp"
 #include "gpu/latent_rows.cuh"
 #include "gpu/order_key.cuh"
+#include "gpu/pdl.cuh"
 #include "gpu/pool_key.cuh"
 #include "gpu/row_ops.cuh"
 #include "gpu/sparse_mla_tc.hpp"
@@ -178,6 +179,8 @@ template <config::KvType T>
 __global__ void sparse_mla_kernel(SparseMlaArgs a, uint32_t hg, uint32_t splits) {
   extern __shared__ __align__(16) float smem[];
   __shared__ float s_max[kMaxHg], s_sum[kMaxHg];
+  pdl_launch_dependents();  // the merge or v_b's matvec may take their places (gpu/pdl.hpp)
+  pdl_wait();               // the selection, q_lat and the latents are the kernels' ahead
   const uint32_t r = blockIdx.y, h0 = blockIdx.x * hg, z = blockIdx.z;
   const uint32_t R = a.rank;
   const uint32_t per = split_capacity(a.max_tokens, splits);  // shared-memory capacity of a split
@@ -305,6 +308,8 @@ __global__ void sparse_mla_kernel(SparseMlaArgs a, uint32_t hg, uint32_t splits)
 // out = sum_z e^(m_z - M) acc_z / sum_z e^(m_z - M) l_z over the splits of one (row, head); an empty
 // split has l = 0 and adds nothing, a row without tokens gives 0.
 __global__ void mla_merge_kernel(SparseMlaArgs a, uint32_t splits) {
+  pdl_launch_dependents();  // v_b's matvec may request its weights now (gpu/pdl.hpp)
+  pdl_wait();               // the splits' partials
   const size_t head = static_cast<size_t>(blockIdx.y) * a.heads + blockIdx.x;
   const uint32_t R = a.rank;
   const float* part = a.partial + head * splits * (R + 2);
@@ -427,10 +432,10 @@ void sparse_mla_simt(const SparseMlaArgs& a, cudaStream_t stream) {
   if (smem > 48 * 1024) {
     FERRY_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
-  kernel<<<dim3(a.heads / hg, a.rows, splits), 256, smem, stream>>>(a, hg, splits);
+  launch_with_pdl(kernel, dim3(a.heads / hg, a.rows, splits), dim3(256), smem, stream, a, hg, splits);
   FERRY_CUDA_LAUNCHED();
   if (splits > 1) {
-    mla_merge_kernel<<<dim3(a.heads, a.rows), 128, 0, stream>>>(a, splits);
+    launch_with_pdl(mla_merge_kernel, dim3(a.heads, a.rows), dim3(128), 0, stream, a, splits);
     FERRY_CUDA_LAUNCHED();
   }
 }

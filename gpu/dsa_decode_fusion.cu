@@ -16,6 +16,7 @@ static_assert(kRmsNormThreads == kStoreLatentThreads, "the latent norm and its s
 // Grid (rows, 2): y = 0 the q_a norm, y = 1 the kv_a norm and the row's cache write.
 __global__ void __launch_bounds__(kRmsNormThreads) dsa_norms_kernel(DsaNormsArgs a) {
   pdl_launch_dependents();  // q_b's matvec may request its weights now (gpu/pdl.hpp)
+  pdl_wait();               // q_a and kv_a are the product's ahead
   __shared__ float scratch[32];
   const uint32_t r = blockIdx.x;
   if (blockIdx.y == 0) {
@@ -88,8 +89,7 @@ void dsa_norms(const DsaNormsArgs& a, cudaStream_t stream) {
   if (a.cache != nullptr && a.type == config::KvType::int8 && a.scales == nullptr) {
     throw CudaError("dsa_norms: an int8 latent cache needs its scales");
   }
-  dsa_norms_kernel<<<dim3(a.rows, 2), kRmsNormThreads, 0, stream>>>(a);
-  FERRY_CUDA_LAUNCHED();
+  launch_with_pdl(dsa_norms_kernel, dim3(a.rows, 2), dim3(kRmsNormThreads), 0, stream, a);
 }
 
 void indexer_keys(const IndexerKeysArgs& a, cudaStream_t stream) {

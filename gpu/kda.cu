@@ -106,6 +106,7 @@ __global__ void qk_norm_kernel(KdaArgs a) {
 // the same order, so the three launches' bits.
 __global__ void conv_decode_kernel(KdaArgs a) {
   pdl_launch_dependents();  // the next matvec may request its weights now (gpu/pdl.hpp)
+  pdl_wait();               // q, k and v are the product's ahead
   const uint32_t lane = threadIdx.x & 31;
   const size_t item = (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x) >> 5;
   const uint32_t C = a.heads * a.head_dim, C3 = 3 * C;
@@ -196,6 +197,9 @@ __device__ __forceinline__ void recurrence(const KdaArgs& a) {
   for (int i = 0; i < S::RP; ++i) st[i] = state[static_cast<size_t>(i) * DK];
   const float rate = -a.a[h];  // exp(A_log)
   const float dt_bias = a.dt_bias[h * DK + e];
+  // Launched with PDL (the decode graphs' fused kernel), the state (this layer's, a step old) and the
+  // weights are asked while the products ahead finish; their outputs only after the wait.
+  pdl_wait();
   auto decay = [&](const TokenInputs& x) { return expf(a.lower_bound / (1.0f + expf(-rate * (x.f + dt_bias)))); };
   auto gate = [](const TokenInputs& x) { return 1.0f / (1.0f + expf(-x.beta)); };
   // in[d]: token t + d's inputs, loaded kAhead tokens ahead; the current token's decay and beta
@@ -316,8 +320,7 @@ void kda_conv_decode(const KdaArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
   if (a.kernel < 1 || a.kernel > kMaxConv) throw CudaError("KDA: conv kernel size not in 1..8");
   const size_t warps = static_cast<size_t>(a.segments) * 3 * a.heads;
-  conv_decode_kernel<<<static_cast<unsigned>((warps * 32 + 127) / 128), 128, 0, stream>>>(a);
-  FERRY_CUDA_LAUNCHED();
+  launch_with_pdl(conv_decode_kernel, dim3(static_cast<unsigned>((warps * 32 + 127) / 128)), dim3(128), 0, stream, a);
 }
 
 void kda_conv_rows(const KdaArgs& a, cudaStream_t stream) {
@@ -359,13 +362,17 @@ bool kda_recurrent_gated_norm(const KdaArgs& a, const GatedNorm& g, cudaStream_t
     cfg.gridDim = dim3(a.heads, a.segments, blocks);
     cfg.blockDim = dim3(a.head_dim);
     cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 1;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = blocks;
+    cudaLaunchAttribute attr[2] = {};
+    cudaLaunchAttribute pdl{};
+    pdl_configure(cfg, pdl, reinterpret_cast<const void*>(kernel));  // PDL inside the decode graphs
+    uint32_t n = 0;
+    if (cfg.numAttrs == 1) attr[n++] = pdl;
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = 1;
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = blocks;
     cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = n + 1;
     FERRY_CUDA(cudaLaunchKernelEx(&cfg, kernel, a, g));
     return true;
   };

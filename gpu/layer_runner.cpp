@@ -12,6 +12,7 @@
 #include "gpu/kda_fusion.hpp"
 #include "gpu/mhc_decode.hpp"
 #include "gpu/moe_decode.hpp"
+#include "gpu/moe_route_decode.hpp"
 #include "gpu/moe_grouped.hpp"
 #include "gpu/mtp_ops.hpp"
 
@@ -24,7 +25,9 @@ using T = model::Glm5Tensor;
 
 LayerRunner::LayerRunner(const model::Glm5Hparams& hp, const DeviceWeights& weights, StageState& state, Workspace& work,
                          StageExperts* experts, blas::Handle cublas, cudaStream_t stream)
-    : hp_(hp), d_(hp), weights_(weights), state_(state), w_(work), experts_(experts), cublas_(cublas), s_(stream) {}
+    : hp_(hp), d_(hp), weights_(weights), state_(state), w_(work), experts_(experts), cublas_(cublas), s_(stream) {
+  FERRY_CUDA(cudaMemsetAsync(router_done_.get(), 0, sizeof(uint32_t), s_));
+}
 
 // The matvec kernels for up to 8 rows, else cuBLAS: fp32 SGEMM for f32 weights; for the rest,
 // tensor-core fp16 GEMMs with fp32 accumulation over split operands, W_hi x_hi + (W_hi x_lo + W_lo x_hi)
@@ -185,6 +188,7 @@ void LayerRunner::mhc_site(const StepGeometry& g, const DevMatrix& fn, const flo
   fused.combine = post_first && combine_pending_ ? &combine_ : nullptr;
   fused.post_in = w_.post;
   fused.comb_in = w_.comb;
+  if (branches_) fused.branch = &comb_branch_;
   if (mhc_post_pre(fused, s_)) {
     // One launch did all: its time counts as the pre's; the post is still marked (with no time of its own).
     if (fused.combine != nullptr) combine_pending_ = false;
@@ -192,6 +196,7 @@ void LayerRunner::mhc_site(const StepGeometry& g, const DevMatrix& fn, const flo
     if (post_first) mark(OpGroup::mhc_post);
     return;
   }
+  comb_branch_.join(s_);  // the post reads comb, and the pre writes it
   finish_combine(g.rows);
   if (post_first) {
     mhc_post(w_.R, w_.y, w_.post, w_.comb, g.rows, d_.H, d_.D, s_);
@@ -222,7 +227,10 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   a.qkv_raw = w_.qkv_raw;
   a.conv_w = l.conv;
   a.conv_state = st.conv;
-  kda_conv(a, s_);
+  // A decode step's convolution beside f_a / g_a / beta and f_b / g_b, which do not read q, k or v:
+  // off the chain to the recurrence (gpu/stream_branch.hpp). Eager op times keep it in line.
+  const bool beside = branches_ && n <= kMaxMatvecTokens && times_ == nullptr;
+  kda_conv(a, beside ? conv_branch_.fork(s_) : s_);
   mark(OpGroup::kda_conv);
   // The gate's low-rank input (g_a) and beta with f_a's: all read x.
   const MatvecProduct fa_ga_beta[] = {
@@ -232,6 +240,7 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   const MatvecProduct fb_gb[] = {{&l.m(T::ssm_f_b), w_.f, w_.fa}, {&l.m(T::ssm_g_b), w_.gate, w_.ga}};
   mm_products(fb_gb, 2, nullptr, z.kda_hd, n, z.C);
   mark(OpGroup::kda_proj);
+  conv_branch_.join(s_);
   a.f = w_.f;
   a.dt_bias = l.v(T::ssm_dt_bias);
   a.a = l.v(T::ssm_a);
@@ -254,7 +263,6 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
 void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState& st) {
   const ModelDims& z = d_;
   const uint32_t n = g.rows;
-  const uint32_t ctx = state_.context();
   // Everything that reads x, in two launches: q_a, kv_a and the indexer's weights; its k and gate.
   const MatvecProduct from_x[] = {{&l.m(T::attn_q_a), w_.qa},
                                   {&l.m(T::attn_kv_a_mqa), w_.lat, nullptr, z.kvlr},
@@ -277,49 +285,27 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
     na.cache = st.latents;
     na.scales = st.latent_scales;
   }
+  // A decode step's indexer beside the chain of the norms, q_b and k_b, which meets it at the sparse
+  // attention: its keys (from x) forked here, its query and selection after the norms make qr
+  // (gpu/stream_branch.hpp). Eager steps that time ops or trace selections keep it in line.
+  const bool beside = branches_ && l.has_indexer && n <= kMaxMatvecTokens && times_ == nullptr && trace_ == nullptr;
+  if (beside) indexer_keys(g, l, st, dsa_branch_.fork(s_));
   dsa_norms(na, s_);
   if (window != nullptr) window->store(l.index, w_.lat, z.kvlr, g.row, n, s_);
   StagedInput qr_split;  // q_b and the indexer's q_b read the same qr
+  if (beside) {
+    const cudaStream_t side = dsa_branch_.fork(s_);
+    product_on(side, l.m(T::indexer_attn_q_b), w_.qr, z.qlr, n, w_.kq, static_cast<size_t>(z.ih) * z.id, nullptr);
+    indexer_select(indexer_args(g, l, st), side);
+  }
   mm_staged(l.m(T::attn_q_b), w_.qr, z.qlr, n, w_.q, static_cast<size_t>(z.nh) * z.nope, &qr_split);
   mark(OpGroup::dsa_proj);
-  if (l.has_indexer) {
+  if (l.has_indexer && !beside) {
+    // In line, the indexer's q_b takes q_b's split of qr before the key products split x.
     mm_staged(l.m(T::indexer_attn_q_b), w_.qr, z.qlr, n, w_.kq, static_cast<size_t>(z.ih) * z.id, &qr_split);
-    const MatvecProduct k_gate[] = {{&l.m(T::indexer_attn_k), w_.kk}, {&l.m(T::indexer_compressor_gate), w_.gs}};
-    mm_products(k_gate, 2, w_.x, z.D, n, z.id);
-    IndexerArgs ia;
-    ia.row = g.row;
-    ia.seg = g.seg;
-    ia.rows = n;
-    ia.segments = g.segments;
-    ia.max_rows_per_segment = g.max_seg_rows;
-    ia.heads = z.ih;
-    ia.head_dim = z.id;
-    ia.kpool = hp_.index_kpool;
-    ia.topk = hp_.index_topk;
-    ia.ctx = ctx;
-    ia.key_rows = state_.key_rows();
-    ia.select_tail = hp_.index_select_tail;
-    ia.kk_cache = st.keys;
-    ia.gate_cache = st.gates;
-    ia.ape = l.v(T::indexer_compressor_ape);
-    ia.pool_cache = st.pools;
-    ia.q = w_.kq;
-    ia.w = w_.iw;
-    ia.scores = w_.scores;
-    ia.tokens = w_.sel_tokens;
-    ia.counts = w_.sel_counts;
-    ia.max_tokens = w_.max_selected;
-    // The sparse attention's split scratch is free until it runs, after the selection in stream order.
-    ia.select_scratch = w_.mla_part;
-    ia.select_scratch_bytes = w_.mla_part_elems * sizeof(float);
-    IndexerKeysArgs ka;
-    ka.rows = n, ka.width = z.id, ka.eps = hp_.index_norm_eps;
-    ka.kk = w_.kk, ka.kk_stride = z.id, ka.w = l.v(T::indexer_k_norm), ka.b = l.v(T::indexer_k_norm_bias);
-    ka.gs = w_.gs, ka.gs_stride = z.id;
-    ka.row = g.row, ka.key_rows = state_.key_rows(), ka.keys = st.keys, ka.gates = st.gates;
-    // The step's keys into the rings and the pools they complete (one launch for decode rows).
-    indexer_keys_and_pools(ka, ia, s_);
+    indexer_keys(g, l, st, s_);
     mark(OpGroup::indexer_proj);
+    const IndexerArgs ia = indexer_args(g, l, st);
     indexer_select(ia, s_);
     mark(OpGroup::indexer_select);
     if (trace_ != nullptr) trace_->add_selection(l.index, ia.tokens, ia.counts, n, ia.max_tokens, s_);
@@ -327,6 +313,7 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
   mm_grouped(l.m(T::attn_k_b), z.nh, w_.q, static_cast<size_t>(z.nh) * z.nope, z.nope, n, w_.q_lat,
              static_cast<size_t>(z.nh) * z.kvlr, z.kvlr);
   mark(OpGroup::dsa_proj);
+  dsa_branch_.join(s_);
   SparseMlaArgs ma;
   ma.row = g.row;
   ma.rows = n;
@@ -356,6 +343,64 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
   mark(OpGroup::dsa_out);
 }
 
+IndexerArgs LayerRunner::indexer_args(const StepGeometry& g, const DevLayer& l, LayerState& st) const {
+  const ModelDims& z = d_;
+  IndexerArgs ia;
+  ia.row = g.row;
+  ia.seg = g.seg;
+  ia.rows = g.rows;
+  ia.segments = g.segments;
+  ia.max_rows_per_segment = g.max_seg_rows;
+  ia.heads = z.ih;
+  ia.head_dim = z.id;
+  ia.kpool = hp_.index_kpool;
+  ia.topk = hp_.index_topk;
+  ia.ctx = state_.context();
+  ia.key_rows = state_.key_rows();
+  ia.select_tail = hp_.index_select_tail;
+  ia.kk_cache = st.keys;
+  ia.gate_cache = st.gates;
+  ia.ape = l.v(T::indexer_compressor_ape);
+  ia.pool_cache = st.pools;
+  ia.q = w_.kq;
+  ia.w = w_.iw;
+  ia.scores = w_.scores;
+  ia.tokens = w_.sel_tokens;
+  ia.counts = w_.sel_counts;
+  ia.max_tokens = w_.max_selected;
+  // The sparse attention's split scratch is free until it runs, after the selection.
+  ia.select_scratch = w_.mla_part;
+  ia.select_scratch_bytes = w_.mla_part_elems * sizeof(float);
+  return ia;
+}
+
+void LayerRunner::indexer_keys(const StepGeometry& g, const DevLayer& l, LayerState& st, cudaStream_t stream) {
+  const ModelDims& z = d_;
+  const MatvecProduct k_gate[] = {{&l.m(T::indexer_attn_k), w_.kk}, {&l.m(T::indexer_compressor_gate), w_.gs}};
+  if (stream == s_) {
+    mm_products(k_gate, 2, w_.x, z.D, g.rows, z.id);
+  } else if (!matvec_products(k_gate, 2, w_.x, z.D, g.rows, z.id, stream)) {
+    for (const MatvecProduct& p : k_gate) product_on(stream, *p.m, w_.x, z.D, g.rows, p.y, z.id, nullptr);
+  }
+  IndexerKeysArgs ka;
+  ka.rows = g.rows, ka.width = z.id, ka.eps = hp_.index_norm_eps;
+  ka.kk = w_.kk, ka.kk_stride = z.id, ka.w = l.v(T::indexer_k_norm), ka.b = l.v(T::indexer_k_norm_bias);
+  ka.gs = w_.gs, ka.gs_stride = z.id;
+  ka.row = g.row, ka.key_rows = state_.key_rows(), ka.keys = st.keys, ka.gates = st.gates;
+  // The step's keys into the rings and the pools they complete (one launch for decode rows).
+  indexer_keys_and_pools(ka, indexer_args(g, l, st), stream);
+}
+
+void LayerRunner::product_on(cudaStream_t stream, const DevMatrix& m, const float* x, size_t ldx, uint32_t n, float* y,
+                             size_t ldy, StagedInput* staged) {
+  if (stream == s_) {
+    mm_staged(m, x, ldx, n, y, ldy, staged);
+    return;
+  }
+  const MatvecProduct p[] = {{&m, y}};
+  if (!matvec_products(p, 1, x, ldx, n, ldy, stream)) throw CudaError("a product on a branch needs decode rows");
+}
+
 void LayerRunner::dense_ffn(const DevMatrix& gate, const DevMatrix& up, const DevMatrix& down, uint32_t n, float* y) {
   const uint32_t F = gate.rows;
   const MatvecProduct gate_up[] = {{&gate, w_.eg}, {&up, w_.eu}};
@@ -383,7 +428,6 @@ void LayerRunner::finish_combine(uint32_t rows) {
 void LayerRunner::moe_layer(const StepGeometry& g, const DevLayer& l, bool upload_misses, bool defer_combine) {
   const ModelDims& z = d_;
   const uint32_t n = g.rows;
-  mm(l.m(T::ffn_gate_inp), w_.x, z.D, n, w_.rlogits, z.E);
   RouterArgs ra;
   ra.logits = w_.rlogits;
   ra.bias = l.v(T::ffn_exp_probs_b);
@@ -396,7 +440,11 @@ void LayerRunner::moe_layer(const StepGeometry& g, const DevLayer& l, bool uploa
   ra.scaling = hp_.routed_scaling;
   ra.ids = w_.rids;
   ra.weights = w_.rweights;
-  moe_route(ra, s_);
+  // A one-row step: the product and the route in one launch where it applies (gpu/moe_route_decode.hpp).
+  if (!moe_route_decode(l.m(T::ffn_gate_inp), w_.x, w_.rlogits, ra, router_done_.as<uint32_t>(), s_)) {
+    mm(l.m(T::ffn_gate_inp), w_.x, z.D, n, w_.rlogits, z.E);
+    moe_route(ra, s_);
+  }
   mark(OpGroup::moe_router);
   if (trace_ != nullptr) trace_->add_routes(l.index, ra.ids, n, ra.k, s_);
   const bool shared = !l.m(T::ffn_gate_shexp).empty();
@@ -533,6 +581,9 @@ void LayerRunner::forward(model::LayerRange layers, const StepGeometry& g, const
   // decode step's MoE combine); the last one after the loop.
   bool post_pending = false;
   combine_pending_ = false;
+  comb_branch_.abandon();
+  conv_branch_.abandon();
+  dsa_branch_.abandon();
   for (uint32_t il = layers.first; il < layers.end; ++il) {
     const DevLayer& l = weights_.layer(il);
     mhc_site(g, l.m(T::hc_attn_fn), l.v(T::hc_attn_base), l.v(T::hc_attn_scale), l.v(T::attn_norm), post_pending);
@@ -551,6 +602,7 @@ void LayerRunner::forward(model::LayerRange layers, const StepGeometry& g, const
     }
     post_pending = true;
   }
+  comb_branch_.join(s_);  // the last post reads comb; a capture ends with the branch joined
   if (post_pending && combine_pending_) {
     combine_pending_ = false;
     mhc_post_combine(w_.R, combine_, w_.post, w_.comb, g.rows, d_.H, d_.D, s_);

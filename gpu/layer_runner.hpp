@@ -15,6 +15,7 @@
 #include "gpu/stage_state.hpp"
 #include "gpu/step_input.hpp"
 #include "gpu/step_trace.hpp"
+#include "gpu/stream_branch.hpp"
 #include "gpu/workspace.hpp"
 
 namespace ferry::gpu {
@@ -37,6 +38,8 @@ class LayerRunner {
   void set_op_times(OpTimes* t) { times_ = t; }
   // Appends each DSA selection and MoE route made from now on to `t` (eager steps only); null: none.
   void set_trace(StepTrace* t) { trace_ = t; }
+  // Whether decode steps fork their side work onto branches (CudaStageOptions::decode_branches).
+  void set_decode_branches(bool on) { branches_ = on; }
 
  private:
   // An input that mm_staged split into the fp16 staging (work.xh / xl), so that later products of the
@@ -69,6 +72,12 @@ class LayerRunner {
                 bool post_first);
   void kda_layer(const StepGeometry& g, const DevLayer& l, LayerState& st);
   void dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState& st);
+  IndexerArgs indexer_args(const StepGeometry& g, const DevLayer& l, LayerState& st) const;
+  // The indexer's key and gate products of x, then the step's keys into the rings and pools, on `stream`.
+  void indexer_keys(const StepGeometry& g, const DevLayer& l, LayerState& st, cudaStream_t stream);
+  // mm_staged's product on s_; on another stream (a branch's), the matvec of decode rows.
+  void product_on(cudaStream_t stream, const DevMatrix& m, const float* x, size_t ldx, uint32_t n, float* y,
+                  size_t ldy, StagedInput* staged);
   void dense_ffn(const DevMatrix& gate, const DevMatrix& up, const DevMatrix& down, uint32_t n, float* y);
   // defer_combine: a decode step leaves the combine to the next mHC site (combine_), which makes the
   // post's y itself where it can (gpu/mhc_decode.hpp); finish_combine() launches it where not.
@@ -92,6 +101,13 @@ class LayerRunner {
   StepTrace* trace_ = nullptr;
   bool combine_pending_ = false;  // w_.y is combine_'s sum, not yet made
   MoeCombineIn combine_;
+  // Decode steps' side work on forked branches (gpu/stream_branch.hpp): the fused sites' comb, made
+  // beside the sublayer (gpu/mhc_decode.hpp), KDA's convolution beside the gate's products, a DSA
+  // layer's indexer beside q_b and k_b.
+  bool branches_ = true;
+  MhcCombBranch comb_branch_;
+  StreamBranch conv_branch_, dsa_branch_;
+  DeviceBuffer router_done_{sizeof(uint32_t)};  // moe_route_decode's count of finished blocks
 };
 
 }  // namespace ferry::gpu

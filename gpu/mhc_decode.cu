@@ -39,7 +39,7 @@ namespace cg = cooperative_groups;
 
 constexpr uint32_t kWide = 16, kNarrow = 8;  // a row's cluster: 16 where the device allows, else 8
 constexpr uint32_t kH = 4;                    // GLM's hc_mult; other stream counts take the one-block kernel
-// [[maybe_unused]]: kPairs, kBatch, dot4, pre_post and sinkhorn serve only the sm90 kernel body, which a pre-sm90
+// [[maybe_unused]]: kPairs, kBatch, dot4, pre_post and comb_logit serve only the sm90 kernel body, which a pre-sm90
 // pass leaves out.
 [[maybe_unused]] constexpr uint32_t kPairs = kH * (kH + 1) / 2;
 constexpr uint32_t kMix = (2 + kH) * kH;
@@ -61,14 +61,18 @@ constexpr uint32_t kMaxD = 8192;  // at 8 blocks, 256 float4 columns a block: on
   }
 }
 
-// comb of one row on one warp, each lane one entry (H*H <= 32), the row and column sums gathered by
-// shuffles: the one-block kernel's Sinkhorn (ops.cu mhc_coefficients) on registers.
-[[maybe_unused]] __device__ void sinkhorn(const MhcArgs& a, const float* m, float inv, uint32_t row) {
+// The Sinkhorn's input for comb entry `lane` (< H*H) of one row.
+[[maybe_unused]] __device__ __forceinline__ float comb_logit(const MhcArgs& a, const float* m, float inv, uint32_t lane) {
+  return m[2 * kH + lane] * inv * a.scale[2] + a.base[2 * kH + lane];
+}
+
+// comb of one row on one warp from its logits, lane e holding entry e's (H*H <= 32; lanes past H*H
+// hold 0), the row and column sums gathered by shuffles: the one-block kernel's Sinkhorn (ops.cu
+// mhc_coefficients) on registers. Returns the lane's entry.
+__device__ float sinkhorn(float v, uint32_t iters, float hc_eps) {
   static_assert(kH * kH <= 32 && 32 % kH == 0, "one comb entry a lane; source lanes stay below 32");
-  const uint32_t lane = threadIdx.x & 31, HH = kH * kH;
-  const bool has = lane < HH;
+  const uint32_t lane = threadIdx.x & 31;
   const uint32_t i = lane / kH, j = lane % kH;
-  float v = has ? m[2 * kH + lane] * inv * a.scale[2] + a.base[2 * kH + lane] : 0.0f;
   float mx = -INFINITY;
   float row_v[kH];
 #pragma unroll
@@ -79,19 +83,27 @@ constexpr uint32_t kMaxD = 8192;  // at 8 blocks, 256 float4 columns a block: on
   double sum = 0.0;
 #pragma unroll
   for (uint32_t k = 0; k < kH; ++k) sum += expf(row_v[k] - mx);
-  v = expf(v - mx) * static_cast<float>(1.0 / sum) + a.hc_eps;
+  v = expf(v - mx) * static_cast<float>(1.0 / sum) + hc_eps;
   // Every entry divided by (its row's or column's sum + eps), the sum in index order.
   auto normalise = [&](bool rows) {
     float s = 0.0f;
 #pragma unroll
     for (uint32_t k = 0; k < kH; ++k) s += __shfl_sync(0xffffffffu, v, rows ? i * kH + k : k * kH + j);
-    v = v / (s + a.hc_eps);
+    v = v / (s + hc_eps);
   };
-  for (uint32_t it = 0; it < max(a.iters, 1u); ++it) {
+  for (uint32_t it = 0; it < max(iters, 1u); ++it) {
     if (it > 0) normalise(true);
     normalise(false);
   }
-  if (has) a.comb[row * HH + lane] = v;
+  return v;
+}
+
+// comb on a branch (MhcCombBranch): a warp a row turns the logits a site wrote into comb.
+__global__ void __launch_bounds__(32) mhc_comb_kernel(const float* logits, float* comb, uint32_t iters, float hc_eps) {
+  constexpr uint32_t HH = kH * kH;
+  const uint32_t row = blockIdx.x, lane = threadIdx.x;
+  const float c = sinkhorn(lane < HH ? logits[row * HH + lane] : 0.0f, iters, hc_eps);
+  if (lane < HH) comb[row * HH + lane] = c;
 }
 
 // What a launch does: mhc_pre alone (fn null: the mixing logits given in a.mix), or with the mixer
@@ -104,6 +116,7 @@ struct ClusterArgs {
   const float* comb_in = nullptr;  //   rank 0 of the row's cluster writes this site's over them
   float* streams = nullptr;        // a.streams, written by the post
   MoeCombineIn combine;            // combine.eo set: the post's y is the MoE combine, not f.y
+  float* comb_logits = nullptr;    // set: rank 0 writes comb's logits here ([rows][kH * kH]), not comb
 };
 
 // moe_combine's sum (gpu/ops.cu: the same fmas in the same order, then the shared expert's add) for
@@ -285,8 +298,14 @@ __global__ void __launch_bounds__(kThreads) mhc_site_kernel(ClusterArgs f) {
   const float inv = rsqrtf(static_cast<float>(ss) / static_cast<float>(kH * a.D) + a.rms_eps);
   if (warp == 0) {
     // comb is rank 0's alone, and only the next site's post reads it: its Sinkhorn runs while the
-    // other warps make x.
-    if (rank == 0) sinkhorn(a, m, inv, row);
+    // other warps make x, or on a branch after the launch.
+    constexpr uint32_t HH = kH * kH;
+    if (rank == 0 && f.comb_logits != nullptr) {
+      if (lane < HH) f.comb_logits[row * HH + lane] = comb_logit(a, m, inv, lane);
+    } else if (rank == 0) {
+      const float c = sinkhorn(lane < HH ? comb_logit(a, m, inv, lane) : 0.0f, a.iters, a.hc_eps);
+      if (lane < HH) a.comb[row * HH + lane] = c;
+    }
   } else {
     const uint32_t others = blockDim.x - 32;
     if (warp == 1) {
@@ -409,6 +428,8 @@ bool mhc_pre_clustered(const MhcArgs& a, cudaStream_t stream) {
   return true;
 }
 
+MhcCombBranch::MhcCombBranch() : logits_(size_t{kMhcClusterMaxRows} * kH * kH * sizeof(float)) {}
+
 bool mhc_post_pre(const MhcPostPre& p, cudaStream_t stream) {
   const MhcArgs& a = p.pre;
   const DevMatrix& fn = *p.fn;
@@ -435,7 +456,17 @@ bool mhc_post_pre(const MhcPostPre& p, cudaStream_t stream) {
   if (p.combine != nullptr) f.combine = *p.combine;
   f.streams = p.streams;
   f.a.streams = p.streams;
+  if (p.branch != nullptr) {
+    p.branch->join(stream);  // the post reads comb_in
+    f.comb_logits = p.branch->logits_.as<float>();
+  }
   launch(f, plan, stream);
+  if (p.branch != nullptr) {
+    // comb from the logits beside the sublayer (the site's Sinkhorn, moved).
+    const cudaStream_t side = p.branch->branch_.fork(stream);
+    mhc_comb_kernel<<<a.rows, 32, 0, side>>>(p.branch->logits_.as<float>(), a.comb, a.iters, a.hc_eps);
+    FERRY_CUDA_LAUNCHED();
+  }
   return true;
 }
 

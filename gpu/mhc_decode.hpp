@@ -1,7 +1,9 @@
 #pragma once
 // mhc_pre for decode rows (issue 15): a cluster of blocks a row instead of one block (gpu/ops.cu),
 // and the same kernel with the site's mixer product and the post of the site before in one launch.
+#include "gpu/cuda_memory.hpp"
 #include "gpu/kernels.hpp"
+#include "gpu/stream_branch.hpp"
 
 namespace ferry::gpu {
 
@@ -29,6 +31,30 @@ struct MoeCombineIn {
   uint32_t k = 0;
 };
 
+struct MhcPostPre;
+
+// comb off the critical path of a decode step. The site's Sinkhorn (20 rounds on one warp of rank 0,
+// ~2 us) holds up the grid's end, which the next kernel waits for, though only the next site's post
+// reads comb. A site launched with a branch writes comb's logits instead, and a one-warp kernel on the
+// branch's stream, forked after the site, makes comb (the same operations: the same bits) while the
+// sublayer runs; in a captured step the fork and join are graph edges. Everything that reads comb
+// after such a site waits on join(): the next site does so itself, the last post and any fallback
+// are the caller's.
+class MhcCombBranch {
+ public:
+  MhcCombBranch();
+  // `stream` waits for the comb being made on the branch (nothing when none is).
+  void join(cudaStream_t stream) { branch_.join(stream); }
+  // Forgets an unjoined fork: a step that threw may have left one in a capture that is gone.
+  void abandon() { branch_.abandon(); }
+
+ private:
+  friend bool mhc_post_pre(const MhcPostPre& p, cudaStream_t stream);
+
+  StreamBranch branch_;
+  DeviceBuffer logits_;  // [kMhcClusterMaxRows][H*H], H = 4
+};
+
 // One mHC site in one launch: when y or combine is set, first the post of the site before
 // (streams[h'] = post_in[h'] * y + sum_h comb_in[h][h'] * streams[h], in place: mhc_post's bits);
 // then the mixing logits fn @ streams (pre.mix is not read), then mhc_pre's outputs into pre.x /
@@ -45,6 +71,7 @@ struct MhcPostPre {
   const MoeCombineIn* combine = nullptr;  // set: the post's y is this sum (y is not read)
   const float* post_in = nullptr;  // [rows][H]
   const float* comb_in = nullptr;  // [rows][H*H]
+  MhcCombBranch* branch = nullptr;  // set: pre.comb is made on the branch (joined here before the post)
 };
 bool mhc_post_pre(const MhcPostPre& p, cudaStream_t stream);
 

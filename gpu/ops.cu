@@ -7,6 +7,7 @@
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/mhc_decode.hpp"
+#include "gpu/moe_route.cuh"
 #include "gpu/pdl.cuh"
 #include "gpu/row_ops.cuh"
 #include "gpu/swiglu.cuh"
@@ -202,115 +203,11 @@ __global__ void swiglu_kernel(float* gate, const float* up, size_t stride, uint3
   }
 }
 
-// One block a row, one thread an expert (E <= 1024). Each expert's place in the CPU's order (higher
-// choice first, ties to the lower index: model::HigherValueFirst) is the count of experts before it,
-// found by every thread at once instead of k rounds of an arg-max (first within its warp, then among
-// the warps' top k, 4 lanes a candidate); the groups rule the same way.
-// Weights as model::route_token makes them: the chosen sigmoids summed in f64 in rank order.
+// One block a row, one thread an expert (gpu/moe_route.cuh).
 __global__ void __launch_bounds__(1024) moe_route_kernel(RouterArgs a) {
   pdl_launch_dependents();  // the shared expert's matvec may request its weights now (gpu/pdl.hpp)
-  constexpr uint32_t kMaxE = 1024, kMaxGroups = 64, kMaxK = 32;
-  __shared__ float choice[kMaxE];
-  __shared__ float group_score[kMaxGroups];
-  __shared__ bool kept[kMaxGroups];
-  __shared__ int32_t top_id[kMaxK];
-  __shared__ float top_s[kMaxK];
-  __shared__ float cand_v[kMaxE];
-  __shared__ uint32_t cand_e[kMaxE];
-  __shared__ float cand_s[kMaxE];
-  __shared__ uint32_t n_cand;
-  const uint32_t row = blockIdx.x, e = threadIdx.x;
-  const bool mine = e < a.E;
-  float sig = 0.0f, ch = -INFINITY;
-  if (mine) {
-    sig = 1.0f / (1.0f + expf(-a.logits[static_cast<size_t>(row) * a.E + e]));
-    ch = sig + a.bias[e];
-    choice[e] = ch;
-  }
-  if (e < kMaxK) {  // NaN scores leave places unfilled: a valid expert there, not garbage
-    top_id[e] = 0;
-    top_s[e] = 0.0f;
-  }
-  if (e == 0) n_cand = 0;
-  __syncthreads();
-  // The place of v at index i among n values: how many come before it in the CPU's order.
-  auto place = [](const float* vals, uint32_t n, float v, uint32_t i) {
-    uint32_t before = 0;
-#pragma unroll 8
-    for (uint32_t j = 0; j < n; ++j) before += (vals[j] > v || (vals[j] == v && j < i)) ? 1u : 0u;
-    return before;
-  };
-  if (a.n_group > 1 && a.topk_group < a.n_group) {
-    // A group's score is the sum of its two best choices; experts of groups not kept are masked out.
-    const uint32_t per = a.E / a.n_group;
-    if (e < a.n_group) {
-      float b1 = -INFINITY, b2 = -INFINITY;
-      for (uint32_t i = e * per; i < (e + 1) * per; ++i) {
-        const float v = choice[i];
-        if (v > b1) {
-          b2 = b1;
-          b1 = v;
-        } else if (v > b2) {
-          b2 = v;
-        }
-      }
-      group_score[e] = b1 + b2;
-    }
-    __syncthreads();
-    if (e < a.n_group) kept[e] = place(group_score, a.n_group, group_score[e], e) < a.topk_group;
-    __syncthreads();
-    if (mine && !kept[e / per]) {
-      ch = -INFINITY;
-      choice[e] = ch;
-    }
-    __syncthreads();
-  }
-  // An expert of the top k is among its warp's top k, and every expert before it is too: so the
-  // places among the warps' top k (the candidates) are the places among all, for the first k.
-  uint32_t in_warp = 0;
-#pragma unroll
-  for (uint32_t j = 0; j < 32; ++j) {
-    const float o = __shfl_sync(0xffffffffu, ch, j);
-    const uint32_t oe = (e & ~31u) + j;
-    in_warp += (o > ch || (o == ch && oe < e)) ? 1u : 0u;
-  }
-  const bool candidate = mine && in_warp < a.k;
-  if (candidate) {
-    const uint32_t slot = atomicAdd(&n_cand, 1u);  // any order: a place depends only on the values
-    cand_v[slot] = ch;
-    cand_e[slot] = e;
-    cand_s[slot] = sig;
-  }
-  __syncthreads();
-  // A candidate's place among the candidates, counted by kParts lanes of one warp over a share of
-  // them each and summed by shuffles: the same count as one thread's loop over all, a quarter as long.
-  constexpr uint32_t kParts = 4;
-  static_assert(kParts == 4, "two shuffles sum a candidate's parts");
-  const uint32_t nc = n_cand, share = (nc + kParts - 1) / kParts;
-  for (uint32_t t0 = 0; t0 < nc * kParts; t0 += blockDim.x) {  // the same trips for every lane
-    const uint32_t c = (t0 + e) / kParts, part = (t0 + e) % kParts;
-    uint32_t r = 0, ce = 0;
-    if (c < nc) {
-      const float v = cand_v[c];
-      ce = cand_e[c];
-      const uint32_t end = min(nc, (part + 1) * share);
-      for (uint32_t j = part * share; j < end; ++j) r += (cand_v[j] > v || (cand_v[j] == v && cand_e[j] < ce)) ? 1u : 0u;
-    }
-    r += __shfl_xor_sync(0xffffffffu, r, 1);
-    r += __shfl_xor_sync(0xffffffffu, r, 2);
-    if (c < nc && part == 0 && r < a.k) {
-      top_id[r] = static_cast<int32_t>(ce);
-      top_s[r] = cand_s[c];
-    }
-  }
-  __syncthreads();
-  if (e < a.k) {
-    double sum = 0.0;
-    for (uint32_t j = 0; j < a.k; ++j) sum += top_s[j];
-    const float denom = a.norm_topk_prob ? static_cast<float>(sum) + 1e-20f : 1.0f;
-    a.ids[row * a.k + e] = top_id[e];
-    a.weights[row * a.k + e] = top_s[e] / denom * a.scaling;
-  }
+  __shared__ RouteScratch s;
+  route_row(a, blockIdx.x, s);
 }
 
 __global__ void moe_combine_kernel(const float* eo, const int32_t* where, const float* weights, const float* shared,

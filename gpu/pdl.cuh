@@ -1,7 +1,13 @@
 #pragma once
-// The device side of Programmatic Dependent Launch (gpu/pdl.hpp). Both are no-ops in code built for
-// architectures before sm90 and in a kernel launched without the attribute.
+// The device side of Programmatic Dependent Launch (gpu/pdl.hpp), and a launch with it. Both device
+// functions are no-ops in code built for architectures before sm90 and in a kernel launched without
+// the attribute.
 #include <cuda_runtime.h>
+
+#include <utility>
+
+#include "gpu/cuda_check.hpp"
+#include "gpu/pdl.hpp"
 
 namespace ferry::gpu {
 
@@ -18,6 +24,21 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), with PDL where pdl_configure gives it (inside a
+// PdlScope, sm90 code): for kernels that run pdl_wait() before they read what the kernels ahead write.
+template <class... Params, class... Args>
+void launch_with_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                     Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  pdl_configure(cfg, attr, reinterpret_cast<const void*>(kernel));
+  FERRY_CUDA(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
 }  // namespace ferry::gpu

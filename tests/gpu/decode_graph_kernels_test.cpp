@@ -3,7 +3,8 @@
 // captured; the list is printed in order (runs of one kernel folded) with its count, and the fused
 // launches must stand in for the ones they replace: no DSA norm, latent store, key norm or ring write
 // or pool keys of their own, the last MoE combine in the final post, and (where the mHC cluster
-// kernel runs: sm90 code) no MoE combine and no gated norm apart from its recurrence.
+// kernel runs: sm90 code) a comb kernel a site, no MoE combine and no gated norm apart from its
+// recurrence.
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -98,9 +99,12 @@ TEST(DecodeGraphKernels, OneRowStepListsItsFusedLaunches) {
   EXPECT_EQ(count["indexer_keys_pools_kernel"], indexers);
   // The last layer's MoE combine is made by the final post.
   EXPECT_EQ(count["mhc_post_combine_kernel"], hp.ffn_kinds.back() == model::FfnKind::moe ? 1 : 0);
-  if (count["mhc_cluster_kernel"] > 0) {
-    // sm90 code: every other MoE combine is made inside the next mHC site, and every
-    // KDA recurrence runs with its gated norm.
+  const int sites = count["mhc_site_kernel<16>"] + count["mhc_site_kernel<8>"];
+  if (sites > 0) {
+    // sm90 code: every other MoE combine is made inside the next mHC site, every site's comb on
+    // the branch beside the sublayer, and every KDA recurrence runs with its gated norm.
+    EXPECT_EQ(sites, 2 * static_cast<int>(hp.n_layers));
+    EXPECT_EQ(count["mhc_comb_kernel"], sites);
     EXPECT_EQ(count["moe_combine_kernel"], 0);
     const int kda = static_cast<int>(hp.n_layers) - dsa;
     EXPECT_EQ(count["recurrent_norm_kernel<32>"], kda);

@@ -1,8 +1,9 @@
 // Timing lines (printed, not asserted) of decode's one-block-latency kernels where a decode graph runs
 // them: an mHC site (the post, the mixer product and the pre in one launch, gpu/mhc_decode.hpp) after
 // the 4,096 x 4,096 Q4_K matvec whose output it takes, and the router after its 288-row matvec, each
-// in a captured chain of 12 links with PDL as the decode graphs have it; a chain of the matvecs alone
-// is subtracted, so a line says what the kernel adds to a step. The bits are MhcDecode's and
+// in a captured chain of 12 links with PDL as the decode graphs have it (the site also with its comb
+// made on a branch, MhcCombBranch; the router also with its product in one launch, moe_route_decode); a
+// chain of the matvecs alone is subtracted, so a line says what the kernel adds to a step. The bits are MhcDecode's and
 // MoeRoute's concern.
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -17,6 +18,7 @@
 #include "gpu/cuda_memory.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/mhc_decode.hpp"
+#include "gpu/moe_route_decode.hpp"
 #include "gpu/pdl.hpp"
 #include "tests/gpu/gpu_test_support.hpp"
 #include "tests/gpu/graph_timing.hpp"
@@ -71,8 +73,9 @@ TEST(DecodeLatencyTiming, MhcSiteAfterItsMatvec) {
       fm.push_back(DevMatrix{model::GgmlType::F32, fns.back().as<uint8_t>(), kMix, H * D, size_t{H} * D * 4});
     }
     bool fused = true;
-    auto chain = [&](bool sites) {
-      return [&, sites](cudaStream_t s) {
+    MhcCombBranch branch;
+    auto chain = [&](bool sites, bool on_branch = false) {
+      return [&, sites, on_branch](cudaStream_t s) {
         for (uint32_t i = 0; i < kLinks; ++i) {
           matvec_into(w, x.as<float>(), rows, y.as<float>(), s);
           if (!sites) continue;
@@ -82,17 +85,21 @@ TEST(DecodeLatencyTiming, MhcSiteAfterItsMatvec) {
           p.pre.x = x.as<float>(), p.pre.post = post.as<float>(), p.pre.comb = comb.as<float>();
           p.fn = &fm[i], p.streams = streams.as<float>(), p.y = y.as<float>();
           p.post_in = post.as<float>(), p.comb_in = comb.as<float>();
+          p.branch = on_branch ? &branch : nullptr;
           fused = mhc_post_pre(p, s) && fused;
         }
+        branch.join(s);
       };
     };
     const double matvecs = replay_us(chain(false)), both = replay_us(chain(true));
+    const double branched = replay_us(chain(true, true));
     if (!fused) {
       std::printf("decode latency: mHC site: not fused here (no sm90 code)\n");
       return;
     }
-    std::printf("decode latency: mHC site rows %u: %u x (matvec + site) %.1f us, matvecs alone %.1f us: %.2f us a site\n",
-                rows, kLinks, both, matvecs, (both - matvecs) / kLinks);
+    std::printf("decode latency: mHC site rows %u: %u x (matvec + site) %.1f us, matvecs alone %.1f us: %.2f us a site;"
+                " comb on a branch %.2f us a site\n",
+                rows, kLinks, both, matvecs, (both - matvecs) / kLinks, (branched - matvecs) / kLinks);
   }
 }
 
@@ -108,6 +115,9 @@ TEST(DecodeLatencyTiming, RouterAfterItsMatvec) {
     RouterArgs a;
     a.logits = logits.as<float>(), a.bias = bias.as<float>(), a.rows = rows, a.E = E, a.k = K;
     a.ids = ids.as<int32_t>(), a.weights = weights.as<float>();
+    DeviceBuffer done(4);
+    ASSERT_EQ(cudaMemset(done.get(), 0, 4), cudaSuccess);
+    bool fused = true;
     auto chain = [&](bool route) {
       return [&, route](cudaStream_t s) {
         for (uint32_t i = 0; i < kLinks; ++i) {
@@ -116,9 +126,20 @@ TEST(DecodeLatencyTiming, RouterAfterItsMatvec) {
         }
       };
     };
+    auto one_launch = [&](cudaStream_t s) {
+      for (uint32_t i = 0; i < kLinks; ++i) {
+        fused = moe_route_decode(w, x.as<float>(), logits.as<float>(), a, done.as<uint32_t>(), s) && fused;
+      }
+    };
     const double matvecs = replay_us(chain(false)), both = replay_us(chain(true));
-    std::printf("decode latency: router rows %u: %u x (matvec + route) %.1f us, matvecs alone %.1f us: %.2f us a route\n",
+    std::printf("decode latency: router rows %u: %u x (matvec + route) %.1f us, matvecs alone %.1f us: %.2f us a route",
                 rows, kLinks, both, matvecs, (both - matvecs) / kLinks);
+    const double one = replay_us(one_launch);
+    if (fused) {
+      std::printf("; in one launch (gpu/moe_route_decode.hpp) %.1f us: %.2f us a route\n", one, (one - matvecs) / kLinks);
+    } else {
+      std::printf("; not in one launch (gpu/moe_route_decode.hpp: one row only)\n");
+    }
   }
 }
 

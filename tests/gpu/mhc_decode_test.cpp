@@ -11,11 +11,13 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "gpu/cuda_memory.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/mhc_decode.hpp"
+#include "gpu/pdl.hpp"
 #include "model/cpu/mhc.hpp"
 #include "tests/gpu/gpu_test_support.hpp"
 
@@ -282,6 +284,81 @@ TEST(MhcDecode, PostThenSiteNeedsAnF32MixerOfTheSiteShape) {
   fn.row_bytes = size_t{fn.cols} * 4;
   fn.rows = kMix - 1;
   EXPECT_FALSE(mhc_post_pre(p, nullptr));
+}
+
+// comb made on a branch (MhcCombBranch) instead of by the site: a chain of sites, each the post of
+// the one before, gives the same bits in every output, eagerly and replayed from a graph captured
+// with PDL where the device has it (the fork and join then graph edges).
+TEST(MhcDecode, CombOnABranchGivesTheSiteBits) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  constexpr uint32_t kSites = 3;
+  std::mt19937 rng(83);
+  for (uint32_t rows : {1u, 3u}) {
+    SCOPED_TRACE("rows " + std::to_string(rows));
+    MhcCase c(rows, 4096, rng);
+    std::normal_distribution<float> n(0.0f, 1.0f);
+    std::uniform_real_distribution<float> u(0.05f, 0.5f);
+    std::vector<float> y(size_t{rows} * 4096), post_in(size_t{rows} * kH), comb_in(size_t{rows} * kH * kH);
+    for (float& v : y) v = n(rng);
+    for (float& v : post_in) v = 4.0f * u(rng);
+    for (float& v : comb_in) v = u(rng);
+    DeviceBuffer d_y(y.size() * 4);
+    ASSERT_EQ(MhcCase::up(d_y, y), cudaSuccess);
+    DevMatrix fn{model::GgmlType::F32, c.d_fn.as<uint8_t>(), kMix, kH * 4096, size_t{kH} * 4096 * 4};
+    Stream s;
+    MhcCombBranch branch;
+    auto chain = [&](bool on_branch) {
+      for (uint32_t i = 0; i < kSites; ++i) {
+        MhcPostPre p;
+        p.pre = c.args();
+        p.pre.mix = nullptr;
+        p.fn = &fn;
+        p.streams = c.d_streams.as<float>();
+        p.y = d_y.as<float>();
+        p.post_in = c.d_post.as<float>();
+        p.comb_in = c.d_comb.as<float>();
+        p.branch = on_branch ? &branch : nullptr;
+        if (!mhc_post_pre(p, s.get())) return false;
+      }
+      branch.join(s.get());
+      return true;
+    };
+    auto run = [&](bool on_branch, bool graph) {
+      EXPECT_EQ(MhcCase::up(c.d_streams, c.streams), cudaSuccess);
+      EXPECT_EQ(MhcCase::up(c.d_post, post_in), cudaSuccess);
+      EXPECT_EQ(MhcCase::up(c.d_comb, comb_in), cudaSuccess);
+      cudaMemset(c.d_x.get(), 0xff, size_t{rows} * 4096 * 4);
+      bool ok = true;
+      if (!graph) {
+        ok = chain(on_branch);
+      } else {
+        GraphExec exec;
+        EXPECT_EQ(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
+        {
+          const PdlScope pdl(pdl_device_ready());
+          ok = chain(on_branch);
+        }
+        exec.end_capture(s.get());
+        exec.launch(s.get());
+      }
+      s.synchronize();
+      std::vector<float> streams(c.streams.size());
+      EXPECT_EQ(cudaMemcpy(streams.data(), c.d_streams.get(), streams.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      MhcCase::Out o = c.read();
+      o.x.insert(o.x.end(), streams.begin(), streams.end());
+      return std::make_pair(ok, o);
+    };
+    const auto [fused, want] = run(false, false);
+    if (!fused) GTEST_SKIP() << "the kernels were not built for sm90+ or the device has no clusters";
+    for (bool graph : {false, true}) {
+      SCOPED_TRACE(graph ? "graph" : "eager");
+      const auto [ok, got] = run(true, graph);
+      ASSERT_TRUE(ok);
+      EXPECT_EQ(std::memcmp(got.comb.data(), want.comb.data(), want.comb.size() * 4), 0) << "comb";
+      EXPECT_EQ(std::memcmp(got.post.data(), want.post.data(), want.post.size() * 4), 0) << "post";
+      EXPECT_EQ(std::memcmp(got.x.data(), want.x.data(), want.x.size() * 4), 0) << "x and the streams";
+    }
+  }
 }
 
 // Event-timed medians of both kernels at the decode shape (printed, not asserted).

@@ -1,7 +1,8 @@
 // Programmatic Dependent Launch in the decode graphs (gpu/pdl.hpp): a CUDA stage on a random Q4_K
-// model decodes two slots at depth > 0 with PDL on and off, and every step's logits are the same
-// bits; where the build and device have PDL the captured graphs hold programmatic edges, elsewhere
-// (the Volta build's PTX, pre-sm90 devices) none. A captured chain of norms and int16 matvecs, each
+// model decodes two slots at depth > 0 with PDL on and off (and with the decode branches on and off:
+// gpu/stream_branch.hpp), and every step's logits are the same bits; where the build and device have
+// PDL the captured graphs hold programmatic edges, elsewhere (the Volta build's PTX, pre-sm90
+// devices) none. A captured chain of norms and int16 matvecs, each
 // reading the previous kernel's output and overwriting what the one before read, gives the same bits
 // both ways, and prints its replay time both ways (not asserted).
 #if FERRY_HAVE_CUDA
@@ -13,6 +14,7 @@
 #include <filesystem>
 #include <iostream>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gpu/cuda_memory.hpp"
@@ -36,12 +38,13 @@ using model::SlotRows;
 // PDL edges are expected exactly where this build and device have the instructions.
 bool pdl_expected() { return pdl_env_allows() && pdl_device_ready(); }
 
-std::unique_ptr<Pipeline> stage(const model::Glm5Weights& w, bool pdl) {
+std::unique_ptr<Pipeline> stage(const model::Glm5Weights& w, bool pdl, bool branches) {
   CudaStageOptions o;
   o.max_slots = 2;
   o.max_context = 256;
   o.max_step_rows = 64;
   o.pdl = pdl;
+  o.decode_branches = branches;
   auto s = CudaStage::from_weights(w, {0, w.hparams().n_layers}, o);
   EXPECT_TRUE(s) << (s ? "" : s.error().message);
   if (!s) return nullptr;
@@ -55,77 +58,118 @@ int32_t argmax(const std::vector<float>& v) {
   return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
 }
 
+// What a pipeline gave: the greedy tokens of its graphed steps, the logits of a last eager step
+// after them, its decode graphs and their programmatic edges (all, and the two-row graph's).
+struct Decoded {
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> logits;
+  size_t graphs = 0, edges = 0, two_row_edges = 0;
+};
+
+// The prompt's two parts (20 and 21 tokens) prefilled into slots 0 and 1, then 10 greedy steps of
+// both slots' rows (eager, captured, then replayed: a graphed step returns its tokens only), then 6
+// of slot 0 alone (a second shape), then one step of both that returns logits (eager): its logits
+// read the KV and state every graphed step wrote, so they hold those steps to the bit.
+Decoded decode(const model::Glm5Weights& w, const std::vector<int32_t>& prompt, bool pdl, bool branches) {
+  Decoded d;
+  auto p = stage(w, pdl, branches);
+  if (!p) return d;
+  int32_t next[2];
+  uint32_t pos[2];
+  for (uint32_t s = 0; s < 2; ++s) {
+    const std::vector<int32_t> half(prompt.begin() + 20 * s, prompt.begin() + 20 * s + 20 + s);
+    auto r = p->step({SlotRows{s, 0, half, false, false, {}}});
+    EXPECT_TRUE(r) << r.error().message;
+    if (!r) return d;
+    next[s] = argmax(r.value()[0].logits);
+    pos[s] = static_cast<uint32_t>(half.size());
+  }
+  auto step = [&](uint32_t slots) {
+    std::vector<SlotRows> rows;
+    for (uint32_t s = 0; s < slots; ++s) rows.push_back(SlotRows{s, pos[s]++, {next[s]}, false, true, {}});
+    auto r = p->step(rows);
+    EXPECT_TRUE(r) << r.error().message;
+    for (uint32_t s = 0; s < slots && r; ++s) {
+      next[s] = r.value()[s].sampled;
+      d.tokens.push_back(next[s]);
+    }
+  };
+  for (int i = 0; i < 10; ++i) step(2);
+  auto* cs = dynamic_cast<CudaStage*>(p->stages()[0].get());
+  EXPECT_NE(cs, nullptr);
+  if (cs == nullptr) return d;
+  d.two_row_edges = cs->decode_graph_pdl_edges();
+  for (int i = 0; i < 6; ++i) step(1);
+  auto r = p->step({SlotRows{0, pos[0], {next[0]}, false, false, {}}, SlotRows{1, pos[1], {next[1]}, false, false, {}}});
+  EXPECT_TRUE(r) << r.error().message;
+  if (!r) return d;
+  for (uint32_t s = 0; s < 2; ++s) d.logits.push_back(r.value()[s].logits);
+  d.graphs = cs->decode_graphs();
+  d.edges = cs->decode_graph_pdl_edges();
+  return d;
+}
+
+// The same tokens, and the same logits bit for bit.
+void expect_same(const Decoded& a, const Decoded& b, uint32_t vocab, const char* what) {
+  EXPECT_EQ(b.tokens, a.tokens) << what << " changed the greedy tokens of the graphed steps";
+  ASSERT_EQ(a.logits.size(), 2u);
+  ASSERT_EQ(b.logits.size(), 2u);
+  for (uint32_t s = 0; s < 2; ++s) {
+    ASSERT_EQ(a.logits[s].size(), vocab) << "slot " << s;
+    ASSERT_EQ(b.logits[s].size(), vocab) << "slot " << s;
+    EXPECT_EQ(std::memcmp(a.logits[s].data(), b.logits[s].data(), vocab * sizeof(float)), 0)
+        << "slot " << s << ": the logits after the graphed steps differ with " << what;
+  }
+}
+
+// The random Q4_K model of the tests below, its file removed with it, and a prompt.
+struct RandomModel {
+  model::Glm5Hparams hp = ferry::testing::tiny_gpu_shape(256);  // rows of 256: the int16 matvecs
+  std::string path;
+  std::unique_ptr<model::Glm5Weights> w;
+  std::vector<int32_t> prompt = std::vector<int32_t>(41);
+
+  explicit RandomModel(const char* name) : path(testing::temp_model_path(name)) {
+    hp.kda_head_dim = 32;  // a warp a head: the recurrence and its norm in one launch where built for sm90
+    EXPECT_TRUE(hp.validate().empty());
+    EXPECT_TRUE(testing::write_random_model(hp, GgmlType::Q4_K, path, 23));
+    auto loaded = model::Glm5Weights::load(path);
+    EXPECT_TRUE(loaded) << (loaded ? "" : loaded.error().message);
+    if (loaded) w = std::move(loaded.value());
+    std::mt19937 rng(3);
+    std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(hp.vocab_size) - 1);
+    for (int32_t& t : prompt) t = tok(rng);
+  }
+  ~RandomModel() { std::filesystem::remove(path); }
+};
+
 TEST(PdlTest, DecodeGraphsGiveTheSameLogitsWithAndWithout) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
-  model::Glm5Hparams hp = ferry::testing::tiny_gpu_shape(256);  // rows of 256: the int16 matvecs
-  ASSERT_TRUE(hp.validate().empty());
-  const std::string path = testing::temp_model_path("pdl_test_q4_k");
-  ASSERT_TRUE(testing::write_random_model(hp, GgmlType::Q4_K, path, 23));
-  auto w = model::Glm5Weights::load(path);
-  ASSERT_TRUE(w) << w.error().message;
-  std::mt19937 rng(3);
-  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(hp.vocab_size) - 1);
-  std::vector<int32_t> prompt(41);
-  for (int32_t& t : prompt) t = tok(rng);
-
-  // Per pipeline: the prompt's two parts (20 and 21 tokens) prefilled into slots 0 and 1, then 10 greedy steps
-  // of both slots' rows (eager, captured, then replayed: a graphed step returns its tokens only), then 6 of
-  // slot 0 alone (a second shape), then one step of both that returns logits (eager): its logits read the
-  // KV and state every graphed step wrote, so they hold those steps to the bit.
-  std::vector<int32_t> tokens[2];
-  std::vector<std::vector<float>> logits[2];
-  size_t graphs[2] = {}, edges[2] = {}, two_row_edges[2] = {};
-  for (int on = 0; on < 2; ++on) {
-    auto p = stage(*w.value(), on == 1);
-    ASSERT_TRUE(p);
-    int32_t next[2];
-    uint32_t pos[2];
-    for (uint32_t s = 0; s < 2; ++s) {
-      const std::vector<int32_t> half(prompt.begin() + 20 * s, prompt.begin() + 20 * s + 20 + s);
-      auto r = p->step({SlotRows{s, 0, half, false, false, {}}});
-      ASSERT_TRUE(r) << r.error().message;
-      next[s] = argmax(r.value()[0].logits);
-      pos[s] = static_cast<uint32_t>(half.size());
-    }
-    auto decode = [&](uint32_t slots) {
-      std::vector<SlotRows> rows;
-      for (uint32_t s = 0; s < slots; ++s) rows.push_back(SlotRows{s, pos[s]++, {next[s]}, false, true, {}});
-      auto r = p->step(rows);
-      ASSERT_TRUE(r) << r.error().message;
-      for (uint32_t s = 0; s < slots; ++s) {
-        next[s] = r.value()[s].sampled;
-        tokens[on].push_back(next[s]);
-      }
-    };
-    for (int i = 0; i < 10; ++i) decode(2);
-    auto* cs = dynamic_cast<CudaStage*>(p->stages()[0].get());
-    ASSERT_NE(cs, nullptr);
-    two_row_edges[on] = cs->decode_graph_pdl_edges();
-    for (int i = 0; i < 6; ++i) decode(1);
-    auto r = p->step({SlotRows{0, pos[0], {next[0]}, false, false, {}}, SlotRows{1, pos[1], {next[1]}, false, false, {}}});
-    ASSERT_TRUE(r) << r.error().message;
-    for (uint32_t s = 0; s < 2; ++s) logits[on].push_back(r.value()[s].logits);
-    graphs[on] = cs->decode_graphs();
-    edges[on] = cs->decode_graph_pdl_edges();
-  }
-  std::filesystem::remove(path);
-  EXPECT_EQ(tokens[1], tokens[0]) << "PDL changed the greedy tokens of the graphed steps";
-  for (uint32_t s = 0; s < 2; ++s) {
-    ASSERT_EQ(logits[0][s].size(), hp.vocab_size) << "slot " << s;
-    ASSERT_EQ(logits[1][s].size(), hp.vocab_size) << "slot " << s;
-    EXPECT_EQ(std::memcmp(logits[0][s].data(), logits[1][s].data(), hp.vocab_size * sizeof(float)), 0)
-        << "slot " << s << ": the logits after the graphed steps differ with PDL";
-  }
-  EXPECT_EQ(graphs[0], 2u);  // two shapes: two rows in two segments, then one row
-  EXPECT_EQ(graphs[1], 2u);
-  EXPECT_EQ(edges[0], 0u);
+  RandomModel m("pdl_test_q4_k");
+  ASSERT_TRUE(m.w);
+  const Decoded off = decode(*m.w, m.prompt, false, true), on = decode(*m.w, m.prompt, true, true);
+  expect_same(off, on, m.hp.vocab_size, "PDL");
+  EXPECT_EQ(off.graphs, 2u);  // two shapes: two rows in two segments, then one row
+  EXPECT_EQ(on.graphs, 2u);
+  EXPECT_EQ(off.edges, 0u);
   if (pdl_expected()) {
-    EXPECT_GT(edges[1], 0u) << "PDL is available but the captured graph has no programmatic edges";
+    EXPECT_GT(on.edges, 0u) << "PDL is available but the captured graph has no programmatic edges";
   } else {
-    EXPECT_EQ(edges[1], 0u) << "programmatic edges where the build or device has no PDL";
+    EXPECT_EQ(on.edges, 0u) << "programmatic edges where the build or device has no PDL";
   }
-  std::cout << "decode graphs: " << edges[1] << " programmatic edges with PDL (" << two_row_edges[1]
+  std::cout << "decode graphs: " << on.edges << " programmatic edges with PDL (" << on.two_row_edges
             << " in the two-row graph; " << (pdl_expected() ? "" : "not ") << "available here)\n";
+}
+
+// The decode steps' branches (CudaStageOptions::decode_branches: the sites' comb, KDA's q/k/v and
+// convolution, the DSA indexer beside the chain) change no bit, with PDL as the stages have it.
+TEST(PdlTest, DecodeBranchesGiveTheSameLogitsAsOneChain) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  RandomModel m("branch_test_q4_k");
+  ASSERT_TRUE(m.w);
+  const Decoded chain = decode(*m.w, m.prompt, true, false), branches = decode(*m.w, m.prompt, true, true);
+  expect_same(chain, branches, m.hp.vocab_size, "the decode branches");
+  EXPECT_EQ(branches.graphs, 2u);
 }
 
 // `links` times: an int16 Q4_K matvec of x into y, then y's RMS norm back into x.
