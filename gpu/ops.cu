@@ -6,6 +6,7 @@
 #include "gpu/block_reduce.cuh"
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernels.hpp"
+#include "gpu/mhc_coefficients.cuh"
 #include "gpu/mhc_decode.hpp"
 #include "gpu/pdl.cuh"
 #include "gpu/row_ops.cuh"
@@ -33,65 +34,6 @@ __global__ void layer_norm_kernel(const float* x, size_t x_stride, const float* 
 
 constexpr int kMaxHc = 8;
 
-// The mixer coefficients of one row, by one warp: pre (sigmoid + eps), post (2 sigmoid) and comb (a
-// row softmax, then Sinkhorn rounds: columns first, then rows and columns). Each lane owns entries
-// lane and lane + 32 of comb (H*H <= 64) and recomputes the sums it needs from shared memory in the
-// CPU reference's order and precision (model/cpu/mhc.cpp, model/cpu/cpu_ops.cpp softmax); the entries of a
-// round are all updated in parallel instead of one thread walking a row.
-__device__ void mhc_coefficients(const MhcArgs& a, const float* m, float inv, float* pre, float* c) {
-  const uint32_t H = a.H, HH = H * H, lane = threadIdx.x & 31;
-  if (lane < H) {
-    pre[lane] = 1.0f / (1.0f + expf(-(m[lane] * inv * a.scale[0] + a.base[lane]))) + a.hc_eps;
-    a.post[blockIdx.x * H + lane] = 2.0f / (1.0f + expf(-(m[H + lane] * inv * a.scale[1] + a.base[H + lane])));
-  }
-  // Entry e0 = lane and e1 = lane + 32 (when H*H > 32): the first entry of its row, and its column.
-  const uint32_t e0 = lane, e1 = lane + 32;
-  const bool has0 = e0 < HH, has1 = e1 < HH;
-  const uint32_t row0 = has0 ? e0 / H * H : 0, col0 = has0 ? e0 % H : 0;
-  const uint32_t row1 = has1 ? e1 / H * H : 0, col1 = has1 ? e1 % H : 0;
-  if (has0) c[e0] = m[2 * H + e0] * inv * a.scale[2] + a.base[2 * H + e0];
-  if (has1) c[e1] = m[2 * H + e1] * inv * a.scale[2] + a.base[2 * H + e1];
-  __syncwarp();
-  auto softmax_entry = [&](uint32_t e, uint32_t row) {
-    float mx = -INFINITY;
-    for (uint32_t j = 0; j < H; ++j) mx = fmaxf(mx, c[row + j]);
-    double sum = 0.0;
-    for (uint32_t j = 0; j < H; ++j) sum += expf(c[row + j] - mx);
-    return expf(c[e] - mx) * static_cast<float>(1.0 / sum) + a.hc_eps;
-  };
-  float v0 = has0 ? softmax_entry(e0, row0) : 0.0f;
-  float v1 = has1 ? softmax_entry(e1, row1) : 0.0f;
-  __syncwarp();
-  if (has0) c[e0] = v0;
-  if (has1) c[e1] = v1;
-  __syncwarp();
-  auto row_sum = [&](uint32_t row) {
-    float s = 0.0f;
-    for (uint32_t j = 0; j < H; ++j) s += c[row + j];
-    return s;
-  };
-  auto col_sum = [&](uint32_t col) {
-    float s = 0.0f;
-    for (uint32_t i = 0; i < H; ++i) s += c[i * H + col];
-    return s;
-  };
-  // Every entry divided by (its row's or column's sum + eps), all read before any is written.
-  auto normalise = [&](bool rows) {
-    if (has0) v0 = c[e0] / ((rows ? row_sum(row0) : col_sum(col0)) + a.hc_eps);
-    if (has1) v1 = c[e1] / ((rows ? row_sum(row1) : col_sum(col1)) + a.hc_eps);
-    __syncwarp();
-    if (has0) c[e0] = v0;
-    if (has1) c[e1] = v1;
-    __syncwarp();
-  };
-  for (uint32_t it = 0; it < max(a.iters, 1u); ++it) {
-    if (it > 0) normalise(true);
-    normalise(false);
-  }
-  if (has0) a.comb[blockIdx.x * HH + e0] = c[e0];
-  if (has1) a.comb[blockIdx.x * HH + e1] = c[e1];
-}
-
 // One block per row: the RMS of the H streams (float4 loads, all in flight), the coefficients (warp
 // 0), the collapsed stream and its RMSNorm. D is a multiple of 4 (checked by mhc_pre).
 __global__ void __launch_bounds__(1024) mhc_pre_kernel(MhcArgs a) {
@@ -107,7 +49,11 @@ __global__ void __launch_bounds__(1024) mhc_pre_kernel(MhcArgs a) {
     ss += r.x * r.x + r.y * r.y + r.z * r.z + r.w * r.w;
   }
   const float inv = rsqrtf(block_sum(ss, scratch) / static_cast<float>(H * a.D) + a.rms_eps);
-  if (threadIdx.x < 32) mhc_coefficients(a, a.mix + static_cast<size_t>(blockIdx.x) * (2 + H) * H, inv, pre, c);
+  if (threadIdx.x < 32) {
+    const float* m = a.mix + static_cast<size_t>(blockIdx.x) * (2 + H) * H;
+    mhc_pre_post(a, m, inv, blockIdx.x, true, pre);
+    mhc_comb(a, m, inv, blockIdx.x, c);
+  }
   __syncthreads();
   float su = 0.0f;
   for (uint32_t d = threadIdx.x; d < D4; d += blockDim.x) {
