@@ -65,14 +65,30 @@ __device__ __forceinline__ void qk_norm_head(float* x, uint32_t lane, uint32_t h
   for (uint32_t i = lane; i < head_dim; i += 32) x[i] = is_q ? (x[i] * scale) * qs : x[i] * scale;
 }
 
-__global__ void conv_kernel(KdaArgs a) {
-  const uint32_t C3 = 3 * a.heads * a.head_dim;
-  const uint32_t K = a.kernel;
-  const size_t total = static_cast<size_t>(a.rows) * C3;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const uint32_t r = static_cast<uint32_t>(i / C3), c = static_cast<uint32_t>(i % C3);
-    a.qkv[i] = conv_silu(a, r, c, C3, K);
+// Prefill rows: a warp per (group of kConvRowsPerWarp rows, head of q, k or v), row by row: each lane
+// takes channels lane, lane + 32, ... of the head (its taps of earlier rows from L1, the warp having
+// just read them), then the head's L2 norm for q and k, reading back only what it wrote. So the
+// activated rows are written once and read by the next launch, not written, read and written again
+// by a norm of their own. conv_decode_kernel's operations on the same values: its bits.
+constexpr uint32_t kConvRowsPerWarp = 8;
+
+__global__ void conv_rows_kernel(KdaArgs a) {
+  const uint32_t lane = threadIdx.x & 31;
+  const size_t item = (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x) >> 5;
+  const uint32_t C3 = 3 * a.heads * a.head_dim, K = a.kernel;
+  const uint32_t groups = (a.rows + kConvRowsPerWarp - 1) / kConvRowsPerWarp;
+  if (item >= static_cast<size_t>(groups) * 3 * a.heads) return;
+  const uint32_t hk = static_cast<uint32_t>(item % (3 * a.heads));  // q heads, k heads, v heads
+  const uint32_t r0 = static_cast<uint32_t>(item / (3 * a.heads)) * kConvRowsPerWarp;
+  for (uint32_t r = r0; r < min(a.rows, r0 + kConvRowsPerWarp); ++r) {
+    for (uint32_t e = lane; e < a.head_dim; e += 32) {
+      const uint32_t c = hk * a.head_dim + e;
+      a.qkv[static_cast<size_t>(r) * C3 + c] = conv_silu(a, r, c, C3, K);
+    }
+    if (hk < 2 * a.heads) {
+      qk_norm_head(a.qkv + static_cast<size_t>(r) * C3 + static_cast<size_t>(hk) * a.head_dim, lane, a.head_dim,
+                   hk < a.heads);
+    }
   }
 }
 
@@ -87,23 +103,9 @@ __global__ void conv_state_kernel(KdaArgs a) {
   }
 }
 
-// One warp per (row, head) of q and of k: x / sqrt(sum x^2 + 1e-6), and q times head_dim^-0.5.
-__global__ void qk_norm_kernel(KdaArgs a) {
-  pdl_launch_dependents();  // the next matvec may request its weights now (gpu/pdl.hpp)
-  const uint32_t lane = threadIdx.x & 31;
-  const size_t item = (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x) >> 5;
-  const uint32_t C = a.heads * a.head_dim;
-  if (item >= static_cast<size_t>(a.rows) * 2 * a.heads) return;
-  const size_t r = item / (2 * a.heads);
-  const uint32_t hk = static_cast<uint32_t>(item % (2 * a.heads));  // q heads, then k heads
-  qk_norm_head(a.qkv + r * 3 * C + static_cast<size_t>(hk) * a.head_dim, lane, a.head_dim, hk < a.heads);
-}
-
-// Decode rows (kda_conv): conv_kernel, conv_state_kernel and qk_norm_kernel as one launch, one warp a
-// (segment, head of q, k or v) over its segment's rows. Each lane takes the channels of the head that
-// qk_norm_kernel's lane takes, computes them as conv_kernel does, and reads back only what it wrote;
-// the state is replaced after the segment's rows read it: the same operations on the same values in
-// the same order, so the three launches' bits.
+// Decode rows (kda_conv): conv_rows_kernel and conv_state_kernel as one launch, one warp a (segment,
+// head of q, k or v) over its segment's rows, the state replaced after the segment's rows read it:
+// the same operations on the same values in the same order, so the two launches' bits.
 __global__ void conv_decode_kernel(KdaArgs a) {
   pdl_launch_dependents();  // the next matvec may request its weights now (gpu/pdl.hpp)
   const uint32_t lane = threadIdx.x & 31;
@@ -323,13 +325,10 @@ void kda_conv_decode(const KdaArgs& a, cudaStream_t stream) {
 void kda_conv_rows(const KdaArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
   if (a.kernel < 1 || a.kernel > kMaxConv) throw CudaError("KDA: conv kernel size not in 1..8");
-  const size_t n = static_cast<size_t>(a.rows) * 3 * a.heads * a.head_dim;
-  conv_kernel<<<grid_for(n), 256, 0, stream>>>(a);
+  const size_t warps = size_t{(a.rows + kConvRowsPerWarp - 1) / kConvRowsPerWarp} * 3 * a.heads;
+  conv_rows_kernel<<<static_cast<unsigned>((warps * 32 + 255) / 256), 256, 0, stream>>>(a);
   FERRY_CUDA_LAUNCHED();
   conv_state_kernel<<<grid_for(static_cast<size_t>(a.segments) * 3 * a.heads * a.head_dim), 256, 0, stream>>>(a);
-  FERRY_CUDA_LAUNCHED();
-  const size_t warps = static_cast<size_t>(a.rows) * 2 * a.heads;
-  qk_norm_kernel<<<static_cast<unsigned>((warps * 32 + 255) / 256), 256, 0, stream>>>(a);
   FERRY_CUDA_LAUNCHED();
 }
 

@@ -139,6 +139,16 @@ __global__ void hc_head_kernel(const float* streams, const int32_t* rows_idx, ui
   for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) out[static_cast<size_t>(blockIdx.x) * D + d] = m[d] * inv * w[d];
 }
 
+// Rows laid end to end (stride == n), four values a thread in 32-bit index math: the element kernel
+// below pays a 64-bit division and modulo a value, which bound it, not the bytes.
+__global__ void swiglu_vec_kernel(float4* gate, const float4* up, uint32_t total4, float limit) {
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total4; i += gridDim.x * blockDim.x) {
+    const float4 g = gate[i], u = up[i];
+    gate[i] = make_float4(swiglu_value(g.x, u.x, limit), swiglu_value(g.y, u.y, limit), swiglu_value(g.z, u.z, limit),
+                          swiglu_value(g.w, u.w, limit));
+  }
+}
+
 __global__ void swiglu_kernel(float* gate, const float* up, size_t stride, uint32_t rows, uint32_t n, float limit) {
   const size_t total = static_cast<size_t>(rows) * n;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
@@ -390,6 +400,15 @@ void hc_head(const float* streams, const int32_t* rows_idx, uint32_t n, uint32_t
 
 void swiglu(float* gate, const float* up, size_t stride, uint32_t rows, uint32_t n, float limit, cudaStream_t stream) {
   if (rows == 0) return;
+  const size_t total = static_cast<size_t>(rows) * n;
+  const auto aligned = [](const float* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (stride == n && total % 4 == 0 && total / 4 < (size_t{1} << 31) && aligned(gate) && aligned(up)) {
+    swiglu_vec_kernel<<<grid_for(total / 4), 256, 0, stream>>>(reinterpret_cast<float4*>(gate),
+                                                                reinterpret_cast<const float4*>(up),
+                                                                static_cast<uint32_t>(total / 4), limit);
+    FERRY_CUDA_LAUNCHED();
+    return;
+  }
   swiglu_kernel<<<grid_for(static_cast<size_t>(rows) * n), 256, 0, stream>>>(gate, up, stride, rows, n, limit);
   FERRY_CUDA_LAUNCHED();
 }
