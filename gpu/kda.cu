@@ -66,11 +66,11 @@ __device__ __forceinline__ void qk_norm_head(float* x, uint32_t lane, uint32_t h
 }
 
 // Prefill rows: a warp per (group of kConvRowsPerWarp rows, head of q, k or v), row by row: each lane
-// takes channels lane, lane + 32, ... of the head (its taps of earlier rows from L1, the warp having
-// just read them), then the head's L2 norm for q and k, reading back only what it wrote. So the
-// activated rows are written once and read by the next launch, not written, read and written again
-// by a norm of their own. conv_decode_kernel's operations on the same values: its bits.
-constexpr uint32_t kConvRowsPerWarp = 8;
+// takes channels lane, lane + 32, ... of the head, all its taps asked for before any store (a store
+// between them would order every later load after it: one memory round trip a channel), then for q
+// and k the head's L2 norm on those values in registers, and one store. qk_norm_head's and
+// conv_silu's operations on the same values in the same order: conv_decode_kernel's bits.
+constexpr uint32_t kConvRowsPerWarp = 8, kConvLaneChannels = 4;  // head dims up to 128
 
 __global__ void conv_rows_kernel(KdaArgs a) {
   const uint32_t lane = threadIdx.x & 31;
@@ -80,14 +80,30 @@ __global__ void conv_rows_kernel(KdaArgs a) {
   if (item >= static_cast<size_t>(groups) * 3 * a.heads) return;
   const uint32_t hk = static_cast<uint32_t>(item % (3 * a.heads));  // q heads, k heads, v heads
   const uint32_t r0 = static_cast<uint32_t>(item / (3 * a.heads)) * kConvRowsPerWarp;
+  const bool is_q = hk < a.heads, is_qk = hk < 2 * a.heads;
   for (uint32_t r = r0; r < min(a.rows, r0 + kConvRowsPerWarp); ++r) {
-    for (uint32_t e = lane; e < a.head_dim; e += 32) {
-      const uint32_t c = hk * a.head_dim + e;
-      a.qkv[static_cast<size_t>(r) * C3 + c] = conv_silu(a, r, c, C3, K);
+    float v[kConvLaneChannels];
+#pragma unroll
+    for (uint32_t k = 0; k < kConvLaneChannels; ++k) {
+      const uint32_t e = lane + 32 * k;
+      v[k] = e < a.head_dim ? conv_silu(a, r, hk * a.head_dim + e, C3, K) : 0.0f;
     }
-    if (hk < 2 * a.heads) {
-      qk_norm_head(a.qkv + static_cast<size_t>(r) * C3 + static_cast<size_t>(hk) * a.head_dim, lane, a.head_dim,
-                   hk < a.heads);
+    float* out = a.qkv + static_cast<size_t>(r) * C3 + static_cast<size_t>(hk) * a.head_dim;
+    if (is_qk) {
+      float ss = 0.0f;
+#pragma unroll
+      for (uint32_t k = 0; k < kConvLaneChannels; ++k) {
+        if (lane + 32 * k < a.head_dim) ss += v[k] * v[k];
+      }
+      ss = warp_sum(ss);
+      const float scale = 1.0f / sqrtf(ss + 1e-6f);
+      const float qs = rsqrtf(static_cast<float>(a.head_dim));
+#pragma unroll
+      for (uint32_t k = 0; k < kConvLaneChannels; ++k) v[k] = is_q ? (v[k] * scale) * qs : v[k] * scale;
+    }
+#pragma unroll
+    for (uint32_t k = 0; k < kConvLaneChannels; ++k) {
+      if (lane + 32 * k < a.head_dim) out[lane + 32 * k] = v[k];
     }
   }
 }
@@ -325,6 +341,7 @@ void kda_conv_decode(const KdaArgs& a, cudaStream_t stream) {
 void kda_conv_rows(const KdaArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
   if (a.kernel < 1 || a.kernel > kMaxConv) throw CudaError("KDA: conv kernel size not in 1..8");
+  if (a.head_dim > 32 * kConvLaneChannels) throw CudaError("KDA: head dim " + std::to_string(a.head_dim) + " above 128");
   const size_t warps = size_t{(a.rows + kConvRowsPerWarp - 1) / kConvRowsPerWarp} * 3 * a.heads;
   conv_rows_kernel<<<static_cast<unsigned>((warps * 32 + 255) / 256), 256, 0, stream>>>(a);
   FERRY_CUDA_LAUNCHED();
