@@ -341,7 +341,9 @@ void kda_conv_decode(const KdaArgs& a, cudaStream_t stream) {
 void kda_conv_rows(const KdaArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
   if (a.kernel < 1 || a.kernel > kMaxConv) throw CudaError("KDA: conv kernel size not in 1..8");
-  if (a.head_dim > 32 * kConvLaneChannels) throw CudaError("KDA: head dim " + std::to_string(a.head_dim) + " above 128");
+  if (a.head_dim > 32 * kConvLaneChannels) {
+    throw CudaError("KDA: head dim " + std::to_string(a.head_dim) + " is above 128");
+  }
   const size_t warps = size_t{(a.rows + kConvRowsPerWarp - 1) / kConvRowsPerWarp} * 3 * a.heads;
   conv_rows_kernel<<<static_cast<unsigned>((warps * 32 + 255) / 256), 256, 0, stream>>>(a);
   FERRY_CUDA_LAUNCHED();

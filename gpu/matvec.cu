@@ -529,12 +529,13 @@ void embed_rows(const DevMatrix& embd, const int32_t* tokens, uint32_t rows, flo
   const size_t units = static_cast<size_t>(rows) * (embd.cols / 8 + 1);
   const unsigned blocks = static_cast<unsigned>(std::min<size_t>((units + 255) / 256, 65535));
   const bool vec = embd.cols % 4 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
-#define CALL(T)                                                                                             \
-  if (vec) {                                                                                                \
-    embed_kernel<T, true><<<blocks, 256, 0, stream>>>(embd.data, embd.row_bytes, embd.cols, tokens, rows, dst, copies); \
-  } else {                                                                                                  \
-    embed_kernel<T, false><<<blocks, 256, 0, stream>>>(embd.data, embd.row_bytes, embd.cols, tokens, rows, dst,      \
-                                                       copies);                                             \
+#define CALL(T)                                                                                   \
+  if (vec) {                                                                                      \
+    embed_kernel<T, true><<<blocks, 256, 0, stream>>>(embd.data, embd.row_bytes, embd.cols, tokens, \
+                                                      rows, dst, copies);                         \
+  } else {                                                                                        \
+    embed_kernel<T, false><<<blocks, 256, 0, stream>>>(embd.data, embd.row_bytes, embd.cols, tokens, \
+                                                       rows, dst, copies);                        \
   }
   FERRY_DISPATCH_TYPE(t, CALL)
 #undef CALL

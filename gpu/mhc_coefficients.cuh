@@ -24,16 +24,20 @@ __device__ __forceinline__ void mhc_pre_post(const MhcArgs& a, const float* m, f
   }
 }
 
-// comb of row `row` into a.comb, by the whole warp; c: H*H floats of shared scratch.
-__device__ __forceinline__ void mhc_comb(const MhcArgs& a, const float* m, float inv, uint32_t row, float* c) {
+// Entry e of the comb logits (before the softmax) of a row: m[2H + e] * inv * scale[2] + base[2H + e].
+__device__ __forceinline__ float mhc_comb_logit(const MhcArgs& a, const float* m, float inv, uint32_t e) {
+  return m[2 * a.H + e] * inv * a.scale[2] + a.base[2 * a.H + e];
+}
+
+// comb of row `row` into a.comb from its logits in c (H*H floats of shared memory, written by this
+// warp's lanes e0 = lane and e1 = lane + 32 before the call), by the whole warp.
+__device__ __forceinline__ void mhc_sinkhorn(const MhcArgs& a, uint32_t row, float* c) {
   const uint32_t H = a.H, HH = H * H, lane = threadIdx.x & 31;
   // Entry e0 = lane and e1 = lane + 32 (when H*H > 32): the first entry of its row, and its column.
   const uint32_t e0 = lane, e1 = lane + 32;
   const bool has0 = e0 < HH, has1 = e1 < HH;
   const uint32_t row0 = has0 ? e0 / H * H : 0, col0 = has0 ? e0 % H : 0;
   const uint32_t row1 = has1 ? e1 / H * H : 0, col1 = has1 ? e1 % H : 0;
-  if (has0) c[e0] = m[2 * H + e0] * inv * a.scale[2] + a.base[2 * H + e0];
-  if (has1) c[e1] = m[2 * H + e1] * inv * a.scale[2] + a.base[2 * H + e1];
   __syncwarp();
   auto softmax_entry = [&](uint32_t e, uint32_t first) {
     float mx = -INFINITY;
@@ -73,6 +77,14 @@ __device__ __forceinline__ void mhc_comb(const MhcArgs& a, const float* m, float
   }
   if (has0) a.comb[row * HH + e0] = c[e0];
   if (has1) a.comb[row * HH + e1] = c[e1];
+}
+
+// comb of row `row` into a.comb, by the whole warp; c: H*H floats of shared scratch.
+__device__ __forceinline__ void mhc_comb(const MhcArgs& a, const float* m, float inv, uint32_t row, float* c) {
+  const uint32_t HH = a.H * a.H, lane = threadIdx.x & 31;
+  if (lane < HH) c[lane] = mhc_comb_logit(a, m, inv, lane);
+  if (lane + 32 < HH) c[lane + 32] = mhc_comb_logit(a, m, inv, lane + 32);
+  mhc_sinkhorn(a, row, c);
 }
 
 }  // namespace ferry::gpu

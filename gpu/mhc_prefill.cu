@@ -15,8 +15,8 @@
 // care which k is where). The Gram sums of the rows' streams (f64, as gpu/mhc_decode.cu makes them)
 // give the 1/rms and the collapsed stream's norm, so nothing is read twice. The warps' partial sums
 // meet in shared memory and the cluster's in distributed shared memory, added in rank order by every
-// block (the same bits in each); each block then makes the coefficients of the 16 rows (rank 0 alone
-// the Sinkhorn, which only the next post reads) and its slice of x.
+// block (the same bits in each); each block then makes pre and its slice of x, and one rank a row's
+// post and comb logits, whose Sinkhorn (which only the next post reads) runs in a launch of its own.
 //
 // Clusters of 16 blocks (non-portable; one unit a warp, or 8 warps of two units: 383 / 337 us a
 // chunk's site, against 242 us here) and a persistent cluster of 16 that kept fn's slice in shared
@@ -46,7 +46,7 @@ struct SiteArgs {
   MhcArgs a;
   const float* fn = nullptr;       // [kMix][kH * D]
   const float* y = nullptr;        // [rows][D]; null: no post
-  const float* post_in = nullptr;  // [rows][kH], [rows][kH * kH]: read before rank 0 writes a.post / a.comb
+  const float* post_in = nullptr;  // [rows][kH], [rows][kH * kH]: read before a rank writes a.post / a.comb
   const float* comb_in = nullptr;
   float* streams = nullptr;        // [rows][kH * D], a.streams
 };
@@ -55,7 +55,9 @@ struct SiteArgs {
 constexpr size_t kSmemBytes = size_t{kThreads / 32} * kRows * (kPairs * sizeof(double) + kMix * sizeof(float));
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ float comp(const float4& v, uint32_t i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+__device__ __forceinline__ float comp(const float4& v, uint32_t i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
 
 // x as big + small tf32 parts (nearest, ties away): big + small is x to ~22 bits.
 __device__ __forceinline__ void split_tf32(float x, uint32_t& big, uint32_t& small) {
@@ -87,7 +89,6 @@ __global__ void __launch_bounds__(kThreads, 1) mhc_prefill_kernel(SiteArgs f) {
   __shared__ float post_in[kRows * kH], comb_in[kRows * kH * kH];
   __shared__ float pre[kRows][kH];
   __shared__ float inv_u[kRows];
-  __shared__ float comb_scratch[kRows][kH * kH];
   const MhcArgs& a = f.a;
   const cg::cluster_group cluster = cg::this_cluster();
   const uint32_t rank = cluster.block_rank(), tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -258,14 +259,19 @@ __global__ void __launch_bounds__(kThreads, 1) mhc_prefill_kernel(SiteArgs f) {
     double ss = 0.0;
     for (uint32_t h = 0, p = 0; h < kH; p += kH - h, ++h) ss += gr[p];
     const float inv = rsqrtf(static_cast<float>(ss) / static_cast<float>(kH * D) + a.rms_eps);
-    mhc_pre_post(a, m, inv, row, rank == 0, pre[lr]);
-    if (rank == 0) mhc_comb(a, m, inv, row, comb_scratch[lr]);
+    // pre and inv_u in every block; post and the comb logits by rank lr % kB (comb_kernel's Sinkhorn
+    // then finishes comb: ~40 dependent rounds on a warp, which held rank 0's SM here).
+    const bool writer = lr % kB == rank;
+    mhc_pre_post(a, m, inv, row, writer, pre[lr]);
+    if (writer && lane < kH * kH) a.comb[size_t{row} * kH * kH + lane] = mhc_comb_logit(a, m, inv, lane);
     __syncwarp();
     if (lane == 0) {
       double su = 0.0;
       uint32_t p = 0;
       for (uint32_t h = 0; h < kH; ++h) {
-        for (uint32_t h2 = h; h2 < kH; ++h2, ++p) su += (h == h2 ? 1.0 : 2.0) * double(pre[lr][h]) * double(pre[lr][h2]) * gr[p];
+        for (uint32_t h2 = h; h2 < kH; ++h2, ++p) {
+          su += (h == h2 ? 1.0 : 2.0) * double(pre[lr][h]) * double(pre[lr][h2]) * gr[p];
+        }
       }
       inv_u[lr] = rsqrtf(static_cast<float>(su) / static_cast<float>(D) + a.rms_eps);
     }
@@ -296,6 +302,17 @@ __global__ void __launch_bounds__(kThreads, 1) mhc_prefill_kernel(SiteArgs f) {
   (void)f;
   __trap();  // launched only where it was built for sm90+ (placeable)
 #endif
+}
+
+// The Sinkhorn of every row, one warp a row, from the comb logits mhc_prefill_kernel left in a.comb:
+// the one-block kernel's operations (gpu/mhc_coefficients.cuh).
+constexpr uint32_t kCombRows = 8;
+__global__ void __launch_bounds__(kCombRows * 32) comb_kernel(MhcArgs a) {
+  __shared__ float c[kCombRows][kH * kH];
+  const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31, row = blockIdx.x * kCombRows + warp;
+  if (row >= a.rows) return;  // the same for the whole warp
+  if (lane < kH * kH) c[warp][lane] = a.comb[size_t{row} * kH * kH + lane];
+  mhc_sinkhorn(a, row, c[warp]);
 }
 
 // Whether this build's kernel runs here and the device can place one cluster of it (asked once per
@@ -334,9 +351,9 @@ bool mhc_site_prefill(const MhcPostPre& p, cudaStream_t stream) {
   const MhcArgs& a = p.pre;
   const DevMatrix& fn = *p.fn;
   if (a.rows == 0 || a.H != kH || a.D % 16 != 0 || a.D > kMaxD || p.combine != nullptr) return false;
-  if (fn.type != model::GgmlType::F32 || fn.rows != kMix || fn.cols != kH * a.D || fn.row_bytes != size_t{fn.cols} * 4) {
-    return false;
-  }
+  const bool f32_mixer =
+      fn.type == model::GgmlType::F32 && fn.rows == kMix && fn.cols == kH * a.D && fn.row_bytes == size_t{fn.cols} * 4;
+  if (!f32_mixer) return false;
   const auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
   if (!aligned(fn.data) || !aligned(p.streams) || !aligned(a.x) || !aligned(a.norm_w) || (p.y && !aligned(p.y))) {
     return false;
@@ -364,6 +381,8 @@ bool mhc_site_prefill(const MhcPostPre& p, cudaStream_t stream) {
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
   FERRY_CUDA(cudaLaunchKernelEx(&cfg, mhc_prefill_kernel, f));
+  comb_kernel<<<(a.rows + kCombRows - 1) / kCombRows, kCombRows * 32, 0, stream>>>(f.a);
+  FERRY_CUDA_LAUNCHED();
   return true;
 }
 
