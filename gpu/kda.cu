@@ -65,14 +65,46 @@ __device__ __forceinline__ void qk_norm_head(float* x, uint32_t lane, uint32_t h
   for (uint32_t i = lane; i < head_dim; i += 32) x[i] = is_q ? (x[i] * scale) * qs : x[i] * scale;
 }
 
-__global__ void conv_kernel(KdaArgs a) {
-  const uint32_t C3 = 3 * a.heads * a.head_dim;
-  const uint32_t K = a.kernel;
-  const size_t total = static_cast<size_t>(a.rows) * C3;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const uint32_t r = static_cast<uint32_t>(i / C3), c = static_cast<uint32_t>(i % C3);
-    a.qkv[i] = conv_silu(a, r, c, C3, K);
+// Prefill rows: a warp per (group of kConvRowsPerWarp rows, head of q, k or v), row by row: each lane
+// takes channels lane, lane + 32, ... of the head, all its taps asked for before any store (a store
+// between them would order every later load after it: one memory round trip a channel), then for q
+// and k the head's L2 norm on those values in registers, and one store. qk_norm_head's and
+// conv_silu's operations on the same values in the same order: conv_decode_kernel's bits.
+constexpr uint32_t kConvRowsPerWarp = 8, kConvLaneChannels = 4;  // head dims up to 128
+
+__global__ void conv_rows_kernel(KdaArgs a) {
+  const uint32_t lane = threadIdx.x & 31;
+  const size_t item = (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x) >> 5;
+  const uint32_t C3 = 3 * a.heads * a.head_dim, K = a.kernel;
+  const uint32_t groups = (a.rows + kConvRowsPerWarp - 1) / kConvRowsPerWarp;
+  if (item >= static_cast<size_t>(groups) * 3 * a.heads) return;
+  const uint32_t hk = static_cast<uint32_t>(item % (3 * a.heads));  // q heads, k heads, v heads
+  const uint32_t r0 = static_cast<uint32_t>(item / (3 * a.heads)) * kConvRowsPerWarp;
+  const bool is_q = hk < a.heads, is_qk = hk < 2 * a.heads;
+  for (uint32_t r = r0; r < min(a.rows, r0 + kConvRowsPerWarp); ++r) {
+    float v[kConvLaneChannels];
+#pragma unroll
+    for (uint32_t k = 0; k < kConvLaneChannels; ++k) {
+      const uint32_t e = lane + 32 * k;
+      v[k] = e < a.head_dim ? conv_silu(a, r, hk * a.head_dim + e, C3, K) : 0.0f;
+    }
+    float* out = a.qkv + static_cast<size_t>(r) * C3 + static_cast<size_t>(hk) * a.head_dim;
+    if (is_qk) {
+      float ss = 0.0f;
+#pragma unroll
+      for (uint32_t k = 0; k < kConvLaneChannels; ++k) {
+        if (lane + 32 * k < a.head_dim) ss += v[k] * v[k];
+      }
+      ss = warp_sum(ss);
+      const float scale = 1.0f / sqrtf(ss + 1e-6f);
+      const float qs = rsqrtf(static_cast<float>(a.head_dim));
+#pragma unroll
+      for (uint32_t k = 0; k < kConvLaneChannels; ++k) v[k] = is_q ? (v[k] * scale) * qs : v[k] * scale;
+    }
+#pragma unroll
+    for (uint32_t k = 0; k < kConvLaneChannels; ++k) {
+      if (lane + 32 * k < a.head_dim) out[lane + 32 * k] = v[k];
+    }
   }
 }
 
@@ -87,23 +119,9 @@ __global__ void conv_state_kernel(KdaArgs a) {
   }
 }
 
-// One warp per (row, head) of q and of k: x / sqrt(sum x^2 + 1e-6), and q times head_dim^-0.5.
-__global__ void qk_norm_kernel(KdaArgs a) {
-  pdl_launch_dependents();  // the next matvec may request its weights now (gpu/pdl.hpp)
-  const uint32_t lane = threadIdx.x & 31;
-  const size_t item = (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x) >> 5;
-  const uint32_t C = a.heads * a.head_dim;
-  if (item >= static_cast<size_t>(a.rows) * 2 * a.heads) return;
-  const size_t r = item / (2 * a.heads);
-  const uint32_t hk = static_cast<uint32_t>(item % (2 * a.heads));  // q heads, then k heads
-  qk_norm_head(a.qkv + r * 3 * C + static_cast<size_t>(hk) * a.head_dim, lane, a.head_dim, hk < a.heads);
-}
-
-// Decode rows (kda_conv): conv_kernel, conv_state_kernel and qk_norm_kernel as one launch, one warp a
-// (segment, head of q, k or v) over its segment's rows. Each lane takes the channels of the head that
-// qk_norm_kernel's lane takes, computes them as conv_kernel does, and reads back only what it wrote;
-// the state is replaced after the segment's rows read it: the same operations on the same values in
-// the same order, so the three launches' bits.
+// Decode rows (kda_conv): conv_rows_kernel and conv_state_kernel as one launch, one warp a (segment,
+// head of q, k or v) over its segment's rows, the state replaced after the segment's rows read it:
+// the same operations on the same values in the same order, so the two launches' bits.
 __global__ void conv_decode_kernel(KdaArgs a) {
   pdl_launch_dependents();  // the next matvec may request its weights now (gpu/pdl.hpp)
   pdl_wait();               // q, k and v are the product's ahead
@@ -326,13 +344,13 @@ void kda_conv_decode(const KdaArgs& a, cudaStream_t stream) {
 void kda_conv_rows(const KdaArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
   if (a.kernel < 1 || a.kernel > kMaxConv) throw CudaError("KDA: conv kernel size not in 1..8");
-  const size_t n = static_cast<size_t>(a.rows) * 3 * a.heads * a.head_dim;
-  conv_kernel<<<grid_for(n), 256, 0, stream>>>(a);
+  if (a.head_dim > 32 * kConvLaneChannels) {
+    throw CudaError("KDA: head dim " + std::to_string(a.head_dim) + " is above 128");
+  }
+  const size_t warps = size_t{(a.rows + kConvRowsPerWarp - 1) / kConvRowsPerWarp} * 3 * a.heads;
+  conv_rows_kernel<<<static_cast<unsigned>((warps * 32 + 255) / 256), 256, 0, stream>>>(a);
   FERRY_CUDA_LAUNCHED();
   conv_state_kernel<<<grid_for(static_cast<size_t>(a.segments) * 3 * a.heads * a.head_dim), 256, 0, stream>>>(a);
-  FERRY_CUDA_LAUNCHED();
-  const size_t warps = static_cast<size_t>(a.rows) * 2 * a.heads;
-  qk_norm_kernel<<<static_cast<unsigned>((warps * 32 + 255) / 256), 256, 0, stream>>>(a);
   FERRY_CUDA_LAUNCHED();
 }
 

@@ -231,7 +231,7 @@ struct KdaArgs {
 };
 void kda_conv(const KdaArgs& a, cudaStream_t stream);
 // kda_conv's two ways, the same bits: one launch of a warp per (segment, head) for decode rows (up to
-// kMaxMatvecTokens), three launches over every (row, channel) otherwise.
+// kMaxMatvecTokens); otherwise a warp per (group of rows, head), then the state's update.
 void kda_conv_decode(const KdaArgs& a, cudaStream_t stream);
 void kda_conv_rows(const KdaArgs& a, cudaStream_t stream);
 void kda_recurrent(const KdaArgs& a, cudaStream_t stream);

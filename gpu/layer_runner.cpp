@@ -11,6 +11,7 @@
 #include "gpu/kda_chunked.hpp"
 #include "gpu/kda_fusion.hpp"
 #include "gpu/mhc_decode.hpp"
+#include "gpu/mhc_prefill.hpp"
 #include "gpu/moe_decode.hpp"
 #include "gpu/moe_route_decode.hpp"
 #include "gpu/moe_grouped.hpp"
@@ -188,8 +189,13 @@ void LayerRunner::mhc_site(const StepGeometry& g, const DevMatrix& fn, const flo
   fused.combine = post_first && combine_pending_ ? &combine_ : nullptr;
   fused.post_in = w_.post;
   fused.comb_in = w_.comb;
-  if (branches_) fused.branch = &comb_branch_;
-  if (mhc_post_pre(fused, s_)) {
+  // Decode rows on the cluster kernel of gpu/mhc_decode.hpp (a cluster a row; comb made on a branch, off the
+  // chain), more on gpu/mhc_prefill.hpp's (a cluster 16 rows: the mixer read once per 16 rows, not once a row).
+  const bool decode_rows = g.rows <= kMaxMatvecTokens;
+  if (branches_ && decode_rows) fused.branch = &comb_branch_;
+  const bool one_launch =
+      decode_rows ? mhc_post_pre(fused, s_) : mhc_site_prefill(fused, s_) || mhc_post_pre(fused, s_);
+  if (one_launch) {
     // One launch did all: its time counts as the pre's; the post is still marked (with no time of its own).
     if (fused.combine != nullptr) combine_pending_ = false;
     mark(OpGroup::mhc_pre);

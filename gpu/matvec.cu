@@ -263,7 +263,9 @@ __global__ void __launch_bounds__(kConvertThreads)
   }
 }
 
-template <int T>
+// A row's units to `copies` copies of it; kVec: 16-byte aligned copies, each run stored as float4s (a
+// prefill chunk writes 4 x 2,048 rows: scalar stores a run apart bound it).
+template <int T, bool kVec>
 __global__ void embed_kernel(const uint8_t* data, size_t row_bytes, uint32_t cols, const int32_t* tokens,
                              uint32_t rows, float* dst, uint32_t copies) {
   using Tr = qd::Traits<T>;
@@ -282,9 +284,7 @@ __global__ void embed_kernel(const uint8_t* data, size_t row_bytes, uint32_t col
       float* out = dst + (r * copies + c) * cols;
 #pragma unroll
       for (int run = 0; run < Tr::RUNS; ++run) {
-        const uint32_t c0 = qd::run_col<T>(u, run);
-#pragma unroll
-        for (int k = 0; k < Tr::RL; ++k) out[c0 + k] = v[run * Tr::RL + k];
+        store_run<Tr::RL, kVec>(v + run * Tr::RL, out + qd::run_col<T>(u, run), static_cast<__half*>(nullptr));
       }
     }
   }
@@ -528,7 +528,15 @@ void embed_rows(const DevMatrix& embd, const int32_t* tokens, uint32_t rows, flo
   const int t = kernel_type(embd);
   const size_t units = static_cast<size_t>(rows) * (embd.cols / 8 + 1);
   const unsigned blocks = static_cast<unsigned>(std::min<size_t>((units + 255) / 256, 65535));
-#define CALL(T) embed_kernel<T><<<blocks, 256, 0, stream>>>(embd.data, embd.row_bytes, embd.cols, tokens, rows, dst, copies)
+  const bool vec = embd.cols % 4 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
+#define CALL(T)                                                                                   \
+  if (vec) {                                                                                      \
+    embed_kernel<T, true><<<blocks, 256, 0, stream>>>(embd.data, embd.row_bytes, embd.cols, tokens, \
+                                                      rows, dst, copies);                         \
+  } else {                                                                                        \
+    embed_kernel<T, false><<<blocks, 256, 0, stream>>>(embd.data, embd.row_bytes, embd.cols, tokens, \
+                                                       rows, dst, copies);                        \
+  }
   FERRY_DISPATCH_TYPE(t, CALL)
 #undef CALL
   FERRY_CUDA_LAUNCHED();

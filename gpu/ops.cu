@@ -6,6 +6,7 @@
 #include "gpu/block_reduce.cuh"
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernels.hpp"
+#include "gpu/mhc_coefficients.cuh"
 #include "gpu/mhc_decode.hpp"
 #include "gpu/moe_route.cuh"
 #include "gpu/pdl.cuh"
@@ -34,65 +35,6 @@ __global__ void layer_norm_kernel(const float* x, size_t x_stride, const float* 
 
 constexpr int kMaxHc = 8;
 
-// The mixer coefficients of one row, by one warp: pre (sigmoid + eps), post (2 sigmoid) and comb (a
-// row softmax, then Sinkhorn rounds: columns first, then rows and columns). Each lane owns entries
-// lane and lane + 32 of comb (H*H <= 64) and recomputes the sums it needs from shared memory in the
-// CPU reference's order and precision (model/cpu/mhc.cpp, model/cpu/cpu_ops.cpp softmax); the entries of a
-// round are all updated in parallel instead of one thread walking a row.
-__device__ void mhc_coefficients(const MhcArgs& a, const float* m, float inv, float* pre, float* c) {
-  const uint32_t H = a.H, HH = H * H, lane = threadIdx.x & 31;
-  if (lane < H) {
-    pre[lane] = 1.0f / (1.0f + expf(-(m[lane] * inv * a.scale[0] + a.base[lane]))) + a.hc_eps;
-    a.post[blockIdx.x * H + lane] = 2.0f / (1.0f + expf(-(m[H + lane] * inv * a.scale[1] + a.base[H + lane])));
-  }
-  // Entry e0 = lane and e1 = lane + 32 (when H*H > 32): the first entry of its row, and its column.
-  const uint32_t e0 = lane, e1 = lane + 32;
-  const bool has0 = e0 < HH, has1 = e1 < HH;
-  const uint32_t row0 = has0 ? e0 / H * H : 0, col0 = has0 ? e0 % H : 0;
-  const uint32_t row1 = has1 ? e1 / H * H : 0, col1 = has1 ? e1 % H : 0;
-  if (has0) c[e0] = m[2 * H + e0] * inv * a.scale[2] + a.base[2 * H + e0];
-  if (has1) c[e1] = m[2 * H + e1] * inv * a.scale[2] + a.base[2 * H + e1];
-  __syncwarp();
-  auto softmax_entry = [&](uint32_t e, uint32_t row) {
-    float mx = -INFINITY;
-    for (uint32_t j = 0; j < H; ++j) mx = fmaxf(mx, c[row + j]);
-    double sum = 0.0;
-    for (uint32_t j = 0; j < H; ++j) sum += expf(c[row + j] - mx);
-    return expf(c[e] - mx) * static_cast<float>(1.0 / sum) + a.hc_eps;
-  };
-  float v0 = has0 ? softmax_entry(e0, row0) : 0.0f;
-  float v1 = has1 ? softmax_entry(e1, row1) : 0.0f;
-  __syncwarp();
-  if (has0) c[e0] = v0;
-  if (has1) c[e1] = v1;
-  __syncwarp();
-  auto row_sum = [&](uint32_t row) {
-    float s = 0.0f;
-    for (uint32_t j = 0; j < H; ++j) s += c[row + j];
-    return s;
-  };
-  auto col_sum = [&](uint32_t col) {
-    float s = 0.0f;
-    for (uint32_t i = 0; i < H; ++i) s += c[i * H + col];
-    return s;
-  };
-  // Every entry divided by (its row's or column's sum + eps), all read before any is written.
-  auto normalise = [&](bool rows) {
-    if (has0) v0 = c[e0] / ((rows ? row_sum(row0) : col_sum(col0)) + a.hc_eps);
-    if (has1) v1 = c[e1] / ((rows ? row_sum(row1) : col_sum(col1)) + a.hc_eps);
-    __syncwarp();
-    if (has0) c[e0] = v0;
-    if (has1) c[e1] = v1;
-    __syncwarp();
-  };
-  for (uint32_t it = 0; it < max(a.iters, 1u); ++it) {
-    if (it > 0) normalise(true);
-    normalise(false);
-  }
-  if (has0) a.comb[blockIdx.x * HH + e0] = c[e0];
-  if (has1) a.comb[blockIdx.x * HH + e1] = c[e1];
-}
-
 // One block per row: the RMS of the H streams (float4 loads, all in flight), the coefficients (warp
 // 0), the collapsed stream and its RMSNorm. D is a multiple of 4 (checked by mhc_pre).
 __global__ void __launch_bounds__(1024) mhc_pre_kernel(MhcArgs a) {
@@ -108,7 +50,11 @@ __global__ void __launch_bounds__(1024) mhc_pre_kernel(MhcArgs a) {
     ss += r.x * r.x + r.y * r.y + r.z * r.z + r.w * r.w;
   }
   const float inv = rsqrtf(block_sum(ss, scratch) / static_cast<float>(H * a.D) + a.rms_eps);
-  if (threadIdx.x < 32) mhc_coefficients(a, a.mix + static_cast<size_t>(blockIdx.x) * (2 + H) * H, inv, pre, c);
+  if (threadIdx.x < 32) {
+    const float* m = a.mix + static_cast<size_t>(blockIdx.x) * (2 + H) * H;
+    mhc_pre_post(a, m, inv, blockIdx.x, true, pre);
+    mhc_comb(a, m, inv, blockIdx.x, c);
+  }
   __syncthreads();
   float su = 0.0f;
   for (uint32_t d = threadIdx.x; d < D4; d += blockDim.x) {
@@ -141,6 +87,36 @@ __device__ __forceinline__ void post_column(float* streams, float yv, const floa
     float v = post[r * H + h2] * yv;
     for (uint32_t h = 0; h < H; ++h) v = __fmaf_rn(c[h * H + h2], old[h], v);
     R[h2 * D] = v;
+  }
+}
+
+// mhc_post over float4 columns for H streams (GLM's 4; D a multiple of 4, 16-byte aligned rows), a
+// thread's 4 columns of every stream at once in 32-bit index math, the streams in registers:
+// post_column's fmas in its order, component by component (its bits), without a 64-bit division and
+// modulo a column.
+template <uint32_t H>
+__global__ void mhc_post_vec_kernel(float4* streams, const float4* y, const float* post, const float* comb,
+                                    uint32_t total4, uint32_t D4) {
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total4; i += gridDim.x * blockDim.x) {
+    const uint32_t r = i / D4, d = i - r * D4;
+    float4* R = streams + static_cast<size_t>(r) * H * D4 + d;
+    float4 old[H];
+#pragma unroll
+    for (uint32_t h = 0; h < H; ++h) old[h] = R[h * D4];
+    const float4 yv = y[i];
+    const float* c = comb + static_cast<size_t>(r) * H * H;
+#pragma unroll
+    for (uint32_t h2 = 0; h2 < H; ++h2) {
+      const float p = post[r * H + h2];
+      float4 v = make_float4(p * yv.x, p * yv.y, p * yv.z, p * yv.w);
+#pragma unroll
+      for (uint32_t h = 0; h < H; ++h) {
+        const float w = c[h * H + h2];
+        v.x = __fmaf_rn(w, old[h].x, v.x), v.y = __fmaf_rn(w, old[h].y, v.y);
+        v.z = __fmaf_rn(w, old[h].z, v.z), v.w = __fmaf_rn(w, old[h].w, v.w);
+      }
+      R[h2 * D4] = v;
+    }
   }
 }
 
@@ -192,6 +168,16 @@ __global__ void hc_head_kernel(const float* streams, const int32_t* rows_idx, ui
   }
   const float inv = rsqrtf(block_sum(ss, scratch) / static_cast<float>(D) + eps);
   for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) out[static_cast<size_t>(blockIdx.x) * D + d] = m[d] * inv * w[d];
+}
+
+// Rows laid end to end (stride == n), four values a thread in 32-bit index math: the element kernel
+// below pays a 64-bit division and modulo a value, which bound it, not the bytes.
+__global__ void swiglu_vec_kernel(float4* gate, const float4* up, uint32_t total4, float limit) {
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total4; i += gridDim.x * blockDim.x) {
+    const float4 g = gate[i], u = up[i];
+    gate[i] = make_float4(swiglu_value(g.x, u.x, limit), swiglu_value(g.y, u.y, limit), swiglu_value(g.z, u.z, limit),
+                          swiglu_value(g.w, u.w, limit));
+  }
 }
 
 __global__ void swiglu_kernel(float* gate, const float* up, size_t stride, uint32_t rows, uint32_t n, float limit) {
@@ -314,6 +300,15 @@ void mhc_pre_one_block(const MhcArgs& a, cudaStream_t stream) {
 void mhc_post(float* streams, const float* y, const float* post, const float* comb, uint32_t rows, uint32_t H,
               uint32_t D, cudaStream_t stream) {
   if (rows == 0) return;
+  const size_t total4 = static_cast<size_t>(rows) * D / 4;
+  const auto aligned = [](const float* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (H == 4 && D % 4 == 0 && total4 < (size_t{1} << 31) && aligned(streams) && aligned(y)) {
+    mhc_post_vec_kernel<4><<<grid_for(total4), 256, 0, stream>>>(reinterpret_cast<float4*>(streams),
+                                                                  reinterpret_cast<const float4*>(y), post, comb,
+                                                                  static_cast<uint32_t>(total4), D / 4);
+    FERRY_CUDA_LAUNCHED();
+    return;
+  }
   mhc_post_kernel<<<grid_for(static_cast<size_t>(rows) * D), 256, 0, stream>>>(streams, y, post, comb, rows, H, D);
   FERRY_CUDA_LAUNCHED();
 }
@@ -341,6 +336,15 @@ void hc_head(const float* streams, const int32_t* rows_idx, uint32_t n, uint32_t
 
 void swiglu(float* gate, const float* up, size_t stride, uint32_t rows, uint32_t n, float limit, cudaStream_t stream) {
   if (rows == 0) return;
+  const size_t total = static_cast<size_t>(rows) * n;
+  const auto aligned = [](const float* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (stride == n && total % 4 == 0 && total / 4 < (size_t{1} << 31) && aligned(gate) && aligned(up)) {
+    swiglu_vec_kernel<<<grid_for(total / 4), 256, 0, stream>>>(reinterpret_cast<float4*>(gate),
+                                                                reinterpret_cast<const float4*>(up),
+                                                                static_cast<uint32_t>(total / 4), limit);
+    FERRY_CUDA_LAUNCHED();
+    return;
+  }
   swiglu_kernel<<<grid_for(static_cast<size_t>(rows) * n), 256, 0, stream>>>(gate, up, stride, rows, n, limit);
   FERRY_CUDA_LAUNCHED();
 }

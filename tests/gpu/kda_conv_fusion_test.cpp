@@ -1,8 +1,9 @@
-// KDA's short convolution for decode rows as one launch (kda_conv_decode) against the three launches
-// it replaces (kda_conv_rows: convolution, state update, q/k norms): the same bits in the activated
-// q/k/v and in the slots' new convolution state, over segments of one to three rows, positions that
-// read the old state and positions past it, head dims of one lane a channel and of several.
-// Outputs are poisoned (NaN) before each run.
+// KDA's short convolution for decode rows as one launch (kda_conv_decode) against the prefill form
+// (kda_conv_rows: convolution and q/k norms by groups of rows, then the state update): the same bits
+// in the activated q/k/v and in the slots' new convolution state, over segments of one to three rows
+// and of prefill length (groups of rows that straddle segments), positions that read the old state and
+// positions past it, head dims of one lane a channel and of several. Outputs are poisoned (NaN)
+// before each run.
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -33,14 +34,13 @@ std::vector<float> to_host(const DeviceBuffer& b) {
   return v;
 }
 
-TEST(KdaConvFusion, OneLaunchGivesTheThreeLaunchesBits) {
-  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+// Segments (slot, first position, rows).
+struct Seg {
+  int32_t slot, start, len;
+};
+
+void check_segments(const std::vector<Seg>& segs) {
   constexpr uint32_t kSlots = 3, kHeads = 2, kK = 4;
-  // Segments (slot, first position, rows): the state read by every row, by some rows, and by none.
-  struct Seg {
-    int32_t slot, start, len;
-  };
-  const std::vector<Seg> segs = {{2, 5, 1}, {0, 1, 3}, {1, 7, 2}};
   std::vector<int32_t> row_slot, row_pos, row_first, seg_slot, seg_start, seg_len, seg_first;
   for (const Seg& s : segs) {
     seg_slot.push_back(s.slot);
@@ -54,7 +54,6 @@ TEST(KdaConvFusion, OneLaunchGivesTheThreeLaunchesBits) {
     }
   }
   const uint32_t rows = static_cast<uint32_t>(row_slot.size());
-  ASSERT_LE(rows, kMaxMatvecTokens);
   const DeviceBuffer d_row_slot = to_device(row_slot), d_row_pos = to_device(row_pos),
                      d_row_first = to_device(row_first), d_seg_slot = to_device(seg_slot),
                      d_seg_start = to_device(seg_start), d_seg_len = to_device(seg_len),
@@ -103,6 +102,19 @@ TEST(KdaConvFusion, OneLaunchGivesTheThreeLaunchesBits) {
     EXPECT_NE(std::memcmp(st[0].data(), state.data(), state.size() * 4), 0) << "the state was not updated";
     for (float v : qkv[1]) ASSERT_EQ(v, v) << "a row left unwritten (NaN), head dim " << head_dim;
   }
+}
+
+TEST(KdaConvFusion, OneLaunchGivesThePrefillFormsBits) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  // The state read by every row, by some rows, and by none.
+  check_segments({{2, 5, 1}, {0, 1, 3}, {1, 7, 2}});
+}
+
+TEST(KdaConvFusion, PrefillSegmentsGiveTheOneLaunchBits) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  // A chunk's segments: 140 rows, groups of 8 rows across segment starts (37, 137), a first segment
+  // at position 0 (no state read).
+  check_segments({{0, 0, 37}, {2, 5, 100}, {1, 2, 3}});
 }
 
 }  // namespace
