@@ -629,8 +629,11 @@ void launch_tokens(const MatvecArgs& a, const Tables& tables, cudaStream_t strea
 
 // The types a launch may mix (MatvecPart::type): those only this kernel reads (Q4_K and Q5_K take the
 // tensor-core kernel where it is built, whose launches hold one type; a matrix computed by the other
-// kernel in a mixed launch would change its bits).
-bool mixable(model::GgmlType t) { return int16_type(t) && !matvec_mma_takes(t); }
+// kernel in a mixed launch would change its bits), and never Q4_K, which `launch` has no mixed
+// instances for (where the tensor-core kernel is not built, the Volta build, Q4_K stays unmixed).
+bool mixable(model::GgmlType t) {
+  return int16_type(t) && t != model::GgmlType::Q4_K && !matvec_mma_takes(t);
+}
 
 template <int T>
 void launch(const MatvecArgs& a, const Tables& tables, cudaStream_t stream) {
