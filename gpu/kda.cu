@@ -376,22 +376,10 @@ bool kda_recurrent_gated_norm(const KdaArgs& a, const GatedNorm& g, cudaStream_t
   auto launch = [&](auto kernel, int cb) {
     if (!sm90_code_built(reinterpret_cast<const void*>(kernel))) return false;
     const uint32_t blocks = a.head_dim / static_cast<uint32_t>(cb);  // a head's: one cluster
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(a.heads, a.segments, blocks);
-    cfg.blockDim = dim3(a.head_dim);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[2] = {};
-    cudaLaunchAttribute pdl{};
-    pdl_configure(cfg, pdl, reinterpret_cast<const void*>(kernel));  // PDL inside the decode graphs
-    uint32_t n = 0;
-    if (cfg.numAttrs == 1) attr[n++] = pdl;
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = 1;
-    attr[n].val.clusterDim.y = 1;
-    attr[n].val.clusterDim.z = blocks;
-    cfg.attrs = attr;
-    cfg.numAttrs = n + 1;
-    FERRY_CUDA(cudaLaunchKernelEx(&cfg, kernel, a, g));
+    // PDL inside the decode graphs
+    const ClusterLaunch l(reinterpret_cast<const void*>(kernel), dim3(a.heads, a.segments, blocks), dim3(a.head_dim), 0,
+                          stream, dim3(1, 1, blocks), true);
+    FERRY_CUDA(cudaLaunchKernelEx(&l.cfg, kernel, a, g));
     return true;
   };
   // Head dims of at least a warp: the norm's warps are whole.

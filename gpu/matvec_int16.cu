@@ -430,15 +430,7 @@ __device__ __forceinline__ void int16_block(const MatvecArgs& a, const Tables& t
         if (x_up != nullptr) {
           // The down projection's input, SwiGLU of the gate and up products, made here once a block
           // instead of by a kernel of its own.
-          const float4* up = reinterpret_cast<const float4*>(x_up + at);
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            const float4 u = up[k];
-            v[4 * k] = swiglu_value(v[4 * k], u.x, a.swiglu_limit);
-            v[4 * k + 1] = swiglu_value(v[4 * k + 1], u.y, a.swiglu_limit);
-            v[4 * k + 2] = swiglu_value(v[4 * k + 2], u.z, a.swiglu_limit);
-            v[4 * k + 3] = swiglu_value(v[4 * k + 3], u.w, a.swiglu_limit);
-          }
+          swiglu_values16(v, x_up + at, a.swiglu_limit);
         }
         x16_stats(v, amax, sum);
       }

@@ -302,16 +302,7 @@ __device__ __forceinline__ void read_x16(const MatvecArgs& a, const MatvecPartVi
     const float4 f = src[k];
     v[4 * k] = f.x, v[4 * k + 1] = f.y, v[4 * k + 2] = f.z, v[4 * k + 3] = f.w;
   }
-  if (x_up == nullptr) return;
-  const float4* up = reinterpret_cast<const float4*>(x_up + at);
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const float4 u = up[k];
-    v[4 * k] = swiglu_value(v[4 * k], u.x, a.swiglu_limit);
-    v[4 * k + 1] = swiglu_value(v[4 * k + 1], u.y, a.swiglu_limit);
-    v[4 * k + 2] = swiglu_value(v[4 * k + 2], u.z, a.swiglu_limit);
-    v[4 * k + 3] = swiglu_value(v[4 * k + 3], u.w, a.swiglu_limit);
-  }
+  if (x_up != nullptr) swiglu_values16(v, x_up + at, a.swiglu_limit);
 }
 
 // Quantizes the group's tokens into the B layout: a thread 16 values (half of a 32-value unit, its

@@ -354,19 +354,10 @@ uint32_t site_blocks(size_t smem) {
   auto [it, fresh] = known.try_emplace({dev, smem}, kNarrow);
   if (!fresh) return it->second;
   FERRY_CUDA(cudaFuncSetAttribute(mhc_site_kernel<kWide>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(kWide, 1);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = kWide;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
+  const ClusterLaunch l(reinterpret_cast<const void*>(mhc_site_kernel<kWide>), dim3(kWide, 1), dim3(kThreads), smem,
+                        nullptr, dim3(kWide, 1, 1), false);
   int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, mhc_site_kernel<kWide>, &cfg) == cudaSuccess && clusters > 0) {
+  if (cudaOccupancyMaxActiveClusters(&clusters, mhc_site_kernel<kWide>, &l.cfg) == cudaSuccess && clusters > 0) {
     it->second = kWide;
   }
   (void)cudaGetLastError();  // a refused query leaves no error behind
@@ -397,24 +388,11 @@ SitePlan site_plan(const MhcArgs& a, bool mixer) {
 }
 
 void launch(const ClusterArgs& f, const SitePlan& plan, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(plan.blocks, f.a.rows);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = plan.smem;
-  cfg.stream = stream;
   void (*kernel)(ClusterArgs) = plan.blocks == kWide ? mhc_site_kernel<kWide> : mhc_site_kernel<kNarrow>;
-  cudaLaunchAttribute attr[2] = {};
-  cudaLaunchAttribute pdl{};
-  pdl_configure(cfg, pdl, reinterpret_cast<const void*>(kernel));  // PDL inside the decode graphs
-  uint32_t n = 0;
-  if (cfg.numAttrs == 1) attr[n++] = pdl;
-  attr[n].id = cudaLaunchAttributeClusterDimension;
-  attr[n].val.clusterDim.x = plan.blocks;
-  attr[n].val.clusterDim.y = 1;
-  attr[n].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = n + 1;
-  FERRY_CUDA(cudaLaunchKernelEx(&cfg, kernel, f));
+  // PDL inside the decode graphs
+  const ClusterLaunch l(reinterpret_cast<const void*>(kernel), dim3(plan.blocks, f.a.rows), dim3(kThreads), plan.smem,
+                        stream, dim3(plan.blocks, 1, 1), true);
+  FERRY_CUDA(cudaLaunchKernelEx(&l.cfg, kernel, f));
 }
 
 }  // namespace

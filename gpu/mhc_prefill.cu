@@ -30,7 +30,7 @@
 #include "gpu/cuda_check.hpp"
 #include "gpu/mhc_coefficients.cuh"
 #include "gpu/mhc_prefill.hpp"
-#include "gpu/pdl.hpp"
+#include "gpu/pdl.cuh"
 
 namespace ferry::gpu {
 namespace {
@@ -328,19 +328,10 @@ bool placeable() {
   if (!sm90_code_built(reinterpret_cast<const void*>(mhc_prefill_kernel))) return false;
   FERRY_CUDA(cudaFuncSetAttribute(mhc_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(kSmemBytes)));
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(kB, 1);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = kSmemBytes;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = kB;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
+  const ClusterLaunch l(reinterpret_cast<const void*>(mhc_prefill_kernel), dim3(kB, 1), dim3(kThreads), kSmemBytes,
+                        nullptr, dim3(kB, 1, 1), false);
   int clusters = 0;
-  it->second = cudaOccupancyMaxActiveClusters(&clusters, mhc_prefill_kernel, &cfg) == cudaSuccess && clusters > 0;
+  it->second = cudaOccupancyMaxActiveClusters(&clusters, mhc_prefill_kernel, &l.cfg) == cudaSuccess && clusters > 0;
   (void)cudaGetLastError();  // a refused query leaves no error behind
   return it->second;
 }
@@ -368,19 +359,9 @@ bool mhc_site_prefill(const MhcPostPre& p, cudaStream_t stream) {
   f.post_in = p.post_in;
   f.comb_in = p.comb_in;
   f.streams = p.streams;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(kB, (a.rows + kRows - 1) / kRows);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = kSmemBytes;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = kB;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  FERRY_CUDA(cudaLaunchKernelEx(&cfg, mhc_prefill_kernel, f));
+  const ClusterLaunch l(reinterpret_cast<const void*>(mhc_prefill_kernel), dim3(kB, (a.rows + kRows - 1) / kRows),
+                        dim3(kThreads), kSmemBytes, stream, dim3(kB, 1, 1), false);
+  FERRY_CUDA(cudaLaunchKernelEx(&l.cfg, mhc_prefill_kernel, f));
   comb_kernel<<<(a.rows + kCombRows - 1) / kCombRows, kCombRows * 32, 0, stream>>>(f.a);
   FERRY_CUDA_LAUNCHED();
   return true;

@@ -41,4 +41,28 @@ void launch_with_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t sm
   FERRY_CUDA(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
+// A launch configuration of `grid` x `block` in clusters of `cluster` blocks, with PDL where `pdl` asks
+// for it and pdl_configure gives it. cfg points at the attributes held beside it: not copyable.
+struct ClusterLaunch {
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attrs[2] = {};
+
+  ClusterLaunch(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, dim3 cluster, bool pdl) {
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    if (pdl) pdl_configure(cfg, attrs[0], kernel);
+    const unsigned n = cfg.numAttrs;
+    attrs[n].id = cudaLaunchAttributeClusterDimension;
+    attrs[n].val.clusterDim.x = cluster.x;
+    attrs[n].val.clusterDim.y = cluster.y;
+    attrs[n].val.clusterDim.z = cluster.z;
+    cfg.attrs = attrs;
+    cfg.numAttrs = n + 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
 }  // namespace ferry::gpu
