@@ -54,7 +54,8 @@ import torch.nn.functional as F
 
 import transformers
 from transformers import Glm5NextConfig, Glm5NextForConditionalGeneration
-from safetensors.torch import load_file, save_file
+
+from checkpoint_files import load_shards, save_shards
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MIN_MARGIN = 2e-5       # smallest accepted gap at a top-k boundary (pool scores, router choice scores)
@@ -872,47 +873,6 @@ def mark_mtp_config(case_dir):
     cj.setdefault("text_config", {})["num_nextn_predict_layers"] = 1
     with open(cfg_path, "w") as f:
         json.dump(cj, f, indent=2, sort_keys=True)
-
-
-def load_shards(d):
-    sd = {}
-    for fn in sorted(os.listdir(d)):
-        if fn.endswith(".safetensors"):
-            sd.update(load_file(os.path.join(d, fn)))
-    return sd
-
-
-# The fixtures are committed, so no file of theirs is over 4 MiB: a larger checkpoint (trained_small's
-# 8 MB) is written as shards with the index transformers and ferry read.
-SHARD_BYTES = 4 << 20
-
-
-def save_shards(sd, d):
-    """sd as d/model.safetensors, or as shards of at most SHARD_BYTES in sd's order plus
-    model.safetensors.index.json; replaces the checkpoint files d held."""
-    for fn in os.listdir(d):
-        if fn.endswith(".safetensors") or fn.endswith(".safetensors.index.json"):
-            os.remove(os.path.join(d, fn))
-    nbytes = {k: v.numel() * v.element_size() for k, v in sd.items()}
-    groups, size = [[]], 0
-    for k in sd:
-        if groups[-1] and size + nbytes[k] > SHARD_BYTES:
-            groups.append([])
-            size = 0
-        groups[-1].append(k)
-        size += nbytes[k]
-    if len(groups) == 1:
-        save_file(sd, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
-        return
-    weight_map = {}
-    for i, keys in enumerate(groups):
-        fn = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
-        save_file({k: sd[k] for k in keys}, os.path.join(d, fn), metadata={"format": "pt"})
-        weight_map.update({k: fn for k in keys})
-    with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
-        json.dump({"metadata": {"total_size": sum(nbytes.values())}, "weight_map": dict(sorted(weight_map.items()))},
-                  f, indent=2)
-        f.write("\n")
 
 
 def main():

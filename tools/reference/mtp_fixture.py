@@ -27,6 +27,7 @@ import transformers
 from transformers import Glm5NextForConditionalGeneration
 
 import make_fixtures as mf
+from checkpoint_files import load_shards, save_shards
 
 
 def tensor_hashes(sd):
@@ -175,7 +176,7 @@ def add_trained_mtp(spec, out_dir, corpus_dir):
     ref_json = json.load(open(ref_path))
     if "mtp" in ref_json:
         raise RuntimeError(f"{case_dir} has an MTP block already")
-    before = tensor_hashes(mf.load_shards(case_dir))
+    before = tensor_hashes(load_shards(case_dir))
     corpus = mf.load_corpus(corpus_dir)
 
     trunk = Glm5NextForConditionalGeneration.from_pretrained(case_dir, dtype=torch.float32).eval()
@@ -204,11 +205,11 @@ def add_trained_mtp(spec, out_dir, corpus_dir):
     with torch.no_grad():
         for v in nextn.values():
             v.copy_(v.to(torch.bfloat16).float())
-    sd = mf.load_shards(case_dir)
+    sd = load_shards(case_dir)
     sd.update(mf.mtp_tensors(big, nextn, n_layers, torch.bfloat16))
-    mf.save_shards(sd, case_dir)
+    save_shards(sd, case_dir)
     mf.mark_mtp_config(case_dir)
-    after = tensor_hashes(mf.load_shards(case_dir))
+    after = tensor_hashes(load_shards(case_dir))
     changed = [k for k, h in before.items() if after.get(k) != h]
     added = [k for k in after if k not in before]
     if changed or any(not k.startswith(prefix) for k in added):
