@@ -608,15 +608,7 @@ void launch_tokens(const MatvecArgs& a, const Tables& tables, cudaStream_t strea
     grid = dim3(std::min(wanted, fill), a.groups, a.parts);
   }
   // One launch, with PDL where gpu/pdl.hpp allows it.
-  void (*kernel)(MatvecArgs, Tables) = int16_kernel<T, TS, NT>;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kWarps * 32);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  pdl_configure(cfg, attr, reinterpret_cast<const void*>(kernel));
-  FERRY_CUDA(cudaLaunchKernelEx(&cfg, kernel, a, tables));
+  launch_with_pdl(int16_kernel<T, TS, NT>, grid, dim3(kWarps * 32), smem, stream, a, tables);
 }
 
 // The types a launch may mix (MatvecPart::type): those only this kernel reads (Q4_K and Q5_K take the

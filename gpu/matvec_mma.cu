@@ -644,15 +644,8 @@ void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream) {
     const uint32_t fill = std::max<uint32_t>(1, resident / (a.groups * matvec_grouped_parts(a)));
     grid = dim3(std::min(wanted, fill), a.groups, a.parts);
   }
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr{};
   const Kernel launched = walk == Walk::flat ? kernel_for(a.w.type, true) : kernel;
-  pdl_configure(cfg, attr, reinterpret_cast<const void*>(launched));
-  FERRY_CUDA(cudaLaunchKernelEx(&cfg, launched, a, walk));
+  launch_with_pdl(launched, grid, dim3(kThreads), smem, stream, a, walk);
   FERRY_CUDA_LAUNCHED();
 }
 

@@ -106,14 +106,8 @@ bool moe_route_decode(const DevMatrix& w, const float* x, float* logits, const R
   p.done = done;
   p.route = a;
   p.route.logits = logits;
-  void (*kernel)(RouterDecodeArgs) = router_decode_kernel;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(a.E);
-  cfg.blockDim = dim3(std::max(kProductWarps * 32, (a.E + 31) / 32 * 32));
-  cfg.stream = stream;
-  cudaLaunchAttribute pdl{};
-  pdl_configure(cfg, pdl, reinterpret_cast<const void*>(kernel));
-  FERRY_CUDA(cudaLaunchKernelEx(&cfg, kernel, p));
+  launch_with_pdl(router_decode_kernel, dim3(a.E), dim3(std::max(kProductWarps * 32, (a.E + 31) / 32 * 32)), 0, stream,
+                  p);
   return true;
 }
 
