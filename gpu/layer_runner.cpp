@@ -295,23 +295,23 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
   // attention: its keys (from x) forked here, its query and selection after the norms make qr
   // (gpu/stream_branch.hpp). Eager steps that time ops or trace selections keep it in line.
   const bool beside = branches_ && l.has_indexer && n <= kMaxMatvecTokens && times_ == nullptr && trace_ == nullptr;
-  if (beside) indexer_keys(g, l, st, dsa_branch_.fork(s_));
+  const IndexerArgs ia = l.has_indexer ? indexer_args(g, l, st) : IndexerArgs{};
+  if (beside) indexer_keys(ia, l, st, dsa_branch_.fork(s_));
   dsa_norms(na, s_);
   if (window != nullptr) window->store(l.index, w_.lat, z.kvlr, g.row, n, s_);
   StagedInput qr_split;  // q_b and the indexer's q_b read the same qr
   if (beside) {
     const cudaStream_t side = dsa_branch_.fork(s_);
     product_on(side, l.m(T::indexer_attn_q_b), w_.qr, z.qlr, n, w_.kq, static_cast<size_t>(z.ih) * z.id, nullptr);
-    indexer_select(indexer_args(g, l, st), side);
+    indexer_select(ia, side);
   }
   mm_staged(l.m(T::attn_q_b), w_.qr, z.qlr, n, w_.q, static_cast<size_t>(z.nh) * z.nope, &qr_split);
   mark(OpGroup::dsa_proj);
   if (l.has_indexer && !beside) {
     // In line, the indexer's q_b takes q_b's split of qr before the key products split x.
     mm_staged(l.m(T::indexer_attn_q_b), w_.qr, z.qlr, n, w_.kq, static_cast<size_t>(z.ih) * z.id, &qr_split);
-    indexer_keys(g, l, st, s_);
+    indexer_keys(ia, l, st, s_);
     mark(OpGroup::indexer_proj);
-    const IndexerArgs ia = indexer_args(g, l, st);
     indexer_select(ia, s_);
     mark(OpGroup::indexer_select);
     if (trace_ != nullptr) trace_->add_selection(l.index, ia.tokens, ia.counts, n, ia.max_tokens, s_);
@@ -380,21 +380,21 @@ IndexerArgs LayerRunner::indexer_args(const StepGeometry& g, const DevLayer& l, 
   return ia;
 }
 
-void LayerRunner::indexer_keys(const StepGeometry& g, const DevLayer& l, LayerState& st, cudaStream_t stream) {
+void LayerRunner::indexer_keys(const IndexerArgs& ia, const DevLayer& l, LayerState& st, cudaStream_t stream) {
   const ModelDims& z = d_;
   const MatvecProduct k_gate[] = {{&l.m(T::indexer_attn_k), w_.kk}, {&l.m(T::indexer_compressor_gate), w_.gs}};
   if (stream == s_) {
-    mm_products(k_gate, 2, w_.x, z.D, g.rows, z.id);
-  } else if (!matvec_products(k_gate, 2, w_.x, z.D, g.rows, z.id, stream)) {
-    for (const MatvecProduct& p : k_gate) product_on(stream, *p.m, w_.x, z.D, g.rows, p.y, z.id, nullptr);
+    mm_products(k_gate, 2, w_.x, z.D, ia.rows, z.id);
+  } else if (!matvec_products(k_gate, 2, w_.x, z.D, ia.rows, z.id, stream)) {
+    for (const MatvecProduct& p : k_gate) product_on(stream, *p.m, w_.x, z.D, ia.rows, p.y, z.id, nullptr);
   }
   IndexerKeysArgs ka;
-  ka.rows = g.rows, ka.width = z.id, ka.eps = hp_.index_norm_eps;
+  ka.rows = ia.rows, ka.width = z.id, ka.eps = hp_.index_norm_eps;
   ka.kk = w_.kk, ka.kk_stride = z.id, ka.w = l.v(T::indexer_k_norm), ka.b = l.v(T::indexer_k_norm_bias);
   ka.gs = w_.gs, ka.gs_stride = z.id;
-  ka.row = g.row, ka.key_rows = state_.key_rows(), ka.keys = st.keys, ka.gates = st.gates;
+  ka.row = ia.row, ka.key_rows = state_.key_rows(), ka.keys = st.keys, ka.gates = st.gates;
   // The step's keys into the rings and the pools they complete (one launch for decode rows).
-  indexer_keys_and_pools(ka, indexer_args(g, l, st), stream);
+  indexer_keys_and_pools(ka, ia, stream);
 }
 
 void LayerRunner::product_on(cudaStream_t stream, const DevMatrix& m, const float* x, size_t ldx, uint32_t n, float* y,

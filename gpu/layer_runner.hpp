@@ -74,7 +74,7 @@ class LayerRunner {
   void dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState& st);
   IndexerArgs indexer_args(const StepGeometry& g, const DevLayer& l, LayerState& st) const;
   // The indexer's key and gate products of x, then the step's keys into the rings and pools, on `stream`.
-  void indexer_keys(const StepGeometry& g, const DevLayer& l, LayerState& st, cudaStream_t stream);
+  void indexer_keys(const IndexerArgs& ia, const DevLayer& l, LayerState& st, cudaStream_t stream);
   // mm_staged's product on s_; on another stream (a branch's), the matvec of decode rows.
   void product_on(cudaStream_t stream, const DevMatrix& m, const float* x, size_t ldx, uint32_t n, float* y,
                   size_t ldy, StagedInput* staged);
