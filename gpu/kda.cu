@@ -9,6 +9,7 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "gpu/block_reduce.cuh"
 #include "gpu/cuda_check.hpp"
@@ -65,14 +66,97 @@ __device__ __forceinline__ void qk_norm_head(float* x, uint32_t lane, uint32_t h
   for (uint32_t i = lane; i < head_dim; i += 32) x[i] = is_q ? (x[i] * scale) * qs : x[i] * scale;
 }
 
-// Prefill rows: a warp per (group of kConvRowsPerWarp rows, head of q, k or v), row by row: each lane
-// takes channels lane, lane + 32, ... of the head, all its taps asked for before any store (a store
-// between them would order every later load after it: one memory round trip a channel), then for q
-// and k the head's L2 norm on those values in registers, and one store. qk_norm_head's and
-// conv_silu's operations on the same values in the same order: conv_decode_kernel's bits.
+// Prefill rows: a warp per (group of kConvRowsPerWarp rows, head of q, k or v); each lane takes channels
+// lane, lane + 32, ... of the head. Every raw row a group's taps read (its rows and the K - 1 before them) is
+// loaded into registers before any arithmetic, each once (where each row's tap loads came in its turn, K
+// loads a value behind the stores of the rows before, ~4x the bandwidth bound), the conv weights once a
+// group; the rows' positions come from one load a lane, shared by shuffles. Then per row conv_silu's sum
+// over the same values in the same order (the slot's state where a tap lies before the segment), the
+// SiLU, for q and k the head's L2 norm, and one store: conv_decode_kernel's bits.
 constexpr uint32_t kConvRowsPerWarp = 8, kConvLaneChannels = 4;  // head dims up to 128
 
-__global__ void conv_rows_kernel(KdaArgs a) {
+template <uint32_t K>
+__global__ void __launch_bounds__(128) conv_rows_kernel(KdaArgs a) {
+  constexpr uint32_t kTaps = kConvRowsPerWarp + K - 1, R = kConvRowsPerWarp, L = kConvLaneChannels;
+  const uint32_t lane = threadIdx.x & 31;
+  const uint32_t item = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const uint32_t C3 = 3 * a.heads * a.head_dim;
+  const uint32_t groups = (a.rows + R - 1) / R;
+  if (item >= groups * 3 * a.heads) return;
+  const uint32_t hk = item % (3 * a.heads);  // q heads, k heads, v heads
+  const uint32_t r0 = item / (3 * a.heads) * R;
+  const uint32_t rn = min(a.rows - r0, R);
+  const bool is_q = hk < a.heads, is_qk = hk < 2 * a.heads;
+  const uint32_t c0 = hk * a.head_dim;
+  int my_pos = 0, my_start = 0;
+  if (lane < rn) {
+    my_pos = a.row.pos[r0 + lane];
+    my_start = a.row.pos[a.row.seg_first_row[r0 + lane]];
+  }
+  float w[L][K], raw[kTaps][L];
+#pragma unroll
+  for (uint32_t k = 0; k < L; ++k) {
+    const uint32_t e = lane + 32 * k;
+#pragma unroll
+    for (uint32_t j = 0; j < K; ++j) w[k][j] = e < a.head_dim ? __ldg(a.conv_w + (c0 + e) * K + j) : 0.0f;
+  }
+  // raw[t] is row r0 - (K - 1) + t: row r's tap j is raw[r - r0 + j].
+#pragma unroll
+  for (uint32_t t = 0; t < kTaps; ++t) {
+    const int rr = static_cast<int>(r0 + t) - static_cast<int>(K - 1);
+    const bool have = rr >= 0 && t < rn + K - 1;
+    const float* src = a.qkv_raw + static_cast<size_t>(have ? rr : 0) * C3 + c0;
+#pragma unroll
+    for (uint32_t k = 0; k < L; ++k) {
+      const uint32_t e = lane + 32 * k;
+      raw[t][k] = have && e < a.head_dim ? __ldg(src + e) : 0.0f;
+    }
+  }
+#pragma unroll
+  for (uint32_t i = 0; i < R; ++i) {
+    if (i >= rn) break;
+    const uint32_t r = r0 + i;
+    const int pos = __shfl_sync(0xffffffffu, my_pos, i), start = __shfl_sync(0xffffffffu, my_start, i);
+    float v[L];
+#pragma unroll
+    for (uint32_t k = 0; k < L; ++k) {
+      const uint32_t c = c0 + lane + 32 * k;
+      float acc = 0.0f;
+#pragma unroll
+      for (uint32_t j = 0; j < K; ++j) {
+        const int p = pos - static_cast<int>(K - 1) + static_cast<int>(j);
+        float in = raw[i + j][k];
+        if (p < start && lane + 32 * k < a.head_dim) {
+          const float* st = a.conv_state + (static_cast<size_t>(a.row.slot[r]) * C3 + c) * (K - 1);
+          in = st[static_cast<int>(K - 1) - (start - p)];
+        }
+        acc += w[k][j] * in;
+      }
+      v[k] = acc / (1.0f + expf(-acc));
+    }
+    float* out = a.qkv + static_cast<size_t>(r) * C3 + c0;
+    if (is_qk) {
+      float ss = 0.0f;
+#pragma unroll
+      for (uint32_t k = 0; k < L; ++k) {
+        if (lane + 32 * k < a.head_dim) ss += v[k] * v[k];
+      }
+      ss = warp_sum(ss);
+      const float scale = 1.0f / sqrtf(ss + 1e-6f);
+      const float qs = rsqrtf(static_cast<float>(a.head_dim));
+#pragma unroll
+      for (uint32_t k = 0; k < L; ++k) v[k] = is_q ? (v[k] * scale) * qs : v[k] * scale;
+    }
+#pragma unroll
+    for (uint32_t k = 0; k < L; ++k) {
+      if (lane + 32 * k < a.head_dim) out[lane + 32 * k] = v[k];
+    }
+  }
+}
+
+// TEMPORARY A/B (FERRY_AB_CONV=0): the kernel before, removed after the H200 check.
+
+__global__ void conv_rows_kernel_ab(KdaArgs a) {
   const uint32_t lane = threadIdx.x & 31;
   const size_t item = (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x) >> 5;
   const uint32_t C3 = 3 * a.heads * a.head_dim, K = a.kernel;
@@ -348,7 +432,22 @@ void kda_conv_rows(const KdaArgs& a, cudaStream_t stream) {
     throw CudaError("KDA: head dim " + std::to_string(a.head_dim) + " is above 128");
   }
   const size_t warps = size_t{(a.rows + kConvRowsPerWarp - 1) / kConvRowsPerWarp} * 3 * a.heads;
-  conv_rows_kernel<<<static_cast<unsigned>((warps * 32 + 255) / 256), 256, 0, stream>>>(a);
+  // 96 registers a thread at K = 4: blocks of 128 threads pack 5 an SM.
+  const unsigned blocks = static_cast<unsigned>((warps * 32 + 127) / 128);
+  static const bool ab_old = std::getenv("FERRY_AB_CONV") != nullptr && std::getenv("FERRY_AB_CONV")[0] == '0';
+  if (ab_old) {
+    conv_rows_kernel_ab<<<static_cast<unsigned>((warps * 32 + 255) / 256), 256, 0, stream>>>(a);
+  } else
+  switch (a.kernel) {
+    case 1: conv_rows_kernel<1><<<blocks, 128, 0, stream>>>(a); break;
+    case 2: conv_rows_kernel<2><<<blocks, 128, 0, stream>>>(a); break;
+    case 3: conv_rows_kernel<3><<<blocks, 128, 0, stream>>>(a); break;
+    case 4: conv_rows_kernel<4><<<blocks, 128, 0, stream>>>(a); break;
+    case 5: conv_rows_kernel<5><<<blocks, 128, 0, stream>>>(a); break;
+    case 6: conv_rows_kernel<6><<<blocks, 128, 0, stream>>>(a); break;
+    case 7: conv_rows_kernel<7><<<blocks, 128, 0, stream>>>(a); break;
+    default: conv_rows_kernel<8><<<blocks, 128, 0, stream>>>(a); break;
+  }
   FERRY_CUDA_LAUNCHED();
   conv_state_kernel<<<grid_for(static_cast<size_t>(a.segments) * 3 * a.heads * a.head_dim), 256, 0, stream>>>(a);
   FERRY_CUDA_LAUNCHED();

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -263,6 +264,43 @@ __global__ void __launch_bounds__(kConvertThreads)
   }
 }
 
+// n / d for n < 2^31 as one 64-bit multiply and shift: with l = ceil(log2 d), m = ceil(2^(31+l) / d) fits in
+// 32 bits and floor(n m / 2^(31+l)) = floor(n / d) (Granlund and Montgomery; the error term is below 2^-l <= 1/d).
+struct RowDiv {
+  uint64_t mul = 1;
+  uint32_t shift = 0;
+  explicit RowDiv(uint32_t d) {
+    uint32_t l = 0;
+    while ((uint64_t{1} << l) < d) ++l;
+    shift = 31 + l;
+    mul = ((uint64_t{1} << shift) + d - 1) / d;
+  }
+  __device__ __forceinline__ uint32_t of(uint32_t n) const { return static_cast<uint32_t>((n * mul) >> shift); }
+};
+
+// Pieces [0, total) of rows of `ppr` pieces laid end to end (qd::Piece: 8 consecutive values each), one a
+// thread, each split into one 16-byte word of hi and one of lo: a warp's words are 512 consecutive bytes of
+// each, and a thread's work is a float_to_half vector's (decode 8 values, split, two stores), where
+// dequant_staged_kernel's thread decodes 32 to 64 values and stages them (~45% of the copy bandwidth).
+// Output rows `ld` apart; the blocks of the rows are contiguous.
+template <int T>
+__global__ void __launch_bounds__(kConvertThreads)
+    dequant_pieces_kernel(const uint8_t* __restrict__ data, uint32_t total, uint32_t ppr, RowDiv rows, __half* dst,
+                          __half* dst_lo, uint32_t ld) {
+  using P = qd::Piece<T>;
+  constexpr uint32_t kPieces = P::QK / 8;
+  const uint32_t gap = ld - 8 * ppr;
+  for (uint32_t i = blockIdx.x * kConvertThreads + threadIdx.x; i < total; i += gridDim.x * kConvertThreads) {
+    float v[8];
+    qd::decode_piece<T>(data + static_cast<size_t>(i / kPieces) * P::BB, i % kPieces, v);
+    uint4 hw, lw;
+    split8(v, hw, lw);
+    const uint32_t at = 8 * i + (gap != 0 ? rows.of(i) * gap : 0);
+    *reinterpret_cast<uint4*>(dst + at) = hw;
+    if (dst_lo) *reinterpret_cast<uint4*>(dst_lo + at) = lw;
+  }
+}
+
 // A row's units to `copies` copies of it; kVec: 16-byte aligned copies, each run stored as float4s (a
 // prefill chunk writes 4 x 2,048 rows: scalar stores a run apart bound it).
 template <int T, bool kVec>
@@ -383,6 +421,15 @@ void launch_dequant(const DevMatrix& w, size_t row0, size_t rows, OutT* dst, __h
     __half* l = lo ? lo + r0 * ld : nullptr;
     const unsigned blocks = convert_blocks(total);
     const uint32_t ld32 = static_cast<uint32_t>(ld);
+    if constexpr (std::is_same_v<OutT, __half> && qd::Piece<T>::kHas) {
+      static const bool ab_pieces = std::getenv("FERRY_AB_PIECES") == nullptr || std::getenv("FERRY_AB_PIECES")[0] != '0';
+      if (ab_pieces && vec && w.row_bytes == w.cols / qd::Piece<T>::QK * qd::Piece<T>::BB) {
+        const uint32_t ppr = w.cols / 8, pieces = static_cast<uint32_t>(n * ppr);
+        dequant_pieces_kernel<T><<<convert_blocks(pieces), kConvertThreads, 0, s>>>(data, pieces, ppr, RowDiv(ppr), d,
+                                                                                    l, ld32);
+        continue;
+      }
+    }
     if constexpr (std::is_same_v<OutT, __half> && Tr::RL % 8 == 0) {
       if (vec) {
         dequant_staged_kernel<T><<<blocks, kConvertThreads, 0, s>>>(data, w.row_bytes, upr, total, d, l, ld32);

@@ -232,4 +232,77 @@ __device__ __forceinline__ void decode_unit<kIQ3_S>(const uint8_t* row, uint32_t
   }
 }
 
+// Pieces: 8 consecutive values of a block, piece p its columns [8p, 8p + 8), for the block types whose
+// values a lane can take that way from 8 bytes of quants (the prefill dequantisation to fp16: a warp's 32
+// pieces are 256 consecutive outputs, stored as whole 512-byte runs without shared memory). decode_piece
+// does decode_unit's operations on the same bytes, so it gives its values bit for bit.
+template <int T> struct Piece { static constexpr bool kHas = false; };
+template <> struct Piece<kQ8_0> { static constexpr bool kHas = true; static constexpr uint32_t QK = 32, BB = 34; };
+template <> struct Piece<kQ4_K> { static constexpr bool kHas = true; static constexpr uint32_t QK = 256, BB = 144; };
+template <> struct Piece<kQ5_K> { static constexpr bool kHas = true; static constexpr uint32_t QK = 256, BB = 176; };
+template <> struct Piece<kQ6_K> { static constexpr bool kHas = true; static constexpr uint32_t QK = 256, BB = 210; };
+
+template <int T> __device__ __forceinline__ void decode_piece(const uint8_t* b, uint32_t p, float* v);
+
+template <>
+__device__ __forceinline__ void decode_piece<kQ8_0>(const uint8_t* b, uint32_t p, float* v) {
+  const float d = h2f(ld_u16(b));
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t w = ld_u32_a2(b + 2 + 8 * p + 4 * i) ^ 0x80808080u;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[4 * i + k] = (byte_f(w, k) - 128.0f) * d;
+  }
+}
+// Q4_K / Q5_K: columns 64c + [0, 32) are the low nibbles of quant bytes 32c + [0, 32) (sub-block 2c), columns
+// 64c + [32, 64) their high nibbles (sub-block 2c + 1); Q5_K's fifth bit of byte l is bit s of qh[l].
+template <int T>
+__device__ __forceinline__ void decode_piece_k45(const uint8_t* b, uint32_t p, float* v) {
+  const uint32_t c = p >> 3, high = (p >> 2) & 1, l0 = 8 * (p & 3), s = 2 * c + high;
+  const uint32_t dd = ld_u32(b);
+  const float d = h2f(dd & 0xffff), dmin = h2f(dd >> 16);
+  int sc, m;
+  k4_scale_min(b + 4, static_cast<int>(s), sc, m);
+  const float d1 = d * static_cast<float>(sc), mm1 = dmin * static_cast<float>(m);
+  const uint2 q = *reinterpret_cast<const uint2*>(b + (T == kQ5_K ? 48 : 16) + 32 * c + l0);
+  const uint32_t w[2] = {q.x, q.y};
+  uint32_t hb[2] = {0, 0};
+  if constexpr (T == kQ5_K) {
+    const uint2 h = *reinterpret_cast<const uint2*>(b + 16 + l0);
+    hb[0] = ((h.x >> s) & 0x01010101u) << 4;
+    hb[1] = ((h.y >> s) & 0x01010101u) << 4;
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t nib = ((w[i] >> (4 * high)) & 0x0f0f0f0fu) | hb[i];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[4 * i + k] = d1 * byte_f(nib, k) - mm1;
+  }
+}
+template <>
+__device__ __forceinline__ void decode_piece<kQ4_K>(const uint8_t* b, uint32_t p, float* v) {
+  decode_piece_k45<kQ4_K>(b, p, v);
+}
+template <>
+__device__ __forceinline__ void decode_piece<kQ5_K>(const uint8_t* b, uint32_t p, float* v) {
+  decode_piece_k45<kQ5_K>(b, p, v);
+}
+// Q6_K: columns 128n + 32g + [0, 32): the low (g = 0, 1) or high (g = 2, 3) nibbles of ql[64n + 32 (g & 1) + l]
+// with bits 2g, 2g + 1 of qh[32n + l], scale sc[8n + l / 16 + 2g].
+template <>
+__device__ __forceinline__ void decode_piece<kQ6_K>(const uint8_t* b, uint32_t p, float* v) {
+  const uint32_t n = p >> 4, g = (p >> 2) & 3, l0 = 8 * (p & 3);
+  const float d = h2f(ld_u16(b + 208));
+  const float ds = d * static_cast<float>(reinterpret_cast<const int8_t*>(b)[192 + 8 * n + (l0 >> 4) + 2 * g]);
+  const uint8_t* ql = b + 64 * n + 32 * (g & 1) + l0;
+  const uint8_t* qh = b + 128 + 32 * n + l0;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t l = ld_u32_a2(ql + 4 * i), h = ld_u32_a2(qh + 4 * i);
+    const uint32_t q = ((l >> (4 * (g >> 1))) & 0x0f0f0f0fu) | (((h >> (2 * g)) & 0x03030303u) << 4);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[4 * i + k] = ds * (byte_f(q, k) - 32.0f);
+  }
+}
+
 }  // namespace ferry::gpu::qd

@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "gpu/cuda_memory.hpp"
 #include "gpu/kernels.hpp"
 #include "tests/gpu/gpu_test_support.hpp"
+#include "tests/gpu/graph_timing.hpp"
 
 namespace ferry::gpu {
 namespace {
@@ -115,6 +117,43 @@ TEST(KdaConvFusion, PrefillSegmentsGiveTheOneLaunchBits) {
   // A chunk's segments: 140 rows, groups of 8 rows across segment starts (37, 137), a first segment
   // at position 0 (no state read).
   check_segments({{0, 0, 37}, {2, 5, 100}, {1, 2, 3}});
+}
+
+// A prefill chunk's convolution at the 12-layer GLM shape (2,048 rows of one segment, 64 heads of 128 for each
+// of q, k and v, 4 taps): kda_conv_rows' replay time against the bytes it must move (the raw rows read, the
+// activated rows written) at the copy bandwidth. Printed, not asserted.
+TEST(KdaConvFusion, TimingLine) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  constexpr uint32_t kRows = 2048, kHeads = 64, kDim = 128, kK = 4, C3 = 3 * kHeads * kDim;
+  const std::vector<int32_t> slot(kRows, 0), first(kRows, 0), seg_slot{0}, seg_start{0},
+      seg_len{static_cast<int32_t>(kRows)}, seg_first{0};
+  std::vector<int32_t> pos(kRows);
+  for (uint32_t i = 0; i < kRows; ++i) pos[i] = static_cast<int32_t>(i);
+  const DeviceBuffer d_slot = to_device(slot), d_pos = to_device(pos), d_first = to_device(first),
+                     d_seg_slot = to_device(seg_slot), d_seg_start = to_device(seg_start),
+                     d_seg_len = to_device(seg_len), d_seg_first = to_device(seg_first);
+  DeviceBuffer raw(size_t{kRows} * C3 * 4), qkv(size_t{kRows} * C3 * 4), w(size_t{C3} * kK * 4),
+      state(size_t{C3} * (kK - 1) * 4);
+  ASSERT_EQ(cudaMemset(raw.get(), 0x3c, raw.bytes()), cudaSuccess);
+  ASSERT_EQ(cudaMemset(w.get(), 0x3c, w.bytes()), cudaSuccess);
+  ASSERT_EQ(cudaMemset(state.get(), 0, state.bytes()), cudaSuccess);
+  KdaArgs a;
+  a.row = {d_slot.as<int32_t>(), d_pos.as<int32_t>(), d_first.as<int32_t>()};
+  a.seg = {d_seg_slot.as<int32_t>(), d_seg_start.as<int32_t>(), d_seg_len.as<int32_t>(), d_seg_first.as<int32_t>()};
+  a.rows = kRows;
+  a.segments = 1;
+  a.heads = kHeads;
+  a.head_dim = kDim;
+  a.kernel = kK;
+  a.qkv = qkv.as<float>();
+  a.qkv_raw = raw.as<float>();
+  a.conv_w = w.as<float>();
+  a.conv_state = state.as<float>();
+  const double copy = ferry::testing::copy_gbs();
+  const double us = ferry::testing::graph_replay_us([&](cudaStream_t s) { kda_conv_rows(a, s); }, 20, false);
+  const double bytes = 2.0 * kRows * C3 * 4;
+  std::printf("[ timing ] kda_conv_rows %u rows x %u channels, %u taps: %.1f us, %.0f GB/s, %.0f%% of copy (%.0f GB/s)\n",
+              kRows, C3, kK, us, bytes / us / 1e3, 100.0 * bytes / us / 1e3 / copy, copy);
 }
 
 }  // namespace
