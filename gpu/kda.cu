@@ -13,6 +13,7 @@
 
 #include "gpu/block_reduce.cuh"
 #include "gpu/cuda_check.hpp"
+#include "gpu/half_split.cuh"
 #include "gpu/kda_chunked.hpp"
 #include "gpu/kda_fusion.hpp"
 #include "gpu/kernels.hpp"
@@ -383,6 +384,45 @@ __global__ void gated_norm_kernel(const float* o, const float* gate, const float
   gated_norm_item(o, gate, w, item, head_dim, eps, out, lane);
 }
 
+// Prefill rows: gated_norm_item's values (the same lanes, sums and operations) written as the output
+// projection's fp16 split (half_split.cuh) into LayerRunner::mm_staged's staging, row i's lo values then its hi
+// values, rows 2 * heads * head_dim apart: the f32 rows and the pass that split them are not needed. A lane's
+// loads all come before its stores.
+__global__ void __launch_bounds__(256) gated_norm_split_kernel(const float* o, const float* gate, const float* w,
+                                                               uint32_t rows, uint32_t heads, uint32_t head_dim,
+                                                               float eps, __half* lo_hi) {
+  constexpr uint32_t L = 4;  // head dims up to 128
+  const uint32_t lane = threadIdx.x & 31;
+  const uint32_t item = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  if (item >= rows * heads) return;
+  const size_t base = static_cast<size_t>(item) * head_dim;
+  float x[L], g[L];
+#pragma unroll
+  for (uint32_t k = 0; k < L; ++k) {
+    const uint32_t i = lane + 32 * k;
+    x[k] = i < head_dim ? o[base + i] : 0.0f;
+    g[k] = i < head_dim ? gate[base + i] : 0.0f;
+  }
+  float ss = 0.0f;
+#pragma unroll
+  for (uint32_t k = 0; k < L; ++k) {
+    if (lane + 32 * k < head_dim) ss += x[k] * x[k];
+  }
+  const float inv = rsqrtf(warp_sum(ss) / static_cast<float>(head_dim) + eps);
+  const uint32_t C = heads * head_dim, r = item / heads;
+  __half* lo = lo_hi + static_cast<size_t>(r) * 2 * C + (item - r * heads) * head_dim;
+#pragma unroll
+  for (uint32_t k = 0; k < L; ++k) {
+    const uint32_t i = lane + 32 * k;
+    if (i < head_dim) {
+      __half h, l;
+      split_half(x[k] * inv * w[i] * (1.0f / (1.0f + expf(-g[k]))), h, l);
+      lo[i] = l;
+      lo[C + i] = h;
+    }
+  }
+}
+
 // Decode rows: the recurrence, then the gated norm of the heads it wrote, in one launch. A head's
 // DK / CB blocks (its columns) are one cluster; once all have written their columns of a row's output
 // (the cluster barrier orders those writes before the reads), warp w of the cluster's block q takes
@@ -488,6 +528,16 @@ bool kda_recurrent_gated_norm(const KdaArgs& a, const GatedNorm& g, cudaStream_t
     case 128: return launch(recurrent_norm_kernel<128>, RecurrentShape<128>::CB);
     default: return false;
   }
+}
+
+void gated_rms_norm_split(const float* o, const float* gate, const float* w, uint32_t rows, uint32_t heads,
+                          uint32_t head_dim, float eps, void* lo_hi, cudaStream_t stream) {
+  if (rows == 0) return;
+  if (head_dim > 128) throw CudaError("gated_rms_norm_split: head dim " + std::to_string(head_dim) + " is above 128");
+  const size_t warps = static_cast<size_t>(rows) * heads;
+  gated_norm_split_kernel<<<static_cast<unsigned>((warps * 32 + 255) / 256), 256, 0, stream>>>(
+      o, gate, w, rows, heads, head_dim, eps, static_cast<__half*>(lo_hi));
+  FERRY_CUDA_LAUNCHED();
 }
 
 void gated_rms_norm(const float* o, const float* gate, const float* w, uint32_t rows, uint32_t heads,

@@ -238,6 +238,10 @@ void kda_recurrent(const KdaArgs& a, cudaStream_t stream);
 // out[i][h] = rmsnorm(o[i][h]) * w * sigmoid(gate[i][h]) per head of `head_dim`.
 void gated_rms_norm(const float* o, const float* gate, const float* w, uint32_t rows, uint32_t heads,
                     uint32_t head_dim, float eps, float* out, cudaStream_t stream);
+// gated_rms_norm's values as the fp16 split of LayerRunner::mm_staged's input (half_split.cuh): row i's lo values,
+// then its hi values, rows 2 * heads * head_dim apart. Head dims up to 128.
+void gated_rms_norm_split(const float* o, const float* gate, const float* w, uint32_t rows, uint32_t heads,
+                          uint32_t head_dim, float eps, void* lo_hi, cudaStream_t stream);
 
 // ---- DSA (gpu/dsa.cu) ----
 struct IndexerArgs {

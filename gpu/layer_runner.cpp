@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -257,12 +258,23 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   const GatedNorm norm{w_.gate, l.v(T::ssm_norm), hp_.rms_eps, w_.z};
   // Long prefill segments in the chunked form on tensor cores (gpu/kda_chunked.hpp), the rest below.
   a.skip_chunked = kda_chunked(a, g.max_seg_rows, s_);
+  // Past the matvec rows the output projection's fp16 split comes from the norm itself, for weights the
+  // split products take (f32 ones take z on SGEMM).
+  const DevMatrix& out = l.m(T::attn_output);
+  static const bool ab_z = std::getenv("FERRY_AB_ZSPLIT") == nullptr || std::getenv("FERRY_AB_ZSPLIT")[0] != '0';
+  const bool z_split = ab_z && n > kMaxMatvecTokens && out.type != GgmlType::F32 && z.kda_hd <= 128;
+  StagedInput z_staged;
   if (!kda_recurrent_gated_norm(a, norm, s_)) {  // one launch for decode rows on sm90 (gpu/kda_fusion.hpp)
     kda_recurrent(a, s_);
-    gated_rms_norm(w_.o, norm.gate, norm.w, n, z.kda_nh, z.kda_hd, norm.eps, norm.out, s_);
+    if (z_split) {
+      gated_rms_norm_split(w_.o, norm.gate, norm.w, n, z.kda_nh, z.kda_hd, norm.eps, w_.xh, s_);
+      z_staged = StagedInput{w_.z, z.C, n, out.cols};
+    } else {
+      gated_rms_norm(w_.o, norm.gate, norm.w, n, z.kda_nh, z.kda_hd, norm.eps, norm.out, s_);
+    }
   }
   mark(OpGroup::kda_recurrence);
-  mm(l.m(T::attn_output), w_.z, z.C, n, w_.y, z.D);
+  mm_staged(out, w_.z, z.C, n, w_.y, z.D, &z_staged);
   mark(OpGroup::kda_out);
 }
 
