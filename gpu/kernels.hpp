@@ -134,6 +134,10 @@ void dequantize_to_float(const DevMatrix& w, size_t row0, size_t rows, float* ds
 // apart; 0: `cols`); dst_lo as above.
 void float_to_half(const float* src, size_t src_stride, size_t rows, size_t cols, void* dst_half, cudaStream_t stream,
                    void* dst_lo = nullptr, size_t dst_ld = 0);
+// float_to_half over `groups` column blocks of each source row, each its own output row: output row r * groups + g
+// is the `cols` values at src + r * src_stride + g * group_stride (LayerRunner::mm_grouped's heads).
+void float_to_half_groups(const float* src, size_t src_stride, size_t group_stride, size_t rows, uint32_t groups,
+                          size_t cols, void* dst_half, cudaStream_t stream, void* dst_lo = nullptr, size_t dst_ld = 0);
 
 }  // namespace ferry::gpu
 

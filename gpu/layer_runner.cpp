@@ -93,9 +93,11 @@ void LayerRunner::mm_staged(const DevMatrix& m, const float* x, size_t ldx, uint
 }
 
 // Per-group products: group g multiplies rows [g*rows_per_group, ...) of `m` with x + g*xg. Past the
-// matvec rows, one strided-batched GEMM per product over as many groups as the staging holds, each
-// weight row dequantised once, with mm()'s split operands as three products of depth K (the groups' inputs
-// are column blocks of x's rows, so the staging does not hold them as lo | hi rows).
+// matvec rows, strided-batched GEMMs over as many groups as the fp16 staging holds, each weight row dequantised
+// once, with mm()'s split operands and its depth-2K corrections: the staging holds each weight row as its hi
+// then its lo values, and each (token, group) input as its lo then its hi values (float_to_half_groups), tokens
+// in batches that fit it. The per-head products are short (depth 256 or 512), so the f32 outputs' passes weigh:
+// two products write them twice, where three wrote them three times and read them twice.
 void LayerRunner::mm_grouped(const DevMatrix& m, uint32_t groups, const float* x, size_t ldx, size_t xg, uint32_t n,
                              float* y, size_t ldy, size_t yg) {
   const uint32_t rpg = m.rows / groups;
@@ -130,6 +132,8 @@ void LayerRunner::mm_grouped(const DevMatrix& m, uint32_t groups, const float* x
     mark(OpPart::gemm);
     return;
   }
+  static const bool ab_grouped = std::getenv("FERRY_AB_GROUPED") != nullptr && std::getenv("FERRY_AB_GROUPED")[0] == '0';
+  if (ab_grouped) {  // TEMPORARY A/B: the three products before, removed after the H200 check
   // Groups per batch: the activations of all of them in xh, their weights in wh.
   const size_t per_batch = std::min<size_t>({groups, w_.xh_elems / (size_t{n} * xg),
                                              w_.wh_elems / (size_t{rpg} * m.cols)});
@@ -152,6 +156,37 @@ void LayerRunner::mm_grouped(const DevMatrix& m, uint32_t groups, const float* x
     gemm(w_.wh, w_.xl, &lo, &one);
     gemm(w_.wl, w_.xh, &lo, &one);
     mark(OpPart::gemm);
+  }
+    return;
+  }
+  // Groups per batch: their weights in wh | wl; tokens per batch: their inputs in xh | xl.
+  const size_t cols = m.cols;
+  uint16_t* const xs = static_cast<uint16_t*>(w_.xh);  // [tokens][groups][lo | hi]
+  uint16_t* const ws = static_cast<uint16_t*>(w_.wh);  // [groups * rpg][hi | lo]
+  const size_t per_batch = std::min<size_t>({groups, w_.wh_elems / (size_t{rpg} * cols), w_.xh_elems / cols});
+  if (per_batch == 0) throw CudaError("mm_grouped: one group of " + std::to_string(rpg) + " rows exceeds the fp16 staging");
+  const float lo = 1.0f / kHalfLoScale;
+  for (size_t g0 = 0; g0 < groups; g0 += per_batch) {
+    const size_t gb = std::min<size_t>(per_batch, groups - g0);
+    dequantize_to_half(m, g0 * rpg, gb * rpg, ws, s_, ws + cols, 2 * cols);
+    mark(OpPart::convert);
+    const size_t tokens = std::min<size_t>(n, w_.xh_elems / (gb * cols));
+    for (size_t t0 = 0; t0 < n; t0 += tokens) {
+      const size_t nb = std::min<size_t>(tokens, n - t0);
+      float_to_half_groups(x + t0 * ldx + g0 * xg, ldx, xg, nb, static_cast<uint32_t>(gb), cols, xs + cols, s_, xs,
+                           2 * cols);
+      mark(OpPart::convert);
+      auto gemm = [&](const void* b, int depth, const float* alpha, const float* beta) {
+        FERRY_CUBLAS(blas::api().gemm_strided_ex(
+            cublas_, blas::op_t, blas::op_n, M, static_cast<int>(nb), depth, alpha, ws, CUDA_R_16F, 2 * K,
+            static_cast<long long>(rpg) * 2 * K, b, CUDA_R_16F, static_cast<int>(gb * 2 * cols),
+            static_cast<long long>(2 * cols), beta, y + t0 * ldy + g0 * yg, CUDA_R_32F, static_cast<int>(ldy),
+            static_cast<long long>(yg), static_cast<int>(gb), blas::compute_32f, blas::gemm_default));
+      };
+      gemm(xs + cols, K, &one, &zero);  // W_hi x_hi
+      gemm(xs, 2 * K, &lo, &one);     // W_hi x_lo + W_lo x_hi
+      mark(OpPart::gemm);
+    }
   }
 }
 

@@ -328,14 +328,17 @@ __global__ void embed_kernel(const uint8_t* data, size_t row_bytes, uint32_t col
   }
 }
 
-// Rows of `vpr` vectors of 8 values, flat, one vector a thread: two float4 loads, two 16-byte stores
-// (hi, lo); output rows `ld` apart.
+// Output rows of `vpr` vectors of 8 values, flat, one vector a thread: two float4 loads, two 16-byte stores
+// (hi, lo); output rows `ld` apart. Output row r is group r % groups of source row r / groups, at src +
+// (r / groups) * src_stride + (r % groups) * group_stride (float_to_half_groups; one group: float_to_half).
 __global__ void __launch_bounds__(kConvertThreads)
-    float_to_half_vec_kernel(const float* __restrict__ src, size_t src_stride, uint32_t vpr, uint32_t total,
-                             __half* dst, __half* dst_lo, uint32_t ld) {
+    float_to_half_vec_kernel(const float* __restrict__ src, size_t src_stride, size_t group_stride, RowDiv groups,
+                             uint32_t group_count, uint32_t vpr, uint32_t total, __half* dst, __half* dst_lo,
+                             uint32_t ld) {
   for (uint32_t i = blockIdx.x * kConvertThreads + threadIdx.x; i < total; i += gridDim.x * kConvertThreads) {
     const uint32_t r = i / vpr, c = (i - r * vpr) * 8;
-    const float4* p = reinterpret_cast<const float4*>(src + r * src_stride + c);
+    const uint32_t sr = groups.of(r), g = r - sr * group_count;
+    const float4* p = reinterpret_cast<const float4*>(src + sr * src_stride + g * group_stride + c);
     const float4 a = __ldg(p), b = __ldg(p + 1);
     const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
     uint4 hw, lw;
@@ -348,12 +351,14 @@ __global__ void __launch_bounds__(kConvertThreads)
 
 // Any alignment: one value a thread.
 __global__ void __launch_bounds__(kConvertThreads)
-    float_to_half_flat_kernel(const float* __restrict__ src, size_t src_stride, uint32_t cols, uint32_t total,
-                              __half* dst, __half* dst_lo, uint32_t ld) {
+    float_to_half_flat_kernel(const float* __restrict__ src, size_t src_stride, size_t group_stride, RowDiv groups,
+                              uint32_t group_count, uint32_t cols, uint32_t total, __half* dst, __half* dst_lo,
+                              uint32_t ld) {
   for (uint32_t i = blockIdx.x * kConvertThreads + threadIdx.x; i < total; i += gridDim.x * kConvertThreads) {
     const uint32_t r = i / cols, c = i - r * cols;
+    const uint32_t sr = groups.of(r), g = r - sr * group_count;
     __half hi, lo;
-    split_half(__ldg(src + r * src_stride + c), hi, lo);
+    split_half(__ldg(src + sr * src_stride + g * group_stride + c), hi, lo);
     dst[r * ld + c] = hi;
     if (dst_lo) dst_lo[r * ld + c] = lo;
   }
@@ -591,29 +596,37 @@ void embed_rows(const DevMatrix& embd, const int32_t* tokens, uint32_t rows, flo
 
 void float_to_half(const float* src, size_t src_stride, size_t rows, size_t cols, void* dst_half, cudaStream_t stream,
                    void* dst_lo, size_t dst_ld) {
-  if (rows * cols == 0) return;
+  float_to_half_groups(src, src_stride, 0, rows, 1, cols, dst_half, stream, dst_lo, dst_ld);
+}
+
+void float_to_half_groups(const float* src, size_t src_stride, size_t group_stride, size_t rows, uint32_t groups,
+                          size_t cols, void* dst_half, cudaStream_t stream, void* dst_lo, size_t dst_ld) {
+  if (rows * groups * cols == 0) return;
   __half* hi = static_cast<__half*>(dst_half);
   __half* lo = static_cast<__half*>(dst_lo);
   const size_t ld = dst_ld != 0 ? dst_ld : cols;
   // Two float4 loads and two 16-byte stores a thread where the rows allow it.
-  const bool vec = reinterpret_cast<uintptr_t>(src) % 16 == 0 && src_stride % 4 == 0 && cols % 8 == 0 &&
-                   ld % 8 == 0 && reinterpret_cast<uintptr_t>(hi) % 16 == 0 &&
+  const bool vec = reinterpret_cast<uintptr_t>(src) % 16 == 0 && src_stride % 4 == 0 && group_stride % 4 == 0 &&
+                   cols % 8 == 0 && ld % 8 == 0 && reinterpret_cast<uintptr_t>(hi) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(lo) % 16 == 0;
-  const size_t step = rows_per_launch(ld);
+  // Whole source rows a launch, their outputs below 2^31.
+  const size_t step = std::max<size_t>(1, rows_per_launch(ld) / groups);
+  if (step * groups * ld >= (size_t{1} << 31)) throw CudaError("float_to_half_groups: one row's groups exceed 2^31 outputs");
+  const RowDiv by_groups(groups);
   for (size_t r0 = 0; r0 < rows; r0 += step) {
-    const size_t n = std::min(step, rows - r0);
+    const size_t n = std::min(step, rows - r0) * groups;
     const float* s = src + r0 * src_stride;
-    __half* h = hi + r0 * ld;
-    __half* l = lo ? lo + r0 * ld : nullptr;
+    __half* h = hi + r0 * groups * ld;
+    __half* l = lo ? lo + r0 * groups * ld : nullptr;
     const uint32_t ld32 = static_cast<uint32_t>(ld);
     if (vec) {
       const uint32_t total = static_cast<uint32_t>(n * cols / 8);
       float_to_half_vec_kernel<<<convert_blocks(total), kConvertThreads, 0, stream>>>(
-          s, src_stride, static_cast<uint32_t>(cols / 8), total, h, l, ld32);
+          s, src_stride, group_stride, by_groups, groups, static_cast<uint32_t>(cols / 8), total, h, l, ld32);
     } else {
       const uint32_t total = static_cast<uint32_t>(n * cols);
       float_to_half_flat_kernel<<<convert_blocks(total), kConvertThreads, 0, stream>>>(
-          s, src_stride, static_cast<uint32_t>(cols), total, h, l, ld32);
+          s, src_stride, group_stride, by_groups, groups, static_cast<uint32_t>(cols), total, h, l, ld32);
     }
   }
   FERRY_CUDA_LAUNCHED();

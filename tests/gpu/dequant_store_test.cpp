@@ -156,6 +156,40 @@ TEST(FloatToHalf, BothKernelsGiveTheCpuSplit) {
   }
 }
 
+// float_to_half_groups: each (row, group) block of a source row its own output row, both kernels (blocks of
+// 8k values 16-byte aligned; of 8k + 5 values), against the CPU's split; into mm_grouped's layout (each output
+// row its lo then its hi values).
+TEST(FloatToHalf, GroupsGiveTheCpuSplitOfEachBlock) {
+  if (!testing::have_device()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(43);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (const auto& [rows, groups, cols, xg] : {std::tuple<size_t, uint32_t, size_t, size_t>{37, 5, 64, 72},
+                                               {9, 3, 13, 16}}) {
+    const size_t stride = groups * xg + 4;
+    std::vector<float> src(rows * stride);
+    for (float& v : src) v = nd(rng);
+    const size_t out_rows = rows * groups;
+    DeviceBuffer d_src(src.size() * 4), both(out_rows * 2 * cols * 2);
+    ASSERT_EQ(cudaMemcpy(d_src.get(), src.data(), src.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemset(both.get(), 0xff, both.bytes()), cudaSuccess);
+    float_to_half_groups(d_src.as<float>(), stride, xg, rows, groups, cols, both.as<uint16_t>() + cols, nullptr,
+                         both.get(), 2 * cols);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<uint16_t> side = fetch<uint16_t>(both, 0, out_rows * 2 * cols);
+    for (size_t r = 0; r < rows; ++r) {
+      for (uint32_t g = 0; g < groups; ++g) {
+        for (size_t c = 0; c < cols; ++c) {
+          uint16_t want_hi = 0, want_lo = 0;
+          cpu_split(src[r * stride + g * xg + c], want_hi, want_lo);
+          const size_t at = (r * groups + g) * 2 * cols;
+          ASSERT_EQ(side[at + c], want_lo) << cols << " columns, row " << r << " group " << g << " at " << c;
+          ASSERT_EQ(side[at + cols + c], want_hi) << cols << " columns, row " << r << " group " << g << " at " << c;
+        }
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, DequantStoreTest,
                          ::testing::Values(GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0,
                                            GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS,

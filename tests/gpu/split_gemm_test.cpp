@@ -1,11 +1,10 @@
 // The prefill products' split, W_hi x_hi + (W_hi x_lo + W_lo x_hi) / 2^12 in fp16 GEMMs with fp32
 // accumulation: the two correction products as one GEMM of depth 2K ([W_hi | W_lo] [x_lo ; x_hi]: each
-// weight row holds its hi then its lo values, each input row its lo then its hi), as LayerRunner::mm
-// runs them, against three GEMMs of depth K (mm before, mm_grouped now). Printed, not asserted beyond a
-// loose bound: the max |delta| of each form (and of plain
-// fp16, the first product alone) against an f64 reference over a sample of outputs at a KDA projection's
-// shape (Q4_K 8192 x 4096, 2,048 rows), and the time of each form at the GLM shapes (median of 5 runs of
-// 5 calls, the first run a warm-up).
+// weight row holds its hi then its lo values, each input row its lo then its hi), as LayerRunner::mm and
+// mm_grouped run them, against three GEMMs of depth K (both before). Printed, not asserted beyond a loose
+// bound: the max |delta| of each form (and of plain fp16, the first product alone) against an f64 reference
+// over a sample of outputs at a KDA projection's shape (Q4_K 8192 x 4096, 2,048 rows), and the time of each
+// form at the GLM shapes (median of 5 runs of 5 calls, the first run a warm-up), per head for mm_grouped's.
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -99,6 +98,16 @@ class SplitGemm {
     gemm(M, K, o.w2.get(), 2 * K, x2 + K, 2 * K, 1.0f, 0.0f, y);
     gemm(M, 2 * K, o.w2.get(), 2 * K, x2, 2 * K, 1.0f / kHalfLoScale, 1.0f, y);
   }
+  // Per-head products (LayerRunner::mm_grouped): `heads` batches of W_g [M][K] x_g [kTokens][K], the inputs of a
+  // token's heads side by side (rows of heads * K, or of heads * 2K as [lo | hi] per head in the depth-2K form).
+  void batched(size_t heads, size_t M, size_t K, const void* a, size_t lda, const void* b, size_t ldb, size_t head_b,
+               float alpha, float beta, float* y) {
+    FERRY_CUBLAS(blas::api().gemm_strided_ex(
+        h_, blas::op_t, blas::op_n, static_cast<int>(M), kTokens, static_cast<int>(K), &alpha, a, CUDA_R_16F,
+        static_cast<int>(lda), static_cast<long long>(M * lda), b, CUDA_R_16F, static_cast<int>(ldb),
+        static_cast<long long>(head_b), &beta, y, CUDA_R_32F, static_cast<int>(heads * M), static_cast<long long>(M),
+        static_cast<int>(heads), blas::compute_32f, blas::gemm_default));
+  }
   double median_us(const std::function<void()>& call) {
     Event e0, e1;
     std::vector<double> t;
@@ -181,6 +190,34 @@ TEST(SplitGemm, CorrectionsAsOneProductOfTwiceTheDepth) {
     std::printf("[ timing ] split product %zu x %zu, %d rows: three products %.1f us (%.0f TFLOPS counted), depth-2K "
                 "form %.1f us (%.0f)\n",
                 rows, depth, kTokens, us3, flop / us3 / 1e6, us2, flop / us2 / 1e6);
+  }
+}
+
+// The per-head products of a DSA layer at 2,048 rows (attn_k_b: 64 heads of 512 x 256; attn_v_b: 64 of 256 x 512)
+// in both forms, as mm_grouped's strided-batched GEMMs: time only (the same arithmetic as above, a head at a time).
+TEST(SplitGemm, PerHeadProductsInBothForms) {
+  if (!testing::have_device()) GTEST_SKIP() << "no CUDA device";
+  constexpr size_t kHeads = 64;
+  SplitGemm g;
+  const float lo = 1.0f / kHalfLoScale;
+  for (const auto& [M, K] : {std::pair<size_t, size_t>{512, 256}, {256, 512}}) {
+    DeviceBuffer wh(kHeads * M * K * 2), wl(wh.bytes()), w2(2 * wh.bytes()), xh(kTokens * kHeads * K * 2),
+        xl(xh.bytes()), x2(2 * xh.bytes()), y(size_t{kTokens} * kHeads * M * 4);
+    for (DeviceBuffer* b : {&wh, &wl, &w2, &xh, &xl, &x2}) FERRY_CUDA(cudaMemset(b->get(), 0x3c, b->bytes()));
+    const size_t row = kHeads * K;
+    const double us3 = g.median_us([&] {
+      g.batched(kHeads, M, K, wh.get(), K, xh.get(), row, K, 1.0f, 0.0f, y.as<float>());
+      g.batched(kHeads, M, K, wh.get(), K, xl.get(), row, K, lo, 1.0f, y.as<float>());
+      g.batched(kHeads, M, K, wl.get(), K, xh.get(), row, K, lo, 1.0f, y.as<float>());
+    });
+    const uint16_t* x = x2.as<uint16_t>();
+    const double us2 = g.median_us([&] {
+      g.batched(kHeads, M, K, w2.get(), 2 * K, x + K, 2 * row, 2 * K, 1.0f, 0.0f, y.as<float>());
+      g.batched(kHeads, M, 2 * K, w2.get(), 2 * K, x, 2 * row, 2 * K, lo, 1.0f, y.as<float>());
+    });
+    std::printf("[ timing ] split per-head products %zu heads of %zu x %zu, %d rows: three products %.1f us, "
+                "depth-2K form %.1f us\n",
+                kHeads, M, K, kTokens, us3, us2);
   }
 }
 
