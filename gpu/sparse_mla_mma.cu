@@ -156,24 +156,45 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_mma_kernel(SparseMlaAr
   const int32_t* toks = a.tokens + static_cast<size_t>(r) * a.max_tokens;
   const size_t row0 = static_cast<size_t>(a.row.slot[r]) * a.ctx;
   const int8_t* latents = static_cast<const int8_t*>(a.latents);
-  // The warp's columns of tile t0's latents into buffer b: S 16-byte pieces a latent, S T / 32 a lane.
+  // The warp's columns of tile t0's latents into buffer b: S 16-byte pieces a latent, S T / 32 a lane, at the
+  // token ids `ids` holds. The ids are loaded a tile ahead of their copies (load_ids), and the row scales' ids
+  // two tiles ahead of the scales, which load a tile ahead of their use: neither load waits on the one before
+  // it inside a tile (h54's profile: long-scoreboard stalls on these loads).
+  constexpr uint32_t kPieces = S * T / 32;
+  int32_t ids[kPieces];
+  auto load_ids = [&](uint32_t t0) {
+#pragma unroll
+    for (uint32_t k = 0; k < kPieces; ++k) {
+      const uint32_t t = (lane + 32 * k) / S;
+      ids[k] = t0 + t < cnt ? __ldg(toks + t0 + t) : 0;
+    }
+  };
   auto copy_tile = [&](uint32_t t0, uint32_t b) {
 #pragma unroll
-    for (uint32_t k = 0; k < S * T / 32; ++k) {
+    for (uint32_t k = 0; k < kPieces; ++k) {
       const uint32_t c = lane + 32 * k, t = c / S, piece = c % S;
       const bool valid = t0 + t < cnt;
-      const int8_t* src = valid ? latents + (row0 + static_cast<size_t>(toks[t0 + t])) * R + col0 + 16 * piece
-                                : latents;
+      const int8_t* src = valid ? latents + (row0 + static_cast<size_t>(ids[k])) * R + col0 + 16 * piece : latents;
       copy16(smem_address(lat + (b * T + t) * ldl + col0 + 16 * piece), src, valid);
     }
   };
+  load_ids(0);
   if (cnt > 0) copy_tile(0, 0);
   copy_commit();
+  load_ids(T);
+  // Thread i < T: tile t0's scale of latent i (scale_now), the id of tile t0 + T's (scale_id).
+  float scale_now = 0.0f;
+  int32_t scale_id = 0;
+  if (threadIdx.x < T) {
+    scale_now = threadIdx.x < cnt ? __ldg(a.latent_scales + row0 + static_cast<size_t>(__ldg(toks + threadIdx.x))) : 0.0f;
+    scale_id = T + threadIdx.x < cnt ? __ldg(toks + T + threadIdx.x) : 0;
+  }
 
   for (uint32_t t0 = 0, it = 0; t0 < cnt; t0 += T, ++it) {
     const uint32_t valid = min(T, cnt - t0);
     if (t0 + T < cnt) copy_tile(t0 + T, (it + 1) & 1);
     copy_commit();
+    load_ids(t0 + 2 * T);
     copy_wait_all_but_one();
     __syncwarp();
     // ldmatrix rows: lane l gives latent 32 u + l's row (matrix l / 8, its row l % 8) for the
@@ -213,9 +234,10 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_mma_kernel(SparseMlaAr
       }
     }
     if (threadIdx.x < T) {
-      s_scale[threadIdx.x] = t0 + threadIdx.x < cnt
-                                 ? __ldg(a.latent_scales + row0 + static_cast<size_t>(toks[t0 + threadIdx.x]))
-                                 : 0.0f;
+      s_scale[threadIdx.x] = scale_now;
+      const uint32_t next = t0 + T + threadIdx.x;
+      scale_now = next < cnt ? __ldg(a.latent_scales + row0 + static_cast<size_t>(scale_id)) : 0.0f;
+      scale_id = next + T < cnt ? __ldg(toks + next + T) : 0;
     }
     __syncthreads();
     {  // online softmax: head i / 8, its latents [n (i % 8), n (i % 8) + n)
