@@ -76,8 +76,8 @@ __device__ __forceinline__ void qk_norm_head(float* x, uint32_t lane, uint32_t h
 // SiLU, for q and k the head's L2 norm, and one store: conv_decode_kernel's bits.
 constexpr uint32_t kConvRowsPerWarp = 8, kConvLaneChannels = 4;  // head dims up to 128
 
-template <uint32_t K>
-__global__ void __launch_bounds__(128) conv_rows_kernel(KdaArgs a) {
+template <uint32_t K, int kMinBlocks = 1>
+__global__ void __launch_bounds__(128, kMinBlocks) conv_rows_kernel(KdaArgs a) {
   constexpr uint32_t kTaps = kConvRowsPerWarp + K - 1, R = kConvRowsPerWarp, L = kConvLaneChannels;
   const uint32_t lane = threadIdx.x & 31;
   const uint32_t item = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -119,21 +119,33 @@ __global__ void __launch_bounds__(128) conv_rows_kernel(KdaArgs a) {
     const uint32_t r = r0 + i;
     const int pos = __shfl_sync(0xffffffffu, my_pos, i), start = __shfl_sync(0xffffffffu, my_start, i);
     float v[L];
+    // The same for the whole warp: whether a tap of this row lies before its segment (in the slot's state).
+    // Apart, the other rows' taps are not predicated state loads (which would be half of the issued work).
+    if (pos - start >= static_cast<int>(K - 1)) {
 #pragma unroll
-    for (uint32_t k = 0; k < L; ++k) {
-      const uint32_t c = c0 + lane + 32 * k;
-      float acc = 0.0f;
+      for (uint32_t k = 0; k < L; ++k) {
+        float acc = 0.0f;
 #pragma unroll
-      for (uint32_t j = 0; j < K; ++j) {
-        const int p = pos - static_cast<int>(K - 1) + static_cast<int>(j);
-        float in = raw[i + j][k];
-        if (p < start && lane + 32 * k < a.head_dim) {
-          const float* st = a.conv_state + (static_cast<size_t>(a.row.slot[r]) * C3 + c) * (K - 1);
-          in = st[static_cast<int>(K - 1) - (start - p)];
-        }
-        acc += w[k][j] * in;
+        for (uint32_t j = 0; j < K; ++j) acc += w[k][j] * raw[i + j][k];
+        v[k] = acc / (1.0f + expf(-acc));
       }
-      v[k] = acc / (1.0f + expf(-acc));
+    } else {
+#pragma unroll
+      for (uint32_t k = 0; k < L; ++k) {
+        const uint32_t c = c0 + lane + 32 * k;
+        float acc = 0.0f;
+#pragma unroll
+        for (uint32_t j = 0; j < K; ++j) {
+          const int p = pos - static_cast<int>(K - 1) + static_cast<int>(j);
+          float in = raw[i + j][k];
+          if (p < start && lane + 32 * k < a.head_dim) {
+            const float* st = a.conv_state + (static_cast<size_t>(a.row.slot[r]) * C3 + c) * (K - 1);
+            in = st[static_cast<int>(K - 1) - (start - p)];
+          }
+          acc += w[k][j] * in;
+        }
+        v[k] = acc / (1.0f + expf(-acc));
+      }
     }
     float* out = a.qkv + static_cast<size_t>(r) * C3 + c0;
     if (is_qk) {
@@ -482,7 +494,13 @@ void kda_conv_rows(const KdaArgs& a, cudaStream_t stream) {
     case 1: conv_rows_kernel<1><<<blocks, 128, 0, stream>>>(a); break;
     case 2: conv_rows_kernel<2><<<blocks, 128, 0, stream>>>(a); break;
     case 3: conv_rows_kernel<3><<<blocks, 128, 0, stream>>>(a); break;
-    case 4: conv_rows_kernel<4><<<blocks, 128, 0, stream>>>(a); break;
+    case 4:
+      if (std::getenv("FERRY_AB_CONVOCC") != nullptr) {
+        conv_rows_kernel<4, 6><<<blocks, 128, 0, stream>>>(a);
+      } else {
+        conv_rows_kernel<4><<<blocks, 128, 0, stream>>>(a);
+      }
+      break;
     case 5: conv_rows_kernel<5><<<blocks, 128, 0, stream>>>(a); break;
     case 6: conv_rows_kernel<6><<<blocks, 128, 0, stream>>>(a); break;
     case 7: conv_rows_kernel<7><<<blocks, 128, 0, stream>>>(a); break;

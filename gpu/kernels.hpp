@@ -190,6 +190,11 @@ void hc_head(const float* streams, const int32_t* rows_idx, uint32_t n, uint32_t
 
 // gate[i] = silu(min(gate[i], L)) * clamp(up[i], -L, L) over rows x n (rows `stride` apart).
 void swiglu(float* gate, const float* up, size_t stride, uint32_t rows, uint32_t n, float limit, cudaStream_t stream);
+// swiglu()'s values over rows of n laid end to end, written as the fp16 split of LayerRunner::mm_staged's input
+// (half_split.cuh: row i's lo values, then its hi values, rows 2 n apart) instead of over gate. False (nothing
+// launched) where n is not a multiple of 8 or a pointer not 16-byte aligned.
+bool swiglu_split(const float* gate, const float* up, uint32_t rows, uint32_t n, float limit, void* lo_hi,
+                  cudaStream_t stream);
 
 struct RouterArgs {
   const float* logits = nullptr;  // [rows][E]

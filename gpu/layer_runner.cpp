@@ -468,8 +468,15 @@ void LayerRunner::dense_ffn(const DevMatrix& gate, const DevMatrix& up, const De
     matvec_swiglu(a, w_.eg, w_.eu, F, n, F, hp_.swiglu_limit, s_);
     return;
   }
-  swiglu(w_.eg, w_.eu, F, n, F, hp_.swiglu_limit, s_);
-  mm(down, w_.eg, F, n, y, d_.D);
+  // The down projection's fp16 split straight from the SwiGLU, for weights the split products take.
+  static const bool ab_h = std::getenv("FERRY_AB_HSPLIT") == nullptr || std::getenv("FERRY_AB_HSPLIT")[0] != '0';
+  StagedInput h_staged;
+  if (ab_h && down.type != GgmlType::F32 && swiglu_split(w_.eg, w_.eu, n, F, hp_.swiglu_limit, w_.xh, s_)) {
+    h_staged = StagedInput{w_.eg, F, n, down.cols};
+  } else {
+    swiglu(w_.eg, w_.eu, F, n, F, hp_.swiglu_limit, s_);
+  }
+  mm_staged(down, w_.eg, F, n, y, d_.D, &h_staged);
 }
 
 void LayerRunner::finish_combine(uint32_t rows) {

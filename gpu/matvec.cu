@@ -133,22 +133,6 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecArgs a) {
   }
 }
 
-// Eight values split into fp16 hi and lo (half_split.cuh), each as one 16-byte word.
-// Two values a conversion instruction (round to nearest either way: split_half's bits).
-__device__ __forceinline__ void split8(const float* v, uint4& hi, uint4& lo) {
-  uint32_t hw[4], lw[4];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const __half2 h = __floats2half2_rn(v[2 * k], v[2 * k + 1]);
-    const float2 back = __half22float2(h);
-    const __half2 l = __floats2half2_rn((v[2 * k] - back.x) * kHalfLoScale, (v[2 * k + 1] - back.y) * kHalfLoScale);
-    hw[k] = *reinterpret_cast<const uint32_t*>(&h);
-    lw[k] = *reinterpret_cast<const uint32_t*>(&l);
-  }
-  hi = make_uint4(hw[0], hw[1], hw[2], hw[3]);
-  lo = make_uint4(lw[0], lw[1], lw[2], lw[3]);
-}
-
 // A run of RL consecutive outputs of one unit. With kVec (16-byte aligned outputs), 16-byte stores:
 // a warp's store then fills whole sectors, where element-wise stores write 2 bytes a lane at a
 // lane stride of a run (32 sectors an instruction). The same values either way.

@@ -11,6 +11,7 @@
 #include "gpu/moe_route.cuh"
 #include "gpu/pdl.cuh"
 #include "gpu/row_ops.cuh"
+#include "gpu/half_split.cuh"
 #include "gpu/swiglu.cuh"
 
 namespace ferry::gpu {
@@ -180,6 +181,24 @@ __global__ void swiglu_vec_kernel(float4* gate, const float4* up, uint32_t total
   }
 }
 
+// swiglu_vec_kernel's values as LayerRunner::mm_staged's split input (half_split.cuh): row r's lo values, then its
+// hi values, rows 2 n apart; 8 values a thread (n a multiple of 8), one 16-byte store of each half.
+__global__ void swiglu_split_kernel(const float4* gate, const float4* up, uint32_t vpr, uint32_t total, float limit,
+                                    __half* lo_hi) {
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    const float4 g0 = gate[2 * i], g1 = gate[2 * i + 1], u0 = up[2 * i], u1 = up[2 * i + 1];
+    const float v[8] = {swiglu_value(g0.x, u0.x, limit), swiglu_value(g0.y, u0.y, limit),
+                        swiglu_value(g0.z, u0.z, limit), swiglu_value(g0.w, u0.w, limit),
+                        swiglu_value(g1.x, u1.x, limit), swiglu_value(g1.y, u1.y, limit),
+                        swiglu_value(g1.z, u1.z, limit), swiglu_value(g1.w, u1.w, limit)};
+    uint4 hi, lo;
+    split8(v, hi, lo);
+    const uint32_t r = i / vpr, at = r * 16 * vpr + 8 * (i - r * vpr);
+    *reinterpret_cast<uint4*>(lo_hi + at) = lo;
+    *reinterpret_cast<uint4*>(lo_hi + at + 8 * vpr) = hi;
+  }
+}
+
 __global__ void swiglu_kernel(float* gate, const float* up, size_t stride, uint32_t rows, uint32_t n, float limit) {
   const size_t total = static_cast<size_t>(rows) * n;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
@@ -332,6 +351,21 @@ void hc_head(const float* streams, const int32_t* rows_idx, uint32_t n, uint32_t
   if (smem > 48 * 1024) FERRY_CUDA(cudaFuncSetAttribute(hc_head_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   hc_head_kernel<<<n, 512, smem, stream>>>(streams, rows_idx, H, D, w, eps, out);
   FERRY_CUDA_LAUNCHED();
+}
+
+bool swiglu_split(const float* gate, const float* up, uint32_t rows, uint32_t n, float limit, void* lo_hi,
+                  cudaStream_t stream) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (rows == 0 || n % 8 != 0 || 2 * size_t{rows} * n >= (size_t{1} << 31) || !aligned(gate) || !aligned(up) ||
+      !aligned(lo_hi)) {
+    return false;
+  }
+  const uint32_t total = rows * (n / 8);
+  swiglu_split_kernel<<<grid_for(total), 256, 0, stream>>>(reinterpret_cast<const float4*>(gate),
+                                                           reinterpret_cast<const float4*>(up), n / 8, total, limit,
+                                                           static_cast<__half*>(lo_hi));
+  FERRY_CUDA_LAUNCHED();
+  return true;
 }
 
 void swiglu(float* gate, const float* up, size_t stride, uint32_t rows, uint32_t n, float limit, cudaStream_t stream) {
