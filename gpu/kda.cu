@@ -9,7 +9,6 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "gpu/block_reduce.cuh"
 #include "gpu/cuda_check.hpp"
@@ -76,8 +75,10 @@ __device__ __forceinline__ void qk_norm_head(float* x, uint32_t lane, uint32_t h
 // SiLU, for q and k the head's L2 norm, and one store: conv_decode_kernel's bits.
 constexpr uint32_t kConvRowsPerWarp = 8, kConvLaneChannels = 4;  // head dims up to 128
 
-template <uint32_t K, int kMinBlocks = 1>
-__global__ void __launch_bounds__(128, kMinBlocks) conv_rows_kernel(KdaArgs a) {
+// Up to 4 taps, 6 blocks of 128 threads an SM (80 registers, 72 bytes of spills) where 96 registers allow 5: the
+// issue slots limit the kernel (ncu), so more warps hide more (gpu/PERF.md, h94); more taps keep their registers.
+template <uint32_t K>
+__global__ void __launch_bounds__(128, K <= 4 ? 6 : 1) conv_rows_kernel(KdaArgs a) {
   constexpr uint32_t kTaps = kConvRowsPerWarp + K - 1, R = kConvRowsPerWarp, L = kConvLaneChannels;
   const uint32_t lane = threadIdx.x & 31;
   const uint32_t item = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -162,44 +163,6 @@ __global__ void __launch_bounds__(128, kMinBlocks) conv_rows_kernel(KdaArgs a) {
     }
 #pragma unroll
     for (uint32_t k = 0; k < L; ++k) {
-      if (lane + 32 * k < a.head_dim) out[lane + 32 * k] = v[k];
-    }
-  }
-}
-
-// TEMPORARY A/B (FERRY_AB_CONV=0): the kernel before, removed after the H200 check.
-
-__global__ void conv_rows_kernel_ab(KdaArgs a) {
-  const uint32_t lane = threadIdx.x & 31;
-  const size_t item = (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x) >> 5;
-  const uint32_t C3 = 3 * a.heads * a.head_dim, K = a.kernel;
-  const uint32_t groups = (a.rows + kConvRowsPerWarp - 1) / kConvRowsPerWarp;
-  if (item >= static_cast<size_t>(groups) * 3 * a.heads) return;
-  const uint32_t hk = static_cast<uint32_t>(item % (3 * a.heads));  // q heads, k heads, v heads
-  const uint32_t r0 = static_cast<uint32_t>(item / (3 * a.heads)) * kConvRowsPerWarp;
-  const bool is_q = hk < a.heads, is_qk = hk < 2 * a.heads;
-  for (uint32_t r = r0; r < min(a.rows, r0 + kConvRowsPerWarp); ++r) {
-    float v[kConvLaneChannels];
-#pragma unroll
-    for (uint32_t k = 0; k < kConvLaneChannels; ++k) {
-      const uint32_t e = lane + 32 * k;
-      v[k] = e < a.head_dim ? conv_silu(a, r, hk * a.head_dim + e, C3, K) : 0.0f;
-    }
-    float* out = a.qkv + static_cast<size_t>(r) * C3 + static_cast<size_t>(hk) * a.head_dim;
-    if (is_qk) {
-      float ss = 0.0f;
-#pragma unroll
-      for (uint32_t k = 0; k < kConvLaneChannels; ++k) {
-        if (lane + 32 * k < a.head_dim) ss += v[k] * v[k];
-      }
-      ss = warp_sum(ss);
-      const float scale = 1.0f / sqrtf(ss + 1e-6f);
-      const float qs = rsqrtf(static_cast<float>(a.head_dim));
-#pragma unroll
-      for (uint32_t k = 0; k < kConvLaneChannels; ++k) v[k] = is_q ? (v[k] * scale) * qs : v[k] * scale;
-    }
-#pragma unroll
-    for (uint32_t k = 0; k < kConvLaneChannels; ++k) {
       if (lane + 32 * k < a.head_dim) out[lane + 32 * k] = v[k];
     }
   }
@@ -484,23 +447,12 @@ void kda_conv_rows(const KdaArgs& a, cudaStream_t stream) {
     throw CudaError("KDA: head dim " + std::to_string(a.head_dim) + " is above 128");
   }
   const size_t warps = size_t{(a.rows + kConvRowsPerWarp - 1) / kConvRowsPerWarp} * 3 * a.heads;
-  // 96 registers a thread at K = 4: blocks of 128 threads pack 5 an SM.
   const unsigned blocks = static_cast<unsigned>((warps * 32 + 127) / 128);
-  static const bool ab_old = std::getenv("FERRY_AB_CONV") != nullptr && std::getenv("FERRY_AB_CONV")[0] == '0';
-  if (ab_old) {
-    conv_rows_kernel_ab<<<static_cast<unsigned>((warps * 32 + 255) / 256), 256, 0, stream>>>(a);
-  } else
   switch (a.kernel) {
     case 1: conv_rows_kernel<1><<<blocks, 128, 0, stream>>>(a); break;
     case 2: conv_rows_kernel<2><<<blocks, 128, 0, stream>>>(a); break;
     case 3: conv_rows_kernel<3><<<blocks, 128, 0, stream>>>(a); break;
-    case 4:
-      if (std::getenv("FERRY_AB_CONVOCC") != nullptr) {
-        conv_rows_kernel<4, 6><<<blocks, 128, 0, stream>>>(a);
-      } else {
-        conv_rows_kernel<4><<<blocks, 128, 0, stream>>>(a);
-      }
-      break;
+    case 4: conv_rows_kernel<4><<<blocks, 128, 0, stream>>>(a); break;
     case 5: conv_rows_kernel<5><<<blocks, 128, 0, stream>>>(a); break;
     case 6: conv_rows_kernel<6><<<blocks, 128, 0, stream>>>(a); break;
     case 7: conv_rows_kernel<7><<<blocks, 128, 0, stream>>>(a); break;

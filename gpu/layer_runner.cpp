@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -130,33 +129,6 @@ void LayerRunner::mm_grouped(const DevMatrix& m, uint32_t groups, const float* x
                                            static_cast<int>(ldx), static_cast<long long>(xg), &zero, y,
                                            static_cast<int>(ldy), static_cast<long long>(yg), static_cast<int>(groups)));
     mark(OpPart::gemm);
-    return;
-  }
-  static const bool ab_grouped = std::getenv("FERRY_AB_GROUPED") != nullptr && std::getenv("FERRY_AB_GROUPED")[0] == '0';
-  if (ab_grouped) {  // TEMPORARY A/B: the three products before, removed after the H200 check
-  // Groups per batch: the activations of all of them in xh, their weights in wh.
-  const size_t per_batch = std::min<size_t>({groups, w_.xh_elems / (size_t{n} * xg),
-                                             w_.wh_elems / (size_t{rpg} * m.cols)});
-  if (per_batch == 0) throw CudaError("mm_grouped: one group of " + std::to_string(n) + " rows exceeds the fp16 staging");
-  const float lo = 1.0f / kHalfLoScale;
-  for (size_t g0 = 0; g0 < groups; g0 += per_batch) {
-    const size_t gb = std::min<size_t>(per_batch, groups - g0);
-    const size_t width = gb * xg;  // xh holds the batch's inputs as [n][width]
-    float_to_half(x + g0 * xg, ldx, n, width, w_.xh, s_, w_.xl);
-    dequantize_to_half(m, g0 * rpg, gb * rpg, w_.wh, s_, w_.wl);
-    mark(OpPart::convert);
-    auto gemm = [&](const void* a, const void* b, const float* alpha, const float* beta) {
-      FERRY_CUBLAS(blas::api().gemm_strided_ex(
-          cublas_, blas::op_t, blas::op_n, M, N, K, alpha, a, CUDA_R_16F, K, static_cast<long long>(rpg) * K, b,
-          CUDA_R_16F, static_cast<int>(width), static_cast<long long>(xg), beta, y + g0 * yg, CUDA_R_32F,
-          static_cast<int>(ldy), static_cast<long long>(yg), static_cast<int>(gb), blas::compute_32f,
-          blas::gemm_default));
-    };
-    gemm(w_.wh, w_.xh, &one, &zero);
-    gemm(w_.wh, w_.xl, &lo, &one);
-    gemm(w_.wl, w_.xh, &lo, &one);
-    mark(OpPart::gemm);
-  }
     return;
   }
   // Groups per batch: their weights in wh | wl; tokens per batch: their inputs in xh | xl.
@@ -296,8 +268,7 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   // Past the matvec rows the output projection's fp16 split comes from the norm itself, for weights the
   // split products take (f32 ones take z on SGEMM).
   const DevMatrix& out = l.m(T::attn_output);
-  static const bool ab_z = std::getenv("FERRY_AB_ZSPLIT") == nullptr || std::getenv("FERRY_AB_ZSPLIT")[0] != '0';
-  const bool z_split = ab_z && n > kMaxMatvecTokens && out.type != GgmlType::F32 && z.kda_hd <= 128;
+  const bool z_split = n > kMaxMatvecTokens && out.type != GgmlType::F32 && z.kda_hd <= 128;
   StagedInput z_staged;
   if (!kda_recurrent_gated_norm(a, norm, s_)) {  // one launch for decode rows on sm90 (gpu/kda_fusion.hpp)
     kda_recurrent(a, s_);
@@ -469,9 +440,8 @@ void LayerRunner::dense_ffn(const DevMatrix& gate, const DevMatrix& up, const De
     return;
   }
   // The down projection's fp16 split straight from the SwiGLU, for weights the split products take.
-  static const bool ab_h = std::getenv("FERRY_AB_HSPLIT") == nullptr || std::getenv("FERRY_AB_HSPLIT")[0] != '0';
   StagedInput h_staged;
-  if (ab_h && down.type != GgmlType::F32 && swiglu_split(w_.eg, w_.eu, n, F, hp_.swiglu_limit, w_.xh, s_)) {
+  if (down.type != GgmlType::F32 && swiglu_split(w_.eg, w_.eu, n, F, hp_.swiglu_limit, w_.xh, s_)) {
     h_staged = StagedInput{w_.eg, F, n, down.cols};
   } else {
     swiglu(w_.eg, w_.eu, F, n, F, hp_.swiglu_limit, s_);

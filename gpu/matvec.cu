@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -411,8 +410,7 @@ void launch_dequant(const DevMatrix& w, size_t row0, size_t rows, OutT* dst, __h
     const unsigned blocks = convert_blocks(total);
     const uint32_t ld32 = static_cast<uint32_t>(ld);
     if constexpr (std::is_same_v<OutT, __half> && qd::Piece<T>::kHas) {
-      static const bool ab_pieces = std::getenv("FERRY_AB_PIECES") == nullptr || std::getenv("FERRY_AB_PIECES")[0] != '0';
-      if (ab_pieces && vec && w.row_bytes == w.cols / qd::Piece<T>::QK * qd::Piece<T>::BB) {
+      if (vec && w.row_bytes == w.cols / qd::Piece<T>::QK * qd::Piece<T>::BB) {
         const uint32_t ppr = w.cols / 8, pieces = static_cast<uint32_t>(n * ppr);
         dequant_pieces_kernel<T><<<convert_blocks(pieces), kConvertThreads, 0, s>>>(data, pieces, ppr, RowDiv(ppr), d,
                                                                                     l, ld32);
