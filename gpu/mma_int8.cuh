@@ -125,4 +125,115 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
 #endif
 }
 
+// Hopper's warpgroup MMA (wgmma.mma_async, sm_90a only: a file built for that target alone, its hosts
+// choosing it on devices of compute capability 9.0; elsewhere these trap). A warpgroup (4 warps
+// 4k..4k + 3) multiplies A, 64 x 32 bytes from registers, by B, 32 bytes x N from shared memory as a
+// descriptor says, into d = A * B (int32; the products start from zero). Warp w of the group holds
+// A's rows 16w.. as an m16n8k32 fragment (FragA's layout) and d's rows 16w.., d[4n + k] being
+// FragC's r[k] of columns 8n..: so the warp's parts are those of mma.sync's tiles. The product runs
+// asynchronously: its registers must not be touched between wgmma_fence, the issue and the
+// wgmma_wait that sees its group done (fence_operand pins them for the compiler).
+__device__ __forceinline__ void wgmma_fence() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void wgmma_commit() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+// Waits until at most `Pending` of the warpgroup's committed groups are in flight.
+template <int Pending>
+__device__ __forceinline__ void wgmma_wait() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(Pending) : "memory");
+#else
+  __trap();
+#endif
+}
+
+// Orders this thread's earlier shared-memory writes (stores, completed cp.async copies) before later
+// reads of the asynchronous proxy, through which wgmma reads its shared operands; a barrier after it
+// extends that to the block.
+__device__ __forceinline__ void fence_proxy_async() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+// Keeps a register where an asynchronous product reads or writes it, in order with the asm around it.
+__device__ __forceinline__ void fence_operand(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
+__device__ __forceinline__ void fence_operand(int32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
+
+// A shared-memory matrix descriptor without swizzling: core matrices of 8 rows x 16 bytes, each 128
+// contiguous bytes, at `start`; `k_bytes` between neighbours along k (the leading dimension), `mn_bytes`
+// between neighbours along the rows (the stride dimension). Offsets in 16-byte units, 14 bits each.
+__device__ __forceinline__ uint64_t smem_desc(const void* start, uint32_t k_bytes, uint32_t mn_bytes) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(start));
+  return static_cast<uint64_t>((a >> 4) & 0x3fff) | static_cast<uint64_t>((k_bytes >> 4) & 0x3fff) << 16 |
+         static_cast<uint64_t>((mn_bytes >> 4) & 0x3fff) << 32;
+}
+
+// d = A * B, m64nNk32 (N 8, 16, 24 or 32), A's / B's bytes s8 or u8 as SignedA / SignedB say.
+template <int N, bool SignedA, bool SignedB>
+__device__ __forceinline__ void wgmma_k32(int32_t (&d)[N / 2], const uint32_t (&a)[4], uint64_t b) {
+  static_assert(N == 8 || N == 16 || N == 24 || N == 32, "wgmma_k32: N is 8, 16, 24 or 32");
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FERRY_WGMMA_N8(AT, BT)                                                              \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n8k32.s32." AT "." BT " {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, 0;" \
+               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]) \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b))
+#define FERRY_WGMMA_N16(AT, BT)                                                              \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n16k32.s32." AT "." BT " {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, 0;" \
+               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]), "=r"(d[4]), "=r"(d[5]), "=r"(d[6]), "=r"(d[7]) \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b))
+#define FERRY_WGMMA_N24(AT, BT)                                                              \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n24k32.s32." AT "." BT " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11}, {%12, %13, %14, %15}, %16, 0;" \
+               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]), "=r"(d[4]), "=r"(d[5]), "=r"(d[6]), "=r"(d[7]), "=r"(d[8]), "=r"(d[9]), "=r"(d[10]), "=r"(d[11]) \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b))
+#define FERRY_WGMMA_N32(AT, BT)                                                              \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n32k32.s32." AT "." BT " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, 0;" \
+               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]), "=r"(d[4]), "=r"(d[5]), "=r"(d[6]), "=r"(d[7]), "=r"(d[8]), "=r"(d[9]), "=r"(d[10]), "=r"(d[11]), "=r"(d[12]), "=r"(d[13]), "=r"(d[14]), "=r"(d[15]) \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b))
+#define FERRY_WGMMA_TYPES(AT, BT)        \
+  if constexpr (N == 8) {                  \
+    FERRY_WGMMA_N8(AT, BT);                \
+  } else if constexpr (N == 16) {          \
+    FERRY_WGMMA_N16(AT, BT);               \
+  } else if constexpr (N == 24) {          \
+    FERRY_WGMMA_N24(AT, BT);               \
+  } else {                                 \
+    FERRY_WGMMA_N32(AT, BT);               \
+  }
+  if constexpr (SignedA && SignedB) {
+    FERRY_WGMMA_TYPES("s8", "s8");
+  } else if constexpr (SignedA) {
+    FERRY_WGMMA_TYPES("s8", "u8");
+  } else if constexpr (SignedB) {
+    FERRY_WGMMA_TYPES("u8", "s8");
+  } else {
+    FERRY_WGMMA_TYPES("u8", "u8");
+  }
+#undef FERRY_WGMMA_TYPES
+#undef FERRY_WGMMA_N8
+#undef FERRY_WGMMA_N16
+#undef FERRY_WGMMA_N24
+#undef FERRY_WGMMA_N32
+#else
+  (void)d;
+  (void)a;
+  (void)b;
+  __trap();
+#endif
+}
+
 }  // namespace ferry::gpu::mma
