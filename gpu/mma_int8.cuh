@@ -183,10 +183,10 @@ __device__ __forceinline__ uint64_t smem_desc(const void* start, uint32_t k_byte
          static_cast<uint64_t>((mn_bytes >> 4) & 0x3fff) << 32;
 }
 
-// d = A * B, m64nNk32 (N 8, 16, 24 or 32), A's / B's bytes s8 or u8 as SignedA / SignedB say.
-template <int N, bool SignedA, bool SignedB>
-__device__ __forceinline__ void wgmma_k32(int32_t (&d)[N / 2], const uint32_t (&a)[4], uint64_t b) {
-  static_assert(N == 8 || N == 16 || N == 24 || N == 32, "wgmma_k32: N is 8, 16, 24 or 32");
+// d[0 .. N / 2) = A * B, m64nNk32 (N 8, 16, 24 or 32), A's / B's bytes s8 or u8 as SignedA / SignedB say.
+template <int N, bool SignedA, bool SignedB, int M>
+__device__ __forceinline__ void wgmma_k32(int32_t (&d)[M], const uint32_t (&a)[4], uint64_t b) {
+  static_assert((N == 8 || N == 16 || N == 24 || N == 32) && N / 2 <= M, "wgmma_k32: N is 8, 16, 24 or 32");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FERRY_WGMMA_N8(AT, BT)                                                              \
   asm volatile("wgmma.mma_async.sync.aligned.m64n8k32.s32." AT "." BT " {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, 0;" \

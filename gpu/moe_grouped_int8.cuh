@@ -169,8 +169,9 @@ struct BlockTile {
 // Block `tile`'s expert, the one e with tiles[e] <= tile < tiles[e + 1], by one pass of the block over
 // the tile starts: a wait or two on memory before the first copies, not a binary search's ~log2(E).
 // Into tile_of (shared): the expert, its first sorted row and its tokens; seen after a barrier.
+template <uint32_t NT = kThreads>
 __device__ __forceinline__ void find_tile(const Int8Args& a, uint32_t tile, uint32_t (&tile_of)[3]) {
-  for (uint32_t e = threadIdx.x; e < a.E; e += kThreads) {
+  for (uint32_t e = threadIdx.x; e < a.E; e += NT) {
     const uint32_t start = a.tiles[e];
     if (start <= tile && tile < a.tiles[e + 1]) {
       const uint32_t first = a.offsets[e] + (tile - start) * BN;
@@ -185,27 +186,31 @@ __device__ __forceinline__ void find_tile(const Int8Args& a, uint32_t tile, uint
 // tid and tid + 256 of 128 rows x 4 chunks (row item / 4; chunk, and the sub-block whose factors
 // the thread makes, tid % 4); Q5_K's fifth bits, 128 rows x 2 chunks (row tid / 2, chunk tid % 2);
 // token items tid + 256j of 64 tokens x 16 chunks (kCore, the wgmma kernel's layout: token tid % 8 +
-// 8 * (tid / 128) + 16j, chunk tid / 8 % 16, so that 8 lanes fill one core matrix's 128 bytes and
+// 8 * (tid / 128) + 8 * (NT / 128) * j, chunk tid / 8 % 16, so that 8 lanes fill one core matrix's 128 bytes and
 // lanes l, l + 8 read a token's neighbouring chunks; else token tid / 16 + 16j, chunk tid % 16); the
 // factors of token tid / 4, block tid % 4. Rows past the matrix and tokens past the tile read row
 // rows - 1 and the tile's first token: their products are not stored.
-template <int T, int NM, bool kCore = false>
+// NT threads (256, or 512 for the wgmma kernel: each of its threads then copies half as many weight
+// and token items, and threads past 256 none of the fifth bits or token factors).
+template <int T, int NM, bool kCore = false, uint32_t NT = kThreads>
 struct TileLoader {
   using K = KQuant<T>;
   using S = Stage<T, kCore ? kCoreXWords : kXWords>;
+  static_assert((NT == 256 || (NT == 512 && kCore)), "TileLoader: 256 threads, or 512 in the core layout");
+  static constexpr int kWItems = BR * 4 / NT, kXItems = BN * 16 / NT;
   static __device__ __forceinline__ uint32_t x_token(uint32_t j) {
-    return kCore ? threadIdx.x % 8 + 8 * (threadIdx.x / 128) + 16 * j : threadIdx.x / 16 + 16 * j;
+    return kCore ? threadIdx.x % 8 + 8 * (threadIdx.x / 128) + 8 * (NT / 128) * j : threadIdx.x / 16 + 16 * j;
   }
   static __device__ __forceinline__ uint32_t x_chunk() { return kCore ? threadIdx.x / 8 % 16 : threadIdx.x % 16; }
   static constexpr uint32_t RM = BR / NM;  // rows of each matrix in the block
-  const uint8_t* wrow[2];
-  uint32_t wlr[2];
+  const uint8_t* wrow[kWItems];
+  uint32_t wlr[kWItems];
   const uint8_t* hrow = nullptr;
-  size_t xoff[4];
+  size_t xoff[kXItems];
   size_t xfoff;
   uint32_t xlive;      // tokens of the tile's 8-token tiles that hold any: what the products read
   bool w16 = true;     // every matrix 16-byte aligned (blocks of 144 / 176 bytes): 16-byte copies
-  uint32_t hdr[2][4];  // the leading words of the weight items' blocks (IQ3_S: their sub-blocks' bytes)
+  uint32_t hdr[kWItems][4];  // the leading words of the weight items' blocks (IQ3_S: their sub-blocks' bytes)
 
   __device__ TileLoader(const Int8Args& a, const BlockTile& bt) {
     const uint32_t tid = threadIdx.x;
@@ -221,10 +226,10 @@ struct TileLoader {
       return (NM == 1 || lr < RM ? w[0] : w[NM - 1]) +
              static_cast<size_t>(min(bt.m0 + lr % RM, a.rows - 1)) * a.row_bytes;
     };
-    if constexpr (K::kHighBits) hrow = row(tid / 2);
+    if constexpr (K::kHighBits) hrow = row(tid % 256 / 2);
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      wlr[j] = (tid + kThreads * j) / 4;
+    for (int j = 0; j < kWItems; ++j) {
+      wlr[j] = (tid + NT * j) / 4;
       wrow[j] = row(wlr[j]);
     }
     auto token_row = [&](uint32_t tok) -> size_t {
@@ -232,8 +237,8 @@ struct TileLoader {
       return a.gather != nullptr ? static_cast<size_t>(a.gather[bt.first + t]) : bt.first + t;
     };
 #pragma unroll
-    for (int j = 0; j < 4; ++j) xoff[j] = token_row(x_token(j)) * 2 * a.cols;
-    xfoff = token_row(tid / 4) * (a.cols / 32) + tid % 4;
+    for (int j = 0; j < kXItems; ++j) xoff[j] = token_row(x_token(j)) * 2 * a.cols;
+    xfoff = token_row(tid % 256 / 4) * (a.cols / 32) + tid % 4;
   }
 
   // k-tile kt's copies into s, one group.
@@ -241,7 +246,7 @@ struct TileLoader {
     const uint32_t tid = threadIdx.x, wch = tid % 4, xch = x_chunk();
     const size_t wb = (kt / 2) * K::kBlockBytes + K::kNibbles + 64 * (kt % 2) + 16 * wch;
 #pragma unroll
-    for (int j = 0; j < 2 && !K::kDecoded; ++j) {
+    for (int j = 0; j < kWItems && !K::kDecoded; ++j) {
       uint32_t* dst = &s.w[wlr[j] * K::kWWords + 4 * wch];
       if (w16) {
         cp_async(dst, wrow[j] + wb, 16);
@@ -252,19 +257,19 @@ struct TileLoader {
     }
     // Token rows past the live 8-token tiles are never read: not copied.
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < kXItems; ++j) {
       const uint32_t tok = x_token(j);
       if (tok < xlive) {
         cp_async(&s.x[kCore ? core_x_word(tok, xch) : tok * kXWords + 4 * xch], a.xq + xoff[j] + 2 * BK * kt + 16 * xch,
                  16);
       }
     }
-    if (tid / 4 < xlive) {
+    if ((NT == 256 || tid < 256) && tid / 4 < xlive) {
       const float2* xf = a.xf + xfoff + kSteps * kt;
       cp_async(&s.xd[tid % 4][tid / 4], &xf->x, 4);
       cp_async(&s.xs[tid % 4][tid / 4], &xf->y, 4);
     }
-    if constexpr (K::kHighBits) {
+    if (K::kHighBits && (NT == 256 || tid < 256)) {
       uint32_t* dst = &s.w[(tid / 2) * K::kWWords + 16 + 4 * (tid % 2)];
       const uint8_t* src = hrow + (kt / 2) * K::kBlockBytes + 16 + 16 * (tid % 2);
       if (w16) {
@@ -280,7 +285,7 @@ struct TileLoader {
   __device__ void load_headers(uint32_t kt) {
     const uint32_t wch = threadIdx.x % 4;
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
+    for (int j = 0; j < kWItems; ++j) {
       const uint8_t* p = wrow[j] + (kt / 2) * K::kBlockBytes;
       if constexpr (K::kDecoded) {
         iq3s_load(p, kSteps * (kt % 2) + wch, hdr[j]);
@@ -298,7 +303,7 @@ struct TileLoader {
   __device__ void store_factors(uint32_t kt, S& s, const uint32_t* grid) const {
     const uint32_t wch = threadIdx.x % 4;
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
+    for (int j = 0; j < kWItems; ++j) {
       if constexpr (K::kDecoded) {  // and the sub-block's values, words 8 * wch.. of the row
         uint32_t v[8];
         const float d = iq3s_decode(hdr[j], grid, v);
@@ -330,9 +335,7 @@ struct WarpTile {
   __device__ uint32_t token(uint32_t n) const { return 8 * (2 * n + wt); }
 };
 
-// kWarpgroup (the wgmma kernel): warp w's rows are 16 * (w % 4).. of each 64-row half of the block,
-// the slices of a warpgroup's m64 products (the same rows as the mma.sync kernel's where NM is 2).
-template <int NM, bool kWarpgroup = false>
+template <int NM>
 __device__ __forceinline__ WarpTile warp_tile(uint32_t ntok) {
   const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, wr = warp % 4;
   WarpTile t;
@@ -340,7 +343,7 @@ __device__ __forceinline__ WarpTile warp_tile(uint32_t ntok) {
   t.q = lane % 4;
   t.wt = warp / 4;
 #pragma unroll
-  for (int i = 0; i < 2; ++i) t.lrb[i] = NM == 1 && !kWarpgroup ? wr * 32 + 16 * i : BR / 2 * i + wr * 16;
+  for (int i = 0; i < 2; ++i) t.lrb[i] = NM == 1 ? wr * 32 + 16 * i : BR / 2 * i + wr * 16;
   const uint32_t tiles = (ntok + 7) / 8;  // 8-token tiles holding tokens: the warp has those of its parity
   t.live = tiles > t.wt ? min(4u, (tiles - t.wt + 1) / 2) : 0;
   return t;
@@ -360,8 +363,7 @@ __device__ __forceinline__ void load_a(uint32_t (&r)[4], const uint32_t* rows, u
 // head and the rest (what the rest's own tf32 rounding drops is ~2^-22 of the sum), and dmin (one a
 // row in a k-tile) times the result is taken off in f32: one FFMA an output a k-tile, not one a
 // sub-block.
-// kHalves: which of the warp's two 16-row tiles (bit i: tile i) take them.
-template <int NL, int kHalves = 3, class S>
+template <int NL, class S>
 __device__ __forceinline__ void minimum_terms(const S& s, const WarpTile& t, float (&acc)[2][4][4]) {
   const uint32_t g = t.g, q = t.q;
   uint32_t am[2][2];
@@ -382,7 +384,6 @@ __device__ __forceinline__ void minimum_terms(const S& s, const WarpTile& t, flo
     const uint32_t rest = __float_as_uint(sx - __uint_as_float(head));
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      if (((kHalves >> i) & 1) == 0) continue;
       uint32_t part[4], m[4];
       mma::mma_tf32_k4(part, am[i], rest, zero);
       mma::mma_tf32_k4(m, am[i], head, part);
