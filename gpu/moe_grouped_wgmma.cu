@@ -239,7 +239,7 @@ __device__ __forceinline__ void wg_store(const Int8Args& a, const BlockTile& bt,
       float* yt = a.y + static_cast<size_t>(bt.first + tok) * a.ldy;
       const uint32_t row = bt.m0 + t.row(k / 2);
       if (row >= a.rows) continue;
-      yt[row] = NM == 2 ? swiglu_value(acc[n][k], acc[n][k + 2], a.limit) : acc[n][k];
+      yt[row] = NM == 2 ? swiglu_value(acc[n][k % 2], acc[n][k % 2 + 2], a.limit) : acc[n][k];
     }
   }
 }
