@@ -26,18 +26,10 @@ namespace ferry::gpu {
 bool grouped_int8_takes(const ExpertMatrices& w, const ExpertMatrices* up, const float* x, size_t ldx,
                         uint32_t x_rows, const SplitScratch& split);
 
-// The int8 path's kernels: best is the wgmma one (gpu/moe_grouped_wgmma.cu) where it runs (a device
-// of compute capability 9.0), else mma.sync; tests ask for mma_sync to compare the two.
-enum class Int8Kernel { best, mma_sync };
-
 // grouped_gemm's products (same arguments and results; up_scratch unused: gate and up share a
 // layout) on the int8 path; throws where grouped_int8_takes does not hold.
 void grouped_gemm_int8(const ExpertMatrices& w, const ExpertMatrices* up, const float* x, size_t ldx, uint32_t x_rows,
                        const int32_t* gather, const RouteSort& sort, uint32_t routes, uint32_t E, float limit, float* y,
-                       size_t ldy, const SplitScratch& split, cudaStream_t stream,
-                       Int8Kernel kernel = Int8Kernel::best);
-
-// Whether Int8Kernel::best is the wgmma kernel for w's type (gate with up, or w alone) on this device.
-bool grouped_wgmma_ready(const ExpertMatrices& w, bool up);
+                       size_t ldy, const SplitScratch& split, cudaStream_t stream);
 
 }  // namespace ferry::gpu

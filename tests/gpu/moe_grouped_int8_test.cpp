@@ -398,8 +398,7 @@ TEST_F(GroupedExpertsInt8, RowsOffTheTiles) {
 struct TokenRows {
   std::vector<float> swiglu, down;
 };
-TokenRows one_expert_rows(const Case& c, const Experts& ex, const std::vector<float>& x, uint32_t n,
-                          Int8Kernel kernel = Int8Kernel::best) {
+TokenRows one_expert_rows(const Case& c, const Experts& ex, const std::vector<float>& x, uint32_t n) {
   TokenRows out;
   const uint32_t D = c.D, I = c.I;
   const std::vector<int32_t> ids(n, 3);
@@ -413,9 +412,9 @@ TokenRows one_expert_rows(const Case& c, const Experts& ex, const std::vector<fl
   const RouteSort sort{doff.as<uint32_t>(), dtiles.as<uint32_t>(), dgather.as<int32_t>(), dwhere.as<int32_t>()};
   sort_routes(dids.as<int32_t>(), n, 1, c.E, sort, RouteTally{}, nullptr);
   grouped_gemm_int8(ex.m[0], &ex.m[1], dx.as<float>(), D, n, sort.gather, sort, n, c.E, kLimit, deg.as<float>(), I,
-                    split, nullptr, kernel);
+                    split, nullptr);
   grouped_gemm_int8(ex.m[2], nullptr, deg.as<float>(), I, n, nullptr, sort, n, c.E, 0.0f, deo.as<float>(), D, split,
-                    nullptr, kernel);
+                    nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<int32_t> gather(n);
   std::vector<float> eg(size_t{n} * I), eo(size_t{n} * D);
@@ -454,39 +453,6 @@ TEST_F(GroupedExpertsInt8, ATokensRowsHaveTheSameBitsWhateverItsTileHolds) {
       if (HasFailure()) return;
       ASSERT_EQ(std::memcmp(part.swiglu.data(), full.swiglu.data(), part.swiglu.size() * 4), 0);
       ASSERT_EQ(std::memcmp(part.down.data(), full.down.data(), part.down.size() * 4), 0);
-    }
-  }
-}
-
-// The wgmma kernel (compute capability 9.0) makes the mma.sync kernel's outputs bit for bit: the same
-// exact int32 sums and f32 operations in the same order, for every type, gate and up and down, tiles
-// of 1 to 64 tokens, and inputs of a wide range (rows 1e-16 to 1e16, blocks 2^-20 of their row).
-TEST_F(GroupedExpertsInt8, TheWgmmaKernelHasTheMmaSyncKernelsBits) {
-  if (!sm80_code_ready()) GTEST_SKIP() << "no sm80+ code for the int8 kernel on this device";
-  for (const GgmlType t : kTypes) {
-    SCOPED_TRACE(name(t));
-    Case c{4, 1, 512, 256, 192, true};
-    c.type = t;
-    std::mt19937 rng(61);
-    Experts ex;
-    make_experts(c, rng, ex);
-    if (HasFatalFailure()) return;
-    if (!grouped_wgmma_ready(ex.m[0], true) || !grouped_wgmma_ready(ex.m[2], false)) {
-      GTEST_SKIP() << "the wgmma kernel does not run on this device";
-    }
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<float> x(size_t{c.n} * c.D);
-    for (float& v : x) v = normal(rng);
-    for (uint32_t r = 96; r < c.n; ++r) {
-      const float scale = std::pow(10.0f, 8.0f * static_cast<float>(r % 5) - 16.0f);
-      for (uint32_t i = 0; i < c.D; ++i) x[size_t{r} * c.D + i] *= (i / 32) % 5 == 1 ? scale * 0x1p-20f : scale;
-    }
-    for (const uint32_t n : {1u, 9u, 24u, 41u, 64u, 192u}) {
-      SCOPED_TRACE(std::to_string(n) + " tokens");
-      const TokenRows wg = one_expert_rows(c, ex, x, n), ms = one_expert_rows(c, ex, x, n, Int8Kernel::mma_sync);
-      if (HasFailure()) return;
-      ASSERT_EQ(std::memcmp(wg.swiglu.data(), ms.swiglu.data(), wg.swiglu.size() * 4), 0);
-      ASSERT_EQ(std::memcmp(wg.down.data(), ms.down.data(), wg.down.size() * 4), 0);
     }
   }
 }
