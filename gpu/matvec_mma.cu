@@ -27,6 +27,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <set>
@@ -349,6 +350,22 @@ __device__ void quantize_x(const MatvecArgs& a, const MatvecPartView& view, cons
 // or a 1-D grid walking the launch's steps flat (flat_segment).
 enum class Walk : uint32_t { grid, shared_out, flat };
 
+// TEMPORARY (h92 round 1): A/B switches (FERRY_MMA_AB) and a per-block timeline of traced calls.
+enum Ab : uint32_t {
+  kAbNoQ = 1, kAbCopyQ = 2, kAbRing1 = 4, kAbWarpPf = 8, kAbNoPf = 16, kAbOneWave = 32, kAbTrace = 64,
+  kAbLdEarly = 128, kAbProbe = 256, kAbPfAll = 512, kAbWpt4 = 1024
+};
+__device__ unsigned long long* g_trace;
+__device__ const float* g_trace_y[2];
+__device__ __forceinline__ unsigned long long gtimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void prefetch_line(const uint8_t* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 // Steps [from, from + count) of group g of part `part`.
 struct Segment {
   uint32_t part, g, from, count;
@@ -373,11 +390,18 @@ __device__ inline uint64_t flat_first_step(uint32_t b, uint32_t N, uint64_t S) {
 // Flat: the kernel of flat walks (their segments' bookkeeping kept out of the others' registers).
 template <int T, bool Flat>
 __global__ void __launch_bounds__(kThreads, 2)
-    matvec_mma_kernel(MatvecArgs a, Walk walk) {
+    matvec_mma_kernel(MatvecArgs a, Walk walk, uint32_t ab) {
   using R = MmaReader<T>;
   extern __shared__ __align__(16) unsigned char smem[];
+  auto stamp = [&](int k, unsigned long long v) {
+    if (!(ab & kAbTrace) || threadIdx.x != 0 || blockIdx.x >= 1024) return;
+    const int tr = a.y == g_trace_y[0] ? 0 : a.y == g_trace_y[1] ? 1 : -1;
+    if (tr >= 0) g_trace[(tr * 1024 + blockIdx.x) * 8 + k] = v;
+  };
+  if (ab & kAbTrace) stamp(0, gtimer());
+  if (ab & kAbLdEarly) pdl_launch_dependents();
   const uint32_t superblocks = a.w.cols / 256;
-  const uint32_t wpt = warps_per_tile(superblocks), tiles_per_step = kWarps / wpt;
+  const uint32_t wpt = (ab & kAbWpt4) && superblocks == 8 ? 4 : warps_per_tile(superblocks), tiles_per_step = kWarps / wpt;
   // Groups, tokens named on the device and PDL as in the dp2a kernel (gpu/matvec_int16.cu): the
   // weights no earlier kernel picks are requested before the wait, x and y touched only after it.
   // The block's first segment: its group's steps bx, bx + nb, ... (strided by the group's blocks), or
@@ -449,19 +473,49 @@ __global__ void __launch_bounds__(kThreads, 2)
   bool fixed_here = fixed_weights;
   auto prefetch_step = [&](uint32_t ls) {
     const uint32_t row0 = tile_in(bx, nb, ls, 0) * 16;
-    if (!fixed_here || threadIdx.x != 0 || ls >= count || row0 >= view.rows) return;
+    if ((ab & (kAbNoPf | kAbWarpPf)) || !fixed_here || threadIdx.x != 0 || ls >= count || row0 >= view.rows) return;
     const uint32_t n = min(tiles_per_step * 16, view.rows - row0);
     prefetch_l2(view.w + static_cast<size_t>(row0) * a.w.row_bytes, static_cast<size_t>(n) * a.w.row_bytes);
   };
+  // Each warp's own pieces of step ls into L2 (kAbWarpPf): a line of each lane's row and superblocks.
+  auto warp_prefetch = [&](uint32_t ls) {
+    if (!(ab & kAbWarpPf) || !fixed_here || ls >= count) return;
+    const Rows pr = rows_of(ls);
+    for (uint32_t j = 0; j < mine; ++j) {
+      const uint32_t col_bytes = (slice + j * wpt) * R::kBlockBytes + min(48 * lq, R::kBlockBytes - 1);
+      prefetch_line(pr.p[0] + col_bytes);
+      prefetch_line(pr.p[1] + col_bytes);
+    }
+  };
+  if (ab & kAbPfAll) {
+    for (uint32_t ls = 2; ls < count && ls < 8; ++ls) prefetch_step(ls);
+  }
   prefetch_step(1);
+  warp_prefetch(1);
   Rows rows = rows_of(0);
   typename R::Regs cur;
   load(rows, 0, cur);
+  if ((ab & kAbProbe) && threadIdx.x == 0) {
+    reinterpret_cast<volatile uint32_t*>(smem + lay.partials_at())[0] = cur.head[0];
+    stamp(6, gtimer());
+  }
   if (fixed_weights) pdl_wait();
-  pdl_launch_dependents();
+  stamp(1, gtimer());
+  if (!(ab & kAbLdEarly)) pdl_launch_dependents();
   // Flat walks read one x for every group: quantized once.
-  quantize_x(a, view, matvec_part_x_up(a, g, part), tok_x, ntok, lay, smem);
+  if (ab & kAbCopyQ) {
+    const uint4* src = reinterpret_cast<const uint4*>(view.x);
+    for (uint32_t i = threadIdx.x; i < lay.partials_at() / 16; i += kThreads) reinterpret_cast<uint4*>(smem)[i] = src[i];
+  } else if (!(ab & kAbNoQ)) {
+    quantize_x(a, view, matvec_part_x_up(a, g, part), tok_x, ntok, lay, smem);
+  }
   __syncthreads();
+  stamp(2, gtimer());
+  {
+    uint32_t smid;
+    asm("mov.u32 %0, %%smid;" : "=r"(smid));
+    stamp(5, smid);
+  }
 
   float* partials = reinterpret_cast<float*>(smem + lay.partials_at());
   auto store = [&](uint32_t row, uint32_t t, float v) {
@@ -470,7 +524,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   };
   const LaneX lane_x(smem, lay, lg, lq, ntok);
   // ls: the segment's step; pending: the steps whose partial sums wait in half `half` of the ring.
-  const uint32_t ring = lay.ring();
+  const uint32_t ring = (ab & kAbRing1) && fixed_weights ? 1 : lay.ring();
   uint32_t pending = 0, half = 0;
   for (uint32_t ls = 0; ls < count;) {
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -493,7 +547,9 @@ __global__ void __launch_bounds__(kThreads, 2)
       R::product_reload(cur, slice + j * wpt, lane_x, lq, next, acc);
     }
     rows = after;
+    if (ls == 0) stamp(3, gtimer());
     prefetch_step(ls + 2);
+    warp_prefetch(ls + 2);
     // acc[2r + t]: row lg + 8r, token 2 lq + t of the tile.
     if (wpt == 1) {
 #pragma unroll
@@ -540,9 +596,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     fixed_here = matvec_part_fixed_weights(a, part);
     prefetch_step(1);
   }
+  stamp(4, gtimer());
 }
 
-using Kernel = void (*)(MatvecArgs, Walk);
+using Kernel = void (*)(MatvecArgs, Walk, uint32_t);
 // The types the kernel reads: Q4_K, and Q5_K (the user's mix: its routed down + shared 34.6 -> 25.0 us
 // a layer, 4,096 x 12,288 19.5 -> 15.3 us, tg64 407 -> 444 t/s, though 4,096 x 2,048 alone 5.0 -> 5.6:
 // gpu/PERF.md, h82); the Q6_K, IQ4_XS and IQ3_S readers measured 3-25% slower than the dp2a kernel at
@@ -611,7 +668,10 @@ void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream) {
   if (!matvec_mma_applies(a)) throw CudaError("launch_matvec_mma: no tensor-core kernel for this call");
   const Kernel kernel = kernel_for(a.w.type);
   const size_t smem = layout_of(a).bytes();
-  const uint32_t rows_per_block = 16 * (kWarps / warps_per_tile(a.w.cols / 256));
+  const char* env = std::getenv("FERRY_MMA_AB");
+  const uint32_t ab = env != nullptr ? static_cast<uint32_t>(std::strtoul(env, nullptr, 0)) : 0;
+  const uint32_t rows_per_block =
+      16 * (kWarps / ((ab & kAbWpt4) && a.w.cols == 2048 ? 4 : warps_per_tile(a.w.cols / 256)));
   // Enough blocks to fill the device once; each block quantizes its input once and loops over tiles.
   const uint32_t wanted = (matvec_max_rows(a) + rows_per_block - 1) / rows_per_block;
   const uint32_t resident = static_cast<uint32_t>(current_sm_count()) * resident_per_sm(kernel, smem);
@@ -644,8 +704,34 @@ void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream) {
     const uint32_t fill = std::max<uint32_t>(1, resident / (a.groups * matvec_grouped_parts(a)));
     grid = dim3(std::min(wanted, fill), a.groups, a.parts);
   }
+  if ((ab & kAbOneWave) && walk == Walk::grid && a.groups == 1 && a.parts == 1 && a.group_count == nullptr) {
+    grid.x = std::min<uint32_t>(grid.x, static_cast<uint32_t>(current_sm_count()));
+  }
   const Kernel launched = walk == Walk::flat ? kernel_for(a.w.type, true) : kernel;
-  launch_with_pdl(launched, grid, dim3(kThreads), smem, stream, a, walk);
+  launch_with_pdl(launched, grid, dim3(kThreads), smem, stream, a, walk, ab);
+  FERRY_CUDA_LAUNCHED();
+}
+
+// TEMPORARY (h92 round 1).
+namespace {
+__global__ void __launch_bounds__(kThreads, 2) empty_kernel(int reads, const float* x, float* y) {
+  pdl_wait();
+  pdl_launch_dependents();
+  if (reads && threadIdx.x == 0) y[blockIdx.x] = x[blockIdx.x];
+}
+}  // namespace
+void matvec_mma_trace(unsigned long long* buf, const float* y0, const float* y1) {
+  const float* ys[2] = {y0, y1};
+  FERRY_CUDA(cudaMemcpyToSymbol(g_trace, &buf, sizeof(buf)));
+  FERRY_CUDA(cudaMemcpyToSymbol(g_trace_y, ys, sizeof(ys)));
+}
+void empty_launch(uint32_t blocks, size_t smem, int reads, const float* x, float* y, cudaStream_t stream) {
+  static bool opted = false;
+  if (!opted) {
+    FERRY_CUDA(cudaFuncSetAttribute(empty_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxSmem)));
+    opted = true;
+  }
+  launch_with_pdl(empty_kernel, dim3(blocks), dim3(kThreads), smem, stream, reads, x, y);
   FERRY_CUDA_LAUNCHED();
 }
 

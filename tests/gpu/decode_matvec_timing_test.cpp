@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <initializer_list>
@@ -28,6 +29,7 @@
 #include "gpu/cuda_memory.hpp"
 #include "gpu/decode_fusion.hpp"
 #include "gpu/kernels.hpp"
+#include "gpu/matvec_mma.hpp"
 #include "gpu/moe_decode.hpp"
 #include "gpu/pdl.hpp"
 #include "model/formats/quant.hpp"
@@ -274,6 +276,119 @@ TEST(DecodeMatvecTiming, ChainsOfTheUsersTypes) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
   time_chains(GgmlType::Q5_K, {{4096, 2048}, {4096, 4096}, {8192, 4096}, {12288, 4096}, {4096, 12288}}, 36);
   time_chains(GgmlType::Q6_K, {{154880, 4096}}, 4);
+}
+
+// TEMPORARY (h92 round 1): the fixed part of mid-size calls taken apart, the head's A/B.
+double chain_call_us(const DeviceBuffer& w, const DeviceBuffer& x, DeviceBuffer& y, size_t rows, size_t cols,
+                     size_t calls, bool pdl) {
+  return graph_replay_us(
+             [&](cudaStream_t s) {
+               for (size_t i = 0; i < calls; ++i) {
+                 MatvecArgs a;
+                 a.w = q4k(w, rows, cols, i);
+                 a.x = x.as<float>();
+                 a.x_tok_stride = cols;
+                 a.y = y.as<float>() + i * rows;
+                 a.y_tok_stride = rows;
+                 matvec(a, s);
+               }
+             },
+             10, pdl) /
+         calls;
+}
+void print_trace(const char* what, size_t rows, const std::vector<unsigned long long>& t) {
+  auto at = [&](int c, uint32_t b, int k) { return t[(c * 1024 + b) * 8 + k]; };
+  unsigned long long t0 = ~0ull;
+  for (uint32_t b = 0; b < 1024; ++b) {
+    if (at(0, b, 0) != 0) t0 = std::min(t0, at(0, b, 0));
+  }
+  std::printf("[ timing ] trace %s %zu rows (us from call A's first start; min/med/max):\n", what, rows);
+  for (int c = 0; c < 2; ++c) {
+    std::string line;
+    uint32_t n = 0;
+    for (int k : {0, 1, 2, 3, 4, 6}) {
+      std::vector<double> v;
+      for (uint32_t b = 0; b < 1024; ++b) {
+        if (at(c, b, 0) != 0 && at(c, b, k) != 0) v.push_back(double(at(c, b, k) - t0) / 1e3);
+      }
+      if (k == 0) n = static_cast<uint32_t>(v.size());
+      if (v.empty()) continue;
+      std::sort(v.begin(), v.end());
+      char buf[96];
+      static const char* names[] = {"start", "wait", "quant", "step0", "end", "", "probe"};
+      std::snprintf(buf, sizeof(buf), " %s %.2f/%.2f/%.2f", names[k], v.front(), v[v.size() / 2], v.back());
+      line += buf;
+    }
+    std::printf("[ timing ]   call %c, %u blocks:%s\n", 'A' + c, n, line.c_str());
+  }
+}
+
+TEST(DecodeMatvecTiming, FixedPartAB) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(92);
+  const DeviceBuffer x = random_buffer(16384, 1.0f, rng);
+  constexpr size_t kCalls = 36;
+  DeviceBuffer y(kCalls * 160000 * 4);
+  for (const bool pdl : {true, false}) {
+    for (int reads : {0, 1}) {
+      for (uint32_t blocks : {132u, 256u}) {
+        for (size_t smem : {size_t{13} << 10, size_t{64} << 10}) {
+          const double us = graph_replay_us(
+              [&](cudaStream_t s) {
+                for (size_t i = 0; i < kCalls; ++i) empty_launch(blocks, smem, reads, x.as<float>(), y.as<float>(), s);
+              },
+              10, pdl);
+          std::printf("[ timing ] empty chain, pdl %d reads %d, %u blocks, %zu KiB: %.2f us a call\n", pdl, reads, blocks,
+                      smem >> 10, us / kCalls);
+        }
+      }
+    }
+  }
+  const std::pair<size_t, size_t> shapes[] = {{4096, 2048}, {2048, 4096}, {4096, 4096}, {12288, 4096}, {4096, 12288}};
+  std::vector<DeviceBuffer> ws;
+  for (const auto& [rows, cols] : shapes) ws.push_back(q4k_copies(rows, cols, kCalls));
+  const char* variants[] = {"0", "1", "2", "4", "32", "160", "128", "544", "0"};
+  for (const char* v : variants) {
+    setenv("FERRY_MMA_AB", v, 1);
+    std::string line;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      char buf[32];
+      std::snprintf(buf, sizeof(buf), " %.2f", chain_call_us(ws[i], x, y, shapes[i].first, shapes[i].second, kCalls, true));
+      line += buf;
+    }
+    std::printf("[ timing ] chains AB %s (4096x2048 2048x4096 4096x4096 12288x4096 4096x12288):%s us\n", v, line.c_str());
+  }
+  {
+    setenv("FERRY_MMA_AB", "0", 1);
+    std::string line;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      char buf[32];
+      std::snprintf(buf, sizeof(buf), " %.2f", chain_call_us(ws[i], x, y, shapes[i].first, shapes[i].second, kCalls, false));
+      line += buf;
+    }
+    std::printf("[ timing ] chains without PDL:%s us\n", line.c_str());
+  }
+  DeviceBuffer trace(2 * 1024 * 8 * 8);
+  for (const char* v : {"64", "320", "224", "480"}) {
+    setenv("FERRY_MMA_AB", v, 1);
+    for (size_t i : {size_t{0}, size_t{3}}) {
+      const size_t rows = shapes[i].first, cols = shapes[i].second;
+      ASSERT_EQ(cudaMemset(trace.get(), 0, trace.bytes()), cudaSuccess);
+      matvec_mma_trace(trace.as<unsigned long long>(), y.as<float>() + 17 * rows, y.as<float>() + 18 * rows);
+      chain_call_us(ws[i], x, y, rows, cols, kCalls, true);
+      std::vector<unsigned long long> t(2 * 1024 * 8);
+      ASSERT_EQ(cudaMemcpy(t.data(), trace.get(), trace.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+      print_trace(v, rows, t);
+    }
+  }
+  matvec_mma_trace(nullptr, nullptr, nullptr);
+  ws.clear();
+  const DeviceBuffer head = q4k_copies(154880, 4096, 4);
+  for (const char* v : {"0", "4", "8", "16", "12", "0"}) {
+    setenv("FERRY_MMA_AB", v, 1);
+    std::printf("[ timing ] head AB %s: %.1f us a call (graph, pdl)\n", v, chain_call_us(head, x, y, 154880, 4096, 4, true));
+  }
+  unsetenv("FERRY_MMA_AB");
 }
 
 }  // namespace
