@@ -259,6 +259,7 @@ template <bool Five> struct K4Reader {
   // and g + 8) once used, so that the next superblock's loads are in flight during this one's
   // products in the registers of one; a row's head from the quad's lanes by shuffles; qh (used by
   // every sub-block) copied first, so that its next one is asked for with the head.
+  template <bool Reload = true>
   __device__ static void product_reload(Regs& w, uint32_t sb, const LaneX& c, uint32_t q,
                                         const uint8_t* const (&next)[2], float (&acc)[4]) {
     uint4 head[2];
@@ -271,8 +272,10 @@ template <bool Five> struct K4Reader {
     const K4Scales k(head);
     uint32_t h[4] = {0, 0, 0, 0};
     if (Five) h[0] = w.qh[0].x, h[1] = w.qh[1].x, h[2] = w.qh[0].y, h[3] = w.qh[1].y;
+    if (Reload) {
 #pragma unroll
-    for (uint32_t r = 0; r < 2; ++r) load_head(next[r], r, q, w);
+      for (uint32_t r = 0; r < 2; ++r) load_head(next[r], r, q, w);
+    }
     k4_product(k, sb, c, q,
                [&](int j, mma::FragA& A) {
                  const int ch = j >> 1, shift = 4 * (j & 1);
@@ -282,7 +285,7 @@ template <bool Five> struct K4Reader {
                    A.r[i] = (v[i] >> shift) & 0x0f0f0f0fu;
                    if (Five) A.r[i] |= ((h[i] >> j) & 0x01010101u) << 4;
                  }
-                 if (j & 1) {
+                 if (Reload && (j & 1)) {
 #pragma unroll
                    for (uint32_t r = 0; r < 2; ++r) load_chunk(next[r], r, q, ch, w);
                  }
@@ -290,6 +293,56 @@ template <bool Five> struct K4Reader {
                acc);
   }
 };
+// TEMPORARY (h92 round 1, kAbCpRing): a lane's pieces of a superblock copied by cp.async into a
+// warp's slot in shared memory, piece-major (piece p of lane l at p's base + l * its size): heads
+// [2][32] words, chunks [2][4][32] 8-byte words, qh [2][32] 8-byte words; read back by the lane.
+template <bool Five> struct K4Slot {
+  static constexpr uint32_t kBytes = Five ? 2816 : 2304;
+};
+__device__ __forceinline__ void cp_async(uint32_t dst, const void* src, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if (bytes == 4) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(src) : "memory");
+  }
+#else
+  (void)dst;
+  (void)src;
+  (void)bytes;
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+template <bool Five>
+__device__ __forceinline__ void k4_issue(uint32_t slot, const uint8_t* blk, uint32_t r, uint32_t lane) {
+  constexpr uint32_t kQs = Five ? 48 : 16;
+  const uint32_t q = lane & 3;
+  cp_async(slot + (r * 32 + lane) * 4, blk + 4 * q, 4);
+#pragma unroll
+  for (uint32_t c = 0; c < 4; ++c) cp_async(slot + 256 + ((r * 4 + c) * 32 + lane) * 8, blk + kQs + 32 * c + 8 * q, 8);
+  if (Five) cp_async(slot + 2304 + (r * 32 + lane) * 8, blk + 16 + 8 * q, 8);
+}
+template <bool Five>
+__device__ __forceinline__ void k4_read(const unsigned char* slot, uint32_t lane, typename K4Reader<Five>::Regs& w) {
+#pragma unroll
+  for (uint32_t r = 0; r < 2; ++r) {
+    w.head[r] = *reinterpret_cast<const uint32_t*>(slot + (r * 32 + lane) * 4);
+#pragma unroll
+    for (uint32_t c = 0; c < 4; ++c) w.qs[r][c] = *reinterpret_cast<const uint2*>(slot + 256 + ((r * 4 + c) * 32 + lane) * 8);
+    if (Five) w.qh[r] = *reinterpret_cast<const uint2*>(slot + 2304 + (r * 32 + lane) * 8);
+  }
+}
+
 template <> struct MmaReader<qd::kQ4_K> : K4Reader<false> {};
 template <> struct MmaReader<qd::kQ5_K> : K4Reader<true> {};
 
@@ -353,7 +406,7 @@ enum class Walk : uint32_t { grid, shared_out, flat };
 // TEMPORARY (h92 round 1): A/B switches (FERRY_MMA_AB) and a per-block timeline of traced calls.
 enum Ab : uint32_t {
   kAbNoQ = 1, kAbCopyQ = 2, kAbRing1 = 4, kAbWarpPf = 8, kAbNoPf = 16, kAbOneWave = 32, kAbTrace = 64,
-  kAbLdEarly = 128, kAbProbe = 256, kAbPfAll = 512, kAbWpt4 = 1024
+  kAbLdEarly = 128, kAbProbe = 256, kAbPfAll = 512, kAbWpt4 = 1024, kAbCpRing = 2048
 };
 __device__ unsigned long long* g_trace;
 __device__ const float* g_trace_y[2];
@@ -388,7 +441,7 @@ __device__ inline Segment flat_segment(const MatvecArgs& a, uint32_t rows_per_st
 __device__ inline uint64_t flat_first_step(uint32_t b, uint32_t N, uint64_t S) { return S * b / N; }
 
 // Flat: the kernel of flat walks (their segments' bookkeeping kept out of the others' registers).
-template <int T, bool Flat>
+template <int T, bool Flat, int Depth = 0>
 __global__ void __launch_bounds__(kThreads, 2)
     matvec_mma_kernel(MatvecArgs a, Walk walk, uint32_t ab) {
   using R = MmaReader<T>;
@@ -494,10 +547,31 @@ __global__ void __launch_bounds__(kThreads, 2)
   warp_prefetch(1);
   Rows rows = rows_of(0);
   typename R::Regs cur;
-  load(rows, 0, cur);
-  if ((ab & kAbProbe) && threadIdx.x == 0) {
-    reinterpret_cast<volatile uint32_t*>(smem + lay.partials_at())[0] = cur.head[0];
-    stamp(6, gtimer());
+  // Depth > 0 (kAbCpRing): the warp's superblocks i = ls * mine + j, Depth of them in flight in
+  // Depth + 1 slots of shared memory.
+  constexpr bool kFive = T == qd::kQ5_K;
+  const uint32_t slots =
+      static_cast<uint32_t>(__cvta_generic_to_shared(smem + lay.bytes())) + warp * (Depth + 1) * K4Slot<kFive>::kBytes;
+  auto issue = [&](uint32_t i) {
+    if (i < count * mine) {
+      const Rows pr = rows_of(i / mine);
+      const uint32_t col_bytes = (slice + (i % mine) * wpt) * R::kBlockBytes;
+      const uint32_t slot = slots + (i % (Depth + 1)) * K4Slot<kFive>::kBytes;
+#pragma unroll
+      for (uint32_t r = 0; r < 2; ++r) k4_issue<kFive>(slot, pr.p[r] + col_bytes, r, lane);
+    }
+    cp_async_commit();
+  };
+  if constexpr (Depth > 0) {
+    for (uint32_t i = 0; i < Depth; ++i) issue(i);
+  } else {
+    load(rows, 0, cur);
+  }
+  if constexpr (Depth == 0) {
+    if ((ab & kAbProbe) && threadIdx.x == 0) {
+      reinterpret_cast<volatile uint32_t*>(smem + lay.partials_at())[0] = cur.head[0];
+      stamp(6, gtimer());
+    }
   }
   if (fixed_weights) pdl_wait();
   stamp(1, gtimer());
@@ -540,11 +614,21 @@ __global__ void __launch_bounds__(kThreads, 2)
       after = rows_of(ls + 1);
     }
     for (uint32_t j = 0; j < mine; ++j) {
-      const bool same_step = j + 1 < mine;
-      const uint32_t col_bytes = (slice + (same_step ? j + 1 : 0) * wpt) * R::kBlockBytes;
-      const uint8_t* const next[2] = {(same_step ? rows.p[0] : after.p[0]) + col_bytes,
-                                      (same_step ? rows.p[1] : after.p[1]) + col_bytes};
-      R::product_reload(cur, slice + j * wpt, lane_x, lq, next, acc);
+      if constexpr (Depth > 0) {
+        const uint32_t i = ls * mine + j;
+        cp_async_wait<Depth - 1>();
+        const uint32_t slot = slots + (i % (Depth + 1)) * K4Slot<kFive>::kBytes;
+        k4_read<kFive>(smem + (slot - static_cast<uint32_t>(__cvta_generic_to_shared(smem))), lane, cur);
+        issue(i + Depth);
+        const uint8_t* const none[2] = {nullptr, nullptr};
+        R::template product_reload<false>(cur, slice + j * wpt, lane_x, lq, none, acc);
+      } else {
+        const bool same_step = j + 1 < mine;
+        const uint32_t col_bytes = (slice + (same_step ? j + 1 : 0) * wpt) * R::kBlockBytes;
+        const uint8_t* const next[2] = {(same_step ? rows.p[0] : after.p[0]) + col_bytes,
+                                        (same_step ? rows.p[1] : after.p[1]) + col_bytes};
+        R::product_reload(cur, slice + j * wpt, lane_x, lq, next, acc);
+      }
     }
     rows = after;
     if (ls == 0) stamp(3, gtimer());
@@ -615,7 +699,7 @@ Layout layout_of(const MatvecArgs& a) { return {a.w.cols / 32, a.tokens}; }
 
 // The shared-memory opt-in, once a kernel and device; then the blocks an SM holds at `smem` bytes
 // (asked once a device, kernel and size: a decode graph's capture finds them asked by its eager step).
-uint32_t resident_per_sm(Kernel kernel, size_t smem) {
+uint32_t resident_per_sm(Kernel kernel, size_t smem, size_t opt_in = kMaxSmem) {
   static std::mutex mutex;
   static std::set<std::pair<int, const void*>> opted;
   static std::map<std::tuple<int, const void*, size_t>, uint32_t> cache;
@@ -624,7 +708,7 @@ uint32_t resident_per_sm(Kernel kernel, size_t smem) {
   const std::lock_guard<std::mutex> lock(mutex);
   const void* k = reinterpret_cast<const void*>(kernel);
   if (opted.insert({dev, k}).second) {
-    FERRY_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxSmem)));
+    FERRY_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(opt_in)));
   }
   auto [it, fresh] = cache.try_emplace({dev, k, smem}, 0);
   if (fresh) {
@@ -666,15 +750,22 @@ bool matvec_mma_applies(const MatvecArgs& a) {
 
 void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream) {
   if (!matvec_mma_applies(a)) throw CudaError("launch_matvec_mma: no tensor-core kernel for this call");
-  const Kernel kernel = kernel_for(a.w.type);
-  const size_t smem = layout_of(a).bytes();
   const char* env = std::getenv("FERRY_MMA_AB");
   const uint32_t ab = env != nullptr ? static_cast<uint32_t>(std::strtoul(env, nullptr, 0)) : 0;
+  constexpr int kDepth = 3;
+  const bool cp_ring = (ab & kAbCpRing) != 0;
+  const bool five = a.w.type == model::GgmlType::Q5_K;
+  const Kernel kernel = !cp_ring ? kernel_for(a.w.type)
+                        : five   ? matvec_mma_kernel<qd::kQ5_K, false, kDepth>
+                                 : matvec_mma_kernel<qd::kQ4_K, false, kDepth>;
+  const size_t smem =
+      layout_of(a).bytes() + (cp_ring ? size_t{kWarps} * (kDepth + 1) * (five ? K4Slot<true>::kBytes : K4Slot<false>::kBytes) : 0);
   const uint32_t rows_per_block =
       16 * (kWarps / ((ab & kAbWpt4) && a.w.cols == 2048 ? 4 : warps_per_tile(a.w.cols / 256)));
   // Enough blocks to fill the device once; each block quantizes its input once and loops over tiles.
   const uint32_t wanted = (matvec_max_rows(a) + rows_per_block - 1) / rows_per_block;
-  const uint32_t resident = static_cast<uint32_t>(current_sm_count()) * resident_per_sm(kernel, smem);
+  const uint32_t resident =
+      static_cast<uint32_t>(current_sm_count()) * resident_per_sm(kernel, smem, cp_ring ? 200 * 1024 : kMaxSmem);
   // The 3-D grid, shared out where that shortens the longest block, or flat where every group reads
   // one x and that shortens it further: ceil(S / N) steps.
   dim3 grid;
@@ -685,7 +776,7 @@ void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream) {
     walk = Walk::shared_out, longest = plan.longest;
     grid = dim3(plan.blocks);
   }
-  if (plan.blocks > 0 && one_x(a)) {
+  if (plan.blocks > 0 && one_x(a) && !cp_ring) {
     uint32_t U;
     uint64_t S;
     share_totals(a, rows_per_block, U, S);

@@ -347,7 +347,7 @@ TEST(DecodeMatvecTiming, FixedPartAB) {
   const std::pair<size_t, size_t> shapes[] = {{4096, 2048}, {2048, 4096}, {4096, 4096}, {12288, 4096}, {4096, 12288}};
   std::vector<DeviceBuffer> ws;
   for (const auto& [rows, cols] : shapes) ws.push_back(q4k_copies(rows, cols, kCalls));
-  const char* variants[] = {"0", "1", "2", "4", "32", "160", "128", "544", "0"};
+  const char* variants[] = {"0", "1", "2", "4", "32", "160", "128", "544", "2048", "1024", "0"};
   for (const char* v : variants) {
     setenv("FERRY_MMA_AB", v, 1);
     std::string line;
@@ -384,7 +384,7 @@ TEST(DecodeMatvecTiming, FixedPartAB) {
   matvec_mma_trace(nullptr, nullptr, nullptr);
   ws.clear();
   const DeviceBuffer head = q4k_copies(154880, 4096, 4);
-  for (const char* v : {"0", "4", "8", "16", "12", "0"}) {
+  for (const char* v : {"0", "4", "8", "16", "12", "2048", "0"}) {
     setenv("FERRY_MMA_AB", v, 1);
     std::printf("[ timing ] head AB %s: %.1f us a call (graph, pdl)\n", v, chain_call_us(head, x, y, 154880, 4096, 4, true));
   }
