@@ -259,7 +259,6 @@ template <bool Five> struct K4Reader {
   // and g + 8) once used, so that the next superblock's loads are in flight during this one's
   // products in the registers of one; a row's head from the quad's lanes by shuffles; qh (used by
   // every sub-block) copied first, so that its next one is asked for with the head.
-  template <bool Reload = true>
   __device__ static void product_reload(Regs& w, uint32_t sb, const LaneX& c, uint32_t q,
                                         const uint8_t* const (&next)[2], float (&acc)[4]) {
     uint4 head[2];
@@ -272,10 +271,8 @@ template <bool Five> struct K4Reader {
     const K4Scales k(head);
     uint32_t h[4] = {0, 0, 0, 0};
     if (Five) h[0] = w.qh[0].x, h[1] = w.qh[1].x, h[2] = w.qh[0].y, h[3] = w.qh[1].y;
-    if (Reload) {
 #pragma unroll
-      for (uint32_t r = 0; r < 2; ++r) load_head(next[r], r, q, w);
-    }
+    for (uint32_t r = 0; r < 2; ++r) load_head(next[r], r, q, w);
     k4_product(k, sb, c, q,
                [&](int j, mma::FragA& A) {
                  const int ch = j >> 1, shift = 4 * (j & 1);
@@ -285,7 +282,7 @@ template <bool Five> struct K4Reader {
                    A.r[i] = (v[i] >> shift) & 0x0f0f0f0fu;
                    if (Five) A.r[i] |= ((h[i] >> j) & 0x01010101u) << 4;
                  }
-                 if (Reload && (j & 1)) {
+                 if (j & 1) {
 #pragma unroll
                    for (uint32_t r = 0; r < 2; ++r) load_chunk(next[r], r, q, ch, w);
                  }
@@ -293,85 +290,67 @@ template <bool Five> struct K4Reader {
                acc);
   }
 };
-// TEMPORARY (h92 round 1, kAbCpRing): a lane's pieces of a superblock copied by cp.async into a
-// warp's slot in shared memory, piece-major (piece p of lane l at p's base + l * its size): heads
-// [2][32] words, chunks [2][4][32] 8-byte words, qh [2][32] 8-byte words; read back by the lane.
-template <bool Five> struct K4Slot {
-  static constexpr uint32_t kBytes = Five ? 2816 : 2304;
-};
-__device__ __forceinline__ void cp_async(uint32_t dst, const void* src, int bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if (bytes == 4) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
-  } else {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(src) : "memory");
-  }
-#else
-  (void)dst;
-  (void)src;
-  (void)bytes;
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-#endif
-}
-template <bool Five>
-__device__ __forceinline__ void k4_issue(uint32_t slot, const uint8_t* blk, uint32_t r, uint32_t lane) {
-  constexpr uint32_t kQs = Five ? 48 : 16;
-  const uint32_t q = lane & 3;
-  cp_async(slot + (r * 32 + lane) * 4, blk + 4 * q, 4);
-#pragma unroll
-  for (uint32_t c = 0; c < 4; ++c) cp_async(slot + 256 + ((r * 4 + c) * 32 + lane) * 8, blk + kQs + 32 * c + 8 * q, 8);
-  if (Five) cp_async(slot + 2304 + (r * 32 + lane) * 8, blk + 16 + 8 * q, 8);
-}
-template <bool Five>
-__device__ __forceinline__ void k4_read(const unsigned char* slot, uint32_t lane, typename K4Reader<Five>::Regs& w) {
-#pragma unroll
-  for (uint32_t r = 0; r < 2; ++r) {
-    w.head[r] = *reinterpret_cast<const uint32_t*>(slot + (r * 32 + lane) * 4);
-#pragma unroll
-    for (uint32_t c = 0; c < 4; ++c) w.qs[r][c] = *reinterpret_cast<const uint2*>(slot + 256 + ((r * 4 + c) * 32 + lane) * 8);
-    if (Five) w.qh[r] = *reinterpret_cast<const uint2*>(slot + 2304 + (r * 32 + lane) * 8);
-  }
-}
-
 template <> struct MmaReader<qd::kQ4_K> : K4Reader<false> {};
 template <> struct MmaReader<qd::kQ5_K> : K4Reader<true> {};
 
-// Token t's 16 values at columns 16p.. (SwiGLU of gate and up where x_up is set), as the dp2a kernel
-// reads them.
-__device__ __forceinline__ void read_x16(const MatvecArgs& a, const MatvecPartView& view, const float* x_up, size_t at,
-                                         float (&v)[16]) {
-  const float4* src = reinterpret_cast<const float4*>(view.x + at);
+// A thread's 16 values of one pass of the quantization (thread i's piece of `pieces`: token i / (K /
+// 16), columns 16 (i % (K / 16))..) and, where x_up is set, their SwiGLU up inputs, as loaded: the
+// loads are asked for ahead of the arithmetic that needs them (XPass::load), the values made from
+// them as the dp2a kernel makes them (XPass::values).
+struct XPass {
+  float4 v[4], up[4];
+  __device__ void load(const MatvecArgs& a, const MatvecPartView& view, const float* x_up, const int32_t* tok_x,
+                       uint32_t i, uint32_t pieces) {
+    if (i >= pieces) return;
+    const uint32_t per_tok = a.w.cols / 16, t = i / per_tok, p = i % per_tok;
+    const size_t at = static_cast<size_t>(tok_x != nullptr ? tok_x[t] : t) * a.x_tok_stride + 16 * p;
+    const float4* src = reinterpret_cast<const float4*>(view.x + at);
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const float4 f = src[k];
-    v[4 * k] = f.x, v[4 * k + 1] = f.y, v[4 * k + 2] = f.z, v[4 * k + 3] = f.w;
+    for (int k = 0; k < 4; ++k) v[k] = src[k];
+    if (x_up != nullptr) {
+      const float4* src_up = reinterpret_cast<const float4*>(x_up + at);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) up[k] = src_up[k];
+    }
   }
-  if (x_up != nullptr) swiglu_values16(v, x_up + at, a.swiglu_limit);
-}
+  // The 16 values (SwiGLU of gate and up where x_up is set: swiglu_values16's operations).
+  __device__ void values(bool swiglu, float limit, float (&out)[16]) const {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      out[4 * k] = v[k].x, out[4 * k + 1] = v[k].y, out[4 * k + 2] = v[k].z, out[4 * k + 3] = v[k].w;
+    }
+    if (!swiglu) return;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      out[4 * k] = swiglu_value(out[4 * k], up[k].x, limit);
+      out[4 * k + 1] = swiglu_value(out[4 * k + 1], up[k].y, limit);
+      out[4 * k + 2] = swiglu_value(out[4 * k + 2], up[k].z, limit);
+      out[4 * k + 3] = swiglu_value(out[4 * k + 3], up[k].w, limit);
+    }
+  }
+};
 
 // Quantizes the group's tokens into the B layout: a thread 16 values (half of a 32-value unit, its
 // neighbour the other half), rounded as the dp2a kernel rounds them (gpu/x_int16.cuh), each int16 as
-// its hi and lo bytes.
+// its hi and lo bytes. `first` holds the thread's loads of the first pass (made by the caller, so
+// that a routed block asks for x before its weights); each pass asks for the next pass's values
+// before it works on its own, so that K > kThreads * 16 (KDA's and DSA's output projections, the
+// dense down) waits for one load, not one a pass.
 __device__ void quantize_x(const MatvecArgs& a, const MatvecPartView& view, const float* x_up, const int32_t* tok_x,
-                           uint32_t ntok, const Layout& lay, unsigned char* smem) {
+                           uint32_t ntok, const Layout& lay, unsigned char* smem, XPass first, bool ahead) {
   const uint32_t K = a.w.cols, pieces = ntok * (K / 16);
   float* steps = reinterpret_cast<float*>(smem + lay.steps_at());
+  XPass cur = first;
   for (uint32_t base = 0; base < pieces; base += kThreads) {
     const uint32_t i = base + threadIdx.x;
     const bool valid = i < pieces;
+    XPass next;
+    if (!ahead && base > 0) cur.load(a, view, x_up, tok_x, i, pieces);  // TEMPORARY A/B (h92): main's order
+    if (ahead && base + kThreads < pieces) next.load(a, view, x_up, tok_x, i + kThreads, pieces);
     const uint32_t t = valid ? i / (K / 16) : 0, p = valid ? i % (K / 16) : 0;
     float v[16] = {};
-    if (valid) read_x16(a, view, x_up, static_cast<size_t>(tok_x != nullptr ? tok_x[t] : t) * a.x_tok_stride + 16 * p, v);
+    if (valid) cur.values(x_up != nullptr, a.swiglu_limit, v);
+    if (ahead) cur = next;
     float amax, sum;
     x16_stats(v, amax, sum);
     amax = x32_amax(amax);
@@ -403,22 +382,6 @@ __device__ void quantize_x(const MatvecArgs& a, const MatvecPartView& view, cons
 // or a 1-D grid walking the launch's steps flat (flat_segment).
 enum class Walk : uint32_t { grid, shared_out, flat };
 
-// TEMPORARY (h92 round 1): A/B switches (FERRY_MMA_AB) and a per-block timeline of traced calls.
-enum Ab : uint32_t {
-  kAbNoQ = 1, kAbCopyQ = 2, kAbRing1 = 4, kAbWarpPf = 8, kAbNoPf = 16, kAbOneWave = 32, kAbTrace = 64,
-  kAbLdEarly = 128, kAbProbe = 256, kAbPfAll = 512, kAbWpt4 = 1024, kAbCpRing = 2048
-};
-__device__ unsigned long long* g_trace;
-__device__ const float* g_trace_y[2];
-__device__ __forceinline__ unsigned long long gtimer() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-__device__ __forceinline__ void prefetch_line(const uint8_t* p) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
 // Steps [from, from + count) of group g of part `part`.
 struct Segment {
   uint32_t part, g, from, count;
@@ -441,20 +404,13 @@ __device__ inline Segment flat_segment(const MatvecArgs& a, uint32_t rows_per_st
 __device__ inline uint64_t flat_first_step(uint32_t b, uint32_t N, uint64_t S) { return S * b / N; }
 
 // Flat: the kernel of flat walks (their segments' bookkeeping kept out of the others' registers).
-template <int T, bool Flat, int Depth = 0>
+template <int T, bool Flat>
 __global__ void __launch_bounds__(kThreads, 2)
     matvec_mma_kernel(MatvecArgs a, Walk walk, uint32_t ab) {
   using R = MmaReader<T>;
   extern __shared__ __align__(16) unsigned char smem[];
-  auto stamp = [&](int k, unsigned long long v) {
-    if (!(ab & kAbTrace) || threadIdx.x != 0 || blockIdx.x >= 1024) return;
-    const int tr = a.y == g_trace_y[0] ? 0 : a.y == g_trace_y[1] ? 1 : -1;
-    if (tr >= 0) g_trace[(tr * 1024 + blockIdx.x) * 8 + k] = v;
-  };
-  if (ab & kAbTrace) stamp(0, gtimer());
-  if (ab & kAbLdEarly) pdl_launch_dependents();
   const uint32_t superblocks = a.w.cols / 256;
-  const uint32_t wpt = (ab & kAbWpt4) && superblocks == 8 ? 4 : warps_per_tile(superblocks), tiles_per_step = kWarps / wpt;
+  const uint32_t wpt = warps_per_tile(superblocks), tiles_per_step = kWarps / wpt;
   // Groups, tokens named on the device and PDL as in the dp2a kernel (gpu/matvec_int16.cu): the
   // weights no earlier kernel picks are requested before the wait, x and y touched only after it.
   // The block's first segment: its group's steps bx, bx + nb, ... (strided by the group's blocks), or
@@ -526,70 +482,31 @@ __global__ void __launch_bounds__(kThreads, 2)
   bool fixed_here = fixed_weights;
   auto prefetch_step = [&](uint32_t ls) {
     const uint32_t row0 = tile_in(bx, nb, ls, 0) * 16;
-    if ((ab & (kAbNoPf | kAbWarpPf)) || !fixed_here || threadIdx.x != 0 || ls >= count || row0 >= view.rows) return;
+    if (!fixed_here || threadIdx.x != 0 || ls >= count || row0 >= view.rows) return;
     const uint32_t n = min(tiles_per_step * 16, view.rows - row0);
     prefetch_l2(view.w + static_cast<size_t>(row0) * a.w.row_bytes, static_cast<size_t>(n) * a.w.row_bytes);
   };
-  // Each warp's own pieces of step ls into L2 (kAbWarpPf): a line of each lane's row and superblocks.
-  auto warp_prefetch = [&](uint32_t ls) {
-    if (!(ab & kAbWarpPf) || !fixed_here || ls >= count) return;
-    const Rows pr = rows_of(ls);
-    for (uint32_t j = 0; j < mine; ++j) {
-      const uint32_t col_bytes = (slice + j * wpt) * R::kBlockBytes + min(48 * lq, R::kBlockBytes - 1);
-      prefetch_line(pr.p[0] + col_bytes);
-      prefetch_line(pr.p[1] + col_bytes);
-    }
-  };
-  if (ab & kAbPfAll) {
-    for (uint32_t ls = 2; ls < count && ls < 8; ++ls) prefetch_step(ls);
-  }
   prefetch_step(1);
-  warp_prefetch(1);
   Rows rows = rows_of(0);
   typename R::Regs cur;
-  // Depth > 0 (kAbCpRing): the warp's superblocks i = ls * mine + j, Depth of them in flight in
-  // Depth + 1 slots of shared memory.
-  constexpr bool kFive = T == qd::kQ5_K;
-  const uint32_t slots =
-      static_cast<uint32_t>(__cvta_generic_to_shared(smem + lay.bytes())) + warp * (Depth + 1) * K4Slot<kFive>::kBytes;
-  auto issue = [&](uint32_t i) {
-    if (i < count * mine) {
-      const Rows pr = rows_of(i / mine);
-      const uint32_t col_bytes = (slice + (i % mine) * wpt) * R::kBlockBytes;
-      const uint32_t slot = slots + (i % (Depth + 1)) * K4Slot<kFive>::kBytes;
-#pragma unroll
-      for (uint32_t r = 0; r < 2; ++r) k4_issue<kFive>(slot, pr.p[r] + col_bytes, r, lane);
-    }
-    cp_async_commit();
-  };
-  if constexpr (Depth > 0) {
-    for (uint32_t i = 0; i < Depth; ++i) issue(i);
-  } else {
-    load(rows, 0, cur);
+  // x's first pass asked for before the weights where the wait came first (routed experts: their
+  // weights' loads, from DRAM, would otherwise be ahead of x's in the queues), after the wait where
+  // the weights were asked for before it.
+  const float* x_up = Flat ? nullptr : matvec_part_x_up(a, g, part);  // flat walks have none (one_x)
+  const uint32_t x_pieces = ntok * (a.w.cols / 16);
+  XPass x_first;
+  const bool old_order = ab & 1;  // TEMPORARY A/B (h92): main's order
+  if (!fixed_weights && !old_order) x_first.load(a, view, x_up, tok_x, threadIdx.x, x_pieces);
+  load(rows, 0, cur);
+  if (!fixed_weights && old_order) x_first.load(a, view, x_up, tok_x, threadIdx.x, x_pieces);
+  if (fixed_weights) {
+    pdl_wait();
+    x_first.load(a, view, x_up, tok_x, threadIdx.x, x_pieces);
   }
-  if constexpr (Depth == 0) {
-    if ((ab & kAbProbe) && threadIdx.x == 0) {
-      reinterpret_cast<volatile uint32_t*>(smem + lay.partials_at())[0] = cur.head[0];
-      stamp(6, gtimer());
-    }
-  }
-  if (fixed_weights) pdl_wait();
-  stamp(1, gtimer());
-  if (!(ab & kAbLdEarly)) pdl_launch_dependents();
+  pdl_launch_dependents();
   // Flat walks read one x for every group: quantized once.
-  if (ab & kAbCopyQ) {
-    const uint4* src = reinterpret_cast<const uint4*>(view.x);
-    for (uint32_t i = threadIdx.x; i < lay.partials_at() / 16; i += kThreads) reinterpret_cast<uint4*>(smem)[i] = src[i];
-  } else if (!(ab & kAbNoQ)) {
-    quantize_x(a, view, matvec_part_x_up(a, g, part), tok_x, ntok, lay, smem);
-  }
+  quantize_x(a, view, x_up, tok_x, ntok, lay, smem, x_first, !old_order);
   __syncthreads();
-  stamp(2, gtimer());
-  {
-    uint32_t smid;
-    asm("mov.u32 %0, %%smid;" : "=r"(smid));
-    stamp(5, smid);
-  }
 
   float* partials = reinterpret_cast<float*>(smem + lay.partials_at());
   auto store = [&](uint32_t row, uint32_t t, float v) {
@@ -598,7 +515,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   };
   const LaneX lane_x(smem, lay, lg, lq, ntok);
   // ls: the segment's step; pending: the steps whose partial sums wait in half `half` of the ring.
-  const uint32_t ring = (ab & kAbRing1) && fixed_weights ? 1 : lay.ring();
+  const uint32_t ring = lay.ring();
   uint32_t pending = 0, half = 0;
   for (uint32_t ls = 0; ls < count;) {
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -614,26 +531,14 @@ __global__ void __launch_bounds__(kThreads, 2)
       after = rows_of(ls + 1);
     }
     for (uint32_t j = 0; j < mine; ++j) {
-      if constexpr (Depth > 0) {
-        const uint32_t i = ls * mine + j;
-        cp_async_wait<Depth - 1>();
-        const uint32_t slot = slots + (i % (Depth + 1)) * K4Slot<kFive>::kBytes;
-        k4_read<kFive>(smem + (slot - static_cast<uint32_t>(__cvta_generic_to_shared(smem))), lane, cur);
-        issue(i + Depth);
-        const uint8_t* const none[2] = {nullptr, nullptr};
-        R::template product_reload<false>(cur, slice + j * wpt, lane_x, lq, none, acc);
-      } else {
-        const bool same_step = j + 1 < mine;
-        const uint32_t col_bytes = (slice + (same_step ? j + 1 : 0) * wpt) * R::kBlockBytes;
-        const uint8_t* const next[2] = {(same_step ? rows.p[0] : after.p[0]) + col_bytes,
-                                        (same_step ? rows.p[1] : after.p[1]) + col_bytes};
-        R::product_reload(cur, slice + j * wpt, lane_x, lq, next, acc);
-      }
+      const bool same_step = j + 1 < mine;
+      const uint32_t col_bytes = (slice + (same_step ? j + 1 : 0) * wpt) * R::kBlockBytes;
+      const uint8_t* const next[2] = {(same_step ? rows.p[0] : after.p[0]) + col_bytes,
+                                      (same_step ? rows.p[1] : after.p[1]) + col_bytes};
+      R::product_reload(cur, slice + j * wpt, lane_x, lq, next, acc);
     }
     rows = after;
-    if (ls == 0) stamp(3, gtimer());
     prefetch_step(ls + 2);
-    warp_prefetch(ls + 2);
     // acc[2r + t]: row lg + 8r, token 2 lq + t of the tile.
     if (wpt == 1) {
 #pragma unroll
@@ -680,7 +585,6 @@ __global__ void __launch_bounds__(kThreads, 2)
     fixed_here = matvec_part_fixed_weights(a, part);
     prefetch_step(1);
   }
-  stamp(4, gtimer());
 }
 
 using Kernel = void (*)(MatvecArgs, Walk, uint32_t);
@@ -699,7 +603,7 @@ Layout layout_of(const MatvecArgs& a) { return {a.w.cols / 32, a.tokens}; }
 
 // The shared-memory opt-in, once a kernel and device; then the blocks an SM holds at `smem` bytes
 // (asked once a device, kernel and size: a decode graph's capture finds them asked by its eager step).
-uint32_t resident_per_sm(Kernel kernel, size_t smem, size_t opt_in = kMaxSmem) {
+uint32_t resident_per_sm(Kernel kernel, size_t smem) {
   static std::mutex mutex;
   static std::set<std::pair<int, const void*>> opted;
   static std::map<std::tuple<int, const void*, size_t>, uint32_t> cache;
@@ -708,7 +612,7 @@ uint32_t resident_per_sm(Kernel kernel, size_t smem, size_t opt_in = kMaxSmem) {
   const std::lock_guard<std::mutex> lock(mutex);
   const void* k = reinterpret_cast<const void*>(kernel);
   if (opted.insert({dev, k}).second) {
-    FERRY_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(opt_in)));
+    FERRY_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxSmem)));
   }
   auto [it, fresh] = cache.try_emplace({dev, k, smem}, 0);
   if (fresh) {
@@ -719,15 +623,15 @@ uint32_t resident_per_sm(Kernel kernel, size_t smem, size_t opt_in = kMaxSmem) {
   return it->second;
 }
 
-// Whether every group of every part reads one x (and SwiGLU input): one row's routed and shared gate
-// and up.
+// Whether every group of every part reads one x, and no SwiGLU input (the flat kernel reads none):
+// one row's routed and shared gate and up.
 bool one_x(const MatvecArgs& a) {
   bool one = a.groups < 2 || a.x_group_stride == 0 || (a.groups - 1) / a.x_group_div == 0;
   for (uint32_t p = 1; p < a.parts && p < kMaxMatvecParts; ++p) {
     const MatvecPart& m = a.more[p - 1];
     one = one && (m.x == nullptr || m.x == a.x) && (m.x_up == nullptr || m.x_up == a.x_up);
   }
-  return one && a.group_count == nullptr;
+  return one && a.x_up == nullptr && a.group_count == nullptr;
 }
 
 }  // namespace
@@ -750,22 +654,12 @@ bool matvec_mma_applies(const MatvecArgs& a) {
 
 void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream) {
   if (!matvec_mma_applies(a)) throw CudaError("launch_matvec_mma: no tensor-core kernel for this call");
-  const char* env = std::getenv("FERRY_MMA_AB");
-  const uint32_t ab = env != nullptr ? static_cast<uint32_t>(std::strtoul(env, nullptr, 0)) : 0;
-  constexpr int kDepth = 3;
-  const bool cp_ring = (ab & kAbCpRing) != 0;
-  const bool five = a.w.type == model::GgmlType::Q5_K;
-  const Kernel kernel = !cp_ring ? kernel_for(a.w.type)
-                        : five   ? matvec_mma_kernel<qd::kQ5_K, false, kDepth>
-                                 : matvec_mma_kernel<qd::kQ4_K, false, kDepth>;
-  const size_t smem =
-      layout_of(a).bytes() + (cp_ring ? size_t{kWarps} * (kDepth + 1) * (five ? K4Slot<true>::kBytes : K4Slot<false>::kBytes) : 0);
-  const uint32_t rows_per_block =
-      16 * (kWarps / ((ab & kAbWpt4) && a.w.cols == 2048 ? 4 : warps_per_tile(a.w.cols / 256)));
+  const Kernel kernel = kernel_for(a.w.type);
+  const size_t smem = layout_of(a).bytes();
+  const uint32_t rows_per_block = 16 * (kWarps / warps_per_tile(a.w.cols / 256));
   // Enough blocks to fill the device once; each block quantizes its input once and loops over tiles.
   const uint32_t wanted = (matvec_max_rows(a) + rows_per_block - 1) / rows_per_block;
-  const uint32_t resident =
-      static_cast<uint32_t>(current_sm_count()) * resident_per_sm(kernel, smem, cp_ring ? 200 * 1024 : kMaxSmem);
+  const uint32_t resident = static_cast<uint32_t>(current_sm_count()) * resident_per_sm(kernel, smem);
   // The 3-D grid, shared out where that shortens the longest block, or flat where every group reads
   // one x and that shortens it further: ceil(S / N) steps.
   dim3 grid;
@@ -776,7 +670,7 @@ void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream) {
     walk = Walk::shared_out, longest = plan.longest;
     grid = dim3(plan.blocks);
   }
-  if (plan.blocks > 0 && one_x(a) && !cp_ring) {
+  if (plan.blocks > 0 && one_x(a)) {
     uint32_t U;
     uint64_t S;
     share_totals(a, rows_per_block, U, S);
@@ -795,34 +689,18 @@ void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream) {
     const uint32_t fill = std::max<uint32_t>(1, resident / (a.groups * matvec_grouped_parts(a)));
     grid = dim3(std::min(wanted, fill), a.groups, a.parts);
   }
-  if ((ab & kAbOneWave) && walk == Walk::grid && a.groups == 1 && a.parts == 1 && a.group_count == nullptr) {
-    grid.x = std::min<uint32_t>(grid.x, static_cast<uint32_t>(current_sm_count()));
+  const char* env = std::getenv("FERRY_MMA_AB");  // TEMPORARY A/B (h92): 1 main's x order, 2 no one-wave
+  const uint32_t ab = env != nullptr ? static_cast<uint32_t>(std::strtoul(env, nullptr, 0)) : 0;
+  // One step a block at two blocks an SM, each warp's one superblock: a block an SM instead (two steps
+  // each), so that the next launch's blocks are resident beside these and ask for their weights
+  // before these end (4,096 x 2,048: 5.72 -> 4.88 us a call in a chain; K 4,096 and more: slower).
+  const uint32_t sms = static_cast<uint32_t>(current_sm_count());
+  if (!(ab & 2) && walk == Walk::grid && a.groups == 1 && a.parts == 1 && a.group_count == nullptr &&
+      a.w.cols / 256 <= 8 && grid.x > sms && wanted <= resident) {
+    grid.x = sms;
   }
   const Kernel launched = walk == Walk::flat ? kernel_for(a.w.type, true) : kernel;
   launch_with_pdl(launched, grid, dim3(kThreads), smem, stream, a, walk, ab);
-  FERRY_CUDA_LAUNCHED();
-}
-
-// TEMPORARY (h92 round 1).
-namespace {
-__global__ void __launch_bounds__(kThreads, 2) empty_kernel(int reads, const float* x, float* y) {
-  pdl_wait();
-  pdl_launch_dependents();
-  if (reads && threadIdx.x == 0) y[blockIdx.x] = x[blockIdx.x];
-}
-}  // namespace
-void matvec_mma_trace(unsigned long long* buf, const float* y0, const float* y1) {
-  const float* ys[2] = {y0, y1};
-  FERRY_CUDA(cudaMemcpyToSymbol(g_trace, &buf, sizeof(buf)));
-  FERRY_CUDA(cudaMemcpyToSymbol(g_trace_y, ys, sizeof(ys)));
-}
-void empty_launch(uint32_t blocks, size_t smem, int reads, const float* x, float* y, cudaStream_t stream) {
-  static bool opted = false;
-  if (!opted) {
-    FERRY_CUDA(cudaFuncSetAttribute(empty_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxSmem)));
-    opted = true;
-  }
-  launch_with_pdl(empty_kernel, dim3(blocks), dim3(kThreads), smem, stream, reads, x, y);
   FERRY_CUDA_LAUNCHED();
 }
 

@@ -15,9 +15,4 @@ bool matvec_mma_applies(const MatvecArgs& a);
 // Launches it; throws CudaError where matvec_mma_applies does not hold.
 void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream);
 
-// TEMPORARY (h92 round 1): a timeline of the launches writing y0 / y1 into buf (2 x 1024 blocks x 8
-// u64) under FERRY_MMA_AB's trace bit, and an empty PDL kernel of the matvec's block shape.
-void matvec_mma_trace(unsigned long long* buf, const float* y0, const float* y1);
-void empty_launch(uint32_t blocks, size_t smem, int reads, const float* x, float* y, cudaStream_t stream);
-
 }  // namespace ferry::gpu
