@@ -476,9 +476,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   };
 
   // The rows of a block step lie together: one thread asks for the next step's into L2 while the
-  // current one runs (step 0's are the warps' first loads: asking twice slowed 1-step calls) (weights that no earlier kernel picks only: a routed expert's call is one step
+  // current one runs (weights that no earlier kernel picks only: a routed expert's call is one step
   // a block, and its pointers may be mapped host memory), so that the warps' own loads, one
-  // superblock ahead, find them there.
+  // superblock ahead, find them there. Step 0 too, before the wait, where a warp has more than one
+  // superblock of it (K >= 4,096): its first loads ask for one of them only; where it has one,
+  // asking twice slowed 1-step calls (h42).
   bool fixed_here = fixed_weights;
   auto prefetch_step = [&](uint32_t ls) {
     const uint32_t row0 = tile_in(bx, nb, ls, 0) * 16;
@@ -486,6 +488,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     const uint32_t n = min(tiles_per_step * 16, view.rows - row0);
     prefetch_l2(view.w + static_cast<size_t>(row0) * a.w.row_bytes, static_cast<size_t>(n) * a.w.row_bytes);
   };
+  if (mine > 1 && !(ab & 4)) prefetch_step(0);  // TEMPORARY A/B (h92): 4 = main's (step 1 only)
   prefetch_step(1);
   Rows rows = rows_of(0);
   typename R::Regs cur;
@@ -689,7 +692,7 @@ void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream) {
     const uint32_t fill = std::max<uint32_t>(1, resident / (a.groups * matvec_grouped_parts(a)));
     grid = dim3(std::min(wanted, fill), a.groups, a.parts);
   }
-  const char* env = std::getenv("FERRY_MMA_AB");  // TEMPORARY A/B (h92): 1 main's x order, 2 no one-wave
+  const char* env = std::getenv("FERRY_MMA_AB");  // TEMPORARY A/B (h92): 1 main's x order, 2 no one-wave, 4 no step-0 prefetch
   const uint32_t ab = env != nullptr ? static_cast<uint32_t>(std::strtoul(env, nullptr, 0)) : 0;
   // One step a block at two blocks an SM, each warp's one superblock: a block an SM instead (two steps
   // each), so that the next launch's blocks are resident beside these and ask for their weights
