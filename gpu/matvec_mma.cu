@@ -27,7 +27,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <set>
@@ -293,64 +292,32 @@ template <bool Five> struct K4Reader {
 template <> struct MmaReader<qd::kQ4_K> : K4Reader<false> {};
 template <> struct MmaReader<qd::kQ5_K> : K4Reader<true> {};
 
-// A thread's 16 values of one pass of the quantization (thread i's piece of `pieces`: token i / (K /
-// 16), columns 16 (i % (K / 16))..) and, where x_up is set, their SwiGLU up inputs, as loaded: the
-// loads are asked for ahead of the arithmetic that needs them (XPass::load), the values made from
-// them as the dp2a kernel makes them (XPass::values).
-struct XPass {
-  float4 v[4], up[4];
-  __device__ void load(const MatvecArgs& a, const MatvecPartView& view, const float* x_up, const int32_t* tok_x,
-                       uint32_t i, uint32_t pieces) {
-    if (i >= pieces) return;
-    const uint32_t per_tok = a.w.cols / 16, t = i / per_tok, p = i % per_tok;
-    const size_t at = static_cast<size_t>(tok_x != nullptr ? tok_x[t] : t) * a.x_tok_stride + 16 * p;
-    const float4* src = reinterpret_cast<const float4*>(view.x + at);
+// Token t's 16 values at columns 16p.. (SwiGLU of gate and up where x_up is set), as the dp2a kernel
+// reads them.
+__device__ __forceinline__ void read_x16(const MatvecArgs& a, const MatvecPartView& view, const float* x_up, size_t at,
+                                         float (&v)[16]) {
+  const float4* src = reinterpret_cast<const float4*>(view.x + at);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) v[k] = src[k];
-    if (x_up != nullptr) {
-      const float4* src_up = reinterpret_cast<const float4*>(x_up + at);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) up[k] = src_up[k];
-    }
+  for (int k = 0; k < 4; ++k) {
+    const float4 f = src[k];
+    v[4 * k] = f.x, v[4 * k + 1] = f.y, v[4 * k + 2] = f.z, v[4 * k + 3] = f.w;
   }
-  // The 16 values (SwiGLU of gate and up where x_up is set: swiglu_values16's operations).
-  __device__ void values(bool swiglu, float limit, float (&out)[16]) const {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      out[4 * k] = v[k].x, out[4 * k + 1] = v[k].y, out[4 * k + 2] = v[k].z, out[4 * k + 3] = v[k].w;
-    }
-    if (!swiglu) return;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      out[4 * k] = swiglu_value(out[4 * k], up[k].x, limit);
-      out[4 * k + 1] = swiglu_value(out[4 * k + 1], up[k].y, limit);
-      out[4 * k + 2] = swiglu_value(out[4 * k + 2], up[k].z, limit);
-      out[4 * k + 3] = swiglu_value(out[4 * k + 3], up[k].w, limit);
-    }
-  }
-};
+  if (x_up != nullptr) swiglu_values16(v, x_up + at, a.swiglu_limit);
+}
 
 // Quantizes the group's tokens into the B layout: a thread 16 values (half of a 32-value unit, its
 // neighbour the other half), rounded as the dp2a kernel rounds them (gpu/x_int16.cuh), each int16 as
-// its hi and lo bytes. `first` holds the thread's loads of the first pass (made by the caller, so
-// that a routed block asks for x before its weights); each pass asks for the next pass's values
-// before it works on its own, so that K > kThreads * 16 (KDA's and DSA's output projections, the
-// dense down) waits for one load, not one a pass.
+// its hi and lo bytes.
 __device__ void quantize_x(const MatvecArgs& a, const MatvecPartView& view, const float* x_up, const int32_t* tok_x,
-                           uint32_t ntok, const Layout& lay, unsigned char* smem, XPass first, bool ahead) {
+                           uint32_t ntok, const Layout& lay, unsigned char* smem) {
   const uint32_t K = a.w.cols, pieces = ntok * (K / 16);
   float* steps = reinterpret_cast<float*>(smem + lay.steps_at());
-  XPass cur = first;
   for (uint32_t base = 0; base < pieces; base += kThreads) {
     const uint32_t i = base + threadIdx.x;
     const bool valid = i < pieces;
-    XPass next;
-    if (!ahead && base > 0) cur.load(a, view, x_up, tok_x, i, pieces);  // TEMPORARY A/B (h92): main's order
-    if (ahead && base + kThreads < pieces) next.load(a, view, x_up, tok_x, i + kThreads, pieces);
     const uint32_t t = valid ? i / (K / 16) : 0, p = valid ? i % (K / 16) : 0;
     float v[16] = {};
-    if (valid) cur.values(x_up != nullptr, a.swiglu_limit, v);
-    if (ahead) cur = next;
+    if (valid) read_x16(a, view, x_up, static_cast<size_t>(tok_x != nullptr ? tok_x[t] : t) * a.x_tok_stride + 16 * p, v);
     float amax, sum;
     x16_stats(v, amax, sum);
     amax = x32_amax(amax);
@@ -406,7 +373,7 @@ __device__ inline uint64_t flat_first_step(uint32_t b, uint32_t N, uint64_t S) {
 // Flat: the kernel of flat walks (their segments' bookkeeping kept out of the others' registers).
 template <int T, bool Flat>
 __global__ void __launch_bounds__(kThreads, 2)
-    matvec_mma_kernel(MatvecArgs a, Walk walk, uint32_t ab) {
+    matvec_mma_kernel(MatvecArgs a, Walk walk) {
   using R = MmaReader<T>;
   extern __shared__ __align__(16) unsigned char smem[];
   const uint32_t superblocks = a.w.cols / 256;
@@ -476,11 +443,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   };
 
   // The rows of a block step lie together: one thread asks for the next step's into L2 while the
-  // current one runs (weights that no earlier kernel picks only: a routed expert's call is one step
+  // current one runs (step 0's are the warps' first loads: asking twice slowed 1-step calls) (weights that no earlier kernel picks only: a routed expert's call is one step
   // a block, and its pointers may be mapped host memory), so that the warps' own loads, one
-  // superblock ahead, find them there. Step 0 too, before the wait, where a warp has more than one
-  // superblock of it (K >= 4,096): its first loads ask for one of them only; where it has one,
-  // asking twice slowed 1-step calls (h42).
+  // superblock ahead, find them there.
   bool fixed_here = fixed_weights;
   auto prefetch_step = [&](uint32_t ls) {
     const uint32_t row0 = tile_in(bx, nb, ls, 0) * 16;
@@ -488,27 +453,14 @@ __global__ void __launch_bounds__(kThreads, 2)
     const uint32_t n = min(tiles_per_step * 16, view.rows - row0);
     prefetch_l2(view.w + static_cast<size_t>(row0) * a.w.row_bytes, static_cast<size_t>(n) * a.w.row_bytes);
   };
-  if (mine > 1 && !(ab & 4)) prefetch_step(0);  // TEMPORARY A/B (h92): 4 = main's (step 1 only)
   prefetch_step(1);
   Rows rows = rows_of(0);
   typename R::Regs cur;
-  // x's first pass asked for before the weights where the wait came first (routed experts: their
-  // weights' loads, from DRAM, would otherwise be ahead of x's in the queues), after the wait where
-  // the weights were asked for before it.
-  const float* x_up = Flat ? nullptr : matvec_part_x_up(a, g, part);  // flat walks have none (one_x)
-  const uint32_t x_pieces = ntok * (a.w.cols / 16);
-  XPass x_first;
-  const bool old_order = ab & 1;  // TEMPORARY A/B (h92): main's order
-  if (!fixed_weights && !old_order) x_first.load(a, view, x_up, tok_x, threadIdx.x, x_pieces);
   load(rows, 0, cur);
-  if (!fixed_weights && old_order) x_first.load(a, view, x_up, tok_x, threadIdx.x, x_pieces);
-  if (fixed_weights) {
-    pdl_wait();
-    x_first.load(a, view, x_up, tok_x, threadIdx.x, x_pieces);
-  }
+  if (fixed_weights) pdl_wait();
   pdl_launch_dependents();
   // Flat walks read one x for every group: quantized once.
-  quantize_x(a, view, x_up, tok_x, ntok, lay, smem, x_first, !old_order);
+  quantize_x(a, view, matvec_part_x_up(a, g, part), tok_x, ntok, lay, smem);
   __syncthreads();
 
   float* partials = reinterpret_cast<float*>(smem + lay.partials_at());
@@ -590,7 +542,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
-using Kernel = void (*)(MatvecArgs, Walk, uint32_t);
+using Kernel = void (*)(MatvecArgs, Walk);
 // The types the kernel reads: Q4_K, and Q5_K (the user's mix: its routed down + shared 34.6 -> 25.0 us
 // a layer, 4,096 x 12,288 19.5 -> 15.3 us, tg64 407 -> 444 t/s, though 4,096 x 2,048 alone 5.0 -> 5.6:
 // gpu/PERF.md, h82); the Q6_K, IQ4_XS and IQ3_S readers measured 3-25% slower than the dp2a kernel at
@@ -626,15 +578,15 @@ uint32_t resident_per_sm(Kernel kernel, size_t smem) {
   return it->second;
 }
 
-// Whether every group of every part reads one x, and no SwiGLU input (the flat kernel reads none):
-// one row's routed and shared gate and up.
+// Whether every group of every part reads one x (and SwiGLU input): one row's routed and shared gate
+// and up.
 bool one_x(const MatvecArgs& a) {
   bool one = a.groups < 2 || a.x_group_stride == 0 || (a.groups - 1) / a.x_group_div == 0;
   for (uint32_t p = 1; p < a.parts && p < kMaxMatvecParts; ++p) {
     const MatvecPart& m = a.more[p - 1];
     one = one && (m.x == nullptr || m.x == a.x) && (m.x_up == nullptr || m.x_up == a.x_up);
   }
-  return one && a.x_up == nullptr && a.group_count == nullptr;
+  return one && a.group_count == nullptr;
 }
 
 }  // namespace
@@ -692,18 +644,17 @@ void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream) {
     const uint32_t fill = std::max<uint32_t>(1, resident / (a.groups * matvec_grouped_parts(a)));
     grid = dim3(std::min(wanted, fill), a.groups, a.parts);
   }
-  const char* env = std::getenv("FERRY_MMA_AB");  // TEMPORARY A/B (h92): 1 main's x order, 2 no one-wave, 4 no step-0 prefetch
-  const uint32_t ab = env != nullptr ? static_cast<uint32_t>(std::strtoul(env, nullptr, 0)) : 0;
-  // One step a block at two blocks an SM, each warp's one superblock: a block an SM instead (two steps
-  // each), so that the next launch's blocks are resident beside these and ask for their weights
-  // before these end (4,096 x 2,048: 5.72 -> 4.88 us a call in a chain; K 4,096 and more: slower).
+  // One step a block at two blocks an SM, each warp's share of it one superblock (K <= 2,048): a block
+  // an SM instead, two steps each, so that the next launch's blocks are resident beside these and ask
+  // for their weights before these end (a chain of 4,096 x 2,048: 5.42 -> 4.48 us a call; at K >=
+  // 4,096, or for every call, slower: gpu/PERF.md, h92). Same tiles, same bits.
   const uint32_t sms = static_cast<uint32_t>(current_sm_count());
-  if (!(ab & 2) && walk == Walk::grid && a.groups == 1 && a.parts == 1 && a.group_count == nullptr &&
-      a.w.cols / 256 <= 8 && grid.x > sms && wanted <= resident) {
+  if (walk == Walk::grid && a.groups == 1 && a.parts == 1 && a.group_count == nullptr && a.w.cols <= 2048 &&
+      grid.x > sms && wanted <= resident) {
     grid.x = sms;
   }
   const Kernel launched = walk == Walk::flat ? kernel_for(a.w.type, true) : kernel;
-  launch_with_pdl(launched, grid, dim3(kThreads), smem, stream, a, walk, ab);
+  launch_with_pdl(launched, grid, dim3(kThreads), smem, stream, a, walk);
   FERRY_CUDA_LAUNCHED();
 }
 

@@ -17,7 +17,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <initializer_list>
@@ -277,67 +276,6 @@ TEST(DecodeMatvecTiming, ChainsOfTheUsersTypes) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
   time_chains(GgmlType::Q5_K, {{4096, 2048}, {4096, 4096}, {8192, 4096}, {12288, 4096}, {4096, 12288}}, 36);
   time_chains(GgmlType::Q6_K, {{154880, 4096}}, 4);
-}
-
-// TEMPORARY (h92 round 2): the x quantization's loads moved (FERRY_MMA_AB=1: main's order) give the
-// same bits: plain calls with and without SwiGLU input at 1 and 2 tokens over K of 1 to 6 passes, and
-// one MoE layer's routed launches.
-std::vector<uint32_t> device_bits(const DeviceBuffer& y, size_t floats) {
-  std::vector<uint32_t> h(floats);
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(h.data(), y.get(), floats * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-  return h;
-}
-TEST(DecodeMatvecTiming, QuantizeOrderKeepsTheBitsAB) {
-  if (!have_device()) GTEST_SKIP() << "no CUDA device";
-  std::mt19937 rng(93);
-  const DeviceBuffer x = random_buffer(2 * 16384, 1.0f, rng), up = random_buffer(2 * 16384, 1.0f, rng);
-  for (const auto& [rows, cols] : {std::pair<size_t, size_t>{4096, 2048}, {2048, 4096}, {4096, 12288}, {1000, 16384}}) {
-    const DeviceBuffer w = q4k_copies(rows, cols, 1);
-    for (uint32_t tokens : {1u, 2u}) {
-      for (bool swiglu : {false, true}) {
-        std::vector<uint32_t> bits[2];
-        for (int order = 0; order < 2; ++order) {
-          setenv("FERRY_MMA_AB", order == 0 ? "1" : "0", 1);
-          DeviceBuffer y(tokens * rows * 4);
-          ASSERT_EQ(cudaMemset(y.get(), 0xff, y.bytes()), cudaSuccess);
-          MatvecArgs a;
-          a.w = q4k(w, rows, cols, 0);
-          a.x = x.as<float>();
-          a.x_tok_stride = cols;
-          a.tokens = tokens;
-          if (swiglu) a.x_up = up.as<float>(), a.swiglu_limit = 10.0f;
-          a.y = y.as<float>();
-          a.y_tok_stride = rows;
-          matvec(a, nullptr);
-          bits[order] = device_bits(y, tokens * rows);
-        }
-        EXPECT_EQ(bits[0], bits[1]) << rows << " x " << cols << ", " << tokens << " tokens, swiglu " << swiglu;
-      }
-    }
-  }
-  constexpr uint32_t D = 4096, I = 2048, E = 16, K = 8;
-  const DeviceBuffer gate = q4k_copies(I, D, E), upw = q4k_copies(I, D, E), down = q4k_copies(D, I, E);
-  const DeviceBuffer sgate = q4k_copies(I, D, 1), sup = q4k_copies(I, D, 1), sdown = q4k_copies(D, I, 1);
-  const DeviceBuffer d_ids = distinct_experts(E, K, rng);
-  DeviceBuffer eg(size_t{K + 1} * I * 4), eu(size_t{K + 1} * I * 4), eo(size_t{K} * D * 4), sh(size_t{D} * 4);
-  DecodeExperts a;
-  a.gate = q4k(gate, I, D, 0), a.up = q4k(upw, I, D, 0), a.down = q4k(down, D, I, 0);
-  a.ids = d_ids.as<int32_t>(), a.x = x.as<float>(), a.rows = 1, a.k = K, a.swiglu_limit = 10.0f;
-  a.eg = eg.as<float>(), a.eu = eu.as<float>(), a.eo = eo.as<float>();
-  a.shared_gate = q4k(sgate, I, D, 0), a.shared_up = q4k(sup, I, D, 0), a.shared_down = q4k(sdown, D, I, 0);
-  a.sg = a.eg + size_t{K} * I, a.su = a.eu + size_t{K} * I, a.sh = sh.as<float>();
-  ASSERT_TRUE(shared_expert_fused(a));
-  std::vector<uint32_t> bits[2][4];
-  for (int order = 0; order < 2; ++order) {
-    setenv("FERRY_MMA_AB", order == 0 ? "1" : "0", 1);
-    for (DeviceBuffer* b : {&eg, &eu, &eo, &sh}) ASSERT_EQ(cudaMemset(b->get(), 0xff, b->bytes()), cudaSuccess);
-    decode_experts_per_route(a, nullptr);
-    bits[order][0] = device_bits(eg, eg.bytes() / 4), bits[order][1] = device_bits(eu, eu.bytes() / 4);
-    bits[order][2] = device_bits(eo, eo.bytes() / 4), bits[order][3] = device_bits(sh, sh.bytes() / 4);
-  }
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(bits[0][i], bits[1][i]) << "routed layer output " << i;
-  unsetenv("FERRY_MMA_AB");
 }
 
 }  // namespace
