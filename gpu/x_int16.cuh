@@ -30,13 +30,22 @@ __device__ __forceinline__ float x32_amax(float amax16) {
 // The step of a block of that amax (what an int16 value is multiplied by).
 __device__ __forceinline__ float x32_scale(float amax) { return amax / 32767.0f; }
 
+// Bits whose low 16 are v rounded to the nearest integer, ties to even (__float2int_rn's rounding),
+// for |v| <= 32768: v + 1.5 * 2^23 lies where the floats are the integers, so the add rounds as the
+// conversion does and leaves the integer, two's complement, in the low mantissa bits (every float of
+// that range checked against nearbyintf on the host; NaN and infinities, which make a block's step
+// non-finite anyway, give other bits). One FP32 add where the conversion (F2I) issues at 16 a clock
+// an SM: 16 of them a thread a pass of x's quantization.
+__device__ __forceinline__ uint32_t x_round_low16(float v) { return __float_as_uint(__fadd_rn(v, 12582912.0f)); }
+
 // The 16 values as int16 steps of the block, two a word (column 2k low, 2k + 1 high).
 __device__ __forceinline__ void x16_pack(const float (&v)[16], float amax, uint32_t (&packed)[8]) {
   const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
-    packed[k] = (static_cast<uint32_t>(__float2int_rn(v[2 * k] * inv)) & 0xffffu) |
-                (static_cast<uint32_t>(__float2int_rn(v[2 * k + 1] * inv)) << 16);
+    // The products rounded apart (__fmul_rn: no fused multiply-add into the rounding's add).
+    packed[k] =
+        __byte_perm(x_round_low16(__fmul_rn(v[2 * k], inv)), x_round_low16(__fmul_rn(v[2 * k + 1], inv)), 0x5410);
   }
 }
 

@@ -8,8 +8,8 @@
 //   dp2a kernel, Q5_K down and shared expert on the tensor-core kernel where it is built), the shared
 //   expert in the routes' launches (its gate and up a launch of their own: fused_gate_up) and apart;
 // - chains of 36 calls of one shape (each its own matrix, reading x and writing its own y): the
-//   per-call time and its weights' GB/s, against the copy bandwidth (read + write); Q4_K, and the
-//   user's mix's Q5_K shapes and Q6_K head.
+//   per-call time and its weights' GB/s, against the copy bandwidth (read + write); Q4_K (with KDA's
+//   and DSA's output projections, K 8,192 and 16,384), and the user's mix's Q5_K shapes and Q6_K head.
 // The bits are MoeDecodeTest's and MatvecMmaTest's concern.
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -265,7 +265,9 @@ void time_chains(GgmlType type, std::initializer_list<std::pair<size_t, size_t>>
 
 TEST(DecodeMatvecTiming, ChainsOfOneShape) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
-  time_chains(GgmlType::Q4_K, {{4096, 2048}, {4096, 4096}, {2048, 4096}, {8192, 4096}, {12288, 4096}, {4096, 12288}}, 36);
+  time_chains(GgmlType::Q4_K,
+              {{4096, 2048}, {4096, 4096}, {2048, 4096}, {8192, 4096}, {12288, 4096}, {4096, 8192}, {4096, 12288}, {4096, 16384}},
+              36);
 }
 
 // The user's mix outside the routed experts (maya-l.recipe): Q5_K projections and dense FFNs, the Q6_K
