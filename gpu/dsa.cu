@@ -16,6 +16,7 @@
 #include "gpu/indexer_prefill.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/latent_rows.cuh"
+#include "gpu/load_l2.cuh"
 #include "gpu/order_key.cuh"
 #include "gpu/pdl.cuh"
 #include "gpu/pool_key.cuh"
@@ -171,10 +172,35 @@ __host__ __device__ __forceinline__ uint32_t split_capacity(uint32_t max_tokens,
   return ((max_tokens + splits - 1) / splits + 3) & ~3u;
 }
 
+// out = sum_z e^(m_z - M) acc_z / sum_z e^(m_z - M) l_z over the splits of (row, head) `head`, by
+// threads tid, tid + n, ... of a block; an empty split has l = 0 and adds nothing, a row without
+// tokens gives 0. The partials are read from L2: other blocks of the launch may have written them.
+__device__ __forceinline__ void merge_splits(const SparseMlaArgs& a, uint32_t splits, size_t head, uint32_t tid,
+                                             uint32_t n) {
+  const uint32_t R = a.rank;
+  const float* part = a.partial + head * splits * (R + 2);
+  float m = -INFINITY;
+  for (uint32_t z = 0; z < splits; ++z) {
+    if (load_from_l2(part + z * (R + 2) + 1) > 0.0f) m = fmaxf(m, load_from_l2(part + z * (R + 2)));
+  }
+  float w[kMaxSplits];
+  float total = 0.0f;
+  for (uint32_t z = 0; z < splits; ++z) {
+    const float l = load_from_l2(part + z * (R + 2) + 1);
+    w[z] = l > 0.0f ? expf(load_from_l2(part + z * (R + 2)) - m) : 0.0f;
+    total += w[z] * l;
+  }
+  for (uint32_t c = tid; c < R; c += n) {
+    float o = 0.0f;
+    for (uint32_t z = 0; z < splits; ++z) o += w[z] * load_from_l2(part + z * (R + 2) + 2 + c);
+    a.out[head * R + c] = total > 0.0f ? o / total : 0.0f;
+  }
+}
+
 // Attention of `hg` heads of row r over split z of the row's selected tokens (flash-decoding): the
 // scores, their maximum m and sum l of exp(score - m), and sum_i exp(s_i - m) latent_i. With one split
-// the block writes the normalised output; otherwise (m, l, unnormalised sum) go to a.partial and
-// mla_merge_kernel combines the splits.
+// the block writes the normalised output; otherwise (m, l, unnormalised sum) go to a.partial, and the
+// splits' last block to finish merges them (with a.split_done; else mla_merge_kernel does).
 template <config::KvType T>
 __global__ void sparse_mla_kernel(SparseMlaArgs a, uint32_t hg, uint32_t splits) {
   extern __shared__ __align__(16) float smem[];
@@ -303,32 +329,28 @@ __global__ void sparse_mla_kernel(SparseMlaArgs a, uint32_t hg, uint32_t splits)
       }
     }
   }
+  if (splits == 1 || a.split_done == nullptr) return;
+  // The merge in the block that counts last (a launch fewer on a decode step's chain).
+  __shared__ bool last;
+  __threadfence();  // this block's partials before its count
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint32_t* done = a.split_done + static_cast<size_t>(r) * gridDim.x + blockIdx.x;
+    last = atomicAdd(done, 1u) == splits - 1;
+    if (last) *done = 0;  // zero for the next launch
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (uint32_t hh = 0; hh < hg; ++hh) {
+    merge_splits(a, splits, static_cast<size_t>(r) * a.heads + h0 + hh, threadIdx.x, blockDim.x);
+  }
 }
 
-// out = sum_z e^(m_z - M) acc_z / sum_z e^(m_z - M) l_z over the splits of one (row, head); an empty
-// split has l = 0 and adds nothing, a row without tokens gives 0.
 __global__ void mla_merge_kernel(SparseMlaArgs a, uint32_t splits) {
   pdl_launch_dependents();  // v_b's matvec may request its weights now (gpu/pdl.hpp)
   pdl_wait();               // the splits' partials
-  const size_t head = static_cast<size_t>(blockIdx.y) * a.heads + blockIdx.x;
-  const uint32_t R = a.rank;
-  const float* part = a.partial + head * splits * (R + 2);
-  float m = -INFINITY;
-  for (uint32_t z = 0; z < splits; ++z) {
-    if (part[z * (R + 2) + 1] > 0.0f) m = fmaxf(m, part[z * (R + 2)]);
-  }
-  float w[kMaxSplits];
-  float total = 0.0f;
-  for (uint32_t z = 0; z < splits; ++z) {
-    const float l = part[z * (R + 2) + 1];
-    w[z] = l > 0.0f ? expf(part[z * (R + 2)] - m) : 0.0f;
-    total += w[z] * l;
-  }
-  for (uint32_t c = threadIdx.x; c < R; c += blockDim.x) {
-    float o = 0.0f;
-    for (uint32_t z = 0; z < splits; ++z) o += w[z] * part[z * (R + 2) + 2 + c];
-    a.out[head * R + c] = total > 0.0f ? o / total : 0.0f;
-  }
+  merge_splits(a, splits, static_cast<size_t>(blockIdx.y) * a.heads + blockIdx.x, threadIdx.x, blockDim.x);
 }
 
 // One block per row: the row's max |x| (int8), then its encoding.
@@ -434,7 +456,7 @@ void sparse_mla_simt(const SparseMlaArgs& a, cudaStream_t stream) {
   }
   launch_with_pdl(kernel, dim3(a.heads / hg, a.rows, splits), dim3(256), smem, stream, a, hg, splits);
   FERRY_CUDA_LAUNCHED();
-  if (splits > 1) {
+  if (splits > 1 && a.split_done == nullptr) {
     launch_with_pdl(mla_merge_kernel, dim3(a.heads, a.rows), dim3(128), 0, stream, a, splits);
     FERRY_CUDA_LAUNCHED();
   }
