@@ -42,35 +42,66 @@ __device__ __forceinline__ float conv_silu(const KdaArgs& a, uint32_t r, uint32_
 }
 
 // Segment s's conv state of channel c after its rows: the last K - 1 inputs, from this step's rows or
-// the state before them.
-__device__ __forceinline__ void conv_state_update(const KdaArgs& a, uint32_t s, uint32_t c, uint32_t C3, uint32_t K) {
+// the state before them (into registers: the caller stores them once the rows have read the old state).
+__device__ __forceinline__ void conv_state_next(const KdaArgs& a, uint32_t s, uint32_t c, uint32_t C3, uint32_t K,
+                                                float (&next)[kMaxConv - 1]) {
   const int start = a.seg.start[s], end = start + a.seg.len[s];
   const size_t first = static_cast<size_t>(a.seg.first_row[s]);
-  float* st = a.conv_state + (static_cast<size_t>(a.seg.slot[s]) * C3 + c) * (K - 1);
-  float next[kMaxConv];
-  for (uint32_t j = 0; j + 1 < K; ++j) {
+  const float* st = a.conv_state + (static_cast<size_t>(a.seg.slot[s]) * C3 + c) * (K - 1);
+#pragma unroll
+  for (uint32_t j = 0; j + 1 < kMaxConv; ++j) {
+    if (j + 1 >= K) continue;
     const int p = end - static_cast<int>(K - 1) + static_cast<int>(j);
     next[j] = p >= start ? a.qkv_raw[(first + (p - start)) * C3 + c] : st[static_cast<int>(K - 1) - (start - p)];
   }
-  for (uint32_t j = 0; j + 1 < K; ++j) st[j] = next[j];
 }
 
-// One warp's head of q or k in place: x / sqrt(sum x^2 + 1e-6), and q times head_dim^-0.5.
-__device__ __forceinline__ void qk_norm_head(float* x, uint32_t lane, uint32_t head_dim, bool is_q) {
-  float ss = 0.0f;
-  for (uint32_t i = lane; i < head_dim; i += 32) ss += x[i] * x[i];
-  ss = warp_sum(ss);
-  float scale = 1.0f / sqrtf(ss + 1e-6f);
-  const float qs = rsqrtf(static_cast<float>(head_dim));
-  for (uint32_t i = lane; i < head_dim; i += 32) x[i] = is_q ? (x[i] * scale) * qs : x[i] * scale;
+__device__ __forceinline__ void conv_state_store(const KdaArgs& a, uint32_t s, uint32_t c, uint32_t C3, uint32_t K,
+                                                 const float (&next)[kMaxConv - 1]) {
+  float* st = a.conv_state + (static_cast<size_t>(a.seg.slot[s]) * C3 + c) * (K - 1);
+#pragma unroll
+  for (uint32_t j = 0; j + 1 < kMaxConv; ++j) {
+    if (j + 1 < K) st[j] = next[j];
+  }
 }
 
-// Prefill rows: a warp per (group of kConvRowsPerWarp rows, head of q, k or v), row by row: each lane
-// takes channels lane, lane + 32, ... of the head, all its taps asked for before any store (a store
-// between them would order every later load after it: one memory round trip a channel), then for q
-// and k the head's L2 norm on those values in registers, and one store. qk_norm_head's and
-// conv_silu's operations on the same values in the same order: conv_decode_kernel's bits.
-constexpr uint32_t kConvRowsPerWarp = 8, kConvLaneChannels = 4;  // head dims up to 128
+// Row r of head hk of q, k or v (q heads, k heads, v heads) by one warp: each lane takes channels
+// lane, lane + 32, ... of the head, all its taps asked for before any store (a store between them
+// would order every later load after it: one memory round trip a channel), then for q and k the
+// head's L2 norm, x / sqrt(sum x^2 + 1e-6) (q then times head_dim^-0.5), on those values in
+// registers, and one store.
+constexpr uint32_t kConvLaneChannels = 4;  // head dims up to 128
+
+__device__ __forceinline__ void conv_row_head(const KdaArgs& a, uint32_t r, uint32_t hk, uint32_t lane, uint32_t C3,
+                                              uint32_t K) {
+  const bool is_q = hk < a.heads, is_qk = hk < 2 * a.heads;
+  float v[kConvLaneChannels];
+#pragma unroll
+  for (uint32_t k = 0; k < kConvLaneChannels; ++k) {
+    const uint32_t e = lane + 32 * k;
+    v[k] = e < a.head_dim ? conv_silu(a, r, hk * a.head_dim + e, C3, K) : 0.0f;
+  }
+  float* out = a.qkv + static_cast<size_t>(r) * C3 + static_cast<size_t>(hk) * a.head_dim;
+  if (is_qk) {
+    float ss = 0.0f;
+#pragma unroll
+    for (uint32_t k = 0; k < kConvLaneChannels; ++k) {
+      if (lane + 32 * k < a.head_dim) ss += v[k] * v[k];
+    }
+    ss = warp_sum(ss);
+    const float scale = 1.0f / sqrtf(ss + 1e-6f);
+    const float qs = rsqrtf(static_cast<float>(a.head_dim));
+#pragma unroll
+    for (uint32_t k = 0; k < kConvLaneChannels; ++k) v[k] = is_q ? (v[k] * scale) * qs : v[k] * scale;
+  }
+#pragma unroll
+  for (uint32_t k = 0; k < kConvLaneChannels; ++k) {
+    if (lane + 32 * k < a.head_dim) out[lane + 32 * k] = v[k];
+  }
+}
+
+// Prefill rows: a warp per (group of kConvRowsPerWarp rows, head of q, k or v), row by row.
+constexpr uint32_t kConvRowsPerWarp = 8;
 
 __global__ void conv_rows_kernel(KdaArgs a) {
   const uint32_t lane = threadIdx.x & 31;
@@ -78,34 +109,9 @@ __global__ void conv_rows_kernel(KdaArgs a) {
   const uint32_t C3 = 3 * a.heads * a.head_dim, K = a.kernel;
   const uint32_t groups = (a.rows + kConvRowsPerWarp - 1) / kConvRowsPerWarp;
   if (item >= static_cast<size_t>(groups) * 3 * a.heads) return;
-  const uint32_t hk = static_cast<uint32_t>(item % (3 * a.heads));  // q heads, k heads, v heads
+  const uint32_t hk = static_cast<uint32_t>(item % (3 * a.heads));
   const uint32_t r0 = static_cast<uint32_t>(item / (3 * a.heads)) * kConvRowsPerWarp;
-  const bool is_q = hk < a.heads, is_qk = hk < 2 * a.heads;
-  for (uint32_t r = r0; r < min(a.rows, r0 + kConvRowsPerWarp); ++r) {
-    float v[kConvLaneChannels];
-#pragma unroll
-    for (uint32_t k = 0; k < kConvLaneChannels; ++k) {
-      const uint32_t e = lane + 32 * k;
-      v[k] = e < a.head_dim ? conv_silu(a, r, hk * a.head_dim + e, C3, K) : 0.0f;
-    }
-    float* out = a.qkv + static_cast<size_t>(r) * C3 + static_cast<size_t>(hk) * a.head_dim;
-    if (is_qk) {
-      float ss = 0.0f;
-#pragma unroll
-      for (uint32_t k = 0; k < kConvLaneChannels; ++k) {
-        if (lane + 32 * k < a.head_dim) ss += v[k] * v[k];
-      }
-      ss = warp_sum(ss);
-      const float scale = 1.0f / sqrtf(ss + 1e-6f);
-      const float qs = rsqrtf(static_cast<float>(a.head_dim));
-#pragma unroll
-      for (uint32_t k = 0; k < kConvLaneChannels; ++k) v[k] = is_q ? (v[k] * scale) * qs : v[k] * scale;
-    }
-#pragma unroll
-    for (uint32_t k = 0; k < kConvLaneChannels; ++k) {
-      if (lane + 32 * k < a.head_dim) out[lane + 32 * k] = v[k];
-    }
-  }
+  for (uint32_t r = r0; r < min(a.rows, r0 + kConvRowsPerWarp); ++r) conv_row_head(a, r, hk, lane, C3, K);
 }
 
 __global__ void conv_state_kernel(KdaArgs a) {
@@ -115,35 +121,38 @@ __global__ void conv_state_kernel(KdaArgs a) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const uint32_t s = static_cast<uint32_t>(i / C3), c = static_cast<uint32_t>(i % C3);
-    conv_state_update(a, s, c, C3, K);
+    float next[kMaxConv - 1];
+    conv_state_next(a, s, c, C3, K, next);
+    conv_state_store(a, s, c, C3, K, next);
   }
 }
 
 // Decode rows (kda_conv): conv_rows_kernel and conv_state_kernel as one launch, one warp a (segment,
-// head of q, k or v) over its segment's rows, the state replaced after the segment's rows read it:
-// the same operations on the same values in the same order, so the two launches' bits.
+// head of q, k or v) over its segment's rows: the lane's channels' new state asked for with the rows'
+// taps, before any store, and stored once the rows have read the old one. The same operations on the
+// same values in the same order, so the two launches' bits.
 __global__ void conv_decode_kernel(KdaArgs a) {
   pdl_launch_dependents();  // the next matvec may request its weights now (gpu/pdl.hpp)
   pdl_wait();               // q, k and v are the product's ahead
   const uint32_t lane = threadIdx.x & 31;
   const size_t item = (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x) >> 5;
-  const uint32_t C = a.heads * a.head_dim, C3 = 3 * C;
-  const uint32_t K = a.kernel;
+  const uint32_t C3 = 3 * a.heads * a.head_dim, K = a.kernel;
   if (item >= static_cast<size_t>(a.segments) * 3 * a.heads) return;
   const uint32_t s = static_cast<uint32_t>(item / (3 * a.heads));
   const uint32_t hk = static_cast<uint32_t>(item % (3 * a.heads));  // q heads, k heads, v heads
+  float next[kConvLaneChannels][kMaxConv - 1];
+#pragma unroll
+  for (uint32_t k = 0; k < kConvLaneChannels; ++k) {
+    if (lane + 32 * k < a.head_dim) conv_state_next(a, s, hk * a.head_dim + lane + 32 * k, C3, K, next[k]);
+  }
   const uint32_t first_row = static_cast<uint32_t>(a.seg.first_row[s]);
   for (uint32_t r = first_row; r < first_row + static_cast<uint32_t>(a.seg.len[s]); ++r) {
-    for (uint32_t e = lane; e < a.head_dim; e += 32) {
-      const uint32_t c = hk * a.head_dim + e;
-      a.qkv[static_cast<size_t>(r) * C3 + c] = conv_silu(a, r, c, C3, K);
-    }
-    if (hk < 2 * a.heads) {
-      qk_norm_head(a.qkv + static_cast<size_t>(r) * C3 + static_cast<size_t>(hk) * a.head_dim, lane, a.head_dim,
-                   hk < a.heads);
-    }
+    conv_row_head(a, r, hk, lane, C3, K);
   }
-  for (uint32_t e = lane; e < a.head_dim; e += 32) conv_state_update(a, s, hk * a.head_dim + e, C3, K);
+#pragma unroll
+  for (uint32_t k = 0; k < kConvLaneChannels; ++k) {
+    if (lane + 32 * k < a.head_dim) conv_state_store(a, s, hk * a.head_dim + lane + 32 * k, C3, K, next[k]);
+  }
 }
 
 // Column j of a head's state evolves on its own (decay by row, then the delta rule through k, v_j).
@@ -337,6 +346,9 @@ void kda_conv(const KdaArgs& a, cudaStream_t stream) {
 void kda_conv_decode(const KdaArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
   if (a.kernel < 1 || a.kernel > kMaxConv) throw CudaError("KDA: conv kernel size not in 1..8");
+  if (a.head_dim > 32 * kConvLaneChannels) {
+    throw CudaError("KDA: head dim " + std::to_string(a.head_dim) + " is above 128");
+  }
   const size_t warps = static_cast<size_t>(a.segments) * 3 * a.heads;
   launch_with_pdl(conv_decode_kernel, dim3(static_cast<unsigned>((warps * 32 + 127) / 128)), dim3(128), 0, stream, a);
 }
