@@ -16,7 +16,6 @@
 #include "gpu/indexer_prefill.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/latent_rows.cuh"
-#include "gpu/load_l2.cuh"
 #include "gpu/order_key.cuh"
 #include "gpu/pdl.cuh"
 #include "gpu/pool_key.cuh"
@@ -172,39 +171,10 @@ __host__ __device__ __forceinline__ uint32_t split_capacity(uint32_t max_tokens,
   return ((max_tokens + splits - 1) / splits + 3) & ~3u;
 }
 
-// The merge of (row, head) `head`'s splits: out = sum_z e^(m_z - M) acc_z / sum_z e^(m_z - M) l_z; an
-// empty split has l = 0 and adds nothing, a row without tokens gives 0. The partials are read from
-// L2: other blocks of the launch may have written them. split_weights makes the e^(m_z - M) and the
-// denominator, merge_column one output from them.
-__device__ __forceinline__ void split_weights(const SparseMlaArgs& a, uint32_t splits, size_t head, float* w,
-                                              float& total) {
-  const uint32_t R = a.rank;
-  const float* part = a.partial + head * splits * (R + 2);
-  float m = -INFINITY;
-  for (uint32_t z = 0; z < splits; ++z) {
-    if (load_from_l2(part + z * (R + 2) + 1) > 0.0f) m = fmaxf(m, load_from_l2(part + z * (R + 2)));
-  }
-  total = 0.0f;
-  for (uint32_t z = 0; z < splits; ++z) {
-    const float l = load_from_l2(part + z * (R + 2) + 1);
-    w[z] = l > 0.0f ? expf(load_from_l2(part + z * (R + 2)) - m) : 0.0f;
-    total += w[z] * l;
-  }
-}
-
-__device__ __forceinline__ void merge_column(const SparseMlaArgs& a, uint32_t splits, size_t head, uint32_t c,
-                                             const float* w, float total) {
-  const uint32_t R = a.rank;
-  const float* part = a.partial + head * splits * (R + 2) + 2 + c;
-  float o = 0.0f;
-  for (uint32_t z = 0; z < splits; ++z) o += w[z] * load_from_l2(part + z * (R + 2));
-  a.out[head * R + c] = total > 0.0f ? o / total : 0.0f;
-}
-
 // Attention of `hg` heads of row r over split z of the row's selected tokens (flash-decoding): the
 // scores, their maximum m and sum l of exp(score - m), and sum_i exp(s_i - m) latent_i. With one split
-// the block writes the normalised output; otherwise (m, l, unnormalised sum) go to a.partial, and the
-// splits' last block to finish merges them (with a.split_done; else mla_merge_kernel does).
+// the block writes the normalised output; otherwise (m, l, unnormalised sum) go to a.partial and
+// mla_merge_kernel combines the splits.
 template <config::KvType T>
 __global__ void sparse_mla_kernel(SparseMlaArgs a, uint32_t hg, uint32_t splits) {
   extern __shared__ __align__(16) float smem[];
@@ -333,39 +303,32 @@ __global__ void sparse_mla_kernel(SparseMlaArgs a, uint32_t hg, uint32_t splits)
       }
     }
   }
-  if (splits == 1 || a.split_done == nullptr) return;
-  // The merge in the block that counts last (a launch fewer on a decode step's chain).
-  __shared__ bool last;
-  __threadfence();  // this block's partials before its count
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    uint32_t* done = a.split_done + static_cast<size_t>(r) * gridDim.x + blockIdx.x;
-    last = atomicAdd(done, 1u) == splits - 1;
-    if (last) *done = 0;  // zero for the next launch
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  // Every head's weights at once (a thread a head, in the queries' shared memory, read by now), then
-  // the block's threads over all hg x R outputs.
-  float* w = smem;                      // [hg][kMaxSplits]
-  float* total = smem + hg * kMaxSplits;  // [hg]
-  const size_t head0 = static_cast<size_t>(r) * a.heads + h0;
-  if (threadIdx.x < hg) split_weights(a, splits, head0 + threadIdx.x, w + threadIdx.x * kMaxSplits, total[threadIdx.x]);
-  __syncthreads();
-  for (uint32_t i = threadIdx.x; i < hg * R; i += blockDim.x) {
-    const uint32_t hh = i / R;
-    merge_column(a, splits, head0 + hh, i % R, w + hh * kMaxSplits, total[hh]);
-  }
 }
 
+// out = sum_z e^(m_z - M) acc_z / sum_z e^(m_z - M) l_z over the splits of one (row, head); an empty
+// split has l = 0 and adds nothing, a row without tokens gives 0.
 __global__ void mla_merge_kernel(SparseMlaArgs a, uint32_t splits) {
   pdl_launch_dependents();  // v_b's matvec may request its weights now (gpu/pdl.hpp)
   pdl_wait();               // the splits' partials
   const size_t head = static_cast<size_t>(blockIdx.y) * a.heads + blockIdx.x;
-  float w[kMaxSplits], total;
-  split_weights(a, splits, head, w, total);
-  for (uint32_t c = threadIdx.x; c < a.rank; c += blockDim.x) merge_column(a, splits, head, c, w, total);
+  const uint32_t R = a.rank;
+  const float* part = a.partial + head * splits * (R + 2);
+  float m = -INFINITY;
+  for (uint32_t z = 0; z < splits; ++z) {
+    if (part[z * (R + 2) + 1] > 0.0f) m = fmaxf(m, part[z * (R + 2)]);
+  }
+  float w[kMaxSplits];
+  float total = 0.0f;
+  for (uint32_t z = 0; z < splits; ++z) {
+    const float l = part[z * (R + 2) + 1];
+    w[z] = l > 0.0f ? expf(part[z * (R + 2)] - m) : 0.0f;
+    total += w[z] * l;
+  }
+  for (uint32_t c = threadIdx.x; c < R; c += blockDim.x) {
+    float o = 0.0f;
+    for (uint32_t z = 0; z < splits; ++z) o += w[z] * part[z * (R + 2) + 2 + c];
+    a.out[head * R + c] = total > 0.0f ? o / total : 0.0f;
+  }
 }
 
 // One block per row: the row's max |x| (int8), then its encoding.
@@ -469,12 +432,9 @@ void sparse_mla_simt(const SparseMlaArgs& a, cudaStream_t stream) {
   if (smem > 48 * 1024) {
     FERRY_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
-  // The last block's merge keeps its weights where the queries were (hg x (rank + per) floats).
-  SparseMlaArgs k = a;
-  if (a.rank + split_capacity(a.max_tokens, splits) < kMaxSplits + 1) k.split_done = nullptr;
-  launch_with_pdl(kernel, dim3(a.heads / hg, a.rows, splits), dim3(256), smem, stream, k, hg, splits);
+  launch_with_pdl(kernel, dim3(a.heads / hg, a.rows, splits), dim3(256), smem, stream, a, hg, splits);
   FERRY_CUDA_LAUNCHED();
-  if (splits > 1 && k.split_done == nullptr) {
+  if (splits > 1) {
     launch_with_pdl(mla_merge_kernel, dim3(a.heads, a.rows), dim3(128), 0, stream, a, splits);
     FERRY_CUDA_LAUNCHED();
   }

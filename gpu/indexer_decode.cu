@@ -10,14 +10,12 @@
 #include <cub/block/block_scan.cuh>
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "gpu/block_reduce.cuh"
 #include "gpu/cuda_check.hpp"
 #include "gpu/indexer_decode.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/order_key.cuh"
-#include "gpu/pdl.cuh"
 
 namespace ferry::gpu {
 namespace {
@@ -39,8 +37,6 @@ __global__ void __launch_bounds__(kScoreThreads) decode_score_kernel(IndexerArgs
   extern __shared__ float4 smem4[];
   __shared__ uint32_t s_rows[kIndexerDecodeRows];
   __shared__ int s_nv[kIndexerDecodeRows];
-  pdl_launch_dependents();  // the selection's blocks may take their places (gpu/pdl.hpp)
-  pdl_wait();               // the query and weights are the products' ahead, the pool keys the key kernel's
   const uint32_t r0 = blockIdx.y;
   const int slot = a.row.slot[r0];
   for (uint32_t r = 0; r < r0; ++r) {
@@ -276,8 +272,6 @@ __device__ __forceinline__ void finish_row(const IndexerArgs& a, uint32_t r, con
 // One block of T threads a row over all its visible pools.
 template <int T, int P>
 __global__ void __launch_bounds__(T) decode_select_kernel(IndexerArgs a) {
-  pdl_launch_dependents();  // the sparse attention's blocks may take their places (gpu/pdl.hpp)
-  pdl_wait();               // the scores
   const uint32_t r = blockIdx.x;
   const RowSelect s = row_select(a, r);
   const int kp = static_cast<int>(a.kpool);
@@ -302,8 +296,6 @@ struct SelectLists {
 };
 
 __global__ void __launch_bounds__(kSelectThreads) chunk_select_kernel(IndexerArgs a, SelectLists lists) {
-  pdl_launch_dependents();  // the merge's blocks may take their places (gpu/pdl.hpp)
-  pdl_wait();               // the scores
   const uint32_t b = blockIdx.x, r = blockIdx.y;
   const RowSelect s = row_select(a, r);
   const int p0 = static_cast<int>(b) * kSelectChunk;
@@ -321,8 +313,6 @@ __global__ void __launch_bounds__(kSelectThreads) chunk_select_kernel(IndexerArg
 // Then one block a row selects from its lists, concatenated in chunk order (so in increasing pool
 // index): every list but the last holds min(K, kSelectChunk) entries, the last min(K, its pools).
 __global__ void __launch_bounds__(kSelectThreads) merge_select_kernel(IndexerArgs a, SelectLists lists) {
-  pdl_launch_dependents();  // the sparse attention's blocks may take their places (gpu/pdl.hpp)
-  pdl_wait();               // the chunks' lists
   const uint32_t r = blockIdx.x;
   const RowSelect s = row_select(a, r);
   const int kp = static_cast<int>(a.kpool);
@@ -336,18 +326,6 @@ __global__ void __launch_bounds__(kSelectThreads) merge_select_kernel(IndexerArg
         for (int t = 0; t < kp; ++t) s.tokens[j * kp + t] = p * kp + t;
       });
   finish_row(a, r, s, taken);
-}
-
-// TEMPORARY A/B (h91): FERRY_H91_IXPDL=0 launches the decode indexer plainly.
-template <class... Params, class... Args>
-void ix_launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
-  const char* e = std::getenv("FERRY_H91_IXPDL");
-  if (e != nullptr && e[0] == '0') {
-    kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
-  } else {
-    launch_with_pdl(kernel, grid, block, smem, stream, std::forward<Args>(args)...);
-  }
-  FERRY_CUDA_LAUNCHED();
 }
 
 }  // namespace
@@ -372,7 +350,8 @@ void indexer_decode_scores(const IndexerArgs& a, cudaStream_t stream) {
   const uint32_t tiles = (a.ctx / a.kpool + kTile - 1) / kTile;
   const uint32_t fill = static_cast<uint32_t>(std::max(per_sm, 1) * current_sm_count());
   const dim3 grid(std::max(1u, std::min(tiles, fill)), a.rows);
-  ix_launch(decode_score_kernel, grid, dim3(kScoreThreads), smem, stream, a);
+  decode_score_kernel<<<grid, kScoreThreads, smem, stream>>>(a);
+  FERRY_CUDA_LAUNCHED();
 }
 
 void indexer_decode_select(const IndexerArgs& a, cudaStream_t stream) {
@@ -385,11 +364,14 @@ void indexer_decode_select(const IndexerArgs& a, cudaStream_t stream) {
   if (chunks > 1 && cap >= 1 && cap <= kSelectChunk / 2 && a.select_scratch != nullptr &&
       need <= a.select_scratch_bytes) {
     const SelectLists lists{static_cast<uint32_t*>(a.select_scratch), chunks, cap};
-    ix_launch(chunk_select_kernel, dim3(chunks, a.rows), dim3(kSelectThreads), 0, stream, a, lists);
-    ix_launch(merge_select_kernel, dim3(a.rows), dim3(kSelectThreads), 0, stream, a, lists);
+    chunk_select_kernel<<<dim3(chunks, a.rows), kSelectThreads, 0, stream>>>(a, lists);
+    FERRY_CUDA_LAUNCHED();
+    merge_select_kernel<<<a.rows, kSelectThreads, 0, stream>>>(a, lists);
+    FERRY_CUDA_LAUNCHED();
     return;
   }
-  ix_launch(decode_select_kernel<kSelectThreads, kSelectPer>, dim3(a.rows), dim3(kSelectThreads), 0, stream, a);
+  decode_select_kernel<kSelectThreads, kSelectPer><<<a.rows, kSelectThreads, 0, stream>>>(a);
+  FERRY_CUDA_LAUNCHED();
 }
 
 void indexer_select_rows(const IndexerArgs& a, cudaStream_t stream) {

@@ -288,10 +288,6 @@ struct SparseMlaArgs {
   // Rows the split count is chosen for (0: rows): a step attended in groups of its rows (the resident
   // window) splits each row as the whole step would, so that its sums run in the same order.
   uint32_t split_rows = 0;
-  // [partial_rows][heads] counters of a split launch's finished blocks, zero between launches (each
-  // launch leaves them so): with them the last block of a (row, head group) merges its splits, without
-  // them a merge kernel follows.
-  uint32_t* split_done = nullptr;
 };
 void sparse_mla(const SparseMlaArgs& a, cudaStream_t stream);
 // Rows of `src` (the step's new latents) into the latent cache in `type` (kv/kv_codec.hpp: the CPU

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -27,17 +26,8 @@ using T = model::Glm5Tensor;
 
 LayerRunner::LayerRunner(const model::Glm5Hparams& hp, const DeviceWeights& weights, StageState& state, Workspace& work,
                          StageExperts* experts, blas::Handle cublas, cudaStream_t stream)
-    : hp_(hp),
-      d_(hp),
-      weights_(weights),
-      state_(state),
-      w_(work),
-      experts_(experts),
-      cublas_(cublas),
-      s_(stream),
-      mla_done_(size_t{kMlaPartialRows} * std::max<uint32_t>(hp.n_heads, 1) * sizeof(uint32_t)) {
+    : hp_(hp), d_(hp), weights_(weights), state_(state), w_(work), experts_(experts), cublas_(cublas), s_(stream) {
   FERRY_CUDA(cudaMemsetAsync(router_done_.get(), 0, sizeof(uint32_t), s_));
-  FERRY_CUDA(cudaMemsetAsync(mla_done_.get(), 0, mla_done_.bytes(), s_));
 }
 
 // The matvec kernels for up to 8 rows, else cuBLAS: fp32 SGEMM for f32 weights; for the rest,
@@ -347,7 +337,6 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
   ma.out = w_.o_lat;
   ma.partial = w_.mla_part;
   ma.partial_rows = kMlaPartialRows;
-  ma.split_done = std::getenv("FERRY_H91_MERGE") != nullptr && std::getenv("FERRY_H91_MERGE")[0] == '0' ? nullptr : mla_done_.as<uint32_t>();  // TEMPORARY A/B
   if (window != nullptr) {
     window->attend(l.index, st, ma, s_);
   } else {

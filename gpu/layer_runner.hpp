@@ -108,7 +108,6 @@ class LayerRunner {
   MhcCombBranch comb_branch_;
   StreamBranch conv_branch_, dsa_branch_;
   DeviceBuffer router_done_{sizeof(uint32_t)};  // moe_route_decode's count of finished blocks
-  DeviceBuffer mla_done_;  // the sparse attention's counts of finished split blocks (SparseMlaArgs::split_done)
 };
 
 }  // namespace ferry::gpu

@@ -7,7 +7,6 @@
 #include <cstdint>
 
 #include "gpu/kernels.hpp"
-#include "gpu/load_l2.cuh"
 
 namespace ferry::gpu {
 
@@ -24,6 +23,13 @@ struct RouteScratch {
   float cand_s[kRouteMaxE];
   uint32_t n_cand;
 };
+
+// A load from L2, past this SM's L1: a logit another block of the launch may have written.
+__device__ __forceinline__ float load_from_l2(const float* p) {
+  float v;
+  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
+  return v;
+}
 
 // Row `row` of a.logits into a.ids / a.weights, by a block of at least a.E threads (one an expert; E <=
 // 1024), all of which call it. Each expert's place in the CPU's order (higher choice first, ties to the

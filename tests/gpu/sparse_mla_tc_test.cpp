@@ -4,8 +4,7 @@
 // encodes them, two slots, 32, 24 and 1 heads (whole and partial head groups), selections of 0, 1,
 // fewer than a tile, a tile and a bit, and up to 200 positions in random order. The mma.sync kernel
 // of int8 latents also against the WMMA kernel, at 64, 32, 24 and 1 heads, every rank step and
-// selections around its 64-latent tiles. Decode rows split over blocks: merged by the splits' last
-// block, the merge kernel's bits. Also: which shapes sparse_mla() sends to them, that the
+// selections around its 64-latent tiles. Also: which shapes sparse_mla() sends to them, that the
 // dispatch does, and the errors for shapes they cannot take. Prints one DSA layer's prefill at 2,048
 // rows (64 heads, rank 512; row r attending to r + 1 positions, and every row to 2,048 of 34,816 as at
 // depth 32K) on each kernel (times not asserted).
@@ -25,7 +24,6 @@
 #include "gpu/cuda_memory.hpp"
 #include "gpu/pdl.hpp"
 #include "gpu/sparse_mla_tc.hpp"
-#include "gpu/workspace.hpp"
 #include "kv/kv_codec.hpp"
 #include "tests/gpu/gpu_test_support.hpp"
 
@@ -282,41 +280,6 @@ TEST(SparseMlaTc, DecodeRowsAndShapesItCannotTakeStayOnTheCudaCoreKernel) {
     FAIL() << "rank 32 was taken";
   } catch (const CudaError& e) {
     EXPECT_NE(std::string(e.what()).find("rank 32"), std::string::npos) << e.what();
-  }
-}
-
-TEST(SparseMlaTc, DecodeSplitsMergedByTheirLastBlockGiveTheMergeKernelsBits) {
-  if (!have_device()) GTEST_SKIP() << "no CUDA device";
-  struct Shape {
-    uint32_t heads, rank;
-  };
-  const std::vector<std::vector<int32_t>> row_counts = {{200}, {0, 137, 17}, {1, 5, 64, 100, 200, 3, 16, 240}};
-  for (const KvType type : {KvType::f32, KvType::f16, KvType::int8}) {
-    for (const Shape sh : {Shape{64, 512}, Shape{24, 128}}) {
-      for (const std::vector<int32_t>& counts : row_counts) {
-        Case c(static_cast<uint32_t>(counts.size()), sh.heads, sh.rank, 240, type, counts, 5 + sh.rank);
-        const std::string name = std::string(config::kv_type_name(type)) + " " + std::to_string(sh.heads) +
-                                 " heads, " + std::to_string(counts.size()) + " rows";
-        DeviceBuffer partial(size_t{kMlaPartialRows} * sh.heads * (sh.rank + 2) * sizeof(float));
-        DeviceBuffer done(size_t{kMlaPartialRows} * sh.heads * sizeof(uint32_t));
-        FERRY_CUDA(cudaMemset(done.get(), 0, done.bytes()));
-        auto split = [&](bool counted) {
-          return [&, counted](SparseMlaArgs a, cudaStream_t s) {
-            a.partial = partial.as<float>();
-            a.partial_rows = kMlaPartialRows;
-            if (counted) a.split_done = done.as<uint32_t>();
-            sparse_mla_simt(a, s);
-          };
-        };
-        const std::vector<float> merged = c.run(split(false));
-        const std::vector<float> last = c.run(split(true));
-        EXPECT_EQ(last, merged) << name;
-        EXPECT_EQ(c.run(split(true)), merged) << name << ", again on the counters the first launch left";
-        const std::vector<uint32_t> left = download<uint32_t>(done);
-        EXPECT_EQ(std::count(left.begin(), left.end(), 0u), static_cast<ptrdiff_t>(left.size())) << name;
-        expect_close(last, c.cpu(), 1e-4f, name + " split, merged by the last block, vs CPU");
-      }
-    }
   }
 }
 
