@@ -187,10 +187,10 @@ int bench(const Options& o) {
       std::fprintf(stderr, "ferry bench: bandwidth not measured: %s\n", e.what());
     }
   }
-#endif
-#if FERRY_HAVE_CUDA
-  // Before the model: the decode graphs are instantiated with the kernel records on.
-  if (o.kernel_times) {
+  // Before the model: the decode graphs are instantiated with the kernel records on. Without a device
+  // there is nothing to record (the CPU backend runs; the report says so).
+  const bool record = o.kernel_times && bo.kind != "cpu" && cudaGetDeviceCount(&visible) == cudaSuccess && visible > 0;
+  if (record) {
     if (auto e = gpu::start_kernel_records()) {
       std::fprintf(stderr, "ferry bench: --kernel-times: %s\n", e->message.c_str());
       return 2;
@@ -335,15 +335,15 @@ int bench(const Options& o) {
       const model::ExpertTierCounters tier_before = expert_counters(b);
 #if FERRY_HAVE_CUDA
       std::vector<gpu::StepWindow> windows_ns;  // --kernel-times: each step's, on the records' clock
-      if (o.kernel_times) gpu::take_kernel_records();
+      if (record) gpu::take_kernel_records();
 #endif
       for (uint32_t rep = 0; rep < o.reps; ++rep) {
         const double t0 = now_s();
         for (uint32_t i = 0; i < n && failure.empty(); ++i) {
 #if FERRY_HAVE_CUDA
-          if (o.kernel_times) windows_ns.push_back({gpu::kernel_clock_ns(), 0});
+          if (record) windows_ns.push_back({gpu::kernel_clock_ns(), 0});
           t = step(pos++, {t});
-          if (o.kernel_times) windows_ns.back().end = gpu::kernel_clock_ns();
+          if (record) windows_ns.back().end = gpu::kernel_clock_ns();
 #else
           t = step(pos++, {t});
 #endif
@@ -351,7 +351,7 @@ int bench(const Options& o) {
         r.seconds.push_back(now_s() - t0);
       }
 #if FERRY_HAVE_CUDA
-      if (o.kernel_times) {
+      if (record) {
         const std::vector<gpu::KernelRecord> records = gpu::take_kernel_records();
         kernel_tables.push_back(gpu::format_kernel_times(gpu::summarize_kernel_times(records, windows_ns), r.test));
         if (!windows_ns.empty()) timelines += "# " + r.test + "\n" + gpu::format_kernel_timeline(records, windows_ns.back());
@@ -573,6 +573,7 @@ int bench(const Options& o) {
   for (const std::string& w : windows) std::printf("  %s\n", w.c_str());
   if (o.op_times && op_tables.empty()) std::printf("\n--op-times: no CUDA stage, nothing timed\n");
   for (const std::string& t : op_tables) std::printf("\n%s", t.c_str());
+  if (o.kernel_times && kernel_tables.empty()) std::printf("\n--kernel-times: no CUDA stage, nothing recorded\n");
   if (!kernel_tables.empty()) std::printf("\n--kernel-times (the tg figures above were taken with CUPTI recording):\n");
   for (const std::string& t : kernel_tables) std::printf("\n%s", t.c_str());
   if (!o.kernel_timeline.empty()) {
