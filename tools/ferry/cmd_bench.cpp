@@ -8,7 +8,9 @@
 // hand-off bytes and device microseconds per step are reported; with --slots N, "tg N @ d" also runs
 // as N requests decoding at once through the server's own engine (bench_slots.hpp). With --mtp K,
 // "tg N mtpK @ d" decodes N tokens with K MTP drafts a step (model/speculative.hpp), each fed the
-// model's own continuation, and reports the drafts' acceptance.
+// model's own continuation, and reports the drafts' acceptance. --op-times breaks the timed prefill steps
+// down by op group (gpu/op_times.hpp); --kernel-times lists the timed decode steps kernel by kernel from
+// CUPTI's records (gpu/kernel_times.hpp).
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
