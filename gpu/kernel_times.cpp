@@ -7,10 +7,10 @@
 #include <mutex>
 #include <set>
 
-#include "gpu/graph_kernels.hpp"
-
 #if FERRY_HAVE_CUPTI
 #include <cupti.h>
+
+#include "gpu/graph_kernels.hpp"
 #endif
 
 namespace ferry::gpu {

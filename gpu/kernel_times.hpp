@@ -4,7 +4,7 @@
 // every kernel the process runs (CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, which gives each node of a
 // replayed graph its own start and end), cut into steps by host clock windows and summed per kernel
 // name. `ferry bench --kernel-times` prints them for its decode tests. Builds without CUPTI (the
-// Volta tree has none) answer `unsupported`.
+// Volta tree has none, a build without CUDA neither) answer `unsupported`; the summaries need no device.
 //
 // CUPTI's recording is process-wide, so this is a set of free functions over one recorder. Start it
 // before the graphs to be timed are instantiated: a graph made before may not be traced.

@@ -28,6 +28,7 @@
 #include "config/memory_options.hpp"
 #include "kv/random_slot_state.hpp"
 #include "gpu/backend_factory.hpp"
+#include "gpu/kernel_times.hpp"
 #include "model/formats/gguf.hpp"
 #include "model/speculative.hpp"
 #include "tools/ferry/bench_experts.hpp"
@@ -40,7 +41,6 @@
 #include "gpu/bandwidth.hpp"
 #include "gpu/cuda_check.hpp"
 #include "gpu/cuda_stage.hpp"
-#include "gpu/kernel_times.hpp"
 #endif
 
 namespace ferry::cli {
@@ -178,6 +178,7 @@ int bench(const Options& o) {
 
   // The ceilings are measured first: the model may leave no device memory for the copies.
   double copy_bw = 0, host_bw = 0;
+  bool record = false;  // --kernel-times on a CUDA device
 #if FERRY_HAVE_CUDA
   int visible = 0;
   if (o.measure_bandwidth && bo.kind != "cpu" && cudaGetDeviceCount(&visible) == cudaSuccess && visible > 0) {
@@ -191,7 +192,7 @@ int bench(const Options& o) {
   }
   // Before the model: the decode graphs are instantiated with the kernel records on. Without a device
   // there is nothing to record (the CPU backend runs; the report says so).
-  const bool record = o.kernel_times && bo.kind != "cpu" && cudaGetDeviceCount(&visible) == cudaSuccess && visible > 0;
+  record = o.kernel_times && bo.kind != "cpu" && cudaGetDeviceCount(&visible) == cudaSuccess && visible > 0;
   if (record) {
     if (auto e = gpu::start_kernel_records()) {
       std::fprintf(stderr, "ferry bench: --kernel-times: %s\n", e->message.c_str());
@@ -335,29 +336,23 @@ int bench(const Options& o) {
     for (uint32_t n : *tg) {
       Result r{"tg" + std::to_string(n) + " @ d" + std::to_string(d) + rnd(d), n, d, true, {}, 0, std::nullopt};
       const model::ExpertTierCounters tier_before = expert_counters(b);
-#if FERRY_HAVE_CUDA
       std::vector<gpu::StepWindow> windows_ns;  // --kernel-times: each step's, on the records' clock
       if (record) gpu::take_kernel_records();
-#endif
       for (uint32_t rep = 0; rep < o.reps; ++rep) {
         const double t0 = now_s();
         for (uint32_t i = 0; i < n && failure.empty(); ++i) {
-#if FERRY_HAVE_CUDA
           if (record) windows_ns.push_back({gpu::kernel_clock_ns(), 0});
           t = step(pos++, {t});
           if (record) windows_ns.back().end = gpu::kernel_clock_ns();
-#else
-          t = step(pos++, {t});
-#endif
         }
         r.seconds.push_back(now_s() - t0);
       }
-#if FERRY_HAVE_CUDA
       if (record) {
         const std::vector<gpu::KernelRecord> records = gpu::take_kernel_records();
         kernel_tables.push_back(gpu::format_kernel_times(gpu::summarize_kernel_times(records, windows_ns), r.test));
         if (!windows_ns.empty()) timelines += "# " + r.test + "\n" + gpu::format_kernel_timeline(records, windows_ns.back());
       }
+#if FERRY_HAVE_CUDA
       for (const auto& s : b.stages()) {
         if (auto* cs = dynamic_cast<gpu::CudaStage*>(s.get())) r.bytes_per_token += cs->decode_bytes_per_token(d + n / 2);
       }
