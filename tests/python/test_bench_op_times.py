@@ -1,6 +1,7 @@
-"""`ferry bench --op-times`: the per-op breakdown of the timed prefill steps is a CUDA-stage feature;
-on the CPU backend the flag is accepted and says that nothing was timed (the breakdown itself is
-checked by the cuda gtest OpTimesTest)."""
+"""`ferry bench --op-times` and `--kernel-times`: the per-op breakdown of the timed prefill steps and the
+per-kernel records of the timed decode steps are CUDA-stage features; on the CPU backend the flags are
+accepted and say that nothing was timed (the breakdowns themselves are checked by the cuda gtests
+OpTimesTest and KernelTimes)."""
 import subprocess
 
 import pytest
@@ -31,7 +32,15 @@ def test_op_times_on_the_cpu_backend_says_nothing_was_timed(ferry_bin, model):
     assert "--op-times: no CUDA stage, nothing timed" in r.stdout, r.stdout
 
 
+def test_kernel_times_on_the_cpu_backend_says_nothing_was_recorded(ferry_bin, model):
+    r = bench(ferry_bin, model, "--kernel-times")
+    assert r.returncode == 0, r.stderr
+    assert "tg2 @ d0" in r.stdout, r.stdout
+    assert "--kernel-times: no CUDA stage, nothing recorded" in r.stdout, r.stdout
+
+
 def test_without_the_flag_no_breakdown_is_printed(ferry_bin, model):
     r = bench(ferry_bin, model)
     assert r.returncode == 0, r.stderr
     assert "op-times" not in r.stdout and "op group" not in r.stdout, r.stdout
+    assert "kernel-times" not in r.stdout, r.stdout

@@ -8,7 +8,9 @@
 // hand-off bytes and device microseconds per step are reported; with --slots N, "tg N @ d" also runs
 // as N requests decoding at once through the server's own engine (bench_slots.hpp). With --mtp K,
 // "tg N mtpK @ d" decodes N tokens with K MTP drafts a step (model/speculative.hpp), each fed the
-// model's own continuation, and reports the drafts' acceptance.
+// model's own continuation, and reports the drafts' acceptance. --op-times breaks the timed prefill steps
+// down by op group (gpu/op_times.hpp); --kernel-times lists the timed decode steps kernel by kernel from
+// CUPTI's records (gpu/kernel_times.hpp).
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -26,6 +28,7 @@
 #include "config/memory_options.hpp"
 #include "kv/random_slot_state.hpp"
 #include "gpu/backend_factory.hpp"
+#include "gpu/kernel_times.hpp"
 #include "model/formats/gguf.hpp"
 #include "model/speculative.hpp"
 #include "tools/ferry/bench_experts.hpp"
@@ -51,6 +54,8 @@ struct Options {
   bool json = false;
   bool measure_bandwidth = true;
   bool op_times = false;  // CUDA: per-op times of the timed prefill steps (gpu/op_times.hpp)
+  bool kernel_times = false;    // CUDA: per-kernel times of the timed decode steps (gpu/kernel_times.hpp)
+  std::string kernel_timeline;  // with them: each tg test's last step, kernel by kernel, to this file
   std::string split = "none", devices;
   uint32_t slots = 1, micro_batches = 0;
   uint32_t mtp = 0;  // drafts a step of "tg N mtpK @ d" (0: not run)
@@ -173,6 +178,7 @@ int bench(const Options& o) {
 
   // The ceilings are measured first: the model may leave no device memory for the copies.
   double copy_bw = 0, host_bw = 0;
+  bool record = false;  // --kernel-times on a CUDA device
 #if FERRY_HAVE_CUDA
   int visible = 0;
   if (o.measure_bandwidth && bo.kind != "cpu" && cudaGetDeviceCount(&visible) == cudaSuccess && visible > 0) {
@@ -182,6 +188,15 @@ int bench(const Options& o) {
       host_bw = gpu::measure_host_to_device_bandwidth(device, uint64_t{1} << 30, 10);
     } catch (const gpu::CudaError& e) {
       std::fprintf(stderr, "ferry bench: bandwidth not measured: %s\n", e.what());
+    }
+  }
+  // Before the model: the decode graphs are instantiated with the kernel records on. Without a device
+  // there is nothing to record (the CPU backend runs; the report says so).
+  record = o.kernel_times && bo.kind != "cpu" && cudaGetDeviceCount(&visible) == cudaSuccess && visible > 0;
+  if (record) {
+    if (auto e = gpu::start_kernel_records()) {
+      std::fprintf(stderr, "ferry bench: --kernel-times: %s\n", e->message.c_str());
+      return 2;
     }
   }
 #endif
@@ -273,6 +288,8 @@ int bench(const Options& o) {
   std::vector<std::string> handoffs;  // per depth and link: bytes and copy time per decode step
   std::vector<std::string> windows;   // per depth and stage: the resident KV window over the decode tests
   std::vector<std::string> op_tables;  // --op-times: per pp test, the breakdown of its timed steps
+  std::vector<std::string> kernel_tables;  // --kernel-times: per tg test, its timed steps kernel by kernel
+  std::string timelines;                   // --kernel-timeline: each tg test's last step
   // --op-times: on or off for every CUDA stage; off, the stages' totals summed.
   auto time_ops = [&](bool on, const std::string& test) {
 #if FERRY_HAVE_CUDA
@@ -319,10 +336,21 @@ int bench(const Options& o) {
     for (uint32_t n : *tg) {
       Result r{"tg" + std::to_string(n) + " @ d" + std::to_string(d) + rnd(d), n, d, true, {}, 0, std::nullopt};
       const model::ExpertTierCounters tier_before = expert_counters(b);
+      std::vector<gpu::StepWindow> windows_ns;  // --kernel-times: each step's, on the records' clock
+      if (record) gpu::take_kernel_records();
       for (uint32_t rep = 0; rep < o.reps; ++rep) {
         const double t0 = now_s();
-        for (uint32_t i = 0; i < n && failure.empty(); ++i) t = step(pos++, {t});
+        for (uint32_t i = 0; i < n && failure.empty(); ++i) {
+          if (record) windows_ns.push_back({gpu::kernel_clock_ns(), 0});
+          t = step(pos++, {t});
+          if (record) windows_ns.back().end = gpu::kernel_clock_ns();
+        }
         r.seconds.push_back(now_s() - t0);
+      }
+      if (record) {
+        const std::vector<gpu::KernelRecord> records = gpu::take_kernel_records();
+        kernel_tables.push_back(gpu::format_kernel_times(gpu::summarize_kernel_times(records, windows_ns), r.test));
+        if (!windows_ns.empty()) timelines += "# " + r.test + "\n" + gpu::format_kernel_timeline(records, windows_ns.back());
       }
 #if FERRY_HAVE_CUDA
       for (const auto& s : b.stages()) {
@@ -542,6 +570,18 @@ int bench(const Options& o) {
   for (const std::string& w : windows) std::printf("  %s\n", w.c_str());
   if (o.op_times && op_tables.empty()) std::printf("\n--op-times: no CUDA stage, nothing timed\n");
   for (const std::string& t : op_tables) std::printf("\n%s", t.c_str());
+  if (o.kernel_times && kernel_tables.empty()) std::printf("\n--kernel-times: no CUDA stage, nothing recorded\n");
+  if (!kernel_tables.empty()) std::printf("\n--kernel-times (the tg figures above were taken with CUPTI recording):\n");
+  for (const std::string& t : kernel_tables) std::printf("\n%s", t.c_str());
+  if (!o.kernel_timeline.empty()) {
+    if (std::FILE* f = std::fopen(o.kernel_timeline.c_str(), "w")) {
+      std::fputs(timelines.c_str(), f);
+      std::fclose(f);
+    } else {
+      std::fprintf(stderr, "ferry bench: --kernel-timeline: cannot write %s\n", o.kernel_timeline.c_str());
+      return 1;
+    }
+  }
   return 0;
 }
 
@@ -603,6 +643,12 @@ CommandRun add_bench_command(CLI::App& app) {
   sub->add_flag("--op-times", o->op_times,
                 "CUDA: time each op group of the timed prefill steps with events on the compute stream and print "
                 "the breakdown a chunk (the repetitions' mean)");
+  sub->add_flag("--kernel-times", o->kernel_times,
+                "CUDA: record every kernel of the timed decode steps with CUPTI (graph nodes each with start and end) "
+                "and print, per kernel name, launches a step, their time, their share of the step's span and the idle "
+                "gaps before them (the tg figures then include CUPTI's cost)");
+  sub->add_option("--kernel-timeline", o->kernel_timeline,
+                  "with --kernel-times: write each tg test's last step, kernel by kernel in start order, to this CSV file");
   sub->add_flag("!--no-bandwidth", o->measure_bandwidth, "skip the copy-bandwidth measurement");
   return [o] { return bench(*o); };
 }
