@@ -44,3 +44,10 @@ def test_without_the_flag_no_breakdown_is_printed(ferry_bin, model):
     assert r.returncode == 0, r.stderr
     assert "op-times" not in r.stdout and "op group" not in r.stdout, r.stdout
     assert "kernel-times" not in r.stdout, r.stdout
+
+
+def test_a_timeline_file_without_kernel_times_is_refused(ferry_bin, model, tmp_path):
+    r = bench(ferry_bin, model, "--kernel-timeline", str(tmp_path / "t.csv"))
+    assert r.returncode != 0, r.stdout
+    assert "--kernel-times" in r.stderr, r.stderr
+    assert not (tmp_path / "t.csv").exists()

@@ -643,12 +643,13 @@ CommandRun add_bench_command(CLI::App& app) {
   sub->add_flag("--op-times", o->op_times,
                 "CUDA: time each op group of the timed prefill steps with events on the compute stream and print "
                 "the breakdown a chunk (the repetitions' mean)");
-  sub->add_flag("--kernel-times", o->kernel_times,
+  CLI::Option* kernel_times = sub->add_flag("--kernel-times", o->kernel_times,
                 "CUDA: record every kernel of the timed decode steps with CUPTI (graph nodes each with start and end) "
                 "and print, per kernel name, launches a step, their time, their share of the step's span and the idle "
                 "gaps before them (the tg figures then include CUPTI's cost)");
   sub->add_option("--kernel-timeline", o->kernel_timeline,
-                  "with --kernel-times: write each tg test's last step, kernel by kernel in start order, to this CSV file");
+                  "with --kernel-times: write each tg test's last step, kernel by kernel in start order, to this CSV file")
+      ->needs(kernel_times);
   sub->add_flag("!--no-bandwidth", o->measure_bandwidth, "skip the copy-bandwidth measurement");
   return [o] { return bench(*o); };
 }
