@@ -337,6 +337,12 @@ __global__ void __launch_bounds__(DK) recurrent_kernel(KdaArgs a) {
   recurrence<DK>(a);
 }
 
+// One output of the gated RMSNorm: x times the head's 1/rms, the norm weight and sigmoid(gate); the
+// f32 kernels and the split kernel below share it, so they give the same values.
+__device__ __forceinline__ float gated_norm_value(float x, float inv, float w, float g) {
+  return x * inv * w * (1.0f / (1.0f + expf(-g)));
+}
+
 // One warp's (row, head) `item` of the gated RMSNorm (gated_norm_kernel; the fused kernel below).
 __device__ __forceinline__ void gated_norm_item(const float* o, const float* gate, const float* w, size_t item,
                                                 uint32_t head_dim, float eps, float* out, uint32_t lane) {
@@ -345,8 +351,7 @@ __device__ __forceinline__ void gated_norm_item(const float* o, const float* gat
   for (uint32_t i = lane; i < head_dim; i += 32) ss += o[base + i] * o[base + i];
   const float inv = rsqrtf(warp_sum(ss) / static_cast<float>(head_dim) + eps);
   for (uint32_t i = lane; i < head_dim; i += 32) {
-    const float g = gate[base + i];
-    out[base + i] = o[base + i] * inv * w[i] * (1.0f / (1.0f + expf(-g)));
+    out[base + i] = gated_norm_value(o[base + i], inv, w[i], gate[base + i]);
   }
 }
 
@@ -391,7 +396,7 @@ __global__ void __launch_bounds__(256) gated_norm_split_kernel(const float* o, c
     const uint32_t i = lane + 32 * k;
     if (i < head_dim) {
       __half h, l;
-      split_half(x[k] * inv * w[i] * (1.0f / (1.0f + expf(-g[k]))), h, l);
+      split_half(gated_norm_value(x[k], inv, w[i], g[k]), h, l);
       lo[i] = l;
       lo[C + i] = h;
     }

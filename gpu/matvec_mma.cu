@@ -643,15 +643,12 @@ void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream) {
     // A single part's rows go to the blocks of all groups: the grouped parts set the fill.
     const uint32_t fill = std::max<uint32_t>(1, resident / (a.groups * matvec_grouped_parts(a)));
     grid = dim3(std::min(wanted, fill), a.groups, a.parts);
-  }
-  // One step a block at two blocks an SM, each warp's share of it one superblock (K <= 2,048): a block
-  // an SM instead, two steps each, so that the next launch's blocks are resident beside these and ask
-  // for their weights before these end (a chain of 4,096 x 2,048: 5.42 -> 4.48 us a call; at K >=
-  // 4,096, or for every call, slower: gpu/PERF.md, h92). Same tiles, same bits.
-  const uint32_t sms = static_cast<uint32_t>(current_sm_count());
-  if (walk == Walk::grid && a.groups == 1 && a.parts == 1 && a.group_count == nullptr && a.w.cols <= 2048 &&
-      grid.x > sms && wanted <= resident) {
-    grid.x = sms;
+    // One step a block at two blocks an SM, each warp's share of it one superblock (K <= 2,048): a block
+    // an SM instead, two steps each, so that the next launch's blocks are resident beside these and ask
+    // for their weights before these end (a chain of 4,096 x 2,048: 5.42 -> 4.48 us a call; at K >=
+    // 4,096, or for every call, slower: gpu/PERF.md, h92). Same tiles, same bits.
+    const uint32_t sms = static_cast<uint32_t>(current_sm_count());
+    if (a.groups == 1 && a.parts == 1 && a.w.cols <= 2048 && grid.x > sms && wanted <= resident) grid.x = sms;
   }
   const Kernel launched = walk == Walk::flat ? kernel_for(a.w.type, true) : kernel;
   launch_with_pdl(launched, grid, dim3(kThreads), smem, stream, a, walk);
