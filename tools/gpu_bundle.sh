@@ -66,6 +66,9 @@ export LD_LIBRARY_PATH="$here/lib${extra}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # The driver's cache of code it compiled from PTX, so that a build run from PTX (the Volta build on a
 # newer GPU) is compiled once for all the runs below even where $HOME is not writable.
 export CUDA_CACHE_PATH=${CUDA_CACHE_PATH:-${TMPDIR:-/tmp}/ferry-cuda-cache}
+# Its default cap may hold less than both binaries' compiled code, and what one process evicts the next
+# compiles again (the Volta build's eval-ref checks ran past 320 s on the H200): 4 GiB, the largest cap.
+export CUDA_CACHE_MAXSIZE=${CUDA_CACHE_MAXSIZE:-4294967296}
 work=${TMPDIR:-/tmp}/ferry-gpu-tests.$$
 mkdir -p "$work"
 failed=0
