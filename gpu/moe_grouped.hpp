@@ -61,6 +61,10 @@ struct SplitScratch {
   size_t elems = 0;
 };
 
+// The elems of a SplitScratch that every path of grouped_gemm can use for x_rows x cols inputs (the
+// fp16 wgmma path keeps per 32 values and per row a factor past the low parts).
+inline size_t grouped_split_elems(size_t x_rows, size_t cols) { return x_rows * cols + x_rows * cols / 16 + 2 * x_rows; }
+
 // Which kernel grouped_gemm runs: the best the weights and the device have (Q4_K / Q5_K / IQ3_S on sm80+ code: the
 // int8 tensor-core kernel of gpu/moe_grouped_int8.hpp, with the decode matvec's int16 numerics;
 // otherwise the fp16 WMMA kernel above), or the fp16 kernel always (its tests, the Volta path).

@@ -221,7 +221,7 @@ void run_case(const Case& c, const Experts& ex, std::mt19937& rng) {
   ASSERT_EQ(cudaMemcpy(dids.get(), ids.data(), routes * 4, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(dx.get(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
   for (DeviceBuffer* b : {&deg, &deg_best, &deo}) ASSERT_EQ(cudaMemset(b->get(), 0xff, b->bytes()), cudaSuccess);
-  const size_t split_elems = std::max(size_t{c.n} * D, size_t{routes} * I);
+  const size_t split_elems = std::max(grouped_split_elems(c.n, D), grouped_split_elems(routes, I));
   DeviceBuffer dsh(split_elems * 2), dsl(split_elems * 2);
   const SplitScratch split{dsh.get(), dsl.get(), split_elems};
   const RouteSort sort{doff.as<uint32_t>(), dtiles.as<uint32_t>(), dgather.as<int32_t>(), dwhere.as<int32_t>()};
@@ -406,7 +406,7 @@ TokenRows one_expert_rows(const Case& c, const Experts& ex, const std::vector<fl
       dwhere(n * 4), deg(size_t{n} * I * 4), deo(size_t{n} * D * 4);
   EXPECT_EQ(cudaMemcpy(dids.get(), ids.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
   EXPECT_EQ(cudaMemcpy(dx.get(), x.data(), size_t{n} * D * 4, cudaMemcpyHostToDevice), cudaSuccess);
-  const size_t split_elems = size_t{n} * std::max(D, I);
+  const size_t split_elems = grouped_split_elems(n, std::max(D, I));
   DeviceBuffer dsh(split_elems * 2), dsl(split_elems * 2);
   const SplitScratch split{dsh.get(), dsl.get(), split_elems};
   const RouteSort sort{doff.as<uint32_t>(), dtiles.as<uint32_t>(), dgather.as<int32_t>(), dwhere.as<int32_t>()};

@@ -451,7 +451,7 @@ void GroupedExpertsShapes::glm_layer_at_q4k(bool skewed) {
   ASSERT_EQ(cudaMemcpy(dx.get(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(drw.get(), rw.data(), routes * 4, cudaMemcpyHostToDevice), cudaSuccess);
   const RouteSort sort{doff.as<uint32_t>(), dtiles.as<uint32_t>(), dgather.as<int32_t>(), dwhere.as<int32_t>()};
-  const size_t split_elems = std::max(size_t{n} * D, size_t{routes} * I);
+  const size_t split_elems = std::max(grouped_split_elems(n, D), grouped_split_elems(routes, I));
   DeviceBuffer dsh(split_elems * 2), dsl(split_elems * 2);
   const SplitScratch split{dsh.get(), dsl.get(), split_elems};
   auto median = [](std::vector<float> v) {

@@ -1,0 +1,516 @@
+// The grouped expert GEMMs on fp16 tensor cores over exact integer weights for Q4_K and Q5_K
+// (gpu/moe_grouped_f16.hpp says what and why).
+//
+// First a pass quantizes each input row as the decode matvec does (int16 values, a step per 32) and
+// writes each value times its step, scaled by a power of two that brings the row's largest |x| into
+// [2^11, 2^12), as an fp16 high part (xh) and the rest (xl); per 32 values the f32 sum of x (the
+// K-quant minimum terms) under the same power of two, and per row that power's inverse. Within each
+// 16 columns the values lie even columns first, then odd: the order in which a lane's weight bytes
+// give its fp16 pairs (below).
+//
+// A block: 8 warps over 128 weight rows (64 each of gate and up, whose SwiGLU is then taken in
+// registers) x the 64 sorted rows of a token tile, k-tiles of 128 columns copied by cp.async into
+// two buffers. A warp multiplies 32 weight rows x 32 tokens: per 32-column sub-block its A
+// fragments are its rows' quant bytes turned into fp16 by a mask and the bits of 1024 (or 1152 for
+// IQ3_S's signed bytes) and one HFMA2 with the sub-block's scale (exact: scale * q is a small
+// integer), then 2 x 4 tiles of m16n8k16 against the inputs' high and low parts. A 256-column
+// block's sums stay in the tensor cores' f32 accumulators; d multiplies them once the block is done,
+// and the minimum terms (dmin * min_j * sum_j(x)) are a tf32 product a k-tile.
+#include "gpu/moe_grouped_f16.hpp"
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+
+#include "gpu/block_reduce.cuh"
+#include "gpu/cuda_check.hpp"
+#include "gpu/mma_f16.cuh"
+#include "gpu/mma_int8.cuh"
+#include "gpu/moe_grouped_f16_tile.cuh"
+#include "gpu/pdl.hpp"
+#include "gpu/quant_device.cuh"
+#include "gpu/swiglu.cuh"
+#include "gpu/x_int16.cuh"
+#include "model/formats/ggml_type.hpp"
+
+namespace ferry::gpu {
+namespace {
+
+using namespace grouped_f16;
+
+
+// One row's values of a 16-value piece, even columns first: its fp16 high and low parts.
+__device__ __forceinline__ void split_piece(const uint32_t (&packed)[8], float step, uint32_t (&hi)[8],
+                                            uint32_t (&lo)[8]) {
+  float v[16];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    v[k] = static_cast<float>(static_cast<int16_t>(packed[k] & 0xffffu)) * step;  // column 2k
+    v[8 + k] = static_cast<float>(static_cast<int32_t>(packed[k]) >> 16) * step;  // column 2k + 1
+  }
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const __half2 h = __floats2half2_rn(v[2 * k], v[2 * k + 1]);
+    const float2 f = __half22float2(h);
+    const __half2 l = __floats2half2_rn(v[2 * k] - f.x, v[2 * k + 1] - f.y);
+    hi[k] = *reinterpret_cast<const uint32_t*>(&h);
+    lo[k] = *reinterpret_cast<const uint32_t*>(&l);
+  }
+}
+
+// A block a row: the row's largest |x| first (its power of two), then each thread's 16-value
+// pieces as quantize_rows_kernel of the int8 path makes them, written as split_piece's parts.
+__global__ void __launch_bounds__(256) quantize_rows_f16_kernel(const float* x, size_t ldx, uint32_t cols, __half* xh,
+                                                                __half* xl, float* xs, float* xp) {
+  __shared__ float scratch[32];
+  const uint32_t r = blockIdx.x, pieces = cols / 16;
+  const float* row = x + static_cast<size_t>(r) * ldx;
+  float amax = 0.0f;
+  for (uint32_t p = threadIdx.x; p < pieces; p += blockDim.x) {
+    const float4* src = reinterpret_cast<const float4*>(row + 16 * p);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float4 f = src[k];
+      amax = fmaxf(amax, fmaxf(fmaxf(fabsf(f.x), fabsf(f.y)), fmaxf(fabsf(f.z), fabsf(f.w))));
+    }
+  }
+  const float rmax = block_max(amax, scratch);
+  int e = 0;
+  frexpf(rmax, &e);
+  const int se = rmax > 0.0f ? min(kRowExp - e, 126) : 0;
+  const float scale = ldexpf(1.0f, se);
+  if (threadIdx.x == 0) xp[r] = ldexpf(1.0f, -se);
+  for (uint32_t p0 = 0; p0 < pieces; p0 += blockDim.x) {
+    const uint32_t p = p0 + threadIdx.x;
+    const bool valid = p < pieces;  // pieces are a multiple of 16: a pair (p even, p + 1) is valid together
+    float v[16];
+    float a16 = 0.0f, sum = 0.0f;
+    if (valid) {
+      const float4* src = reinterpret_cast<const float4*>(row + 16 * p);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float4 f = src[k];
+        v[4 * k] = f.x, v[4 * k + 1] = f.y, v[4 * k + 2] = f.z, v[4 * k + 3] = f.w;
+      }
+      x16_stats(v, a16, sum);
+    }
+    const float a32 = x32_amax(a16);
+    const float sum32 = sum + __shfl_xor_sync(0xffffffffu, sum, 1);
+    if (!valid) continue;
+    uint32_t packed[8], hi[8], lo[8];
+    x16_pack(v, a32, packed);
+    split_piece(packed, x32_scale(a32) * scale, hi, lo);
+    const size_t at = static_cast<size_t>(r) * cols + 16 * p;
+    uint4* dh = reinterpret_cast<uint4*>(xh + at);
+    uint4* dl = reinterpret_cast<uint4*>(xl + at);
+    dh[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    dh[1] = make_uint4(hi[4], hi[5], hi[6], hi[7]);
+    dl[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    dl[1] = make_uint4(lo[4], lo[5], lo[6], lo[7]);
+    if (p % 2 == 0) xs[static_cast<size_t>(r) * (cols / 32) + p / 2] = sum32 * scale;
+  }
+}
+
+// A warp's part of the block's tile: warpgroup wg takes 64 weight rows x every live token of the tile
+// (N = 8 x live in its products). With gate and up (NM 2) the warp's fragment rows g are gate rows
+// 32 wg + 8 w + g and rows g + 8 the same rows of up, so SwiGLU stays in registers; one matrix, rows
+// 64 wg + 16 w.. rows[r]: the local row (0..127) of fragment rows 8r..; acc[4n + k] is row g (k 0, 1)
+// or g + 8 (k 2, 3) for tokens 8n + 2q + k % 2.
+struct WgTile {
+  uint32_t g, q, rows[2];
+  __device__ uint32_t row(int r) const { return rows[r] + g; }
+};
+
+template <int NM>
+__device__ __forceinline__ WgTile wg_tile() {
+  const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4, wr = warp % 4;
+  WgTile t;
+  t.g = lane / 4;
+  t.q = lane % 4;
+  t.rows[0] = NM == 2 ? 32 * wg + 8 * wr : 64 * wg + 16 * wr;
+  t.rows[1] = NM == 2 ? BR / 2 + t.rows[0] : t.rows[0] + 8;
+  return t;
+}
+
+// The warp's words of its 16 fragment rows, 16-byte chunks at words `word` (registers 0, 1: rows g,
+// g + 8, word q) and `word` + 4 (2, 3), by ldmatrix: lane l gives fragment row l % 8 (+ 8 for odd
+// l / 8) of chunk l / 16.
+template <uint32_t kWWords>
+__device__ __forceinline__ void load_a_rows(uint32_t (&r)[4], const uint32_t* w, const WgTile& t, uint32_t word) {
+  const uint32_t lane = threadIdx.x % 32;
+  mma::ldmatrix_x4(r, w + (t.rows[lane / 8 % 2] + lane % 8) * kWWords + word + 4 * (lane / 16));
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Bytes 0 and 2 of w (the caller shifts for 1 and 3), masked, XORed with `bits` (KQuant::kBits): fp16
+// bias + their value, then * scale + offset (-bias * scale): the exact integer scale * value.
+__device__ __forceinline__ uint32_t decode_pair(uint32_t w, uint32_t mask, uint32_t bits, uint32_t scale,
+                                                uint32_t offset) {
+  const uint32_t v = (w & mask) ^ bits;
+  return mma::half2_bits(__hfma2(mma::bits_half2(v), mma::bits_half2(scale), mma::bits_half2(offset)));
+}
+
+// The A fragment of a k16 half of a sub-block from the words of its values (r[0], r[1]: fragment rows
+// g, g + 8, the half's columns 4q..4q + 3), each byte's value masked: registers 0 / 1 are bytes 0 and 2
+// of rows g / g + 8 (logical k 2q, 2q + 1: columns 4q, 4q + 2), 2 / 3 bytes 1 and 3 (logical k 8 + 2q..:
+// columns 4q + 1, 4q + 3), the order the inputs are written in (even columns, then odd); f: rows g
+// and g + 8's scale and offset.
+__device__ __forceinline__ void decode_a(const uint32_t (&r)[2], uint32_t mask, uint32_t bits, const uint2 (&f)[2],
+                                         uint32_t (&A)[4]) {
+#pragma unroll
+  for (int row = 0; row < 2; ++row) {
+    A[row] = decode_pair(r[row], mask, bits, f[row].x, f[row].y);
+    A[2 + row] = decode_pair(r[row] >> 8, mask, bits, f[row].x, f[row].y);
+  }
+}
+
+// Fragment rows g and g + 8's scale and offset of a sub-block.
+template <int T>
+__device__ __forceinline__ void factors(const Stage<T>& s, uint32_t step, const WgTile& t, uint2 (&f)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if constexpr (KQuant<T>::kDecoded) {
+      const uint32_t scale = s.wf[step][t.row(r)];
+      f[r] = make_uint2(scale, mma::half2_bits(__hmul2(mma::bits_half2(scale), __float2half2_rn(-KQuant<T>::kBias))));
+    } else {
+      f[r] = s.wf[step][t.row(r)];
+    }
+  }
+}
+#endif
+
+// Each row's sums times its s.dk (1 / d of the 256-column block before its even k-tile, d after its
+// odd one), so that the block's products accumulate onto the rows' sums over d.
+template <int NL>
+__device__ __forceinline__ void rescale(const float* dk, const WgTile& t, float (&acc)[4 * NL]) {
+  const float f[2] = {dk[t.row(0)], dk[t.row(1)]};
+#pragma unroll
+  for (int i = 0; i < 4 * NL; ++i) acc[i] *= f[i % 4 / 2];
+}
+
+// The K-quants' minimum terms of a 256-column block, sum_j min_j * sum_j(x) over its 8 sub-blocks (two
+// tf32 m16n8k4 k-steps), on tensor cores: the 6-bit mins are exact in tf32, each f32 sum is split into
+// a tf32 head and the rest, and dmin / d times the result is taken off the rows' sums over d in f32:
+// one FFMA an output a block.
+template <int T, int NL>
+__device__ __forceinline__ void minimum_terms(const Stage<T>& s, const WgTile& t, float (&acc)[4 * NL]) {
+  const uint32_t g = t.g, q = t.q;
+  uint32_t am[2][2];
+  float dmin[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    dmin[r] = s.dmin[t.row(r)];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) am[h][r] = __float_as_uint(s.wm[4 * h + q][t.row(r)]);
+  }
+#pragma unroll
+  for (int n = 0; n < NL; ++n) {
+    uint32_t m[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float sx = s.xs[4 * h + q][8 * n + g];
+      const uint32_t head = __float_as_uint(sx) & 0xffffe000u;
+      const uint32_t rest = __float_as_uint(sx - __uint_as_float(head));
+      uint32_t part[4];
+      mma::mma_tf32_k4(part, am[h], rest, m);
+      mma::mma_tf32_k4(m, am[h], head, part);
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) acc[4 * n + k] = fmaf(-dmin[k / 2], __uint_as_float(m[k]), acc[4 * n + k]);
+  }
+}
+
+// One k-tile's products of a warpgroup with NL live 8-token tiles (k-tile kt, in s) onto acc, the rows'
+// sums over d of the 256-column block (rescale): a block's products accumulate inside the tensor
+// cores, and its d costs two multiplications an output, not one a sub-block. Per sub-block one group
+// of 4 products (its two k16 halves against the inputs' high and low parts), A made in registers while
+// the group before runs; the k-tile's products are done when this returns (its stage is then free).
+template <int T, int NL>
+__device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const WgTile& t, float (&acc)[4 * NL]) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using K = KQuant<T>;
+  constexpr uint32_t kWWords = K::kWWords;
+  if (kt % 2 == 0) rescale<NL>(s.dk, t, acc);
+  // B of k16 step j: chunks 2j, 2j + 1 (high parts) or 16 + 2j.. (low), 128 bytes apart along k, the
+  // 8-token tiles 4 KiB apart.
+  const uint64_t desc = mma::smem_desc(s.x, 128, 4 * kXTileWords);
+  uint32_t high[4];
+  if constexpr (K::kHighBits) {  // the fifth bits of the k-tile's columns: words 16 + q and 20 + q
+    load_a_rows<kWWords>(high, s.w, t, 16);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) high[k] >>= 4 * (kt % 2);
+  }
+  uint32_t A[2][2][4];  // [sub-block parity][k16 half]
+  uint32_t raw[4];
+#pragma unroll
+  for (uint32_t step = 0; step < kSteps; ++step) {
+    if constexpr (K::kDecoded) {  // int8 values in column order: words 8 * step + q and + 4
+      load_a_rows<kWWords>(raw, s.w, t, 8 * step);
+    } else if (step % 2 == 0) {  // the sub-blocks of 64 columns share their bytes
+      load_a_rows<kWWords>(raw, s.w, t, 4 * step);
+    }
+    uint2 f[2];
+    factors<T>(s, step, t, f);
+    uint32_t (&a)[2][4] = A[step % 2];
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {  // the sub-block's k16 halves
+      const uint32_t r[2] = {raw[2 * m], raw[2 * m + 1]};
+      if constexpr (K::kHighBits) {
+        uint32_t u[2];
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          u[k] = ((r[k] >> (4 * (step % 2))) & 0x0f0f0f0fu) | ((high[2 * m + k] << (4 - step)) & 0x10101010u);
+        }
+        decode_a(u, 0x001f001fu, K::kBits, f, a[m]);
+      } else if constexpr (K::kDecoded) {
+        decode_a(r, 0x00ff00ffu, K::kBits, f, a[m]);
+      } else {  // Q4_K's high nibbles as they lie: 1024 + 16 n (store_factors' scale / 16)
+        decode_a(r, step % 2 == 0 ? 0x000f000fu : 0x00f000f0u, K::kBits, f, a[m]);
+      }
+    }
+    mma::wgmma_fence();
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      const uint32_t j = 2 * step + m;
+      mma::wgmma_f16<8 * NL>(acc, a[m], desc + 8 * (2 * j));
+      mma::wgmma_f16<8 * NL>(acc, a[m], desc + 8 * (16 + 2 * j));
+    }
+    mma::wgmma_commit();
+    if (step + 1 < kSteps) {
+      mma::wgmma_wait<1>();  // the group before: its A registers are free for the next sub-block
+    } else {
+      mma::wgmma_wait<0>();
+    }
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) mma::fence_operand(A[(step + 1) % 2][m][k]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4 * NL; ++i) mma::fence_operand(acc[i]);
+  if (kt % 2 == 1) {
+    if constexpr (!K::kDecoded) minimum_terms<T, NL>(s, t, acc);
+    rescale<NL>(s.dk, t, acc);
+  }
+#else
+  (void)s, (void)kt, (void)t, (void)acc;
+  __trap();
+#endif
+}
+
+// The warp's outputs of the tile's tokens (NM 2: SwiGLU of its gate and up rows), each token's times
+// its row's xp.
+template <int NM, int NL>
+__device__ __forceinline__ void store_outputs(const F16Args& a, const BlockTile& bt, const WgTile& t,
+                                              const float (&acc)[4 * NL]) {
+#pragma unroll
+  for (int n = 0; n < NL; ++n) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t tok = 8 * n + 2 * t.q + k % 2;
+      if (tok >= bt.ntok || (NM == 2 && k >= 2)) continue;
+      const uint32_t src = a.gather != nullptr ? static_cast<uint32_t>(a.gather[bt.first + tok]) : bt.first + tok;
+      const float p = a.xp[src];
+      float* yt = a.y + static_cast<size_t>(bt.first + tok) * a.ldy;
+      const uint32_t row = bt.m0 + t.row(k / 2);
+      if (row >= a.rows) continue;
+      yt[row] = NM == 2 ? swiglu_value(acc[4 * n + k] * p, acc[4 * n + k + 2] * p, a.limit) : acc[4 * n + k] * p;
+    }
+  }
+}
+
+// The block's k-tiles with NL live 8-token tiles: k-tile kt's copies and factors in buffer kt % 2, one
+// barrier a k-tile (after it kt's copies, waited for and fenced for the products' asynchronous reads,
+// and its factors are seen by every warp, and every warpgroup's products of kt - 1 are done, so kt +
+// 1's copies go into that buffer).
+template <int T, int NM, int NL>
+__device__ __forceinline__ void k_loop(const F16Args& a, TileLoader<T, NM>& ld, Stage<T>* st, const uint32_t* grid,
+                                       const BlockTile& bt) {
+  const WgTile wt = wg_tile<NM>();
+  float acc[4 * NL];
+#pragma unroll
+  for (int i = 0; i < 4 * NL; ++i) acc[i] = 0.0f;
+  const uint32_t ktiles = a.cols / BK;
+  ld.load_headers(0);
+  ld.issue(a, 0, st[0]);
+  for (uint32_t kt = 0; kt < ktiles; ++kt) {
+    const uint32_t b = kt % 2;
+    ld.store_factors(kt, st[b], grid);
+    cp_wait_all();
+    mma::fence_proxy_async();
+    __syncthreads();
+    if (kt + 1 < ktiles) {
+      ld.issue(a, kt + 1, st[1 - b]);
+      if (KQuant<T>::kDecoded || (kt + 1) % 2 == 0) ld.load_headers(kt + 1);
+    }
+    multiply<T, NL>(st[b], kt, wt, acc);
+  }
+  store_outputs<NM, NL>(a, bt, wt, acc);
+}
+
+template <int T, int NM>
+__global__ void __launch_bounds__(kThreads, 2) kquant_f16_kernel(F16Args a) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ uint32_t grid[KQuant<T>::kDecoded ? 512 : 1];
+  Stage<T>* st = reinterpret_cast<Stage<T>*>(smem);
+  __shared__ uint32_t tile_of[3];  // the block's expert, its first sorted row and its tokens
+  const uint32_t tile = blockIdx.y;
+  if (tile >= a.tiles[a.E]) return;  // the grid is sized for the most tiles the routes can make
+  for (uint32_t e = threadIdx.x; e < a.E; e += kThreads) {
+    const uint32_t start = a.tiles[e];
+    if (start <= tile && tile < a.tiles[e + 1]) {
+      const uint32_t first = a.offsets[e] + (tile - start) * BN;
+      tile_of[0] = e;
+      tile_of[1] = first;
+      tile_of[2] = min(BN, a.offsets[e + 1] - first);
+    }
+  }
+  if constexpr (KQuant<T>::kDecoded) {
+    for (uint32_t i = threadIdx.x; i < 512; i += kThreads) grid[i] = a.iq3s_grid[i];
+  }
+  __syncthreads();  // the tile, and the grid before the first decode
+  BlockTile bt;
+  bt.e = tile_of[0];
+  bt.first = tile_of[1];
+  bt.ntok = tile_of[2];
+  bt.m0 = blockIdx.x * (BR / NM);
+  TileLoader<T, NM> ld(a, bt);
+  switch ((bt.ntok + 7) / 8) {  // block-uniform: both warpgroups take every live token
+    case 1: k_loop<T, NM, 1>(a, ld, st, grid, bt); break;
+    case 2: k_loop<T, NM, 2>(a, ld, st, grid, bt); break;
+    case 3: k_loop<T, NM, 3>(a, ld, st, grid, bt); break;
+    case 4: k_loop<T, NM, 4>(a, ld, st, grid, bt); break;
+    case 5: k_loop<T, NM, 5>(a, ld, st, grid, bt); break;
+    case 6: k_loop<T, NM, 6>(a, ld, st, grid, bt); break;
+    case 7: k_loop<T, NM, 7>(a, ld, st, grid, bt); break;
+    default: k_loop<T, NM, 8>(a, ld, st, grid, bt); break;
+  }
+}
+
+int f16_type(model::GgmlType type) {
+  switch (type) {
+    case model::GgmlType::Q4_K: return qd::kQ4_K;
+    default: return -1;
+  }
+}
+
+template <int NM>
+const void* kernel_of(int t) {
+  (void)t;
+  return reinterpret_cast<const void*>(kquant_f16_kernel<qd::kQ4_K, NM>);
+}
+const void* kernel_of(int t, bool up) { return up ? kernel_of<2>(t) : kernel_of<1>(t); }
+
+bool same_layout(const DevMatrix& a, const DevMatrix& b) {
+  return a.type == b.type && a.rows == b.rows && a.cols == b.cols && a.row_bytes == b.row_bytes;
+}
+
+// Where the split inputs go: the high parts over split.hi, the low parts over split.lo and past them
+// (from a 16-byte boundary) the sums, then the row factors; null where they do not fit.
+struct F16Scratch {
+  __half* xh = nullptr;
+  __half* xl = nullptr;
+  float* xs = nullptr;
+  float* xp = nullptr;
+};
+F16Scratch f16_scratch(const SplitScratch& split, uint32_t rows, uint32_t cols) {
+  if (split.hi == nullptr || split.lo == nullptr || reinterpret_cast<uintptr_t>(split.hi) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(split.lo) % 16 != 0) {
+    return {};
+  }
+  const size_t values = size_t{rows} * cols;
+  if (split.elems < grouped_split_elems(rows, cols)) return {};  // 2 bytes an elem: the sums' 4 per 32, 4 a row
+  __half* xl = static_cast<__half*>(split.lo);
+  float* xs = reinterpret_cast<float*>(xl + values);
+  return {static_cast<__half*>(split.hi), xl, xs, xs + size_t{rows} * (cols / 32)};
+}
+
+template <int T, int NM>
+void launch(const F16Args& a, dim3 grid, cudaStream_t stream) {
+  constexpr size_t smem = 2 * sizeof(Stage<T>);
+  FERRY_CUDA(cudaFuncSetAttribute(kquant_f16_kernel<T, NM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(smem)));
+  kquant_f16_kernel<T, NM><<<grid, kThreads, smem, stream>>>(a);
+}
+
+}  // namespace
+
+bool grouped_f16_takes(const ExpertMatrices& w, const ExpertMatrices* up, const float* x, size_t ldx,
+                       uint32_t x_rows, const SplitScratch& split) {
+  const int t = f16_type(w.m.type);
+  if (t < 0 || w.m.cols == 0 || w.m.cols % 256 != 0) return false;
+  if (w.m.row_bytes != size_t{w.m.cols} / 256 * KQuant<qd::kQ4_K>::kBlockBytes) return false;
+  if (up != nullptr && !same_layout(w.m, up->m)) return false;
+  if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || ldx % 4 != 0 || ldx < w.m.cols) return false;
+  if (f16_scratch(split, x_rows, w.m.cols).xh == nullptr) return false;
+  int dev = 0, major = 0, minor = 0;
+  FERRY_CUDA(cudaGetDevice(&dev));
+  FERRY_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  FERRY_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  // sm_90a code loads on 9.0 only: no other device is asked about the kernel.
+  if (major != 9 || minor != 0) return false;
+  return code_built_for(kernel_of(t, up != nullptr), 9);
+}
+
+void grouped_gemm_f16(const ExpertMatrices& w, const ExpertMatrices* up, const float* x, size_t ldx, uint32_t x_rows,
+                      const int32_t* gather, const RouteSort& sort, uint32_t routes, uint32_t E, float limit, float* y,
+                      size_t ldy, const SplitScratch& split, cudaStream_t stream) {
+  if (routes == 0 || w.m.rows == 0 || x_rows == 0) return;
+  if (!grouped_f16_takes(w, up, x, ldx, x_rows, split)) {
+    throw CudaError("grouped_gemm_f16: not an f16 call (Q4_K rows of whole blocks, gate and up alike, aligned "
+                    "input, a scratch for " + std::to_string(x_rows) + " x " + std::to_string(w.m.cols) +
+                    " values and their factors, sm_90a code)");
+  }
+  if (gather == nullptr && x_rows < routes) {
+    throw CudaError("grouped_gemm_f16: " + std::to_string(routes) + " routes read rows of an input of " +
+                    std::to_string(x_rows));
+  }
+  if (w.table == nullptr && w.m.data == nullptr) throw CudaError("grouped_gemm_f16: no expert weights");
+  const uint32_t cols = w.m.cols;
+  const F16Scratch fs = f16_scratch(split, x_rows, cols);
+  quantize_rows_f16_kernel<<<x_rows, 256, 0, stream>>>(x, ldx, cols, fs.xh, fs.xl, fs.xs, fs.xp);
+  FERRY_CUDA_LAUNCHED();
+
+  F16Args a{};
+  a.base[0] = w.m.data;
+  a.stride[0] = w.stride;
+  a.table[0] = w.table;
+  if (up != nullptr) {
+    a.base[1] = up->m.data;
+    a.stride[1] = up->stride;
+    a.table[1] = up->table;
+  }
+  a.rows = w.m.rows;
+  a.cols = cols;
+  a.row_bytes = w.m.row_bytes;
+  a.xh = fs.xh;
+  a.xl = fs.xl;
+  a.xs = fs.xs;
+  a.xp = fs.xp;
+  a.gather = gather;
+  a.offsets = sort.offsets;
+  a.tiles = sort.tiles;
+  a.E = E;
+  a.y = y;
+  a.ldy = ldy;
+  a.limit = limit;
+  const size_t max_tiles = (size_t{routes} + BN - 1) / BN + std::min(E, routes);
+  const uint32_t rm = up != nullptr ? BR / 2 : BR;
+  const size_t row_tiles = (size_t{w.m.rows} + rm - 1) / rm;
+  if (max_tiles > 65535 || row_tiles > 0x7fffffffu) {
+    throw CudaError("grouped_gemm_f16: " + std::to_string(routes) + " routes over " + std::to_string(w.m.rows) +
+                    " rows make too large a grid");
+  }
+  const dim3 grid(static_cast<uint32_t>(row_tiles), static_cast<uint32_t>(max_tiles));
+  if (up != nullptr) {
+    launch<qd::kQ4_K, 2>(a, grid, stream);
+  } else {
+    launch<qd::kQ4_K, 1>(a, grid, stream);
+  }
+  FERRY_CUDA_LAUNCHED();
+}
+
+}  // namespace ferry::gpu
