@@ -1,5 +1,5 @@
-// The grouped expert GEMMs on fp16 tensor cores over exact integer weights for Q4_K and Q5_K
-// (gpu/moe_grouped_f16.hpp says what and why).
+// The grouped expert GEMMs on Hopper's fp16 warpgroup MMA over exact integer weights for Q4_K, Q5_K and
+// IQ3_S (gpu/moe_grouped_f16.hpp says what and why). Built for sm_90a alone (gpu/CMakeLists.txt).
 //
 // First a pass quantizes each input row as the decode matvec does (int16 values, a step per 32) and
 // writes each value times its step, scaled by a power of two that brings the row's largest |x| into
@@ -8,20 +8,22 @@
 // 16 columns the values lie even columns first, then odd: the order in which a lane's weight bytes
 // give its fp16 pairs (below).
 //
-// A block: 8 warps over 128 weight rows (64 each of gate and up, whose SwiGLU is then taken in
-// registers) x the 64 sorted rows of a token tile, k-tiles of 128 columns copied by cp.async into
-// two buffers. A warp multiplies 32 weight rows x 32 tokens: per 32-column sub-block its A
-// fragments are its rows' quant bytes turned into fp16 by a mask and the bits of 1024 (or 1152 for
-// IQ3_S's signed bytes) and one HFMA2 with the sub-block's scale (exact: scale * q is a small
-// integer), then 2 x 4 tiles of m16n8k16 against the inputs' high and low parts. A 256-column
-// block's sums stay in the tensor cores' f32 accumulators; d multiplies them once the block is done,
-// and the minimum terms (dmin * min_j * sum_j(x)) are a tf32 product a k-tile.
+// A block: warpgroups of 64 weight rows each (gate and up: 32 of each, whose SwiGLU is then taken in
+// registers) x every live token of a tile of 64 sorted rows, k-tiles of 128 columns copied by cp.async
+// into a ring of stages, the tokens' parts laid out as the core matrices of wgmma's B operand. Per
+// 32-column sub-block a warp makes its A fragments from its rows' quant bytes, turned into fp16 by a
+// mask and the bits of 1024 (or 1152 for IQ3_S's signed bytes) and one HFMA2 with the sub-block's
+// scale (exact: scale * q is a small integer), then the warpgroup issues 4 products m64nNk16 (the two
+// k16 halves against the high and the low parts) while it makes the next sub-block's A. A 256-column
+// block's sums stay in the accumulators, as the rows' sums over the block's d (times 1 / d before it,
+// d after it), and the minimum terms (dmin * min_j * sum_j(x)) are a tf32 mma.sync product a block.
 #include "gpu/moe_grouped_f16.hpp"
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "gpu/block_reduce.cuh"
@@ -123,7 +125,7 @@ struct WgTile {
   __device__ uint32_t row(int r) const { return rows[r] + g; }
 };
 
-template <int NM>
+template <int NM, uint32_t BR>
 __device__ __forceinline__ WgTile wg_tile() {
   const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4, wr = warp % 4;
   WgTile t;
@@ -167,8 +169,8 @@ __device__ __forceinline__ void decode_a(const uint32_t (&r)[2], uint32_t mask, 
 }
 
 // Fragment rows g and g + 8's scale and offset of a sub-block.
-template <int T>
-__device__ __forceinline__ void factors(const Stage<T>& s, uint32_t step, const WgTile& t, uint2 (&f)[2]) {
+template <int T, class S>
+__device__ __forceinline__ void factors(const S& s, uint32_t step, const WgTile& t, uint2 (&f)[2]) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if constexpr (KQuant<T>::kDecoded) {
@@ -194,8 +196,8 @@ __device__ __forceinline__ void rescale(const float* dk, const WgTile& t, float 
 // tf32 m16n8k4 k-steps), on tensor cores: the 6-bit mins are exact in tf32, each f32 sum is split into
 // a tf32 head and the rest, and dmin / d times the result is taken off the rows' sums over d in f32:
 // one FFMA an output a block.
-template <int T, int NL>
-__device__ __forceinline__ void minimum_terms(const Stage<T>& s, const WgTile& t, float (&acc)[4 * NL]) {
+template <int NL, class S>
+__device__ __forceinline__ void minimum_terms(const S& s, const WgTile& t, float (&acc)[4 * NL]) {
   const uint32_t g = t.g, q = t.q;
   uint32_t am[2][2];
   float dmin[2];
@@ -203,7 +205,7 @@ __device__ __forceinline__ void minimum_terms(const Stage<T>& s, const WgTile& t
   for (int r = 0; r < 2; ++r) {
     dmin[r] = s.dmin[t.row(r)];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) am[h][r] = __float_as_uint(s.wm[4 * h + q][t.row(r)]);
+    for (int h = 0; h < 2; ++h) am[h][r] = __float_as_uint(static_cast<float>(s.wm[4 * h + q][t.row(r)]));
   }
 #pragma unroll
   for (int n = 0; n < NL; ++n) {
@@ -226,9 +228,12 @@ __device__ __forceinline__ void minimum_terms(const Stage<T>& s, const WgTile& t
 // sums over d of the 256-column block (rescale): a block's products accumulate inside the tensor
 // cores, and its d costs two multiplications an output, not one a sub-block. Per sub-block one group
 // of 4 products (its two k16 halves against the inputs' high and low parts), A made in registers while
-// the group before runs; the k-tile's products are done when this returns (its stage is then free).
-template <int T, int NL>
-__device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const WgTile& t, float (&acc)[4 * NL]) {
+// the group before runs. The k-tile's products are done when this returns, but with Lag 1 those of an
+// even k-tile: its last group runs on into the next k-tile, whose first wait retires it (A's two sets
+// alternate across k-tiles too: kSteps is even).
+template <int T, int NL, int Lag, uint32_t Parity, class S>
+__device__ __forceinline__ void multiply(const S& s, const WgTile& t, float (&acc)[4 * NL]) {
+  constexpr uint32_t kt = Parity;  // the k-tile's parity is all its products ask of it
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using K = KQuant<T>;
   constexpr uint32_t kWWords = K::kWWords;
@@ -278,25 +283,31 @@ __device__ __forceinline__ void multiply(const Stage<T>& s, uint32_t kt, const W
       mma::wgmma_f16<8 * NL>(acc, a[m], desc + 8 * (16 + 2 * j));
     }
     mma::wgmma_commit();
-    if (step + 1 < kSteps) {
+    if (step + 1 < kSteps || (Lag == 1 && kt % 2 == 0)) {
       mma::wgmma_wait<1>();  // the group before: its A registers are free for the next sub-block
     } else {
       mma::wgmma_wait<0>();
     }
+    // Both sets: each stays live up to the wait that retires its group.
 #pragma unroll
-    for (int m = 0; m < 2; ++m) {
+    for (int p = 0; p < 2; ++p) {
 #pragma unroll
-      for (int k = 0; k < 4; ++k) mma::fence_operand(A[(step + 1) % 2][m][k]);
+      for (int m = 0; m < 2; ++m) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) mma::fence_operand(A[p][m][k]);
+      }
     }
   }
+  if (kt % 2 == 1 || Lag == 0) {
 #pragma unroll
-  for (int i = 0; i < 4 * NL; ++i) mma::fence_operand(acc[i]);
+    for (int i = 0; i < 4 * NL; ++i) mma::fence_operand(acc[i]);
+  }
   if (kt % 2 == 1) {
-    if constexpr (!K::kDecoded) minimum_terms<T, NL>(s, t, acc);
+    if constexpr (!K::kDecoded) minimum_terms<NL>(s, t, acc);
     rescale<NL>(s.dk, t, acc);
   }
 #else
-  (void)s, (void)kt, (void)t, (void)acc;
+  (void)s, (void)t, (void)acc;
   __trap();
 #endif
 }
@@ -322,40 +333,63 @@ __device__ __forceinline__ void store_outputs(const F16Args& a, const BlockTile&
   }
 }
 
-// The block's k-tiles with NL live 8-token tiles: k-tile kt's copies and factors in buffer kt % 2, one
-// barrier a k-tile (after it kt's copies, waited for and fenced for the products' asynchronous reads,
-// and its factors are seen by every warp, and every warpgroup's products of kt - 1 are done, so kt +
-// 1's copies go into that buffer).
-template <int T, int NM, int NL>
-__device__ __forceinline__ void k_loop(const F16Args& a, TileLoader<T, NM>& ld, Stage<T>* st, const uint32_t* grid,
-                                       const BlockTile& bt) {
-  const WgTile wt = wg_tile<NM>();
+// The block's k-tiles with NL live 8-token tiles: k-tile kt's copies and factors in buffer kt % Stages,
+// the copies P = Stages - 1 - Lag k-tiles ahead of the products, one group a k-tile (empty past the
+// last); one barrier a k-tile: after it kt's copies (waited for and fenced for the products'
+// asynchronous reads) and factors are seen by every warp, and every warpgroup's products of kt - 1 -
+// Lag are done, whose buffer k-tile kt + P's copies then take.
+template <int T, int NM, class C, int NL>
+__device__ __forceinline__ void k_loop(const F16Args& a, TileLoader<T, NM, C>& ld, Stage<T, C::BR>* st,
+                                       const uint32_t* grid, const BlockTile& bt) {
+  constexpr int kP = C::kStages - 1 - C::kLag;
+  const WgTile wt = wg_tile<NM, C::BR>();
   float acc[4 * NL];
 #pragma unroll
   for (int i = 0; i < 4 * NL; ++i) acc[i] = 0.0f;
   const uint32_t ktiles = a.cols / BK;
   ld.load_headers(0);
-  ld.issue(a, 0, st[0]);
-  for (uint32_t kt = 0; kt < ktiles; ++kt) {
-    const uint32_t b = kt % 2;
-    ld.store_factors(kt, st[b], grid);
-    cp_wait_all();
-    mma::fence_proxy_async();
-    __syncthreads();
-    if (kt + 1 < ktiles) {
-      ld.issue(a, kt + 1, st[1 - b]);
-      if (KQuant<T>::kDecoded || (kt + 1) % 2 == 0) ld.load_headers(kt + 1);
+#pragma unroll
+  for (int j = 0; j < kP; ++j) {
+    if (static_cast<uint32_t>(j) < ktiles) {
+      ld.issue(a, j, st[j]);
+    } else {
+      cp_commit();
     }
-    multiply<T, NL>(st[b], kt, wt, acc);
+  }
+  // A 256-column block (two k-tiles) an iteration, one stretch of code: with Lag 1 an even k-tile's
+  // last products, in flight past the barrier, stay within the loop's body (across its back edge
+  // ptxas serialises them).
+  for (uint32_t kb = 0; kb < ktiles; kb += 2) {
+#pragma unroll
+    for (uint32_t h = 0; h < 2; ++h) {
+      const uint32_t kt = kb + h, b = kt % C::kStages;
+      ld.store_factors(kt, st[b], grid);
+      cp_wait<kP - 1>();
+      mma::fence_proxy_async();
+      __syncthreads();
+      const uint32_t next = kt + kP;
+      if (next < ktiles) {
+        ld.issue(a, next, st[next % C::kStages]);
+      } else {
+        cp_commit();
+      }
+      if (kt + 1 < ktiles && (KQuant<T>::kDecoded || h == 1)) ld.load_headers(kt + 1);
+      if (h == 0) {
+        multiply<T, NL, C::kLag, 0>(st[b], wt, acc);
+      } else {
+        multiply<T, NL, C::kLag, 1>(st[b], wt, acc);
+      }
+    }
   }
   store_outputs<NM, NL>(a, bt, wt, acc);
 }
 
-template <int T, int NM>
-__global__ void __launch_bounds__(kThreads, 2) kquant_f16_kernel(F16Args a) {
+template <int T, int NM, class C>
+__global__ void __launch_bounds__(C::kThreads, 512 / C::kThreads) kquant_f16_kernel(F16Args a) {
+  constexpr uint32_t kThreads = C::kThreads;
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ uint32_t grid[KQuant<T>::kDecoded ? 512 : 1];
-  Stage<T>* st = reinterpret_cast<Stage<T>*>(smem);
+  Stage<T, C::BR>* st = reinterpret_cast<Stage<T, C::BR>*>(smem);
   __shared__ uint32_t tile_of[3];  // the block's expert, its first sorted row and its tokens
   const uint32_t tile = blockIdx.y;
   if (tile >= a.tiles[a.E]) return;  // the grid is sized for the most tiles the routes can make
@@ -376,31 +410,36 @@ __global__ void __launch_bounds__(kThreads, 2) kquant_f16_kernel(F16Args a) {
   bt.e = tile_of[0];
   bt.first = tile_of[1];
   bt.ntok = tile_of[2];
-  bt.m0 = blockIdx.x * (BR / NM);
-  TileLoader<T, NM> ld(a, bt);
-  switch ((bt.ntok + 7) / 8) {  // block-uniform: both warpgroups take every live token
-    case 1: k_loop<T, NM, 1>(a, ld, st, grid, bt); break;
-    case 2: k_loop<T, NM, 2>(a, ld, st, grid, bt); break;
-    case 3: k_loop<T, NM, 3>(a, ld, st, grid, bt); break;
-    case 4: k_loop<T, NM, 4>(a, ld, st, grid, bt); break;
-    case 5: k_loop<T, NM, 5>(a, ld, st, grid, bt); break;
-    case 6: k_loop<T, NM, 6>(a, ld, st, grid, bt); break;
-    case 7: k_loop<T, NM, 7>(a, ld, st, grid, bt); break;
-    default: k_loop<T, NM, 8>(a, ld, st, grid, bt); break;
+  bt.m0 = blockIdx.x * (C::BR / NM);
+  TileLoader<T, NM, C> ld(a, bt);
+  switch ((bt.ntok + 7) / 8) {  // block-uniform: every warpgroup takes every live token
+    case 1: k_loop<T, NM, C, 1>(a, ld, st, grid, bt); break;
+    case 2: k_loop<T, NM, C, 2>(a, ld, st, grid, bt); break;
+    case 3: k_loop<T, NM, C, 3>(a, ld, st, grid, bt); break;
+    case 4: k_loop<T, NM, C, 4>(a, ld, st, grid, bt); break;
+    case 5: k_loop<T, NM, C, 5>(a, ld, st, grid, bt); break;
+    case 6: k_loop<T, NM, C, 6>(a, ld, st, grid, bt); break;
+    case 7: k_loop<T, NM, C, 7>(a, ld, st, grid, bt); break;
+    default: k_loop<T, NM, C, 8>(a, ld, st, grid, bt); break;
   }
 }
 
 int f16_type(model::GgmlType type) {
   switch (type) {
     case model::GgmlType::Q4_K: return qd::kQ4_K;
+    case model::GgmlType::Q5_K: return qd::kQ5_K;
+    case model::GgmlType::IQ3_S: return qd::kIQ3_S;
     default: return -1;
   }
 }
 
+using Default = Cfg<2, 2, 0>;
+
 template <int NM>
 const void* kernel_of(int t) {
-  (void)t;
-  return reinterpret_cast<const void*>(kquant_f16_kernel<qd::kQ4_K, NM>);
+  return t == qd::kQ4_K   ? reinterpret_cast<const void*>(kquant_f16_kernel<qd::kQ4_K, NM, Default>)
+         : t == qd::kQ5_K ? reinterpret_cast<const void*>(kquant_f16_kernel<qd::kQ5_K, NM, Default>)
+                          : reinterpret_cast<const void*>(kquant_f16_kernel<qd::kIQ3_S, NM, Default>);
 }
 const void* kernel_of(int t, bool up) { return up ? kernel_of<2>(t) : kernel_of<1>(t); }
 
@@ -428,12 +467,49 @@ F16Scratch f16_scratch(const SplitScratch& split, uint32_t rows, uint32_t cols) 
   return {static_cast<__half*>(split.hi), xl, xs, xs + size_t{rows} * (cols / 32)};
 }
 
-template <int T, int NM>
-void launch(const F16Args& a, dim3 grid, cudaStream_t stream) {
-  constexpr size_t smem = 2 * sizeof(Stage<T>);
-  FERRY_CUDA(cudaFuncSetAttribute(kquant_f16_kernel<T, NM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+template <int T, int NM, class C>
+void launch_cfg(F16Args a, uint32_t rows, uint32_t tiles, cudaStream_t stream) {
+  constexpr size_t smem = C::kStages * sizeof(Stage<T, C::BR>);
+  FERRY_CUDA(cudaFuncSetAttribute(kquant_f16_kernel<T, NM, C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(smem)));
-  kquant_f16_kernel<T, NM><<<grid, kThreads, smem, stream>>>(a);
+  const uint32_t rm = C::BR / NM;
+  const dim3 grid((rows + rm - 1) / rm, tiles);
+  kquant_f16_kernel<T, NM, C><<<grid, C::kThreads, smem, stream>>>(a);
+}
+
+// Temporary (the device checks' A/B): FERRY_WGMMA_CFG 1 = 4 warpgroups, 2 stages; 2 = 4 warpgroups, 3
+// stages with a lag of one k-tile; 3 = 4 warpgroups, 3 stages (copies two k-tiles ahead); else 2
+// warpgroups, 2 stages.
+int cfg_choice() {
+  static const int v = [] {
+    const char* e = std::getenv("FERRY_WGMMA_CFG");
+    return e != nullptr ? std::atoi(e) : 0;
+  }();
+  return v;
+}
+
+template <int T, int NM>
+void launch(const F16Args& a, uint32_t rows, uint32_t tiles, cudaStream_t stream) {
+  if constexpr (T == qd::kQ4_K) {
+    switch (cfg_choice()) {
+      case 1: launch_cfg<T, NM, Cfg<4, 2, 0>>(a, rows, tiles, stream); return;
+      case 2: launch_cfg<T, NM, Cfg<4, 3, 1>>(a, rows, tiles, stream); return;
+      case 3: launch_cfg<T, NM, Cfg<4, 3, 0>>(a, rows, tiles, stream); return;
+      default: break;
+    }
+  }
+  launch_cfg<T, NM, Default>(a, rows, tiles, stream);
+}
+
+template <int NM>
+void launch(int t, const F16Args& a, uint32_t rows, uint32_t tiles, cudaStream_t stream) {
+  if (t == qd::kQ4_K) {
+    launch<qd::kQ4_K, NM>(a, rows, tiles, stream);
+  } else if (t == qd::kQ5_K) {
+    launch<qd::kQ5_K, NM>(a, rows, tiles, stream);
+  } else {
+    launch<qd::kIQ3_S, NM>(a, rows, tiles, stream);
+  }
 }
 
 }  // namespace
@@ -442,7 +518,10 @@ bool grouped_f16_takes(const ExpertMatrices& w, const ExpertMatrices* up, const 
                        uint32_t x_rows, const SplitScratch& split) {
   const int t = f16_type(w.m.type);
   if (t < 0 || w.m.cols == 0 || w.m.cols % 256 != 0) return false;
-  if (w.m.row_bytes != size_t{w.m.cols} / 256 * KQuant<qd::kQ4_K>::kBlockBytes) return false;
+  const uint32_t block = t == qd::kQ4_K   ? KQuant<qd::kQ4_K>::kBlockBytes
+                         : t == qd::kQ5_K ? KQuant<qd::kQ5_K>::kBlockBytes
+                                          : KQuant<qd::kIQ3_S>::kBlockBytes;
+  if (w.m.row_bytes != size_t{w.m.cols} / 256 * block) return false;
   if (up != nullptr && !same_layout(w.m, up->m)) return false;
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || ldx % 4 != 0 || ldx < w.m.cols) return false;
   if (f16_scratch(split, x_rows, w.m.cols).xh == nullptr) return false;
@@ -460,7 +539,7 @@ void grouped_gemm_f16(const ExpertMatrices& w, const ExpertMatrices* up, const f
                       size_t ldy, const SplitScratch& split, cudaStream_t stream) {
   if (routes == 0 || w.m.rows == 0 || x_rows == 0) return;
   if (!grouped_f16_takes(w, up, x, ldx, x_rows, split)) {
-    throw CudaError("grouped_gemm_f16: not an f16 call (Q4_K rows of whole blocks, gate and up alike, aligned "
+    throw CudaError("grouped_gemm_f16: not an f16 call (Q4_K / Q5_K / IQ3_S rows of whole blocks, gate and up alike, aligned "
                     "input, a scratch for " + std::to_string(x_rows) + " x " + std::to_string(w.m.cols) +
                     " values and their factors, sm_90a code)");
   }
@@ -498,17 +577,15 @@ void grouped_gemm_f16(const ExpertMatrices& w, const ExpertMatrices* up, const f
   a.ldy = ldy;
   a.limit = limit;
   const size_t max_tiles = (size_t{routes} + BN - 1) / BN + std::min(E, routes);
-  const uint32_t rm = up != nullptr ? BR / 2 : BR;
-  const size_t row_tiles = (size_t{w.m.rows} + rm - 1) / rm;
-  if (max_tiles > 65535 || row_tiles > 0x7fffffffu) {
-    throw CudaError("grouped_gemm_f16: " + std::to_string(routes) + " routes over " + std::to_string(w.m.rows) +
-                    " rows make too large a grid");
+  if (max_tiles > 65535) {
+    throw CudaError("grouped_gemm_f16: " + std::to_string(routes) + " routes make too large a grid");
   }
-  const dim3 grid(static_cast<uint32_t>(row_tiles), static_cast<uint32_t>(max_tiles));
+  const int t = f16_type(w.m.type);
+  if (t == qd::kIQ3_S) a.iq3s_grid = iq3s_grid_address();
   if (up != nullptr) {
-    launch<qd::kQ4_K, 2>(a, grid, stream);
+    launch<2>(t, a, w.m.rows, static_cast<uint32_t>(max_tiles), stream);
   } else {
-    launch<qd::kQ4_K, 1>(a, grid, stream);
+    launch<1>(t, a, w.m.rows, static_cast<uint32_t>(max_tiles), stream);
   }
   FERRY_CUDA_LAUNCHED();
 }

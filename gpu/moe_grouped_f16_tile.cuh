@@ -13,11 +13,19 @@
 
 namespace ferry::gpu::grouped_f16 {
 constexpr uint32_t BN = kGroupedTileTokens;  // sorted rows of a block: the sort's token tiles
-constexpr uint32_t BR = 128;                 // weight rows of a block (NM matrices of BR / NM rows)
 constexpr uint32_t BK = 128;                 // columns of a k-tile
 constexpr uint32_t kSteps = BK / 32;         // k32 steps (sub-blocks) of a k-tile
-constexpr uint32_t kThreads = 256;           // two warpgroups
-static_assert(BN == 64 && BR == 128 && kThreads == 256, "moe_grouped_f16: thread maps assume 64 x 128 tiles, 256 threads");
+static_assert(BN == 64, "moe_grouped_f16: thread maps assume token tiles of 64");
+
+// A block's shape: WG warpgroups, each over 64 weight rows (BR in all: NM matrices of BR / NM rows) x
+// the tile's tokens; Stages buffers of k-tiles; Lag 1: an even k-tile's products still run while
+// the next k-tile starts (its copies then go two k-tiles ahead of the products, not one).
+template <int WG, int Stages, int Lag>
+struct Cfg {
+  static constexpr uint32_t kWG = WG, BR = 64 * WG, kThreads = 128 * WG;
+  static constexpr int kStages = Stages, kLag = Lag;
+  static_assert((WG == 2 || WG == 4) && Stages >= 2 + Lag && (Lag == 0 || Lag == 1), "moe_grouped_f16: shapes");
+};
 // The tokens' k-tile in shared memory as wgmma's B operand takes it (K-major core matrices of 8 tokens
 // x 16 bytes, 128 contiguous bytes each): per 8-token tile 32 core matrices, chunk c < 16 the high
 // parts of values 8c..8c + 7, chunk 16 + c their low parts; an 8-token tile's k-tile is 4 KiB.
@@ -56,7 +64,7 @@ template <> struct KQuant<qd::kIQ3_S> {
 // The minimum terms are taken once a 256-column block, after its odd k-tile: that k-tile's stage holds
 // the mins of the block's 8 sub-blocks and the tokens' 8 sums.
 constexpr uint32_t kBlockSubs = 8;
-template <int T>
+template <int T, uint32_t BR>
 struct alignas(128) Stage {
   // IQ3_S has no minimum terms: their arrays keep 16 bytes.
   static constexpr bool kMin = !KQuant<T>::kDecoded;
@@ -65,7 +73,7 @@ struct alignas(128) Stage {
   uint32_t w[BR * KQuant<T>::kWWords];
   typename KQuant<T>::Factor wf[kSteps][BR];  // per sub-block and weight row: the decode's scale (and offset)
   float dk[BR];         // per weight row: 1 / d (even k-tiles) or d (odd)
-  float wm[kMS][kMR];   // K-quants, odd k-tiles: per sub-block of the block and row its 6-bit min
+  uint8_t wm[kMS][kMR];  // K-quants, odd k-tiles: per sub-block of the block and row its 6-bit min
   float dmin[kMR];      // per row dmin / d
   float xs[kMS][kMT];   // odd k-tiles: per sub-block of the block and token the scaled f32 sum (rows 8 banks apart)
 };
@@ -112,9 +120,11 @@ __device__ __forceinline__ void cp_commit() {
 #endif
 }
 
-__device__ __forceinline__ void cp_wait_all() {
+// Waits until at most `Pending` of this thread's latest groups are in flight.
+template <int Pending>
+__device__ __forceinline__ void cp_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  asm volatile("cp.async.wait_group %0;" ::"n"(Pending) : "memory");
 #endif
 }
 
@@ -166,15 +176,17 @@ struct BlockTile {
 };
 
 // What a thread copies of each k-tile, and the bytes it makes the weight factors from. Weight items
-// tid and tid + 256 of 128 rows x 4 chunks (row item / 4; chunk, and the sub-block whose factors
-// the thread makes, tid % 4); Q5_K's fifth bits, 128 rows x 2 chunks (row tid / 2, chunk tid % 2);
-// the inputs of token tid / 4: chunks tid % 4 + 4i of its 16 high and 16 low (a warp's 8 tokens are
-// one 8-token tile: its lanes write 4 whole core matrices at once), and (odd k-tiles) the sums of
-// its block's sub-blocks tid % 4 and tid % 4 + 4. Rows past the matrix and tokens past the tile read
-// row rows - 1 and the tile's first token: their products are not stored.
-template <int T, int NM>
+// tid and tid + kThreads of BR rows x 4 chunks (row item / 4; chunk, and the sub-block whose factors
+// the thread makes, tid % 4); Q5_K's fifth bits, BR rows x 2 chunks (row tid / 2, chunk tid % 2);
+// the inputs of token tid % 256 / 4: chunks tid % 4 + 4i of its 16 high and (with 256 threads, or
+// threads 256.. of 512) its 16 low (a warp's 8 tokens are one 8-token tile: its lanes write 4 whole
+// core matrices at once), and (odd k-tiles) the sums of its block's sub-blocks tid % 4 and tid % 4 +
+// 4 (with 512 threads one of them). Rows past the matrix and tokens past the tile read row rows - 1
+// and the tile's first token: their products are not stored.
+template <int T, int NM, class C>
 struct TileLoader {
   using K = KQuant<T>;
+  static constexpr uint32_t BR = C::BR, kThreads = C::kThreads;
   static constexpr uint32_t RM = BR / NM;  // rows of each matrix in the block
   const uint8_t* wrow[2];
   uint32_t wlr[2];
@@ -203,13 +215,13 @@ struct TileLoader {
       wlr[j] = (tid + kThreads * j) / 4;
       wrow[j] = row(wlr[j]);
     }
-    const uint32_t tok = tid / 4, t = tok < bt.ntok ? tok : 0;
+    const uint32_t tok = tid % 256 / 4, t = tok < bt.ntok ? tok : 0;
     xrow = a.gather != nullptr ? static_cast<size_t>(a.gather[bt.first + t]) : bt.first + t;
     xlive = tok < (bt.ntok + 7) / 8 * 8;
   }
 
   // k-tile kt's copies into s, one group.
-  __device__ void issue(const F16Args& a, uint32_t kt, Stage<T>& s) const {
+  __device__ void issue(const F16Args& a, uint32_t kt, Stage<T, BR>& s) const {
     const uint32_t tid = threadIdx.x, wch = tid % 4;
     const size_t wb = (kt / 2) * K::kBlockBytes + K::kNibbles + 64 * (kt % 2) + 16 * wch;
 #pragma unroll
@@ -223,19 +235,23 @@ struct TileLoader {
       }
     }
     if (xlive) {
+      constexpr uint32_t kParts = kThreads == 256 ? 2 : 1;  // the high parts, the low ones
+      const uint32_t part0 = kThreads == 256 ? 0 : tid / 256, tok = tid % 256 / 4;
       const size_t at = xrow * a.cols + BK * kt;
-      uint32_t* dst = &s.x[(tid / 32) * kXTileWords + 4 * (tid / 4 % 8)];
+      uint32_t* dst = &s.x[(tok / 8) * kXTileWords + 4 * (tok % 8)];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const uint32_t c = wch + 4 * i;  // 8 values a chunk
-        cp_async(dst + 32 * c, a.xh + at + 8 * c, 16);
-        cp_async(dst + 32 * (16 + c), a.xl + at + 8 * c, 16);
+      for (uint32_t p = part0; p < part0 + kParts; ++p) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint32_t c = wch + 4 * i;  // 8 values a chunk
+          cp_async(dst + 32 * (16 * p + c), (p == 0 ? a.xh : a.xl) + at + 8 * c, 16);
+        }
       }
       if constexpr (!K::kDecoded) {
         if (kt % 2 == 1) {
           const float* xs = a.xs + xrow * (a.cols / 32) + kBlockSubs * (kt / 2);
-          cp_async(&s.xs[wch][tid / 4], xs + wch, 4);
-          cp_async(&s.xs[wch + 4][tid / 4], xs + wch + 4, 4);
+#pragma unroll
+          for (uint32_t p = part0; p < part0 + kParts; ++p) cp_async(&s.xs[wch + 4 * p][tok], xs + wch + 4 * p, 4);
         }
       }
     }
@@ -284,7 +300,7 @@ struct TileLoader {
   // k-tile kt's weight factors into s. The decode gives a nibble n as the fp16 1024 + n (Q4_K's
   // high nibbles 1024 + 16 n; Q5_K's five bits 1024 + q), so scale * value + offset is the exact
   // integer sc * q.
-  __device__ void store_factors(uint32_t kt, Stage<T>& s, const uint32_t* grid) const {
+  __device__ void store_factors(uint32_t kt, Stage<T, BR>& s, const uint32_t* grid) const {
     const uint32_t wch = threadIdx.x % 4;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
@@ -305,8 +321,8 @@ struct TileLoader {
             d == 0.0f ? 0.0f : static_cast<float>(sc) * (!K::kHighBits && wch % 2 == 1 ? 0.0625f : 1.0f);
         s.wf[wch][wlr[j]] = make_uint2(half2_of(scale), half2_of(-K::kBias * scale));
         if (kt % 2 == 1) {  // the block's minimum terms, taken after this k-tile
-          s.wm[wch][wlr[j]] = static_cast<float>(scm[j][0] >> 8);
-          s.wm[wch + 4][wlr[j]] = static_cast<float>(scm[j][1] >> 8);
+          s.wm[wch][wlr[j]] = static_cast<uint8_t>(scm[j][0] >> 8);
+          s.wm[wch + 4][wlr[j]] = static_cast<uint8_t>(scm[j][1] >> 8);
           if (wch == 0) s.dmin[wlr[j]] = qd::h2f(dd[j] >> 16) / (d == 0.0f ? 1.0f : d);
         }
       }

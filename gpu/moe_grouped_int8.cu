@@ -29,12 +29,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/mma_int8.cuh"
-#include "gpu/moe_grouped_f16.hpp"
 #include "gpu/pdl.hpp"
 #include "gpu/quant_device.cuh"
 #include "gpu/swiglu.cuh"
@@ -717,10 +715,6 @@ void grouped_gemm_int8(const ExpertMatrices& w, const ExpertMatrices* up, const 
                     std::to_string(x_rows));
   }
   if (w.table == nullptr && w.m.data == nullptr) throw CudaError("grouped_gemm_int8: no expert weights");
-  if (std::getenv("FERRY_GROUPED_WGMMA") != nullptr && grouped_f16_takes(w, up, x, ldx, x_rows, split)) {
-    grouped_gemm_f16(w, up, x, ldx, x_rows, gather, sort, routes, E, limit, y, ldy, split, stream);
-    return;
-  }
   const uint32_t cols = w.m.cols;
   const QuantScratch qs = quant_scratch(split, x_rows, cols);
   const size_t pieces = size_t{x_rows} * (cols / 16);
