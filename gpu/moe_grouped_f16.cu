@@ -43,29 +43,23 @@ namespace {
 using namespace grouped_f16;
 
 
-// One row's values of a 16-value piece, even columns first: its fp16 high and low parts.
-__device__ __forceinline__ void split_piece(const uint32_t (&packed)[8], float step, uint32_t (&hi)[8],
-                                            uint32_t (&lo)[8]) {
-  float v[16];
+// One row's 16-value piece as int16 values two a word (x16_pack's), in the order the products take them
+// (even columns, then odd): words 0..3 columns (0, 2), (4, 6).., words 4..7 (1, 3), (5, 7)..
+__device__ __forceinline__ void even_first(const uint32_t (&packed)[8], uint32_t (&w)[8]) {
 #pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    v[k] = static_cast<float>(static_cast<int16_t>(packed[k] & 0xffffu)) * step;  // column 2k
-    v[8 + k] = static_cast<float>(static_cast<int32_t>(packed[k]) >> 16) * step;  // column 2k + 1
-  }
-#pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    const __half2 h = __floats2half2_rn(v[2 * k], v[2 * k + 1]);
-    const float2 f = __half22float2(h);
-    const __half2 l = __floats2half2_rn(v[2 * k] - f.x, v[2 * k + 1] - f.y);
-    hi[k] = *reinterpret_cast<const uint32_t*>(&h);
-    lo[k] = *reinterpret_cast<const uint32_t*>(&l);
+  for (int j = 0; j < 4; ++j) {
+    w[j] = __byte_perm(packed[2 * j], packed[2 * j + 1], 0x5410);
+    w[4 + j] = __byte_perm(packed[2 * j], packed[2 * j + 1], 0x7632);
   }
 }
 
 // A block a row: the row's largest |x| first (its power of two), then each thread's 16-value
-// pieces as quantize_rows_kernel of the int8 path makes them, written as split_piece's parts.
+// pieces as quantize_rows_kernel of the int8 path makes them, written as split_pair's parts (or, Cvt,
+// as the int16 words and each 32 values' step times the power of two, which the loader splits).
+template <bool Cvt>
 __global__ void __launch_bounds__(256) quantize_rows_f16_kernel(const float* x, size_t ldx, uint32_t cols, __half* xh,
-                                                                __half* xl, float* xs, float* xp) {
+                                                                __half* xl, float* xs, float* xp, uint32_t* xq,
+                                                                float* xstep) {
   __shared__ float scratch[32];
   const uint32_t r = blockIdx.x, pieces = cols / 16;
   const float* row = x + static_cast<size_t>(r) * ldx;
@@ -101,16 +95,27 @@ __global__ void __launch_bounds__(256) quantize_rows_f16_kernel(const float* x, 
     const float a32 = x32_amax(a16);
     const float sum32 = sum + __shfl_xor_sync(0xffffffffu, sum, 1);
     if (!valid) continue;
-    uint32_t packed[8], hi[8], lo[8];
+    uint32_t packed[8], w[8];
     x16_pack(v, a32, packed);
-    split_piece(packed, x32_scale(a32) * scale, hi, lo);
+    even_first(packed, w);
+    const float step = x32_scale(a32) * scale;
     const size_t at = static_cast<size_t>(r) * cols + 16 * p;
-    uint4* dh = reinterpret_cast<uint4*>(xh + at);
-    uint4* dl = reinterpret_cast<uint4*>(xl + at);
-    dh[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-    dh[1] = make_uint4(hi[4], hi[5], hi[6], hi[7]);
-    dl[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-    dl[1] = make_uint4(lo[4], lo[5], lo[6], lo[7]);
+    if constexpr (Cvt) {
+      uint4* dq = reinterpret_cast<uint4*>(xq + at / 2);
+      dq[0] = make_uint4(w[0], w[1], w[2], w[3]);
+      dq[1] = make_uint4(w[4], w[5], w[6], w[7]);
+      if (p % 2 == 0) xstep[static_cast<size_t>(r) * (cols / 32) + p / 2] = step;
+    } else {
+      uint32_t hi[8], lo[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) split_pair(w[k], step, hi[k], lo[k]);
+      uint4* dh = reinterpret_cast<uint4*>(xh + at);
+      uint4* dl = reinterpret_cast<uint4*>(xl + at);
+      dh[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+      dh[1] = make_uint4(hi[4], hi[5], hi[6], hi[7]);
+      dl[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+      dl[1] = make_uint4(lo[4], lo[5], lo[6], lo[7]);
+    }
     if (p % 2 == 0) xs[static_cast<size_t>(r) * (cols / 32) + p / 2] = sum32 * scale;
   }
 }
@@ -352,6 +357,10 @@ __device__ __forceinline__ void k_loop(const F16Args& a, TileLoader<T, NM, C>& l
   for (int j = 0; j < kP; ++j) {
     if (static_cast<uint32_t>(j) < ktiles) {
       ld.issue(a, j, st[j]);
+      if constexpr (C::kCvt) {
+        ld.load_x(a, j);
+        ld.store_x(st[j]);
+      }
     } else {
       cp_commit();
     }
@@ -370,6 +379,7 @@ __device__ __forceinline__ void k_loop(const F16Args& a, TileLoader<T, NM, C>& l
       const uint32_t next = kt + kP;
       if (next < ktiles) {
         ld.issue(a, next, st[next % C::kStages]);
+        if constexpr (C::kCvt) ld.load_x(a, next);  // split into the stage after the products
       } else {
         cp_commit();
       }
@@ -379,6 +389,9 @@ __device__ __forceinline__ void k_loop(const F16Args& a, TileLoader<T, NM, C>& l
       } else {
         multiply<T, NL, C::kLag, 1>(st[b], wt, acc);
       }
+      // Its buffer's k-tile, kt - 1 - Lag, is retired (before this k-tile's barrier); fenced for the
+      // products at the barrier of k-tile next.
+      if (C::kCvt && next < ktiles) ld.store_x(st[next % C::kStages]);
     }
   }
   store_outputs<NM, NL>(a, bt, wt, acc);
@@ -448,23 +461,31 @@ bool same_layout(const DevMatrix& a, const DevMatrix& b) {
 }
 
 // Where the split inputs go: the high parts over split.hi, the low parts over split.lo and past them
-// (from a 16-byte boundary) the sums, then the row factors; null where they do not fit.
+// the sums, then the row factors (Cvt: the int16 words over split.hi; the steps, sums and row factors
+// over split.lo); null where they do not fit.
 struct F16Scratch {
   __half* xh = nullptr;
   __half* xl = nullptr;
   float* xs = nullptr;
   float* xp = nullptr;
+  uint32_t* xq = nullptr;
+  float* xstep = nullptr;
 };
-F16Scratch f16_scratch(const SplitScratch& split, uint32_t rows, uint32_t cols) {
+F16Scratch f16_scratch(const SplitScratch& split, uint32_t rows, uint32_t cols, bool cvt = false) {
   if (split.hi == nullptr || split.lo == nullptr || reinterpret_cast<uintptr_t>(split.hi) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(split.lo) % 16 != 0) {
     return {};
   }
-  const size_t values = size_t{rows} * cols;
+  const size_t values = size_t{rows} * cols, blocks = size_t{rows} * (cols / 32);
   if (split.elems < grouped_split_elems(rows, cols)) return {};  // 2 bytes an elem: the sums' 4 per 32, 4 a row
-  __half* xl = static_cast<__half*>(split.lo);
-  float* xs = reinterpret_cast<float*>(xl + values);
-  return {static_cast<__half*>(split.hi), xl, xs, xs + size_t{rows} * (cols / 32)};
+  F16Scratch f;
+  f.xh = static_cast<__half*>(split.hi);
+  f.xl = static_cast<__half*>(split.lo);
+  f.xq = static_cast<uint32_t*>(split.hi);
+  f.xstep = static_cast<float*>(split.lo);
+  f.xs = cvt ? f.xstep + blocks : reinterpret_cast<float*>(f.xl + values);
+  f.xp = f.xs + blocks;
+  return f;
 }
 
 template <int T, int NM, class C>
@@ -478,8 +499,8 @@ void launch_cfg(F16Args a, uint32_t rows, uint32_t tiles, cudaStream_t stream) {
 }
 
 // Temporary (the device checks' A/B): FERRY_WGMMA_CFG 1 = 4 warpgroups, 2 stages; 2 = 4 warpgroups, 3
-// stages with a lag of one k-tile; 3 = 4 warpgroups, 3 stages (copies two k-tiles ahead); else 2
-// warpgroups, 2 stages.
+// stages with a lag of one k-tile; 3 = 4 warpgroups, 3 stages (copies two k-tiles ahead); 4, 5 = 2 and
+// 3 with the inputs as int16 (Cvt); else 2 warpgroups, 2 stages.
 int cfg_choice() {
   static const int v = [] {
     const char* e = std::getenv("FERRY_WGMMA_CFG");
@@ -495,6 +516,8 @@ void launch(const F16Args& a, uint32_t rows, uint32_t tiles, cudaStream_t stream
       case 1: launch_cfg<T, NM, Cfg<4, 2, 0>>(a, rows, tiles, stream); return;
       case 2: launch_cfg<T, NM, Cfg<4, 3, 1>>(a, rows, tiles, stream); return;
       case 3: launch_cfg<T, NM, Cfg<4, 3, 0>>(a, rows, tiles, stream); return;
+      case 4: launch_cfg<T, NM, Cfg<4, 3, 1, true>>(a, rows, tiles, stream); return;
+      case 5: launch_cfg<T, NM, Cfg<4, 3, 0, true>>(a, rows, tiles, stream); return;
       default: break;
     }
   }
@@ -549,8 +572,16 @@ void grouped_gemm_f16(const ExpertMatrices& w, const ExpertMatrices* up, const f
   }
   if (w.table == nullptr && w.m.data == nullptr) throw CudaError("grouped_gemm_f16: no expert weights");
   const uint32_t cols = w.m.cols;
-  const F16Scratch fs = f16_scratch(split, x_rows, cols);
-  quantize_rows_f16_kernel<<<x_rows, 256, 0, stream>>>(x, ldx, cols, fs.xh, fs.xl, fs.xs, fs.xp);
+  const int t = f16_type(w.m.type);
+  const bool cvt = t == qd::kQ4_K && cfg_choice() >= 4;
+  const F16Scratch fs = f16_scratch(split, x_rows, cols, cvt);
+  if (cvt) {
+    quantize_rows_f16_kernel<true><<<x_rows, 256, 0, stream>>>(x, ldx, cols, fs.xh, fs.xl, fs.xs, fs.xp, fs.xq,
+                                                               fs.xstep);
+  } else {
+    quantize_rows_f16_kernel<false><<<x_rows, 256, 0, stream>>>(x, ldx, cols, fs.xh, fs.xl, fs.xs, fs.xp, fs.xq,
+                                                                fs.xstep);
+  }
   FERRY_CUDA_LAUNCHED();
 
   F16Args a{};
@@ -569,6 +600,8 @@ void grouped_gemm_f16(const ExpertMatrices& w, const ExpertMatrices* up, const f
   a.xl = fs.xl;
   a.xs = fs.xs;
   a.xp = fs.xp;
+  a.xq = fs.xq;
+  a.xstep = fs.xstep;
   a.gather = gather;
   a.offsets = sort.offsets;
   a.tiles = sort.tiles;
@@ -580,7 +613,6 @@ void grouped_gemm_f16(const ExpertMatrices& w, const ExpertMatrices* up, const f
   if (max_tiles > 65535) {
     throw CudaError("grouped_gemm_f16: " + std::to_string(routes) + " routes make too large a grid");
   }
-  const int t = f16_type(w.m.type);
   if (t == qd::kIQ3_S) a.iq3s_grid = iq3s_grid_address();
   if (up != nullptr) {
     launch<2>(t, a, w.m.rows, static_cast<uint32_t>(max_tiles), stream);

@@ -20,11 +20,15 @@ static_assert(BN == 64, "moe_grouped_f16: thread maps assume token tiles of 64")
 // A block's shape: WG warpgroups, each over 64 weight rows (BR in all: NM matrices of BR / NM rows) x
 // the tile's tokens; Stages buffers of k-tiles; Lag 1: an even k-tile's products still run while
 // the next k-tile starts (its copies then go two k-tiles ahead of the products, not one).
-template <int WG, int Stages, int Lag>
+// Cvt: the inputs come as the int16 values and steps (2 bytes a value through L2, not 4), and the loader
+// makes their high and low parts on their way into shared memory (4 warpgroups only).
+template <int WG, int Stages, int Lag, bool Cvt = false>
 struct Cfg {
   static constexpr uint32_t kWG = WG, BR = 64 * WG, kThreads = 128 * WG;
   static constexpr int kStages = Stages, kLag = Lag;
-  static_assert((WG == 2 || WG == 4) && Stages >= 2 + Lag && (Lag == 0 || Lag == 1), "moe_grouped_f16: shapes");
+  static constexpr bool kCvt = Cvt;
+  static_assert((WG == 2 || WG == 4) && Stages >= 2 + Lag && (Lag == 0 || Lag == 1) && (!Cvt || WG == 4),
+                "moe_grouped_f16: shapes");
 };
 // The tokens' k-tile in shared memory as wgmma's B operand takes it (K-major core matrices of 8 tokens
 // x 16 bytes, 128 contiguous bytes each): per 8-token tile 32 core matrices, chunk c < 16 the high
@@ -88,6 +92,8 @@ struct F16Args {
   const __half* xl;  // and low parts
   const float* xs;   // per 32 values their scaled sum, cols / 32 apart
   const float* xp;   // per input row: what its products are multiplied by (the power of two's inverse)
+  const uint32_t* xq;  // Cvt: the int16 values (two a word, in xh's order), cols apart
+  const float* xstep;  // Cvt: per 32 values their step times the row's power of two, cols / 32 apart
   const int32_t* gather;
   const uint32_t* offsets;
   const uint32_t* tiles;
@@ -166,6 +172,19 @@ __device__ __forceinline__ void iq3s_decode(const uint32_t (&u)[4], const uint32
   }
 }
 
+// Two int16 values (a word's halves) times their step as fp16 high and low parts (two a word each): the
+// product and the difference rounded apart (no fused multiply-add), so that the quantize pass and the
+// loader's conversion give the same bits.
+__device__ __forceinline__ void split_pair(uint32_t w, float step, uint32_t& hi, uint32_t& lo) {
+  const float v0 = __fmul_rn(static_cast<float>(static_cast<int16_t>(w & 0xffffu)), step);
+  const float v1 = __fmul_rn(static_cast<float>(static_cast<int32_t>(w) >> 16), step);
+  const __half2 h = __floats2half2_rn(v0, v1);
+  const float2 f = __half22float2(h);
+  const __half2 l = __floats2half2_rn(__fsub_rn(v0, f.x), __fsub_rn(v1, f.y));
+  hi = *reinterpret_cast<const uint32_t*>(&h);
+  lo = *reinterpret_cast<const uint32_t*>(&l);
+}
+
 __device__ __forceinline__ uint32_t half2_of(float v) {
   const __half2 h = __float2half2_rn(v);
   return *reinterpret_cast<const uint32_t*>(&h);
@@ -193,6 +212,13 @@ struct TileLoader {
   const uint8_t* hrow = nullptr;
   size_t xrow;   // the token's input row
   bool xlive;    // its 8-token tile holds tokens: what the products read
+  // Cvt: the thread's two chunks of 8 values (warp w: 8-token tile w % 8, chunks 4 (w / 8 + 2i) + lane /
+  // 8 of token lane % 8; its lanes then write 4 whole core matrices at once), in registers from load_x
+  // to store_x, and their steps.
+  size_t crow;
+  bool clive;
+  uint4 cv[2];
+  float cs[2];
   bool w16 = true;     // every matrix 16-byte aligned (blocks of 144 / 176 bytes): 16-byte copies
   uint32_t dd[2], scm[2][2];  // K-quants: the weight items' blocks' d and dmin, sc | m << 8 of their sub-blocks
   uint32_t iq[2][4];          // IQ3_S: the bytes of the weight items' sub-blocks
@@ -218,6 +244,39 @@ struct TileLoader {
     const uint32_t tok = tid % 256 / 4, t = tok < bt.ntok ? tok : 0;
     xrow = a.gather != nullptr ? static_cast<size_t>(a.gather[bt.first + t]) : bt.first + t;
     xlive = tok < (bt.ntok + 7) / 8 * 8;
+    if constexpr (C::kCvt) {
+      const uint32_t ctok = 8 * (tid / 32 % 8) + tid % 8, u = ctok < bt.ntok ? ctok : 0;
+      crow = a.gather != nullptr ? static_cast<size_t>(a.gather[bt.first + u]) : bt.first + u;
+      clive = ctok < (bt.ntok + 7) / 8 * 8;
+    }
+  }
+
+  // Cvt: k-tile kt's values of the thread's chunks and their steps, into registers.
+  __device__ void load_x(const F16Args& a, uint32_t kt) {
+    if (!clive) return;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint32_t c = 4 * (threadIdx.x / 256 + 2 * i) + threadIdx.x % 32 / 8;  // 8 values a chunk
+      cv[i] = *reinterpret_cast<const uint4*>(a.xq + (crow * a.cols + BK * kt + 8 * c) / 2);
+      cs[i] = a.xstep[crow * (a.cols / 32) + kSteps * kt + c / 4];
+    }
+  }
+
+  // Cvt: their high and low parts (split_pair, as the quantize pass makes them) into s.
+  __device__ void store_x(Stage<T, BR>& s) const {
+    if (!clive) return;
+    const uint32_t tid = threadIdx.x;
+    uint32_t* dst = &s.x[(tid / 32 % 8) * kXTileWords + 4 * (tid % 8)];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint32_t c = 4 * (tid / 256 + 2 * i) + tid % 32 / 8;
+      const uint32_t w[4] = {cv[i].x, cv[i].y, cv[i].z, cv[i].w};
+      uint32_t hi[4], lo[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) split_pair(w[k], cs[i], hi[k], lo[k]);
+      *reinterpret_cast<uint4*>(dst + 32 * c) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+      *reinterpret_cast<uint4*>(dst + 32 * (16 + c)) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    }
   }
 
   // k-tile kt's copies into s, one group.
@@ -240,7 +299,7 @@ struct TileLoader {
       const size_t at = xrow * a.cols + BK * kt;
       uint32_t* dst = &s.x[(tok / 8) * kXTileWords + 4 * (tok % 8)];
 #pragma unroll
-      for (uint32_t p = part0; p < part0 + kParts; ++p) {
+      for (uint32_t p = part0; p < part0 + kParts && !C::kCvt; ++p) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const uint32_t c = wch + 4 * i;  // 8 values a chunk
