@@ -238,8 +238,8 @@ __device__ __forceinline__ void minimum_terms(const S& s, const WgTile& t, float
 // alternate across k-tiles too: kSteps is even).
 template <int T, int NL, int Lag, uint32_t Parity, class S>
 __device__ __forceinline__ void multiply(const S& s, const WgTile& t, float (&acc)[4 * NL]) {
-  constexpr uint32_t kt = Parity;  // the k-tile's parity is all its products ask of it
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr uint32_t kt = Parity;  // the k-tile's parity is all its products ask of it
   using K = KQuant<T>;
   constexpr uint32_t kWWords = K::kWWords;
   if (kt % 2 == 0) rescale<NL>(s.dk, t, acc);
