@@ -16,14 +16,12 @@
 #include <mma.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include "gpu/block_reduce.cuh"
 #include "gpu/cuda_check.hpp"
 #include "gpu/half_split.cuh"
 #include "gpu/moe_grouped.hpp"
-#include "gpu/moe_grouped_f16.hpp"
 #include "gpu/moe_grouped_int8.hpp"
 #include "gpu/quant_device.cuh"
 #include "model/formats/iq_grids.hpp"
@@ -623,13 +621,7 @@ void grouped_gemm(const ExpertMatrices& w, const ExpertMatrices* up, const float
                     std::to_string(split.hi == nullptr || split.lo == nullptr ? 0 : split.elems));
   }
   if (x_rows == 0) return;
-  // Temporary (the device checks' A/B in the bench): FERRY_GROUPED_INT8 keeps the int8 kernel.
-  static const bool int8_only = std::getenv("FERRY_GROUPED_INT8") != nullptr;
-  if (path == GroupedPath::best && !int8_only && grouped_f16_takes(w, up, x, ldx, x_rows, split)) {
-    grouped_gemm_f16(w, up, x, ldx, x_rows, gather, sort, routes, E, limit, y, ldy, split, stream);
-    return;
-  }
-  if (path != GroupedPath::fp16 && grouped_int8_takes(w, up, x, ldx, x_rows, split)) {
+  if (path == GroupedPath::best && grouped_int8_takes(w, up, x, ldx, x_rows, split)) {
     grouped_gemm_int8(w, up, x, ldx, x_rows, gather, sort, routes, E, limit, y, ldy, split, stream);
     return;
   }

@@ -61,16 +61,10 @@ struct SplitScratch {
   size_t elems = 0;
 };
 
-// The elems of a SplitScratch that every path of grouped_gemm can use for x_rows x cols inputs (the
-// fp16 wgmma path keeps per 32 values and per row a factor past the low parts).
-inline size_t grouped_split_elems(size_t x_rows, size_t cols) { return x_rows * cols + x_rows * cols / 16 + 2 * x_rows; }
-
-// Which kernel grouped_gemm runs: the best the weights and the device have (Q4_K / Q5_K / IQ3_S on an sm_90
-// device: the fp16 wgmma kernel of gpu/moe_grouped_f16.hpp; on other sm80+ code the int8 tensor-core kernel of
-// gpu/moe_grouped_int8.hpp; both with the decode matvec's int16 numerics; otherwise the fp16 WMMA kernel
-// above), the int8 kernel where it takes the call (its tests and timings beside the wgmma kernel), or the
-// fp16 kernel always (its tests, the Volta path).
-enum class GroupedPath { best, int8, fp16 };
+// Which kernel grouped_gemm runs: the best the weights and the device have (Q4_K / Q5_K / IQ3_S on sm80+ code: the
+// int8 tensor-core kernel of gpu/moe_grouped_int8.hpp, with the decode matvec's int16 numerics;
+// otherwise the fp16 WMMA kernel above), or the fp16 kernel always (its tests, the Volta path).
+enum class GroupedPath { best, fp16 };
 
 // Sorted row p of expert e: y[p] = W_e x[gather[p]] (x[p] with gather null), rows of y `ldy` apart;
 // x has x_rows rows, `ldx` apart. With `up`: y[p] = swiglu(gate_e x, up_e x) clamped at `limit` as

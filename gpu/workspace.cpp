@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "gpu/moe_decode.hpp"
-#include "gpu/moe_grouped.hpp"
 #include "model/glm5/glm5_tensors.hpp"
 
 namespace ferry::gpu {
@@ -60,8 +59,7 @@ Workspace::Workspace(const model::Glm5Hparams& hp, model::LayerRange layers, uin
     sel_tokens = alloc<int32_t>(M * max_selected);
     sel_counts = alloc<int32_t>(M);
   }
-  // The routed experts' down product splits its input (k x I a row) into eu: grouped_split_elems.
-  const size_t ffn_rows = std::max<size_t>({d.F, d.S, any_moe ? grouped_split_elems(d.k, d.I) : 0});
+  const size_t ffn_rows = std::max<size_t>({d.F, d.S, any_moe ? size_t{d.k} * d.I : 0});
   ffn_elems = M * ffn_rows;
   eg = alloc<float>(ffn_elems);
   eu = alloc<float>(ffn_elems);

@@ -1,6 +1,5 @@
-// The int16-numerics paths of the grouped expert GEMMs for Q4_K, Q5_K and IQ3_S, the int8 tensor-core
-// kernel (gpu/moe_grouped_int8.hpp; GroupedExpertsInt8) and the fp16 wgmma one over exact integer
-// weights (gpu/moe_grouped_f16.hpp, sm_90 devices; GroupedExpertsF16), checked twice for every sorted row:
+// The int8 tensor-core path of the grouped expert GEMMs for Q4_K, Q5_K and IQ3_S
+// (gpu/moe_grouped_int8.hpp), checked twice for every sorted row:
 // - against the decode int16 matvec (gpu/matvec_int16.cu; Q4_K on gpu/matvec_mma.cu) of the same expert on the same input row
 //   (gate and up, whose SwiGLU is taken here; down on the device's own SwiGLU output): the same
 //   int16 activations and the same integer sums, only the f32 order of the scale and minimum terms
@@ -11,7 +10,7 @@
 // Chunks of 1 to 2,048 rows, routes spread (two experts get none) or all to one expert, weights
 // stacked or through tables (one expert in pinned host memory, odd experts 4 bytes off a 16-byte
 // boundary: the 4-byte copies), row counts off the tiles' multiples; grouped_gemm's default path
-// gives the same bits as the kernel it takes on such a device. Outputs are poisoned (NaN) first.
+// gives the same bits on such a device. Outputs are poisoned (NaN) first.
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -26,7 +25,6 @@
 #include "gpu/cuda_memory.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/moe_grouped.hpp"
-#include "gpu/moe_grouped_f16.hpp"
 #include "gpu/moe_grouped_int8.hpp"
 #include "gpu/pdl.hpp"
 #include "model/formats/quant.hpp"
@@ -45,8 +43,6 @@ constexpr GgmlType kTypes[] = {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::IQ3_S};
 constexpr double kTight = 1e-5;
 constexpr float kLimit = 1.5f;
 
-enum class Kernel { int8, f16 };
-
 struct Case {
   uint32_t E, k, D, I, n;
   bool one_expert = false;  // every route to expert 3 (k 1)
@@ -55,35 +51,7 @@ struct Case {
   bool up = true;    // false: the first projection alone (its products, no SwiGLU)
   GgmlType type = GgmlType::Q4_K;
   bool wide = false;  // inputs of 1e-16 to 1e16 a row, some zero, blocks 2^-20 of their row; d 0 in some blocks
-  Kernel kernel = Kernel::int8;
 };
-
-// Whether `k` takes the call (the f16 kernel: Q4_K / Q5_K / IQ3_S on an sm_90 device), and runs it.
-bool kernel_takes(Kernel k, const ExpertMatrices& w, const ExpertMatrices* up, const float* x, size_t ldx,
-                  uint32_t x_rows, const SplitScratch& split) {
-  return k == Kernel::f16 ? grouped_f16_takes(w, up, x, ldx, x_rows, split)
-                          : grouped_int8_takes(w, up, x, ldx, x_rows, split);
-}
-void run_kernel(Kernel k, const ExpertMatrices& w, const ExpertMatrices* up, const float* x, size_t ldx,
-                uint32_t x_rows, const int32_t* gather, const RouteSort& sort, uint32_t routes, uint32_t E, float limit,
-                float* y, size_t ldy, const SplitScratch& split) {
-  if (k == Kernel::f16) {
-    grouped_gemm_f16(w, up, x, ldx, x_rows, gather, sort, routes, E, limit, y, ldy, split, nullptr);
-  } else {
-    grouped_gemm_int8(w, up, x, ldx, x_rows, gather, sort, routes, E, limit, y, ldy, split, nullptr);
-  }
-}
-
-// Skips where `k` has no code for this device (int8: sm80+ code; f16: an sm_90 device).
-bool kernel_ready(Kernel k) {
-  if (!sm80_code_ready()) return false;
-  if (k == Kernel::int8) return true;
-  int dev = 0, major = 0, minor = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  return major == 9 && minor == 0;
-}
 
 // Expert e's matrix of part p (gate, up, down) as blocks and as the CPU's values.
 struct Experts {
@@ -253,23 +221,20 @@ void run_case(const Case& c, const Experts& ex, std::mt19937& rng) {
   ASSERT_EQ(cudaMemcpy(dids.get(), ids.data(), routes * 4, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(dx.get(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
   for (DeviceBuffer* b : {&deg, &deg_best, &deo}) ASSERT_EQ(cudaMemset(b->get(), 0xff, b->bytes()), cudaSuccess);
-  const size_t split_elems = std::max(grouped_split_elems(c.n, D), grouped_split_elems(routes, I));
+  const size_t split_elems = std::max(size_t{c.n} * D, size_t{routes} * I);
   DeviceBuffer dsh(split_elems * 2), dsl(split_elems * 2);
   const SplitScratch split{dsh.get(), dsl.get(), split_elems};
   const RouteSort sort{doff.as<uint32_t>(), dtiles.as<uint32_t>(), dgather.as<int32_t>(), dwhere.as<int32_t>()};
   const ExpertMatrices* up = c.up ? &ex.m[1] : nullptr;
-  if (!kernel_ready(c.kernel)) GTEST_SKIP() << "no code for this kernel on this device";
-  ASSERT_TRUE(kernel_takes(c.kernel, ex.m[0], up, dx.as<float>(), D, c.n, split)) << "the device has its code, yet "
-                                                                                      "the kernel does not take it";
-  // grouped_gemm's default path takes the f16 kernel where it can, else the int8 one.
-  const bool best_is_f16 = grouped_f16_takes(ex.m[0], up, dx.as<float>(), D, c.n, split);
+  if (!sm80_code_ready()) GTEST_SKIP() << "no sm80+ code for the int8 kernel on this device";
+  ASSERT_TRUE(grouped_int8_takes(ex.m[0], up, dx.as<float>(), D, c.n, split)) << "sm80+ code, yet not the int8 path";
   sort_routes(dids.as<int32_t>(), routes, c.k, c.E, sort, RouteTally{}, nullptr);
-  run_kernel(c.kernel, ex.m[0], up, dx.as<float>(), D, c.n, sort.gather, sort, routes, c.E, kLimit, deg.as<float>(), I,
-             split);
+  grouped_gemm_int8(ex.m[0], up, dx.as<float>(), D, c.n, sort.gather, sort, routes, c.E, kLimit, deg.as<float>(),
+                    I, split, nullptr);
   if (c.down) {
-    ASSERT_TRUE(kernel_takes(c.kernel, ex.m[2], nullptr, deg.as<float>(), I, routes, split));
-    run_kernel(c.kernel, ex.m[2], nullptr, deg.as<float>(), I, routes, nullptr, sort, routes, c.E, 0.0f,
-               deo.as<float>(), D, split);
+    ASSERT_TRUE(grouped_int8_takes(ex.m[2], nullptr, deg.as<float>(), I, routes, split));
+    grouped_gemm_int8(ex.m[2], nullptr, deg.as<float>(), I, routes, nullptr, sort, routes, c.E, 0.0f,
+                      deo.as<float>(), D, split, nullptr);
   }
   grouped_gemm(ex.m[0], up, dx.as<float>(), D, c.n, sort.gather, sort, routes, c.E, kLimit, deg_best.as<float>(),
                I, nullptr, split, nullptr);
@@ -283,9 +248,7 @@ void run_case(const Case& c, const Experts& ex, std::mt19937& rng) {
   ASSERT_EQ(cudaMemcpy(eg.data(), deg.get(), eg.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(eg_best.data(), deg_best.get(), eg.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(eo.data(), deo.get(), eo.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-  if (best_is_f16 == (c.kernel == Kernel::f16)) {
-    ASSERT_EQ(std::memcmp(eg.data(), eg_best.data(), eg.size() * 4), 0) << "grouped_gemm did not take this kernel";
-  }
+  ASSERT_EQ(std::memcmp(eg.data(), eg_best.data(), eg.size() * 4), 0) << "grouped_gemm did not take the int8 path";
 
   // The decode references: the sorted rows' inputs gathered here, gate and up of each expert on them;
   // down on the device's SwiGLU output.
@@ -356,7 +319,6 @@ class GroupedExpertsInt8 : public ::testing::Test {
     upload_quant_tables();
   }
 };
-class GroupedExpertsF16 : public GroupedExpertsInt8 {};
 
 std::string name(GgmlType t) { return std::string(model::ggml_type_traits(t).name); }
 
@@ -369,71 +331,65 @@ void make_and_run(const Case& c, uint32_t seed) {
   run_case(c, ex, rng);
 }
 
-void every_chunk_size(Kernel kernel) {
+TEST_F(GroupedExpertsInt8, MatchTheDecodeMatvecAndTheCpuForEveryChunkSize) {
   for (const GgmlType t : kTypes) {
     Case c{9, 2, 512, 256, 1};
     c.type = t;
-    c.kernel = kernel;
     std::mt19937 rng(100);
     Experts ex;
     make_experts(c, rng, ex);
-    if (::testing::Test::HasFatalFailure()) return;
+    if (HasFatalFailure()) return;
     for (const uint32_t n : {1u, 9u, 300u, 2048u}) {
       SCOPED_TRACE(name(t) + ", " + std::to_string(n) + " rows, spread");
       c.n = n;
       run_case(c, ex, rng);
-      if (::testing::Test::HasFatalFailure() || ::testing::Test::IsSkipped()) return;
+      if (HasFatalFailure() || IsSkipped()) return;
     }
     SCOPED_TRACE(name(t) + ", 2048 rows, all to one expert");
     Case one{4, 1, 256, 512, 2048, true};
     one.type = t;
-    one.kernel = kernel;
     make_and_run(one, 7);
-    if (::testing::Test::HasFatalFailure() || ::testing::Test::IsSkipped()) return;
+    if (HasFatalFailure() || IsSkipped()) return;
   }
 }
 
-void tables_and_unaligned(Kernel kernel) {
+TEST_F(GroupedExpertsInt8, TablesHostMemoryAndUnalignedExperts) {
   for (const GgmlType t : kTypes) {
     SCOPED_TRACE(name(t));
     Case c{6, 2, 768, 256, 300, false, true};
     c.type = t;
-    c.kernel = kernel;
     make_and_run(c, 21);
-    if (::testing::Test::HasFatalFailure() || ::testing::Test::IsSkipped()) return;
+    if (HasFatalFailure() || IsSkipped()) return;
   }
 }
 
 // Inputs far from 1 and of a wide range within a row (a step per 32 values, so blocks 2^-20 of their
 // row keep their precision), zero rows, and weight blocks of d 0.
-void any_scale(Kernel kernel) {
+TEST_F(GroupedExpertsInt8, RowsOfAnyScaleAndBlocksOfZeroD) {
   for (const GgmlType t : kTypes) {
     SCOPED_TRACE(name(t));
     Case c{6, 2, 512, 256, 200};
     c.type = t;
     c.wide = true;
-    c.kernel = kernel;
     make_and_run(c, 51);
-    if (::testing::Test::HasFatalFailure() || ::testing::Test::IsSkipped()) return;
+    if (HasFatalFailure() || IsSkipped()) return;
   }
 }
 
 // Gate and up rows off the 64-row tiles, and one projection of rows off the 128-row tiles (no down:
 // its rows would not be whole blocks).
-void rows_off_the_tiles(Kernel kernel) {
+TEST_F(GroupedExpertsInt8, RowsOffTheTiles) {
   for (const GgmlType t : kTypes) {
     SCOPED_TRACE(name(t) + ": gate and up of 200 rows");
     Case c{5, 2, 512, 200, 150, false, false, false};
     c.type = t;
-    c.kernel = kernel;
     make_and_run(c, 31);
-    if (::testing::Test::HasFatalFailure() || ::testing::Test::IsSkipped()) return;
+    if (HasFatalFailure() || IsSkipped()) return;
     SCOPED_TRACE(name(t) + ": one projection of 328 rows");
     Case one{5, 2, 256, 328, 150, false, false, false, false};
     one.type = t;
-    one.kernel = kernel;
     make_and_run(one, 33);
-    if (::testing::Test::HasFatalFailure()) return;
+    if (HasFatalFailure()) return;
   }
 }
 
@@ -450,15 +406,15 @@ TokenRows one_expert_rows(const Case& c, const Experts& ex, const std::vector<fl
       dwhere(n * 4), deg(size_t{n} * I * 4), deo(size_t{n} * D * 4);
   EXPECT_EQ(cudaMemcpy(dids.get(), ids.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
   EXPECT_EQ(cudaMemcpy(dx.get(), x.data(), size_t{n} * D * 4, cudaMemcpyHostToDevice), cudaSuccess);
-  const size_t split_elems = grouped_split_elems(n, std::max(D, I));
+  const size_t split_elems = size_t{n} * std::max(D, I);
   DeviceBuffer dsh(split_elems * 2), dsl(split_elems * 2);
   const SplitScratch split{dsh.get(), dsl.get(), split_elems};
   const RouteSort sort{doff.as<uint32_t>(), dtiles.as<uint32_t>(), dgather.as<int32_t>(), dwhere.as<int32_t>()};
   sort_routes(dids.as<int32_t>(), n, 1, c.E, sort, RouteTally{}, nullptr);
-  run_kernel(c.kernel, ex.m[0], &ex.m[1], dx.as<float>(), D, n, sort.gather, sort, n, c.E, kLimit, deg.as<float>(), I,
-             split);
-  run_kernel(c.kernel, ex.m[2], nullptr, deg.as<float>(), I, n, nullptr, sort, n, c.E, 0.0f, deo.as<float>(), D,
-             split);
+  grouped_gemm_int8(ex.m[0], &ex.m[1], dx.as<float>(), D, n, sort.gather, sort, n, c.E, kLimit, deg.as<float>(), I,
+                    split, nullptr);
+  grouped_gemm_int8(ex.m[2], nullptr, deg.as<float>(), I, n, nullptr, sort, n, c.E, 0.0f, deo.as<float>(), D, split,
+                    nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<int32_t> gather(n);
   std::vector<float> eg(size_t{n} * I), eo(size_t{n} * D);
@@ -477,17 +433,16 @@ TokenRows one_expert_rows(const Case& c, const Experts& ex, const std::vector<fl
 // A token's rows do not depend on the tokens beside it: its tile of 64 sorted rows may hold 1 to 64
 // tokens, so a warp multiplies 0 to 4 8-token tiles of its 32 (the kernel's code for each count
 // differs), and every count gives the same bits as a full tile.
-void same_bits_whatever_the_tile(Kernel kernel) {
-  if (!kernel_ready(kernel)) GTEST_SKIP() << "no code for this kernel on this device";
+TEST_F(GroupedExpertsInt8, ATokensRowsHaveTheSameBitsWhateverItsTileHolds) {
+  if (!sm80_code_ready()) GTEST_SKIP() << "no sm80+ code for the int8 kernel on this device";
   for (const GgmlType t : kTypes) {
     SCOPED_TRACE(name(t));
     Case c{4, 1, 512, 256, 192, true};
     c.type = t;
-    c.kernel = kernel;
     std::mt19937 rng(41);
     Experts ex;
     make_experts(c, rng, ex);
-    if (::testing::Test::HasFatalFailure()) return;
+    if (HasFatalFailure()) return;
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::vector<float> x(size_t{c.n} * c.D);
     for (float& v : x) v = normal(rng);
@@ -495,24 +450,12 @@ void same_bits_whatever_the_tile(Kernel kernel) {
     for (const uint32_t n : {1u, 7u, 9u, 24u, 33u, 41u, 57u, 64u, 65u}) {
       SCOPED_TRACE(std::to_string(n) + " tokens");
       const TokenRows part = one_expert_rows(c, ex, x, n);
-      if (::testing::Test::HasFailure()) return;
+      if (HasFailure()) return;
       ASSERT_EQ(std::memcmp(part.swiglu.data(), full.swiglu.data(), part.swiglu.size() * 4), 0);
       ASSERT_EQ(std::memcmp(part.down.data(), full.down.data(), part.down.size() * 4), 0);
     }
   }
 }
-
-TEST_F(GroupedExpertsInt8, MatchTheDecodeMatvecAndTheCpuForEveryChunkSize) { every_chunk_size(Kernel::int8); }
-TEST_F(GroupedExpertsInt8, TablesHostMemoryAndUnalignedExperts) { tables_and_unaligned(Kernel::int8); }
-TEST_F(GroupedExpertsInt8, RowsOfAnyScaleAndBlocksOfZeroD) { any_scale(Kernel::int8); }
-TEST_F(GroupedExpertsInt8, RowsOffTheTiles) { rows_off_the_tiles(Kernel::int8); }
-TEST_F(GroupedExpertsInt8, ATokensRowsHaveTheSameBitsWhateverItsTileHolds) { same_bits_whatever_the_tile(Kernel::int8); }
-
-TEST_F(GroupedExpertsF16, MatchTheDecodeMatvecAndTheCpuForEveryChunkSize) { every_chunk_size(Kernel::f16); }
-TEST_F(GroupedExpertsF16, TablesHostMemoryAndUnalignedExperts) { tables_and_unaligned(Kernel::f16); }
-TEST_F(GroupedExpertsF16, RowsOfAnyScaleAndBlocksOfZeroD) { any_scale(Kernel::f16); }
-TEST_F(GroupedExpertsF16, RowsOffTheTiles) { rows_off_the_tiles(Kernel::f16); }
-TEST_F(GroupedExpertsF16, ATokensRowsHaveTheSameBitsWhateverItsTileHolds) { same_bits_whatever_the_tile(Kernel::f16); }
 
 }  // namespace
 }  // namespace ferry::gpu

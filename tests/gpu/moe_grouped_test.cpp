@@ -27,7 +27,6 @@
 #include "gpu/cuda_memory.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/moe_grouped.hpp"
-#include "gpu/moe_grouped_f16.hpp"
 #include "gpu/moe_grouped_int8.hpp"
 #include "gpu/pdl.hpp"
 #include "model/formats/quant.hpp"
@@ -452,7 +451,7 @@ void GroupedExpertsShapes::glm_layer_at_q4k(bool skewed) {
   ASSERT_EQ(cudaMemcpy(dx.get(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(drw.get(), rw.data(), routes * 4, cudaMemcpyHostToDevice), cudaSuccess);
   const RouteSort sort{doff.as<uint32_t>(), dtiles.as<uint32_t>(), dgather.as<int32_t>(), dwhere.as<int32_t>()};
-  const size_t split_elems = std::max(grouped_split_elems(n, D), grouped_split_elems(routes, I));
+  const size_t split_elems = std::max(size_t{n} * D, size_t{routes} * I);
   DeviceBuffer dsh(split_elems * 2), dsl(split_elems * 2);
   const SplitScratch split{dsh.get(), dsl.get(), split_elems};
   auto median = [](std::vector<float> v) {
@@ -462,20 +461,18 @@ void GroupedExpertsShapes::glm_layer_at_q4k(bool skewed) {
   const double flops_gu = 2.0 * routes * 2.0 * I * D, flops_d = 2.0 * routes * double(D) * I;
   std::vector<int32_t> where(routes);
   std::vector<uint8_t> gb(gu_bytes), ub(gu_bytes), db(64 * d_row);
-  // Each path in turn: the fp16 kernel, the int8 one where the device has it, then grouped_gemm's default
-  // where it is the fp16 wgmma kernel (sm_90): the last two give the SwiGLU rows and y the decode
-  // matvec's int16 numerics, checked at the bound the decode int16 tests hold.
-  for (const GroupedPath path : {GroupedPath::fp16, GroupedPath::int8, GroupedPath::best}) {
-    const bool wgmma = path == GroupedPath::best && grouped_f16_takes(gate, &up, dx.as<float>(), D, n, split);
-    const bool int8 = path != GroupedPath::fp16 && grouped_int8_takes(gate, &up, dx.as<float>(), D, n, split);
-    if (path == GroupedPath::int8 && !int8) {
+  // Each path in turn: the fp16 kernel, then grouped_gemm's default (the int8 kernel where the device
+  // has it: its SwiGLU rows and y then have the decode matvec's int16 numerics, checked at the bound
+  // the decode int16 tests hold).
+  for (const GroupedPath path : {GroupedPath::fp16, GroupedPath::best}) {
+    const bool int8 = path == GroupedPath::best && grouped_int8_takes(gate, &up, dx.as<float>(), D, n, split);
+    if (path == GroupedPath::best && !int8) {
       ASSERT_FALSE(sm80_code_ready()) << "sm80+ code, yet the GLM layer does not take the int8 path";
       continue;
     }
-    if (path == GroupedPath::best && !wgmma) continue;  // the int8 kernel's, timed above
     // Rows a path leaves unwritten must not pass with the other path's values.
     for (DeviceBuffer* b : {&deg, &deo, &dy}) ASSERT_EQ(cudaMemset(b->get(), 0xff, b->bytes()), cudaSuccess);
-    const char* name = wgmma ? "fp16 wgmma (int16 activations)" : int8 ? "int8 (int16 activations)" : "fp16 hi/lo";
+    const char* name = int8 ? "int8 (int16 activations)" : "fp16 hi/lo";
     SCOPED_TRACE(name);
     Event ev[5];
     std::vector<float> ms[4];
