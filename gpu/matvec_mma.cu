@@ -27,10 +27,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <set>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "gpu/cuda_check.hpp"
@@ -55,7 +57,9 @@ constexpr size_t kMaxSmem = 64 * 1024;
 // Shared memory of a block for `tokens` tokens of `units` 32-column units:
 //   B: per token (tok_stride bytes, 64 more than the values so that two tokens' fragment loads of one
 //      quarter-warp fall in different banks), per unit, per lane q 16 bytes: the hi bytes of the
-//      lane's 8 columns of the unit (b[0]'s four, then b[1]'s), then their lo bytes;
+//      lane's 8 columns of the unit (b[0]'s four, then b[1]'s), then their lo bytes; the one-token
+//      products (OneToken) take units of 80 bytes (their 8 lanes' loads of a step fall in different
+//      banks), lo bytes as s8 (lo - 128), and 144 zero bytes after them;
 //   steps: per token (units + 1: the pad again), per unit, amax / 32767;
 //   sums (for the K-quant minimum terms, a tf32 MMA's B): per token (an odd number of 64 bytes: the
 //      pad again), per superblock, per lane q 16 bytes: the sums of the 32 x of units q and q + 4 as
@@ -64,7 +68,10 @@ constexpr size_t kMaxSmem = 64 * 1024;
 //      rows, so that the warps of a block meet at a barrier once every ring() steps, not every step.
 struct Layout {
   uint32_t units, tokens;
-  __host__ __device__ uint32_t tok_stride() const { return units * 64 + 64; }
+  bool one = false;
+  __host__ __device__ uint32_t unit_bytes() const { return one ? 80 : 64; }
+  __host__ __device__ uint32_t zero_at() const { return units * unit_bytes(); }
+  __host__ __device__ uint32_t tok_stride() const { return zero_at() + (one ? 144 : 64); }
   __host__ __device__ uint32_t step_stride() const { return units + 1; }
   __host__ __device__ uint32_t sum_stride() const { return (units / 8 | 1) * 64; }
   __host__ __device__ uint32_t steps_at() const { return tokens * tok_stride(); }
@@ -234,6 +241,7 @@ __device__ __forceinline__ void k4_product(const K4Scales& k, uint32_t sb, const
 // sub-block j, so bytes 8q..8q+7 of qh for the lane's columns of every sub-block).
 template <bool Five> struct K4Reader {
   static constexpr uint32_t kBlockBytes = Five ? 176 : 144, kQs = Five ? 48 : 16;
+  using Lane = LaneX;
   // The lane's part of rows g and g + 8 of a superblock: word q of each head (d, dmin and the 12
   // bytes of scales and minimums; the quad's four lanes hold a row's four), bytes 8q..8q+7 of qh
   // (Q5_K) and of each chunk of quantized weights.
@@ -292,6 +300,123 @@ template <bool Five> struct K4Reader {
 template <> struct MmaReader<qd::kQ4_K> : K4Reader<false> {};
 template <> struct MmaReader<qd::kQ5_K> : K4Reader<true> {};
 
+// One token (decode's call), Q4_K: the K4Reader's products leave 7 of each lane's 8 outputs unused
+// (B's 8 columns are copies of the token), so here B's columns are 4 sub-blocks' hi and lo bytes
+// instead. Lane q holds chunk c = 3 - q of rows g and g + 8 (sub-blocks 2c and 2c + 1: the low and
+// the high nibbles), so A's k-quads q and 4 + q are that chunk's; B's column 2q + h is nonzero only
+// at those k-quads: unit 2c + s's hi (h = 0) or lo (h = 1) bytes, where lane (g', q') has g' / 2 ==
+// q', and zero on the other lanes. Eight MMAs a superblock (column octets m = 0..3 of the units of
+// the low nibbles, s = 0, and of the high ones, s = 1, these taken as 16 q: exact, shifted back) give
+// each lane the int32 sums of its two sub-blocks; lo is s8 (lo - 128, one B type for both halves), so
+// 128 times the weights' sums (one more MMA each over a B of ones) are added back. The same integers
+// as K4Reader's, and the f32 terms in its order: sub-blocks 0..7 of a row added in turn, from lane 3
+// (chunk 0) down to lane 0 by shuffles, where the tile's outputs are (acc[0], acc[2]): the same bits.
+struct LaneOne {
+  const unsigned char* xb;  // this lane's B bytes of unit 2c of superblock 0, or the zero bytes
+  uint32_t xb_stride;       // a superblock's units (8 x 80 bytes), 0 on the lanes of zero columns
+  uint32_t ones;            // B of the weights' sums: 1 in each byte on the lanes of nonzero columns
+  const float* steps;       // units 2c, 2c + 1 of superblock 0
+  const unsigned char* sums;
+  __device__ LaneOne(const unsigned char* smem, const Layout& lay, uint32_t g, uint32_t q, uint32_t) {
+    const bool live = g / 2 == q;
+    const uint32_t c = 3 - q;
+    xb = smem + (live ? 2 * c * lay.unit_bytes() + (g & 1) * 8 : lay.zero_at());
+    xb_stride = live ? 8 * lay.unit_bytes() : 0;
+    ones = live ? 0x01010101u : 0u;
+    steps = reinterpret_cast<const float*>(smem + lay.steps_at()) + 2 * c;
+    sums = smem + lay.sums_at() + q * 16;
+  }
+};
+
+struct K4One {
+  static constexpr uint32_t kBlockBytes = 144;
+  using Lane = LaneOne;
+  // Word q of rows g and g + 8's heads (as K4Reader's) and chunk 3 - q of each, 8 bytes a column octet.
+  struct Regs {
+    uint32_t head[2];
+    uint2 qs[2][4];
+  };
+  __device__ static void load_head(const uint8_t* blk, uint32_t r, uint32_t q, Regs& w) {
+    w.head[r] = *reinterpret_cast<const uint32_t*>(blk + 4 * q);
+  }
+  __device__ static void load_octet(const uint8_t* blk, uint32_t r, uint32_t q, int m, Regs& w) {
+    w.qs[r][m] = *reinterpret_cast<const uint2*>(blk + 16 + 32 * (3 - q) + 8 * m);
+  }
+  __device__ static void load(const uint8_t* blk, uint32_t r, uint32_t q, Regs& w) {
+    load_head(blk, r, q, w);
+#pragma unroll
+    for (int m = 0; m < 4; ++m) load_octet(blk, r, q, m, w);
+  }
+  __device__ static void product_reload(Regs& w, uint32_t sb, const LaneOne& c, uint32_t q,
+                                        const uint8_t* const (&next)[2], float (&acc)[4]) {
+    uint4 head[2];
+    const uint32_t quad = (threadIdx.x & 31) & ~3u;
+#pragma unroll
+    for (uint32_t r = 0; r < 2; ++r) {
+      head[r] = make_uint4(__shfl_sync(0xffffffffu, w.head[r], quad), __shfl_sync(0xffffffffu, w.head[r], quad + 1),
+                           __shfl_sync(0xffffffffu, w.head[r], quad + 2), __shfl_sync(0xffffffffu, w.head[r], quad + 3));
+    }
+    const K4Scales k(head);
+#pragma unroll
+    for (uint32_t r = 0; r < 2; ++r) load_head(next[r], r, q, w);
+    const unsigned char* xb = c.xb + sb * c.xb_stride;
+    const mma::FragB ones = {{c.ones, c.ones}};
+    mma::FragC cs[2], cq[2];  // per nibble half s: the x sums (hi, lo columns), the weights' sums
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const uint2 v0 = w.qs[0][m], v1 = w.qs[1][m];
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        const uint32_t mask = s ? 0xf0f0f0f0u : 0x0f0f0f0fu;
+        const mma::FragA A = {{v0.x & mask, v1.x & mask, v0.y & mask, v1.y & mask}};
+        const uint2 b = *reinterpret_cast<const uint2*>(xb + s * 80 + m * 16);
+        const mma::FragB B = {{b.x, b.y}};
+        if (m == 0) {
+          mma::mma_k32_zero_c<false, true>(cs[s], A, B);
+          mma::mma_k32_zero_c<false, true>(cq[s], A, ones);
+        } else {
+          mma::mma_k32<false, true>(cs[s], A, B, cs[s]);
+          mma::mma_k32<false, true>(cq[s], A, ones, cq[s]);
+        }
+      }
+#pragma unroll
+      for (uint32_t r = 0; r < 2; ++r) load_octet(next[r], r, q, m, w);
+    }
+    // Sub-blocks 2c + s of rows g (r = 0) and g + 8: their scales, the f32 terms in K4Reader's order.
+    const uint32_t cc = 3 - q;
+    const float2 xs = *reinterpret_cast<const float2*>(c.steps + 8 * sb);
+    float sd[2];
+#pragma unroll
+    for (uint32_t r = 0; r < 2; ++r) {
+      const uint32_t word = cc >> 1 ? k.sc[r][1] : k.sc[r][0];
+      float f[2];
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        int sum = cs[s].r[2 * r] * 256 + cs[s].r[2 * r + 1] + cq[s].r[2 * r] * 128;
+        if (s) sum >>= 4;
+        const int scale = static_cast<int>((word >> (8 * (2 * (cc & 1) + s))) & 0xff);
+        f[s] = static_cast<float>(sum * scale);
+      }
+      float t = 0.0f;
+#pragma unroll
+      for (int hop = 0; hop < 4; ++hop) {
+        if (hop > 0) t = __shfl_down_sync(0xffffffffu, t, 1, 4);
+        t = __fmaf_rn(f[0], xs.x, t);
+        t = __fmaf_rn(f[1], xs.y, t);
+      }
+      sd[r] = t;
+    }
+    const uint32_t am[4] = {__float_as_uint(qd::byte_f(k.mn[0][0], q)), __float_as_uint(qd::byte_f(k.mn[1][0], q)),
+                            __float_as_uint(qd::byte_f(k.mn[0][1], q)), __float_as_uint(qd::byte_f(k.mn[1][1], q))};
+    const uint4 bm = *reinterpret_cast<const uint4*>(c.sums + sb * 64);
+    float sm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    mma_tf32(sm, am, bm, false);
+    mma_tf32(sm, am, bm, true);
+#pragma unroll
+    for (uint32_t r = 0; r < 2; ++r) acc[2 * r] += k.d[r] * sd[r] - k.dmin[r] * sm[2 * r];
+  }
+};
+
 // Token t's 16 values at columns 16p.. (SwiGLU of gate and up where x_up is set), as the dp2a kernel
 // reads them.
 __device__ __forceinline__ void read_x16(const MatvecArgs& a, const MatvecPartView& view, const float* x_up, size_t at,
@@ -312,6 +437,7 @@ __device__ void quantize_x(const MatvecArgs& a, const MatvecPartView& view, cons
                            uint32_t ntok, const Layout& lay, unsigned char* smem) {
   const uint32_t K = a.w.cols, pieces = ntok * (K / 16);
   float* steps = reinterpret_cast<float*>(smem + lay.steps_at());
+  if (lay.one && threadIdx.x < 9) reinterpret_cast<uint4*>(smem + lay.zero_at())[threadIdx.x] = make_uint4(0, 0, 0, 0);
   for (uint32_t base = 0; base < pieces; base += kThreads) {
     const uint32_t i = base + threadIdx.x;
     const bool valid = i < pieces;
@@ -330,7 +456,11 @@ __device__ void quantize_x(const MatvecArgs& a, const MatvecPartView& view, cons
     x16_bytes(packed, hi, lo);
     const uint32_t unit = p / 2, half = p % 2;
     // Columns 16 half + 0..7 are lane 2 half's, 8..15 lane 2 half + 1's.
-    uint4* dst = reinterpret_cast<uint4*>(smem + t * lay.tok_stride() + unit * 64 + half * 32);
+    if (lay.one) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) lo[k] ^= 0x80808080u;  // s8: lo - 128
+    }
+    uint4* dst = reinterpret_cast<uint4*>(smem + t * lay.tok_stride() + unit * lay.unit_bytes() + half * 32);
     dst[0] = make_uint4(hi[0], hi[1], lo[0], lo[1]);
     dst[1] = make_uint4(hi[2], hi[3], lo[2], lo[3]);
     if (half == 0) {
@@ -370,11 +500,12 @@ __device__ inline Segment flat_segment(const MatvecArgs& a, uint32_t rows_per_st
 }
 __device__ inline uint64_t flat_first_step(uint32_t b, uint32_t N, uint64_t S) { return S * b / N; }
 
-// Flat: the kernel of flat walks (their segments' bookkeeping kept out of the others' registers).
-template <int T, bool Flat>
+// Flat: the kernel of flat walks (their segments' bookkeeping kept out of the others' registers); One:
+// of one-token launches (K4One, Q4_K).
+template <int T, bool Flat, bool One>
 __global__ void __launch_bounds__(kThreads, 2)
     matvec_mma_kernel(MatvecArgs a, Walk walk) {
-  using R = MmaReader<T>;
+  using R = std::conditional_t<One, K4One, MmaReader<T>>;
   extern __shared__ __align__(16) unsigned char smem[];
   const uint32_t superblocks = a.w.cols / 256;
   const uint32_t wpt = warps_per_tile(superblocks), tiles_per_step = kWarps / wpt;
@@ -406,7 +537,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   uint32_t g = take.g, bx = take.bx, nb = take.nb;
   const uint32_t ntok = take.ntok;
   const int32_t *tok_x = take.tok_x, *tok_y = take.tok_y;
-  const Layout lay{a.w.cols / 32, a.tokens};
+  const Layout lay{a.w.cols / 32, a.tokens, One};
   const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, lg = lane >> 2, lq = lane & 3;
   // Warp `warp` takes superblocks slice, slice + wpt, ... of tile `in_step` of each block step.
   const uint32_t in_step = warp / wpt, slice = warp % wpt;
@@ -468,7 +599,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     const size_t yt = tok_y != nullptr ? static_cast<size_t>(tok_y[t]) : static_cast<size_t>(t);
     view.y[static_cast<size_t>(g) * a.y_group_stride + row + yt * view.y_tok_stride] = v;
   };
-  const LaneX lane_x(smem, lay, lg, lq, ntok);
+  const typename R::Lane lane_x(smem, lay, lg, lq, ntok);
   // ls: the segment's step; pending: the steps whose partial sums wait in half `half` of the ring.
   const uint32_t ring = lay.ring();
   uint32_t pending = 0, half = 0;
@@ -547,14 +678,24 @@ using Kernel = void (*)(MatvecArgs, Walk);
 // a layer, 4,096 x 12,288 19.5 -> 15.3 us, tg64 407 -> 444 t/s, though 4,096 x 2,048 alone 5.0 -> 5.6:
 // gpu/PERF.md, h82); the Q6_K, IQ4_XS and IQ3_S readers measured 3-25% slower than the dp2a kernel at
 // one token (h42).
-Kernel kernel_for(model::GgmlType type, bool flat = false) {
+Kernel kernel_for(model::GgmlType type, bool flat = false, bool one = false) {
   if (type == model::GgmlType::Q5_K) {
-    return flat ? matvec_mma_kernel<qd::kQ5_K, true> : matvec_mma_kernel<qd::kQ5_K, false>;
+    return flat ? matvec_mma_kernel<qd::kQ5_K, true, false> : matvec_mma_kernel<qd::kQ5_K, false, false>;
   }
   if (type != model::GgmlType::Q4_K) return nullptr;
-  return flat ? matvec_mma_kernel<qd::kQ4_K, true> : matvec_mma_kernel<qd::kQ4_K, false>;
+  if (one) return flat ? matvec_mma_kernel<qd::kQ4_K, true, true> : matvec_mma_kernel<qd::kQ4_K, false, true>;
+  return flat ? matvec_mma_kernel<qd::kQ4_K, true, false> : matvec_mma_kernel<qd::kQ4_K, false, false>;
 }
-Layout layout_of(const MatvecArgs& a) { return {a.w.cols / 32, a.tokens}; }
+Layout layout_of(const MatvecArgs& a, bool one = false) { return {a.w.cols / 32, a.tokens, one}; }
+
+// Whether a launch takes the one-token products (K4One): Q4_K at one token where its layout fits.
+bool one_token(const MatvecArgs& a) {
+  static const bool off = [] {
+    const char* e = std::getenv("FERRY_MMA_ONE");
+    return e != nullptr && e[0] == '0';
+  }();
+  return !off && a.w.type == model::GgmlType::Q4_K && a.tokens == 1 && layout_of(a, true).bytes() <= kMaxSmem;
+}
 
 // The shared-memory opt-in, once a kernel and device; then the blocks an SM holds at `smem` bytes
 // (asked once a device, kernel and size: a decode graph's capture finds them asked by its eager step).
@@ -609,8 +750,9 @@ bool matvec_mma_applies(const MatvecArgs& a) {
 
 void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream) {
   if (!matvec_mma_applies(a)) throw CudaError("launch_matvec_mma: no tensor-core kernel for this call");
-  const Kernel kernel = kernel_for(a.w.type);
-  const size_t smem = layout_of(a).bytes();
+  const bool one = one_token(a);
+  const Kernel kernel = kernel_for(a.w.type, false, one);
+  const size_t smem = layout_of(a, one).bytes();
   const uint32_t rows_per_block = 16 * (kWarps / warps_per_tile(a.w.cols / 256));
   // Enough blocks to fill the device once; each block quantizes its input once and loops over tiles.
   const uint32_t wanted = (matvec_max_rows(a) + rows_per_block - 1) / rows_per_block;
@@ -650,7 +792,7 @@ void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream) {
     const uint32_t sms = static_cast<uint32_t>(current_sm_count());
     if (a.groups == 1 && a.parts == 1 && a.w.cols <= 2048 && grid.x > sms && wanted <= resident) grid.x = sms;
   }
-  const Kernel launched = walk == Walk::flat ? kernel_for(a.w.type, true) : kernel;
+  const Kernel launched = walk == Walk::flat ? kernel_for(a.w.type, true, one) : kernel;
   launch_with_pdl(launched, grid, dim3(kThreads), smem, stream, a, walk);
   FERRY_CUDA_LAUNCHED();
 }
