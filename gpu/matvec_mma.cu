@@ -136,11 +136,11 @@ __device__ inline Segment flat_segment(const MatvecArgs& a, uint32_t rows_per_st
 __device__ inline uint64_t flat_first_step(uint32_t b, uint32_t N, uint64_t S) { return S * b / N; }
 
 // Flat: the kernel of flat walks (their segments' bookkeeping kept out of the others' registers); One:
-// of one-token launches (K4One, Q4_K).
+// of one-token launches (K4One).
 template <int T, bool Flat, bool One, bool Two = false>
 __global__ void __launch_bounds__(kThreads, 2)
     matvec_mma_kernel(MatvecArgs a, Walk walk) {
-  using R = std::conditional_t<One, K4One, MmaReader<T>>;
+  using R = std::conditional_t<One, K4One<T == qd::kQ5_K>, MmaReader<T>>;
   extern __shared__ __align__(16) unsigned char smem[];
   const uint32_t superblocks = a.w.cols / 256;
   const uint32_t wpt = warps_per_tile(superblocks), tiles_per_step = kWarps / wpt;
@@ -345,27 +345,34 @@ using Kernel = void (*)(MatvecArgs, Walk);
 // gpu/PERF.md, h82); the Q6_K, IQ4_XS and IQ3_S readers measured 3-25% slower than the dp2a kernel at
 // one token (h42).
 Kernel kernel_for(model::GgmlType type, bool flat = false, bool one = false) {
-  if (type == model::GgmlType::Q5_K) {
-    return flat ? matvec_mma_kernel<qd::kQ5_K, true, false> : matvec_mma_kernel<qd::kQ5_K, false, false>;
-  }
-  if (type != model::GgmlType::Q4_K) return nullptr;
   static const bool two = [] {
     const char* e = std::getenv("FERRY_MMA_TWO");
     return e != nullptr && e[0] == '1';
   }();
+  if (type == model::GgmlType::Q5_K) {
+    if (one && !flat && two) return matvec_mma_kernel<qd::kQ5_K, false, true, true>;
+    if (one) return flat ? matvec_mma_kernel<qd::kQ5_K, true, true> : matvec_mma_kernel<qd::kQ5_K, false, true>;
+    return flat ? matvec_mma_kernel<qd::kQ5_K, true, false> : matvec_mma_kernel<qd::kQ5_K, false, false>;
+  }
+  if (type != model::GgmlType::Q4_K) return nullptr;
   if (one && !flat && two) return matvec_mma_kernel<qd::kQ4_K, false, true, true>;
   if (one) return flat ? matvec_mma_kernel<qd::kQ4_K, true, true> : matvec_mma_kernel<qd::kQ4_K, false, true>;
   return flat ? matvec_mma_kernel<qd::kQ4_K, true, false> : matvec_mma_kernel<qd::kQ4_K, false, false>;
 }
 Layout layout_of(const MatvecArgs& a, bool one = false) { return {a.w.cols / 32, a.tokens, one}; }
 
-// Whether a launch takes the one-token products (K4One): Q4_K at one token where its layout fits.
+// Whether a launch takes the one-token products (K4One) at one token where its layout fits.
 bool one_token(const MatvecArgs& a) {
   static const bool off = [] {
     const char* e = std::getenv("FERRY_MMA_ONE");
     return e != nullptr && e[0] == '0';
   }();
-  return !off && a.w.type == model::GgmlType::Q4_K && a.tokens == 1 && layout_of(a, true).bytes() <= kMaxSmem;
+  static const bool five_off = [] {
+    const char* e = std::getenv("FERRY_MMA_ONE5");
+    return e != nullptr && e[0] == '0';
+  }();
+  const bool q5 = a.w.type == model::GgmlType::Q5_K && !five_off;
+  return !off && (a.w.type == model::GgmlType::Q4_K || q5) && a.tokens == 1 && layout_of(a, true).bytes() <= kMaxSmem;
 }
 
 // The shared-memory opt-in, once a kernel and device; then the blocks an SM holds at `smem` bytes
