@@ -279,13 +279,16 @@ __global__ void __launch_bounds__(kThreads, 2)
   };
   if constexpr (Two) {
     // Steps ls and their superblocks j in turn, cur and cur2 alternating; each product reloads its
-    // registers from the superblock two ahead (step rs, superblock rj).
+    // registers from the superblock two ahead (step rs, superblock rj), or past the segment's end
+    // from the one it multiplies (in L1: no other block's rows read for nothing).
     uint32_t ls = 0, j = 0, rs = mine > 2 ? 0 : mine == 2 ? 1 : 2, rj = mine > 2 ? 2 : 0;
-    Rows ahead = rows_of(rs);
+    Rows ahead = rows_of(rs), here = rows;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     auto product = [&](typename R::Regs& w) {
-      const uint32_t col_bytes = (slice + rj * wpt) * R::kBlockBytes;
-      const uint8_t* const next[2] = {ahead.p[0] + col_bytes, ahead.p[1] + col_bytes};
+      const bool past = rs >= count;
+      const uint32_t col_bytes = (slice + (past ? j : rj) * wpt) * R::kBlockBytes;
+      const uint8_t* const next[2] = {(past ? here.p[0] : ahead.p[0]) + col_bytes,
+                                      (past ? here.p[1] : ahead.p[1]) + col_bytes};
       R::product_reload(w, slice + j * wpt, lane_x, lq, next, acc);
       if (++rj == mine) rj = 0, ahead = rows_of(++rs);
       if (++j < mine) return;
@@ -294,7 +297,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       finish_step(ls, acc);
 #pragma unroll
       for (uint32_t i = 0; i < 4; ++i) acc[i] = 0.0f;
-      ++ls;
+      here = rows_of(++ls);
     };
     while (ls < count) {
       product(cur);
