@@ -8,7 +8,10 @@
 // is the dp2a kernel's, and only the f32 order of the scale terms differs; the minimum terms (a
 // superblock's 8 minimums times the f32 sums of x) are one more MMA over tf32, the sums split into
 // two tf32 parts (~22 bits). The activations are quantized as the dp2a kernel does
-// (gpu/x_int16.cuh) into shared memory in B's fragment order.
+// (gpu/x_int16.cuh) into shared memory in B's fragment order. At one token (decode's Q4_K calls) B's
+// columns carry four sub-blocks' bytes instead of copies of the token, so that every lane's outputs
+// are used: 210 instructions a superblock instead of 357, the same bits (K4One,
+// gpu/matvec_mma_readers.cuh; the output head 127 -> 103 us, gpu/PERF.md, h101).
 //
 // Work: a warp's step is 16 rows x one 256-column superblock (8-byte pieces: a lane holds rows g and
 // g + 8 of an MMA tile, at the same columns, and one word of each row's 16-byte head, the quad's
@@ -27,7 +30,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <set>
@@ -136,11 +138,11 @@ __device__ inline Segment flat_segment(const MatvecArgs& a, uint32_t rows_per_st
 __device__ inline uint64_t flat_first_step(uint32_t b, uint32_t N, uint64_t S) { return S * b / N; }
 
 // Flat: the kernel of flat walks (their segments' bookkeeping kept out of the others' registers); One:
-// of one-token launches (K4One).
-template <int T, bool Flat, bool One, bool Two = false>
+// of one-token launches (K4One, Q4_K).
+template <int T, bool Flat, bool One>
 __global__ void __launch_bounds__(kThreads, 2)
     matvec_mma_kernel(MatvecArgs a, Walk walk) {
-  using R = std::conditional_t<One, K4One<T == qd::kQ5_K>, MmaReader<T>>;
+  using R = std::conditional_t<One, K4One, MmaReader<T>>;
   extern __shared__ __align__(16) unsigned char smem[];
   const uint32_t superblocks = a.w.cols / 256;
   const uint32_t wpt = warps_per_tile(superblocks), tiles_per_step = kWarps / wpt;
@@ -221,10 +223,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   };
   prefetch_step(1);
   Rows rows = rows_of(0);
-  typename R::Regs cur, cur2;
+  typename R::Regs cur;
   load(rows, 0, cur);
-  // Two: the segment's second superblock in flight as well (the step's next one, or the next step's first).
-  if (Two) load(mine > 1 ? rows : rows_of(1), mine > 1 ? 1 : 0, cur2);
   if (fixed_weights) pdl_wait();
   pdl_launch_dependents();
   // Flat walks read one x for every group: quantized once.
@@ -240,8 +240,28 @@ __global__ void __launch_bounds__(kThreads, 2)
   // ls: the segment's step; pending: the steps whose partial sums wait in half `half` of the ring.
   const uint32_t ring = lay.ring();
   uint32_t pending = 0, half = 0;
-  // The end of step ls: its tile's outputs stored, or its partial sums put in the ring.
-  auto finish_step = [&](uint32_t ls, const float (&acc)[4]) {
+  for (uint32_t ls = 0; ls < count;) {
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    // The next step's rows: the segment's, or the next segment's first (flat), whose loads the
+    // products below keep in flight.
+    Segment next_seg{0, 0, 0, 0};
+    Rows after;
+    if (Flat && ls + 1 >= count && flat_at + count < flat_end) {
+      next_seg = flat_segment(a, 16 * tiles_per_step, flat_at + count, flat_end);
+      const MatvecPartView nv = matvec_part_view(a, next_seg.g, next_seg.part);
+      after = rows_in(nv.w, nv.rows, tile_in(next_seg.from, 1, 0, in_step));
+    } else {
+      after = rows_of(ls + 1);
+    }
+    for (uint32_t j = 0; j < mine; ++j) {
+      const bool same_step = j + 1 < mine;
+      const uint32_t col_bytes = (slice + (same_step ? j + 1 : 0) * wpt) * R::kBlockBytes;
+      const uint8_t* const next[2] = {(same_step ? rows.p[0] : after.p[0]) + col_bytes,
+                                      (same_step ? rows.p[1] : after.p[1]) + col_bytes};
+      R::product_reload(cur, slice + j * wpt, lane_x, lq, next, acc);
+    }
+    rows = after;
+    prefetch_step(ls + 2);
     // acc[2r + t]: row lg + 8r, token 2 lq + t of the tile.
     if (wpt == 1) {
 #pragma unroll
@@ -276,69 +296,17 @@ __global__ void __launch_bounds__(kThreads, 2)
         pending = 0, half ^= 1;
       }
     }
-  };
-  if constexpr (Two) {
-    // Steps ls and their superblocks j in turn, cur and cur2 alternating; each product reloads its
-    // registers from the superblock two ahead (step rs, superblock rj), or past the segment's end
-    // from the one it multiplies (in L1: no other block's rows read for nothing).
-    uint32_t ls = 0, j = 0, rs = mine > 2 ? 0 : mine == 2 ? 1 : 2, rj = mine > 2 ? 2 : 0;
-    Rows ahead = rows_of(rs), here = rows;
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    auto product = [&](typename R::Regs& w) {
-      const bool past = rs >= count;
-      const uint32_t col_bytes = (slice + (past ? j : rj) * wpt) * R::kBlockBytes;
-      const uint8_t* const next[2] = {(past ? here.p[0] : ahead.p[0]) + col_bytes,
-                                      (past ? here.p[1] : ahead.p[1]) + col_bytes};
-      R::product_reload(w, slice + j * wpt, lane_x, lq, next, acc);
-      if (++rj == mine) rj = 0, ahead = rows_of(++rs);
-      if (++j < mine) return;
-      j = 0;
-      prefetch_step(ls + 2);
-      finish_step(ls, acc);
-#pragma unroll
-      for (uint32_t i = 0; i < 4; ++i) acc[i] = 0.0f;
-      here = rows_of(++ls);
-    };
-    while (ls < count) {
-      product(cur);
-      if (ls < count) product(cur2);
+    if (!Flat || ++ls < count || next_seg.count == 0) {
+      if (!Flat) ++ls;
+      continue;
     }
-  } else {
-    for (uint32_t ls = 0; ls < count;) {
-      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      // The next step's rows: the segment's, or the next segment's first (flat), whose loads the
-      // products below keep in flight.
-      Segment next_seg{0, 0, 0, 0};
-      Rows after;
-      if (Flat && ls + 1 >= count && flat_at + count < flat_end) {
-        next_seg = flat_segment(a, 16 * tiles_per_step, flat_at + count, flat_end);
-        const MatvecPartView nv = matvec_part_view(a, next_seg.g, next_seg.part);
-        after = rows_in(nv.w, nv.rows, tile_in(next_seg.from, 1, 0, in_step));
-      } else {
-        after = rows_of(ls + 1);
-      }
-      for (uint32_t j = 0; j < mine; ++j) {
-        const bool same_step = j + 1 < mine;
-        const uint32_t col_bytes = (slice + (same_step ? j + 1 : 0) * wpt) * R::kBlockBytes;
-        const uint8_t* const next[2] = {(same_step ? rows.p[0] : after.p[0]) + col_bytes,
-                                        (same_step ? rows.p[1] : after.p[1]) + col_bytes};
-        R::product_reload(cur, slice + j * wpt, lane_x, lq, next, acc);
-      }
-      rows = after;
-      prefetch_step(ls + 2);
-      finish_step(ls, acc);
-      if (!Flat || ++ls < count || next_seg.count == 0) {
-        if (!Flat) ++ls;
-        continue;
-      }
-      // On into the next segment (flat): its group's view; its first rows are loaded already.
-      flat_at += count;
-      part = next_seg.part, g = next_seg.g, bx = next_seg.from, nb = 1, ls = 0;
-      view = matvec_part_view(a, g, part);
-      count = steps_of(view.rows, bx, 1, next_seg.count);
-      fixed_here = matvec_part_fixed_weights(a, part);
-      prefetch_step(1);
-    }
+    // On into the next segment (flat): its group's view; its first rows are loaded already.
+    flat_at += count;
+    part = next_seg.part, g = next_seg.g, bx = next_seg.from, nb = 1, ls = 0;
+    view = matvec_part_view(a, g, part);
+    count = steps_of(view.rows, bx, 1, next_seg.count);
+    fixed_here = matvec_part_fixed_weights(a, part);
+    prefetch_step(1);
   }
 }
 
@@ -348,34 +316,19 @@ using Kernel = void (*)(MatvecArgs, Walk);
 // gpu/PERF.md, h82); the Q6_K, IQ4_XS and IQ3_S readers measured 3-25% slower than the dp2a kernel at
 // one token (h42).
 Kernel kernel_for(model::GgmlType type, bool flat = false, bool one = false) {
-  static const bool two = [] {
-    const char* e = std::getenv("FERRY_MMA_TWO");
-    return e != nullptr && e[0] == '1';
-  }();
   if (type == model::GgmlType::Q5_K) {
-    if (one && !flat && two) return matvec_mma_kernel<qd::kQ5_K, false, true, true>;
-    if (one) return flat ? matvec_mma_kernel<qd::kQ5_K, true, true> : matvec_mma_kernel<qd::kQ5_K, false, true>;
     return flat ? matvec_mma_kernel<qd::kQ5_K, true, false> : matvec_mma_kernel<qd::kQ5_K, false, false>;
   }
   if (type != model::GgmlType::Q4_K) return nullptr;
-  if (one && !flat && two) return matvec_mma_kernel<qd::kQ4_K, false, true, true>;
   if (one) return flat ? matvec_mma_kernel<qd::kQ4_K, true, true> : matvec_mma_kernel<qd::kQ4_K, false, true>;
   return flat ? matvec_mma_kernel<qd::kQ4_K, true, false> : matvec_mma_kernel<qd::kQ4_K, false, false>;
 }
 Layout layout_of(const MatvecArgs& a, bool one = false) { return {a.w.cols / 32, a.tokens, one}; }
 
-// Whether a launch takes the one-token products (K4One) at one token where its layout fits.
+// Whether a launch takes the one-token products (K4One): Q4_K at one token where its layout fits
+// (Q5_K's, its fifth bits shuffled in, measured no faster: gpu/PERF.md, h101).
 bool one_token(const MatvecArgs& a) {
-  static const bool off = [] {
-    const char* e = std::getenv("FERRY_MMA_ONE");
-    return e != nullptr && e[0] == '0';
-  }();
-  static const bool five_off = [] {
-    const char* e = std::getenv("FERRY_MMA_ONE5");
-    return e != nullptr && e[0] == '0';
-  }();
-  const bool q5 = a.w.type == model::GgmlType::Q5_K && !five_off;
-  return !off && (a.w.type == model::GgmlType::Q4_K || q5) && a.tokens == 1 && layout_of(a, true).bytes() <= kMaxSmem;
+  return a.w.type == model::GgmlType::Q4_K && a.tokens == 1 && layout_of(a, true).bytes() <= kMaxSmem;
 }
 
 // The shared-memory opt-in, once a kernel and device; then the blocks an SM holds at `smem` bytes

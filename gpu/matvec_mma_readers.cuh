@@ -1,7 +1,7 @@
 #pragma once
 // What the tensor-core decode matvec (gpu/matvec_mma.cu) reads and multiplies: its shared-memory
 // layout of the quantized x, each lane's places in it, and the per-type readers of a superblock (the
-// general one over up to 8 tokens, K4Reader, and the one-token products, K4One). Included by that
+// general one over up to 8 tokens, K4Reader, and Q4_K's one-token products, K4One). Included by that
 // file only.
 #include <cuda_runtime.h>
 
@@ -263,7 +263,7 @@ template <bool Five> struct K4Reader {
 template <> struct MmaReader<qd::kQ4_K> : K4Reader<false> {};
 template <> struct MmaReader<qd::kQ5_K> : K4Reader<true> {};
 
-// One token (decode's call), Q4_K and Q5_K: the K4Reader's products leave 7 of each lane's 8 outputs unused
+// One token (decode's call), Q4_K: the K4Reader's products leave 7 of each lane's 8 outputs unused
 // (B's 8 columns are copies of the token), so here B's columns are 4 sub-blocks' hi and lo bytes
 // instead. Lane q holds chunk c = 3 - q of rows g and g + 8 (sub-blocks 2c and 2c + 1: the low and
 // the high nibbles), so A's k-quads q and 4 + q are that chunk's; B's column 2q + h is nonzero only
@@ -271,12 +271,9 @@ template <> struct MmaReader<qd::kQ5_K> : K4Reader<true> {};
 // q', and zero on the other lanes. Eight MMAs a superblock (column octets m = 0..3 of the units of
 // the low nibbles, s = 0, and of the high ones, s = 1, these taken as 16 q: exact, shifted back) give
 // each lane the int32 sums of its two sub-blocks; lo is s8 (lo - 128, one B type for both halves), so
-// 128 times the weights' sums (one more MMA each over a B of ones) are added back. Q5_K's fifth bits
-// of octet m are lane m's 8 bytes of qh (K4Reader's), by shuffles, bit 2c + s of each byte moved to
-// bit 4 by a rotation (the high nibbles shifted down: 5-bit values do not take the factor 16). The
-// same integers as K4Reader's, and the f32 terms in its order: sub-blocks 0..7 of a row added in turn,
-// from lane 3 (chunk 0) down to lane 0 by shuffles, where the tile's outputs are (acc[0], acc[2]):
-// the same bits.
+// 128 times the weights' sums (one more MMA each over a B of ones) are added back. The same integers
+// as K4Reader's, and the f32 terms in its order: sub-blocks 0..7 of a row added in turn, from lane 3
+// (chunk 0) down to lane 0 by shuffles, where the tile's outputs are (acc[0], acc[2]): the same bits.
 struct LaneOne {
   const unsigned char* xb;  // this lane's B bytes of unit 2c of superblock 0, or the zero bytes
   uint32_t xb_stride;       // a superblock's units (8 x 80 bytes), 0 on the lanes of zero columns
@@ -294,22 +291,19 @@ struct LaneOne {
   }
 };
 
-template <bool Five> struct K4One {
-  static constexpr uint32_t kBlockBytes = Five ? 176 : 144, kQs = Five ? 48 : 16;
+struct K4One {
+  static constexpr uint32_t kBlockBytes = 144;
   using Lane = LaneOne;
-  // Word q of rows g and g + 8's heads and bytes 8q..8q+7 of their qh (as K4Reader's), and chunk 3 - q
-  // of each, 8 bytes a column octet.
+  // Word q of rows g and g + 8's heads (as K4Reader's) and chunk 3 - q of each, 8 bytes a column octet.
   struct Regs {
     uint32_t head[2];
-    uint2 qh[2];
     uint2 qs[2][4];
   };
   __device__ static void load_head(const uint8_t* blk, uint32_t r, uint32_t q, Regs& w) {
     w.head[r] = *reinterpret_cast<const uint32_t*>(blk + 4 * q);
-    if (Five) w.qh[r] = *reinterpret_cast<const uint2*>(blk + 16 + 8 * q);
   }
   __device__ static void load_octet(const uint8_t* blk, uint32_t r, uint32_t q, int m, Regs& w) {
-    w.qs[r][m] = *reinterpret_cast<const uint2*>(blk + kQs + 32 * (3 - q) + 8 * m);
+    w.qs[r][m] = *reinterpret_cast<const uint2*>(blk + 16 + 32 * (3 - q) + 8 * m);
   }
   __device__ static void load(const uint8_t* blk, uint32_t r, uint32_t q, Regs& w) {
     load_head(blk, r, q, w);
@@ -326,35 +320,18 @@ template <bool Five> struct K4One {
                            __shfl_sync(0xffffffffu, w.head[r], quad + 2), __shfl_sync(0xffffffffu, w.head[r], quad + 3));
     }
     const K4Scales k(head);
-    const uint2 h[2] = {w.qh[0], w.qh[1]};
 #pragma unroll
     for (uint32_t r = 0; r < 2; ++r) load_head(next[r], r, q, w);
     const unsigned char* xb = c.xb + sb * c.xb_stride;
-    const uint32_t cc = 3 - q;
     const mma::FragB ones = {{c.ones, c.ones}};
     mma::FragC cs[2], cq[2];  // per nibble half s: the x sums (hi, lo columns), the weights' sums
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
       const uint2 v0 = w.qs[0][m], v1 = w.qs[1][m];
-      uint32_t hb[4] = {0, 0, 0, 0};  // qh of the octet's columns: rows g, g + 8, then their second words
-      if (Five) {
-        hb[0] = __shfl_sync(0xffffffffu, h[0].x, quad + m), hb[1] = __shfl_sync(0xffffffffu, h[1].x, quad + m);
-        hb[2] = __shfl_sync(0xffffffffu, h[0].y, quad + m), hb[3] = __shfl_sync(0xffffffffu, h[1].y, quad + m);
-      }
 #pragma unroll
       for (int s = 0; s < 2; ++s) {
-        mma::FragA A;
-        const uint32_t v[4] = {v0.x, v1.x, v0.y, v1.y};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          if (Five) {
-            // Bit 2c + s of each byte at bit 4, beside the nibble.
-            const uint32_t fifth = __funnelshift_r(hb[i], hb[i], 2 * cc + s - 4) & 0x10101010u;
-            A.r[i] = ((s ? v[i] >> 4 : v[i]) & 0x0f0f0f0fu) | fifth;
-          } else {
-            A.r[i] = v[i] & (s ? 0xf0f0f0f0u : 0x0f0f0f0fu);
-          }
-        }
+        const uint32_t mask = s ? 0xf0f0f0f0u : 0x0f0f0f0fu;
+        const mma::FragA A = {{v0.x & mask, v1.x & mask, v0.y & mask, v1.y & mask}};
         const uint2 b = *reinterpret_cast<const uint2*>(xb + s * 80 + m * 16);
         const mma::FragB B = {{b.x, b.y}};
         if (m == 0) {
@@ -369,6 +346,7 @@ template <bool Five> struct K4One {
       for (uint32_t r = 0; r < 2; ++r) load_octet(next[r], r, q, m, w);
     }
     // Sub-blocks 2c + s of rows g (r = 0) and g + 8: their scales, the f32 terms in K4Reader's order.
+    const uint32_t cc = 3 - q;
     const float2 xs = *reinterpret_cast<const float2*>(c.steps + 8 * sb);
     float sd[2];
 #pragma unroll
@@ -378,7 +356,7 @@ template <bool Five> struct K4One {
 #pragma unroll
       for (int s = 0; s < 2; ++s) {
         int sum = cs[s].r[2 * r] * 256 + cs[s].r[2 * r + 1] + cq[s].r[2 * r] * 128;
-        if (!Five && s) sum >>= 4;
+        if (s) sum >>= 4;
         const int scale = static_cast<int>((word >> (8 * (2 * (cc & 1) + s))) & 0xff);
         f[s] = static_cast<float>(sum * scale);
       }
