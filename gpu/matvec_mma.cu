@@ -8,7 +8,10 @@
 // is the dp2a kernel's, and only the f32 order of the scale terms differs; the minimum terms (a
 // superblock's 8 minimums times the f32 sums of x) are one more MMA over tf32, the sums split into
 // two tf32 parts (~22 bits). The activations are quantized as the dp2a kernel does
-// (gpu/x_int16.cuh) into shared memory in B's fragment order.
+// (gpu/x_int16.cuh) into shared memory in B's fragment order. At one token (decode's Q4_K calls) B's
+// columns carry four sub-blocks' bytes instead of copies of the token, so that every lane's outputs
+// are used: 210 instructions a superblock instead of 357, the same bits (K4One,
+// gpu/matvec_mma_readers.cuh; the output head 127 -> 103 us, gpu/PERF.md, h101).
 //
 // Work: a warp's step is 16 rows x one 256-column superblock (8-byte pieces: a lane holds rows g and
 // g + 8 of an MMA tile, at the same columns, and one word of each row's 16-byte head, the quad's
@@ -31,10 +34,12 @@
 #include <mutex>
 #include <set>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/matvec_mma.hpp"
+#include "gpu/matvec_mma_readers.cuh"
 #include "gpu/matvec_part.cuh"
 #include "gpu/matvec_share.cuh"
 #include "gpu/mma_int8.cuh"
@@ -47,250 +52,7 @@
 namespace ferry::gpu {
 namespace {
 
-constexpr uint32_t kWarps = 8, kThreads = kWarps * 32;
-// Dynamic shared memory the kernel is allowed (the opt-in above 48 KiB, sm80+): what the largest
-// call that takes the int16 path needs here (8 tokens of 2,304 columns: ~52 KiB) fits.
-constexpr size_t kMaxSmem = 64 * 1024;
-
-// Shared memory of a block for `tokens` tokens of `units` 32-column units:
-//   B: per token (tok_stride bytes, 64 more than the values so that two tokens' fragment loads of one
-//      quarter-warp fall in different banks), per unit, per lane q 16 bytes: the hi bytes of the
-//      lane's 8 columns of the unit (b[0]'s four, then b[1]'s), then their lo bytes;
-//   steps: per token (units + 1: the pad again), per unit, amax / 32767;
-//   sums (for the K-quant minimum terms, a tf32 MMA's B): per token (an odd number of 64 bytes: the
-//      pad again), per superblock, per lane q 16 bytes: the sums of the 32 x of units q and q + 4 as
-//      tf32 hi parts, then the lo parts (the remainders, tf32);
-//   partial sums: two halves (a block's runs of steps alternate) x ring() steps x warps x tokens x 16
-//      rows, so that the warps of a block meet at a barrier once every ring() steps, not every step.
-struct Layout {
-  uint32_t units, tokens;
-  __host__ __device__ uint32_t tok_stride() const { return units * 64 + 64; }
-  __host__ __device__ uint32_t step_stride() const { return units + 1; }
-  __host__ __device__ uint32_t sum_stride() const { return (units / 8 | 1) * 64; }
-  __host__ __device__ uint32_t steps_at() const { return tokens * tok_stride(); }
-  __host__ __device__ uint32_t sums_at() const { return steps_at() + (tokens * step_stride() * 4 + 15) / 16 * 16; }
-  __host__ __device__ uint32_t partials_at() const { return sums_at() + tokens * sum_stride(); }
-  __host__ __device__ uint32_t step_floats() const { return kWarps * tokens * 16; }
-  __host__ __device__ uint32_t bytes_at(uint32_t ring) const { return partials_at() + 2 * ring * step_floats() * 4; }
-  // Steps between barriers: 8 / tokens (8 KiB of partial sums), fewer where that would not fit, so
-  // that the ring never moves a call off this kernel (the 8-token case has 1, as before).
-  __host__ __device__ uint32_t ring() const {
-    uint32_t r = tokens < 8 ? 8 / tokens : 1;
-    while (r > 1 && bytes_at(r) > kMaxSmem) r /= 2;
-    return r;
-  }
-  __host__ __device__ uint32_t bytes() const { return bytes_at(ring()); }
-};
-
-// Warps sharing a tile's superblocks: a power of two up to 8, at most the superblocks of a row.
-__host__ __device__ constexpr uint32_t warps_per_tile(uint32_t superblocks) {
-  return superblocks >= 8 ? 8 : superblocks >= 4 ? 4 : superblocks >= 2 ? 2 : 1;
-}
-
-// What a lane's products read of the quantized x in shared memory (Layout), its places worked out
-// once a block: token g's B fragments and sums (lane q's 16 bytes of unit / superblock 0), tokens
-// 2q's and 2q + 1's steps, for g = lane / 4 and q = lane % 4 (the MMA fragments'). Columns past the
-// group's tokens read its last token: their sums are never stored, and each column's sums are its
-// own, so no register is zeroed for them.
-struct LaneX {
-  const unsigned char* xb;
-  const unsigned char* sums;
-  const float* step0;
-  const float* step1;
-  __device__ LaneX(const unsigned char* smem, const Layout& lay, uint32_t g, uint32_t q, uint32_t ntok) {
-    const float* steps = reinterpret_cast<const float*>(smem + lay.steps_at());
-    xb = smem + min(g, ntok - 1) * lay.tok_stride() + q * 16;
-    sums = smem + lay.sums_at() + min(g, ntok - 1) * lay.sum_stride() + q * 16;
-    step0 = steps + min(2 * q, ntok - 1) * lay.step_stride();
-    step1 = steps + min(2 * q + 1, ntok - 1) * lay.step_stride();
-  }
-};
-__device__ __forceinline__ void load_b(const LaneX& c, uint32_t unit, mma::FragB& hi, mma::FragB& lo) {
-  const uint4 v = *reinterpret_cast<const uint4*>(c.xb + unit * 64);
-  hi = {{v.x, v.y}};
-  lo = {{v.z, v.w}};
-}
-__device__ __forceinline__ float x_step(const LaneX& c, uint32_t t, uint32_t unit) {
-  return (t & 1 ? c.step1 : c.step0)[unit];
-}
-__device__ __forceinline__ uint4 load_sums(const LaneX& c, uint32_t sb) {
-  return *reinterpret_cast<const uint4*>(c.sums + sb * 64);
-}
-// The int32 sums of A's rows (g, g + 8) with the lane's tokens (2q, 2q + 1): s[2r + t], hi * 256 + lo.
-template <bool SignedA>
-__device__ __forceinline__ void sums(const mma::FragA& A, const mma::FragB& hi, const mma::FragB& lo, int (&s)[4]) {
-  mma::FragC ch, cl;
-  mma::mma_k32_zero_c<SignedA, true>(ch, A, hi);
-  mma::mma_k32_zero_c<SignedA, false>(cl, A, lo);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) s[i] = ch.r[i] * 256 + cl.r[i];
-}
-
-// d = a * b + c over tf32 (m16n8k8, f32 sums): a[0] / a[1] rows g / g + 8 and a[2] / a[3] the same
-// rows at a second k, b[0] / b[1] column g at those two k; d as mma_k32's C.
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint4& b_pair, bool lo) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const uint32_t b0 = lo ? b_pair.z : b_pair.x, b1 = lo ? b_pair.w : b_pair.y;
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-  (void)d;
-  (void)a;
-  (void)b_pair;
-  (void)lo;
-  __trap();
-#endif
-}
-// Asks for `bytes` from p into L2 (sm90's bulk prefetch; a hint, nothing waits for it). p and bytes
-// are rounded out to 16 bytes: the rows of a matrix, whose allocation extends to that.
-__device__ __forceinline__ void prefetch_l2(const uint8_t* p, size_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const size_t from = __cvta_generic_to_global(p) & ~size_t{15};
-  const size_t to = (__cvta_generic_to_global(p + bytes) + 15) & ~size_t{15};
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(from), "r"(static_cast<uint32_t>(to - from))
-               : "memory");
-#else
-  (void)p;
-  (void)bytes;
-#endif
-}
-
-// x rounded to tf32 (nearest, ties away), as an f32.
-__device__ __forceinline__ float tf32_round(float x) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-  return __uint_as_float(r);
-#else
-  __trap();
-  return x;
-#endif
-}
-
-// Per type: a superblock's bytes, what a lane loads of one for rows g and g + 8 (Regs, load) and its
-// products for the lane's C fragment added to acc (product). A lane multiplies columns 8q..8q+7 of
-// each 32-column unit; A's registers: a[0] / a[2] row g, the lane's first / second four columns;
-// a[1] / a[3] row g + 8.
-template <int T> struct MmaReader;
-
-// Q4_K: d, dmin, 12 bytes of 6-bit scales and minimums (k4_scale_min's rule), sub-block j's
-// 32 columns from chunk j / 2 (low nibbles for even j, high for odd); per sub-block sum(q x) *
-// scale * x's step in f32; the minimum terms sum(minimum * sum(x)) over the 8 sub-blocks as one tf32
-// MMA (the minimums are small integers, the sums split into two tf32 parts: ~22 bits of each); d
-// and dmin once a superblock.
-struct K4Scales {
-  float d[2], dmin[2];
-  uint32_t sc[2][2], mn[2][2];  // byte j of [r][0] / [r][1]: sub-block j / 4 + j of row r
-  __device__ explicit K4Scales(const uint4 (&head)[2]) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const uint4 h = head[r];
-      d[r] = qd::h2f(h.x & 0xffff);
-      dmin[r] = qd::h2f(h.x >> 16);
-      sc[r][0] = h.y & 0x3f3f3f3fu;
-      mn[r][0] = h.z & 0x3f3f3f3fu;
-      sc[r][1] = (h.w & 0x0f0f0f0fu) | ((h.y >> 2) & 0x30303030u);
-      mn[r][1] = ((h.w >> 4) & 0x0f0f0f0fu) | ((h.z >> 2) & 0x30303030u);
-    }
-  }
-};
-// a_of(j, A) fills sub-block j's A fragment (q: the lane's).
-template <class AOf>
-__device__ __forceinline__ void k4_product(const K4Scales& k, uint32_t sb, const LaneX& c, uint32_t q, AOf a_of,
-                                           float (&acc)[4]) {
-  float sd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    mma::FragA A;
-    a_of(j, A);
-    const uint32_t unit = 8 * sb + j;
-    mma::FragB hi, lo;
-    load_b(c, unit, hi, lo);
-    int s[4];
-    sums<false>(A, hi, lo, s);
-    const float x0 = x_step(c, 2 * q, unit), x1 = x_step(c, 2 * q + 1, unit);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int scale = static_cast<int>((k.sc[r][j >> 2] >> (8 * (j & 3))) & 0xff);
-      // |s| * scale < 31 * 32767 * 32 * 63: no int32 overflow.
-      sd[2 * r] += static_cast<float>(s[2 * r] * scale) * x0;
-      sd[2 * r + 1] += static_cast<float>(s[2 * r + 1] * scale) * x1;
-    }
-  }
-  // A: the minimums of sub-blocks q (a[0], a[1]) and q + 4 (a[2], a[3]); B: token g's sums of them.
-  const uint32_t am[4] = {__float_as_uint(qd::byte_f(k.mn[0][0], q)), __float_as_uint(qd::byte_f(k.mn[1][0], q)),
-                          __float_as_uint(qd::byte_f(k.mn[0][1], q)), __float_as_uint(qd::byte_f(k.mn[1][1], q))};
-  const uint4 bm = load_sums(c, sb);
-  float sm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  mma_tf32(sm, am, bm, false);
-  mma_tf32(sm, am, bm, true);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) acc[i] += k.d[i >> 1] * sd[i] - k.dmin[i >> 1] * sm[i];
-}
-
-// Q4_K, and Q5_K (Five: the fifth bits between the head and the nibbles, bit j of qh's bytes for
-// sub-block j, so bytes 8q..8q+7 of qh for the lane's columns of every sub-block).
-template <bool Five> struct K4Reader {
-  static constexpr uint32_t kBlockBytes = Five ? 176 : 144, kQs = Five ? 48 : 16;
-  // The lane's part of rows g and g + 8 of a superblock: word q of each head (d, dmin and the 12
-  // bytes of scales and minimums; the quad's four lanes hold a row's four), bytes 8q..8q+7 of qh
-  // (Q5_K) and of each chunk of quantized weights.
-  struct Regs {
-    uint32_t head[2];
-    uint2 qh[2];
-    uint2 qs[2][4];
-  };
-  __device__ static void load_head(const uint8_t* blk, uint32_t r, uint32_t q, Regs& w) {
-    w.head[r] = *reinterpret_cast<const uint32_t*>(blk + 4 * q);
-    if (Five) w.qh[r] = *reinterpret_cast<const uint2*>(blk + 16 + 8 * q);
-  }
-  __device__ static void load_chunk(const uint8_t* blk, uint32_t r, uint32_t q, int c, Regs& w) {
-    w.qs[r][c] = *reinterpret_cast<const uint2*>(blk + kQs + 32 * c + 8 * q);
-  }
-  __device__ static void load(const uint8_t* blk, uint32_t r, uint32_t q, Regs& w) {
-    load_head(blk, r, q, w);
-#pragma unroll
-    for (int c = 0; c < 4; ++c) load_chunk(blk, r, q, c, w);
-  }
-  // The product of w, each piece of it then loaded again from the next superblock (next: its rows g
-  // and g + 8) once used, so that the next superblock's loads are in flight during this one's
-  // products in the registers of one; a row's head from the quad's lanes by shuffles; qh (used by
-  // every sub-block) copied first, so that its next one is asked for with the head.
-  __device__ static void product_reload(Regs& w, uint32_t sb, const LaneX& c, uint32_t q,
-                                        const uint8_t* const (&next)[2], float (&acc)[4]) {
-    uint4 head[2];
-    const uint32_t quad = (threadIdx.x & 31) & ~3u;
-#pragma unroll
-    for (uint32_t r = 0; r < 2; ++r) {
-      head[r] = make_uint4(__shfl_sync(0xffffffffu, w.head[r], quad), __shfl_sync(0xffffffffu, w.head[r], quad + 1),
-                           __shfl_sync(0xffffffffu, w.head[r], quad + 2), __shfl_sync(0xffffffffu, w.head[r], quad + 3));
-    }
-    const K4Scales k(head);
-    uint32_t h[4] = {0, 0, 0, 0};
-    if (Five) h[0] = w.qh[0].x, h[1] = w.qh[1].x, h[2] = w.qh[0].y, h[3] = w.qh[1].y;
-#pragma unroll
-    for (uint32_t r = 0; r < 2; ++r) load_head(next[r], r, q, w);
-    k4_product(k, sb, c, q,
-               [&](int j, mma::FragA& A) {
-                 const int ch = j >> 1, shift = 4 * (j & 1);
-                 const uint32_t v[4] = {w.qs[0][ch].x, w.qs[1][ch].x, w.qs[0][ch].y, w.qs[1][ch].y};
-#pragma unroll
-                 for (int i = 0; i < 4; ++i) {
-                   A.r[i] = (v[i] >> shift) & 0x0f0f0f0fu;
-                   if (Five) A.r[i] |= ((h[i] >> j) & 0x01010101u) << 4;
-                 }
-                 if (j & 1) {
-#pragma unroll
-                   for (uint32_t r = 0; r < 2; ++r) load_chunk(next[r], r, q, ch, w);
-                 }
-               },
-               acc);
-  }
-};
-template <> struct MmaReader<qd::kQ4_K> : K4Reader<false> {};
-template <> struct MmaReader<qd::kQ5_K> : K4Reader<true> {};
+using namespace matvec_mma_detail;
 
 // Token t's 16 values at columns 16p.. (SwiGLU of gate and up where x_up is set), as the dp2a kernel
 // reads them.
@@ -312,6 +74,7 @@ __device__ void quantize_x(const MatvecArgs& a, const MatvecPartView& view, cons
                            uint32_t ntok, const Layout& lay, unsigned char* smem) {
   const uint32_t K = a.w.cols, pieces = ntok * (K / 16);
   float* steps = reinterpret_cast<float*>(smem + lay.steps_at());
+  if (lay.one && threadIdx.x < 9) reinterpret_cast<uint4*>(smem + lay.zero_at())[threadIdx.x] = make_uint4(0, 0, 0, 0);
   for (uint32_t base = 0; base < pieces; base += kThreads) {
     const uint32_t i = base + threadIdx.x;
     const bool valid = i < pieces;
@@ -330,7 +93,11 @@ __device__ void quantize_x(const MatvecArgs& a, const MatvecPartView& view, cons
     x16_bytes(packed, hi, lo);
     const uint32_t unit = p / 2, half = p % 2;
     // Columns 16 half + 0..7 are lane 2 half's, 8..15 lane 2 half + 1's.
-    uint4* dst = reinterpret_cast<uint4*>(smem + t * lay.tok_stride() + unit * 64 + half * 32);
+    if (lay.one) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) lo[k] ^= 0x80808080u;  // s8: lo - 128
+    }
+    uint4* dst = reinterpret_cast<uint4*>(smem + t * lay.tok_stride() + unit * lay.unit_bytes() + half * 32);
     dst[0] = make_uint4(hi[0], hi[1], lo[0], lo[1]);
     dst[1] = make_uint4(hi[2], hi[3], lo[2], lo[3]);
     if (half == 0) {
@@ -370,11 +137,12 @@ __device__ inline Segment flat_segment(const MatvecArgs& a, uint32_t rows_per_st
 }
 __device__ inline uint64_t flat_first_step(uint32_t b, uint32_t N, uint64_t S) { return S * b / N; }
 
-// Flat: the kernel of flat walks (their segments' bookkeeping kept out of the others' registers).
-template <int T, bool Flat>
+// Flat: the kernel of flat walks (their segments' bookkeeping kept out of the others' registers); One:
+// of one-token launches (K4One, Q4_K).
+template <int T, bool Flat, bool One>
 __global__ void __launch_bounds__(kThreads, 2)
     matvec_mma_kernel(MatvecArgs a, Walk walk) {
-  using R = MmaReader<T>;
+  using R = std::conditional_t<One, K4One, MmaReader<T>>;
   extern __shared__ __align__(16) unsigned char smem[];
   const uint32_t superblocks = a.w.cols / 256;
   const uint32_t wpt = warps_per_tile(superblocks), tiles_per_step = kWarps / wpt;
@@ -406,7 +174,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   uint32_t g = take.g, bx = take.bx, nb = take.nb;
   const uint32_t ntok = take.ntok;
   const int32_t *tok_x = take.tok_x, *tok_y = take.tok_y;
-  const Layout lay{a.w.cols / 32, a.tokens};
+  const Layout lay{a.w.cols / 32, a.tokens, One};
   const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, lg = lane >> 2, lq = lane & 3;
   // Warp `warp` takes superblocks slice, slice + wpt, ... of tile `in_step` of each block step.
   const uint32_t in_step = warp / wpt, slice = warp % wpt;
@@ -468,7 +236,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     const size_t yt = tok_y != nullptr ? static_cast<size_t>(tok_y[t]) : static_cast<size_t>(t);
     view.y[static_cast<size_t>(g) * a.y_group_stride + row + yt * view.y_tok_stride] = v;
   };
-  const LaneX lane_x(smem, lay, lg, lq, ntok);
+  const typename R::Lane lane_x(smem, lay, lg, lq, ntok);
   // ls: the segment's step; pending: the steps whose partial sums wait in half `half` of the ring.
   const uint32_t ring = lay.ring();
   uint32_t pending = 0, half = 0;
@@ -547,14 +315,21 @@ using Kernel = void (*)(MatvecArgs, Walk);
 // a layer, 4,096 x 12,288 19.5 -> 15.3 us, tg64 407 -> 444 t/s, though 4,096 x 2,048 alone 5.0 -> 5.6:
 // gpu/PERF.md, h82); the Q6_K, IQ4_XS and IQ3_S readers measured 3-25% slower than the dp2a kernel at
 // one token (h42).
-Kernel kernel_for(model::GgmlType type, bool flat = false) {
+Kernel kernel_for(model::GgmlType type, bool flat = false, bool one = false) {
   if (type == model::GgmlType::Q5_K) {
-    return flat ? matvec_mma_kernel<qd::kQ5_K, true> : matvec_mma_kernel<qd::kQ5_K, false>;
+    return flat ? matvec_mma_kernel<qd::kQ5_K, true, false> : matvec_mma_kernel<qd::kQ5_K, false, false>;
   }
   if (type != model::GgmlType::Q4_K) return nullptr;
-  return flat ? matvec_mma_kernel<qd::kQ4_K, true> : matvec_mma_kernel<qd::kQ4_K, false>;
+  if (one) return flat ? matvec_mma_kernel<qd::kQ4_K, true, true> : matvec_mma_kernel<qd::kQ4_K, false, true>;
+  return flat ? matvec_mma_kernel<qd::kQ4_K, true, false> : matvec_mma_kernel<qd::kQ4_K, false, false>;
 }
-Layout layout_of(const MatvecArgs& a) { return {a.w.cols / 32, a.tokens}; }
+Layout layout_of(const MatvecArgs& a, bool one = false) { return {a.w.cols / 32, a.tokens, one}; }
+
+// Whether a launch takes the one-token products (K4One): Q4_K at one token where its layout fits
+// (Q5_K's, its fifth bits shuffled in, measured no faster: gpu/PERF.md, h101).
+bool one_token(const MatvecArgs& a) {
+  return a.w.type == model::GgmlType::Q4_K && a.tokens == 1 && layout_of(a, true).bytes() <= kMaxSmem;
+}
 
 // The shared-memory opt-in, once a kernel and device; then the blocks an SM holds at `smem` bytes
 // (asked once a device, kernel and size: a decode graph's capture finds them asked by its eager step).
@@ -609,8 +384,9 @@ bool matvec_mma_applies(const MatvecArgs& a) {
 
 void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream) {
   if (!matvec_mma_applies(a)) throw CudaError("launch_matvec_mma: no tensor-core kernel for this call");
-  const Kernel kernel = kernel_for(a.w.type);
-  const size_t smem = layout_of(a).bytes();
+  const bool one = one_token(a);
+  const Kernel kernel = kernel_for(a.w.type, false, one);
+  const size_t smem = layout_of(a, one).bytes();
   const uint32_t rows_per_block = 16 * (kWarps / warps_per_tile(a.w.cols / 256));
   // Enough blocks to fill the device once; each block quantizes its input once and loops over tiles.
   const uint32_t wanted = (matvec_max_rows(a) + rows_per_block - 1) / rows_per_block;
@@ -650,7 +426,7 @@ void launch_matvec_mma(const MatvecArgs& a, cudaStream_t stream) {
     const uint32_t sms = static_cast<uint32_t>(current_sm_count());
     if (a.groups == 1 && a.parts == 1 && a.w.cols <= 2048 && grid.x > sms && wanted <= resident) grid.x = sms;
   }
-  const Kernel launched = walk == Walk::flat ? kernel_for(a.w.type, true) : kernel;
+  const Kernel launched = walk == Walk::flat ? kernel_for(a.w.type, true, one) : kernel;
   launch_with_pdl(launched, grid, dim3(kThreads), smem, stream, a, walk);
   FERRY_CUDA_LAUNCHED();
 }

@@ -9,7 +9,8 @@
 //   expert in the routes' launches (its gate and up a launch of their own: fused_gate_up) and apart;
 // - chains of 36 calls of one shape (each its own matrix, reading x and writing its own y): the
 //   per-call time and its weights' GB/s, against the copy bandwidth (read + write); Q4_K (with KDA's
-//   and DSA's output projections, K 8,192 and 16,384), and the user's mix's Q5_K shapes and Q6_K head.
+//   and DSA's output projections, K 8,192 and 16,384; the down projections over their SwiGLU input), and
+//   the user's mix's Q5_K shapes and Q6_K head.
 // The bits are MoeDecodeTest's and MatvecMmaTest's concern.
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -237,11 +238,13 @@ TEST(DecodeMatvecTiming, RoutedExpertLaunchesOfTheUsersMix) {
   }
 }
 
-// Chains of one shape: `calls` calls a replay, each its own matrix of `type` (rows x cols), x and its own y.
-void time_chains(GgmlType type, std::initializer_list<std::pair<size_t, size_t>> shapes, size_t calls) {
+// Chains of one shape: `calls` calls a replay, each its own matrix of `type` (rows x cols), x and its own y;
+// with `swiglu`, the input is SwiGLU(x, up) as a down projection reads its gate and up products.
+void time_chains(GgmlType type, std::initializer_list<std::pair<size_t, size_t>> shapes, size_t calls,
+                 bool swiglu = false) {
   const double copy = copy_gbs();
   std::mt19937 rng(62);
-  const DeviceBuffer x = random_buffer(16384, 1.0f, rng);
+  const DeviceBuffer x = random_buffer(16384, 1.0f, rng), up = random_buffer(16384, 1.0f, rng);
   DeviceBuffer y(calls * 160000 * 4);
   const std::string name(model::ggml_type_traits(type).name);
   for (const auto& [rows, cols] : shapes) {
@@ -254,12 +257,14 @@ void time_chains(GgmlType type, std::initializer_list<std::pair<size_t, size_t>>
         a.x_tok_stride = cols;
         a.y = y.as<float>() + i * rows;
         a.y_tok_stride = rows;
+        if (swiglu) a.x_up = up.as<float>(), a.swiglu_limit = 10.0f;
         matvec(a, s);
       }
     });
     const double bytes = q_bytes(type, rows, cols), per = us / calls;
-    std::printf("[ timing ] chain of %zu %s %zu x %zu (%.1f MB): %.2f us a call, %.0f GB/s, %.0f%% of copy\n", calls,
-                name.c_str(), rows, cols, bytes / 1e6, per, bytes / per / 1e3, 100.0 * bytes / per / 1e3 / copy);
+    std::printf("[ timing ] chain of %zu %s %zu x %zu%s (%.1f MB): %.2f us a call, %.0f GB/s, %.0f%% of copy\n", calls,
+                name.c_str(), rows, cols, swiglu ? " over a SwiGLU" : "", bytes / 1e6, per, bytes / per / 1e3,
+                100.0 * bytes / per / 1e3 / copy);
   }
 }
 
@@ -268,6 +273,57 @@ TEST(DecodeMatvecTiming, ChainsOfOneShape) {
   time_chains(GgmlType::Q4_K,
               {{4096, 2048}, {4096, 4096}, {2048, 4096}, {8192, 4096}, {12288, 4096}, {4096, 8192}, {4096, 12288}, {4096, 16384}},
               36);
+}
+
+// Down projections over their SwiGLU input: the dense FFN's (K 12,288) and a shared expert's apart (K 2,048).
+TEST(DecodeMatvecTiming, ChainsOfSwigluInput) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  time_chains(GgmlType::Q4_K, {{4096, 12288}, {4096, 2048}}, 36, true);
+}
+
+// Plain (eager, no PDL) calls of decode's slow Q4_K shapes, one matrix each: first one call of each in
+// turn (what a profiler is pointed at: `ncu --launch-count 5`), then 20 of each, event-timed.
+TEST(DecodeMatvecTiming, PlainCallsOfTheSlowShapes) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  struct Shape {
+    const char* name;
+    size_t rows, cols;
+    bool swiglu;
+  };
+  const Shape shapes[] = {{"dense FFN down", 4096, 12288, true},
+                          {"KDA out", 4096, 8192, false},
+                          {"4096 x 4096", 4096, 4096, false},
+                          {"12288 x 4096", 12288, 4096, false},
+                          {"DSA out", 4096, 16384, false}};
+  const double copy = copy_gbs();
+  std::mt19937 rng(63);
+  const DeviceBuffer x = random_buffer(16384, 1.0f, rng), up = random_buffer(16384, 1.0f, rng);
+  DeviceBuffer y(12288 * 4);
+  std::vector<DeviceBuffer> w;
+  std::vector<MatvecArgs> calls;
+  for (const Shape& sh : shapes) {
+    w.push_back(q4k_copies(sh.rows, sh.cols, 1));
+    MatvecArgs a;
+    a.w = q4k(w.back(), sh.rows, sh.cols, 0);
+    a.x = x.as<float>();
+    a.x_tok_stride = sh.cols;
+    a.y = y.as<float>();
+    a.y_tok_stride = sh.rows;
+    if (sh.swiglu) a.x_up = up.as<float>(), a.swiglu_limit = 10.0f;
+    calls.push_back(a);
+  }
+  for (const MatvecArgs& a : calls) matvec(a, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (size_t i = 0; i < calls.size(); ++i) {
+    Event e0, e1;
+    e0.record(nullptr);
+    for (int r = 0; r < 20; ++r) matvec(calls[i], nullptr);
+    e1.record(nullptr);
+    ASSERT_EQ(cudaEventSynchronize(e1.get()), cudaSuccess);
+    const double us = e1.since(e0) * 1000.0 / 20, bytes = q4k_bytes(shapes[i].rows, shapes[i].cols);
+    std::printf("[ timing ] plain call, %s (%zu x %zu, %.1f MB): %.2f us, %.0f GB/s, %.0f%% of copy\n", shapes[i].name,
+                shapes[i].rows, shapes[i].cols, bytes / 1e6, us, bytes / us / 1e3, 100.0 * bytes / us / 1e3 / copy);
+  }
 }
 
 // The user's mix outside the routed experts (maya-l.recipe): Q5_K projections and dense FFNs, the Q6_K

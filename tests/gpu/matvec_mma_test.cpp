@@ -1,7 +1,8 @@
 // The decode matvec on int8 tensor cores (gpu/matvec_mma.cu, Q4_K and Q5_K) against the dp2a kernel it
 // replaces (launch_matvec_dp2a: the same int16 activations and integer sums, so only the
 // f32 order of the scale and minimum terms differs: 1e-5 of the largest |y| of the launch) on every
-// MatvecArgs feature, and against a double-precision CPU dot product at matvec_test's int16 bounds.
+// MatvecArgs feature, and against a double-precision CPU dot product at matvec_test's int16 bounds;
+// Q4_K's one-token products against the general kernel's tokens, bit for bit.
 // Timing lines (printed, not asserted) for an output-head-sized matrix, 8192 x 4096 and 4096 x 2048. Outputs
 // are poisoned (NaN) before each run; a value one kernel writes and the other does not fails.
 #if FERRY_HAVE_CUDA
@@ -321,6 +322,127 @@ TEST_F(MatvecMmaTest, EveryMatvecArgsFeatureMatchesTheDp2aKernel) {
     n.tok_y = dty.as<int32_t>();
     ASSERT_EQ(diff_kernels(n, o), "") << "tokens named on the device";
   }
+}
+
+// Token t of a launch as a launch of its own (x, SwiGLU input and y moved to token t).
+MatvecArgs token_of(const MatvecArgs& a, uint32_t t) {
+  MatvecArgs one = a;
+  one.tokens = 1;
+  one.x += t * a.x_tok_stride;
+  if (one.x_up != nullptr) one.x_up += t * a.x_tok_stride;
+  one.y += t * a.y_tok_stride;
+  for (uint32_t p = 1; p < a.parts; ++p) {
+    MatvecPart& m = one.more[p - 1];
+    if (m.x != nullptr) m.x += t * a.x_tok_stride;
+    if (m.x_up != nullptr) m.x_up += t * a.x_tok_stride;
+    m.y += t * (m.y_tok_stride != 0 ? m.y_tok_stride : a.y_tok_stride);
+  }
+  return one;
+}
+// Every output of a launch of `a.tokens` tokens has the bits of its token's one-token launch (Q4_K's
+// one-token products, gpu/matvec_mma_readers.cuh K4One, against the general kernel's), and nothing
+// else is written.
+std::string one_token_bits(const MatvecArgs& a, Outputs& o) {
+  const std::vector<float> all = run(a, o, Kernel::mma);
+  std::vector<float> ones(all.size(), std::nanf(""));
+  for (uint32_t t = 0; t < a.tokens; ++t) {
+    const std::vector<float> one = run(token_of(a, t), o, Kernel::mma);
+    for (size_t i = 0; i < one.size(); ++i) {
+      if (!std::isnan(one[i])) ones[i] = one[i];
+    }
+  }
+  std::ostringstream bad;
+  size_t n = 0, written = 0;
+  for (size_t i = 0; i < all.size(); ++i) {
+    written += std::isnan(all[i]) ? 0 : 1;
+    if (std::memcmp(&all[i], &ones[i], 4) != 0 && !(std::isnan(all[i]) && std::isnan(ones[i])) && n++ < 6) {
+      bad << " [" << i << "] " << all[i] << " vs one token " << ones[i] << ";";
+    }
+  }
+  if (written == 0) return "nothing written";
+  if (n > 0) bad << " " << n << " of " << written << " differ";
+  return bad.str();
+}
+
+// Q4_K at one token takes products of its own (K4One): the bits of the general kernel's tokens, over
+// rows of 1..48 superblocks, blocks that loop, SwiGLU inputs, experts by index, parts, single parts,
+// one x for every group.
+TEST_F(MatvecMmaTest, OneTokenProductsGiveTheBitsOfTheGeneralKernel) {
+  const GgmlType type = GgmlType::Q4_K;
+  std::mt19937 rng(1011);
+  const std::pair<size_t, size_t> shapes[] = {{5, 256}, {301, 512}, {301, 1536}, {140, 2048}, {77, 4096},
+                                              {5000, 4096}, {300, 8192}, {200, 12288}};
+  for (const auto& [rows, cols] : shapes) {
+    Matrix w = random_matrix(type, rows, cols, rng);
+    const auto x = normal(2 * cols, rng), up = normal(2 * cols, rng, 2.0f);
+    DeviceBuffer dx = to_device(x), dup = to_device(up);
+    for (bool swiglu : {false, true}) {
+      MatvecArgs a;
+      a.w = w.m;
+      a.x = dx.as<float>();
+      a.x_tok_stride = cols;
+      Outputs o(2 * rows);
+      a.y = o.base();
+      a.y_tok_stride = rows;
+      a.tokens = 2;
+      if (swiglu) a.x_up = dup.as<float>(), a.swiglu_limit = 2.5f;
+      if (!matvec_quantizes_activations(a)) continue;
+      ASSERT_EQ(one_token_bits(a, o), "") << rows << " x " << cols << (swiglu ? " over a SwiGLU" : "");
+    }
+  }
+  const size_t rows = 40, cols = 1024, mats = 5;
+  Matrix w = random_matrix(type, rows * mats, cols, rng), w2 = random_matrix(type, rows * mats, cols, rng);
+  const std::vector<int32_t> ids = {4, 1, 0, 4, -1, 3};
+  const uint32_t k = 2, groups = 6;
+  DeviceBuffer dids = to_device(ids);
+  const auto x = normal(8 * groups * cols, rng), up = normal(8 * groups * cols, rng, 2.0f);
+  DeviceBuffer dx = to_device(x), dup = to_device(up);
+  Outputs o(8 * (3 * rows + 37 + 3 * rows) + 2 * groups * 8 * rows);
+  float* const arena = o.base();
+  MatvecArgs a;
+  a.w = w.m.slice_rows(0, rows);
+  a.w_group_bytes = w.m.row_bytes * rows;
+  a.w_group_index = dids.as<int32_t>();
+  a.skip_negative_index = true;
+  a.x = dx.as<float>();
+  a.x_tok_stride = cols;
+  a.x_group_stride = 8 * cols;
+  a.x_group_div = k;
+  a.y = arena;
+  a.y_tok_stride = rows;
+  a.y_group_stride = 8 * rows;
+  a.groups = groups;
+  a.tokens = 2;
+  ASSERT_EQ(one_token_bits(a, o), "") << "experts by index";
+  MatvecArgs s = a;
+  s.x_up = dup.as<float>();
+  s.swiglu_limit = 2.5f;
+  ASSERT_EQ(one_token_bits(s, o), "") << "experts by index over a SwiGLU";
+  MatvecArgs sp = s;
+  sp.parts = 2;
+  sp.more[0] = {w2.m.data, nullptr, arena + groups * 8 * rows, dx.as<float>() + 8 * cols, 3 * rows, 3 * rows,
+                dup.as<float>() + 8 * cols, true};
+  ASSERT_EQ(one_token_bits(sp, o), "") << "a single part beside experts";
+  // Every group of one x (one row's routed gate and up, walked flat), a second part of its own rows.
+  MatvecArgs fl = a;
+  fl.x_group_stride = 0;
+  fl.skip_negative_index = false;
+  fl.w_group_index = nullptr;
+  fl.groups = mats;
+  fl.parts = 2;
+  fl.more[0] = {w2.m.data, nullptr, arena + groups * 8 * rows, nullptr, 0, 0};
+  ASSERT_EQ(one_token_bits(fl, o), "") << "one x for every group";
+  MatvecArgs gu;
+  gu.w = w.m.slice_rows(0, 3 * rows);
+  gu.x = dx.as<float>();
+  gu.x_tok_stride = cols;
+  gu.y = arena;
+  gu.y_tok_stride = 3 * rows;
+  gu.tokens = 2;
+  gu.parts = 3;
+  gu.more[0] = {w.m.data + 3 * rows * w.m.row_bytes, nullptr, arena + 8 * 3 * rows, nullptr, 37, 37};
+  gu.more[1] = {w2.m.data, nullptr, arena + 8 * 3 * rows + 8 * 37, dx.as<float>() + 8 * cols, 2 * rows, 0};
+  ASSERT_EQ(one_token_bits(gu, o), "") << "parts";
 }
 
 // Timing lines: an output-head-sized matrix (154,880 x 4,096, 357 MB), a KDA projection's 8,192 x
