@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,13 @@ using model::FfnKind;
 using model::GgmlType;
 using model::LayerKind;
 using T = model::Glm5Tensor;
+
+namespace {
+int h102_env(const char* name, int dflt) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? dflt : std::atoi(v);
+}
+}  // namespace
 
 LayerRunner::LayerRunner(const model::Glm5Hparams& hp, const DeviceWeights& weights, StageState& state, Workspace& work,
                          StageExperts* experts, blas::Handle cublas, cudaStream_t stream)
@@ -226,6 +234,20 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   const uint32_t n = g.rows;
   const MatvecProduct qkv[] = {
       {&l.m(T::attn_q), w_.qkv_raw}, {&l.m(T::attn_k), w_.qkv_raw + z.C}, {&l.m(T::attn_v), w_.qkv_raw + 2 * z.C}};
+  // The gate's low-rank input (g_a) and beta with f_a's: all read x; then both low-rank expansions (f_b
+  // of f_a's output, g_b of g_a's) before the recurrence.
+  const MatvecProduct fa_ga_beta[] = {
+      {&l.m(T::ssm_f_a), w_.fa}, {&l.m(T::ssm_g_a), w_.ga}, {&l.m(T::ssm_beta), w_.beta, nullptr, z.kda_nh}};
+  const MatvecProduct fb_gb[] = {{&l.m(T::ssm_f_b), w_.f, w_.fa}, {&l.m(T::ssm_g_b), w_.gate, w_.ga}};
+  const bool beside = branches_ && n <= kMaxMatvecTokens && times_ == nullptr;
+  const int mode = beside ? h102_env("FERRY_H102_KDA", 1) : 0;
+  bool gates_beside = false;
+  if (mode >= 1) {
+    const cudaStream_t side = gate_branch_.fork(s_);
+    gates_beside = matvec_products(fa_ga_beta, 3, w_.x, z.D, n, z.kda_hd, side) &&
+                   matvec_products(fb_gb, 2, nullptr, z.kda_hd, n, z.C, side);
+    if (!gates_beside) throw CudaError("kda_layer: the gate products on a branch need decode rows");
+  }
   StagedInput x_split;  // both groups of products of x take its one fp16 split (kda_conv leaves the staging)
   mm_products(qkv, 3, w_.x, z.D, n, 3 * z.C, &x_split);
   mark(OpGroup::kda_proj);
@@ -243,18 +265,15 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   a.conv_state = st.conv;
   // A decode step's convolution beside f_a / g_a / beta and f_b / g_b, which do not read q, k or v:
   // off the chain to the recurrence (gpu/stream_branch.hpp). Eager op times keep it in line.
-  const bool beside = branches_ && n <= kMaxMatvecTokens && times_ == nullptr;
-  kda_conv(a, beside ? conv_branch_.fork(s_) : s_);
+  kda_conv(a, (beside && mode != 1) ? conv_branch_.fork(s_) : s_);
   mark(OpGroup::kda_conv);
-  // The gate's low-rank input (g_a) and beta with f_a's: all read x.
-  const MatvecProduct fa_ga_beta[] = {
-      {&l.m(T::ssm_f_a), w_.fa}, {&l.m(T::ssm_g_a), w_.ga}, {&l.m(T::ssm_beta), w_.beta, nullptr, z.kda_nh}};
-  mm_products(fa_ga_beta, 3, w_.x, z.D, n, z.kda_hd, &x_split);
-  // Both low-rank expansions (f_b of f_a's output, g_b of g_a's) before the recurrence.
-  const MatvecProduct fb_gb[] = {{&l.m(T::ssm_f_b), w_.f, w_.fa}, {&l.m(T::ssm_g_b), w_.gate, w_.ga}};
-  mm_products(fb_gb, 2, nullptr, z.kda_hd, n, z.C);
+  if (!gates_beside) {
+    mm_products(fa_ga_beta, 3, w_.x, z.D, n, z.kda_hd, &x_split);
+    mm_products(fb_gb, 2, nullptr, z.kda_hd, n, z.C);
+  }
   mark(OpGroup::kda_proj);
   conv_branch_.join(s_);
+  gate_branch_.join(s_);
   a.f = w_.f;
   a.dt_bias = l.v(T::ssm_dt_bias);
   a.a = l.v(T::ssm_a);
@@ -318,7 +337,18 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
   dsa_norms(na, s_);
   if (window != nullptr) window->store(l.index, w_.lat, z.kvlr, g.row, n, s_);
   StagedInput qr_split;  // q_b and the indexer's q_b read the same qr
-  if (beside) {
+  const int mode = beside ? h102_env("FERRY_H102_DSA", 1) : 0;
+  if (mode == 1) {
+    // The indexer's query on the chain first (a small product), so that the selection starts before the
+    // chain's q_b; the side stream still holds the keys, which the selection reads too.
+    product_on(s_, l.m(T::indexer_attn_q_b), w_.qr, z.qlr, n, w_.kq, static_cast<size_t>(z.ih) * z.id, nullptr);
+    indexer_select(ia, dsa_branch_.fork(s_));
+  } else if (mode == 2) {
+    const cudaStream_t side = dsa_query_branch_.fork(s_);
+    product_on(side, l.m(T::indexer_attn_q_b), w_.qr, z.qlr, n, w_.kq, static_cast<size_t>(z.ih) * z.id, nullptr);
+    dsa_branch_.join(side);
+    indexer_select(ia, side);
+  } else if (beside) {
     const cudaStream_t side = dsa_branch_.fork(s_);
     product_on(side, l.m(T::indexer_attn_q_b), w_.qr, z.qlr, n, w_.kq, static_cast<size_t>(z.ih) * z.id, nullptr);
     indexer_select(ia, side);
@@ -338,6 +368,7 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
              static_cast<size_t>(z.nh) * z.kvlr, z.kvlr);
   mark(OpGroup::dsa_proj);
   dsa_branch_.join(s_);
+  dsa_query_branch_.join(s_);
   SparseMlaArgs ma;
   ma.row = g.row;
   ma.rows = n;
@@ -613,7 +644,9 @@ void LayerRunner::forward(model::LayerRange layers, const StepGeometry& g, const
   combine_pending_ = false;
   comb_branch_.abandon();
   conv_branch_.abandon();
+  gate_branch_.abandon();
   dsa_branch_.abandon();
+  dsa_query_branch_.abandon();
   for (uint32_t il = layers.first; il < layers.end; ++il) {
     const DevLayer& l = weights_.layer(il);
     mhc_site(g, l.m(T::hc_attn_fn), l.v(T::hc_attn_base), l.v(T::hc_attn_scale), l.v(T::attn_norm), post_pending);

@@ -106,7 +106,7 @@ class LayerRunner {
   // layer's indexer beside q_b and k_b.
   bool branches_ = true;
   MhcCombBranch comb_branch_;
-  StreamBranch conv_branch_, dsa_branch_;
+  StreamBranch conv_branch_, gate_branch_, dsa_branch_, dsa_query_branch_;
   DeviceBuffer router_done_{sizeof(uint32_t)};  // moe_route_decode's count of finished blocks
 };
 
