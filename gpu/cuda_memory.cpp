@@ -45,7 +45,7 @@ cudaError_t malloc_pinned(void** p, size_t bytes) { return cudaMallocHost(p, byt
 void* DeviceMemory::allocate(size_t bytes) { return allocate_or_throw(malloc_device, bytes, "device memory"); }
 void* PinnedMemory::allocate(size_t bytes) { return allocate_or_throw(malloc_pinned, bytes, "pinned host memory"); }
 
-Stream::Stream() { FERRY_CUDA(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
+Stream::Stream(int priority) { FERRY_CUDA(cudaStreamCreateWithPriority(&s_, cudaStreamNonBlocking, priority)); }
 Stream::~Stream() {
   if (s_ != nullptr) cudaStreamDestroy(s_);
 }

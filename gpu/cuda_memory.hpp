@@ -65,7 +65,8 @@ using PinnedBuffer = OwnedBuffer<PinnedMemory>;
 
 class Stream {
  public:
-  Stream();
+  // priority: as cudaStreamCreateWithPriority takes it (lower numbers first; 0 the default).
+  explicit Stream(int priority = 0);
   ~Stream();
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;

@@ -243,7 +243,7 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   const int mode = beside ? h102_env("FERRY_H102_KDA", 1) : 0;
   bool gates_beside = false;
   if (mode >= 1) {
-    const cudaStream_t side = gate_branch_.fork(s_);
+    const cudaStream_t side = mode == 3 ? gate_branch_hi_.fork(s_) : gate_branch_.fork(s_);
     gates_beside = matvec_products(fa_ga_beta, 3, w_.x, z.D, n, z.kda_hd, side) &&
                    matvec_products(fb_gb, 2, nullptr, z.kda_hd, n, z.C, side);
     if (!gates_beside) throw CudaError("kda_layer: the gate products on a branch need decode rows");
@@ -265,7 +265,7 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   a.conv_state = st.conv;
   // A decode step's convolution beside f_a / g_a / beta and f_b / g_b, which do not read q, k or v:
   // off the chain to the recurrence (gpu/stream_branch.hpp). Eager op times keep it in line.
-  kda_conv(a, (beside && mode != 1) ? conv_branch_.fork(s_) : s_);
+  kda_conv(a, (beside && mode != 1 && mode != 3) ? conv_branch_.fork(s_) : s_);
   mark(OpGroup::kda_conv);
   if (!gates_beside) {
     mm_products(fa_ga_beta, 3, w_.x, z.D, n, z.kda_hd, &x_split);
@@ -274,6 +274,7 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   mark(OpGroup::kda_proj);
   conv_branch_.join(s_);
   gate_branch_.join(s_);
+  gate_branch_hi_.join(s_);
   a.f = w_.f;
   a.dt_bias = l.v(T::ssm_dt_bias);
   a.a = l.v(T::ssm_a);
@@ -343,8 +344,8 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
     // chain's q_b; the side stream still holds the keys, which the selection reads too.
     product_on(s_, l.m(T::indexer_attn_q_b), w_.qr, z.qlr, n, w_.kq, static_cast<size_t>(z.ih) * z.id, nullptr);
     indexer_select(ia, dsa_branch_.fork(s_));
-  } else if (mode == 2) {
-    const cudaStream_t side = dsa_query_branch_.fork(s_);
+  } else if (mode == 2 || mode == 3) {
+    const cudaStream_t side = mode == 3 ? dsa_query_branch_hi_.fork(s_) : dsa_query_branch_.fork(s_);
     product_on(side, l.m(T::indexer_attn_q_b), w_.qr, z.qlr, n, w_.kq, static_cast<size_t>(z.ih) * z.id, nullptr);
     dsa_branch_.join(side);
     indexer_select(ia, side);
@@ -369,6 +370,7 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
   mark(OpGroup::dsa_proj);
   dsa_branch_.join(s_);
   dsa_query_branch_.join(s_);
+  dsa_query_branch_hi_.join(s_);
   SparseMlaArgs ma;
   ma.row = g.row;
   ma.rows = n;
@@ -645,8 +647,10 @@ void LayerRunner::forward(model::LayerRange layers, const StepGeometry& g, const
   comb_branch_.abandon();
   conv_branch_.abandon();
   gate_branch_.abandon();
+  gate_branch_hi_.abandon();
   dsa_branch_.abandon();
   dsa_query_branch_.abandon();
+  dsa_query_branch_hi_.abandon();
   for (uint32_t il = layers.first; il < layers.end; ++il) {
     const DevLayer& l = weights_.layer(il);
     mhc_site(g, l.m(T::hc_attn_fn), l.v(T::hc_attn_base), l.v(T::hc_attn_scale), l.v(T::attn_norm), post_pending);

@@ -107,6 +107,7 @@ class LayerRunner {
   bool branches_ = true;
   MhcCombBranch comb_branch_;
   StreamBranch conv_branch_, gate_branch_, dsa_branch_, dsa_query_branch_;
+  StreamBranch gate_branch_hi_{-5}, dsa_query_branch_hi_{-5};
   DeviceBuffer router_done_{sizeof(uint32_t)};  // moe_route_decode's count of finished blocks
 };
 
