@@ -255,9 +255,57 @@ struct TokenInputs {
   }
 };
 
+// A head's q, k (DK each) and a block's CB columns of v for each row of its segment, convolved in the
+// block (recurrent_conv_norm_kernel): [kMaxMatvecTokens][DK], [..][DK] and [..][CB].
+template <int DK>
+struct ConvolvedRows {
+  static constexpr int CB = RecurrentShape<DK>::CB;
+  float q[kMaxMatvecTokens * DK], k[kMaxMatvecTokens * DK], v[kMaxMatvecTokens * CB];
+};
+
+// conv_decode_kernel's work for one head of a segment inside the head's cluster: each block makes the
+// head's q and k rows (the same values in every block) and its own CB columns of v, into shared memory
+// (and into a.qkv as conv_decode_kernel leaves it: q and k by block 0). A warp takes q, k or v of every
+// row as conv_decode_kernel's warp does (the same calls: its bits). The state is updated after the
+// cluster barrier (conv_state_after), when no block reads it any more.
+template <int DK>
+__device__ __forceinline__ void convolve_head(const KdaArgs& a, ConvolvedRows<DK>& c) {
+  constexpr uint32_t CB = ConvolvedRows<DK>::CB, kWarps = DK / 32;
+  const uint32_t h = blockIdx.x, s = blockIdx.y, z = blockIdx.z, lane = threadIdx.x & 31;
+  const uint32_t C = a.heads * DK, C3 = 3 * C;
+  const uint32_t first = static_cast<uint32_t>(a.seg.first_row[s]), len = static_cast<uint32_t>(a.seg.len[s]);
+  for (uint32_t task = threadIdx.x >> 5; task < 3; task += kWarps) {
+    const uint32_t n = task < 2 ? DK : CB;
+    const uint32_t c0 = task * C + h * DK + (task == 2 ? z * CB : 0);
+    float* out = task == 0 ? c.q : task == 1 ? c.k : c.v;
+    const bool store = task == 2 || z == 0;
+    for (uint32_t t = 0; t < len; ++t) {
+      const uint32_t r = first + t;
+      float* row = out + t * n;
+      for (uint32_t e = lane; e < n; e += 32) row[e] = conv_silu(a, r, c0 + e, C3, a.kernel);
+      if (task < 2) qk_norm_head(row, lane, DK, task == 0);
+      if (store) {
+        for (uint32_t e = lane; e < n; e += 32) a.qkv[static_cast<size_t>(r) * C3 + c0 + e] = row[e];
+      }
+    }
+  }
+}
+
+// The conv state of the channels convolve_head read (q and k: block 0's; v: each block its own).
+template <int DK>
+__device__ __forceinline__ void conv_state_after(const KdaArgs& a) {
+  constexpr uint32_t CB = ConvolvedRows<DK>::CB;
+  const uint32_t h = blockIdx.x, s = blockIdx.y, z = blockIdx.z, C = a.heads * DK, C3 = 3 * C;
+  for (uint32_t i = threadIdx.x; i < 2 * DK + CB; i += DK) {
+    if (i < 2 * DK && z != 0) continue;
+    const uint32_t c = i < DK ? h * DK + i : i < 2 * DK ? C + h * DK + (i - DK) : 2 * C + h * DK + z * CB + (i - 2 * DK);
+    conv_state_update(a, s, c, C3, a.kernel);
+  }
+}
+
 // The recurrence of block (h, s, z)'s columns over its segment's rows (recurrent_kernel; the fused
 // kernel below runs the same code).
-template <int DK>
+template <int DK, bool Conv = false>
 __device__ __forceinline__ void recurrence(const KdaArgs& a) {
   using S = RecurrentShape<DK>;
   __shared__ __align__(16) float sk[S::P * S::LD], sq[S::P * S::LD], sdec[S::P * S::LD];
@@ -278,6 +326,26 @@ __device__ __forceinline__ void recurrence(const KdaArgs& a) {
   // Launched with PDL (the decode graphs' fused kernel), the state (this layer's, a step old) and the
   // weights are asked while the products ahead finish; their outputs only after the wait.
   pdl_wait();
+  // Conv: q, k and v convolved here (recurrent_conv_norm_kernel); f and beta as they lie.
+  const ConvolvedRows<DK>* conv = nullptr;
+  if constexpr (Conv) {
+    __shared__ ConvolvedRows<DK> rows;
+    convolve_head<DK>(a, rows);
+    conv = &rows;
+    __syncthreads();
+  }
+  auto load = [&](TokenInputs& x, uint32_t t) {
+    if constexpr (Conv) {
+      const size_t row = first + t;
+      x.k = conv->k[t * DK + e];
+      x.q = conv->q[t * DK + e];
+      x.f = a.f[row * C + h * DK + e];
+      x.v = conv->v[t * S::CB + e / S::P];
+      if (e == 0) x.beta = a.beta[row * a.heads + h];
+    } else {
+      x.load(a, first + t, h * DK + e, h * DK + j, h, e == 0);
+    }
+  };
   auto decay = [&](const TokenInputs& x) { return expf(a.lower_bound / (1.0f + expf(-rate * (x.f + dt_bias)))); };
   auto gate = [](const TokenInputs& x) { return 1.0f / (1.0f + expf(-x.beta)); };
   // in[d]: token t + d's inputs, loaded kAhead tokens ahead; the current token's decay and beta
@@ -285,7 +353,7 @@ __device__ __forceinline__ void recurrence(const KdaArgs& a) {
   TokenInputs in[kAhead];
 #pragma unroll
   for (uint32_t d = 0; d < kAhead; ++d) {
-    if (d < len) in[d].load(a, first + d, h * DK + e, h * DK + j, h, e == 0);
+    if (d < len) load(in[d], d);
   }
   float token_decay = len > 0 ? decay(in[0]) : 0.0f, token_beta = len > 0 && e == 0 ? gate(in[0]) : 0.0f;
   for (uint32_t t = 0; t < len; ++t) {
@@ -298,7 +366,7 @@ __device__ __forceinline__ void recurrence(const KdaArgs& a) {
     __syncthreads();
 #pragma unroll
     for (uint32_t d = 0; d + 1 < kAhead; ++d) in[d] = in[d + 1];
-    if (t + kAhead < len) in[kAhead - 1].load(a, row + kAhead, h * DK + e, h * DK + j, h, e == 0);
+    if (t + kAhead < len) load(in[kAhead - 1], t + kAhead);
     float k[S::RP], q[S::RP], dec[S::RP];
     load_row<S::RP>(sk + p * S::LD, k);
     load_row<S::RP>(sdec + p * S::LD, dec);
@@ -408,12 +476,13 @@ __global__ void __launch_bounds__(256) gated_norm_split_kernel(const float* o, c
 // (the cluster barrier orders those writes before the reads), warp w of the cluster's block q takes
 // the segment's rows q * warps + w, q * warps + w + P * warps, ...: gated_norm_kernel's warp code on
 // the same values, so the two launches' bits.
-template <int DK>
+template <int DK, bool Conv>
 __global__ void __launch_bounds__(DK) recurrent_norm_kernel(KdaArgs a, GatedNorm g) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  recurrence<DK>(a);
+  recurrence<DK, Conv>(a);
   pdl_launch_dependents();  // the output projection may request its weights now (gpu/pdl.hpp)
   cooperative_groups::this_cluster().sync();
+  if constexpr (Conv) conv_state_after<DK>(a);  // every block of the head has read the state
   const uint32_t h = blockIdx.x, s = blockIdx.y, lane = threadIdx.x & 31, warps = DK / 32;
   const uint32_t len = static_cast<uint32_t>(a.seg.len[s]);
   const size_t first = static_cast<size_t>(a.seg.first_row[s]);
@@ -485,8 +554,12 @@ void kda_recurrent(const KdaArgs& a, cudaStream_t stream) {
   FERRY_CUDA_LAUNCHED();
 }
 
-bool kda_recurrent_gated_norm(const KdaArgs& a, const GatedNorm& g, cudaStream_t stream) {
+namespace {
+
+template <bool Conv>
+bool launch_recurrent_norm(const KdaArgs& a, const GatedNorm& g, cudaStream_t stream) {
   if (a.segments == 0 || a.rows > kMaxMatvecTokens) return false;
+  if (Conv && (a.kernel < 1 || a.kernel > kMaxConv)) return false;
   auto launch = [&](auto kernel, int cb) {
     if (!sm90_code_built(reinterpret_cast<const void*>(kernel))) return false;
     const uint32_t blocks = a.head_dim / static_cast<uint32_t>(cb);  // a head's: one cluster
@@ -498,11 +571,31 @@ bool kda_recurrent_gated_norm(const KdaArgs& a, const GatedNorm& g, cudaStream_t
   };
   // Head dims of at least a warp: the norm's warps are whole.
   switch (a.head_dim) {
-    case 32: return launch(recurrent_norm_kernel<32>, RecurrentShape<32>::CB);
-    case 64: return launch(recurrent_norm_kernel<64>, RecurrentShape<64>::CB);
-    case 128: return launch(recurrent_norm_kernel<128>, RecurrentShape<128>::CB);
+    case 32: return launch(recurrent_norm_kernel<32, Conv>, RecurrentShape<32>::CB);
+    case 64: return launch(recurrent_norm_kernel<64, Conv>, RecurrentShape<64>::CB);
+    case 128: return launch(recurrent_norm_kernel<128, Conv>, RecurrentShape<128>::CB);
     default: return false;
   }
+}
+
+}  // namespace
+
+bool kda_recurrent_gated_norm(const KdaArgs& a, const GatedNorm& g, cudaStream_t stream) {
+  return launch_recurrent_norm<false>(a, g, stream);
+}
+
+bool kda_conv_fuses(const KdaArgs& a) {
+  if (a.segments == 0 || a.rows > kMaxMatvecTokens || a.kernel < 1 || a.kernel > kMaxConv) return false;
+  switch (a.head_dim) {
+    case 32: return sm90_code_built(reinterpret_cast<const void*>(recurrent_norm_kernel<32, true>));
+    case 64: return sm90_code_built(reinterpret_cast<const void*>(recurrent_norm_kernel<64, true>));
+    case 128: return sm90_code_built(reinterpret_cast<const void*>(recurrent_norm_kernel<128, true>));
+    default: return false;
+  }
+}
+
+bool kda_conv_recurrent_gated_norm(const KdaArgs& a, const GatedNorm& g, cudaStream_t stream) {
+  return launch_recurrent_norm<true>(a, g, stream);
 }
 
 void gated_rms_norm_split(const float* o, const float* gate, const float* w, uint32_t rows, uint32_t heads,

@@ -265,7 +265,10 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   a.conv_state = st.conv;
   // A decode step's convolution beside f_a / g_a / beta and f_b / g_b, which do not read q, k or v:
   // off the chain to the recurrence (gpu/stream_branch.hpp). Eager op times keep it in line.
-  kda_conv(a, (beside && mode != 1 && mode != 3) ? conv_branch_.fork(s_) : s_);
+  // Decode rows on sm90: the convolution inside the recurrence's launch (gpu/kda_fusion.hpp).
+  const bool fuse_conv = n <= kMaxMatvecTokens && times_ == nullptr && h102_env("FERRY_H102_FUSE", 1) != 0 &&
+                         kda_conv_fuses(a);
+  if (!fuse_conv) kda_conv(a, (beside && mode != 1 && mode != 3) ? conv_branch_.fork(s_) : s_);
   mark(OpGroup::kda_conv);
   if (!gates_beside) {
     mm_products(fa_ga_beta, 3, w_.x, z.D, n, z.kda_hd, &x_split);
@@ -290,7 +293,10 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   const DevMatrix& out = l.m(T::attn_output);
   const bool z_split = n > kMaxMatvecTokens && out.type != GgmlType::F32 && z.kda_hd <= 128;
   StagedInput z_staged;
-  if (!kda_recurrent_gated_norm(a, norm, s_)) {  // one launch for decode rows on sm90 (gpu/kda_fusion.hpp)
+  // One launch for decode rows on sm90 (gpu/kda_fusion.hpp).
+  if (fuse_conv) {
+    if (!kda_conv_recurrent_gated_norm(a, norm, s_)) throw CudaError("kda_layer: the fused convolution did not launch");
+  } else if (!kda_recurrent_gated_norm(a, norm, s_)) {
     kda_recurrent(a, s_);
     if (z_split) {
       gated_rms_norm_split(w_.o, norm.gate, norm.w, n, z.kda_nh, z.kda_hd, norm.eps, w_.xh, s_);
