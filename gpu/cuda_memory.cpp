@@ -1,5 +1,6 @@
 #include "gpu/cuda_memory.hpp"
 
+#include <cstdlib>
 #include <string>
 
 #include "gpu/graph_kernels.hpp"
@@ -94,7 +95,10 @@ void GraphExec::end_capture(cudaStream_t s, size_t* programmatic, std::vector<st
       throw;
     }
   }
-  const cudaError_t e = cudaGraphInstantiate(&exec_, graph, 0);
+  const char* h102_prio = std::getenv("FERRY_H102_PRIO");
+  const unsigned long long flags =
+      h102_prio != nullptr && std::atoi(h102_prio) == 1 ? cudaGraphInstantiateFlagUseNodePriority : 0;
+  const cudaError_t e = cudaGraphInstantiate(&exec_, graph, flags);
   cudaGraphDestroy(graph);
   if (e != cudaSuccess) {
     exec_ = nullptr;

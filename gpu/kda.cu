@@ -255,58 +255,156 @@ struct TokenInputs {
   }
 };
 
+// The taps of the convolution that recurrent_conv_norm_kernel runs (GLM's; other sizes take kda_conv).
+constexpr uint32_t kFusedConvTaps = 4;
+
 // A head's q, k (DK each) and a block's CB columns of v for each row of its segment, convolved in the
-// block (recurrent_conv_norm_kernel): [kMaxMatvecTokens][DK], [..][DK] and [..][CB].
+// block (recurrent_conv_norm_kernel): [kMaxMatvecTokens][DK], [..][DK] and [..][CB]; and the conv state
+// they leave, [2 * DK + CB][taps - 1] (q, k, then v), stored once no block reads the old one.
 template <int DK>
 struct ConvolvedRows {
   static constexpr int CB = RecurrentShape<DK>::CB;
   float q[kMaxMatvecTokens * DK], k[kMaxMatvecTokens * DK], v[kMaxMatvecTokens * CB];
+  float next[(2 * DK + CB) * (kFusedConvTaps - 1)];
 };
 
-// conv_decode_kernel's work for one head of a segment inside the head's cluster: each block makes the
-// head's q and k rows (the same values in every block) and its own CB columns of v, into shared memory
-// (and into a.qkv as conv_decode_kernel leaves it: q and k by block 0). A warp takes q, k or v of every
-// row as conv_decode_kernel's warp does (the same calls: its bits). The state is updated after the
-// cluster barrier (conv_state_after), when no block reads it any more.
+// One warp's share of conv_decode_kernel inside a head's cluster: `task` 0 / 1 / 2 is the head's q / k
+// (DK channels) or the block's CB columns of v, lane + 32 i its channels, for every row of the segment.
+// Its weights and state are asked for before the PDL wait (fixed), then every row's inputs at once
+// (run): one memory round trip where conv_decode_kernel makes one a tap. The same sums in the same
+// order as conv_silu, qk_norm_head and conv_state_update: their bits.
 template <int DK>
-__device__ __forceinline__ void convolve_head(const KdaArgs& a, ConvolvedRows<DK>& c) {
-  constexpr uint32_t CB = ConvolvedRows<DK>::CB, kWarps = DK / 32;
-  const uint32_t h = blockIdx.x, s = blockIdx.y, z = blockIdx.z, lane = threadIdx.x & 31;
-  const uint32_t C = a.heads * DK, C3 = 3 * C;
-  const uint32_t first = static_cast<uint32_t>(a.seg.first_row[s]), len = static_cast<uint32_t>(a.seg.len[s]);
-  for (uint32_t task = threadIdx.x >> 5; task < 3; task += kWarps) {
-    const uint32_t n = task < 2 ? DK : CB;
-    const uint32_t c0 = task * C + h * DK + (task == 2 ? z * CB : 0);
-    float* out = task == 0 ? c.q : task == 1 ? c.k : c.v;
-    const bool store = task == 2 || z == 0;
-    for (uint32_t t = 0; t < len; ++t) {
-      const uint32_t r = first + t;
-      float* row = out + t * n;
-      for (uint32_t e = lane; e < n; e += 32) row[e] = conv_silu(a, r, c0 + e, C3, a.kernel);
-      if (task < 2) qk_norm_head(row, lane, DK, task == 0);
-      if (store) {
-        for (uint32_t e = lane; e < n; e += 32) a.qkv[static_cast<size_t>(r) * C3 + c0 + e] = row[e];
+struct ConvLane {
+  static constexpr uint32_t L = DK / 32, K = kFusedConvTaps, CB = ConvolvedRows<DK>::CB;
+  float w[L][K], st[L][K - 1];
+  uint32_t task = 0, n = 0, c0 = 0;
+
+  __device__ __forceinline__ void fixed(const KdaArgs& a, uint32_t t, size_t slot) {
+    const uint32_t lane = threadIdx.x & 31, C = a.heads * DK, C3 = 3 * C;
+    task = t;
+    n = t < 2 ? DK : CB;
+    c0 = t * C + blockIdx.x * DK + (t == 2 ? blockIdx.z * CB : 0);
+#pragma unroll
+    for (uint32_t i = 0; i < L; ++i) {
+      const uint32_t e = lane + 32 * i, c = c0 + e;
+      const bool ok = e < n;
+#pragma unroll
+      for (uint32_t j = 0; j < K; ++j) w[i][j] = ok ? a.conv_w[static_cast<size_t>(c) * K + j] : 0.0f;
+#pragma unroll
+      for (uint32_t j = 0; j + 1 < K; ++j) st[i][j] = ok ? a.conv_state[(slot * C3 + c) * (K - 1) + j] : 0.0f;
+    }
+  }
+
+  // Rows first .. first + len - 1 (len <= kMaxMatvecTokens) into `rows` (and a.qkv where `store`).
+  __device__ __forceinline__ void run(const KdaArgs& a, size_t first, uint32_t len, ConvolvedRows<DK>& rows,
+                                      bool store) {
+    const uint32_t lane = threadIdx.x & 31, C3 = 3 * a.heads * DK;
+    float raw[kMaxMatvecTokens][L];
+#pragma unroll
+    for (uint32_t t = 0; t < kMaxMatvecTokens; ++t) {
+#pragma unroll
+      for (uint32_t i = 0; i < L; ++i) {
+        const uint32_t e = lane + 32 * i;
+        raw[t][i] = t < len && e < n ? a.qkv_raw[(first + t) * C3 + c0 + e] : 0.0f;
+      }
+    }
+    float* out = task == 0 ? rows.q : task == 1 ? rows.k : rows.v;
+#pragma unroll
+    for (uint32_t t = 0; t < kMaxMatvecTokens; ++t) {
+      if (t >= len) break;
+      float v[L];
+#pragma unroll
+      for (uint32_t i = 0; i < L; ++i) {
+        float acc = 0.0f;
+#pragma unroll
+        for (uint32_t j = 0; j < K; ++j) {
+          const int p = static_cast<int>(t + j) - static_cast<int>(K - 1);  // the tap's row in the segment
+          acc += w[i][j] * (p >= 0 ? raw[p >= 0 ? p : 0][i] : st[i][p >= 0 ? 0 : static_cast<int>(K - 1) + p]);
+        }
+        v[i] = acc / (1.0f + expf(-acc));
+      }
+      if (task < 2) {
+        float ss = 0.0f;
+#pragma unroll
+        for (uint32_t i = 0; i < L; ++i) {
+          if (lane + 32 * i < n) ss += v[i] * v[i];
+        }
+        ss = warp_sum(ss);
+        const float scale = 1.0f / sqrtf(ss + 1e-6f);
+        const float qs = rsqrtf(static_cast<float>(a.head_dim));
+#pragma unroll
+        for (uint32_t i = 0; i < L; ++i) v[i] = task == 0 ? (v[i] * scale) * qs : v[i] * scale;
+      }
+#pragma unroll
+      for (uint32_t i = 0; i < L; ++i) {
+        const uint32_t e = lane + 32 * i;
+        if (e >= n) continue;
+        out[t * n + e] = v[i];
+        if (store) a.qkv[(first + t) * C3 + c0 + e] = v[i];
+      }
+    }
+    // The state after the segment: its last K - 1 inputs, from these rows or the state before them.
+    float* next = rows.next + (task * DK) * (K - 1);
+#pragma unroll
+    for (uint32_t i = 0; i < L; ++i) {
+      const uint32_t e = lane + 32 * i;
+      if (e >= n) continue;
+#pragma unroll
+      for (uint32_t j = 0; j + 1 < K; ++j) {
+        const int p = static_cast<int>(len + j) - static_cast<int>(K - 1);
+        float x = 0.0f;
+#pragma unroll
+        for (uint32_t q = 0; q + 1 < K; ++q) {
+          if (p < 0 && static_cast<int>(K - 1) + p == static_cast<int>(q)) x = st[i][q];
+        }
+#pragma unroll
+        for (uint32_t t = 0; t < kMaxMatvecTokens; ++t) {
+          if (p == static_cast<int>(t)) x = raw[t][i];
+        }
+        next[e * (K - 1) + j] = x;
       }
     }
   }
+};
+
+// conv_decode_kernel's work for one head of a segment inside the head's cluster (ConvLane): each block
+// makes the head's q and k rows (the same values in every block: block 0 stores them in a.qkv) and its
+// own CB columns of v. The weights and state of a warp's first share are asked before `wait` runs.
+template <int DK, class Wait>
+__device__ __forceinline__ void convolve_head(const KdaArgs& a, ConvolvedRows<DK>& rows, const Wait& wait) {
+  constexpr uint32_t kWarps = DK / 32;
+  const uint32_t s = blockIdx.y, warp = threadIdx.x >> 5;
+  const size_t first = static_cast<size_t>(a.seg.first_row[s]), slot = static_cast<size_t>(a.seg.slot[s]);
+  const uint32_t len = static_cast<uint32_t>(a.seg.len[s]);
+  ConvLane<DK> mine;
+  if (warp < 3) mine.fixed(a, warp, slot);
+  wait();
+  if (warp < 3) mine.run(a, first, len, rows, warp == 2 || blockIdx.z == 0);
+  for (uint32_t task = warp + kWarps; task < 3; task += kWarps) {
+    ConvLane<DK> more;
+    more.fixed(a, task, slot);
+    more.run(a, first, len, rows, task == 2 || blockIdx.z == 0);
+  }
 }
 
-// The conv state of the channels convolve_head read (q and k: block 0's; v: each block its own).
+// The conv state convolve_head left in shared memory, stored: q and k by block 0, v by each block.
 template <int DK>
-__device__ __forceinline__ void conv_state_after(const KdaArgs& a) {
-  constexpr uint32_t CB = ConvolvedRows<DK>::CB;
-  const uint32_t h = blockIdx.x, s = blockIdx.y, z = blockIdx.z, C = a.heads * DK, C3 = 3 * C;
-  for (uint32_t i = threadIdx.x; i < 2 * DK + CB; i += DK) {
-    if (i < 2 * DK && z != 0) continue;
-    const uint32_t c = i < DK ? h * DK + i : i < 2 * DK ? C + h * DK + (i - DK) : 2 * C + h * DK + z * CB + (i - 2 * DK);
-    conv_state_update(a, s, c, C3, a.kernel);
+__device__ __forceinline__ void conv_state_after(const KdaArgs& a, const ConvolvedRows<DK>& rows) {
+  constexpr uint32_t CB = ConvolvedRows<DK>::CB, K = kFusedConvTaps;
+  const uint32_t h = blockIdx.x, z = blockIdx.z, C = a.heads * DK, C3 = 3 * C;
+  const size_t slot = static_cast<size_t>(a.seg.slot[blockIdx.y]);
+  for (uint32_t i = threadIdx.x; i < (2 * DK + CB) * (K - 1); i += DK) {
+    const uint32_t e = i / (K - 1), j = i % (K - 1);
+    if (e < 2 * DK && z != 0) continue;
+    const uint32_t c = e < DK ? h * DK + e : e < 2 * DK ? C + h * DK + (e - DK) : 2 * C + h * DK + z * CB + (e - 2 * DK);
+    a.conv_state[(slot * C3 + c) * (K - 1) + j] = rows.next[i];
   }
 }
 
 // The recurrence of block (h, s, z)'s columns over its segment's rows (recurrent_kernel; the fused
 // kernel below runs the same code).
 template <int DK, bool Conv = false>
-__device__ __forceinline__ void recurrence(const KdaArgs& a) {
+__device__ __forceinline__ void recurrence(const KdaArgs& a, ConvolvedRows<DK>* conv = nullptr) {
   using S = RecurrentShape<DK>;
   __shared__ __align__(16) float sk[S::P * S::LD], sq[S::P * S::LD], sdec[S::P * S::LD];
   __shared__ float sbeta;
@@ -325,14 +423,12 @@ __device__ __forceinline__ void recurrence(const KdaArgs& a) {
   const float dt_bias = a.dt_bias[h * DK + e];
   // Launched with PDL (the decode graphs' fused kernel), the state (this layer's, a step old) and the
   // weights are asked while the products ahead finish; their outputs only after the wait.
-  pdl_wait();
-  // Conv: q, k and v convolved here (recurrent_conv_norm_kernel); f and beta as they lie.
-  const ConvolvedRows<DK>* conv = nullptr;
+  // Conv: q, k and v convolved here into *conv (recurrent_norm_kernel); f and beta as they lie.
   if constexpr (Conv) {
-    __shared__ ConvolvedRows<DK> rows;
-    convolve_head<DK>(a, rows);
-    conv = &rows;
+    convolve_head<DK>(a, *conv, [] { pdl_wait(); });
     __syncthreads();
+  } else {
+    pdl_wait();
   }
   auto load = [&](TokenInputs& x, uint32_t t) {
     if constexpr (Conv) {
@@ -479,10 +575,17 @@ __global__ void __launch_bounds__(256) gated_norm_split_kernel(const float* o, c
 template <int DK, bool Conv>
 __global__ void __launch_bounds__(DK) recurrent_norm_kernel(KdaArgs a, GatedNorm g) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  recurrence<DK, Conv>(a);
-  pdl_launch_dependents();  // the output projection may request its weights now (gpu/pdl.hpp)
-  cooperative_groups::this_cluster().sync();
-  if constexpr (Conv) conv_state_after<DK>(a);  // every block of the head has read the state
+  if constexpr (Conv) {
+    __shared__ ConvolvedRows<DK> rows;
+    recurrence<DK, true>(a, &rows);
+    pdl_launch_dependents();  // the output projection may request its weights now (gpu/pdl.hpp)
+    cooperative_groups::this_cluster().sync();
+    conv_state_after<DK>(a, rows);  // every block of the head has read the old state
+  } else {
+    recurrence<DK>(a);
+    pdl_launch_dependents();
+    cooperative_groups::this_cluster().sync();
+  }
   const uint32_t h = blockIdx.x, s = blockIdx.y, lane = threadIdx.x & 31, warps = DK / 32;
   const uint32_t len = static_cast<uint32_t>(a.seg.len[s]);
   const size_t first = static_cast<size_t>(a.seg.first_row[s]);
@@ -559,7 +662,7 @@ namespace {
 template <bool Conv>
 bool launch_recurrent_norm(const KdaArgs& a, const GatedNorm& g, cudaStream_t stream) {
   if (a.segments == 0 || a.rows > kMaxMatvecTokens) return false;
-  if (Conv && (a.kernel < 1 || a.kernel > kMaxConv)) return false;
+  if (Conv && a.kernel != kFusedConvTaps) return false;
   auto launch = [&](auto kernel, int cb) {
     if (!sm90_code_built(reinterpret_cast<const void*>(kernel))) return false;
     const uint32_t blocks = a.head_dim / static_cast<uint32_t>(cb);  // a head's: one cluster
@@ -585,7 +688,7 @@ bool kda_recurrent_gated_norm(const KdaArgs& a, const GatedNorm& g, cudaStream_t
 }
 
 bool kda_conv_fuses(const KdaArgs& a) {
-  if (a.segments == 0 || a.rows > kMaxMatvecTokens || a.kernel < 1 || a.kernel > kMaxConv) return false;
+  if (a.segments == 0 || a.rows > kMaxMatvecTokens || a.kernel != kFusedConvTaps) return false;
   switch (a.head_dim) {
     case 32: return sm90_code_built(reinterpret_cast<const void*>(recurrent_norm_kernel<32, true>));
     case 64: return sm90_code_built(reinterpret_cast<const void*>(recurrent_norm_kernel<64, true>));

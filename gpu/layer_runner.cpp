@@ -317,7 +317,13 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
   const MatvecProduct from_x[] = {{&l.m(T::attn_q_a), w_.qa},
                                   {&l.m(T::attn_kv_a_mqa), w_.lat, nullptr, z.kvlr},
                                   {&l.m(T::indexer_proj), w_.iw, nullptr, z.ih}};
-  mm_products(from_x, l.has_indexer ? 3 : 2, w_.x, z.D, n, z.qlr);
+  // A decode step's indexer beside the chain of the norms, q_b and k_b, which meets it at the sparse
+  // attention: its keys and weights (from x) forked here, its query and selection after the norms make
+  // qr (gpu/stream_branch.hpp). Eager steps that time ops or trace selections keep it in line. The
+  // indexer's weights (f32 in the published files: a launch of their own) then leave the chain too.
+  const bool beside = branches_ && l.has_indexer && n <= kMaxMatvecTokens && times_ == nullptr && trace_ == nullptr;
+  const bool weights_beside = beside && h102_env("FERRY_H102_IW", 1) != 0;
+  mm_products(from_x, l.has_indexer && !weights_beside ? 3 : 2, w_.x, z.D, n, z.qlr);
   // Both norms and the new latents' cache write in one launch (gpu/dsa_decode_fusion.hpp). A windowed
   // step (gpu/kv_window.hpp) keeps its new rows in the host tier; otherwise they go to the slot's rows
   // on the device at their positions.
@@ -335,12 +341,12 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
     na.cache = st.latents;
     na.scales = st.latent_scales;
   }
-  // A decode step's indexer beside the chain of the norms, q_b and k_b, which meets it at the sparse
-  // attention: its keys (from x) forked here, its query and selection after the norms make qr
-  // (gpu/stream_branch.hpp). Eager steps that time ops or trace selections keep it in line.
-  const bool beside = branches_ && l.has_indexer && n <= kMaxMatvecTokens && times_ == nullptr && trace_ == nullptr;
   const IndexerArgs ia = l.has_indexer ? indexer_args(g, l, st) : IndexerArgs{};
-  if (beside) indexer_keys(ia, l, st, dsa_branch_.fork(s_));
+  if (beside) {
+    const cudaStream_t side = dsa_branch_.fork(s_);
+    if (weights_beside) product_on(side, *from_x[2].m, w_.x, z.D, n, w_.iw, z.ih, nullptr);
+    indexer_keys(ia, l, st, side);
+  }
   dsa_norms(na, s_);
   if (window != nullptr) window->store(l.index, w_.lat, z.kvlr, g.row, n, s_);
   StagedInput qr_split;  // q_b and the indexer's q_b read the same qr
@@ -427,7 +433,8 @@ IndexerArgs LayerRunner::indexer_args(const StepGeometry& g, const DevLayer& l, 
   ia.pool_cache = st.pools;
   ia.q = w_.kq;
   ia.w = w_.iw;
-  ia.scores = w_.scores;
+  ia.scores = w_.scores;  // scratch: read by the selection only
+  ia.skip_whole_selections = g.rows <= kMaxMatvecTokens && h102_env("FERRY_H102_SKIP", 1) != 0;
   ia.tokens = w_.sel_tokens;
   ia.counts = w_.sel_counts;
   ia.max_tokens = w_.max_selected;
