@@ -1,6 +1,5 @@
 #include "gpu/cuda_memory.hpp"
 
-#include <cstdlib>
 #include <string>
 
 #include "gpu/graph_kernels.hpp"
@@ -46,7 +45,7 @@ cudaError_t malloc_pinned(void** p, size_t bytes) { return cudaMallocHost(p, byt
 void* DeviceMemory::allocate(size_t bytes) { return allocate_or_throw(malloc_device, bytes, "device memory"); }
 void* PinnedMemory::allocate(size_t bytes) { return allocate_or_throw(malloc_pinned, bytes, "pinned host memory"); }
 
-Stream::Stream(int priority) { FERRY_CUDA(cudaStreamCreateWithPriority(&s_, cudaStreamNonBlocking, priority)); }
+Stream::Stream() { FERRY_CUDA(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
 Stream::~Stream() {
   if (s_ != nullptr) cudaStreamDestroy(s_);
 }
@@ -95,10 +94,7 @@ void GraphExec::end_capture(cudaStream_t s, size_t* programmatic, std::vector<st
       throw;
     }
   }
-  const char* h102_prio = std::getenv("FERRY_H102_PRIO");
-  const unsigned long long flags =
-      h102_prio != nullptr && std::atoi(h102_prio) == 1 ? cudaGraphInstantiateFlagUseNodePriority : 0;
-  const cudaError_t e = cudaGraphInstantiate(&exec_, graph, flags);
+  const cudaError_t e = cudaGraphInstantiate(&exec_, graph, 0);
   cudaGraphDestroy(graph);
   if (e != cudaSuccess) {
     exec_ = nullptr;

@@ -65,8 +65,7 @@ using PinnedBuffer = OwnedBuffer<PinnedMemory>;
 
 class Stream {
  public:
-  // priority: as cudaStreamCreateWithPriority takes it (lower numbers first; 0 the default).
-  explicit Stream(int priority = 0);
+  Stream();
   ~Stream();
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;

@@ -255,11 +255,11 @@ struct TokenInputs {
   }
 };
 
-// The taps of the convolution that recurrent_conv_norm_kernel runs (GLM's; other sizes take kda_conv).
+// The taps of the convolution that recurrent_norm_kernel<DK, true> runs (GLM's; other sizes take kda_conv).
 constexpr uint32_t kFusedConvTaps = 4;
 
 // A head's q, k (DK each) and a block's CB columns of v for each row of its segment, convolved in the
-// block (recurrent_conv_norm_kernel): [kMaxMatvecTokens][DK], [..][DK] and [..][CB]; and the conv state
+// block (recurrent_norm_kernel<DK, true>): [kMaxMatvecTokens][DK], [..][DK] and [..][CB]; and the conv state
 // they leave, [2 * DK + CB][taps - 1] (q, k, then v), stored once no block reads the old one.
 template <int DK>
 struct ConvolvedRows {
@@ -319,7 +319,8 @@ struct ConvLane {
 #pragma unroll
         for (uint32_t j = 0; j < K; ++j) {
           const int p = static_cast<int>(t + j) - static_cast<int>(K - 1);  // the tap's row in the segment
-          acc += w[i][j] * (p >= 0 ? raw[p >= 0 ? p : 0][i] : st[i][p >= 0 ? 0 : static_cast<int>(K - 1) + p]);
+          const float in = p >= 0 ? raw[p][i] : st[i][static_cast<int>(K - 1) + p];  // < 0: the state's
+          acc += w[i][j] * in;
         }
         v[i] = acc / (1.0f + expf(-acc));
       }
@@ -351,11 +352,11 @@ struct ConvLane {
       if (e >= n) continue;
 #pragma unroll
       for (uint32_t j = 0; j + 1 < K; ++j) {
-        const int p = static_cast<int>(len + j) - static_cast<int>(K - 1);
+        const int p = static_cast<int>(len + j) - static_cast<int>(K - 1);  // as a tap's row above
         float x = 0.0f;
 #pragma unroll
         for (uint32_t q = 0; q + 1 < K; ++q) {
-          if (p < 0 && static_cast<int>(K - 1) + p == static_cast<int>(q)) x = st[i][q];
+          if (static_cast<int>(K - 1) + p == static_cast<int>(q)) x = st[i][q];
         }
 #pragma unroll
         for (uint32_t t = 0; t < kMaxMatvecTokens; ++t) {
@@ -422,8 +423,8 @@ __device__ __forceinline__ void recurrence(const KdaArgs& a, ConvolvedRows<DK>* 
   const float rate = -a.a[h];  // exp(A_log)
   const float dt_bias = a.dt_bias[h * DK + e];
   // Launched with PDL (the decode graphs' fused kernel), the state (this layer's, a step old) and the
-  // weights are asked while the products ahead finish; their outputs only after the wait.
-  // Conv: q, k and v convolved here into *conv (recurrent_norm_kernel); f and beta as they lie.
+  // weights are asked while the products ahead finish; their outputs only after the wait. Conv: q, k and
+  // v convolved here into *conv (recurrent_norm_kernel<DK, true>); f and beta read as they lie.
   if constexpr (Conv) {
     convolve_head<DK>(a, *conv, [] { pdl_wait(); });
     __syncthreads();
@@ -571,7 +572,8 @@ __global__ void __launch_bounds__(256) gated_norm_split_kernel(const float* o, c
 // DK / CB blocks (its columns) are one cluster; once all have written their columns of a row's output
 // (the cluster barrier orders those writes before the reads), warp w of the cluster's block q takes
 // the segment's rows q * warps + w, q * warps + w + P * warps, ...: gated_norm_kernel's warp code on
-// the same values, so the two launches' bits.
+// the same values, so the two launches' bits. Conv: the head's convolution first (convolve_head), its
+// state stored after the cluster barrier.
 template <int DK, bool Conv>
 __global__ void __launch_bounds__(DK) recurrent_norm_kernel(KdaArgs a, GatedNorm g) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -24,13 +23,6 @@ using model::FfnKind;
 using model::GgmlType;
 using model::LayerKind;
 using T = model::Glm5Tensor;
-
-namespace {
-int h102_env(const char* name, int dflt) {
-  const char* v = std::getenv(name);
-  return v == nullptr ? dflt : std::atoi(v);
-}
-}  // namespace
 
 LayerRunner::LayerRunner(const model::Glm5Hparams& hp, const DeviceWeights& weights, StageState& state, Workspace& work,
                          StageExperts* experts, blas::Handle cublas, cudaStream_t stream)
@@ -239,14 +231,14 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   const MatvecProduct fa_ga_beta[] = {
       {&l.m(T::ssm_f_a), w_.fa}, {&l.m(T::ssm_g_a), w_.ga}, {&l.m(T::ssm_beta), w_.beta, nullptr, z.kda_nh}};
   const MatvecProduct fb_gb[] = {{&l.m(T::ssm_f_b), w_.f, w_.fa}, {&l.m(T::ssm_g_b), w_.gate, w_.ga}};
+  // A decode step's gate products (they read only x) on a branch forked before q/k/v, so that the chain
+  // goes from q/k/v straight to the convolution (gpu/stream_branch.hpp); they still run mostly in q/k/v's
+  // last blocks, which hold the SMs until then. Eager op times keep them in line.
   const bool beside = branches_ && n <= kMaxMatvecTokens && times_ == nullptr;
-  const int mode = beside ? h102_env("FERRY_H102_KDA", 1) : 0;
-  bool gates_beside = false;
-  if (mode >= 1) {
-    const cudaStream_t side = mode == 3 ? gate_branch_hi_.fork(s_) : gate_branch_.fork(s_);
-    gates_beside = matvec_products(fa_ga_beta, 3, w_.x, z.D, n, z.kda_hd, side) &&
-                   matvec_products(fb_gb, 2, nullptr, z.kda_hd, n, z.C, side);
-    if (!gates_beside) throw CudaError("kda_layer: the gate products on a branch need decode rows");
+  if (beside) {
+    const cudaStream_t side = gate_branch_.fork(s_);
+    products_on(side, fa_ga_beta, 3, w_.x, z.D, n, z.kda_hd);
+    products_on(side, fb_gb, 2, nullptr, z.kda_hd, n, z.C);
   }
   StagedInput x_split;  // both groups of products of x take its one fp16 split (kda_conv leaves the staging)
   mm_products(qkv, 3, w_.x, z.D, n, 3 * z.C, &x_split);
@@ -263,21 +255,16 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   a.qkv_raw = w_.qkv_raw;
   a.conv_w = l.conv;
   a.conv_state = st.conv;
-  // A decode step's convolution beside f_a / g_a / beta and f_b / g_b, which do not read q, k or v:
-  // off the chain to the recurrence (gpu/stream_branch.hpp). Eager op times keep it in line.
   // Decode rows on sm90: the convolution inside the recurrence's launch (gpu/kda_fusion.hpp).
-  const bool fuse_conv = n <= kMaxMatvecTokens && times_ == nullptr && h102_env("FERRY_H102_FUSE", 1) != 0 &&
-                         kda_conv_fuses(a);
-  if (!fuse_conv) kda_conv(a, (beside && mode != 1 && mode != 3) ? conv_branch_.fork(s_) : s_);
+  const bool fuse_conv = n <= kMaxMatvecTokens && times_ == nullptr && kda_conv_fuses(a);
+  if (!fuse_conv) kda_conv(a, s_);
   mark(OpGroup::kda_conv);
-  if (!gates_beside) {
+  if (!beside) {
     mm_products(fa_ga_beta, 3, w_.x, z.D, n, z.kda_hd, &x_split);
     mm_products(fb_gb, 2, nullptr, z.kda_hd, n, z.C);
   }
   mark(OpGroup::kda_proj);
-  conv_branch_.join(s_);
   gate_branch_.join(s_);
-  gate_branch_hi_.join(s_);
   a.f = w_.f;
   a.dt_bias = l.v(T::ssm_dt_bias);
   a.a = l.v(T::ssm_a);
@@ -318,12 +305,12 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
                                   {&l.m(T::attn_kv_a_mqa), w_.lat, nullptr, z.kvlr},
                                   {&l.m(T::indexer_proj), w_.iw, nullptr, z.ih}};
   // A decode step's indexer beside the chain of the norms, q_b and k_b, which meets it at the sparse
-  // attention: its keys and weights (from x) forked here, its query and selection after the norms make
-  // qr (gpu/stream_branch.hpp). Eager steps that time ops or trace selections keep it in line. The
-  // indexer's weights (f32 in the published files: a launch of their own) then leave the chain too.
+  // attention (gpu/stream_branch.hpp): its keys (from x) forked here, and its weights (f32 in the
+  // published files: a launch of their own) on a second branch, so that neither waits for the other;
+  // its query on the chain after the norms make qr, and the selection forked after it. Eager steps
+  // that time ops or trace selections keep it in line.
   const bool beside = branches_ && l.has_indexer && n <= kMaxMatvecTokens && times_ == nullptr && trace_ == nullptr;
-  const bool weights_beside = beside && h102_env("FERRY_H102_IW", 1) != 0;
-  mm_products(from_x, l.has_indexer && !weights_beside ? 3 : 2, w_.x, z.D, n, z.qlr);
+  mm_products(from_x, l.has_indexer && !beside ? 3 : 2, w_.x, z.D, n, z.qlr);
   // Both norms and the new latents' cache write in one launch (gpu/dsa_decode_fusion.hpp). A windowed
   // step (gpu/kv_window.hpp) keeps its new rows in the host tier; otherwise they go to the slot's rows
   // on the device at their positions.
@@ -343,27 +330,19 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
   }
   const IndexerArgs ia = l.has_indexer ? indexer_args(g, l, st) : IndexerArgs{};
   if (beside) {
-    const cudaStream_t side = dsa_branch_.fork(s_);
-    if (weights_beside) product_on(side, *from_x[2].m, w_.x, z.D, n, w_.iw, z.ih, nullptr);
-    indexer_keys(ia, l, st, side);
+    indexer_keys(ia, l, st, dsa_branch_.fork(s_));
+    product_on(dsa_weights_branch_.fork(s_), *from_x[2].m, w_.x, z.D, n, w_.iw, z.ih, nullptr);
   }
   dsa_norms(na, s_);
   if (window != nullptr) window->store(l.index, w_.lat, z.kvlr, g.row, n, s_);
   StagedInput qr_split;  // q_b and the indexer's q_b read the same qr
-  const int mode = beside ? h102_env("FERRY_H102_DSA", 1) : 0;
-  if (mode == 1) {
-    // The indexer's query on the chain first (a small product), so that the selection starts before the
-    // chain's q_b; the side stream still holds the keys, which the selection reads too.
+  if (beside) {
+    // The indexer's query first (a small product), so that the selection starts before the chain's q_b
+    // (on a branch it waited for the keys' side stream, then for room beside q_b); the keys' stream, which
+    // the selection follows, waits for it and for the weights.
     product_on(s_, l.m(T::indexer_attn_q_b), w_.qr, z.qlr, n, w_.kq, static_cast<size_t>(z.ih) * z.id, nullptr);
-    indexer_select(ia, dsa_branch_.fork(s_));
-  } else if (mode == 2 || mode == 3) {
-    const cudaStream_t side = mode == 3 ? dsa_query_branch_hi_.fork(s_) : dsa_query_branch_.fork(s_);
-    product_on(side, l.m(T::indexer_attn_q_b), w_.qr, z.qlr, n, w_.kq, static_cast<size_t>(z.ih) * z.id, nullptr);
-    dsa_branch_.join(side);
-    indexer_select(ia, side);
-  } else if (beside) {
     const cudaStream_t side = dsa_branch_.fork(s_);
-    product_on(side, l.m(T::indexer_attn_q_b), w_.qr, z.qlr, n, w_.kq, static_cast<size_t>(z.ih) * z.id, nullptr);
+    dsa_weights_branch_.join(side);
     indexer_select(ia, side);
   }
   mm_staged(l.m(T::attn_q_b), w_.qr, z.qlr, n, w_.q, static_cast<size_t>(z.nh) * z.nope, &qr_split);
@@ -381,8 +360,6 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
              static_cast<size_t>(z.nh) * z.kvlr, z.kvlr);
   mark(OpGroup::dsa_proj);
   dsa_branch_.join(s_);
-  dsa_query_branch_.join(s_);
-  dsa_query_branch_hi_.join(s_);
   SparseMlaArgs ma;
   ma.row = g.row;
   ma.rows = n;
@@ -434,7 +411,7 @@ IndexerArgs LayerRunner::indexer_args(const StepGeometry& g, const DevLayer& l, 
   ia.q = w_.kq;
   ia.w = w_.iw;
   ia.scores = w_.scores;  // scratch: read by the selection only
-  ia.skip_whole_selections = g.rows <= kMaxMatvecTokens && h102_env("FERRY_H102_SKIP", 1) != 0;
+  ia.skip_whole_selections = g.rows <= kMaxMatvecTokens;
   ia.tokens = w_.sel_tokens;
   ia.counts = w_.sel_counts;
   ia.max_tokens = w_.max_selected;
@@ -449,8 +426,8 @@ void LayerRunner::indexer_keys(const IndexerArgs& ia, const DevLayer& l, LayerSt
   const MatvecProduct k_gate[] = {{&l.m(T::indexer_attn_k), w_.kk}, {&l.m(T::indexer_compressor_gate), w_.gs}};
   if (stream == s_) {
     mm_products(k_gate, 2, w_.x, z.D, ia.rows, z.id);
-  } else if (!matvec_products(k_gate, 2, w_.x, z.D, ia.rows, z.id, stream)) {
-    for (const MatvecProduct& p : k_gate) product_on(stream, *p.m, w_.x, z.D, ia.rows, p.y, z.id, nullptr);
+  } else {
+    products_on(stream, k_gate, 2, w_.x, z.D, ia.rows, z.id);
   }
   IndexerKeysArgs ka;
   ka.rows = ia.rows, ka.width = z.id, ka.eps = hp_.index_norm_eps;
@@ -469,6 +446,15 @@ void LayerRunner::product_on(cudaStream_t stream, const DevMatrix& m, const floa
   }
   const MatvecProduct p[] = {{&m, y}};
   if (!matvec_products(p, 1, x, ldx, n, ldy, stream)) throw CudaError("a product on a branch needs decode rows");
+}
+
+void LayerRunner::products_on(cudaStream_t stream, const MatvecProduct* ps, uint32_t count, const float* x, size_t ldx,
+                              uint32_t n, size_t ldy) {
+  if (matvec_products(ps, count, x, ldx, n, ldy, stream)) return;
+  for (uint32_t i = 0; i < count; ++i) {
+    product_on(stream, *ps[i].m, ps[i].x != nullptr ? ps[i].x : x, ldx, n, ps[i].y, ps[i].ldy != 0 ? ps[i].ldy : ldy,
+               nullptr);
+  }
 }
 
 void LayerRunner::dense_ffn(const DevMatrix& gate, const DevMatrix& up, const DevMatrix& down, uint32_t n, float* y) {
@@ -658,12 +644,9 @@ void LayerRunner::forward(model::LayerRange layers, const StepGeometry& g, const
   bool post_pending = false;
   combine_pending_ = false;
   comb_branch_.abandon();
-  conv_branch_.abandon();
   gate_branch_.abandon();
-  gate_branch_hi_.abandon();
   dsa_branch_.abandon();
-  dsa_query_branch_.abandon();
-  dsa_query_branch_hi_.abandon();
+  dsa_weights_branch_.abandon();
   for (uint32_t il = layers.first; il < layers.end; ++il) {
     const DevLayer& l = weights_.layer(il);
     mhc_site(g, l.m(T::hc_attn_fn), l.v(T::hc_attn_base), l.v(T::hc_attn_scale), l.v(T::attn_norm), post_pending);

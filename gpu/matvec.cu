@@ -14,7 +14,6 @@
 #include "gpu/matvec_part.cuh"
 #include "gpu/half_split.cuh"
 #include "gpu/matvec_wide.hpp"
-#include "gpu/pdl.cuh"
 #include "gpu/quant_device.cuh"
 #include "model/formats/iq_grids.hpp"
 
@@ -290,7 +289,6 @@ __global__ void __launch_bounds__(kConvertThreads)
 template <int T, bool kVec>
 __global__ void embed_kernel(const uint8_t* data, size_t row_bytes, uint32_t cols, const int32_t* tokens,
                              uint32_t rows, float* dst, uint32_t copies) {
-  pdl_launch_dependents();  // the first mHC site may be placed and ask for its mixer now (gpu/pdl.hpp)
   using Tr = qd::Traits<T>;
   __shared__ uint32_t grid[kUsesIq<T> ? 512 : 1];
   __shared__ int8_t kvalues[16];

@@ -21,7 +21,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -177,8 +176,8 @@ static_assert(smem_bytes(kMaxD / 4 / 8, true) <= 48 * 1024, "no opt-in for the s
 // [rank * per, rank * per + per) of every stream, one a thread. With fn, all threads share the
 // mixer product over the slice (each (mixer row, column) one partial, summed per row in column
 // order: fixed order, deterministic).
-template <uint32_t B, uint32_t MinBlocks = 1, bool Hoist = false>
-__global__ void __launch_bounds__(kThreads, MinBlocks) mhc_site_kernel(ClusterArgs f) {
+template <uint32_t B>
+__global__ void __launch_bounds__(kThreads) mhc_site_kernel(ClusterArgs f) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ double warp_part[kThreads / 32][kPairs];
@@ -215,19 +214,21 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) mhc_site_kernel(ClusterAr
   // The norm weight of the first x column this thread writes (no kernel writes it either).
   const uint32_t x_col = tid - 32;
   float4 nw0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  if (Hoist && tid >= 32 && x_col < per && rank * per + x_col < D4) {
+  if (tid >= 32 && x_col < per && rank * per + x_col < D4) {
     nw0 = reinterpret_cast<const float4*>(a.norm_w)[rank * per + x_col];
   }
   pdl_launch_dependents();  // the next matvec may request its weights now (gpu/pdl.hpp)
   pdl_wait();               // the streams, y and the post's coefficients are the kernels' ahead
   const bool mine = tid < per && d < D4;
+  // The post's coefficients, the streams and y (or the combine's inputs) asked for together: one
+  // memory round trip after the wait.
   const bool post = f.y != nullptr || f.combine.eo != nullptr;
-  float po_r[kH], cb_r[kH * kH];
-  if (Hoist && post && mine) {
+  float po[kH], cb[kH * kH];
+  if (post && mine) {
 #pragma unroll
-    for (uint32_t h = 0; h < kH; ++h) po_r[h] = f.post_in[row * kH + h];
+    for (uint32_t h = 0; h < kH; ++h) po[h] = f.post_in[row * kH + h];
 #pragma unroll
-    for (uint32_t i = 0; i < kH * kH; ++i) cb_r[i] = f.comb_in[row * kH * kH + i];
+    for (uint32_t i = 0; i < kH * kH; ++i) cb[i] = f.comb_in[row * kH * kH + i];
   }
   const size_t at = static_cast<size_t>(row) * kH * D4;
   float4 r[kH];
@@ -240,13 +241,11 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) mhc_site_kernel(ClusterAr
     float4 yv;
     if (f.combine.eo == nullptr) {
       yv = reinterpret_cast<const float4*>(f.y)[static_cast<size_t>(row) * D4 + d];
-    } else if (Hoist && f.combine.k <= kCombineAtOnce) {
+    } else if (f.combine.k <= kCombineAtOnce) {
       yv = combined_at_once<kCombineAtOnce>(f.combine, row, d, D4);
     } else {
       yv = combined(f.combine, row, d, D4);
     }
-    const float* po = Hoist ? po_r : f.post_in + row * kH;
-    const float* cb = Hoist ? cb_r : f.comb_in + row * kH * kH;
     float4 nr[kH];
 #pragma unroll
     for (uint32_t h2 = 0; h2 < kH; ++h2) {
@@ -379,7 +378,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) mhc_site_kernel(ClusterAr
         const float4 x = rn[h * per + c];
         v.x += pre[h] * x.x, v.y += pre[h] * x.y, v.z += pre[h] * x.z, v.w += pre[h] * x.w;
       }
-      const float4 w = Hoist && c == x_col ? nw0 : reinterpret_cast<const float4*>(a.norm_w)[rank * per + c];
+      const float4 w = c == x_col ? nw0 : reinterpret_cast<const float4*>(a.norm_w)[rank * per + c];
       reinterpret_cast<float4*>(a.x + static_cast<size_t>(row) * a.D)[rank * per + c] =
           make_float4(v.x * inv_u * w.x, v.y * inv_u * w.y, v.z * inv_u * w.z, v.w * inv_u * w.w);
     }
@@ -437,19 +436,7 @@ SitePlan site_plan(const MhcArgs& a, bool mixer) {
 }
 
 void launch(const ClusterArgs& f, const SitePlan& plan, cudaStream_t stream) {
-  static const int h102_site = [] {
-    const char* v = std::getenv("FERRY_H102_SITE");
-    const int m = v != nullptr ? std::atoi(v) : 2;
-    FERRY_CUDA(cudaFuncSetAttribute(mhc_site_kernel<kWide, 2>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    FERRY_CUDA(cudaFuncSetAttribute(mhc_site_kernel<kWide, 1, true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    FERRY_CUDA(cudaFuncSetAttribute(mhc_site_kernel<kWide, 2, true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    return m;
-  }();
-  void (*wide)(ClusterArgs) = h102_site == 1   ? mhc_site_kernel<kWide, 2>
-                              : h102_site == 2 ? mhc_site_kernel<kWide, 1, true>
-                              : h102_site == 3 ? mhc_site_kernel<kWide, 2, true>
-                                               : mhc_site_kernel<kWide>;
-  void (*kernel)(ClusterArgs) = plan.blocks == kWide ? wide : mhc_site_kernel<kNarrow>;
+  void (*kernel)(ClusterArgs) = plan.blocks == kWide ? mhc_site_kernel<kWide> : mhc_site_kernel<kNarrow>;
   // PDL inside the decode graphs
   const ClusterLaunch l(reinterpret_cast<const void*>(kernel), dim3(plan.blocks, f.a.rows), dim3(kThreads), plan.smem,
                         stream, dim3(plan.blocks, 1, 1), true);

@@ -146,8 +146,6 @@ __device__ __forceinline__ float moe_combined(const float* eo, const int32_t* wh
 // moe_combine's value (no `where`) as the post's y.
 __global__ void mhc_post_combine_kernel(float* streams, MoeCombineIn m, const float* post, const float* comb,
                                         uint32_t rows, uint32_t H, uint32_t D) {
-  pdl_launch_dependents();  // hc_head may be placed now (gpu/pdl.hpp)
-  pdl_wait();               // the experts' outputs and the streams are the kernels' ahead
   const size_t total = static_cast<size_t>(rows) * D;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
@@ -160,34 +158,14 @@ __global__ void hc_head_kernel(const float* streams, const int32_t* rows_idx, ui
                                float eps, float* out) {
   extern __shared__ float m[];  // [D]
   __shared__ float scratch[32];
-  pdl_launch_dependents();  // the head's matvec may request its weights now (gpu/pdl.hpp)
-  pdl_wait();               // the streams are the final post's
   const float* R = streams + static_cast<size_t>(rows_idx[blockIdx.x]) * H * D;
   float ss = 0.0f;
-  // A thread's columns d, d + blockDim.x, ... kHeadAhead at a time, all their loads asked before the sums
-  // (one memory round trip a batch, not one a column); the sums in the same order.
-  constexpr uint32_t kHeadAhead = 8;
-  for (uint32_t d0 = threadIdx.x; d0 < D; d0 += kHeadAhead * blockDim.x) {
-    float r[kHeadAhead][kMaxHc];
-#pragma unroll
-    for (uint32_t i = 0; i < kHeadAhead; ++i) {
-      const uint32_t d = d0 + i * blockDim.x;
-#pragma unroll
-      for (uint32_t h = 0; h < kMaxHc; ++h) r[i][h] = d < D && h < H ? R[h * D + d] : 0.0f;
-    }
-#pragma unroll
-    for (uint32_t i = 0; i < kHeadAhead; ++i) {
-      const uint32_t d = d0 + i * blockDim.x;
-      if (d >= D) break;
-      float v = 0.0f;
-#pragma unroll
-      for (uint32_t h = 0; h < kMaxHc; ++h) {
-        if (h < H) v += r[i][h];
-      }
-      v /= static_cast<float>(H);
-      m[d] = v;
-      ss += v * v;
-    }
+  for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) {
+    float v = 0.0f;
+    for (uint32_t h = 0; h < H; ++h) v += R[h * D + d];
+    v /= static_cast<float>(H);
+    m[d] = v;
+    ss += v * v;
   }
   const float inv = rsqrtf(block_sum(ss, scratch) / static_cast<float>(D) + eps);
   for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) out[static_cast<size_t>(blockIdx.x) * D + d] = m[d] * inv * w[d];
@@ -361,8 +339,9 @@ void mhc_post_combine(float* streams, const MoeCombineIn& combine, const float* 
   if (combine.eo == nullptr || combine.weights == nullptr || combine.k == 0) {
     throw CudaError("mhc_post_combine: a MoE combine needs its expert outputs, weights and k");
   }
-  launch_with_pdl(mhc_post_combine_kernel, dim3(grid_for(static_cast<size_t>(rows) * D)), dim3(256), 0, stream, streams,
-                  combine, post, comb, rows, H, D);
+  mhc_post_combine_kernel<<<grid_for(static_cast<size_t>(rows) * D), 256, 0, stream>>>(streams, combine, post, comb,
+                                                                                     rows, H, D);
+  FERRY_CUDA_LAUNCHED();
 }
 
 void hc_head(const float* streams, const int32_t* rows_idx, uint32_t n, uint32_t H, uint32_t D, const float* w,
@@ -370,7 +349,8 @@ void hc_head(const float* streams, const int32_t* rows_idx, uint32_t n, uint32_t
   if (n == 0) return;
   const size_t smem = D * sizeof(float);
   if (smem > 48 * 1024) FERRY_CUDA(cudaFuncSetAttribute(hc_head_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  launch_with_pdl(hc_head_kernel, dim3(n), dim3(512), smem, stream, streams, rows_idx, H, D, w, eps, out);
+  hc_head_kernel<<<n, 512, smem, stream>>>(streams, rows_idx, H, D, w, eps, out);
+  FERRY_CUDA_LAUNCHED();
 }
 
 bool swiglu_split(const float* gate, const float* up, uint32_t rows, uint32_t n, float limit, void* lo_hi,

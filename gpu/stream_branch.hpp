@@ -11,9 +11,6 @@ namespace ferry::gpu {
 
 class StreamBranch {
  public:
-  // priority: the side stream's (gpu/cuda_memory.hpp Stream); its kernels' blocks are placed before
-  // waiting blocks of lower-priority streams.
-  explicit StreamBranch(int priority = 0) : side_(priority) {}
   // The side stream, ordered after everything enqueued on `stream` so far.
   cudaStream_t fork(cudaStream_t stream);
   // `stream` waits for what the side stream holds (nothing to do when nothing was forked).
