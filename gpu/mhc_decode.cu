@@ -437,9 +437,11 @@ SitePlan site_plan(const MhcArgs& a, bool mixer) {
 
 void launch(const ClusterArgs& f, const SitePlan& plan, cudaStream_t stream) {
   void (*kernel)(ClusterArgs) = plan.blocks == kWide ? mhc_site_kernel<kWide> : mhc_site_kernel<kNarrow>;
-  // PDL inside the decode graphs
+  // PDL inside the decode graphs, but for a whole site without a post: a stage's first, after the
+  // embedding, which waited 6.3-6.9 us past it on its programmatic edge (H200, h102).
+  const bool pdl = f.fn == nullptr || f.y != nullptr || f.combine.eo != nullptr;
   const ClusterLaunch l(reinterpret_cast<const void*>(kernel), dim3(plan.blocks, f.a.rows), dim3(kThreads), plan.smem,
-                        stream, dim3(plan.blocks, 1, 1), true);
+                        stream, dim3(plan.blocks, 1, 1), pdl);
   FERRY_CUDA(cudaLaunchKernelEx(&l.cfg, kernel, f));
 }
 
