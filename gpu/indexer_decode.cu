@@ -56,6 +56,7 @@ __global__ void __launch_bounds__(kScoreThreads) decode_score_kernel(IndexerArgs
     ++G;
   }
   if (static_cast<int>(blockIdx.x) * kTile >= nv_max) return;  // no tile here (the grid is for the context)
+  if (a.skip_whole_selections && nv_max <= static_cast<int>(a.topk) / kp) return;  // every pool selected
   const uint32_t H = a.heads, hd = a.head_dim, ld = hd + 1, hd4 = hd / 4;
   float* keys = reinterpret_cast<float*>(smem4);
   float* kq = keys + static_cast<size_t>(kTile) * hd;  // [G][H][hd + 1]
@@ -269,11 +270,22 @@ __device__ __forceinline__ void finish_row(const IndexerArgs& a, uint32_t r, con
   a.counts[r] = count;
 }
 
+// A row that selects every visible pool (s.K == s.nv): block_top_k's list (all of them, in increasing
+// index) without reading a score.
+__device__ __forceinline__ bool select_all(const IndexerArgs& a, uint32_t r, const RowSelect& s) {
+  if (s.K < s.nv) return false;
+  const int kp = static_cast<int>(a.kpool);
+  for (int i = static_cast<int>(threadIdx.x); i < s.nv * kp; i += static_cast<int>(blockDim.x)) s.tokens[i] = i;
+  finish_row(a, r, s, s.nv);
+  return true;
+}
+
 // One block of T threads a row over all its visible pools.
 template <int T, int P>
 __global__ void __launch_bounds__(T) decode_select_kernel(IndexerArgs a) {
   const uint32_t r = blockIdx.x;
   const RowSelect s = row_select(a, r);
+  if (select_all(a, r, s)) return;
   const int kp = static_cast<int>(a.kpool);
   const int taken = block_top_k<T, P>(
       s.nv, s.K, [&](int i) { return order_key(s.scores[i]); },
@@ -299,7 +311,7 @@ __global__ void __launch_bounds__(kSelectThreads) chunk_select_kernel(IndexerArg
   const uint32_t b = blockIdx.x, r = blockIdx.y;
   const RowSelect s = row_select(a, r);
   const int p0 = static_cast<int>(b) * kSelectChunk;
-  if (p0 >= s.nv) return;
+  if (p0 >= s.nv || s.K == s.nv) return;  // the merge takes a row that selects every pool
   uint32_t* keys = lists.keys(r, b);
   uint32_t* pools = lists.pools(r, b);
   block_top_k<kSelectThreads, kSelectPer>(
@@ -315,6 +327,7 @@ __global__ void __launch_bounds__(kSelectThreads) chunk_select_kernel(IndexerArg
 __global__ void __launch_bounds__(kSelectThreads) merge_select_kernel(IndexerArgs a, SelectLists lists) {
   const uint32_t r = blockIdx.x;
   const RowSelect s = row_select(a, r);
+  if (select_all(a, r, s)) return;
   const int kp = static_cast<int>(a.kpool);
   const int chunks = (s.nv + kSelectChunk - 1) / kSelectChunk;
   const int E = max(min(s.K, kSelectChunk), 1);  // entries of a full chunk's list

@@ -255,10 +255,157 @@ struct TokenInputs {
   }
 };
 
+// The taps of the convolution that recurrent_norm_kernel<DK, true> runs (GLM's; other sizes take kda_conv).
+constexpr uint32_t kFusedConvTaps = 4;
+
+// A head's q, k (DK each) and a block's CB columns of v for each row of its segment, convolved in the
+// block (recurrent_norm_kernel<DK, true>): [kMaxMatvecTokens][DK], [..][DK] and [..][CB]; and the conv state
+// they leave, [2 * DK + CB][taps - 1] (q, k, then v), stored once no block reads the old one.
+template <int DK>
+struct ConvolvedRows {
+  static constexpr int CB = RecurrentShape<DK>::CB;
+  float q[kMaxMatvecTokens * DK], k[kMaxMatvecTokens * DK], v[kMaxMatvecTokens * CB];
+  float next[(2 * DK + CB) * (kFusedConvTaps - 1)];
+};
+
+// One warp's share of conv_decode_kernel inside a head's cluster: `task` 0 / 1 / 2 is the head's q / k
+// (DK channels) or the block's CB columns of v, lane + 32 i its channels, for every row of the segment.
+// Its weights and state are asked for before the PDL wait (fixed), then every row's inputs at once
+// (run): one memory round trip where conv_decode_kernel makes one a tap. The same sums in the same
+// order as conv_silu, qk_norm_head and conv_state_update: their bits.
+template <int DK>
+struct ConvLane {
+  static constexpr uint32_t L = DK / 32, K = kFusedConvTaps, CB = ConvolvedRows<DK>::CB;
+  float w[L][K], st[L][K - 1];
+  uint32_t task = 0, n = 0, c0 = 0;
+
+  __device__ __forceinline__ void fixed(const KdaArgs& a, uint32_t t, size_t slot) {
+    const uint32_t lane = threadIdx.x & 31, C = a.heads * DK, C3 = 3 * C;
+    task = t;
+    n = t < 2 ? DK : CB;
+    c0 = t * C + blockIdx.x * DK + (t == 2 ? blockIdx.z * CB : 0);
+#pragma unroll
+    for (uint32_t i = 0; i < L; ++i) {
+      const uint32_t e = lane + 32 * i, c = c0 + e;
+      const bool ok = e < n;
+#pragma unroll
+      for (uint32_t j = 0; j < K; ++j) w[i][j] = ok ? a.conv_w[static_cast<size_t>(c) * K + j] : 0.0f;
+#pragma unroll
+      for (uint32_t j = 0; j + 1 < K; ++j) st[i][j] = ok ? a.conv_state[(slot * C3 + c) * (K - 1) + j] : 0.0f;
+    }
+  }
+
+  // Rows first .. first + len - 1 (len <= kMaxMatvecTokens) into `rows` (and a.qkv where `store`).
+  __device__ __forceinline__ void run(const KdaArgs& a, size_t first, uint32_t len, ConvolvedRows<DK>& rows,
+                                      bool store) {
+    const uint32_t lane = threadIdx.x & 31, C3 = 3 * a.heads * DK;
+    float raw[kMaxMatvecTokens][L];
+#pragma unroll
+    for (uint32_t t = 0; t < kMaxMatvecTokens; ++t) {
+#pragma unroll
+      for (uint32_t i = 0; i < L; ++i) {
+        const uint32_t e = lane + 32 * i;
+        raw[t][i] = t < len && e < n ? a.qkv_raw[(first + t) * C3 + c0 + e] : 0.0f;
+      }
+    }
+    float* out = task == 0 ? rows.q : task == 1 ? rows.k : rows.v;
+#pragma unroll
+    for (uint32_t t = 0; t < kMaxMatvecTokens; ++t) {
+      if (t >= len) break;
+      float v[L];
+#pragma unroll
+      for (uint32_t i = 0; i < L; ++i) {
+        float acc = 0.0f;
+#pragma unroll
+        for (uint32_t j = 0; j < K; ++j) {
+          const int p = static_cast<int>(t + j) - static_cast<int>(K - 1);  // the tap's row in the segment
+          const float in = p >= 0 ? raw[p][i] : st[i][static_cast<int>(K - 1) + p];  // < 0: the state's
+          acc += w[i][j] * in;
+        }
+        v[i] = acc / (1.0f + expf(-acc));
+      }
+      if (task < 2) {
+        float ss = 0.0f;
+#pragma unroll
+        for (uint32_t i = 0; i < L; ++i) {
+          if (lane + 32 * i < n) ss += v[i] * v[i];
+        }
+        ss = warp_sum(ss);
+        const float scale = 1.0f / sqrtf(ss + 1e-6f);
+        const float qs = rsqrtf(static_cast<float>(a.head_dim));
+#pragma unroll
+        for (uint32_t i = 0; i < L; ++i) v[i] = task == 0 ? (v[i] * scale) * qs : v[i] * scale;
+      }
+#pragma unroll
+      for (uint32_t i = 0; i < L; ++i) {
+        const uint32_t e = lane + 32 * i;
+        if (e >= n) continue;
+        out[t * n + e] = v[i];
+        if (store) a.qkv[(first + t) * C3 + c0 + e] = v[i];
+      }
+    }
+    // The state after the segment: its last K - 1 inputs, from these rows or the state before them.
+    float* next = rows.next + (task * DK) * (K - 1);
+#pragma unroll
+    for (uint32_t i = 0; i < L; ++i) {
+      const uint32_t e = lane + 32 * i;
+      if (e >= n) continue;
+#pragma unroll
+      for (uint32_t j = 0; j + 1 < K; ++j) {
+        const int p = static_cast<int>(len + j) - static_cast<int>(K - 1);  // as a tap's row above
+        float x = 0.0f;
+#pragma unroll
+        for (uint32_t q = 0; q + 1 < K; ++q) {
+          if (static_cast<int>(K - 1) + p == static_cast<int>(q)) x = st[i][q];
+        }
+#pragma unroll
+        for (uint32_t t = 0; t < kMaxMatvecTokens; ++t) {
+          if (p == static_cast<int>(t)) x = raw[t][i];
+        }
+        next[e * (K - 1) + j] = x;
+      }
+    }
+  }
+};
+
+// conv_decode_kernel's work for one head of a segment inside the head's cluster (ConvLane): each block
+// makes the head's q and k rows (the same values in every block: block 0 stores them in a.qkv) and its
+// own CB columns of v. The weights and state of a warp's first share are asked before `wait` runs.
+template <int DK, class Wait>
+__device__ __forceinline__ void convolve_head(const KdaArgs& a, ConvolvedRows<DK>& rows, const Wait& wait) {
+  constexpr uint32_t kWarps = DK / 32;
+  const uint32_t s = blockIdx.y, warp = threadIdx.x >> 5;
+  const size_t first = static_cast<size_t>(a.seg.first_row[s]), slot = static_cast<size_t>(a.seg.slot[s]);
+  const uint32_t len = static_cast<uint32_t>(a.seg.len[s]);
+  ConvLane<DK> mine;
+  if (warp < 3) mine.fixed(a, warp, slot);
+  wait();
+  if (warp < 3) mine.run(a, first, len, rows, warp == 2 || blockIdx.z == 0);
+  for (uint32_t task = warp + kWarps; task < 3; task += kWarps) {
+    ConvLane<DK> more;
+    more.fixed(a, task, slot);
+    more.run(a, first, len, rows, task == 2 || blockIdx.z == 0);
+  }
+}
+
+// The conv state convolve_head left in shared memory, stored: q and k by block 0, v by each block.
+template <int DK>
+__device__ __forceinline__ void conv_state_after(const KdaArgs& a, const ConvolvedRows<DK>& rows) {
+  constexpr uint32_t CB = ConvolvedRows<DK>::CB, K = kFusedConvTaps;
+  const uint32_t h = blockIdx.x, z = blockIdx.z, C = a.heads * DK, C3 = 3 * C;
+  const size_t slot = static_cast<size_t>(a.seg.slot[blockIdx.y]);
+  for (uint32_t i = threadIdx.x; i < (2 * DK + CB) * (K - 1); i += DK) {
+    const uint32_t e = i / (K - 1), j = i % (K - 1);
+    if (e < 2 * DK && z != 0) continue;
+    const uint32_t c = e < DK ? h * DK + e : e < 2 * DK ? C + h * DK + (e - DK) : 2 * C + h * DK + z * CB + (e - 2 * DK);
+    a.conv_state[(slot * C3 + c) * (K - 1) + j] = rows.next[i];
+  }
+}
+
 // The recurrence of block (h, s, z)'s columns over its segment's rows (recurrent_kernel; the fused
 // kernel below runs the same code).
-template <int DK>
-__device__ __forceinline__ void recurrence(const KdaArgs& a) {
+template <int DK, bool Conv = false>
+__device__ __forceinline__ void recurrence(const KdaArgs& a, ConvolvedRows<DK>* conv = nullptr) {
   using S = RecurrentShape<DK>;
   __shared__ __align__(16) float sk[S::P * S::LD], sq[S::P * S::LD], sdec[S::P * S::LD];
   __shared__ float sbeta;
@@ -276,8 +423,26 @@ __device__ __forceinline__ void recurrence(const KdaArgs& a) {
   const float rate = -a.a[h];  // exp(A_log)
   const float dt_bias = a.dt_bias[h * DK + e];
   // Launched with PDL (the decode graphs' fused kernel), the state (this layer's, a step old) and the
-  // weights are asked while the products ahead finish; their outputs only after the wait.
-  pdl_wait();
+  // weights are asked while the products ahead finish; their outputs only after the wait. Conv: q, k and
+  // v convolved here into *conv (recurrent_norm_kernel<DK, true>); f and beta read as they lie.
+  if constexpr (Conv) {
+    convolve_head<DK>(a, *conv, [] { pdl_wait(); });
+    __syncthreads();
+  } else {
+    pdl_wait();
+  }
+  auto load = [&](TokenInputs& x, uint32_t t) {
+    if constexpr (Conv) {
+      const size_t row = first + t;
+      x.k = conv->k[t * DK + e];
+      x.q = conv->q[t * DK + e];
+      x.f = a.f[row * C + h * DK + e];
+      x.v = conv->v[t * S::CB + e / S::P];
+      if (e == 0) x.beta = a.beta[row * a.heads + h];
+    } else {
+      x.load(a, first + t, h * DK + e, h * DK + j, h, e == 0);
+    }
+  };
   auto decay = [&](const TokenInputs& x) { return expf(a.lower_bound / (1.0f + expf(-rate * (x.f + dt_bias)))); };
   auto gate = [](const TokenInputs& x) { return 1.0f / (1.0f + expf(-x.beta)); };
   // in[d]: token t + d's inputs, loaded kAhead tokens ahead; the current token's decay and beta
@@ -285,7 +450,7 @@ __device__ __forceinline__ void recurrence(const KdaArgs& a) {
   TokenInputs in[kAhead];
 #pragma unroll
   for (uint32_t d = 0; d < kAhead; ++d) {
-    if (d < len) in[d].load(a, first + d, h * DK + e, h * DK + j, h, e == 0);
+    if (d < len) load(in[d], d);
   }
   float token_decay = len > 0 ? decay(in[0]) : 0.0f, token_beta = len > 0 && e == 0 ? gate(in[0]) : 0.0f;
   for (uint32_t t = 0; t < len; ++t) {
@@ -298,7 +463,7 @@ __device__ __forceinline__ void recurrence(const KdaArgs& a) {
     __syncthreads();
 #pragma unroll
     for (uint32_t d = 0; d + 1 < kAhead; ++d) in[d] = in[d + 1];
-    if (t + kAhead < len) in[kAhead - 1].load(a, row + kAhead, h * DK + e, h * DK + j, h, e == 0);
+    if (t + kAhead < len) load(in[kAhead - 1], t + kAhead);
     float k[S::RP], q[S::RP], dec[S::RP];
     load_row<S::RP>(sk + p * S::LD, k);
     load_row<S::RP>(sdec + p * S::LD, dec);
@@ -407,13 +572,22 @@ __global__ void __launch_bounds__(256) gated_norm_split_kernel(const float* o, c
 // DK / CB blocks (its columns) are one cluster; once all have written their columns of a row's output
 // (the cluster barrier orders those writes before the reads), warp w of the cluster's block q takes
 // the segment's rows q * warps + w, q * warps + w + P * warps, ...: gated_norm_kernel's warp code on
-// the same values, so the two launches' bits.
-template <int DK>
+// the same values, so the two launches' bits. Conv: the head's convolution first (convolve_head), its
+// state stored after the cluster barrier.
+template <int DK, bool Conv>
 __global__ void __launch_bounds__(DK) recurrent_norm_kernel(KdaArgs a, GatedNorm g) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  recurrence<DK>(a);
-  pdl_launch_dependents();  // the output projection may request its weights now (gpu/pdl.hpp)
-  cooperative_groups::this_cluster().sync();
+  if constexpr (Conv) {
+    __shared__ ConvolvedRows<DK> rows;
+    recurrence<DK, true>(a, &rows);
+    pdl_launch_dependents();  // the output projection may request its weights now (gpu/pdl.hpp)
+    cooperative_groups::this_cluster().sync();
+    conv_state_after<DK>(a, rows);  // every block of the head has read the old state
+  } else {
+    recurrence<DK>(a);
+    pdl_launch_dependents();
+    cooperative_groups::this_cluster().sync();
+  }
   const uint32_t h = blockIdx.x, s = blockIdx.y, lane = threadIdx.x & 31, warps = DK / 32;
   const uint32_t len = static_cast<uint32_t>(a.seg.len[s]);
   const size_t first = static_cast<size_t>(a.seg.first_row[s]);
@@ -485,8 +659,12 @@ void kda_recurrent(const KdaArgs& a, cudaStream_t stream) {
   FERRY_CUDA_LAUNCHED();
 }
 
-bool kda_recurrent_gated_norm(const KdaArgs& a, const GatedNorm& g, cudaStream_t stream) {
+namespace {
+
+template <bool Conv>
+bool launch_recurrent_norm(const KdaArgs& a, const GatedNorm& g, cudaStream_t stream) {
   if (a.segments == 0 || a.rows > kMaxMatvecTokens) return false;
+  if (Conv && a.kernel != kFusedConvTaps) return false;
   auto launch = [&](auto kernel, int cb) {
     if (!sm90_code_built(reinterpret_cast<const void*>(kernel))) return false;
     const uint32_t blocks = a.head_dim / static_cast<uint32_t>(cb);  // a head's: one cluster
@@ -498,11 +676,31 @@ bool kda_recurrent_gated_norm(const KdaArgs& a, const GatedNorm& g, cudaStream_t
   };
   // Head dims of at least a warp: the norm's warps are whole.
   switch (a.head_dim) {
-    case 32: return launch(recurrent_norm_kernel<32>, RecurrentShape<32>::CB);
-    case 64: return launch(recurrent_norm_kernel<64>, RecurrentShape<64>::CB);
-    case 128: return launch(recurrent_norm_kernel<128>, RecurrentShape<128>::CB);
+    case 32: return launch(recurrent_norm_kernel<32, Conv>, RecurrentShape<32>::CB);
+    case 64: return launch(recurrent_norm_kernel<64, Conv>, RecurrentShape<64>::CB);
+    case 128: return launch(recurrent_norm_kernel<128, Conv>, RecurrentShape<128>::CB);
     default: return false;
   }
+}
+
+}  // namespace
+
+bool kda_recurrent_gated_norm(const KdaArgs& a, const GatedNorm& g, cudaStream_t stream) {
+  return launch_recurrent_norm<false>(a, g, stream);
+}
+
+bool kda_conv_fuses(const KdaArgs& a) {
+  if (a.segments == 0 || a.rows > kMaxMatvecTokens || a.kernel != kFusedConvTaps) return false;
+  switch (a.head_dim) {
+    case 32: return sm90_code_built(reinterpret_cast<const void*>(recurrent_norm_kernel<32, true>));
+    case 64: return sm90_code_built(reinterpret_cast<const void*>(recurrent_norm_kernel<64, true>));
+    case 128: return sm90_code_built(reinterpret_cast<const void*>(recurrent_norm_kernel<128, true>));
+    default: return false;
+  }
+}
+
+bool kda_conv_recurrent_gated_norm(const KdaArgs& a, const GatedNorm& g, cudaStream_t stream) {
+  return launch_recurrent_norm<true>(a, g, stream);
 }
 
 void gated_rms_norm_split(const float* o, const float* gate, const float* w, uint32_t rows, uint32_t heads,

@@ -21,4 +21,14 @@ struct GatedNorm {
 // kernels built for sm90+; returns false (launching nothing) otherwise.
 bool kda_recurrent_gated_norm(const KdaArgs& a, const GatedNorm& g, cudaStream_t stream);
 
+// kda_conv(a) (the decode launch) then kda_recurrent_gated_norm(a, g) as one launch, the same bits: each
+// block of a head's cluster convolves the head's q and k rows and its own columns of v into shared
+// memory (conv_decode_kernel's sums, a.qkv written as it leaves it; the weights and state asked for
+// before the PDL wait, every row's inputs at once after it), and the conv state is stored after the
+// cluster barrier. One launch fewer on a decode step's chain, and one memory round trip where the
+// decode launch makes one a tap. Where kda_conv_fuses(a) holds (kda_recurrent_gated_norm's cases, a
+// conv of 4 taps as GLM's); kda_conv_recurrent_gated_norm returns false (launching nothing) otherwise.
+bool kda_conv_fuses(const KdaArgs& a);
+bool kda_conv_recurrent_gated_norm(const KdaArgs& a, const GatedNorm& g, cudaStream_t stream);
+
 }  // namespace ferry::gpu

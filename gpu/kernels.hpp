@@ -274,6 +274,9 @@ struct IndexerArgs {
   // launches through it when it is large enough (gpu/indexer_decode.hpp), else in one.
   void* select_scratch = nullptr;
   size_t select_scratch_bytes = 0;
+  // Decode steps: a slot whose rows select every visible pool (at most topk / kpool of them) gets no
+  // scores (gpu/indexer_decode.hpp); the selection is the same.
+  bool skip_whole_selections = false;
 };
 void indexer_pool_keys(const IndexerArgs& a, cudaStream_t stream);
 // Throws unless the key ring holds what a segment's new pools read (kpool - 1 rows before it, to its end).

@@ -226,6 +226,20 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   const uint32_t n = g.rows;
   const MatvecProduct qkv[] = {
       {&l.m(T::attn_q), w_.qkv_raw}, {&l.m(T::attn_k), w_.qkv_raw + z.C}, {&l.m(T::attn_v), w_.qkv_raw + 2 * z.C}};
+  // The gate's low-rank input (g_a) and beta with f_a's: all read x; then both low-rank expansions (f_b
+  // of f_a's output, g_b of g_a's) before the recurrence.
+  const MatvecProduct fa_ga_beta[] = {
+      {&l.m(T::ssm_f_a), w_.fa}, {&l.m(T::ssm_g_a), w_.ga}, {&l.m(T::ssm_beta), w_.beta, nullptr, z.kda_nh}};
+  const MatvecProduct fb_gb[] = {{&l.m(T::ssm_f_b), w_.f, w_.fa}, {&l.m(T::ssm_g_b), w_.gate, w_.ga}};
+  // A decode step's gate products (they read only x) on a branch forked before q/k/v, so that the chain
+  // goes from q/k/v straight to the convolution (gpu/stream_branch.hpp); they still run mostly in q/k/v's
+  // last blocks, which hold the SMs until then. Eager op times keep them in line.
+  const bool beside = branches_ && n <= kMaxMatvecTokens && times_ == nullptr;
+  if (beside) {
+    const cudaStream_t side = gate_branch_.fork(s_);
+    products_on(side, fa_ga_beta, 3, w_.x, z.D, n, z.kda_hd);
+    products_on(side, fb_gb, 2, nullptr, z.kda_hd, n, z.C);
+  }
   StagedInput x_split;  // both groups of products of x take its one fp16 split (kda_conv leaves the staging)
   mm_products(qkv, 3, w_.x, z.D, n, 3 * z.C, &x_split);
   mark(OpGroup::kda_proj);
@@ -241,20 +255,16 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   a.qkv_raw = w_.qkv_raw;
   a.conv_w = l.conv;
   a.conv_state = st.conv;
-  // A decode step's convolution beside f_a / g_a / beta and f_b / g_b, which do not read q, k or v:
-  // off the chain to the recurrence (gpu/stream_branch.hpp). Eager op times keep it in line.
-  const bool beside = branches_ && n <= kMaxMatvecTokens && times_ == nullptr;
-  kda_conv(a, beside ? conv_branch_.fork(s_) : s_);
+  // Decode rows on sm90: the convolution inside the recurrence's launch (gpu/kda_fusion.hpp).
+  const bool fuse_conv = n <= kMaxMatvecTokens && times_ == nullptr && kda_conv_fuses(a);
+  if (!fuse_conv) kda_conv(a, s_);
   mark(OpGroup::kda_conv);
-  // The gate's low-rank input (g_a) and beta with f_a's: all read x.
-  const MatvecProduct fa_ga_beta[] = {
-      {&l.m(T::ssm_f_a), w_.fa}, {&l.m(T::ssm_g_a), w_.ga}, {&l.m(T::ssm_beta), w_.beta, nullptr, z.kda_nh}};
-  mm_products(fa_ga_beta, 3, w_.x, z.D, n, z.kda_hd, &x_split);
-  // Both low-rank expansions (f_b of f_a's output, g_b of g_a's) before the recurrence.
-  const MatvecProduct fb_gb[] = {{&l.m(T::ssm_f_b), w_.f, w_.fa}, {&l.m(T::ssm_g_b), w_.gate, w_.ga}};
-  mm_products(fb_gb, 2, nullptr, z.kda_hd, n, z.C);
+  if (!beside) {
+    mm_products(fa_ga_beta, 3, w_.x, z.D, n, z.kda_hd, &x_split);
+    mm_products(fb_gb, 2, nullptr, z.kda_hd, n, z.C);
+  }
   mark(OpGroup::kda_proj);
-  conv_branch_.join(s_);
+  gate_branch_.join(s_);
   a.f = w_.f;
   a.dt_bias = l.v(T::ssm_dt_bias);
   a.a = l.v(T::ssm_a);
@@ -270,7 +280,10 @@ void LayerRunner::kda_layer(const StepGeometry& g, const DevLayer& l, LayerState
   const DevMatrix& out = l.m(T::attn_output);
   const bool z_split = n > kMaxMatvecTokens && out.type != GgmlType::F32 && z.kda_hd <= 128;
   StagedInput z_staged;
-  if (!kda_recurrent_gated_norm(a, norm, s_)) {  // one launch for decode rows on sm90 (gpu/kda_fusion.hpp)
+  // One launch for decode rows on sm90 (gpu/kda_fusion.hpp).
+  if (fuse_conv) {
+    if (!kda_conv_recurrent_gated_norm(a, norm, s_)) throw CudaError("kda_layer: the fused convolution did not launch");
+  } else if (!kda_recurrent_gated_norm(a, norm, s_)) {
     kda_recurrent(a, s_);
     if (z_split) {
       gated_rms_norm_split(w_.o, norm.gate, norm.w, n, z.kda_nh, z.kda_hd, norm.eps, w_.xh, s_);
@@ -291,7 +304,13 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
   const MatvecProduct from_x[] = {{&l.m(T::attn_q_a), w_.qa},
                                   {&l.m(T::attn_kv_a_mqa), w_.lat, nullptr, z.kvlr},
                                   {&l.m(T::indexer_proj), w_.iw, nullptr, z.ih}};
-  mm_products(from_x, l.has_indexer ? 3 : 2, w_.x, z.D, n, z.qlr);
+  // A decode step's indexer beside the chain of the norms, q_b and k_b, which meets it at the sparse
+  // attention (gpu/stream_branch.hpp): its keys (from x) forked here, and its weights (f32 in the
+  // published files: a launch of their own) on a second branch, so that neither waits for the other;
+  // its query on the chain after the norms make qr, and the selection forked after it. Eager steps
+  // that time ops or trace selections keep it in line.
+  const bool beside = branches_ && l.has_indexer && n <= kMaxMatvecTokens && times_ == nullptr && trace_ == nullptr;
+  mm_products(from_x, l.has_indexer && !beside ? 3 : 2, w_.x, z.D, n, z.qlr);
   // Both norms and the new latents' cache write in one launch (gpu/dsa_decode_fusion.hpp). A windowed
   // step (gpu/kv_window.hpp) keeps its new rows in the host tier; otherwise they go to the slot's rows
   // on the device at their positions.
@@ -309,18 +328,21 @@ void LayerRunner::dsa_layer(const StepGeometry& g, const DevLayer& l, LayerState
     na.cache = st.latents;
     na.scales = st.latent_scales;
   }
-  // A decode step's indexer beside the chain of the norms, q_b and k_b, which meets it at the sparse
-  // attention: its keys (from x) forked here, its query and selection after the norms make qr
-  // (gpu/stream_branch.hpp). Eager steps that time ops or trace selections keep it in line.
-  const bool beside = branches_ && l.has_indexer && n <= kMaxMatvecTokens && times_ == nullptr && trace_ == nullptr;
   const IndexerArgs ia = l.has_indexer ? indexer_args(g, l, st) : IndexerArgs{};
-  if (beside) indexer_keys(ia, l, st, dsa_branch_.fork(s_));
+  if (beside) {
+    indexer_keys(ia, l, st, dsa_branch_.fork(s_));
+    product_on(dsa_weights_branch_.fork(s_), *from_x[2].m, w_.x, z.D, n, w_.iw, z.ih, nullptr);
+  }
   dsa_norms(na, s_);
   if (window != nullptr) window->store(l.index, w_.lat, z.kvlr, g.row, n, s_);
   StagedInput qr_split;  // q_b and the indexer's q_b read the same qr
   if (beside) {
+    // The indexer's query first (a small product), so that the selection starts before the chain's q_b
+    // (on a branch it waited for the keys' side stream, then for room beside q_b); the keys' stream, which
+    // the selection follows, waits for it and for the weights.
+    product_on(s_, l.m(T::indexer_attn_q_b), w_.qr, z.qlr, n, w_.kq, static_cast<size_t>(z.ih) * z.id, nullptr);
     const cudaStream_t side = dsa_branch_.fork(s_);
-    product_on(side, l.m(T::indexer_attn_q_b), w_.qr, z.qlr, n, w_.kq, static_cast<size_t>(z.ih) * z.id, nullptr);
+    dsa_weights_branch_.join(side);
     indexer_select(ia, side);
   }
   mm_staged(l.m(T::attn_q_b), w_.qr, z.qlr, n, w_.q, static_cast<size_t>(z.nh) * z.nope, &qr_split);
@@ -388,7 +410,8 @@ IndexerArgs LayerRunner::indexer_args(const StepGeometry& g, const DevLayer& l, 
   ia.pool_cache = st.pools;
   ia.q = w_.kq;
   ia.w = w_.iw;
-  ia.scores = w_.scores;
+  ia.scores = w_.scores;  // scratch: read by the selection only
+  ia.skip_whole_selections = g.rows <= kMaxMatvecTokens;
   ia.tokens = w_.sel_tokens;
   ia.counts = w_.sel_counts;
   ia.max_tokens = w_.max_selected;
@@ -403,8 +426,8 @@ void LayerRunner::indexer_keys(const IndexerArgs& ia, const DevLayer& l, LayerSt
   const MatvecProduct k_gate[] = {{&l.m(T::indexer_attn_k), w_.kk}, {&l.m(T::indexer_compressor_gate), w_.gs}};
   if (stream == s_) {
     mm_products(k_gate, 2, w_.x, z.D, ia.rows, z.id);
-  } else if (!matvec_products(k_gate, 2, w_.x, z.D, ia.rows, z.id, stream)) {
-    for (const MatvecProduct& p : k_gate) product_on(stream, *p.m, w_.x, z.D, ia.rows, p.y, z.id, nullptr);
+  } else {
+    products_on(stream, k_gate, 2, w_.x, z.D, ia.rows, z.id);
   }
   IndexerKeysArgs ka;
   ka.rows = ia.rows, ka.width = z.id, ka.eps = hp_.index_norm_eps;
@@ -423,6 +446,15 @@ void LayerRunner::product_on(cudaStream_t stream, const DevMatrix& m, const floa
   }
   const MatvecProduct p[] = {{&m, y}};
   if (!matvec_products(p, 1, x, ldx, n, ldy, stream)) throw CudaError("a product on a branch needs decode rows");
+}
+
+void LayerRunner::products_on(cudaStream_t stream, const MatvecProduct* ps, uint32_t count, const float* x, size_t ldx,
+                              uint32_t n, size_t ldy) {
+  if (matvec_products(ps, count, x, ldx, n, ldy, stream)) return;
+  for (uint32_t i = 0; i < count; ++i) {
+    product_on(stream, *ps[i].m, ps[i].x != nullptr ? ps[i].x : x, ldx, n, ps[i].y, ps[i].ldy != 0 ? ps[i].ldy : ldy,
+               nullptr);
+  }
 }
 
 void LayerRunner::dense_ffn(const DevMatrix& gate, const DevMatrix& up, const DevMatrix& down, uint32_t n, float* y) {
@@ -612,8 +644,9 @@ void LayerRunner::forward(model::LayerRange layers, const StepGeometry& g, const
   bool post_pending = false;
   combine_pending_ = false;
   comb_branch_.abandon();
-  conv_branch_.abandon();
+  gate_branch_.abandon();
   dsa_branch_.abandon();
+  dsa_weights_branch_.abandon();
   for (uint32_t il = layers.first; il < layers.end; ++il) {
     const DevLayer& l = weights_.layer(il);
     mhc_site(g, l.m(T::hc_attn_fn), l.v(T::hc_attn_base), l.v(T::hc_attn_scale), l.v(T::attn_norm), post_pending);

@@ -78,6 +78,10 @@ class LayerRunner {
   // mm_staged's product on s_; on another stream (a branch's), the matvec of decode rows.
   void product_on(cudaStream_t stream, const DevMatrix& m, const float* x, size_t ldx, uint32_t n, float* y,
                   size_t ldy, StagedInput* staged);
+  // Decode rows' products of one x on a branch's stream: one launch where matvec_products takes them, else
+  // product_on each.
+  void products_on(cudaStream_t stream, const MatvecProduct* ps, uint32_t count, const float* x, size_t ldx,
+                   uint32_t n, size_t ldy);
   void dense_ffn(const DevMatrix& gate, const DevMatrix& up, const DevMatrix& down, uint32_t n, float* y);
   // defer_combine: a decode step leaves the combine to the next mHC site (combine_), which makes the
   // post's y itself where it can (gpu/mhc_decode.hpp); finish_combine() launches it where not.
@@ -102,11 +106,11 @@ class LayerRunner {
   bool combine_pending_ = false;  // w_.y is combine_'s sum, not yet made
   MoeCombineIn combine_;
   // Decode steps' side work on forked branches (gpu/stream_branch.hpp): the fused sites' comb, made
-  // beside the sublayer (gpu/mhc_decode.hpp), KDA's convolution beside the gate's products, a DSA
-  // layer's indexer beside q_b and k_b.
+  // beside the sublayer (gpu/mhc_decode.hpp), KDA's gate products beside q/k/v, a DSA layer's indexer
+  // (its keys and selection; its weights on a branch of their own) beside the norms, q_b and k_b.
   bool branches_ = true;
   MhcCombBranch comb_branch_;
-  StreamBranch conv_branch_, dsa_branch_;
+  StreamBranch gate_branch_, dsa_branch_, dsa_weights_branch_;
   DeviceBuffer router_done_{sizeof(uint32_t)};  // moe_route_decode's count of finished blocks
 };
 

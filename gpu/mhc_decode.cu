@@ -135,6 +135,34 @@ struct ClusterArgs {
   return make_float4(s.x + v.x, s.y + v.y, s.z + v.z, s.w + v.w);
 }
 
+// combined() for k <= K with every load asked before the first fma (one memory round trip, not one
+// per unrolled step of the loop): the same fmas in the same order.
+template <uint32_t K>
+[[maybe_unused]] __device__ __forceinline__ float4 combined_at_once(const MoeCombineIn& c, uint32_t row, uint32_t d,
+                                                                    uint32_t D4) {
+  float wj[K];
+  float4 e[K];
+#pragma unroll
+  for (uint32_t j = 0; j < K; ++j) {
+    if (j < c.k) {
+      wj[j] = c.weights[row * c.k + j];
+      e[j] = reinterpret_cast<const float4*>(c.eo)[(static_cast<size_t>(row) * c.k + j) * D4 + d];
+    }
+  }
+  float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (c.shared != nullptr) s = reinterpret_cast<const float4*>(c.shared)[static_cast<size_t>(row) * D4 + d];
+  float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+  for (uint32_t j = 0; j < K; ++j) {
+    if (j < c.k) {
+      v.x = __fmaf_rn(wj[j], e[j].x, v.x), v.y = __fmaf_rn(wj[j], e[j].y, v.y);
+      v.z = __fmaf_rn(wj[j], e[j].z, v.z), v.w = __fmaf_rn(wj[j], e[j].w, v.w);
+    }
+  }
+  return make_float4(s.x + v.x, s.y + v.y, s.z + v.z, s.w + v.w);
+}
+[[maybe_unused]] constexpr uint32_t kCombineAtOnce = 8;  // GLM's experts a token
+
 // Float4 columns a block owns, and the dynamic shared memory of a launch: the slice of the streams
 // ([kH][per]) and the mixer's partials ([kMix][per]); at most 40 KiB (D <= kMaxD).
 __host__ __device__ constexpr uint32_t per_block(uint32_t D, uint32_t blocks) { return (D / 4 + blocks - 1) / blocks; }
@@ -183,21 +211,41 @@ __global__ void __launch_bounds__(kThreads) mhc_site_kernel(ClusterArgs f) {
     }
   };
   if (f.fn != nullptr) load_pass(0);
+  // The norm weight of the first x column this thread writes (no kernel writes it either).
+  const uint32_t x_col = tid - 32;
+  float4 nw0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (tid >= 32 && x_col < per && rank * per + x_col < D4) {
+    nw0 = reinterpret_cast<const float4*>(a.norm_w)[rank * per + x_col];
+  }
   pdl_launch_dependents();  // the next matvec may request its weights now (gpu/pdl.hpp)
   pdl_wait();               // the streams, y and the post's coefficients are the kernels' ahead
   const bool mine = tid < per && d < D4;
+  // The post's coefficients, the streams and y (or the combine's inputs) asked for together: one
+  // memory round trip after the wait.
+  const bool post = f.y != nullptr || f.combine.eo != nullptr;
+  float po[kH], cb[kH * kH];
+  if (post && mine) {
+#pragma unroll
+    for (uint32_t h = 0; h < kH; ++h) po[h] = f.post_in[row * kH + h];
+#pragma unroll
+    for (uint32_t i = 0; i < kH * kH; ++i) cb[i] = f.comb_in[row * kH * kH + i];
+  }
   const size_t at = static_cast<size_t>(row) * kH * D4;
   float4 r[kH];
 #pragma unroll
   for (uint32_t h = 0; h < kH; ++h) {
     r[h] = mine ? reinterpret_cast<const float4*>(a.streams)[at + h * D4 + d] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  if ((f.y != nullptr || f.combine.eo != nullptr) && mine) {
+  if (post && mine) {
     // mhc_post's arithmetic (ops.cu, the same explicit fmas), component by component: the same bits.
-    const float4 yv = f.combine.eo != nullptr ? combined(f.combine, row, d, D4)
-                                              : reinterpret_cast<const float4*>(f.y)[static_cast<size_t>(row) * D4 + d];
-    const float* po = f.post_in + row * kH;
-    const float* cb = f.comb_in + row * kH * kH;
+    float4 yv;
+    if (f.combine.eo == nullptr) {
+      yv = reinterpret_cast<const float4*>(f.y)[static_cast<size_t>(row) * D4 + d];
+    } else if (f.combine.k <= kCombineAtOnce) {
+      yv = combined_at_once<kCombineAtOnce>(f.combine, row, d, D4);
+    } else {
+      yv = combined(f.combine, row, d, D4);
+    }
     float4 nr[kH];
 #pragma unroll
     for (uint32_t h2 = 0; h2 < kH; ++h2) {
@@ -323,14 +371,14 @@ __global__ void __launch_bounds__(kThreads) mhc_site_kernel(ClusterArgs f) {
       }
     }
     asm volatile("bar.sync 1, %0;" ::"r"(others) : "memory");  // warps 1.. only: pre and inv_u ready
-    for (uint32_t c = tid - 32; c < per && rank * per + c < D4; c += others) {
+    for (uint32_t c = x_col; c < per && rank * per + c < D4; c += others) {
       float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
       for (uint32_t h = 0; h < kH; ++h) {
         const float4 x = rn[h * per + c];
         v.x += pre[h] * x.x, v.y += pre[h] * x.y, v.z += pre[h] * x.z, v.w += pre[h] * x.w;
       }
-      const float4 w = reinterpret_cast<const float4*>(a.norm_w)[rank * per + c];
+      const float4 w = c == x_col ? nw0 : reinterpret_cast<const float4*>(a.norm_w)[rank * per + c];
       reinterpret_cast<float4*>(a.x + static_cast<size_t>(row) * a.D)[rank * per + c] =
           make_float4(v.x * inv_u * w.x, v.y * inv_u * w.y, v.z * inv_u * w.z, v.w * inv_u * w.w);
     }
@@ -389,9 +437,11 @@ SitePlan site_plan(const MhcArgs& a, bool mixer) {
 
 void launch(const ClusterArgs& f, const SitePlan& plan, cudaStream_t stream) {
   void (*kernel)(ClusterArgs) = plan.blocks == kWide ? mhc_site_kernel<kWide> : mhc_site_kernel<kNarrow>;
-  // PDL inside the decode graphs
+  // PDL inside the decode graphs, but for a whole site without a post: a stage's first, after the
+  // embedding, which waited 6.3-6.9 us past it on its programmatic edge (H200, h102).
+  const bool pdl = f.fn == nullptr || f.y != nullptr || f.combine.eo != nullptr;
   const ClusterLaunch l(reinterpret_cast<const void*>(kernel), dim3(plan.blocks, f.a.rows), dim3(kThreads), plan.smem,
-                        stream, dim3(plan.blocks, 1, 1), true);
+                        stream, dim3(plan.blocks, 1, 1), pdl);
   FERRY_CUDA(cudaLaunchKernelEx(&l.cfg, kernel, f));
 }
 

@@ -159,16 +159,46 @@ __global__ void hc_head_kernel(const float* streams, const int32_t* rows_idx, ui
   extern __shared__ float m[];  // [D]
   __shared__ float scratch[32];
   const float* R = streams + static_cast<size_t>(rows_idx[blockIdx.x]) * H * D;
+  float* const o = out + static_cast<size_t>(blockIdx.x) * D;
+  // A thread's columns d = threadIdx.x + i * blockDim.x: the first kAhead (all of them at GLM's D = 4,096)
+  // with their streams and norm weights asked for at once, before any sum (one memory round trip, not
+  // one a column and another a weight); the rest as they come. The same sums in the same order.
+  constexpr uint32_t kAhead = 8;
+  float r[kAhead][kMaxHc], wv[kAhead];
+#pragma unroll
+  for (uint32_t i = 0; i < kAhead; ++i) {
+    const uint32_t d = threadIdx.x + i * blockDim.x;
+#pragma unroll
+    for (uint32_t h = 0; h < kMaxHc; ++h) r[i][h] = d < D && h < H ? R[h * D + d] : 0.0f;
+    wv[i] = d < D ? w[d] : 0.0f;
+  }
   float ss = 0.0f;
-  for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) {
-    float v = 0.0f;
-    for (uint32_t h = 0; h < H; ++h) v += R[h * D + d];
+  auto column = [&](uint32_t d, float v) {
     v /= static_cast<float>(H);
     m[d] = v;
     ss += v * v;
+  };
+#pragma unroll
+  for (uint32_t i = 0; i < kAhead; ++i) {
+    float v = 0.0f;
+#pragma unroll
+    for (uint32_t h = 0; h < kMaxHc; ++h) {
+      if (h < H) v += r[i][h];
+    }
+    if (threadIdx.x + i * blockDim.x < D) column(threadIdx.x + i * blockDim.x, v);
+  }
+  for (uint32_t d = threadIdx.x + kAhead * blockDim.x; d < D; d += blockDim.x) {
+    float v = 0.0f;
+    for (uint32_t h = 0; h < H; ++h) v += R[h * D + d];
+    column(d, v);
   }
   const float inv = rsqrtf(block_sum(ss, scratch) / static_cast<float>(D) + eps);
-  for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) out[static_cast<size_t>(blockIdx.x) * D + d] = m[d] * inv * w[d];
+#pragma unroll
+  for (uint32_t i = 0; i < kAhead; ++i) {
+    const uint32_t d = threadIdx.x + i * blockDim.x;
+    if (d < D) o[d] = m[d] * inv * wv[i];
+  }
+  for (uint32_t d = threadIdx.x + kAhead * blockDim.x; d < D; d += blockDim.x) o[d] = m[d] * inv * w[d];
 }
 
 // Rows laid end to end (stride == n), four values a thread in 32-bit index math: the element kernel
@@ -347,6 +377,7 @@ void mhc_post_combine(float* streams, const MoeCombineIn& combine, const float* 
 void hc_head(const float* streams, const int32_t* rows_idx, uint32_t n, uint32_t H, uint32_t D, const float* w,
              float eps, float* out, cudaStream_t stream) {
   if (n == 0) return;
+  if (H > kMaxHc) throw CudaError("mHC with more than 8 streams");
   const size_t smem = D * sizeof(float);
   if (smem > 48 * 1024) FERRY_CUDA(cudaFuncSetAttribute(hc_head_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   hc_head_kernel<<<n, 512, smem, stream>>>(streams, rows_idx, H, D, w, eps, out);

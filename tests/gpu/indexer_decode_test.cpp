@@ -103,8 +103,11 @@ class Step {
       a.select_scratch = scratch_.get();
       a.select_scratch_bytes = scratch_.bytes();
     }
+    a.skip_whole_selections = skip_;
     return a;
   }
+  // Whether the decode scores skip slots whose rows select every pool (IndexerArgs::skip_whole_selections).
+  void skip_whole_selections(bool on) { skip_ = on; }
 
   struct Out {
     std::vector<float> scores;
@@ -187,6 +190,7 @@ class Step {
   }
 
   Shape s_;
+  bool skip_ = false;
   uint32_t ctx_, max_tokens_;
   std::vector<float> pools_h_, q_h_, w_h_;
   std::vector<int32_t> slot_h_, pos_h_;
@@ -251,6 +255,32 @@ TEST(IndexerDecode, OtherHeadCountsAndBudgets) {
       check_step({rows, pools, 16, 16, 8}, true, seed++);     // the tests' tiny shape: lanes without a head
       check_step({rows, pools, 48, 64, 2048}, true, seed++);  // two heads on some lanes
       check_step({rows, pools, 32, 128, 40000}, true, seed++);  // a budget of more pools than one chunk
+    }
+  }
+}
+
+// A decode step's slots whose rows all select every visible pool (at most topk / kpool) skip their
+// scores: the selections are the per-row kernels' all the same, at depths around that budget (slots
+// with rows on both sides of it are scored).
+TEST(IndexerDecode, WholeSelectionsNeedNoScores) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  uint32_t seed = 300;
+  for (uint32_t rows : {1u, 4u, 8u}) {
+    for (uint32_t pools : {5u, 300u, 512u, 513u, 1500u, 33333u}) {
+      SCOPED_TRACE(::testing::Message() << "rows " << rows << " pools " << pools);
+      Step step({rows, pools, 32, 128, 2048}, true, seed++);
+      const Step::Out ref = step.run(false, false);
+      step.skip_whole_selections(true);
+      for (bool scratch : {false, true}) {
+        const Step::Out got = step.run(true, scratch);
+        for (uint32_t r = 0; r < rows; ++r) {
+          ASSERT_EQ(got.counts[r], ref.counts[r]) << "row " << r;
+          const size_t at = static_cast<size_t>(r) * (got.tokens.size() / rows);
+          for (int32_t i = 0; i < ref.counts[r]; ++i) {
+            ASSERT_EQ(got.tokens[at + i], ref.tokens[at + i]) << "row " << r << " token " << i;
+          }
+        }
+      }
     }
   }
 }

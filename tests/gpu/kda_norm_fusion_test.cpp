@@ -3,7 +3,9 @@
 // bits in the recurrence's output, the normed output and the slots' new states, over three segments
 // of one to four rows (eight rows: more than a cluster's warps at head dim 32) and one lone row, at
 // head dims 128 (a cluster of 4 blocks a head), 64 (2) and 32 (1). Outputs are poisoned (NaN) first.
-// Head dims below a warp take the two launches (the call returns false), checked too.
+// Head dims below a warp take the two launches (the call returns false), checked too. With the
+// convolution in the same launch (kda_conv_recurrent_gated_norm) against kda_conv's decode launch then the
+// two: also the convolved q/k/v and the conv states, over segments whose taps reach into the state.
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -55,11 +57,14 @@ struct Seg {
 };
 
 struct Result {
-  std::vector<float> o, z, state;
+  std::vector<float> o, z, state, qkv, conv_state;
   bool fused_launch = false;
 };
 
-Result run(const std::vector<Seg>& segs, uint32_t heads, uint32_t dk, bool fused) {
+constexpr uint32_t kTaps = 4;  // GLM's conv kernel
+
+// conv: the rows' q/k/v are raw products, convolved first (by kda_conv, or in the fused launch).
+Result run(const std::vector<Seg>& segs, uint32_t heads, uint32_t dk, bool fused, bool conv = false) {
   constexpr uint32_t kSlots = 3;
   std::vector<int32_t> row_slot, row_pos, row_first, seg_slot, seg_start, seg_len, seg_first;
   for (const Seg& s : segs) {
@@ -92,7 +97,14 @@ Result run(const std::vector<Seg>& segs, uint32_t heads, uint32_t dk, bool fused
   const DeviceBuffer d_rs = up(row_slot), d_rp = up(row_pos), d_rf = up(row_first), d_ss = up(seg_slot),
                      d_st = up(seg_start), d_sl = up(seg_len), d_sf = up(seg_first), d_qkv = up(qkv), d_f = up(f),
                      d_beta = up(beta), d_dt = up(dt), d_a = up(ssm_a), d_gate = up(gate), d_w = up(w);
+  const std::vector<float> conv_w = randn(size_t{3} * C * kTaps, 0.5f),
+                           conv_state = randn(size_t{kSlots} * 3 * C * (kTaps - 1), 1.0f);
+  const DeviceBuffer d_conv_w = up(conv_w);
+  DeviceBuffer d_conv_state = up(conv_state), d_raw = up(qkv);
   DeviceBuffer d_state = up(state), d_o(size_t{rows} * C * 4), d_z(size_t{rows} * C * 4);
+  if (conv) {
+    EXPECT_EQ(cudaMemset(d_qkv.get(), 0xff, d_qkv.bytes()), cudaSuccess);
+  }
   EXPECT_EQ(cudaMemset(d_o.get(), 0xff, d_o.bytes()), cudaSuccess);
   EXPECT_EQ(cudaMemset(d_z.get(), 0xff, d_z.bytes()), cudaSuccess);
   KdaArgs a;
@@ -109,14 +121,23 @@ Result run(const std::vector<Seg>& segs, uint32_t heads, uint32_t dk, bool fused
   a.beta = d_beta.as<float>();
   a.state = d_state.as<float>();
   a.out = d_o.as<float>();
+  a.kernel = kTaps;
+  a.qkv_raw = d_raw.as<float>();
+  a.conv_w = d_conv_w.as<float>();
+  a.conv_state = d_conv_state.as<float>();
   const GatedNorm g{d_gate.as<float>(), d_w.as<float>(), 1e-5f, d_z.as<float>()};
   Result r;
-  if (fused) r.fused_launch = kda_recurrent_gated_norm(a, g, nullptr);
+  if (fused && conv) {
+    r.fused_launch = kda_conv_fuses(a) && kda_conv_recurrent_gated_norm(a, g, nullptr);
+  } else if (fused) {
+    r.fused_launch = kda_recurrent_gated_norm(a, g, nullptr);
+  }
   if (!r.fused_launch) {
+    if (conv) kda_conv(a, nullptr);
     kda_recurrent(a, nullptr);
     gated_rms_norm(a.out, g.gate, g.w, rows, heads, dk, g.eps, g.out, nullptr);
   }
-  r.o = down(d_o), r.z = down(d_z), r.state = down(d_state);
+  r.o = down(d_o), r.z = down(d_z), r.state = down(d_state), r.qkv = down(d_qkv), r.conv_state = down(d_conv_state);
   return r;
 }
 
@@ -129,6 +150,27 @@ TEST(KdaNormFusion, OneLaunchGivesTheRecurrenceAndNormBits) {
       const std::string what = "head dim " + std::to_string(dk) + ", " + std::to_string(segs.size()) + " segments";
       const Result plain = run(segs, 3, dk, false), fused = run(segs, 3, dk, true);
       any_fused = any_fused || fused.fused_launch;
+      expect_bits(plain.o, fused.o, what + ": recurrence output");
+      expect_bits(plain.z, fused.z, what + ": gated norm");
+      expect_bits(plain.state, fused.state, what + ": states");
+      for (float v : fused.z) ASSERT_EQ(v, v) << what << ": a normed value left unwritten (NaN)";
+    }
+  }
+  if (!any_fused) GTEST_SKIP() << "the kernels were not built for sm90+ or the device has no clusters";
+}
+
+TEST(KdaNormFusion, ConvolutionInTheLaunchGivesTheThreeLaunchesBits) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  // Rows near a slot's start (taps in the state), segments longer than the taps, a lone row.
+  const std::vector<std::vector<Seg>> steps = {{{2, 1, 1}, {0, 0, 4}, {1, 7, 3}}, {{1, 9, 1}}, {{0, 2, 8}}};
+  bool any_fused = false;
+  for (const uint32_t dk : {128u, 64u, 32u}) {
+    for (const std::vector<Seg>& segs : steps) {
+      const std::string what = "head dim " + std::to_string(dk) + ", " + std::to_string(segs.size()) + " segments";
+      const Result plain = run(segs, 3, dk, false, true), fused = run(segs, 3, dk, true, true);
+      any_fused = any_fused || fused.fused_launch;
+      expect_bits(plain.qkv, fused.qkv, what + ": convolved q/k/v");
+      expect_bits(plain.conv_state, fused.conv_state, what + ": conv states");
       expect_bits(plain.o, fused.o, what + ": recurrence output");
       expect_bits(plain.z, fused.z, what + ": gated norm");
       expect_bits(plain.state, fused.state, what + ": states");
