@@ -12,11 +12,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <random>
 #include <vector>
 
 #include "gpu/cuda_blas.hpp"
+#include "gpu/cuda_blas_lt.hpp"
 #include "gpu/cuda_check.hpp"
 #include "gpu/cuda_memory.hpp"
 #include "gpu/kernels.hpp"
@@ -35,6 +37,27 @@ void split(float v, uint16_t& hi, uint16_t& lo) {
   lo = model::f32_to_fp16((v - model::fp16_to_f32(hi)) * 4096.0f);
 }
 
+// e4m3 (bias 7, max 448, subnormal steps of 2^-9, no infinity) of v: round to nearest even, saturating.
+uint8_t f32_to_e4m3(float v) {
+  const uint8_t sign = std::signbit(v) ? 0x80 : 0;
+  const float a = std::fabs(v);
+  if (std::isnan(v)) return 0x7f;
+  if (a >= 448.0f) return sign | 0x7e;
+  int e = 0;
+  std::frexp(a, &e);
+  const int E = std::max(e - 1, -6);
+  const float q = std::nearbyint(std::ldexp(a, 3 - E));  // in steps of 2^(E-3): 0..16
+  if (q == 0.0f) return sign;
+  if (E == -6 && q < 8.0f) return sign | static_cast<uint8_t>(q);  // subnormal
+  const int qi = static_cast<int>(q);
+  const int E2 = qi >= 16 ? E + 1 : E, m = qi >= 16 ? 0 : qi - 8;
+  return sign | static_cast<uint8_t>(((E2 + 7) << 3) | m);
+}
+
+// The power of two that maps amax to at most 224 (a correction operand's lo parts reach about twice the
+// values: e4m3's 448 holds them).
+float fp8_scale(float amax) { return amax > 0.0f && std::isfinite(amax) ? std::exp2(std::floor(std::log2(224.0f / amax))) : 1.0f; }
+
 template <class E>
 DeviceBuffer upload(const std::vector<E>& v) {
   DeviceBuffer b(v.size() * sizeof(E));
@@ -46,6 +69,8 @@ DeviceBuffer upload(const std::vector<E>& v) {
 struct Operands {
   DeviceBuffer wh, wl, xh, xl;  // three products: hi and lo apart, rows of K
   DeviceBuffer w2, x2;          // depth 2K: rows [hi | lo] and [lo | hi]
+  DeviceBuffer w8, x8;          // e4m3 corrections: rows [hi | lo] * sw and [lo | hi] * sx
+  DeviceBuffer descales;        // 1 / sw, 1 / sx
 };
 
 Operands make_operands(const std::vector<float>& w, const std::vector<float>& x, size_t M, size_t K) {
@@ -64,7 +89,29 @@ Operands make_operands(const std::vector<float>& w, const std::vector<float>& x,
       x2[t * 2 * K + K + k] = xh[t * K + k];
     }
   }
-  return {upload(wh), upload(wl), upload(xh), upload(xl), upload(w2), upload(x2)};
+  // The e4m3 corrections: hi the f32 value, lo the split's (v - hi) * 2^12 before its fp16 rounding.
+  float wmax = 0.0f, xmax = 0.0f;
+  for (float v : w) wmax = std::max(wmax, std::fabs(v));
+  for (float v : x) xmax = std::max(xmax, std::fabs(v));
+  const float sw = fp8_scale(wmax), sx = fp8_scale(xmax);
+  std::vector<uint8_t> w8(M * 2 * K), x8(kTokens * 2 * K);
+  for (size_t r = 0; r < M; ++r) {
+    for (size_t k = 0; k < K; ++k) {
+      const float v = w[r * K + k], lo = (v - model::fp16_to_f32(wh[r * K + k])) * kHalfLoScale;
+      w8[r * 2 * K + k] = f32_to_e4m3(v * sw);
+      w8[r * 2 * K + K + k] = f32_to_e4m3(lo * sw);
+    }
+  }
+  for (size_t t = 0; t < kTokens; ++t) {
+    for (size_t k = 0; k < K; ++k) {
+      const float v = x[t * K + k], lo = (v - model::fp16_to_f32(xh[t * K + k])) * kHalfLoScale;
+      x8[t * 2 * K + k] = f32_to_e4m3(lo * sx);
+      x8[t * 2 * K + K + k] = f32_to_e4m3(v * sx);
+    }
+  }
+  const std::vector<float> descales = {1.0f / sw, 1.0f / sx};
+  return {upload(wh), upload(wl), upload(xh), upload(xl), upload(w2), upload(x2), upload(w8), upload(x8),
+          upload(descales)};
 }
 
 class SplitGemm {
@@ -108,6 +155,15 @@ class SplitGemm {
         static_cast<long long>(head_b), &beta, y, CUDA_R_32F, static_cast<int>(heads * M), static_cast<long long>(M),
         static_cast<int>(heads), blas::compute_32f, blas::gemm_default));
   }
+  // The main product in fp16, the corrections as one e4m3 product of depth 2K (cublasLt, sm89+).
+  bool fp8(blas::lt::Fp8Gemm& f8, const Operands& o, size_t M, size_t K, float* y) {
+    const uint16_t* x2 = o.x2.as<uint16_t>();
+    gemm(M, K, o.w2.get(), 2 * K, x2 + K, 2 * K, 1.0f, 0.0f, y);
+    const float* d = o.descales.as<float>();
+    return f8.run(static_cast<int>(M), kTokens, static_cast<int>(2 * K), 1.0f / kHalfLoScale, o.w8.get(),
+                  static_cast<int>(2 * K), d, o.x8.get(), static_cast<int>(2 * K), d + 1, 1.0f, y, static_cast<int>(M),
+                  ws_.get(), ws_.bytes(), s_.get());
+  }
   double median_us(const std::function<void()>& call) {
     Event e0, e1;
     std::vector<double> t;
@@ -139,12 +195,22 @@ TEST(SplitGemm, CorrectionsAsOneProductOfTwiceTheDepth) {
   for (float& v : x) v = nd(rng);
   const Operands o = make_operands(w, x, M, K);
   SplitGemm g;
-  DeviceBuffer y3(size_t{kTokens} * M * 4), y2(y3.bytes()), y1(y3.bytes());
+  DeviceBuffer y3(size_t{kTokens} * M * 4), y2(y3.bytes()), y1(y3.bytes()), y8(y3.bytes()), y8f(y3.bytes());
   g.three(o, M, K, y3.as<float>());
   g.two(o, M, K, y2.as<float>());
+  setenv("FERRY_FP8_FAST", "0", 1);
+  blas::lt::Fp8Gemm f8;
+  const bool have8 = g.fp8(f8, o, M, K, y8.as<float>());
+  setenv("FERRY_FP8_FAST", "1", 1);
+  blas::lt::Fp8Gemm f8f;
+  const bool have8f = g.fp8(f8f, o, M, K, y8f.as<float>());
+  std::printf("[ split ] e4m3 corrections: %s, fast accumulation %s\n", have8 ? "ran" : "not available",
+              have8f ? "ran" : "not available");
   g.gemm(M, K, o.wh.get(), K, o.xh.get(), K, 1.0f, 0.0f, y1.as<float>());
   FERRY_CUDA(cudaStreamSynchronize(g.stream()));
-  std::vector<float> h3(size_t{kTokens} * M), h2(h3.size()), h1(h3.size());
+  std::vector<float> h3(size_t{kTokens} * M), h2(h3.size()), h1(h3.size()), h8(h3.size()), h8f(h3.size());
+  FERRY_CUDA(cudaMemcpy(h8.data(), y8.get(), y8.bytes(), cudaMemcpyDeviceToHost));
+  FERRY_CUDA(cudaMemcpy(h8f.data(), y8f.get(), y8f.bytes(), cudaMemcpyDeviceToHost));
   FERRY_CUDA(cudaMemcpy(h3.data(), y3.get(), y3.bytes(), cudaMemcpyDeviceToHost));
   FERRY_CUDA(cudaMemcpy(h2.data(), y2.get(), y2.bytes(), cudaMemcpyDeviceToHost));
   FERRY_CUDA(cudaMemcpy(h1.data(), y1.get(), y1.bytes(), cudaMemcpyDeviceToHost));
@@ -152,7 +218,8 @@ TEST(SplitGemm, CorrectionsAsOneProductOfTwiceTheDepth) {
   // the sum of |W x| terms).
   double d32 = 0.0;
   for (size_t i = 0; i < h3.size(); ++i) d32 = std::max(d32, double(std::fabs(h3[i] - h2[i])));
-  double abs3 = 0.0, abs2 = 0.0, abs1 = 0.0, rel3 = 0.0, rel2 = 0.0, rel1 = 0.0;
+  double abs3 = 0.0, abs2 = 0.0, abs1 = 0.0, rel3 = 0.0, rel2 = 0.0, rel1 = 0.0, abs8 = 0.0, rel8 = 0.0, abs8f = 0.0,
+         rel8f = 0.0;
   std::uniform_int_distribution<size_t> pick_row(0, M - 1), pick_tok(0, kTokens - 1);
   for (int s = 0; s < 4096; ++s) {
     const size_t r = pick_row(rng), t = pick_tok(rng);
@@ -166,7 +233,11 @@ TEST(SplitGemm, CorrectionsAsOneProductOfTwiceTheDepth) {
     const double e3 = std::fabs(h3[at] - sum), e2 = std::fabs(h2[at] - sum), e1 = std::fabs(h1[at] - sum);
     abs3 = std::max(abs3, e3), abs2 = std::max(abs2, e2), abs1 = std::max(abs1, e1);
     rel3 = std::max(rel3, e3 / mag), rel2 = std::max(rel2, e2 / mag), rel1 = std::max(rel1, e1 / mag);
+    const double e8 = std::fabs(h8[at] - sum), e8f = std::fabs(h8f[at] - sum);
+    abs8 = std::max(abs8, e8), rel8 = std::max(rel8, e8 / mag), abs8f = std::max(abs8f, e8f), rel8f = std::max(rel8f, e8f / mag);
   }
+  std::printf("[ split ] e4m3 corrections max |delta| %.3g (%.3g of sum |Wx|), with fast accumulation %.3g (%.3g)\n",
+              abs8, rel8, abs8f, rel8f);
   std::printf("[ split ] Q4_K %zu x %zu, %d rows, 4096 sampled outputs against f64: three products max |delta| "
               "%.3g (%.3g of sum |Wx|), depth-2K form %.3g (%.3g), plain fp16 %.3g (%.3g); three vs 2K over every "
               "output %.3g\n",
@@ -186,10 +257,19 @@ TEST(SplitGemm, CorrectionsAsOneProductOfTwiceTheDepth) {
     DeviceBuffer y(size_t{kTokens} * rows * 4);
     const double us3 = g.median_us([&] { g.three(t, rows, depth, y.as<float>()); });
     const double us2 = g.median_us([&] { g.two(t, rows, depth, y.as<float>()); });
+    t.w8 = DeviceBuffer(wn * 2), t.x8 = DeviceBuffer(xn * 2);
+    FERRY_CUDA(cudaMemset(t.w8.get(), 0x30, t.w8.bytes()));
+    FERRY_CUDA(cudaMemset(t.x8.get(), 0x30, t.x8.bytes()));
+    const std::vector<float> ones = {1.0f, 1.0f};
+    t.descales = upload(ones);
+    const double us8 = have8 ? g.median_us([&] { g.fp8(f8, t, rows, depth, y.as<float>()); }) : 0.0;
+    const double us8f = have8f ? g.median_us([&] { g.fp8(f8f, t, rows, depth, y.as<float>()); }) : 0.0;
+    const double us1 = g.median_us([&] { g.gemm(rows, depth, t.wh.get(), depth, t.xh.get(), depth, 1.0f, 0.0f, y.as<float>()); });
     const double flop = 2.0 * rows * depth * kTokens;
     std::printf("[ timing ] split product %zu x %zu, %d rows: three products %.1f us (%.0f TFLOPS counted), depth-2K "
-                "form %.1f us (%.0f)\n",
-                rows, depth, kTokens, us3, flop / us3 / 1e6, us2, flop / us2 / 1e6);
+                "form %.1f us (%.0f), e4m3 corrections %.1f (%.0f), fast %.1f (%.0f); main alone %.1f\n",
+                rows, depth, kTokens, us3, flop / us3 / 1e6, us2, flop / us2 / 1e6, us8, flop / us8 / 1e6, us8f,
+                flop / us8f / 1e6, us1);
   }
 }
 
