@@ -154,14 +154,6 @@ const Fp8Gemm::Plan& Fp8Gemm::plan(int m, int n, int k, int lda, int ldb, int ld
   check(api_->pref_create(&pref), "cublasLtMatmulPreferenceCreate");
   check(api_->pref_set(pref, pref_max_workspace, &workspace_bytes, sizeof workspace_bytes),
         "CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES");
-  // The scale pointers are part of what the heuristic sees; any device pointer stands for the call's.
-  static float* probe = [] {
-    void* f = nullptr;
-    FERRY_CUDA(cudaMalloc(&f, sizeof(float)));
-    return static_cast<float*>(f);
-  }();
-  check(api_->desc_set(p.desc, desc_a_scale, &probe, sizeof probe), "CUBLASLT_MATMUL_DESC_A_SCALE_POINTER");
-  check(api_->desc_set(p.desc, desc_b_scale, &probe, sizeof probe), "CUBLASLT_MATMUL_DESC_B_SCALE_POINTER");
   HeuristicResult r{};
   int found = 0;
   const Status st = api_->heuristic(handle_, p.desc, p.a, p.b, p.c, p.c, pref, 1, &r, &found);
@@ -175,18 +167,19 @@ const Fp8Gemm::Plan& Fp8Gemm::plan(int m, int n, int k, int lda, int ldb, int ld
   return p;
 }
 
-bool Fp8Gemm::run(int m, int n, int k, float alpha, const void* a, int lda, const float* a_descale, const void* b,
+void Fp8Gemm::run(int m, int n, int k, float alpha, const void* a, int lda, const float* a_descale, const void* b,
                   int ldb, const float* b_descale, float beta, float* y, int ldc, void* workspace,
                   size_t workspace_bytes, cudaStream_t s) {
-  if (handle_ == nullptr) return false;
+  if (!ready(m, n, k, lda, ldb, ldc, workspace_bytes)) {
+    throw CudaError("cublasLt: no e4m3 product of " + std::to_string(m) + " x " + std::to_string(n) + " x " +
+                    std::to_string(k) + " here");
+  }
   const Plan& p = plan(m, n, k, lda, ldb, ldc, workspace_bytes);
-  if (!p.ok) return false;
   check(api_->desc_set(p.desc, desc_a_scale, &a_descale, sizeof a_descale), "CUBLASLT_MATMUL_DESC_A_SCALE_POINTER");
   check(api_->desc_set(p.desc, desc_b_scale, &b_descale, sizeof b_descale), "CUBLASLT_MATMUL_DESC_B_SCALE_POINTER");
   check(api_->matmul(handle_, p.desc, &alpha, a, p.a, b, p.b, &beta, y, p.c, y, p.c, &p.algo, workspace,
                      workspace_bytes, s),
         "cublasLtMatmul");
-  return true;
 }
 
 }  // namespace ferry::gpu::blas::lt

@@ -75,8 +75,12 @@ class Fp8Gemm {
   Fp8Gemm& operator=(const Fp8Gemm&) = delete;
   // Whether the device runs e4m3 tensor products (sm89+) and cublasLt loaded.
   bool available() const { return handle_ != nullptr; }
-  // false where cublasLt has no algorithm for the shape (nothing launched: the caller takes another form).
-  bool run(int m, int n, int k, float alpha, const void* a, int lda, const float* a_descale, const void* b, int ldb,
+  // Whether cublasLt has an algorithm for the shape (the first call asks its heuristic, once per shape).
+  bool ready(int m, int n, int k, int lda, int ldb, int ldc, size_t workspace_bytes) {
+    return handle_ != nullptr && plan(m, n, k, lda, ldb, ldc, workspace_bytes).ok;
+  }
+  // Throws CudaError where ready() is false.
+  void run(int m, int n, int k, float alpha, const void* a, int lda, const float* a_descale, const void* b, int ldb,
            const float* b_descale, float beta, float* y, int ldc, void* workspace, size_t workspace_bytes,
            cudaStream_t s);
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,11 @@ LayerRunner::LayerRunner(const model::Glm5Hparams& hp, const DeviceWeights& weig
                          StageExperts* experts, blas::Handle cublas, cudaStream_t stream)
     : hp_(hp), d_(hp), weights_(weights), state_(state), w_(work), experts_(experts), cublas_(cublas), s_(stream) {
   FERRY_CUDA(cudaMemsetAsync(router_done_.get(), 0, sizeof(uint32_t), s_));
+  const char* ab = std::getenv("FERRY_E4M3");
+  if (w_.x8 != nullptr && (ab == nullptr || ab[0] != '0')) {
+    e4m3_ = std::make_unique<blas::lt::Fp8Gemm>();
+    if (!e4m3_->available()) e4m3_.reset();
+  }
 }
 
 // The matvec kernels for up to 8 rows, else cuBLAS: fp32 SGEMM for f32 weights; for the rest,
@@ -68,16 +74,37 @@ void LayerRunner::mm_staged(const DevMatrix& m, const float* x, size_t ldx, uint
   uint16_t* const xs = static_cast<uint16_t*>(w_.xh);  // [n][lo | hi] (xh and xl are one buffer)
   uint16_t* const ws = static_cast<uint16_t*>(w_.wh);  // [rows][hi | lo] (so are wh and wl)
   const StagedInput input{x, ldx, n, m.cols};
-  if (staged == nullptr || !(*staged == input)) {
+  if (staged == nullptr || !staged->same_input(input)) {
     float_to_half(x, ldx, n, K, xs + K, s_, xs, 2 * K);
     mark(OpPart::convert);
     if (staged != nullptr) *staged = input;
   }
-  const size_t chunk = std::max<size_t>(1, w_.wh_elems / m.cols);
+  // Whole 16-row groups a chunk where the e4m3 product may take it (its outputs 16-byte aligned).
+  const size_t fit = std::max<size_t>(1, w_.wh_elems / m.cols);
+  const size_t chunk = e4m3_ != nullptr && fit >= 16 ? fit / 16 * 16 : fit;
   const float lo = 1.0f / kHalfLoScale;
+  // On sm89+ the corrections as one e4m3 product of depth 2K at twice the fp16 rate: each weight row staged as
+  // its fp16 hi values then its e4m3 values and lo parts, the input's rows as e4m3 [lo | hi] in work.x8, each
+  // operand scaled by a power of two (half_split.cuh). The corrections carry ~2^-11 of the sum; e4m3's 3-bit
+  // mantissas leave them ~2^-15 of it, ~16x below plain fp16 (SplitGemm.CorrectionsAsOneProductOfTwiceTheDepth).
+  uint32_t* const words = w_.e4m3_words;  // the weights' amax and descale, then the input's
+  const int k2 = static_cast<int>(2 * K), ldc = static_cast<int>(ldy);
+  auto e4m3_ready = [&](size_t rows) {
+    return e4m3_ != nullptr && K % 8 == 0 && ldy % 4 == 0 && rows % 4 == 0 &&
+           reinterpret_cast<uintptr_t>(y) % 16 == 0 &&
+           e4m3_->ready(static_cast<int>(rows), static_cast<int>(n), k2, 2 * k2, k2, ldc, Workspace::kCublasWorkspace);
+  };
+  StagedInput own;
+  StagedInput& in = staged != nullptr ? *staged : own;
   for (size_t r0 = 0; r0 < m.rows; r0 += chunk) {
     const size_t rows = std::min<size_t>(chunk, m.rows - r0);
-    dequantize_to_half(m, r0, rows, ws, s_, ws + K, 2 * K);
+    const bool fp8 = e4m3_ready(rows) &&
+                     dequantize_to_e4m3_split(m, r0, rows, ws, 2 * K, words, reinterpret_cast<float*>(words + 2), s_);
+    if (!fp8) dequantize_to_half(m, r0, rows, ws, s_, ws + K, 2 * K);
+    if (fp8 && !in.e4m3) {
+      half_split_to_e4m3(xs, 2 * K, n, K, w_.x8, words + 1, reinterpret_cast<float*>(words + 3), s_);
+      in.e4m3 = true;
+    }
     mark(OpPart::convert);
     auto gemm = [&](const void* b, size_t depth, const float* alpha, const float* beta) {
       FERRY_CUBLAS(blas::api().gemm_ex(cublas_, blas::op_t, blas::op_n, static_cast<int>(rows), static_cast<int>(n),
@@ -86,7 +113,13 @@ void LayerRunner::mm_staged(const DevMatrix& m, const float* x, size_t ldx, uint
                                        static_cast<int>(ldy), blas::compute_32f, blas::gemm_default));
     };
     gemm(xs + K, K, &one, &zero);  // W_hi x_hi
-    gemm(xs, 2 * K, &lo, &one);    // W_hi x_lo + W_lo x_hi
+    if (fp8) {                     // W_hi x_lo + W_lo x_hi in e4m3
+      e4m3_->run(static_cast<int>(rows), static_cast<int>(n), k2, lo, reinterpret_cast<uint8_t*>(ws) + 2 * K, 2 * k2,
+                 reinterpret_cast<const float*>(words + 2), w_.x8, k2, reinterpret_cast<const float*>(words + 3), 1.0f,
+                 y + r0, ldc, w_.cublas_ws, Workspace::kCublasWorkspace, s_);
+    } else {
+      gemm(xs, 2 * K, &lo, &one);  // W_hi x_lo + W_lo x_hi
+    }
     mark(OpPart::gemm);
   }
 }

@@ -5,8 +5,10 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <memory>
 
 #include "gpu/cuda_blas.hpp"
+#include "gpu/cuda_blas_lt.hpp"
 #include "gpu/decode_fusion.hpp"
 #include "gpu/device_weights.hpp"
 #include "gpu/mhc_decode.hpp"
@@ -49,7 +51,8 @@ class LayerRunner {
     const float* x = nullptr;
     size_t ldx = 0;
     uint32_t n = 0, cols = 0;
-    bool operator==(const StagedInput&) const = default;
+    bool e4m3 = false;  // its e4m3 form is in work.x8 too
+    bool same_input(const StagedInput& o) const { return x == o.x && ldx == o.ldx && n == o.n && cols == o.cols; }
   };
   // mm(), past the matvec rows reusing the split that `staged` names (and naming the one it makes there).
   void mm_staged(const DevMatrix& m, const float* x, size_t ldx, uint32_t n, float* y, size_t ldy,
@@ -96,6 +99,8 @@ class LayerRunner {
   Workspace& w_;
   StageExperts* experts_;
   blas::Handle cublas_;
+  // The corrections of mm_staged's split products as one e4m3 product (null: the fp16 one of depth 2K).
+  std::unique_ptr<blas::lt::Fp8Gemm> e4m3_;
   cudaStream_t s_;
   OpTimes* times_ = nullptr;
   StepTrace* trace_ = nullptr;

@@ -24,6 +24,7 @@
 #include "gpu/kernels.hpp"
 #include "gpu/workspace.hpp"
 #include "model/formats/half.hpp"
+#include "tests/gpu/e4m3_host.hpp"
 #include "tests/gpu/gpu_test_support.hpp"
 #include "tests/gpu/quant_rows.hpp"
 
@@ -36,27 +37,6 @@ void split(float v, uint16_t& hi, uint16_t& lo) {
   hi = model::f32_to_fp16(v);
   lo = model::f32_to_fp16((v - model::fp16_to_f32(hi)) * 4096.0f);
 }
-
-// e4m3 (bias 7, max 448, subnormal steps of 2^-9, no infinity) of v: round to nearest even, saturating.
-uint8_t f32_to_e4m3(float v) {
-  const uint8_t sign = std::signbit(v) ? 0x80 : 0;
-  const float a = std::fabs(v);
-  if (std::isnan(v)) return 0x7f;
-  if (a >= 448.0f) return sign | 0x7e;
-  int e = 0;
-  std::frexp(a, &e);
-  const int E = std::max(e - 1, -6);
-  const float q = std::nearbyint(std::ldexp(a, 3 - E));  // in steps of 2^(E-3): 0..16
-  if (q == 0.0f) return sign;
-  if (E == -6 && q < 8.0f) return sign | static_cast<uint8_t>(q);  // subnormal
-  const int qi = static_cast<int>(q);
-  const int E2 = qi >= 16 ? E + 1 : E, m = qi >= 16 ? 0 : qi - 8;
-  return sign | static_cast<uint8_t>(((E2 + 7) << 3) | m);
-}
-
-// The power of two that maps amax to at most 224 (a correction operand's lo parts reach about twice the
-// values: e4m3's 448 holds them).
-float fp8_scale(float amax) { return amax > 0.0f && std::isfinite(amax) ? std::exp2(std::floor(std::log2(224.0f / amax))) : 1.0f; }
 
 template <class E>
 DeviceBuffer upload(const std::vector<E>& v) {
@@ -89,24 +69,24 @@ Operands make_operands(const std::vector<float>& w, const std::vector<float>& x,
       x2[t * 2 * K + K + k] = xh[t * K + k];
     }
   }
-  // The e4m3 corrections: hi the f32 value, lo the split's (v - hi) * 2^12 before its fp16 rounding.
+  // The e4m3 corrections as the conversions write them: a weight's f32 value and the split's (v - hi) * 2^12
+  // before its fp16 rounding (dequantize_to_e4m3_split), an input's fp16 lo and hi (half_split_to_e4m3).
   float wmax = 0.0f, xmax = 0.0f;
   for (float v : w) wmax = std::max(wmax, std::fabs(v));
-  for (float v : x) xmax = std::max(xmax, std::fabs(v));
-  const float sw = fp8_scale(wmax), sx = fp8_scale(xmax);
+  for (uint16_t h : xh) xmax = std::max(xmax, std::fabs(model::fp16_to_f32(h)));
+  const float sw = testing::e4m3_scale(wmax), sx = testing::e4m3_scale(xmax);
   std::vector<uint8_t> w8(M * 2 * K), x8(kTokens * 2 * K);
   for (size_t r = 0; r < M; ++r) {
     for (size_t k = 0; k < K; ++k) {
       const float v = w[r * K + k], lo = (v - model::fp16_to_f32(wh[r * K + k])) * kHalfLoScale;
-      w8[r * 2 * K + k] = f32_to_e4m3(v * sw);
-      w8[r * 2 * K + K + k] = f32_to_e4m3(lo * sw);
+      w8[r * 2 * K + k] = testing::f32_to_e4m3(v * sw);
+      w8[r * 2 * K + K + k] = testing::f32_to_e4m3(lo * sw);
     }
   }
   for (size_t t = 0; t < kTokens; ++t) {
     for (size_t k = 0; k < K; ++k) {
-      const float v = x[t * K + k], lo = (v - model::fp16_to_f32(xh[t * K + k])) * kHalfLoScale;
-      x8[t * 2 * K + k] = f32_to_e4m3(lo * sx);
-      x8[t * 2 * K + K + k] = f32_to_e4m3(v * sx);
+      x8[t * 2 * K + k] = testing::f32_to_e4m3(model::fp16_to_f32(xl[t * K + k]) * sx);
+      x8[t * 2 * K + K + k] = testing::f32_to_e4m3(model::fp16_to_f32(xh[t * K + k]) * sx);
     }
   }
   const std::vector<float> descales = {1.0f / sw, 1.0f / sx};
@@ -160,9 +140,14 @@ class SplitGemm {
     const uint16_t* x2 = o.x2.as<uint16_t>();
     gemm(M, K, o.w2.get(), 2 * K, x2 + K, 2 * K, 1.0f, 0.0f, y);
     const float* d = o.descales.as<float>();
-    return f8.run(static_cast<int>(M), kTokens, static_cast<int>(2 * K), 1.0f / kHalfLoScale, o.w8.get(),
+    if (!f8.ready(static_cast<int>(M), kTokens, static_cast<int>(2 * K), static_cast<int>(2 * K), static_cast<int>(2 * K),
+                  static_cast<int>(M), ws_.bytes())) {
+      return false;
+    }
+    f8.run(static_cast<int>(M), kTokens, static_cast<int>(2 * K), 1.0f / kHalfLoScale, o.w8.get(),
                   static_cast<int>(2 * K), d, o.x8.get(), static_cast<int>(2 * K), d + 1, 1.0f, y, static_cast<int>(M),
-                  ws_.get(), ws_.bytes(), s_.get());
+           ws_.get(), ws_.bytes(), s_.get());
+    return true;
   }
   double median_us(const std::function<void()>& call) {
     Event e0, e1;
