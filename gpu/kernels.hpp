@@ -132,10 +132,11 @@ inline constexpr float kHalfLoScale = 4096.0f;
 // Whether this device and build run them: compute capability 8.9 or newer and the conversions' code built for it.
 bool e4m3_split_ready();
 // Rows [row0, row0 + rows) of `w` as each row's fp16 hi values (dequantize_to_half's), then its e4m3 values, then
-// its e4m3 lo parts (rows dst_ld = 2 cols halves apart), times one power of two for the rows (its inverse into
-// *descale; *amax is scratch). False, with nothing launched, for types or rows without the pieces kernel.
+// its e4m3 lo parts (rows dst_ld = 2 cols halves apart), times one power of two from the rows' largest |value|
+// (found first into *amax unless amax_known: a previous call's for the same rows), its inverse into *descale.
+// False, with nothing launched, for types or rows without the pieces kernel.
 bool dequantize_to_e4m3_split(const DevMatrix& w, size_t row0, size_t rows, void* dst, size_t dst_ld, uint32_t* amax,
-                              float* descale, cudaStream_t stream);
+                              float* descale, bool amax_known, cudaStream_t stream);
 // The e4m3 form of an fp16 split staged as mm_staged's input rows (`rows` of [lo | hi], `cols` each, ld halves
 // apart): dst rows of 2 cols bytes, [lo | hi] times one power of two from the hi values' largest |value| (its
 // inverse into *descale; *amax is scratch). cols a multiple of 8, pointers 16-byte aligned.

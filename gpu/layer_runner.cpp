@@ -32,7 +32,11 @@ LayerRunner::LayerRunner(const model::Glm5Hparams& hp, const DeviceWeights& weig
   const char* ab = std::getenv("FERRY_E4M3");
   if (w_.x8 != nullptr && (ab == nullptr || ab[0] != '0')) {
     e4m3_ = std::make_unique<blas::lt::Fp8Gemm>();
-    if (!e4m3_->available()) e4m3_.reset();
+    if (!e4m3_->available()) {
+      e4m3_.reset();
+    } else {
+      e4m3_scales_ = DeviceBuffer(size_t{kE4m3Chunks} * 2 * sizeof(uint32_t));
+    }
   }
 }
 
@@ -87,7 +91,7 @@ void LayerRunner::mm_staged(const DevMatrix& m, const float* x, size_t ldx, uint
   // its fp16 hi values then its e4m3 values and lo parts, the input's rows as e4m3 [lo | hi] in work.x8, each
   // operand scaled by a power of two (half_split.cuh). The corrections carry ~2^-11 of the sum; e4m3's 3-bit
   // mantissas leave them ~2^-15 of it, ~16x below plain fp16 (SplitGemm.CorrectionsAsOneProductOfTwiceTheDepth).
-  uint32_t* const words = w_.e4m3_words;  // the weights' amax and descale, then the input's
+  uint32_t* const words = w_.e4m3_words;  // scratch: a weight chunk's amax and descale, then the input's
   const int k2 = static_cast<int>(2 * K), ldc = static_cast<int>(ldy);
   auto e4m3_ready = [&](size_t rows) {
     return e4m3_ != nullptr && K % 8 == 0 && ldy % 4 == 0 && rows % 4 == 0 &&
@@ -98,8 +102,19 @@ void LayerRunner::mm_staged(const DevMatrix& m, const float* x, size_t ldx, uint
   StagedInput& in = staged != nullptr ? *staged : own;
   for (size_t r0 = 0; r0 < m.rows; r0 += chunk) {
     const size_t rows = std::min<size_t>(chunk, m.rows - r0);
-    const bool fp8 = e4m3_ready(rows) &&
-                     dequantize_to_e4m3_split(m, r0, rows, ws, 2 * K, words, reinterpret_cast<float*>(words + 2), s_);
+    bool fp8 = e4m3_ready(rows);
+    uint32_t* wsc = words;  // the chunk's amax and descale: kept per chunk while there is room
+    if (fp8) {
+      const auto key = std::make_pair(m.data + r0 * m.row_bytes, rows);
+      auto it = e4m3_chunks_.find(key);
+      const bool known = it != e4m3_chunks_.end();
+      if (!known && e4m3_chunks_.size() < kE4m3Chunks) {
+        it = e4m3_chunks_.emplace(key, static_cast<uint32_t>(e4m3_chunks_.size())).first;
+      }
+      if (it != e4m3_chunks_.end()) wsc = e4m3_scales_.as<uint32_t>() + 2 * it->second;
+      fp8 = dequantize_to_e4m3_split(m, r0, rows, ws, 2 * K, wsc, reinterpret_cast<float*>(wsc + 1), known, s_);
+      if (!fp8 && it != e4m3_chunks_.end() && !known) e4m3_chunks_.erase(it);
+    }
     if (!fp8) dequantize_to_half(m, r0, rows, ws, s_, ws + K, 2 * K);
     if (fp8 && !in.e4m3) {
       half_split_to_e4m3(xs, 2 * K, n, K, w_.x8, words + 1, reinterpret_cast<float*>(words + 3), s_);
@@ -115,7 +130,7 @@ void LayerRunner::mm_staged(const DevMatrix& m, const float* x, size_t ldx, uint
     gemm(xs + K, K, &one, &zero);  // W_hi x_hi
     if (fp8) {                     // W_hi x_lo + W_lo x_hi in e4m3
       e4m3_->run(static_cast<int>(rows), static_cast<int>(n), k2, lo, reinterpret_cast<uint8_t*>(ws) + 2 * K, 2 * k2,
-                 reinterpret_cast<const float*>(words + 2), w_.x8, k2, reinterpret_cast<const float*>(words + 3), 1.0f,
+                 reinterpret_cast<const float*>(wsc + 1), w_.x8, k2, reinterpret_cast<const float*>(words + 3), 1.0f,
                  y + r0, ldc, w_.cublas_ws, Workspace::kCublasWorkspace, s_);
     } else {
       gemm(xs, 2 * K, &lo, &one);  // W_hi x_lo + W_lo x_hi

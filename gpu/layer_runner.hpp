@@ -5,7 +5,9 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <utility>
 
 #include "gpu/cuda_blas.hpp"
 #include "gpu/cuda_blas_lt.hpp"
@@ -101,6 +103,11 @@ class LayerRunner {
   blas::Handle cublas_;
   // The corrections of mm_staged's split products as one e4m3 product (null: the fp16 one of depth 2K).
   std::unique_ptr<blas::lt::Fp8Gemm> e4m3_;
+  // Each weight chunk's largest |value| and descale (two words a chunk), found at its first product: the weights
+  // do not change, and the pass would decode them twice a product.
+  std::map<std::pair<const uint8_t*, size_t>, uint32_t> e4m3_chunks_;
+  DeviceBuffer e4m3_scales_;
+  static constexpr uint32_t kE4m3Chunks = 4096;
   cudaStream_t s_;
   OpTimes* times_ = nullptr;
   StepTrace* trace_ = nullptr;

@@ -476,19 +476,20 @@ void launch_dequant(const DevMatrix& w, size_t row0, size_t rows, OutT* dst, __h
 }
 
 // dequantize_to_e4m3_split for the types with a pieces kernel: the largest |value| first (over every launch's
-// rows), then the values.
+// rows) unless known, then the values.
 template <int T>
 bool launch_e4m3_split(const DevMatrix& w, size_t row0, size_t rows, __half* dst, size_t ld, uint32_t* amax,
-                       float* descale, cudaStream_t s) {
+                       float* descale, bool amax_known, cudaStream_t s) {
   if constexpr (qd::Piece<T>::kHas) {
     if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || w.cols % 8 != 0 || ld != 2 * w.cols ||
         w.row_bytes != w.cols / qd::Piece<T>::QK * qd::Piece<T>::BB) {
       return false;
     }
-    FERRY_CUDA(cudaMemsetAsync(amax, 0, sizeof(uint32_t), s));
+    if (!amax_known) FERRY_CUDA(cudaMemsetAsync(amax, 0, sizeof(uint32_t), s));
     const size_t step = rows_per_launch(ld);
     const uint32_t ppr = static_cast<uint32_t>(w.cols / 8);
     for (const int pass : {kAmax, kE4m3}) {
+      if (pass == kAmax && amax_known) continue;
       for (size_t r0 = 0; r0 < rows; r0 += step) {
         const size_t n = std::min(step, rows - r0);
         const uint8_t* data = w.data + (row0 + r0) * w.row_bytes;
@@ -620,11 +621,12 @@ void dequantize_to_half(const DevMatrix& w, size_t row0, size_t rows, void* dst_
 }
 
 bool dequantize_to_e4m3_split(const DevMatrix& w, size_t row0, size_t rows, void* dst, size_t dst_ld, uint32_t* amax,
-                              float* descale, cudaStream_t stream) {
+                              float* descale, bool amax_known, cudaStream_t stream) {
   if (rows == 0) return true;
   bool done = false;
   const int t = kernel_type(w);
-#define CALL(T) done = launch_e4m3_split<T>(w, row0, rows, static_cast<__half*>(dst), dst_ld, amax, descale, stream)
+#define CALL(T) \
+  done = launch_e4m3_split<T>(w, row0, rows, static_cast<__half*>(dst), dst_ld, amax, descale, amax_known, stream)
   FERRY_DISPATCH_TYPE(t, CALL)
 #undef CALL
   FERRY_CUDA_LAUNCHED();

@@ -2,7 +2,7 @@
 // values dequantize_to_half writes, then the e4m3 of each f32 value (dequantize_to_float's) and of its split's
 // lo part (v - hi) * 2^12, times the power of two of the rows' largest |value|; half_split_to_e4m3 gives the e4m3
 // of a staged split's lo and hi values times that of the largest |hi|. Every byte against the CPU (e4m3_host.hpp),
-// and each descale the scale's inverse. Outputs are poisoned before each run.
+// and each descale the scale's inverse; with the largest |value| known from a previous call, the same bytes. Outputs are poisoned before each run.
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -65,7 +65,7 @@ TEST_P(E4m3SplitWeights, GiveTheCpuE4m3OfTheirValuesAndLoParts) {
     ASSERT_EQ(cudaMemset(words.get(), 0xff, words.bytes()), cudaSuccess);
     dequantize_to_float(m, row0, n, f.as<float>(), nullptr);
     ASSERT_TRUE(dequantize_to_e4m3_split(m, row0, n, out.get(), 2 * cols, words.as<uint32_t>(), words.as<float>() + 1,
-                                         nullptr))
+                                         false, nullptr))
         << name;
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const std::vector<float> v = fetch<float>(f.get(), n * cols);
@@ -87,6 +87,14 @@ TEST_P(E4m3SplitWeights, GiveTheCpuE4m3OfTheirValuesAndLoParts) {
             << name << " e4m3 lo at " << r << ", " << c;
       }
     }
+    // Again with the rows' largest |value| known (mm_staged's later products of the chunk): the same bytes.
+    ASSERT_EQ(cudaMemset(out.get(), 0xff, out.bytes()), cudaSuccess);
+    ASSERT_EQ(cudaMemset(words.as<float>() + 1, 0xff, sizeof(float)), cudaSuccess);
+    ASSERT_TRUE(dequantize_to_e4m3_split(m, row0, n, out.get(), 2 * cols, words.as<uint32_t>(), words.as<float>() + 1,
+                                         true, nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(fetch<uint8_t>(out.get(), n * 4 * cols), row8) << name << ": amax known";
+    EXPECT_EQ(fetch<float>(words.as<float>() + 1, 1), descale) << name << ": amax known";
   }
 }
 
@@ -107,7 +115,8 @@ TEST(E4m3Split, TypesWithoutPiecesAreRefused) {
   m.rows = 4;
   m.cols = 256;
   m.row_bytes = *model::ggml_bytes(m.type, 256);
-  EXPECT_FALSE(dequantize_to_e4m3_split(m, 0, 4, out.get(), 512, words.as<uint32_t>(), words.as<float>() + 1, nullptr));
+  EXPECT_FALSE(dequantize_to_e4m3_split(m, 0, 4, out.get(), 512, words.as<uint32_t>(), words.as<float>() + 1, false,
+                                         nullptr));
 }
 
 // An input split by float_to_half into mm_staged's [lo | hi] rows, then to e4m3; values across a wide range
