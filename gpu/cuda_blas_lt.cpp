@@ -133,7 +133,7 @@ Fp8Gemm::~Fp8Gemm() {
   if (handle_ != nullptr) api_->destroy(handle_);
 }
 
-const Fp8Gemm::Plan& Fp8Gemm::plan(int m, int n, int k, int lda, int ldb, int ldc, size_t workspace_bytes) {
+Fp8Gemm::Plan& Fp8Gemm::plan(int m, int n, int k, int lda, int ldb, int ldc, size_t workspace_bytes) {
   auto [it, fresh] = plans_.try_emplace({m, n, k, lda, ldb, ldc, workspace_bytes});
   Plan& p = it->second;
   if (!fresh) return p;
@@ -144,6 +144,11 @@ const Fp8Gemm::Plan& Fp8Gemm::plan(int m, int n, int k, int lda, int ldb, int ld
   const char* fast_env = std::getenv("FERRY_FP8_FAST");
   const int8_t fast = fast_env != nullptr && fast_env[0] == '1' ? 1 : 0;
   check(api_->desc_set(p.desc, desc_fast_accum, &fast, sizeof fast), "CUBLASLT_MATMUL_DESC_FAST_ACCUM");
+  // Scaled operands, as every call has them: the heuristic does not dereference the pointers (cublasLt.h), the
+  // calls set their own.
+  static const float* any = reinterpret_cast<const float*>(uintptr_t{256});
+  check(api_->desc_set(p.desc, desc_a_scale, &any, sizeof any), "CUBLASLT_MATMUL_DESC_A_SCALE_POINTER");
+  check(api_->desc_set(p.desc, desc_b_scale, &any, sizeof any), "CUBLASLT_MATMUL_DESC_B_SCALE_POINTER");
   check(api_->layout_create(&p.a, CUDA_R_8F_E4M3, static_cast<uint64_t>(k), static_cast<uint64_t>(m), lda),
         "cublasLtMatrixLayoutCreate");
   check(api_->layout_create(&p.b, CUDA_R_8F_E4M3, static_cast<uint64_t>(k), static_cast<uint64_t>(n), ldb),
@@ -154,32 +159,40 @@ const Fp8Gemm::Plan& Fp8Gemm::plan(int m, int n, int k, int lda, int ldb, int ld
   check(api_->pref_create(&pref), "cublasLtMatmulPreferenceCreate");
   check(api_->pref_set(pref, pref_max_workspace, &workspace_bytes, sizeof workspace_bytes),
         "CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES");
-  HeuristicResult r{};
+  HeuristicResult r[kAlgos]{};
   int found = 0;
-  const Status st = api_->heuristic(handle_, p.desc, p.a, p.b, p.c, p.c, pref, 1, &r, &found);
+  const Status st = api_->heuristic(handle_, p.desc, p.a, p.b, p.c, p.c, pref, kAlgos, r, &found);
   api_->pref_destroy(pref);
-  p.ok = st == success && found > 0 && r.state == success;
-  if (p.ok) {
-    p.algo = r.algo;
-  } else {
+  for (int i = 0; st == success && i < found; ++i) {
+    if (r[i].state == success) p.algos[p.count++] = r[i].algo;
+  }
+  if (p.count == 0) {
     spdlog::debug("cublasLt has no e4m3 algorithm for {} x {} x {} (status {}): fp16 corrections", m, n, k, int{st});
   }
   return p;
 }
 
-void Fp8Gemm::run(int m, int n, int k, float alpha, const void* a, int lda, const float* a_descale, const void* b,
+bool Fp8Gemm::ready(int m, int n, int k, int lda, int ldb, int ldc, size_t workspace_bytes) {
+  if (handle_ == nullptr) return false;
+  const Plan& p = plan(m, n, k, lda, ldb, ldc, workspace_bytes);
+  return p.next < p.count;
+}
+
+bool Fp8Gemm::run(int m, int n, int k, float alpha, const void* a, int lda, const float* a_descale, const void* b,
                   int ldb, const float* b_descale, float beta, float* y, int ldc, void* workspace,
                   size_t workspace_bytes, cudaStream_t s) {
-  if (!ready(m, n, k, lda, ldb, ldc, workspace_bytes)) {
-    throw CudaError("cublasLt: no e4m3 product of " + std::to_string(m) + " x " + std::to_string(n) + " x " +
-                    std::to_string(k) + " here");
-  }
-  const Plan& p = plan(m, n, k, lda, ldb, ldc, workspace_bytes);
+  if (!ready(m, n, k, lda, ldb, ldc, workspace_bytes)) return false;
+  Plan& p = plan(m, n, k, lda, ldb, ldc, workspace_bytes);
   check(api_->desc_set(p.desc, desc_a_scale, &a_descale, sizeof a_descale), "CUBLASLT_MATMUL_DESC_A_SCALE_POINTER");
   check(api_->desc_set(p.desc, desc_b_scale, &b_descale, sizeof b_descale), "CUBLASLT_MATMUL_DESC_B_SCALE_POINTER");
-  check(api_->matmul(handle_, p.desc, &alpha, a, p.a, b, p.b, &beta, y, p.c, y, p.c, &p.algo, workspace,
-                     workspace_bytes, s),
-        "cublasLtMatmul");
+  for (; p.next < p.count; ++p.next) {
+    const Status st = api_->matmul(handle_, p.desc, &alpha, a, p.a, b, p.b, &beta, y, p.c, y, p.c, &p.algos[p.next],
+                                   workspace, workspace_bytes, s);
+    if (st == success) return true;
+    spdlog::warn("cublasLt refused e4m3 algorithm {} of {} for {} x {} x {} (status {})", p.next + 1, p.count, m, n, k,
+                 int{st});
+  }
+  return false;
 }
 
 }  // namespace ferry::gpu::blas::lt

@@ -66,7 +66,8 @@ const Api* api();
 
 // y (m x n, column-major, ldc) = alpha * a_descale * b_descale * A^T B + beta * y for e4m3 operands, A's m
 // rows and B's n rows of depth k each contiguous (lda, ldb bytes apart: the TN layout FP8 needs); the
-// descales are device floats. One plan (descriptors, heuristic's algorithm) kept per shape.
+// descales are device floats. One plan per shape: the heuristic's first few algorithms, the first that runs
+// kept (the heuristic judges the descriptors, not the pointers, so an algorithm may still refuse a call).
 class Fp8Gemm {
  public:
   Fp8Gemm();
@@ -75,23 +76,23 @@ class Fp8Gemm {
   Fp8Gemm& operator=(const Fp8Gemm&) = delete;
   // Whether the device runs e4m3 tensor products (sm89+) and cublasLt loaded.
   bool available() const { return handle_ != nullptr; }
-  // Whether cublasLt has an algorithm for the shape (the first call asks its heuristic, once per shape).
-  bool ready(int m, int n, int k, int lda, int ldb, int ldc, size_t workspace_bytes) {
-    return handle_ != nullptr && plan(m, n, k, lda, ldb, ldc, workspace_bytes).ok;
-  }
-  // Throws CudaError where ready() is false.
-  void run(int m, int n, int k, float alpha, const void* a, int lda, const float* a_descale, const void* b, int ldb,
+  // Whether the heuristic gave an algorithm for the shape that has not refused a call (asked once per shape).
+  bool ready(int m, int n, int k, int lda, int ldb, int ldc, size_t workspace_bytes);
+  // False, with nothing launched, where no algorithm for the shape takes the call (the caller takes the fp16
+  // form; ready() is false from then on).
+  bool run(int m, int n, int k, float alpha, const void* a, int lda, const float* a_descale, const void* b, int ldb,
            const float* b_descale, float beta, float* y, int ldc, void* workspace, size_t workspace_bytes,
            cudaStream_t s);
 
  private:
+  static constexpr int kAlgos = 4;
   struct Plan {
     MatmulDesc desc = nullptr;
     Layout a = nullptr, b = nullptr, c = nullptr;
-    Algo algo{};
-    bool ok = false;
+    Algo algos[kAlgos]{};
+    int count = 0, next = 0;  // algorithms found; the first not yet refused
   };
-  const Plan& plan(int m, int n, int k, int lda, int ldb, int ldc, size_t workspace_bytes);
+  Plan& plan(int m, int n, int k, int lda, int ldb, int ldc, size_t workspace_bytes);
 
   const Api* api_ = nullptr;
   Handle handle_ = nullptr;

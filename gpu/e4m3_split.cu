@@ -16,8 +16,10 @@ namespace {
 
 constexpr int kThreads = 256;
 
-unsigned blocks_for(size_t items) {
-  return static_cast<unsigned>(std::min<size_t>((items + kThreads - 1) / kThreads, 4096));
+// Grid-stride launches: 4,096 blocks for the conversion, 1,024 (an H200's 132 SMs x 8) for the largest |value|,
+// whose blocks each end in an atomic on one word.
+unsigned blocks_for(size_t items, size_t cap) {
+  return static_cast<unsigned>(std::min<size_t>((items + kThreads - 1) / kThreads, cap));
 }
 
 // The largest |hi| over rows of `vpr` vectors of 8 (at src + r * ld + cols): lo parts are bounded by twice it,
@@ -36,8 +38,9 @@ __global__ void __launch_bounds__(kThreads)
       m = fmaxf(m, fmaxf(fabsf(f.x), fabsf(f.y)));
     }
   }
-  m = warp_max(m);
-  if ((threadIdx.x & 31) == 0) atomicMax(amax, __float_as_uint(m));
+  __shared__ float scratch[32];
+  m = block_max(m, scratch);  // one atomic a block: on one word they serialise
+  if (threadIdx.x == 0) atomicMax(amax, __float_as_uint(m));
 }
 
 // Each vector of 8: its lo and hi halves read, written as e4m3 lo at dst + r * 2 cols + c, hi cols further.
@@ -98,9 +101,9 @@ void half_split_to_e4m3(const void* src, size_t ld, size_t rows, size_t cols, vo
   const __half* s = static_cast<const __half*>(src);
   const uint32_t vpr = static_cast<uint32_t>(cols / 8), total = static_cast<uint32_t>(rows * vpr);
   FERRY_CUDA(cudaMemsetAsync(amax, 0, sizeof(uint32_t), stream));
-  hi_amax_kernel<<<blocks_for(total), kThreads, 0, stream>>>(s, static_cast<uint32_t>(ld), static_cast<uint32_t>(cols),
+  hi_amax_kernel<<<blocks_for(total, 1024), kThreads, 0, stream>>>(s, static_cast<uint32_t>(ld), static_cast<uint32_t>(cols),
                                                              vpr, total, amax);
-  split_to_e4m3_kernel<<<blocks_for(total), kThreads, 0, stream>>>(s, static_cast<uint32_t>(ld),
+  split_to_e4m3_kernel<<<blocks_for(total, 4096), kThreads, 0, stream>>>(s, static_cast<uint32_t>(ld),
                                                                    static_cast<uint32_t>(cols), vpr, total,
                                                                    static_cast<uint8_t*>(dst), amax, descale);
   FERRY_CUDA_LAUNCHED();

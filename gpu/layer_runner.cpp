@@ -127,13 +127,20 @@ void LayerRunner::mm_staged(const DevMatrix& m, const float* x, size_t ldx, uint
                                        CUDA_R_16F, static_cast<int>(2 * K), beta, y + r0, CUDA_R_32F,
                                        static_cast<int>(ldy), blas::compute_32f, blas::gemm_default));
     };
-    gemm(xs + K, K, &one, &zero);  // W_hi x_hi
-    if (fp8) {                     // W_hi x_lo + W_lo x_hi in e4m3
-      e4m3_->run(static_cast<int>(rows), static_cast<int>(n), k2, lo, reinterpret_cast<uint8_t*>(ws) + 2 * K, 2 * k2,
-                 reinterpret_cast<const float*>(wsc + 1), w_.x8, k2, reinterpret_cast<const float*>(words + 3), 1.0f,
-                 y + r0, ldc, w_.cublas_ws, Workspace::kCublasWorkspace, s_);
+    // The e4m3 corrections first (beta 0: cublasLt's FP8 kernels need not read C), then W_hi x_hi onto them:
+    // y = main + corrections, one f32 addition as in the fp16 order.
+    if (fp8 && !e4m3_->run(static_cast<int>(rows), static_cast<int>(n), k2, lo, reinterpret_cast<uint8_t*>(ws) + 2 * K,
+                           2 * k2, reinterpret_cast<const float*>(wsc + 1), w_.x8, k2,
+                           reinterpret_cast<const float*>(words + 3), 0.0f, y + r0, ldc, w_.cublas_ws,
+                           Workspace::kCublasWorkspace, s_)) {
+      fp8 = false;
+      dequantize_to_half(m, r0, rows, ws, s_, ws + K, 2 * K);
+    }
+    if (fp8) {
+      gemm(xs + K, K, &one, &one);  // W_hi x_hi
     } else {
-      gemm(xs, 2 * K, &lo, &one);  // W_hi x_lo + W_lo x_hi
+      gemm(xs + K, K, &one, &zero);  // W_hi x_hi
+      gemm(xs, 2 * K, &lo, &one);    // W_hi x_lo + W_lo x_hi
     }
     mark(OpPart::gemm);
   }

@@ -296,8 +296,9 @@ __global__ void __launch_bounds__(kConvertThreads)
 #pragma unroll
       for (int k = 0; k < 8; ++k) m = fmaxf(m, fabsf(v[k]));
     }
-    m = warp_max(m);
-    if ((threadIdx.x & 31) == 0) atomicMax(amax, __float_as_uint(m));
+    __shared__ float scratch[32];
+    m = block_max(m, scratch);  // one atomic a block: on one word they serialise
+    if (threadIdx.x == 0) atomicMax(amax, __float_as_uint(m));
   } else {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
     const float s = e4m3_scale(*amax);
@@ -475,6 +476,9 @@ void launch_dequant(const DevMatrix& w, size_t row0, size_t rows, OutT* dst, __h
   }
 }
 
+// Blocks of a pass for the largest |value|: enough to fill an H200 (132 SMs x 8), few atomics.
+constexpr unsigned kAmaxBlocks = 1024;
+
 // dequantize_to_e4m3_split for the types with a pieces kernel: the largest |value| first (over every launch's
 // rows) unless known, then the values.
 template <int T>
@@ -495,8 +499,9 @@ bool launch_e4m3_split(const DevMatrix& w, size_t row0, size_t rows, __half* dst
         const uint8_t* data = w.data + (row0 + r0) * w.row_bytes;
         const uint32_t pieces = static_cast<uint32_t>(n * ppr);
         auto kernel = pass == kAmax ? dequant_pieces_kernel<T, kAmax> : dequant_pieces_kernel<T, kE4m3>;
-        kernel<<<convert_blocks(pieces), kConvertThreads, 0, s>>>(data, pieces, ppr, RowDiv(ppr), dst + r0 * ld,
-                                                                  nullptr, static_cast<uint32_t>(ld), amax, descale);
+        const unsigned blocks = pass == kAmax ? std::min(convert_blocks(pieces), kAmaxBlocks) : convert_blocks(pieces);
+        kernel<<<blocks, kConvertThreads, 0, s>>>(data, pieces, ppr, RowDiv(ppr), dst + r0 * ld, nullptr,
+                                                  static_cast<uint32_t>(ld), amax, descale);
       }
     }
     return true;

@@ -135,18 +135,17 @@ class SplitGemm {
         static_cast<long long>(head_b), &beta, y, CUDA_R_32F, static_cast<int>(heads * M), static_cast<long long>(M),
         static_cast<int>(heads), blas::compute_32f, blas::gemm_default));
   }
-  // The main product in fp16, the corrections as one e4m3 product of depth 2K (cublasLt, sm89+).
+  // The corrections as one e4m3 product of depth 2K (cublasLt, sm89+), then the main product in fp16 onto them
+  // (LayerRunner::mm_staged's order). False where cublasLt takes none of it.
   bool fp8(blas::lt::Fp8Gemm& f8, const Operands& o, size_t M, size_t K, float* y) {
     const uint16_t* x2 = o.x2.as<uint16_t>();
-    gemm(M, K, o.w2.get(), 2 * K, x2 + K, 2 * K, 1.0f, 0.0f, y);
     const float* d = o.descales.as<float>();
-    if (!f8.ready(static_cast<int>(M), kTokens, static_cast<int>(2 * K), static_cast<int>(2 * K), static_cast<int>(2 * K),
-                  static_cast<int>(M), ws_.bytes())) {
+    if (!f8.run(static_cast<int>(M), kTokens, static_cast<int>(2 * K), 1.0f / kHalfLoScale, o.w8.get(),
+                static_cast<int>(2 * K), d, o.x8.get(), static_cast<int>(2 * K), d + 1, 0.0f, y, static_cast<int>(M),
+                ws_.get(), ws_.bytes(), s_.get())) {
       return false;
     }
-    f8.run(static_cast<int>(M), kTokens, static_cast<int>(2 * K), 1.0f / kHalfLoScale, o.w8.get(),
-                  static_cast<int>(2 * K), d, o.x8.get(), static_cast<int>(2 * K), d + 1, 1.0f, y, static_cast<int>(M),
-           ws_.get(), ws_.bytes(), s_.get());
+    gemm(M, K, o.w2.get(), 2 * K, x2 + K, 2 * K, 1.0f, 1.0f, y);
     return true;
   }
   double median_us(const std::function<void()>& call) {
