@@ -185,12 +185,16 @@ bool Fp8Gemm::run(int m, int n, int k, float alpha, const void* a, int lda, cons
   Plan& p = plan(m, n, k, lda, ldb, ldc, workspace_bytes);
   check(api_->desc_set(p.desc, desc_a_scale, &a_descale, sizeof a_descale), "CUBLASLT_MATMUL_DESC_A_SCALE_POINTER");
   check(api_->desc_set(p.desc, desc_b_scale, &b_descale, sizeof b_descale), "CUBLASLT_MATMUL_DESC_B_SCALE_POINTER");
-  for (; p.next < p.count; ++p.next) {
-    const Status st = api_->matmul(handle_, p.desc, &alpha, a, p.a, b, p.b, &beta, y, p.c, y, p.c, &p.algos[p.next],
-                                   workspace, workspace_bytes, s);
-    if (st == success) return true;
-    spdlog::warn("cublasLt refused e4m3 algorithm {} of {} for {} x {} x {} (status {})", p.next + 1, p.count, m, n, k,
-                 int{st});
+  for (; p.next < p.count; ++p.next, p.no_c = false) {
+    for (;;) {
+      const Status st = api_->matmul(handle_, p.desc, &alpha, a, p.a, b, p.b, &beta, p.no_c ? nullptr : y, p.c, y, p.c,
+                                     &p.algos[p.next], workspace, workspace_bytes, s);
+      if (st == success) return true;
+      spdlog::warn("cublasLt refused e4m3 algorithm {} of {} for {} x {} x {}{} (status {})", p.next + 1, p.count, m, n,
+                   k, p.no_c ? " without C" : "", int{st});
+      if (p.no_c || beta != 0.0f) break;
+      p.no_c = true;  // with beta 0 no C need be passed
+    }
   }
   return false;
 }

@@ -66,8 +66,9 @@ const Api* api();
 
 // y (m x n, column-major, ldc) = alpha * a_descale * b_descale * A^T B + beta * y for e4m3 operands, A's m
 // rows and B's n rows of depth k each contiguous (lda, ldb bytes apart: the TN layout FP8 needs); the
-// descales are device floats. One plan per shape: the heuristic's first few algorithms, the first that runs
-// kept (the heuristic judges the descriptors, not the pointers, so an algorithm may still refuse a call).
+// descales are device floats, 16-byte aligned. One plan per shape: the heuristic's first few algorithms, the
+// first that runs kept, in place (C = D) or else with no C (beta 0): the heuristic judges the descriptors, not
+// the pointers, so an algorithm may still refuse a call.
 class Fp8Gemm {
  public:
   Fp8Gemm();
@@ -91,6 +92,7 @@ class Fp8Gemm {
     Layout a = nullptr, b = nullptr, c = nullptr;
     Algo algos[kAlgos]{};
     int count = 0, next = 0;  // algorithms found; the first not yet refused
+    bool no_c = false;        // the call that ran passed no C
   };
   Plan& plan(int m, int n, int k, int lda, int ldb, int ldc, size_t workspace_bytes);
 

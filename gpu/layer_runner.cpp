@@ -35,7 +35,7 @@ LayerRunner::LayerRunner(const model::Glm5Hparams& hp, const DeviceWeights& weig
     if (!e4m3_->available()) {
       e4m3_.reset();
     } else {
-      e4m3_scales_ = DeviceBuffer(size_t{kE4m3Chunks} * 2 * sizeof(uint32_t));
+      e4m3_scales_ = DeviceBuffer(size_t{kE4m3Chunks} * 4 * sizeof(uint32_t));
     }
   }
 }
@@ -83,15 +83,20 @@ void LayerRunner::mm_staged(const DevMatrix& m, const float* x, size_t ldx, uint
     mark(OpPart::convert);
     if (staged != nullptr) *staged = input;
   }
-  // Whole 16-row groups a chunk where the e4m3 product may take it (its outputs 16-byte aligned).
+  // The weights' row chunks: as few as the staging holds, equal, in whole 64-row groups (the e4m3 product's
+  // outputs 16-byte aligned; cuBLAS ran dense down's chunk of 2,730 rows at ~60% of its rate at 2,720).
   const size_t fit = std::max<size_t>(1, w_.wh_elems / m.cols);
-  const size_t chunk = e4m3_ != nullptr && fit >= 16 ? fit / 16 * 16 : fit;
+  const size_t parts = (m.rows + fit - 1) / fit;
+  size_t chunk = (m.rows + parts - 1) / parts;
+  if (fit >= 64) chunk = std::min((chunk + 63) / 64 * 64, fit / 64 * 64);
   const float lo = 1.0f / kHalfLoScale;
   // On sm89+ the corrections as one e4m3 product of depth 2K at twice the fp16 rate: each weight row staged as
   // its fp16 hi values then its e4m3 values and lo parts, the input's rows as e4m3 [lo | hi] in work.x8, each
   // operand scaled by a power of two (half_split.cuh). The corrections carry ~2^-11 of the sum; e4m3's 3-bit
   // mantissas leave them ~2^-15 of it, ~16x below plain fp16 (SplitGemm.CorrectionsAsOneProductOfTwiceTheDepth).
-  uint32_t* const words = w_.e4m3_words;  // scratch: a weight chunk's amax and descale, then the input's
+  // Descale then amax, 16 bytes apart (cublasLt's scale pointers are 16-byte aligned): a weight chunk's scratch
+  // pair, then the input's.
+  uint32_t* const words = w_.e4m3_words;
   const int k2 = static_cast<int>(2 * K), ldc = static_cast<int>(ldy);
   auto e4m3_ready = [&](size_t rows) {
     return e4m3_ != nullptr && K % 8 == 0 && ldy % 4 == 0 && rows % 4 == 0 &&
@@ -103,7 +108,7 @@ void LayerRunner::mm_staged(const DevMatrix& m, const float* x, size_t ldx, uint
   for (size_t r0 = 0; r0 < m.rows; r0 += chunk) {
     const size_t rows = std::min<size_t>(chunk, m.rows - r0);
     bool fp8 = e4m3_ready(rows);
-    uint32_t* wsc = words;  // the chunk's amax and descale: kept per chunk while there is room
+    uint32_t* wsc = words;  // the chunk's descale and amax: kept per chunk while there is room
     if (fp8) {
       const auto key = std::make_pair(m.data + r0 * m.row_bytes, rows);
       auto it = e4m3_chunks_.find(key);
@@ -111,13 +116,13 @@ void LayerRunner::mm_staged(const DevMatrix& m, const float* x, size_t ldx, uint
       if (!known && e4m3_chunks_.size() < kE4m3Chunks) {
         it = e4m3_chunks_.emplace(key, static_cast<uint32_t>(e4m3_chunks_.size())).first;
       }
-      if (it != e4m3_chunks_.end()) wsc = e4m3_scales_.as<uint32_t>() + 2 * it->second;
-      fp8 = dequantize_to_e4m3_split(m, r0, rows, ws, 2 * K, wsc, reinterpret_cast<float*>(wsc + 1), known, s_);
+      if (it != e4m3_chunks_.end()) wsc = e4m3_scales_.as<uint32_t>() + 4 * it->second;
+      fp8 = dequantize_to_e4m3_split(m, r0, rows, ws, 2 * K, wsc + 1, reinterpret_cast<float*>(wsc), known, s_);
       if (!fp8 && it != e4m3_chunks_.end() && !known) e4m3_chunks_.erase(it);
     }
     if (!fp8) dequantize_to_half(m, r0, rows, ws, s_, ws + K, 2 * K);
     if (fp8 && !in.e4m3) {
-      half_split_to_e4m3(xs, 2 * K, n, K, w_.x8, words + 1, reinterpret_cast<float*>(words + 3), s_);
+      half_split_to_e4m3(xs, 2 * K, n, K, w_.x8, words + 5, reinterpret_cast<float*>(words + 4), s_);
       in.e4m3 = true;
     }
     mark(OpPart::convert);
@@ -130,8 +135,8 @@ void LayerRunner::mm_staged(const DevMatrix& m, const float* x, size_t ldx, uint
     // The e4m3 corrections first (beta 0: cublasLt's FP8 kernels need not read C), then W_hi x_hi onto them:
     // y = main + corrections, one f32 addition as in the fp16 order.
     if (fp8 && !e4m3_->run(static_cast<int>(rows), static_cast<int>(n), k2, lo, reinterpret_cast<uint8_t*>(ws) + 2 * K,
-                           2 * k2, reinterpret_cast<const float*>(wsc + 1), w_.x8, k2,
-                           reinterpret_cast<const float*>(words + 3), 0.0f, y + r0, ldc, w_.cublas_ws,
+                           2 * k2, reinterpret_cast<const float*>(wsc), w_.x8, k2,
+                           reinterpret_cast<const float*>(words + 4), 0.0f, y + r0, ldc, w_.cublas_ws,
                            Workspace::kCublasWorkspace, s_)) {
       fp8 = false;
       dequantize_to_half(m, r0, rows, ws, s_, ws + K, 2 * K);

@@ -103,7 +103,7 @@ class LayerRunner {
   blas::Handle cublas_;
   // The corrections of mm_staged's split products as one e4m3 product (null: the fp16 one of depth 2K).
   std::unique_ptr<blas::lt::Fp8Gemm> e4m3_;
-  // Each weight chunk's largest |value| and descale (two words a chunk), found at its first product: the weights
+  // Each weight chunk's descale and largest |value| (16 bytes a chunk), found at its first product: the weights
   // do not change, and the pass would decode them twice a product.
   std::map<std::pair<const uint8_t*, size_t>, uint32_t> e4m3_chunks_;
   DeviceBuffer e4m3_scales_;

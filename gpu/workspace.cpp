@@ -88,7 +88,7 @@ Workspace::Workspace(const model::Glm5Hparams& hp, model::LayerRange layers, uin
   wl = static_cast<uint16_t*>(wh) + wh_elems;
   if (e4m3_split_ready()) {
     x8 = alloc<uint8_t>(2 * xh_elems);
-    e4m3_words = alloc<uint32_t>(4);
+    e4m3_words = alloc<uint32_t>(8);
   }
   if (layers.end >= hp.n_layers) {  // the last stage; past it, with the MTP block
     logit_rows = static_cast<uint32_t>(std::clamp<size_t>((size_t{128} << 20) / d.V, 8, M));

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gpu/cuda_blas.hpp"
@@ -50,7 +51,7 @@ struct Operands {
   DeviceBuffer wh, wl, xh, xl;  // three products: hi and lo apart, rows of K
   DeviceBuffer w2, x2;          // depth 2K: rows [hi | lo] and [lo | hi]
   DeviceBuffer w8, x8;          // e4m3 corrections: rows [hi | lo] * sw and [lo | hi] * sx
-  DeviceBuffer descales;        // 1 / sw, 1 / sx
+  DeviceBuffer descales;        // 1 / sw, then 1 / sx 16 bytes on
 };
 
 Operands make_operands(const std::vector<float>& w, const std::vector<float>& x, size_t M, size_t K) {
@@ -89,7 +90,7 @@ Operands make_operands(const std::vector<float>& w, const std::vector<float>& x,
       x8[t * 2 * K + K + k] = testing::f32_to_e4m3(model::fp16_to_f32(xh[t * K + k]) * sx);
     }
   }
-  const std::vector<float> descales = {1.0f / sw, 1.0f / sx};
+  const std::vector<float> descales = {1.0f / sw, 0.0f, 0.0f, 0.0f, 1.0f / sx};  // 16 bytes apart, as cublasLt wants
   return {upload(wh), upload(wl), upload(xh), upload(xl), upload(w2), upload(x2), upload(w8), upload(x8),
           upload(descales)};
 }
@@ -141,7 +142,7 @@ class SplitGemm {
     const uint16_t* x2 = o.x2.as<uint16_t>();
     const float* d = o.descales.as<float>();
     if (!f8.run(static_cast<int>(M), kTokens, static_cast<int>(2 * K), 1.0f / kHalfLoScale, o.w8.get(),
-                static_cast<int>(2 * K), d, o.x8.get(), static_cast<int>(2 * K), d + 1, 0.0f, y, static_cast<int>(M),
+                static_cast<int>(2 * K), d, o.x8.get(), static_cast<int>(2 * K), d + 4, 0.0f, y, static_cast<int>(M),
                 ws_.get(), ws_.bytes(), s_.get())) {
       return false;
     }
@@ -244,7 +245,7 @@ TEST(SplitGemm, CorrectionsAsOneProductOfTwiceTheDepth) {
     t.w8 = DeviceBuffer(wn * 2), t.x8 = DeviceBuffer(xn * 2);
     FERRY_CUDA(cudaMemset(t.w8.get(), 0x30, t.w8.bytes()));
     FERRY_CUDA(cudaMemset(t.x8.get(), 0x30, t.x8.bytes()));
-    const std::vector<float> ones = {1.0f, 1.0f};
+    const std::vector<float> ones(8, 1.0f);
     t.descales = upload(ones);
     const double us8 = have8 ? g.median_us([&] { g.fp8(f8, t, rows, depth, y.as<float>()); }) : 0.0;
     const double us8f = have8f ? g.median_us([&] { g.fp8(f8f, t, rows, depth, y.as<float>()); }) : 0.0;
@@ -255,6 +256,64 @@ TEST(SplitGemm, CorrectionsAsOneProductOfTwiceTheDepth) {
                 rows, depth, kTokens, us3, flop / us3 / 1e6, us2, flop / us2 / 1e6, us8, flop / us8 / 1e6, us8f,
                 flop / us8f / 1e6, us1);
   }
+}
+
+// Temporary (h104 round 3): which e4m3 calls cublasLt takes, 256 x 256 x 512.
+TEST(SplitGemm, E4m3Probe) {
+  if (!testing::have_device() || blas::lt::api() == nullptr) GTEST_SKIP();
+  namespace lt = blas::lt;
+  const lt::Api& a = *lt::api();
+  lt::Handle h = nullptr;
+  ASSERT_EQ(a.create(&h), blas::success);
+  DeviceBuffer A(256 * 512), B(256 * 512), C(256 * 256 * 4), D(256 * 256 * 4), sc(1024), ws(32 << 20);
+  FERRY_CUDA(cudaMemset(A.get(), 0x30, A.bytes()));
+  FERRY_CUDA(cudaMemset(B.get(), 0x30, B.bytes()));
+  const std::vector<float> ones(256, 1.0f);
+  FERRY_CUDA(cudaMemcpy(sc.get(), ones.data(), 1024, cudaMemcpyHostToDevice));
+  for (const cudaDataType dt : {CUDA_R_32F, CUDA_R_16BF}) {
+    for (const size_t boff : {size_t{64}, size_t{4}}) {
+      for (const int cmode : {0, 1, 2}) {  // C = D, no C, C apart
+        lt::MatmulDesc d = nullptr;
+        a.desc_create(&d, blas::compute_32f, CUDA_R_32F);
+        const int32_t t = blas::op_t, nt = blas::op_n;
+        a.desc_set(d, lt::desc_transa, &t, 4);
+        a.desc_set(d, lt::desc_transb, &nt, 4);
+        const float* sa = sc.as<float>();
+        const float* sb = reinterpret_cast<const float*>(sc.as<uint8_t>() + boff);
+        a.desc_set(d, lt::desc_a_scale, &sa, sizeof sa);
+        a.desc_set(d, lt::desc_b_scale, &sb, sizeof sb);
+        lt::Layout la = nullptr, lb = nullptr, lc = nullptr;
+        a.layout_create(&la, CUDA_R_8F_E4M3, 512, 256, 512);
+        a.layout_create(&lb, CUDA_R_8F_E4M3, 512, 256, 512);
+        a.layout_create(&lc, dt, 256, 256, 256);
+        lt::Preference pref = nullptr;
+        a.pref_create(&pref);
+        size_t wsb = ws.bytes();
+        a.pref_set(pref, lt::pref_max_workspace, &wsb, sizeof wsb);
+        lt::HeuristicResult r[4]{};
+        int found = 0;
+        const blas::Status hs = a.heuristic(h, d, la, lb, lc, lc, pref, 4, r, &found);
+        int ok = -1;
+        std::string st;
+        const float alpha = 1.0f, beta = 0.0f;
+        for (int i = 0; i < found; ++i) {
+          const void* c = cmode == 0 ? D.get() : cmode == 1 ? nullptr : C.get();
+          const blas::Status ms = a.matmul(h, d, &alpha, A.get(), la, B.get(), lb, &beta, c, lc, D.get(), lc, &r[i].algo,
+                                           ws.get(), ws.bytes(), nullptr);
+          st += " " + std::to_string(int{ms});
+          if (ms == blas::success && ok < 0) ok = i;
+        }
+        std::printf("[ split ] e4m3 probe D %s, b scale +%zu, C %s: heuristic %d (%d found), matmul statuses%s\n",
+                    dt == CUDA_R_32F ? "f32" : "bf16", boff, cmode == 0 ? "= D" : cmode == 1 ? "null" : "apart",
+                    int{hs}, found, st.c_str());
+        a.pref_destroy(pref);
+        a.layout_destroy(la), a.layout_destroy(lb), a.layout_destroy(lc);
+        a.desc_destroy(d);
+      }
+    }
+  }
+  FERRY_CUDA(cudaDeviceSynchronize());
+  a.destroy(h);
 }
 
 // The per-head products of a DSA layer at 2,048 rows (attn_k_b: 64 heads of 512 x 256; attn_v_b: 64 of 256 x 512)
