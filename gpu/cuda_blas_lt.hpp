@@ -36,7 +36,7 @@ struct HeuristicResult {
   float waves;
   int reserved[4];
 };
-enum DescAttribute : int { desc_transa = 3, desc_transb = 4, desc_a_scale = 17, desc_b_scale = 18, desc_fast_accum = 25 };
+enum DescAttribute : int { desc_transa = 3, desc_transb = 4, desc_a_scale = 17, desc_b_scale = 18 };
 enum PreferenceAttribute : int { pref_max_workspace = 1 };
 
 struct Api {
