@@ -37,3 +37,33 @@ __device__ __forceinline__ void split8(const float* v, uint4& hi, uint4& lo) {
 }
 
 }  // namespace ferry::gpu
+
+// ---- The e4m3 corrections (sm89+, LayerRunner::mm_staged): W_hi x_lo + W_lo x_hi as one e4m3 product of depth
+// 2K. An operand's values and lo parts are scaled by one power of two, 2^k with k the largest integer such that
+// amax * 2^k <= 224: the lo parts reach about twice the values, and e4m3's largest is 448; a power of two keeps
+// the scaling exact. `amax_bits` is the largest |value|'s f32 bits (atomicMax over non-negative floats' bits).
+__device__ __forceinline__ float e4m3_scale(uint32_t amax_bits) {
+  const int eb = static_cast<int>(amax_bits >> 23);
+  if (eb == 0 || eb == 255) return 1.0f;  // zero or subnormal (nothing to scale for), inf or NaN (nothing helps)
+  // amax = 1.m * 2^(eb - 127) <= 224 * 2^-k; 224 = 1.75 * 2^7.
+  const int k = 134 - eb - ((amax_bits & 0x7fffffu) > 0x600000u ? 1 : 0);
+  return __int_as_float((127 + max(-126, min(127, k))) << 23);
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+// Eight values times `s` as e4m3 (round to nearest even, saturating at 448), value 0 in the lowest byte.
+__device__ __forceinline__ uint2 e4m3x8(const float* v, float s) {
+  uint32_t w[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    uint16_t p[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int i = 4 * h + 2 * k;
+      asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(p[k]) : "f"(v[i + 1] * s), "f"(v[i] * s));
+    }
+    w[h] = uint32_t{p[0]} | (uint32_t{p[1]} << 16);
+  }
+  return make_uint2(w[0], w[1]);
+}
+#endif

@@ -128,6 +128,20 @@ bool matvec_quantizes_activations(const MatvecArgs& a);
 void dequantize_to_half(const DevMatrix& w, size_t row0, size_t rows, void* dst_half, cudaStream_t stream,
                         void* dst_lo = nullptr, size_t dst_ld = 0);
 inline constexpr float kHalfLoScale = 4096.0f;
+// ---- The e4m3 corrections of the prefill products (sm89+, LayerRunner::mm_staged; half_split.cuh's scale) ----
+// Whether this device and build run them: compute capability 8.9 or newer and the conversions' code built for it.
+bool e4m3_split_ready();
+// Rows [row0, row0 + rows) of `w` as each row's fp16 hi values (dequantize_to_half's), then its e4m3 values, then
+// its e4m3 lo parts (rows dst_ld = 2 cols halves apart), times one power of two from the rows' largest |value|
+// (found first into *amax unless amax_known: a previous call's for the same rows), its inverse into *descale.
+// False, with nothing launched, for types or rows without the pieces kernel.
+bool dequantize_to_e4m3_split(const DevMatrix& w, size_t row0, size_t rows, void* dst, size_t dst_ld, uint32_t* amax,
+                              float* descale, bool amax_known, cudaStream_t stream);
+// The e4m3 form of an fp16 split staged as mm_staged's input rows (`rows` of [lo | hi], `cols` each, ld halves
+// apart): dst rows of 2 cols bytes, [lo | hi] times one power of two from the hi values' largest |value| (its
+// inverse into *descale; *amax is scratch). cols a multiple of 8, pointers 16-byte aligned.
+void half_split_to_e4m3(const void* src, size_t ld, size_t rows, size_t cols, void* dst, uint32_t* amax, float* descale,
+                        cudaStream_t stream);
 // Dequantises to f32 (tests and the embedding lookup).
 void dequantize_to_float(const DevMatrix& w, size_t row0, size_t rows, float* dst, cudaStream_t stream);
 // dst[i][c] = src[i][c] as fp16 for i < rows, c < cols (src rows `src_stride` apart, dst rows dst_ld

@@ -28,6 +28,14 @@ LayerRunner::LayerRunner(const model::Glm5Hparams& hp, const DeviceWeights& weig
                          StageExperts* experts, blas::Handle cublas, cudaStream_t stream)
     : hp_(hp), d_(hp), weights_(weights), state_(state), w_(work), experts_(experts), cublas_(cublas), s_(stream) {
   FERRY_CUDA(cudaMemsetAsync(router_done_.get(), 0, sizeof(uint32_t), s_));
+  if (w_.x8 != nullptr) {
+    e4m3_ = std::make_unique<blas::lt::Fp8Gemm>();
+    if (!e4m3_->available()) {
+      e4m3_.reset();
+    } else {
+      e4m3_scales_ = DeviceBuffer(size_t{kE4m3Chunks} * 4 * sizeof(uint32_t));
+    }
+  }
 }
 
 // The matvec kernels for up to 8 rows, else cuBLAS: fp32 SGEMM for f32 weights; for the rest,
@@ -36,7 +44,8 @@ LayerRunner::LayerRunner(const model::Glm5Hparams& hp, const DeviceWeights& weig
 // CPU reference). The two correction products are one GEMM of depth 2K, [W_hi | W_lo] [x_lo ; x_hi]:
 // the staging holds each weight row as its hi then its lo values and each input row as lo then hi, so
 // that the main product reads the first half of a weight row and the second of an input row
-// (SplitGemm.CorrectionsAsOneProductOfTwiceTheDepth: the same accuracy, 3-16% less time than three GEMMs).
+// (SplitGemm.CorrectionsAsOneProductOfTwiceTheDepth: the same accuracy, 3-16% less time than three GEMMs). On
+// sm89+ the corrections of deep products are one e4m3 product instead (mm_staged).
 void LayerRunner::mm(const DevMatrix& m, const float* x, size_t ldx, uint32_t n, float* y, size_t ldy) {
   mm_staged(m, x, ldx, n, y, ldy, nullptr);
 }
@@ -68,16 +77,55 @@ void LayerRunner::mm_staged(const DevMatrix& m, const float* x, size_t ldx, uint
   uint16_t* const xs = static_cast<uint16_t*>(w_.xh);  // [n][lo | hi] (xh and xl are one buffer)
   uint16_t* const ws = static_cast<uint16_t*>(w_.wh);  // [rows][hi | lo] (so are wh and wl)
   const StagedInput input{x, ldx, n, m.cols};
-  if (staged == nullptr || !(*staged == input)) {
+  if (staged == nullptr || !staged->same_input(input)) {
     float_to_half(x, ldx, n, K, xs + K, s_, xs, 2 * K);
     mark(OpPart::convert);
     if (staged != nullptr) *staged = input;
   }
-  const size_t chunk = std::max<size_t>(1, w_.wh_elems / m.cols);
+  // The weights' row chunks: as few as the staging holds, equal, in whole 64-row groups (the e4m3 product's
+  // outputs 16-byte aligned; cuBLAS ran dense down's chunk of 2,730 rows at ~60% of its rate at 2,720).
+  const size_t fit = std::max<size_t>(1, w_.wh_elems / m.cols);
+  const size_t parts = (m.rows + fit - 1) / fit;
+  size_t chunk = (m.rows + parts - 1) / parts;
+  if (fit >= 64) chunk = std::min((chunk + 63) / 64 * 64, fit / 64 * 64);
   const float lo = 1.0f / kHalfLoScale;
+  // On sm89+ the corrections as one e4m3 product of depth 2K at twice the fp16 rate: each weight row staged as
+  // its fp16 hi values then its e4m3 values and lo parts, the input's rows as e4m3 [lo | hi] in work.x8, each
+  // operand scaled by a power of two (half_split.cuh). The corrections carry ~2^-11 of each term; e4m3's 3-bit
+  // mantissas leave an error of ~2^-15 of it: at depth 4,096 1.3e-6 of the sum of |W x| terms against the fp16
+  // form's 4.5e-7 and plain fp16's 2.9e-5 (SplitGemm.*); below kE4m3MinDepth the fp16 form keeps its f32-like
+  // accuracy, where the products are short and the time to gain small.
+  // Descale then amax, 16 bytes apart (cublasLt's scale pointers are 16-byte aligned): a weight chunk's scratch
+  // pair, then the input's.
+  uint32_t* const words = w_.e4m3_words;
+  const int k2 = static_cast<int>(2 * K), ldc = static_cast<int>(ldy);
+  auto e4m3_ready = [&](size_t rows) {
+    return e4m3_ != nullptr && K >= kE4m3MinDepth && K % 8 == 0 && ldy % 4 == 0 && rows % 4 == 0 &&
+           reinterpret_cast<uintptr_t>(y) % 16 == 0 &&
+           e4m3_->ready(static_cast<int>(rows), static_cast<int>(n), k2, 2 * k2, k2, ldc, Workspace::kCublasWorkspace);
+  };
+  StagedInput own;
+  StagedInput& in = staged != nullptr ? *staged : own;
   for (size_t r0 = 0; r0 < m.rows; r0 += chunk) {
     const size_t rows = std::min<size_t>(chunk, m.rows - r0);
-    dequantize_to_half(m, r0, rows, ws, s_, ws + K, 2 * K);
+    bool fp8 = e4m3_ready(rows);
+    uint32_t* wsc = words;  // the chunk's descale and amax: kept per chunk while there is room
+    if (fp8) {
+      const auto key = std::make_pair(m.data + r0 * m.row_bytes, rows);
+      auto it = e4m3_chunks_.find(key);
+      const bool known = it != e4m3_chunks_.end();
+      if (!known && e4m3_chunks_.size() < kE4m3Chunks) {
+        it = e4m3_chunks_.emplace(key, static_cast<uint32_t>(e4m3_chunks_.size())).first;
+      }
+      if (it != e4m3_chunks_.end()) wsc = e4m3_scales_.as<uint32_t>() + 4 * it->second;
+      fp8 = dequantize_to_e4m3_split(m, r0, rows, ws, 2 * K, wsc + 1, reinterpret_cast<float*>(wsc), known, s_);
+      if (!fp8 && it != e4m3_chunks_.end() && !known) e4m3_chunks_.erase(it);
+    }
+    if (!fp8) dequantize_to_half(m, r0, rows, ws, s_, ws + K, 2 * K);
+    if (fp8 && !in.e4m3) {
+      half_split_to_e4m3(xs, 2 * K, n, K, w_.x8, words + 5, reinterpret_cast<float*>(words + 4), s_);
+      in.e4m3 = true;
+    }
     mark(OpPart::convert);
     auto gemm = [&](const void* b, size_t depth, const float* alpha, const float* beta) {
       FERRY_CUBLAS(blas::api().gemm_ex(cublas_, blas::op_t, blas::op_n, static_cast<int>(rows), static_cast<int>(n),
@@ -85,8 +133,21 @@ void LayerRunner::mm_staged(const DevMatrix& m, const float* x, size_t ldx, uint
                                        CUDA_R_16F, static_cast<int>(2 * K), beta, y + r0, CUDA_R_32F,
                                        static_cast<int>(ldy), blas::compute_32f, blas::gemm_default));
     };
-    gemm(xs + K, K, &one, &zero);  // W_hi x_hi
-    gemm(xs, 2 * K, &lo, &one);    // W_hi x_lo + W_lo x_hi
+    // The e4m3 corrections first (beta 0: cublasLt's FP8 kernels need not read C), then W_hi x_hi onto them:
+    // y = main + corrections, one f32 addition as in the fp16 order.
+    if (fp8 && !e4m3_->run(static_cast<int>(rows), static_cast<int>(n), k2, lo, reinterpret_cast<uint8_t*>(ws) + 2 * K,
+                           2 * k2, reinterpret_cast<const float*>(wsc), w_.x8, k2,
+                           reinterpret_cast<const float*>(words + 4), 0.0f, y + r0, ldc, w_.cublas_ws,
+                           Workspace::kCublasWorkspace, s_)) {
+      fp8 = false;
+      dequantize_to_half(m, r0, rows, ws, s_, ws + K, 2 * K);
+    }
+    if (fp8) {
+      gemm(xs + K, K, &one, &one);  // W_hi x_hi
+    } else {
+      gemm(xs + K, K, &one, &zero);  // W_hi x_hi
+      gemm(xs, 2 * K, &lo, &one);    // W_hi x_lo + W_lo x_hi
+    }
     mark(OpPart::gemm);
   }
 }

@@ -8,6 +8,7 @@
 #include <string>
 #include <type_traits>
 
+#include "gpu/block_reduce.cuh"
 #include "gpu/cuda_check.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/matvec_int16.hpp"
@@ -266,21 +267,65 @@ struct RowDiv {
 // each, and a thread's work is a float_to_half vector's (decode 8 values, split, two stores), where
 // dequant_staged_kernel's thread decodes 32 to 64 values and stages them (~45% of the copy bandwidth).
 // Output rows `ld` apart; the blocks of the rows are contiguous.
-template <int T>
+// kOut, for the e4m3 corrections (LayerRunner::mm_staged): kAmax writes nothing but the largest |value| into
+// *amax (as f32 bits); kE4m3 the fp16 hi values into each row's first half (ld = 2 x 8 ppr), and in its second
+// half the e4m3 values, then the e4m3 lo parts, both times e4m3_scale(*amax) (whose inverse goes to *descale).
+enum PieceOut : int { kSplit16, kAmax, kE4m3 };
+template <int T, int kOut = kSplit16>
 __global__ void __launch_bounds__(kConvertThreads)
     dequant_pieces_kernel(const uint8_t* __restrict__ data, uint32_t total, uint32_t ppr, RowDiv rows, __half* dst,
-                          __half* dst_lo, uint32_t ld) {
+                          __half* dst_lo, uint32_t ld, uint32_t* amax = nullptr, float* descale = nullptr) {
   using P = qd::Piece<T>;
   constexpr uint32_t kPieces = P::QK / 8;
   const uint32_t gap = ld - 8 * ppr;
-  for (uint32_t i = blockIdx.x * kConvertThreads + threadIdx.x; i < total; i += gridDim.x * kConvertThreads) {
-    float v[8];
-    qd::decode_piece<T>(data + static_cast<size_t>(i / kPieces) * P::BB, i % kPieces, v);
-    uint4 hw, lw;
-    split8(v, hw, lw);
-    const uint32_t at = 8 * i + (gap != 0 ? rows.of(i) * gap : 0);
-    *reinterpret_cast<uint4*>(dst + at) = hw;
-    if (dst_lo) *reinterpret_cast<uint4*>(dst_lo + at) = lw;
+  if constexpr (kOut == kSplit16) {
+    for (uint32_t i = blockIdx.x * kConvertThreads + threadIdx.x; i < total; i += gridDim.x * kConvertThreads) {
+      float v[8];
+      qd::decode_piece<T>(data + static_cast<size_t>(i / kPieces) * P::BB, i % kPieces, v);
+      uint4 hw, lw;
+      split8(v, hw, lw);
+      const uint32_t at = 8 * i + (gap != 0 ? rows.of(i) * gap : 0);
+      *reinterpret_cast<uint4*>(dst + at) = hw;
+      if (dst_lo) *reinterpret_cast<uint4*>(dst_lo + at) = lw;
+    }
+  } else if constexpr (kOut == kAmax) {
+    float m = 0.0f;
+    for (uint32_t i = blockIdx.x * kConvertThreads + threadIdx.x; i < total; i += gridDim.x * kConvertThreads) {
+      float v[8];
+      qd::decode_piece<T>(data + static_cast<size_t>(i / kPieces) * P::BB, i % kPieces, v);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) m = fmaxf(m, fabsf(v[k]));
+    }
+    __shared__ float scratch[32];
+    m = block_max(m, scratch);  // one atomic a block: on one word they serialise
+    if (threadIdx.x == 0) atomicMax(amax, __float_as_uint(m));
+  } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    const float s = e4m3_scale(*amax);
+    if (blockIdx.x == 0 && threadIdx.x == 0) *descale = 1.0f / s;
+    for (uint32_t i = blockIdx.x * kConvertThreads + threadIdx.x; i < total; i += gridDim.x * kConvertThreads) {
+      float v[8], lo[8];
+      qd::decode_piece<T>(data + static_cast<size_t>(i / kPieces) * P::BB, i % kPieces, v);
+      uint32_t hw[4];  // split8's hi values
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const __half2 h = __floats2half2_rn(v[2 * k], v[2 * k + 1]);
+        const float2 back = __half22float2(h);
+        lo[2 * k] = half_lo_part(v[2 * k], back.x);
+        lo[2 * k + 1] = half_lo_part(v[2 * k + 1], back.y);
+        hw[k] = *reinterpret_cast<const uint32_t*>(&h);
+      }
+      const uint32_t r = rows.of(i), c = 8 * (i - r * ppr);
+      __half* row = dst + r * ld;
+      *reinterpret_cast<uint4*>(row + c) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+      uint8_t* fp8 = reinterpret_cast<uint8_t*>(row + 8 * ppr);
+      *reinterpret_cast<uint2*>(fp8 + c) = e4m3x8(v, s);
+      *reinterpret_cast<uint2*>(fp8 + 8 * ppr + c) = e4m3x8(lo, s);
+    }
+#else
+    (void)descale;
+    __trap();  // launched only where it was built for sm89+ (e4m3_split_ready)
+#endif
   }
 }
 
@@ -431,6 +476,39 @@ void launch_dequant(const DevMatrix& w, size_t row0, size_t rows, OutT* dst, __h
   }
 }
 
+// Blocks of a pass for the largest |value|: enough to fill an H200 (132 SMs x 8), few atomics.
+constexpr unsigned kAmaxBlocks = 1024;
+
+// dequantize_to_e4m3_split for the types with a pieces kernel: the largest |value| first (over every launch's
+// rows) unless known, then the values.
+template <int T>
+bool launch_e4m3_split(const DevMatrix& w, size_t row0, size_t rows, __half* dst, size_t ld, uint32_t* amax,
+                       float* descale, bool amax_known, cudaStream_t s) {
+  if constexpr (qd::Piece<T>::kHas) {
+    if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || w.cols % 8 != 0 || ld != 2 * w.cols ||
+        w.row_bytes != w.cols / qd::Piece<T>::QK * qd::Piece<T>::BB) {
+      return false;
+    }
+    if (!amax_known) FERRY_CUDA(cudaMemsetAsync(amax, 0, sizeof(uint32_t), s));
+    const size_t step = rows_per_launch(ld);
+    const uint32_t ppr = static_cast<uint32_t>(w.cols / 8);
+    for (const int pass : {kAmax, kE4m3}) {
+      if (pass == kAmax && amax_known) continue;
+      for (size_t r0 = 0; r0 < rows; r0 += step) {
+        const size_t n = std::min(step, rows - r0);
+        const uint8_t* data = w.data + (row0 + r0) * w.row_bytes;
+        const uint32_t pieces = static_cast<uint32_t>(n * ppr);
+        auto kernel = pass == kAmax ? dequant_pieces_kernel<T, kAmax> : dequant_pieces_kernel<T, kE4m3>;
+        const unsigned blocks = pass == kAmax ? std::min(convert_blocks(pieces), kAmaxBlocks) : convert_blocks(pieces);
+        kernel<<<blocks, kConvertThreads, 0, s>>>(data, pieces, ppr, RowDiv(ppr), dst + r0 * ld, nullptr,
+                                                  static_cast<uint32_t>(ld), amax, descale);
+      }
+    }
+    return true;
+  }
+  return false;
+}
+
 // Expands CALL(T) for the kernel family `t` (a switch, so that each family is instantiated once).
 #define FERRY_DISPATCH_TYPE(t, CALL)                                                             \
   switch (t) {                                                                                   \
@@ -545,6 +623,19 @@ void dequantize_to_half(const DevMatrix& w, size_t row0, size_t rows, void* dst_
   FERRY_DISPATCH_TYPE(t, CALL)
 #undef CALL
   FERRY_CUDA_LAUNCHED();
+}
+
+bool dequantize_to_e4m3_split(const DevMatrix& w, size_t row0, size_t rows, void* dst, size_t dst_ld, uint32_t* amax,
+                              float* descale, bool amax_known, cudaStream_t stream) {
+  if (rows == 0) return true;
+  bool done = false;
+  const int t = kernel_type(w);
+#define CALL(T) \
+  done = launch_e4m3_split<T>(w, row0, rows, static_cast<__half*>(dst), dst_ld, amax, descale, amax_known, stream)
+  FERRY_DISPATCH_TYPE(t, CALL)
+#undef CALL
+  FERRY_CUDA_LAUNCHED();
+  return done;
 }
 
 void dequantize_to_float(const DevMatrix& w, size_t row0, size_t rows, float* dst, cudaStream_t stream) {

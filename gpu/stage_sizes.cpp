@@ -98,6 +98,7 @@ uint64_t stage_workspace_bytes(const model::Glm5Hparams& hp, model::LayerRange l
   const uint64_t max_cols = std::max<uint64_t>({D, C, nh * hp.v_head_dim, uint64_t{hp.dense_ffn}, I,
                                                 uint64_t{hp.q_lora_rank}, kvlr, uint64_t{hp.qk_nope_head_dim}, H * D});
   b += 2 * 2 * M * max_cols + 2 * 2 * (uint64_t{32} << 20);  // fp16 staging of the prefill GEMMs
+  b += 2 * M * max_cols + 16;  // their e4m3 inputs where the device has them (an upper bound elsewhere)
   if (layers.end >= hp.n_layers) {  // the last stage; past it, with the MTP block
     const uint64_t logit_rows = std::clamp<uint64_t>((uint64_t{128} << 20) / hp.vocab_size, 8, M);
     b += 4 * logit_rows * (D + hp.vocab_size) + kSampleScratchBytes;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "gpu/kernels.hpp"
 #include "gpu/moe_decode.hpp"
 #include "model/glm5/glm5_tensors.hpp"
 
@@ -85,6 +86,10 @@ Workspace::Workspace(const model::Glm5Hparams& hp, model::LayerRange layers, uin
   wh_elems = size_t{32} << 20;
   wh = alloc<uint16_t>(2 * wh_elems);
   wl = static_cast<uint16_t*>(wh) + wh_elems;
+  if (e4m3_split_ready()) {
+    x8 = alloc<uint8_t>(2 * xh_elems);
+    e4m3_words = alloc<uint32_t>(8);
+  }
   if (layers.end >= hp.n_layers) {  // the last stage; past it, with the MTP block
     logit_rows = static_cast<uint32_t>(std::clamp<size_t>((size_t{128} << 20) / d.V, 8, M));
     xo = alloc<float>(size_t{logit_rows} * d.D);

@@ -57,6 +57,11 @@ struct Workspace {
   // (xh_elems on) and wl follows wh in one buffer each
   void *xh = nullptr, *xl = nullptr, *wh = nullptr, *wl = nullptr;
   size_t xh_elems = 0, wh_elems = 0;
+  // The e4m3 corrections' (where e4m3_split_ready, else null): the input's e4m3 rows ([lo | hi], xh_elems each
+  // half), and the scales' words: a weight chunk's descale and amax scratch, then the input's at word 4
+  // (LayerRunner::mm_staged).
+  void* x8 = nullptr;
+  uint32_t* e4m3_words = nullptr;
   // the head (last stage)
   float *xo = nullptr, *logits = nullptr;
   uint32_t logit_rows = 0;

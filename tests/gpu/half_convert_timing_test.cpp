@@ -4,7 +4,8 @@
 // DSA's q_b, the KDA gate's f_b in Q8_0), and the activations split by float_to_half; into dense rows
 // and into mm's layout (hi and lo of a row side by side). Each line: the median of 7 event-timed runs of
 // 10 back-to-back calls (the first run a warm-up), bytes read + written, and that against the copy
-// bandwidth. The bits are DequantStoreTest's and FloatToHalf's concern.
+// bandwidth; on sm89+ the same for the e4m3 corrections' conversions (dequantize_to_e4m3_split, half_split_to_e4m3).
+// The bits are DequantStoreTest's, FloatToHalf's and E4m3Split's concern.
 #if FERRY_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -65,7 +66,7 @@ TEST(HalfConvertTiming, GlmShapes) {
   const double copy = copy_gbs();
   // Both halves in one buffer, as the workspace holds them.
   const size_t staging = size_t{32} << 20;
-  DeviceBuffer both(staging * 2 * 2);
+  DeviceBuffer both(staging * 2 * 2), words(16), x8(2048 * 16384 * 2);
   uint16_t* hi = both.as<uint16_t>();
   struct Shape {
     const char* what;
@@ -92,6 +93,18 @@ TEST(HalfConvertTiming, GlmShapes) {
                 "rows hi | lo side by side %.1f us, %.0f%%\n",
                 w.what, type_name(w.type).c_str(), w.rows, w.cols, dense, bytes / dense / 1e3,
                 100.0 * bytes / dense / 1e3 / copy, copy, side, 100.0 * bytes / side / 1e3 / copy);
+    if (e4m3_split_ready()) {
+      // Two passes over the blocks (the largest |value|, then the values): bytes read twice.
+      const double e4m3 = median_us([&](cudaStream_t s) {
+        dequantize_to_e4m3_split(m, 0, w.rows, hi, 2 * w.cols, words.as<uint32_t>(), words.as<float>() + 1, false, s);
+      });
+      const double known = median_us([&](cudaStream_t s) {
+        dequantize_to_e4m3_split(m, 0, w.rows, hi, 2 * w.cols, words.as<uint32_t>(), words.as<float>() + 1, true, s);
+      });
+      const double b8 = double(w.rows) * (2.0 * row_bytes + 4.0 * w.cols);
+      std::printf("[ timing ] dequantize_to_e4m3_split %s: %.1f us, %.0f%% of copy; amax known %.1f us, %.0f%%\n",
+                  w.what, e4m3, 100.0 * b8 / e4m3 / 1e3 / copy, known, 100.0 * bytes / known / 1e3 / copy);
+    }
   }
   for (const size_t cols : {size_t{4096}, size_t{8192}, size_t{12288}, size_t{16384}, size_t{128}}) {
     const size_t rows = 2048;
@@ -106,6 +119,15 @@ TEST(HalfConvertTiming, GlmShapes) {
                 "%.1f us, %.0f%%\n",
                 rows, cols, dense, bytes / dense / 1e3, 100.0 * bytes / dense / 1e3 / copy, side,
                 100.0 * bytes / side / 1e3 / copy);
+    if (e4m3_split_ready()) {
+      // The hi values read for their largest |value|, then both halves read and written as e4m3.
+      const double e4m3 = median_us([&](cudaStream_t s) {
+        half_split_to_e4m3(hi, 2 * cols, rows, cols, x8.get(), words.as<uint32_t>(), words.as<float>() + 1, s);
+      });
+      const double b8 = double(rows) * cols * 8.0;
+      std::printf("[ timing ] half_split_to_e4m3 %zu x %zu: %.1f us, %.0f%% of copy\n", rows, cols, e4m3,
+                  100.0 * b8 / e4m3 / 1e3 / copy);
+    }
   }
 }
 
