@@ -112,9 +112,10 @@ class LayerRunner {
   std::map<std::pair<const uint8_t*, size_t>, uint32_t> e4m3_chunks_;
   DeviceBuffer e4m3_scales_;
   static constexpr uint32_t kE4m3Chunks = 4096;
-  // The depth from which mm_staged takes the e4m3 corrections: at the fixtures' depths (64-512) their error is
-  // ~100x the fp16 form's (whose own grows with the depth), and the mean KL of eval-ref's logits against the CPU
-  // rose from ~1e-12 to 1e-8 - 7e-5 (top-1 unchanged); the GLM products' depths are 1,536-16,384.
+  // The depth from which mm_staged takes the e4m3 corrections: the fp16 form's error grows with the depth (f32
+  // accumulation) and e4m3's relative one does not, so at the fixtures' depths (64-512) the gap is widest: there
+  // eval-ref's mean KL against the CPU rose from ~1e-12 to 1e-8 - 7e-5 (top-1 unchanged; gpu/PERF.md, h104). The
+  // GLM products' depths are 1,536-16,384, where the products are long enough for the rate to matter.
   static constexpr size_t kE4m3MinDepth = 1024;
   cudaStream_t s_;
   OpTimes* times_ = nullptr;
